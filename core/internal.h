@@ -1,0 +1,54 @@
+/* kvshim core: cross-file internals (the kvs__ tier), grouped by the file that defines them.
+ * Nothing here is installed or exported. Public component APIs live in <component>.h. */
+#ifndef KVSHIM_CORE_INTERNAL_H
+#define KVSHIM_CORE_INTERNAL_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define kvs__likely(x)   __builtin_expect(!!(x), 1)
+#define kvs__unlikely(x) __builtin_expect(!!(x), 0)
+#define KVS__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define KVS__ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
+
+/* Propagate a negative errno in one line: KVS_TRY(kvs_pool_alloc(...)); */
+#define KVS_TRY(expr)                                                                         \
+  do {                                                                                        \
+    int kvs__rc_ = (expr);                                                                    \
+    if (kvs__unlikely(kvs__rc_ < 0)) return kvs__rc_;                                         \
+  } while (0)
+
+/* ---- prim: time (CLOCK_MONOTONIC through the vDSO: no syscall on the hot path) ---------- */
+static inline uint64_t kvs__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+static inline uint64_t kvs__now_ms(void) { return kvs__now_ns() / 1000000ull; }
+
+/* ---- ASan: poison free pool extents so stray accesses are caught (no-ops otherwise) ------ */
+#if defined(KVSHIM_ASAN) || defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define kvs__poison(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define kvs__unpoison(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define kvs__poison(p, n)   ((void)(p), (void)(n))
+#define kvs__unpoison(p, n) ((void)(p), (void)(n))
+#endif
+
+/* ---- debug builds: whole-structure validators run after each mutation ------------------- */
+#ifdef KVSHIM_DEBUG
+#define KVS__DEBUG_CHECK(cond) ((cond) ? (void)0 : kvs__debug_fail(#cond, __FILE__, __LINE__))
+#else
+#define KVS__DEBUG_CHECK(cond) ((void)0)
+#endif
+/* log.c: reports a failed validator and aborts (debug builds only; never in release). */
+_Noreturn void kvs__debug_fail(const char *what, const char *file, int line);
+
+/* ---- options.c: parsers shared with tools (return 0 or -EINVAL, write *out on success) -- */
+int kvs__parse_size(const char *s, uint64_t *out);
+int kvs__parse_bool(const char *s, int *out);
+
+#endif

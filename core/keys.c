@@ -1,0 +1,1 @@
+/* kvshim keys: placeholder, being implemented. */

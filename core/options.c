@@ -1,0 +1,405 @@
+/* kvshim options: see options.h. */
+#include "options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "log.h"
+
+extern char **environ;
+
+typedef enum { T_BOOL, T_SIZE, T_INT, T_ENUM, T_FLAGS, T_STR, T_NAME, T_UIDS } opt_type_t;
+
+typedef struct opt_row {
+  const char *field;
+  const char *env;
+  opt_type_t type;
+  const char *def;
+  uint64_t lo, hi; /* bounds for SIZE (bytes) and INT */
+  const char *choices;
+  const char *unit;
+  const char *help;
+  size_t offset;
+} opt_row_t;
+
+static const opt_row_t rows[KVS_OPT__COUNT] = {
+#define KVS__OPT_ROW(f, env, type, def, lo, hi, choices, unit, help)                          \
+  {#f, env, T_##type, def, (uint64_t)(lo), (uint64_t)(hi), choices, unit, help,               \
+   offsetof(kvs_options_t, f)},
+    KVS_OPTION_TABLE(KVS__OPT_ROW)
+#undef KVS__OPT_ROW
+};
+
+/* ---- parsers ----------------------------------------------------------------------------- */
+
+int kvs__parse_bool(const char *s, int *out) {
+  static const char *const yes[] = {"1", "true", "on", "yes"};
+  static const char *const no[] = {"0", "false", "off", "no"};
+  for (unsigned i = 0; i < KVS__ARRAY_LEN(yes); i++) {
+    if (strcasecmp(s, yes[i]) == 0) return *out = 1, 0;
+    if (strcasecmp(s, no[i]) == 0) return *out = 0, 0;
+  }
+  return -EINVAL;
+}
+
+int kvs__parse_size(const char *s, uint64_t *out) {
+  if (!s || !isdigit((unsigned char)*s)) return -EINVAL;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return -ERANGE;
+  while (*end == ' ') end++;
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*end)) {
+    case '\0': break;
+    case 'B': shift = 0; end++; break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: return -EINVAL;
+  }
+  if (shift) { /* optional "B" or "iB" after the unit letter */
+    if (*end == 'i' || *end == 'I') {
+      end++;
+      if (*end != 'B' && *end != 'b') return -EINVAL;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+  }
+  if (*end) return -EINVAL;
+  if (shift && v > (UINT64_MAX >> shift)) return -ERANGE;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+static int parse_int(const char *s, int64_t *out) {
+  if (!*s) return -EINVAL;
+  errno = 0;
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (errno) return -ERANGE;
+  if (*end) return -EINVAL;
+  *out = v;
+  return 0;
+}
+
+/* Index of word [w, w+n) in a '|'-separated list, or -1. */
+static int choice_index(const char *choices, const char *w, size_t n) {
+  int idx = 0;
+  for (const char *p = choices; *p; idx++) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncasecmp(p, w, n) == 0) return idx;
+    if (!bar) break;
+    p = bar + 1;
+  }
+  return -1;
+}
+
+static int parse_flags(const char *choices, const char *s, unsigned *out) {
+  if (strcasecmp(s, "auto") == 0) return *out = KVS_HOOKS_AUTO, 0;
+  unsigned mask = 0;
+  const char *p = s;
+  if (!*p) return -EINVAL;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t n = comma ? (size_t)(comma - p) : strlen(p);
+    int i = choice_index(choices, p, n);
+    if (i < 0) return -EINVAL;
+    mask |= 1u << i;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  *out = mask;
+  return 0;
+}
+
+static int valid_name(const char *s) {
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && *s != '.' && *s != '_' && *s != '-') return 0;
+  return 1;
+}
+
+static int valid_uids(const char *s) {
+  for (const char *p = s; *p;) {
+    if (!isdigit((unsigned char)*p)) return 0;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(p, &end, 10);
+    if (errno || v > UINT32_MAX - 1) return 0;
+    p = end;
+    if (*p == ',') {
+      p++;
+      if (!*p) return 0;
+    } else if (*p) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Parse value for row id into *o. Returns 0, -EINVAL (malformed) or -ERANGE (out of bounds). */
+static int set_row(kvs_options_t *o, const opt_row_t *r, const char *value) {
+  char *field = (char *)o + r->offset;
+  switch (r->type) {
+    case T_BOOL: {
+      int b;
+      KVS_TRY(kvs__parse_bool(value, &b));
+      *(int *)field = b;
+      return 0;
+    }
+    case T_SIZE: {
+      uint64_t v;
+      KVS_TRY(kvs__parse_size(value, &v));
+      if (v < r->lo || v > r->hi) return -ERANGE;
+      *(uint64_t *)field = v;
+      return 0;
+    }
+    case T_INT: {
+      int64_t v;
+      KVS_TRY(parse_int(value, &v));
+      if (v < (int64_t)r->lo || v > (int64_t)r->hi) return -ERANGE;
+      *(int64_t *)field = v;
+      return 0;
+    }
+    case T_ENUM: {
+      int i = choice_index(r->choices, value, strlen(value));
+      if (i < 0) return -EINVAL;
+      *(int *)field = i;
+      return 0;
+    }
+    case T_FLAGS: {
+      unsigned m;
+      KVS_TRY(parse_flags(r->choices, value, &m));
+      *(unsigned *)field = m;
+      return 0;
+    }
+    case T_NAME:
+      if (!valid_name(value)) return -EINVAL;
+      /* fall through */
+    case T_STR:
+    case T_UIDS:
+      if (strlen(value) >= KVS_OPT_STR_MAX) return -ERANGE;
+      if (r->type == T_UIDS && !valid_uids(value)) return -EINVAL;
+      strcpy(field, value);
+      return 0;
+  }
+  return -EINVAL;
+}
+
+static const char *type_hint(const opt_row_t *r, char *buf, size_t cap) {
+  switch (r->type) {
+    case T_BOOL: return "a boolean (1/0, true/false, on/off, yes/no)";
+    case T_SIZE: return "a size in bytes (suffix K/M/G/T, KiB/MiB/GiB/TiB)";
+    case T_INT: return "an integer";
+    case T_ENUM: snprintf(buf, cap, "one of %s", r->choices); return buf;
+    case T_FLAGS: snprintf(buf, cap, "auto or a comma list of %s", r->choices); return buf;
+    case T_NAME: return "a name of letters, digits, '.', '_' or '-'";
+    case T_STR: return "a string";
+    case T_UIDS: return "a comma list of numeric uids";
+  }
+  return "?";
+}
+
+void kvs_options_defaults(kvs_options_t *o) {
+  memset(o, 0, sizeof *o);
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+    int rc = set_row(o, &rows[i], rows[i].def);
+    (void)rc; /* the table's own defaults always parse: test_options checks every row */
+  }
+}
+
+static const char *env_lookup(char *const *envp, const char *name) {
+  size_t n = strlen(name);
+  for (char *const *e = envp; *e; e++)
+    if (strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+  return NULL;
+}
+
+static void default_run_dir(kvs_options_t *o, char *const *envp) {
+  const char *xdg = env_lookup(envp, "XDG_RUNTIME_DIR");
+  int n;
+  if (xdg && xdg[0] == '/')
+    n = snprintf(o->run_dir, sizeof o->run_dir, "%s/kvshim", xdg);
+  else
+    n = snprintf(o->run_dir, sizeof o->run_dir, "/tmp/kvshim-%u", (unsigned)getuid());
+  if (n < 0 || (size_t)n >= sizeof o->run_dir)
+    snprintf(o->run_dir, sizeof o->run_dir, "/tmp/kvshim-%u", (unsigned)getuid());
+}
+
+static void apply_log(const kvs_options_t *o) {
+  kvs_log_set_level((kvs_log_level_t)o->log);
+  if (o->log_file[0]) {
+    int fd = open(o->log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0)
+      kvs_log_set_fd(fd); /* kept open for the life of the process */
+    else
+      kvs_log_warn("KVSHIM_LOG_FILE='%s' cannot be opened (%s); logging to stderr",
+                   o->log_file, strerror(errno));
+  }
+}
+
+int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
+  if (!envp) envp = environ;
+  kvs_options_defaults(o);
+  default_run_dir(o, envp);
+
+  /* Pass 1: parse silently, remembering what was wrong. */
+  const char *bad_value[KVS_OPT__COUNT] = {0};
+  int bad_rc[KVS_OPT__COUNT] = {0};
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+    const char *v = env_lookup(envp, rows[i].env);
+    if (!v) continue;
+    if (rows[i].type == T_STR && !v[0] && i == KVS_OPT_run_dir) continue; /* empty = default */
+    int rc = set_row(o, &rows[i], v);
+    o->source[i] = rc == 0 ? KVS_OPT_FROM_ENV : KVS_OPT_INVALID;
+    if (rc) bad_value[i] = v, bad_rc[i] = rc;
+  }
+  if (flags & KVS_OPTIONS_APPLY_LOG) apply_log(o);
+
+  /* Pass 2: one warning per problem, now that the log level is known. */
+  int problems = 0;
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+    if (o->source[i] != KVS_OPT_INVALID) continue;
+    problems++;
+    char hint[128], def[64];
+    kvs_options_format_value(o, (kvs_option_id_t)i, def, sizeof def);
+    if (bad_rc[i] == -ERANGE && (rows[i].type == T_SIZE || rows[i].type == T_INT))
+      kvs_log_warn("%s='%s' is out of range [%" PRIu64 ", %" PRIu64 "]%s%s; keeping default %s",
+                   rows[i].env, bad_value[i], rows[i].lo, rows[i].hi, rows[i].unit[0] ? " " : "",
+                   rows[i].unit, def);
+    else
+      kvs_log_warn("%s='%s' is not %s; keeping default %s", rows[i].env, bad_value[i],
+                   type_hint(&rows[i], hint, sizeof hint), def[0] ? def : "(empty)");
+  }
+  for (char *const *e = envp; *e; e++) {
+    if (strncmp(*e, "KVSHIM_", 7) != 0) continue;
+    const char *eq = strchr(*e, '=');
+    size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
+    int known = 0;
+    for (unsigned i = 0; i < KVS_OPT__COUNT && !known; i++)
+      known = strlen(rows[i].env) == n && strncmp(rows[i].env, *e, n) == 0;
+    if (!known) {
+      o->unknown_vars++;
+      problems++;
+      kvs_log_warn("unknown variable %.*s ignored (kvshim --help lists the KVSHIM_* variables)",
+                   (int)n, *e);
+    }
+  }
+  return problems;
+}
+
+size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char *buf, size_t cap) {
+  if (cap) buf[0] = '\0';
+  if ((unsigned)id >= KVS_OPT__COUNT) return 0;
+  const opt_row_t *r = &rows[id];
+  const char *field = (const char *)o + r->offset;
+  int n = 0;
+  switch (r->type) {
+    case T_BOOL: n = snprintf(buf, cap, "%s", *(const int *)field ? "1" : "0"); break;
+    case T_SIZE: {
+      uint64_t v = *(const uint64_t *)field;
+      static const char units[] = "KMGT";
+      int u = -1;
+      while (v && u < 3 && (v & 1023) == 0) v >>= 10, u++;
+      if (u >= 0)
+        n = snprintf(buf, cap, "%" PRIu64 "%c", v, units[u]);
+      else
+        n = snprintf(buf, cap, "%" PRIu64, v);
+      break;
+    }
+    case T_INT: n = snprintf(buf, cap, "%" PRId64, *(const int64_t *)field); break;
+    case T_ENUM: {
+      int idx = *(const int *)field;
+      const char *p = r->choices;
+      for (int k = 0; k < idx && p; k++) {
+        p = strchr(p, '|');
+        if (p) p++;
+      }
+      size_t len = p ? strcspn(p, "|") : 1;
+      n = snprintf(buf, cap, "%.*s", (int)len, p ? p : "?");
+      break;
+    }
+    case T_FLAGS: {
+      unsigned m = *(const unsigned *)field;
+      if (m & KVS_HOOKS_AUTO) {
+        n = snprintf(buf, cap, "auto");
+        break;
+      }
+      size_t len = 0;
+      int idx = 0;
+      for (const char *p = r->choices; *p; idx++) {
+        size_t w = strcspn(p, "|");
+        if (m & (1u << idx)) {
+          int k = snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0, "%s%.*s",
+                           len ? "," : "", (int)w, p);
+          if (k > 0) len += (size_t)k;
+        }
+        p += w;
+        if (*p) p++;
+      }
+      return len;
+    }
+    case T_STR:
+    case T_NAME:
+    case T_UIDS: n = snprintf(buf, cap, "%s", field); break;
+  }
+  return n > 0 ? (size_t)n : 0;
+}
+
+size_t kvs_options_render(const kvs_options_t *o, char *buf, size_t cap) {
+  static const char *const src_names[] = {"default", "env", "invalid, default kept"};
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+    char val[KVS_OPT_STR_MAX + 8];
+    kvs_options_format_value(o, (kvs_option_id_t)i, val, sizeof val);
+    size_t room = len < cap ? cap - len : 0;
+    int n = snprintf(room ? buf + len : NULL, room, "%s=%s (%s) - %s\n", rows[i].env, val,
+                     src_names[o->source[i] <= 2 ? o->source[i] : 0], rows[i].help);
+    if (n > 0) len += (size_t)n;
+  }
+  return len;
+}
+
+const char *kvs_options_env_name(kvs_option_id_t id) {
+  return (unsigned)id < KVS_OPT__COUNT ? rows[id].env : "?";
+}
+
+int kvs_options_find(const char *name, kvs_option_id_t *out) {
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++)
+    if (strcmp(name, rows[i].env) == 0 || strcmp(name, rows[i].field) == 0) {
+      *out = (kvs_option_id_t)i;
+      return 0;
+    }
+  return -ENOENT;
+}
+
+int kvs_options_set(kvs_options_t *o, kvs_option_id_t id, const char *value) {
+  if ((unsigned)id >= KVS_OPT__COUNT || !value) return -EINVAL;
+  kvs_options_t tmp = *o;
+  KVS_TRY(set_row(&tmp, &rows[id], value));
+  tmp.source[id] = KVS_OPT_FROM_ENV;
+  *o = tmp;
+  return 0;
+}
+
+int kvs_options_uid_allowed(const kvs_options_t *o, uid_t uid) {
+  if (uid == getuid()) return 1;
+  for (const char *p = o->allow_uids; *p;) {
+    char *end;
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p) break;
+    if ((uid_t)v == uid) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}

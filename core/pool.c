@@ -1,0 +1,1 @@
+/* kvshim pool: placeholder, being implemented. */

@@ -1,0 +1,1 @@
+/* kvshim proto: placeholder, being implemented. */

@@ -1,0 +1,3 @@
+#ifndef KVSHIM_PROTO_H
+#define KVSHIM_PROTO_H
+#endif

@@ -1,0 +1,122 @@
+/* kvshim stats: see stats.h. */
+#include "stats.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static const char *const stat_names[] = {
+#define KVS__STAT_NAME(name, kind, help) #name,
+    KVS_STAT_FIELDS(KVS__STAT_NAME)
+#undef KVS__STAT_NAME
+};
+static const char *const stat_help[] = {
+#define KVS__STAT_HELP(name, kind, help) help,
+    KVS_STAT_FIELDS(KVS__STAT_HELP)
+#undef KVS__STAT_HELP
+};
+static const char stat_kinds[] = {
+#define KVS__STAT_KIND(name, kind, help) #kind[0],
+    KVS_STAT_FIELDS(KVS__STAT_KIND)
+#undef KVS__STAT_KIND
+};
+_Static_assert(KVS__ARRAY_LEN(stat_names) == KVS_STAT__COUNT, "stat name table");
+
+static kvs_stats_t global_stats = {KVS_STATS_VERSION, sizeof(kvs_stats_t), {0}};
+
+void kvs_stats_init(kvs_stats_t *st) {
+  memset(st, 0, sizeof *st);
+  st->version = KVS_STATS_VERSION;
+  st->size = sizeof *st;
+}
+kvs_stats_t *kvs_stats_global(void) { return &global_stats; }
+
+const char *kvs_stats_name(kvs_stat_id_t id) {
+  return (unsigned)id < KVS_STAT__COUNT ? stat_names[id] : "?";
+}
+const char *kvs_stats_help(kvs_stat_id_t id) {
+  return (unsigned)id < KVS_STAT__COUNT ? stat_help[id] : "?";
+}
+int kvs_stats_is_gauge(kvs_stat_id_t id) {
+  return (unsigned)id < KVS_STAT__COUNT && stat_kinds[id] == 'G';
+}
+int kvs_stats_find(const char *name, kvs_stat_id_t *out) {
+  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
+    if (strcmp(stat_names[i], name) == 0) {
+      *out = (kvs_stat_id_t)i;
+      return 0;
+    }
+  return -ENOENT;
+}
+void kvs_stats_snapshot(const kvs_stats_t *src, kvs_stats_t *dst) {
+  kvs_stats_init(dst);
+  for (unsigned i = 0; i < KVS_STAT__COUNT; i++) dst->v[i] = kvs_stats_get(src, (kvs_stat_id_t)i);
+}
+
+/* Append with snprintf semantics: *len counts what the whole text needs. */
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = *len < cap ? cap - *len : 0;
+  int n = vsnprintf(room ? buf + *len : NULL, room, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len += (size_t)n;
+}
+
+size_t kvs_stats_render_info(const kvs_stats_t *st, char *buf, size_t cap) {
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  put(buf, cap, &len, "# kvshim stats v%u\r\n", KVS_STATS_VERSION);
+  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
+    put(buf, cap, &len, "%s:%llu\r\n", stat_names[i],
+        (unsigned long long)kvs_stats_get(st, (kvs_stat_id_t)i));
+  return len;
+}
+
+size_t kvs_stats_render_json(const kvs_stats_t *st, char *buf, size_t cap) {
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  put(buf, cap, &len, "{\"kvshim_stats_version\":%u", KVS_STATS_VERSION);
+  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
+    put(buf, cap, &len, ",\"%s\":%llu", stat_names[i],
+        (unsigned long long)kvs_stats_get(st, (kvs_stat_id_t)i));
+  put(buf, cap, &len, "}");
+  return len;
+}
+
+int kvs_stats_write_json(const kvs_stats_t *st, const char *path) {
+  char text[8192];
+  size_t n = kvs_stats_render_json(st, text, sizeof text - 1);
+  if (n >= sizeof text - 1) return -ENOBUFS;
+  text[n++] = '\n';
+  char tmp[4096];
+  int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  if (k < 0 || (size_t)k >= sizeof tmp) return -ENAMETOOLONG;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -errno;
+  size_t off = 0;
+  while (off < n) {
+    ssize_t w = write(fd, text + off, n - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = -errno;
+      close(fd);
+      unlink(tmp);
+      return e;
+    }
+    off += (size_t)w;
+  }
+  if (close(fd) < 0 || rename(tmp, path) < 0) {
+    int e = -errno;
+    unlink(tmp);
+    return e;
+  }
+  return 0;
+}

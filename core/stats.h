@@ -1,0 +1,128 @@
+/* kvshim stats: every counter and gauge is declared once, in KVS_STAT_FIELDS, which generates
+ * the enum, the name table and the help table. Rendered as INFO-style "key:value" text (the
+ * STATS opcode, `kvshim stats`) and as JSON (KVSHIM_STATS, the A/B runner) from the same table.
+ *
+ * Counters only grow; gauges are set by their owner (the store sets its byte gauges after each
+ * mutation). All updates are relaxed atomics: a snapshot is not a consistent cut across fields,
+ * only each field is exact. */
+#ifndef KVSHIM_STATS_H
+#define KVSHIM_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVS_STATS_VERSION 1
+
+/* X(name, kind, help). kind: C = counter (monotonic), G = gauge. Append only: JSON consumers
+ * read by name, but the order is the rendering order. */
+#define KVS_STAT_FIELDS(X)                                                                    \
+  X(store_reserve_calls, C, "reserve_write/reserve_object calls")                             \
+  X(store_reserved, C, "keys reserved for writing")                                           \
+  X(store_present, C, "keys already READY at reservation (nothing to write)")                 \
+  X(store_busy, C, "keys refused because another owner is writing them")                      \
+  X(store_no_space, C, "keys refused: eviction could not make room")                          \
+  X(store_too_large, C, "keys refused: larger than the cache arena")                          \
+  X(store_bad_layout, C, "keys refused: invalid layout")                                      \
+  X(store_commits, C, "write transfers committed")                                            \
+  X(store_committed_objects, C, "objects published READY")                                   \
+  X(store_aborts, C, "write transfers aborted by their owner")                                \
+  X(store_aborted_objects, C, "reserved objects freed without being published")              \
+  X(store_alias_skipped, C, "alias keys not bound because the key was taken")                 \
+  X(store_lookups, C, "lookup calls")                                                         \
+  X(store_lookup_keys, C, "keys asked for in lookups")                                        \
+  X(store_hits, C, "keys found READY by lookups")                                             \
+  X(store_misses, C, "lookups that stopped before the last key")                              \
+  X(store_pins, C, "read pins taken")                                                         \
+  X(store_releases, C, "read transfers released")                                             \
+  X(store_evictions, C, "objects evicted (LRU)")                                              \
+  X(store_evicted_bytes, C, "bytes evicted")                                                  \
+  X(store_removed, C, "objects removed explicitly")                                           \
+  X(store_lease_expired, C, "leases reclaimed by the deadline sweep")                         \
+  X(store_owner_releases, C, "owners released (all their leases ended at once)")              \
+  X(store_bad_transfer, C, "commit/abort/release naming a transfer the owner does not hold")  \
+  X(store_objects, G, "READY objects")                                                        \
+  X(store_keys, G, "keys bound (primary and aliases)")                                        \
+  X(store_used_bytes, G, "bytes held by READY objects")                                       \
+  X(store_reserved_bytes, G, "bytes held by WRITING objects")                                 \
+  X(store_free_bytes, G, "free bytes in the cache arena")                                     \
+  X(store_arena_bytes, G, "cache arena size")                                                 \
+  X(pool_fragmentation_pct, G, "100 * (1 - largest free extent / free bytes)")               \
+  X(host_arena_used_bytes, G, "bytes of the host arena handed out")                           \
+  X(host_arena_allocs, C, "host allocations served from the pool")                            \
+  X(host_arena_fallbacks, C, "host allocations passed to the real allocator")                 \
+  X(peer_lookups, C, "LOOKUP requests sent to peers")                                         \
+  X(peer_hits, C, "chunks retrieved from peers")                                              \
+  X(peer_misses, C, "peer retrievals that found nothing")                                     \
+  X(peer_errors, C, "peer calls that failed or timed out (served as misses)")                 \
+  X(peer_bytes_in, C, "bytes retrieved from peers")                                           \
+  X(peer_stores, C, "objects stored into peers")                                              \
+  X(push_queued, C, "objects queued for write-behind to the cache peer")                      \
+  X(push_sent, C, "objects pushed to the cache peer")                                         \
+  X(push_dropped, C, "objects dropped: write-behind queue full or push failed")               \
+  X(coord_connections, C, "connections accepted")                                             \
+  X(coord_refused, C, "connections refused (uid or HELLO)")                                   \
+  X(coord_requests, C, "requests served")                                                     \
+  X(coord_errors, C, "requests answered with ERROR")                                          \
+  X(coord_bad_frames, C, "malformed frames (connection closed)")                              \
+  X(coord_bytes_out, C, "payload bytes sent inline")                                          \
+  X(hook_calls, C, "hooked calls that reached kvshim")                                        \
+  X(hook_fallbacks, C, "hooked calls passed to the real function after an internal problem")  \
+  X(hook_hits, C, "hooked loads served from the cache")                                       \
+  X(hook_misses, C, "hooked loads passed to the engine")                                      \
+  X(hook_stores, C, "hooked stores kept in the cache")                                        \
+  X(hook_store_failures, C, "hooked stores the cache could not keep")
+
+typedef enum kvs_stat_id {
+#define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,
+  KVS_STAT_FIELDS(KVS__STAT_ENUM)
+#undef KVS__STAT_ENUM
+  KVS_STAT__COUNT
+} kvs_stat_id_t;
+
+/* A stats block. Versioned so a reader can tell what it holds; zero-initialise, then set
+ * version/size with kvs_stats_init. The process-wide block is kvs_stats_global(). */
+typedef struct kvs_stats {
+  uint32_t version;          /* KVS_STATS_VERSION */
+  uint32_t size;             /* sizeof(kvs_stats_t) */
+  uint64_t v[KVS_STAT__COUNT];
+} kvs_stats_t;
+
+void kvs_stats_init(kvs_stats_t *st);
+kvs_stats_t *kvs_stats_global(void);
+
+static inline void kvs_stats_add(kvs_stats_t *st, kvs_stat_id_t id, uint64_t n) {
+  __atomic_fetch_add(&st->v[id], n, __ATOMIC_RELAXED);
+}
+static inline void kvs_stats_inc(kvs_stats_t *st, kvs_stat_id_t id) { kvs_stats_add(st, id, 1); }
+static inline void kvs_stats_set(kvs_stats_t *st, kvs_stat_id_t id, uint64_t val) {
+  __atomic_store_n(&st->v[id], val, __ATOMIC_RELAXED);
+}
+static inline uint64_t kvs_stats_get(const kvs_stats_t *st, kvs_stat_id_t id) {
+  return __atomic_load_n(&st->v[id], __ATOMIC_RELAXED);
+}
+
+const char *kvs_stats_name(kvs_stat_id_t id);
+const char *kvs_stats_help(kvs_stat_id_t id);
+int kvs_stats_is_gauge(kvs_stat_id_t id);
+/* Look a field up by name; returns -ENOENT when unknown. */
+int kvs_stats_find(const char *name, kvs_stat_id_t *out);
+/* Copy every field (relaxed loads) into dst. */
+void kvs_stats_snapshot(const kvs_stats_t *src, kvs_stats_t *dst);
+
+/* Render into buf (always NUL-terminated when cap > 0). Return the length the full text needs
+ * (like snprintf): a result >= cap means it was cut. Extra "key:value" lines may be appended by
+ * the caller. INFO: "# kvshim stats v1\r\nkey:value\r\n"...  JSON: one object, one line. */
+size_t kvs_stats_render_info(const kvs_stats_t *st, char *buf, size_t cap);
+size_t kvs_stats_render_json(const kvs_stats_t *st, char *buf, size_t cap);
+/* Write the JSON rendering to path (created 0600, replaced atomically via rename).
+ * Returns 0 or a negative errno. */
+int kvs_stats_write_json(const kvs_stats_t *st, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

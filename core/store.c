@@ -1,0 +1,1 @@
+/* kvshim store: placeholder, being implemented. */

@@ -1,0 +1,1 @@
+/* kvshim tensor: placeholder, being implemented. */

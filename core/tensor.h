@@ -1,0 +1,3 @@
+#ifndef KVSHIM_TENSOR_H
+#define KVSHIM_TENSOR_H
+#endif
