@@ -1,1 +1,814 @@
-/* kvshim pool: placeholder, being implemented. */
+/* kvshim pool: see pool.h (design §5).
+ *
+ * Allocator (one per arena of a created pool). The arena is npages pages of 1 << shift bytes.
+ * Every page p of the arena has a side-array tag (kvs_ptag_t, kept outside the segment in a
+ * lazily backed anonymous mapping, so a peer writing into the pool cannot corrupt it). The arena
+ * is cut into extents, each free or allocated, and for an extent [p, p + n):
+ *     tags[p].head     == n | (free ? PTAG_FREE : 0)      (the only non-zero head in the extent)
+ *     tags[p + n - 1].tail == n                           (the only non-zero tail in the extent)
+ *     every other head and tail inside the extent is 0
+ * so the start of any extent, and the extent ending just before any page, are found in O(1), and
+ * "off is the start of an allocated extent" is one load. Free extents also sit on one
+ * doubly-linked list per size class (links in tags[p].next/prev, PTAG_NIL ends a list).
+ *
+ * Size classes are two-level (TLSF-style): fl = floor(log2 n) - SL_BITS + 1 and the next SL_BITS
+ * bits of n give sl; sizes below SL_COUNT pages get one exact class each (fl 0). A bitmap of
+ * non-empty first levels and one of non-empty second levels per first level make "smallest
+ * non-empty class at or above c" two find-first-set operations.
+ *
+ * Invariants per arena (checked by arena_is_valid):
+ *     alloc_pages + free_pages == npages
+ *     extents tile [0, npages) exactly; no two free extents are adjacent
+ *     a free extent is on exactly the list of its class; bitmaps == non-empty lists
+ * Lock: arena.lock guards every field of the arena and its tags. */
+#include "pool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "log.h"
+
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004u
+#endif
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21u << 26)
+#endif
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6u
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define SMALL_PAGE_SHIFT 12u
+#define HUGE_PAGE_SHIFT 21u
+
+#define SL_BITS 4u
+#define SL_COUNT (1u << SL_BITS)
+#define FL_COUNT 32u
+
+#define PTAG_FREE 0x80000000u
+#define PTAG_LEN 0x7fffffffu
+#define PTAG_NIL UINT32_MAX
+/* An arena holds at most PTAG_LEN pages (8 TiB with 4 KiB pages). */
+#define ARENA_MAX_PAGES ((uint64_t)PTAG_LEN)
+
+/* ASan: arenas up to this size have their free extents poisoned. Poisoning writes ASan's
+ * shadow (1/8 of the range), so a default 4 GiB host arena would dirty 512 MiB per process;
+ * larger arenas are left unpoisoned. */
+#if defined(KVSHIM_ASAN) || defined(__SANITIZE_ADDRESS__)
+#define KVS__POOL_POISONS 1
+#else
+#define KVS__POOL_POISONS 0
+#endif
+#define POISON_MAX_BYTES (256ull << 20)
+
+/* Prefault works in pieces of this many bytes, checking for cancellation between them. */
+#define PREFAULT_STEP (32ull << 20)
+
+/* Debug builds validate the arena after each mutation; above this many extents only one
+ * mutation in VALIDATE_SAMPLE is checked, so a validator of O(extents) stays affordable. */
+#define VALIDATE_FULL_EXTENTS 4096u
+#define VALIDATE_SAMPLE 256u
+/* kvs__pool_is_valid also checks the interior tags (O(pages)) of arenas up to this size. */
+#define VALIDATE_DEEP_PAGES 16384u
+
+typedef struct kvs_ptag {
+  uint32_t head; /* at an extent's first page: length | PTAG_FREE if free; else 0 */
+  uint32_t tail; /* at an extent's last page: length; else 0 */
+  uint32_t next; /* free extents only: size-class list links (page indices) */
+  uint32_t prev;
+} kvs_ptag_t;
+
+typedef struct kvs_pool_arena {
+  pthread_mutex_t lock;
+  uint64_t off;           /* segment offset of page 0 (immutable) */
+  uint32_t npages;        /* arena size in pages (immutable); 0 = no arena */
+  uint32_t shift;         /* log2 page size (immutable) */
+  bool poison;            /* ASan: free extents are poisoned (immutable) */
+  kvs_ptag_t *tags;       /* npages entries, anonymous mapping of tags_bytes */
+  size_t tags_bytes;
+  uint64_t alloc_pages;   /* pages in allocated extents */
+  uint64_t alloc_extents; /* allocated extents */
+  uint64_t free_extents;  /* free extents (== entries on all lists) */
+  uint64_t mutations;     /* for sampled validation */
+  uint32_t fl_map;                    /* bit fl set <=> some list of first level fl non-empty */
+  uint32_t sl_map[FL_COUNT];          /* bit sl set <=> heads[fl][sl] != PTAG_NIL */
+  uint32_t heads[FL_COUNT][SL_COUNT]; /* first free extent of each class, or PTAG_NIL */
+} pool_arena_t;
+
+struct kvs_pool {
+  int fd;             /* owned (attached pools own a dup of the caller's fd) */
+  uint8_t *base;      /* mapping of the whole segment */
+  uint64_t size;      /* segment bytes */
+  uint32_t page_size; /* extent alignment */
+  bool owner;         /* created here: the allocator lives here */
+  bool writable;
+  char *name;         /* shm_open name to unlink at destroy (owner, named pools), or NULL */
+  atomic_int closing;     /* set by destroy: running prefaults stop */
+  atomic_int prefaulting; /* prefault calls in progress */
+  pool_arena_t arenas[2];
+};
+
+/* ---- size classes ----------------------------------------------------------------------- */
+
+static inline unsigned msb32(uint32_t x) { return 31u - (unsigned)__builtin_clz(x); }
+
+/* Class holding extents of exactly n pages (n >= 1, n <= PTAG_LEN). */
+static inline void class_of(uint32_t n, unsigned *fl, unsigned *sl) {
+  if (n < SL_COUNT) {
+    *fl = 0;
+    *sl = n;
+  } else {
+    unsigned f = msb32(n);
+    *fl = f - SL_BITS + 1u;
+    *sl = (n >> (f - SL_BITS)) ^ SL_COUNT;
+  }
+}
+
+/* Smallest class whose every extent has at least n pages (n <= PTAG_LEN, so no overflow). */
+static inline void class_at_least(uint32_t n, unsigned *fl, unsigned *sl) {
+  if (n >= SL_COUNT) n += (1u << (msb32(n) - SL_BITS)) - 1u;
+  class_of(n, fl, sl);
+}
+
+static void list_push(pool_arena_t *a, uint32_t p) {
+  unsigned fl, sl;
+  class_of(a->tags[p].head & PTAG_LEN, &fl, &sl);
+  uint32_t h = a->heads[fl][sl];
+  a->tags[p].prev = PTAG_NIL;
+  a->tags[p].next = h;
+  if (h != PTAG_NIL) a->tags[h].prev = p;
+  a->heads[fl][sl] = p;
+  a->sl_map[fl] |= 1u << sl;
+  a->fl_map |= 1u << fl;
+  a->free_extents++;
+}
+
+static void list_remove(pool_arena_t *a, uint32_t p) {
+  unsigned fl, sl;
+  class_of(a->tags[p].head & PTAG_LEN, &fl, &sl);
+  uint32_t nx = a->tags[p].next, pv = a->tags[p].prev;
+  if (nx != PTAG_NIL) a->tags[nx].prev = pv;
+  if (pv != PTAG_NIL) {
+    a->tags[pv].next = nx;
+  } else {
+    a->heads[fl][sl] = nx;
+    if (nx == PTAG_NIL) {
+      a->sl_map[fl] &= ~(1u << sl);
+      if (!a->sl_map[fl]) a->fl_map &= ~(1u << fl);
+    }
+  }
+  a->tags[p].next = a->tags[p].prev = 0;
+  a->free_extents--;
+}
+
+/* First extent of the smallest non-empty class at or above (fl, sl), or PTAG_NIL. */
+static uint32_t find_class_at_or_above(const pool_arena_t *a, unsigned fl, unsigned sl) {
+  if (fl >= FL_COUNT) return PTAG_NIL;
+  uint32_t slm = sl < SL_COUNT ? a->sl_map[fl] & (~0u << sl) : 0;
+  if (!slm) {
+    uint32_t flm = fl + 1u < FL_COUNT ? a->fl_map & (~0u << (fl + 1u)) : 0;
+    if (!flm) return PTAG_NIL;
+    fl = (unsigned)__builtin_ctz(flm);
+    slm = a->sl_map[fl];
+  }
+  return a->heads[fl][(unsigned)__builtin_ctz(slm)];
+}
+
+/* A free extent of at least n pages, or PTAG_NIL. Order: the head of n's own class when it
+ * fits (reuses a hole of the same size: no split; O(1)), then the smallest class that surely
+ * fits (O(1)), then, only when nothing larger exists, the rest of n's own class (the sole place
+ * left where a fitting extent can be; O(extents in that class)). */
+static uint32_t find_fit(const pool_arena_t *a, uint32_t n) {
+  unsigned fl, sl;
+  class_of(n, &fl, &sl);
+  uint32_t p = a->heads[fl][sl];
+  if (p != PTAG_NIL && (a->tags[p].head & PTAG_LEN) >= n) return p;
+  unsigned gfl, gsl;
+  class_at_least(n, &gfl, &gsl);
+  uint32_t g = find_class_at_or_above(a, gfl, gsl);
+  if (g != PTAG_NIL) return g;
+  for (; p != PTAG_NIL; p = a->tags[p].next)
+    if ((a->tags[p].head & PTAG_LEN) >= n) return p;
+  return PTAG_NIL;
+}
+
+/* ---- arena ------------------------------------------------------------------------------ */
+
+static int arena_init(pool_arena_t *a, uint64_t off, uint64_t npages, unsigned shift) {
+  memset(a, 0, sizeof *a);
+  a->off = off;
+  a->shift = shift;
+  for (unsigned i = 0; i < FL_COUNT; i++)
+    for (unsigned j = 0; j < SL_COUNT; j++) a->heads[i][j] = PTAG_NIL;
+  int rc = pthread_mutex_init(&a->lock, NULL);
+  if (rc) return -rc;
+  if (npages == 0) return 0;
+  a->npages = (uint32_t)npages;
+  a->tags_bytes = (size_t)npages * sizeof(kvs_ptag_t);
+  void *t = mmap(NULL, a->tags_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (t == MAP_FAILED) {
+    rc = -errno;
+    pthread_mutex_destroy(&a->lock);
+    a->npages = 0;
+    return rc;
+  }
+  a->tags = t;
+  a->tags[0].head = a->npages | PTAG_FREE;
+  a->tags[a->npages - 1].tail = a->npages;
+  list_push(a, 0);
+  return 0;
+}
+
+static void arena_fini(pool_arena_t *a) {
+  if (a->tags) munmap(a->tags, a->tags_bytes);
+  a->tags = NULL;
+  pthread_mutex_destroy(&a->lock);
+}
+
+/* Called with a->lock held. */
+static bool arena_is_valid_locked(const pool_arena_t *a, bool deep) {
+  if (a->npages == 0) return a->alloc_pages == 0 && a->alloc_extents == 0 && !a->fl_map;
+  uint64_t free_pages = 0, alloc_pages = 0, nfree = 0, nalloc = 0;
+  bool prev_free = false;
+  deep = deep && a->npages <= VALIDATE_DEEP_PAGES;
+  for (uint32_t p = 0; p < a->npages;) {
+    uint32_t h = a->tags[p].head, n = h & PTAG_LEN;
+    if (n == 0 || n > a->npages - p) return false;
+    if (a->tags[p + n - 1].tail != n) return false;
+    if (deep)
+      for (uint32_t i = p + 1; i < p + n; i++)
+        if (a->tags[i].head || a->tags[i - 1].tail) return false;
+    bool is_free = (h & PTAG_FREE) != 0;
+    if (is_free) {
+      if (prev_free) return false; /* adjacent free extents: a missed coalesce */
+      free_pages += n;
+      nfree++;
+    } else {
+      alloc_pages += n;
+      nalloc++;
+    }
+    prev_free = is_free;
+    p += n;
+  }
+  if (alloc_pages != a->alloc_pages || nalloc != a->alloc_extents) return false;
+  if (alloc_pages + free_pages != a->npages || nfree != a->free_extents) return false;
+  uint64_t listed = 0;
+  for (unsigned fl = 0; fl < FL_COUNT; fl++) {
+    if (((a->fl_map >> fl) & 1u) != (a->sl_map[fl] != 0)) return false;
+    for (unsigned sl = 0; sl < SL_COUNT; sl++) {
+      uint32_t p = a->heads[fl][sl];
+      if (((a->sl_map[fl] >> sl) & 1u) != (p != PTAG_NIL)) return false;
+      uint32_t prev = PTAG_NIL;
+      for (; p != PTAG_NIL; prev = p, p = a->tags[p].next) {
+        if (p >= a->npages || !(a->tags[p].head & PTAG_FREE)) return false;
+        if (a->tags[p].prev != prev) return false;
+        unsigned cfl, csl;
+        class_of(a->tags[p].head & PTAG_LEN, &cfl, &csl);
+        if (cfl != fl || csl != sl) return false;
+        if (++listed > nfree) return false; /* also stops a cycle */
+      }
+    }
+  }
+  return listed == nfree;
+}
+
+static void arena_check(pool_arena_t *a) {
+#ifdef KVSHIM_DEBUG
+  a->mutations++;
+  if (a->alloc_extents + a->free_extents <= VALIDATE_FULL_EXTENTS ||
+      a->mutations % VALIDATE_SAMPLE == 0)
+    KVS__DEBUG_CHECK(arena_is_valid_locked(a, false));
+#else
+  (void)a;
+#endif
+}
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static uint64_t random_id(void) {
+  uint64_t id = 0;
+  for (int tries = 0; tries < 8 && id == 0; tries++) {
+    ssize_t n = getrandom(&id, sizeof id, GRND_NONBLOCK);
+    if (n != (ssize_t)sizeof id) id = 0;
+  }
+  if (id == 0) { /* no entropy yet: mix clock and pid (only uniqueness matters) */
+    id = kvs__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&id;
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    if (id == 0) id = 1;
+  }
+  return id;
+}
+
+static int round_pages(uint64_t bytes, unsigned shift, uint64_t *pages) {
+  uint64_t n = (bytes >> shift) + ((bytes & ((1ull << shift) - 1)) != 0);
+  if (n > ARENA_MAX_PAGES) return -EINVAL;
+  *pages = n;
+  return 0;
+}
+
+static void fill_header(kvs_pool_header_t *h, uint64_t seg, uint64_t id, unsigned shift,
+                        uint64_t cache_pages, uint64_t host_pages) {
+  memset(h, 0, sizeof *h);
+  h->magic = KVS_POOL_MAGIC;
+  h->abi_version = KVS_POOL_ABI_VERSION;
+  h->header_size = KVS_POOL_HEADER_SIZE;
+  h->segment_size = seg;
+  h->instance_id = id;
+  h->owner_pid = (uint32_t)getpid();
+  h->page_size = 1u << shift;
+  h->cache_off = 1ull << shift;
+  h->cache_size = cache_pages << shift;
+  h->host_off = h->cache_off + h->cache_size;
+  h->host_size = host_pages << shift;
+  h->flags = shift == HUGE_PAGE_SHIFT ? KVS_POOL_F_HUGEPAGES : 0;
+}
+
+/* Make the fd (memfd or shm) and map it. On failure nothing is left open. */
+static int make_segment(const kvs_pool_config_t *cfg, bool huge, unsigned shift,
+                        uint64_t seg, int *fd_out, uint8_t **base_out) {
+  int fd;
+  bool named = cfg->name && cfg->name[0];
+  if (named) {
+    fd = shm_open(cfg->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  } else {
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+    if (huge) flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+    fd = memfd_create("kvshim-pool", flags);
+  }
+  if (fd < 0) return -errno;
+  int rc = 0;
+  if (ftruncate(fd, (off_t)seg) != 0) {
+    rc = -errno;
+    goto fail;
+  }
+  if (!named) /* sealing is best effort: the size is an ABI, but a kernel may refuse seals */
+    (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  void *m = mmap(NULL, (size_t)seg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    rc = -errno;
+    goto fail;
+  }
+  *fd_out = fd;
+  *base_out = m;
+  return 0;
+fail:
+  close(fd);
+  if (named) shm_unlink(cfg->name);
+  return rc;
+}
+
+static void pool_free_struct(kvs_pool_t *pool) {
+  free(pool->name);
+#ifdef KVSHIM_DEBUG
+  memset(pool, 0xdd, sizeof *pool);
+#endif
+  free(pool);
+}
+
+/* ---- create / attach / destroy ---------------------------------------------------------- */
+
+int kvs_pool_create(const kvs_pool_config_t *cfg, kvs_pool_t **out) {
+  if (!cfg || !out || cfg->cache_size == 0) return -EINVAL;
+  bool named = cfg->name && cfg->name[0];
+  bool huge = cfg->hugepages && !named;
+  if (cfg->hugepages && named)
+    kvs_log_warn("pool: huge pages are not available for a named pool (%s); using 4 KiB pages",
+                 cfg->name);
+  kvs_pool_t *pool = calloc(1, sizeof *pool);
+  if (!pool) return -ENOMEM;
+  if (named && !(pool->name = strdup(cfg->name))) {
+    free(pool);
+    return -ENOMEM;
+  }
+  int rc;
+  unsigned shift;
+  uint64_t cache_pages = 0, host_pages = 0, seg = 0;
+  for (;;) {
+    shift = huge ? HUGE_PAGE_SHIFT : SMALL_PAGE_SHIFT;
+    if ((rc = round_pages(cfg->cache_size, shift, &cache_pages)) < 0 ||
+        (rc = round_pages(cfg->host_size, shift, &host_pages)) < 0)
+      goto fail_struct;
+    seg = (1ull + cache_pages + host_pages) << shift;
+    rc = make_segment(cfg, huge, shift, seg, &pool->fd, &pool->base);
+    if (rc == 0) break;
+    if (!huge) goto fail_struct;
+    kvs_log_warn("pool: huge pages unavailable (%s); falling back to 4 KiB pages", strerror(-rc));
+    huge = false;
+  }
+  pool->size = seg;
+  pool->page_size = 1u << shift;
+  pool->owner = true;
+  pool->writable = true;
+  uint64_t id = cfg->instance_id ? cfg->instance_id : random_id();
+  fill_header((kvs_pool_header_t *)pool->base, seg, id, shift, cache_pages, host_pages);
+  const kvs_pool_header_t *h = (const kvs_pool_header_t *)pool->base;
+  if ((rc = arena_init(&pool->arenas[KVS_ARENA_CACHE], h->cache_off, cache_pages, shift)) < 0)
+    goto fail_map;
+  if ((rc = arena_init(&pool->arenas[KVS_ARENA_HOST], h->host_off, host_pages, shift)) < 0) {
+    arena_fini(&pool->arenas[KVS_ARENA_CACHE]);
+    goto fail_map;
+  }
+  for (int i = 0; i < 2; i++) {
+    pool_arena_t *a = &pool->arenas[i];
+    a->poison = KVS__POOL_POISONS && a->npages &&
+                ((uint64_t)a->npages << shift) <= POISON_MAX_BYTES;
+    if (a->poison) kvs__poison(pool->base + a->off, (uint64_t)a->npages << shift);
+  }
+  *out = pool;
+  return 0;
+fail_map:
+  munmap(pool->base, (size_t)seg);
+  close(pool->fd);
+  if (pool->name) shm_unlink(pool->name);
+fail_struct:
+  free(pool->name);
+  free(pool);
+  return rc;
+}
+
+#define ATTACH_CHECK(cond, field, fmt, have, want)                                            \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      kvs_log_warn("pool attach: header field %s mismatch: segment has " fmt ", expected " fmt, \
+                   field, have, want);                                                        \
+      return -EPROTO;                                                                         \
+    }                                                                                         \
+  } while (0)
+
+static bool arena_fits(uint64_t off, uint64_t size, uint64_t seg, uint32_t page) {
+  return off % page == 0 && size % page == 0 && off >= page && off <= seg && size <= seg - off;
+}
+
+static int check_header(const kvs_pool_header_t *h, uint64_t file_size) {
+  ATTACH_CHECK(h->magic == KVS_POOL_MAGIC, "magic", "0x%016" PRIx64, (uint64_t)h->magic,
+               (uint64_t)KVS_POOL_MAGIC);
+  ATTACH_CHECK(h->abi_version == KVS_POOL_ABI_VERSION, "abi_version", "%u",
+               (unsigned)h->abi_version, (unsigned)KVS_POOL_ABI_VERSION);
+  ATTACH_CHECK(h->header_size == KVS_POOL_HEADER_SIZE, "header_size", "%u",
+               (unsigned)h->header_size, (unsigned)KVS_POOL_HEADER_SIZE);
+  ATTACH_CHECK(h->segment_size == file_size, "segment_size", "%" PRIu64,
+               (uint64_t)h->segment_size, file_size);
+  ATTACH_CHECK(h->page_size == (1u << SMALL_PAGE_SHIFT) || h->page_size == (1u << HUGE_PAGE_SHIFT),
+               "page_size", "%u", (unsigned)h->page_size, 1u << SMALL_PAGE_SHIFT);
+  ATTACH_CHECK(h->segment_size % h->page_size == 0, "segment_size", "%" PRIu64,
+               (uint64_t)h->segment_size, (uint64_t)KVS__ALIGN_UP(h->segment_size, h->page_size));
+  ATTACH_CHECK(h->cache_size > 0 &&
+                   arena_fits(h->cache_off, h->cache_size, h->segment_size, h->page_size),
+               "cache_off", "%" PRIu64, (uint64_t)h->cache_off, (uint64_t)h->page_size);
+  ATTACH_CHECK(arena_fits(h->host_off, h->host_size, h->segment_size, h->page_size), "host_off",
+               "%" PRIu64, (uint64_t)h->host_off, (uint64_t)(h->cache_off + h->cache_size));
+  bool disjoint = h->host_size == 0 || h->host_off >= h->cache_off + h->cache_size ||
+                  h->cache_off >= h->host_off + h->host_size;
+  ATTACH_CHECK(disjoint, "host_off", "%" PRIu64, (uint64_t)h->host_off,
+               (uint64_t)(h->cache_off + h->cache_size));
+  return 0;
+}
+
+int kvs_pool_attach(int fd, bool writable, kvs_pool_t **out) {
+  if (fd < 0 || !out) return -EINVAL;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  if (st.st_size < (off_t)sizeof(kvs_pool_header_t)) {
+    kvs_log_warn("pool attach: header field segment_size mismatch: file has %lld bytes, "
+                 "expected at least %u", (long long)st.st_size, KVS_POOL_HEADER_SIZE);
+    return -EPROTO;
+  }
+  uint64_t file_size = (uint64_t)st.st_size;
+  /* A hugetlbfs file is mapped (and must be unmapped) in whole huge pages: st_blksize. */
+  struct statfs sfs;
+  bool hugetlb = fstatfs(fd, &sfs) == 0 && (uint32_t)sfs.f_type == HUGETLBFS_MAGIC;
+  long sys_page = sysconf(_SC_PAGESIZE);
+  size_t hdr_map = hugetlb ? (size_t)st.st_blksize : sys_page > 0 ? (size_t)sys_page : 4096u;
+  if (hdr_map > file_size) hdr_map = (size_t)file_size;
+  void *hm = mmap(NULL, hdr_map, PROT_READ, MAP_SHARED, fd, 0);
+  if (hm == MAP_FAILED) return -errno;
+  kvs_pool_header_t h;
+  memcpy(&h, hm, sizeof h);
+  munmap(hm, hdr_map);
+  int rc = check_header(&h, file_size);
+  if (rc < 0) return rc;
+  if (hugetlb && h.page_size != (uint64_t)st.st_blksize) {
+    kvs_log_warn("pool attach: header field page_size mismatch: segment has %u, expected %lld "
+                 "(hugetlbfs page)", (unsigned)h.page_size, (long long)st.st_blksize);
+    return -EPROTO;
+  }
+
+  kvs_pool_t *pool = calloc(1, sizeof *pool);
+  if (!pool) return -ENOMEM;
+  pool->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (pool->fd < 0) {
+    rc = -errno;
+    free(pool);
+    return rc;
+  }
+  int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+  void *m = mmap(NULL, (size_t)h.segment_size, prot, MAP_SHARED, pool->fd, 0);
+  if (m == MAP_FAILED) {
+    rc = -errno;
+    close(pool->fd);
+    free(pool);
+    return rc;
+  }
+  pool->base = m;
+  pool->size = h.segment_size;
+  pool->page_size = h.page_size;
+  pool->writable = writable;
+  *out = pool;
+  return 0;
+}
+
+int kvs_pool_destroy(kvs_pool_t *pool, bool force) {
+  if (!pool) return 0;
+  if (pool->owner) {
+    for (int i = 0; i < 2; i++) {
+      pool_arena_t *a = &pool->arenas[i];
+      pthread_mutex_lock(&a->lock);
+      bool busy = a->alloc_extents != 0;
+      pthread_mutex_unlock(&a->lock);
+      if (busy && !force) return -EBUSY;
+    }
+  }
+  /* Stop prefaults: a prefault either sees closing, or is counted before we look. */
+  atomic_store(&pool->closing, 1);
+  while (atomic_load(&pool->prefaulting) != 0) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  if (pool->owner) {
+    kvs__unpoison(pool->base, pool->size); /* the address range may be reused */
+    arena_fini(&pool->arenas[KVS_ARENA_CACHE]);
+    arena_fini(&pool->arenas[KVS_ARENA_HOST]);
+    if (pool->name) shm_unlink(pool->name);
+  }
+  munmap(pool->base, (size_t)pool->size);
+  close(pool->fd);
+  pool_free_struct(pool);
+  return 0;
+}
+
+/* ---- accessors -------------------------------------------------------------------------- */
+
+int kvs_pool_fd(const kvs_pool_t *pool) { return pool->fd; }
+uint8_t *kvs_pool_base(const kvs_pool_t *pool) { return pool->base; }
+uint64_t kvs_pool_segment_size(const kvs_pool_t *pool) { return pool->size; }
+uint32_t kvs_pool_page_size(const kvs_pool_t *pool) { return pool->page_size; }
+const kvs_pool_header_t *kvs_pool_header(const kvs_pool_t *pool) {
+  return (const kvs_pool_header_t *)pool->base;
+}
+bool kvs_pool_is_owner(const kvs_pool_t *pool) { return pool->owner; }
+bool kvs_pool_is_writable(const kvs_pool_t *pool) { return pool->writable; }
+
+/* ---- alloc / free ----------------------------------------------------------------------- */
+
+/* The arena of a created pool, or NULL (no such arena). *err says why. */
+static pool_arena_t *owned_arena(kvs_pool_t *pool, kvs_arena_t arena, int *err) {
+  if (!pool) {
+    *err = -EINVAL;
+    return NULL;
+  }
+  if (!pool->owner) {
+    *err = -EPERM;
+    return NULL;
+  }
+  if ((unsigned)arena > KVS_ARENA_HOST || pool->arenas[arena].npages == 0) {
+    *err = -EINVAL;
+    return NULL;
+  }
+  return &pool->arenas[arena];
+}
+
+/* Page index of off in a, or PTAG_NIL when off is outside the arena or not page-aligned. */
+static uint32_t page_of(const pool_arena_t *a, uint64_t off) {
+  if (off < a->off) return PTAG_NIL;
+  uint64_t rel = off - a->off;
+  if (rel & ((1ull << a->shift) - 1)) return PTAG_NIL;
+  uint64_t p = rel >> a->shift;
+  return p < a->npages ? (uint32_t)p : PTAG_NIL;
+}
+
+int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *off) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, arena, &err);
+  if (!a) return err;
+  if (len == 0 || !off) return -EINVAL;
+  uint64_t want = (len >> a->shift) + ((len & ((1ull << a->shift) - 1)) != 0);
+  if (want > a->npages) return -ENOSPC;
+  uint32_t n = (uint32_t)want;
+
+  pthread_mutex_lock(&a->lock);
+  uint32_t p = find_fit(a, n);
+  if (p == PTAG_NIL) {
+    pthread_mutex_unlock(&a->lock);
+    return -ENOSPC;
+  }
+  uint32_t have = a->tags[p].head & PTAG_LEN;
+  list_remove(a, p);
+  a->tags[p].head = n;
+  if (have > n) { /* split: the tail end stays free */
+    uint32_t r = p + n;
+    a->tags[p + n - 1].tail = n;
+    a->tags[r].head = (have - n) | PTAG_FREE;
+    a->tags[p + have - 1].tail = have - n;
+    list_push(a, r);
+  }
+  a->alloc_pages += n;
+  a->alloc_extents++;
+  arena_check(a);
+  pthread_mutex_unlock(&a->lock);
+
+  uint64_t o = a->off + ((uint64_t)p << a->shift);
+  if (a->poison) kvs__unpoison(pool->base + o, (uint64_t)n << a->shift);
+  *off = o;
+  return 0;
+}
+
+int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, arena, &err);
+  if (!a) return err;
+  uint32_t p = page_of(a, off);
+  if (p == PTAG_NIL) return -EINVAL;
+
+  pthread_mutex_lock(&a->lock);
+  uint32_t h = a->tags[p].head;
+  if (h == 0 || (h & PTAG_FREE)) { /* not a start, or already free */
+    pthread_mutex_unlock(&a->lock);
+    return -EINVAL;
+  }
+  uint32_t n = h;
+  /* Poison before the extent becomes allocatable again: after the unlock another thread may
+   * allocate (and unpoison) it. */
+  if (a->poison) kvs__poison(pool->base + off, (uint64_t)n << a->shift);
+  a->alloc_pages -= n;
+  a->alloc_extents--;
+  uint32_t start = p, len = n;
+  if (p > 0 && a->tags[p - 1].tail) { /* left neighbour */
+    uint32_t ln = a->tags[p - 1].tail, lp = p - ln;
+    if (a->tags[lp].head & PTAG_FREE) {
+      list_remove(a, lp);
+      a->tags[p - 1].tail = 0;
+      a->tags[p].head = 0;
+      start = lp;
+      len += ln;
+    }
+  }
+  uint32_t q = p + n;
+  if (q < a->npages && (a->tags[q].head & PTAG_FREE)) { /* right neighbour */
+    uint32_t rn = a->tags[q].head & PTAG_LEN;
+    list_remove(a, q);
+    a->tags[q - 1].tail = 0;
+    a->tags[q].head = 0;
+    len += rn;
+  }
+  a->tags[start].head = len | PTAG_FREE;
+  a->tags[start + len - 1].tail = len;
+  list_push(a, start);
+  arena_check(a);
+  pthread_mutex_unlock(&a->lock);
+  return (int64_t)n << a->shift;
+}
+
+int64_t kvs_pool_extent_len(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, arena, &err);
+  if (!a) return err;
+  uint32_t p = page_of(a, off);
+  if (p == PTAG_NIL) return -EINVAL;
+  pthread_mutex_lock(&a->lock);
+  uint32_t h = a->tags[p].head;
+  pthread_mutex_unlock(&a->lock);
+  if (h == 0 || (h & PTAG_FREE)) return -EINVAL;
+  return (int64_t)h << a->shift;
+}
+
+int kvs_pool_arena_of(const kvs_pool_t *pool, uint64_t off, uint64_t len) {
+  if (!pool) return -EINVAL;
+  const kvs_pool_header_t *h = kvs_pool_header(pool);
+  const uint64_t offs[2] = {h->cache_off, h->host_off};
+  const uint64_t sizes[2] = {h->cache_size, h->host_size};
+  for (int i = 0; i < 2; i++) {
+    if (sizes[i] == 0 || off < offs[i]) continue;
+    uint64_t rel = off - offs[i];
+    if (rel < sizes[i] && len <= sizes[i] - rel) return i;
+  }
+  return -EINVAL;
+}
+
+int kvs_pool_arena_stats(kvs_pool_t *pool, kvs_arena_t arena, kvs_pool_arena_stats_t *out) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, arena, &err);
+  if (!a) return err;
+  if (!out) return -EINVAL;
+  kvs_pool_arena_stats_t s = {0};
+  pthread_mutex_lock(&a->lock);
+  s.size = (uint64_t)a->npages << a->shift;
+  s.allocated = a->alloc_pages << a->shift;
+  s.free = s.size - s.allocated;
+  s.extents = a->alloc_extents;
+  uint64_t largest = 0;
+  if (a->fl_map) { /* the largest extent is on the highest non-empty list */
+    unsigned fl = msb32(a->fl_map), sl = msb32(a->sl_map[fl]);
+    for (uint32_t p = a->heads[fl][sl]; p != PTAG_NIL; p = a->tags[p].next)
+      if ((a->tags[p].head & PTAG_LEN) > largest) largest = a->tags[p].head & PTAG_LEN;
+  }
+  pthread_mutex_unlock(&a->lock);
+  s.largest_free = largest << a->shift;
+  s.fragmentation_pct = s.free ? (uint32_t)((s.free - s.largest_free) * 100u / s.free) : 0;
+  *out = s;
+  return 0;
+}
+
+/* ---- prefault --------------------------------------------------------------------------- */
+
+/* Touch one byte per page without changing it: an atomic add of 0 is a write access (it
+ * faults the page in writable) that cannot lose a concurrent writer's store. Not instrumented:
+ * free extents are poisoned, and touching them is the point. */
+__attribute__((no_sanitize("address", "thread"))) static void touch_pages(uint8_t *p, size_t n,
+                                                                          size_t page,
+                                                                          bool write) {
+  for (size_t i = 0; i < n; i += page) {
+    if (write)
+      __atomic_fetch_add(p + i, 0, __ATOMIC_RELAXED);
+    else
+      (void)*(volatile uint8_t *)(p + i);
+  }
+}
+
+int kvs_pool_prefault(kvs_pool_t *pool) {
+  if (!pool) return -EINVAL;
+  atomic_fetch_add(&pool->prefaulting, 1);
+  int rc = 0;
+  if (atomic_load(&pool->closing)) {
+    rc = -ECANCELED;
+    goto out;
+  }
+  const kvs_pool_header_t *h = kvs_pool_header(pool);
+  uint8_t *start = pool->base + h->cache_off;
+  uint64_t size = h->cache_size;
+  int advice = pool->writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+  bool use_madvise = true;
+  for (uint64_t done = 0; done < size;) {
+    if (atomic_load(&pool->closing)) {
+      rc = -ECANCELED;
+      break;
+    }
+    size_t step = (size_t)(size - done < PREFAULT_STEP ? size - done : PREFAULT_STEP);
+    if (use_madvise && madvise(start + done, step, advice) != 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno != EINVAL) { /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
+        rc = -errno;
+        break;
+      }
+      use_madvise = false; /* kernel before 5.14 */
+    }
+    if (!use_madvise) touch_pages(start + done, step, pool->page_size, pool->writable);
+    done += step;
+  }
+out:
+  atomic_fetch_sub(&pool->prefaulting, 1);
+  return rc;
+}
+
+/* ---- validation ------------------------------------------------------------------------- */
+
+bool kvs__pool_is_valid(kvs_pool_t *pool) {
+  if (!pool) return false;
+  const kvs_pool_header_t *h = kvs_pool_header(pool);
+  if (h->magic != KVS_POOL_MAGIC || h->segment_size != pool->size ||
+      h->page_size != pool->page_size)
+    return false;
+  if (!pool->owner) return true;
+  for (int i = 0; i < 2; i++) {
+    pool_arena_t *a = &pool->arenas[i];
+    uint64_t size = i == KVS_ARENA_CACHE ? h->cache_size : h->host_size;
+    uint64_t off = i == KVS_ARENA_CACHE ? h->cache_off : h->host_off;
+    if (((uint64_t)a->npages << a->shift) != size || (size && a->off != off)) return false;
+    pthread_mutex_lock(&a->lock);
+    bool ok = arena_is_valid_locked(a, true);
+    pthread_mutex_unlock(&a->lock);
+    if (!ok) return false;
+  }
+  return true;
+}

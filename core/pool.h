@@ -7,20 +7,33 @@
  *   [host_off,  host_off  + host_size)       host arena: buffers for CUDA host allocations
  *
  * Offsets are from the start of the segment and aligned to the pool's page size (4 KiB, or
- * 2 MiB with huge pages). The segment is a memfd (MFD_CLOEXEC, sealed against shrinking): no
- * name in /dev/shm, so nothing is left behind when the process dies. A named segment
- * (shm_open, 0600) is made only when kvs_pool_config_t.name is set (kvshim serve).
+ * 2 MiB with huge pages); the header area is one page, so cache_off == page_size and
+ * host_off == cache_off + cache_size. The segment is a memfd (MFD_CLOEXEC, sealed against
+ * shrinking and growing): no name in /dev/shm, so nothing is left behind when the process
+ * dies. A named segment (shm_open, O_EXCL, 0600; never huge pages) is made instead only when
+ * kvs_pool_config_t.name is set (kvshim serve); the creator unlinks the name at destroy.
+ * Nothing is pre-faulted at create: pages are backed on first touch (kvs_pool_prefault).
  *
- * Allocator: each arena hands out extents aligned to the page size. Free ranges are coalesced
- * with their neighbours on free; alloc and free are O(1) (segregated fit over size classes,
- * boundary tags kept outside the segment, so a peer writing into the pool cannot corrupt the
- * allocator). Invariant per arena, checked by kvs__pool_is_valid under KVSHIM_DEBUG:
- *     allocated_bytes + free_bytes == arena size, no two extents overlap, no two free ranges
- *     are adjacent (they would have been coalesced).
- * Under ASan, free extents are poisoned in the creating process.
+ * Allocator: each arena of a created pool hands out extents aligned to the page size. Free
+ * ranges are coalesced with both neighbours on free. Segregated fit over two-level size
+ * classes with bitmaps; boundary tags live in side arrays outside the segment (so a peer
+ * writing into the pool cannot corrupt the allocator), lazily backed, 16 bytes per page.
+ * free and extent_len are O(1); alloc is O(1), except when the only free ranges that can
+ * satisfy a request share its own size class: then that one class list is scanned (so -ENOSPC
+ * means no free range is large enough, never "not found quickly"). An arena holds at most
+ * 2^31 - 1 pages. Invariant per arena, checked by kvs__pool_is_valid (and after every
+ * alloc/free under KVSHIM_DEBUG):
+ *     allocated_bytes + free_bytes == arena size, extents tile the arena without overlap,
+ *     no two free ranges are adjacent (they would have been coalesced), every free range is
+ *     on the list of its size class.
+ * Under ASan, free extents are poisoned in the creating process (arenas up to 256 MiB: the
+ * shadow of a larger one would cost 1/8 of its size in resident memory). Attached pools
+ * never poison.
  *
- * Threads: alloc/free/stats take a per-arena mutex; the mapping itself is not guarded (extent
- * ownership is the caller's business: the store's leases). */
+ * Threads: alloc/free/extent_len/stats take a per-arena mutex; the mapping itself is not
+ * guarded (extent ownership is the caller's business: the store's leases). kvs_pool_prefault
+ * may run in another thread concurrently with all of them; destroy must not (except that a
+ * prefault running when destroy starts is cancelled and waited for). */
 #ifndef KVSHIM_POOL_H
 #define KVSHIM_POOL_H
 
@@ -86,14 +99,18 @@ typedef struct kvs_pool_arena_stats {
 int kvs_pool_create(const kvs_pool_config_t *cfg, kvs_pool_t **out);
 
 /* Map a segment received from a peer. fd is borrowed (the caller may close it after the call;
- * the mapping stays). writable: map PROT_READ|PROT_WRITE, else PROT_READ. The header is
- * validated: bad magic, ABI version, header size, or sizes that disagree with fstat give
- * -EPROTO and a log line saying which field mismatched. An attached pool cannot allocate
- * (-EPERM). */
+ * the pool keeps its own F_DUPFD_CLOEXEC copy, returned by kvs_pool_fd, and the mapping).
+ * writable: map PROT_READ|PROT_WRITE, else PROT_READ (a write then faults). The header is
+ * validated: bad magic, ABI version, header size, page size, a segment size that disagrees
+ * with fstat, or arenas that are unaligned or outside the segment give -EPROTO and one warning
+ * naming the field and both values. An attached pool cannot allocate: alloc, free, extent_len
+ * and arena_stats return -EPERM. */
 int kvs_pool_attach(int fd, bool writable, kvs_pool_t **out);
 
-/* Unmap and close. Accepts NULL. Returns -EBUSY (and keeps the pool) if extents are still
- * allocated in a created pool, unless force. Debug builds poison the struct before free. */
+/* Unmap and close. Accepts NULL. Returns -EBUSY (and keeps the pool, fully usable) if extents
+ * are still allocated in a created pool, unless force. Cancels a running kvs_pool_prefault and
+ * waits for it to return. The owner of a named pool unlinks the name. Debug builds poison the
+ * struct before free. */
 int kvs_pool_destroy(kvs_pool_t *pool, bool force);
 
 int kvs_pool_fd(const kvs_pool_t *pool);                     /* borrowed */
@@ -105,25 +122,34 @@ bool kvs_pool_is_owner(const kvs_pool_t *pool);              /* created (not att
 bool kvs_pool_is_writable(const kvs_pool_t *pool);
 
 /* Allocate an extent of at least len bytes (rounded up to the page size) in an arena; writes
- * its segment offset to *off. Errors: -EINVAL (len 0, no such arena), -ENOSPC (no free range
- * large enough: the caller may evict and retry), -EPERM (attached pool). */
+ * its segment offset to *off. Errors: -EINVAL (len 0, no such arena, e.g. HOST when
+ * host_size was 0), -ENOSPC (no free range large enough, or len larger than the arena: the
+ * caller may evict and retry), -EPERM (attached pool). */
 int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *off);
 /* Return an extent. off must be the start of an allocated extent: otherwise -EINVAL and
  * nothing changes. Returns the extent's length in bytes (>0) on success. */
 int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off);
-/* Length of the allocated extent starting at off, or -EINVAL. */
+/* Length of the allocated extent starting at off, or -EINVAL (-EPERM: attached pool). */
 int64_t kvs_pool_extent_len(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off);
-/* Arena whose range contains [off, off+len), or -EINVAL. */
+/* Arena whose range contains [off, off+len), or -EINVAL (works on attached pools too). */
 int kvs_pool_arena_of(const kvs_pool_t *pool, uint64_t off, uint64_t len);
 
+/* Errors: -EINVAL (no such arena), -EPERM (attached pool). O(1) plus the length of the
+ * largest size class's list (for largest_free). */
 int kvs_pool_arena_stats(kvs_pool_t *pool, kvs_arena_t arena, kvs_pool_arena_stats_t *out);
 
-/* Fault the cache arena in (MADV_POPULATE_WRITE, or touching each page), so first-touch cost
- * is paid here and not on the engine's path. Call from a background thread. Returns 0 or a
- * negative errno; cancelled early (returning -ECANCELED) if kvs_pool_destroy is running. */
+/* Fault the cache arena in (MADV_POPULATE_WRITE, or on kernels before 5.14 an atomic add of 0
+ * to one byte per page, which cannot lose a concurrent writer's store; POPULATE_READ for a
+ * read-only attached pool), so first-touch cost is paid here and not on the engine's path.
+ * Contents are unchanged. Call from a background thread; safe while other threads alloc,
+ * free and write. Works in 32 MiB pieces and returns -ECANCELED between pieces once
+ * kvs_pool_destroy has started. Returns 0 or a negative errno (-ENOMEM when huge pages run
+ * out). The host arena is never prefaulted. */
 int kvs_pool_prefault(kvs_pool_t *pool);
 
-/* Whole-structure check (O(extents)); true when every invariant above holds. */
+/* Whole-structure check (O(extents); arenas of up to 16384 pages also have every page's tags
+ * checked); true when every invariant above holds. Takes each arena's mutex in turn. For an
+ * attached pool only the header is checked. */
 bool kvs__pool_is_valid(kvs_pool_t *pool);
 
 #ifdef __cplusplus

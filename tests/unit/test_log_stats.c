@@ -99,7 +99,7 @@ Test(stats, names_are_unique_and_found) {
   for (int i = 0; i < KVS_STAT__COUNT; i++) {
     kvs_stat_id_t id;
     cr_assert_eq(kvs_stats_find(kvs_stats_name((kvs_stat_id_t)i), &id), 0);
-    cr_expect_eq(id, i, "duplicate name %s", kvs_stats_name((kvs_stat_id_t)i));
+    cr_expect_eq((int)id, i, "duplicate name %s", kvs_stats_name((kvs_stat_id_t)i));
     cr_expect_neq(kvs_stats_help((kvs_stat_id_t)i)[0], '\0');
   }
   kvs_stat_id_t id;
