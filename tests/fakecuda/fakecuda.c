@@ -1,0 +1,1758 @@
+/* tests/fakecuda: a libcuda.so.1 stand-in, so every CUDA path of kvshim runs without a GPU.
+ *
+ * What it models (design.md §15):
+ * - "device" memory: each allocation is its own memfd mapped MAP_SHARED; the CUdeviceptr is the
+ *   mapped address, so copies are memmove and another process can map the same pages;
+ * - IPC handles that another process of the same uid opens through /proc/<owner>/fd/<fd>;
+ * - pinned host memory (allocated or registered) with its flags;
+ * - devices, primary and created contexts, a per-thread context stack, streams as handles;
+ * - cuGetProcAddress[_v2] resolving a base name + version + flags to the versioned entry point,
+ *   per-thread-default-stream variants being distinct functions;
+ * - a call log (FAKECUDA_LOG) whose lines hold no address or pid, so identical call sequences
+ *   give byte-identical logs.
+ *
+ * Exported names are exactly those the real driver exports: cuda.h is included with
+ * __CUDA_API_VERSION_INTERNAL, which (as in the driver's own build) declares every versioned,
+ * legacy and _ptds/_ptsz variant under its real ELF name and undefines the renaming macros.
+ * Everything cuda.h declares gets default visibility; the rest of this file stays hidden.
+ *
+ * Environment (read once, at the first call of any entry point; an invalid value is reported
+ * on stderr and the default kept):
+ *   FAKECUDA_DEVICES    number of devices, 0..16 (default 1; 0 makes cuInit fail NO_DEVICE)
+ *   FAKECUDA_MEM_LIMIT  device memory per process in bytes, suffixes K/M/G/T (default 1G)
+ *   FAKECUDA_LOG        append one line per driver call to this file (O_APPEND, one write(2)
+ *                       per line, so several processes may share it)
+ *
+ * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
+ * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
+ * letters, values contain no space or '='. Examples:
+ *   cuMemAlloc_v2 bytesize=4096 -> 0 dptr=d1
+ *   cuMemcpyHtoDAsync_v2 dst=d1+64 src=unknown bytes=64 stream=S1 -> 0
+ *   cuMemFree_v2 dptr=unknown -> 1
+ * Addresses and pids never appear. A pointer is written as a label: d<N> device allocation,
+ * h<N> cuMemHostAlloc/cuMemAllocHost memory, r<N> registered host range, i<N> IPC mapping (N
+ * counts each kind from 1 in this process, by creation order), "+<bytes>" for an interior
+ * pointer, "unknown" for memory the driver does not know, "null" for 0. Contexts: P<dev>
+ * (primary), C<N> (created); streams: S<N>, 0, legacy, per-thread, unknown. Sizes, flags (hex),
+ * versions and symbol names are written as given.
+ */
+#define __CUDA_API_VERSION_INTERNAL 1
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#pragma GCC visibility pop
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FK_DRIVER_VERSION 13000
+#define FK_MAX_DEVICES    16
+#define FK_CTX_STACK      32   /* depth of each thread's context stack */
+#define FK_PITCH_ALIGN    512  /* row alignment of cuMemAllocPitch */
+#define FK_PT_VERSION     7000 /* first CUDA version with _ptds/_ptsz entry points */
+#define FK_LINE_MAX       512
+#define FK_LABEL_MAX      48
+
+/* ---- configuration (written once under cfg_once, read-only afterwards) ------------------- */
+
+static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
+static int cfg_devices = 1;
+static uint64_t cfg_mem_limit = 1ull << 30;
+static int cfg_log_fd = -1;
+static atomic_int initialized; /* cuInit succeeded in this process */
+
+static void cfg_warn(const char *var, const char *val, const char *why) {
+  char buf[256];
+  int n = snprintf(buf, sizeof buf, "fakecuda: %s=%s: %s\n", var, val, why);
+  if (n > 0) {
+    ssize_t w = write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    (void)w;
+  }
+}
+
+/* Parses "<digits>[K|M|G|T][i][B]" (binary multiples); returns 0 or -EINVAL. */
+static int parse_bytes(const char *s, uint64_t *out) {
+  if (!s || *s < '0' || *s > '9') return -EINVAL;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return -EINVAL;
+  unsigned shift = 0;
+  switch (*end) {
+  case 'k': case 'K': shift = 10; end++; break;
+  case 'm': case 'M': shift = 20; end++; break;
+  case 'g': case 'G': shift = 30; end++; break;
+  case 't': case 'T': shift = 40; end++; break;
+  default: break;
+  }
+  if (shift && *end == 'i') end++;
+  if (*end == 'B') end++;
+  if (*end) return -EINVAL;
+  if (shift && v > (UINT64_MAX >> shift)) return -EINVAL;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static void fork_prepare(void) { pthread_mutex_lock(&reg_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&reg_lock); }
+static void fork_child(void) { pthread_mutex_unlock(&reg_lock); }
+
+static void cfg_load(void) {
+  const char *v = getenv("FAKECUDA_DEVICES");
+  if (v && *v) {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || n < 0 || n > FK_MAX_DEVICES)
+      cfg_warn("FAKECUDA_DEVICES", v, "expected 0..16, using 1");
+    else
+      cfg_devices = (int)n;
+  }
+  v = getenv("FAKECUDA_MEM_LIMIT");
+  if (v && *v) {
+    uint64_t b;
+    if (parse_bytes(v, &b) < 0 || b == 0)
+      cfg_warn("FAKECUDA_MEM_LIMIT", v, "expected a byte count such as 1048576 or 64M, using 1G");
+    else
+      cfg_mem_limit = b;
+  }
+  v = getenv("FAKECUDA_LOG");
+  if (v && *v) {
+    cfg_log_fd = open(v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (cfg_log_fd < 0) cfg_warn("FAKECUDA_LOG", v, strerror(errno));
+  }
+  /* The child of a fork inherits a consistent registry and an unlocked mutex. */
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static inline void boot(void) { pthread_once(&cfg_once, cfg_load); }
+
+/* ---- call log: one write(2) per line on an O_APPEND fd, so processes may share the file --- */
+
+static inline int log_on(void) { return cfg_log_fd >= 0; }
+
+__attribute__((format(printf, 1, 2))) static void fk_log(const char *fmt, ...) {
+  if (!log_on()) return;
+  int saved = errno;
+  char buf[FK_LINE_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  size_t len = (size_t)n < sizeof buf - 1 ? (size_t)n : sizeof buf - 2;
+  buf[len++] = '\n';
+  ssize_t w = write(cfg_log_fd, buf, len);
+  (void)w;
+  errno = saved;
+}
+
+/* Copies a caller's symbol name for the log: at most 63 chars of [A-Za-z0-9_], others '?'. */
+static void log_symbol(const char *s, char *out, size_t cap) {
+  size_t i = 0;
+  if (!s) {
+    snprintf(out, cap, "null");
+    return;
+  }
+  for (; s[i] && i + 1 < cap && i < 63; i++) {
+    char c = s[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    out[i] = ok ? c : '?';
+  }
+  out[i] = '\0';
+}
+
+/* ---- error codes: one list gives cuGetErrorName and cuGetErrorString ---------------------- */
+
+#define FK_ERRORS(X)                                                                          \
+  X(CUDA_SUCCESS, "no error")                                                                 \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                             \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                \
+  X(CUDA_ERROR_NOT_INITIALIZED, "driver not initialized (call cuInit first)")                 \
+  X(CUDA_ERROR_DEINITIALIZED, "driver is shutting down")                                      \
+  X(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled")                                        \
+  X(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized")                          \
+  X(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started")                          \
+  X(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped")                          \
+  X(CUDA_ERROR_STUB_LIBRARY, "stub library loaded instead of the driver")                     \
+  X(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "call requires a newer driver")                    \
+  X(CUDA_ERROR_DEVICE_UNAVAILABLE, "device unavailable")                                      \
+  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device")                                           \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                      \
+  X(CUDA_ERROR_DEVICE_NOT_LICENSED, "device not licensed")                                    \
+  X(CUDA_ERROR_INVALID_IMAGE, "invalid kernel image")                                         \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid or missing context")                                 \
+  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                            \
+  X(CUDA_ERROR_MAP_FAILED, "mapping failed")                                                  \
+  X(CUDA_ERROR_UNMAP_FAILED, "unmapping failed")                                              \
+  X(CUDA_ERROR_ARRAY_IS_MAPPED, "array is mapped")                                            \
+  X(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                     \
+  X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image for this device")                          \
+  X(CUDA_ERROR_ALREADY_ACQUIRED, "resource already acquired")                                 \
+  X(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                             \
+  X(CUDA_ERROR_NOT_MAPPED_AS_ARRAY, "resource not mapped as an array")                        \
+  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as a pointer")                     \
+  X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error")                                  \
+  X(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit not supported by the device")                        \
+  X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "context already in use by another thread")            \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access not supported")                          \
+  X(CUDA_ERROR_INVALID_PTX, "invalid PTX")                                                    \
+  X(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid graphics context")                          \
+  X(CUDA_ERROR_NVLINK_UNCORRECTABLE, "uncorrectable NVLink error")                            \
+  X(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "PTX JIT compiler not found")                          \
+  X(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "unsupported PTX version")                            \
+  X(CUDA_ERROR_JIT_COMPILATION_DISABLED, "PTX JIT compilation disabled")                      \
+  X(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "execution affinity not supported")                 \
+  X(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "device-side synchronization not supported")         \
+  X(CUDA_ERROR_CONTAINED, "contained device error")                                           \
+  X(CUDA_ERROR_INVALID_SOURCE, "invalid source")                                              \
+  X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                              \
+  X(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "shared object symbol not found")              \
+  X(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object initialization failed")              \
+  X(CUDA_ERROR_OPERATING_SYSTEM, "operating system call failed")                              \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                     \
+  X(CUDA_ERROR_ILLEGAL_STATE, "illegal state")                                                \
+  X(CUDA_ERROR_LOSSY_QUERY, "lossy query")                                                    \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                           \
+  X(CUDA_ERROR_NOT_READY, "operation not yet complete")                                       \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "illegal memory access")                                      \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")            \
+  X(CUDA_ERROR_LAUNCH_TIMEOUT, "launch timed out")                                            \
+  X(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, "launch uses incompatible texturing")           \
+  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access already enabled")                    \
+  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access not enabled")                            \
+  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context already active")                      \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context destroyed or primary context inactive")         \
+  X(CUDA_ERROR_ASSERT, "device-side assert triggered")                                        \
+  X(CUDA_ERROR_TOO_MANY_PEERS, "too many peers")                                              \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory already registered")              \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory not registered")                      \
+  X(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error")                                  \
+  X(CUDA_ERROR_ILLEGAL_INSTRUCTION, "illegal instruction")                                    \
+  X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                                      \
+  X(CUDA_ERROR_INVALID_ADDRESS_SPACE, "invalid address space")                                \
+  X(CUDA_ERROR_INVALID_PC, "invalid program counter")                                         \
+  X(CUDA_ERROR_LAUNCH_FAILED, "launch failed")                                                \
+  X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "cooperative launch too large")                  \
+  X(CUDA_ERROR_TENSOR_MEMORY_LEAK, "tensor memory leaked")                                    \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                      \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                      \
+  X(CUDA_ERROR_SYSTEM_NOT_READY, "system not ready")                                          \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "driver and kernel module versions differ")            \
+  X(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward compatibility not supported")         \
+  X(CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS connection failed")                                \
+  X(CUDA_ERROR_MPS_RPC_FAILURE, "MPS RPC failure")                                            \
+  X(CUDA_ERROR_MPS_SERVER_NOT_READY, "MPS server not ready")                                  \
+  X(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "MPS client limit reached")                           \
+  X(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, "MPS connection limit reached")                   \
+  X(CUDA_ERROR_MPS_CLIENT_TERMINATED, "MPS client terminated")                                \
+  X(CUDA_ERROR_CDP_NOT_SUPPORTED, "dynamic parallelism not supported")                        \
+  X(CUDA_ERROR_CDP_VERSION_MISMATCH, "dynamic parallelism version mismatch")                  \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted while capturing")         \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "stream capture invalidated")                      \
+  X(CUDA_ERROR_STREAM_CAPTURE_MERGE, "stream capture merge not permitted")                    \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "stream capture not begun on this stream")           \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "stream capture fork not joined")                     \
+  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "stream capture would cross isolation")              \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "implicit dependency on a capturing stream")          \
+  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on a captured event")                 \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "capture ended from another thread")              \
+  X(CUDA_ERROR_TIMEOUT, "wait timed out")                                                     \
+  X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "graph update not performed")                       \
+  X(CUDA_ERROR_EXTERNAL_DEVICE, "error in an external device")                                \
+  X(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size")                                  \
+  X(CUDA_ERROR_FUNCTION_NOT_LOADED, "function not loaded")                                    \
+  X(CUDA_ERROR_INVALID_RESOURCE_TYPE, "invalid resource type")                                \
+  X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "invalid resource configuration")              \
+  X(CUDA_ERROR_KEY_ROTATION, "key rotation error")                                            \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+static const struct {
+  CUresult code;
+  const char *name;
+  const char *text;
+} fk_errors[] = {
+#define FK_ERROR_ROW(code, text) {code, #code, text},
+    FK_ERRORS(FK_ERROR_ROW)
+#undef FK_ERROR_ROW
+};
+
+static int error_index(CUresult e) {
+  for (size_t i = 0; i < sizeof fk_errors / sizeof fk_errors[0]; i++)
+    if (fk_errors[i].code == e) return (int)i;
+  return -1;
+}
+
+/* ---- contexts and streams ----------------------------------------------------------------
+ * Handles are never freed: a destroyed context or stream stays in its list marked dead, so a
+ * stale handle is recognised (by pointer comparison, never by dereferencing an unknown pointer)
+ * and refused with the driver's error instead of touching freed memory. */
+
+#define FK_CTX_MAGIC    0x4b435458u /* "KCTX" */
+#define FK_STREAM_MAGIC 0x4b535452u /* "KSTR" */
+
+struct CUctx_st {
+  uint32_t magic;
+  int dev;
+  int primary;    /* 1: the device's primary context (usable while refs > 0) */
+  int alive;      /* created contexts: 1 until cuCtxDestroy */
+  int refs;       /* primary: cuDevicePrimaryCtxRetain count */
+  unsigned ord;   /* created contexts: per-process ordinal (log label C<ord>) */
+  unsigned flags;
+};
+
+struct CUstream_st {
+  uint32_t magic;
+  unsigned ord;   /* per-process ordinal (log label S<ord>) */
+  unsigned flags;
+  int alive;
+  struct CUctx_st *ctx;
+};
+
+/* Guarded by reg_lock: everything below down to the thread-locals. */
+static struct CUctx_st primaries[FK_MAX_DEVICES];
+static struct CUctx_st **ctx_list;
+static size_t ctx_n, ctx_cap;
+static struct CUstream_st **stream_list;
+static size_t stream_n, stream_cap;
+static unsigned ord_ctx, ord_stream;
+
+/* Each thread's context stack; its top is the current context. */
+static __thread struct CUctx_st *tls_ctx[FK_CTX_STACK];
+static __thread int tls_depth;
+
+static void lock(void) { pthread_mutex_lock(&reg_lock); }
+static void unlock(void) { pthread_mutex_unlock(&reg_lock); }
+
+static int grow(void **arr, size_t *cap, size_t elem) {
+  size_t ncap = *cap ? *cap * 2 : 16;
+  void *p = realloc(*arr, ncap * elem);
+  if (!p) return -ENOMEM;
+  *arr = p;
+  *cap = ncap;
+  return 0;
+}
+
+/* Caller holds reg_lock. 1 when c is a context handle this process handed out. */
+static int ctx_known(const struct CUctx_st *c) {
+  if (!c) return 0;
+  for (int i = 0; i < cfg_devices; i++)
+    if (c == &primaries[i]) return 1;
+  for (size_t i = 0; i < ctx_n; i++)
+    if (ctx_list[i] == c) return 1;
+  return 0;
+}
+
+/* Caller holds reg_lock and has checked ctx_known. */
+static int ctx_usable(const struct CUctx_st *c) { return c->primary ? c->refs > 0 : c->alive; }
+
+static void ctx_label(const struct CUctx_st *c, char *out, size_t cap) {
+  if (!c) snprintf(out, cap, "null");
+  else if (c->primary) snprintf(out, cap, "P%d", c->dev);
+  else snprintf(out, cap, "C%u", c->ord);
+}
+
+/* The calling thread's current context, checked: NOT_INITIALIZED, INVALID_CONTEXT (none),
+ * CONTEXT_IS_DESTROYED (destroyed, or a primary whose retain count fell to zero). */
+static CUresult need_ctx(struct CUctx_st **out) {
+  boot();
+  if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (tls_depth == 0 || !tls_ctx[tls_depth - 1]) return CUDA_ERROR_INVALID_CONTEXT;
+  struct CUctx_st *c = tls_ctx[tls_depth - 1];
+  lock();
+  int ok = ctx_known(c) && ctx_usable(c);
+  unlock();
+  if (!ok) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (out) *out = c;
+  return CUDA_SUCCESS;
+}
+
+static CUresult need_init(void) {
+  boot();
+  return atomic_load(&initialized) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* Caller holds reg_lock. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are always valid. */
+static int stream_ok_locked(CUstream s) {
+  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return 1;
+  for (size_t i = 0; i < stream_n; i++)
+    if (stream_list[i] == s) return stream_list[i]->alive;
+  return 0;
+}
+
+static void stream_label(CUstream s, char *out, size_t cap) {
+  if (s == NULL) {
+    snprintf(out, cap, "0");
+  } else if (s == CU_STREAM_LEGACY) {
+    snprintf(out, cap, "legacy");
+  } else if (s == CU_STREAM_PER_THREAD) {
+    snprintf(out, cap, "per-thread");
+  } else {
+    unsigned ord = 0;
+    lock();
+    for (size_t i = 0; i < stream_n; i++)
+      if (stream_list[i] == s) ord = stream_list[i]->ord;
+    unlock();
+    if (ord) snprintf(out, cap, "S%u", ord);
+    else snprintf(out, cap, "unknown");
+  }
+}
+
+/* ---- memory ranges -----------------------------------------------------------------------
+ * One registry of every range the fake knows. Invariants (under reg_lock):
+ *   ranges do not overlap, every size > 0;
+ *   dev_used == sum of size over FK_DEV ranges <= cfg_mem_limit (reservations included);
+ *   FK_DEV: fd is an open memfd of >= size bytes mapped at base (map_len bytes);
+ *   FK_IPC: refs >= 1, base is a MAP_SHARED mapping of another process's memfd. */
+
+enum fk_kind { FK_DEV = 'd', FK_HOST = 'h', FK_REG = 'r', FK_IPC = 'i' };
+
+typedef struct fk_range {
+  uintptr_t base;
+  size_t size;       /* bytes usable (pitch * height for pitched allocations) */
+  size_t map_len;    /* bytes mapped by the fake; 0 for FK_REG (the caller's memory) */
+  int kind;          /* enum fk_kind */
+  unsigned ord;      /* per-kind ordinal in this process: the log label <kind><ord> */
+  uint64_t buffer_id;/* process-wide unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
+  int fd;            /* FK_DEV: the memfd; -1 otherwise */
+  unsigned flags;    /* FK_HOST: CU_MEMHOSTALLOC_*; FK_REG: CU_MEMHOSTREGISTER_* */
+  struct CUctx_st *ctx;
+  int refs;          /* FK_IPC: opens of the same handle in this process */
+  int32_t src_pid;   /* FK_IPC: the exporting process and its allocation */
+  uint64_t src_id, src_ino, src_dev;
+} fk_range_t;
+
+static fk_range_t *ranges;
+static size_t n_ranges, cap_ranges;
+static uint64_t dev_used;
+static uint64_t next_buffer_id;
+static unsigned ord_dev, ord_host, ord_reg, ord_ipc;
+
+static size_t page_size(void) {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? (size_t)p : 4096;
+}
+
+/* Caller holds reg_lock. The range containing p, or NULL. */
+static fk_range_t *range_find(uintptr_t p) {
+  for (size_t i = 0; i < n_ranges; i++)
+    if (p >= ranges[i].base && p - ranges[i].base < ranges[i].size) return &ranges[i];
+  return NULL;
+}
+
+/* Caller holds reg_lock. Adds r (ordinal and buffer id assigned here); -ENOMEM on failure. */
+static int range_add(fk_range_t *r) {
+  if (n_ranges == cap_ranges && grow((void **)&ranges, &cap_ranges, sizeof *ranges) < 0)
+    return -ENOMEM;
+  unsigned *ord = r->kind == FK_DEV ? &ord_dev : r->kind == FK_HOST ? &ord_host
+                : r->kind == FK_REG ? &ord_reg : &ord_ipc;
+  r->ord = ++*ord;
+  r->buffer_id = ++next_buffer_id;
+  ranges[n_ranges++] = *r;
+  return 0;
+}
+
+/* Caller holds reg_lock; r points into ranges[]. */
+static void range_remove(fk_range_t *r) {
+  size_t i = (size_t)(r - ranges);
+  ranges[i] = ranges[--n_ranges];
+}
+
+static int dev_accessible(const fk_range_t *r) {
+  if (r->kind == FK_DEV || r->kind == FK_IPC) return 1;
+  return (r->flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0; /* == CU_MEMHOSTREGISTER_DEVICEMAP */
+}
+
+/* Log label of an address: "null", "<kind><ord>[+offset]" or "unknown". Never the address. */
+static void ptr_label(uintptr_t p, char *out, size_t cap) {
+  if (!p) {
+    snprintf(out, cap, "null");
+    return;
+  }
+  lock();
+  const fk_range_t *r = range_find(p);
+  if (!r) snprintf(out, cap, "unknown");
+  else if (p == r->base) snprintf(out, cap, "%c%u", r->kind, r->ord);
+  else snprintf(out, cap, "%c%u+%zu", r->kind, r->ord, (size_t)(p - r->base));
+  unlock();
+}
+
+/* Creates a FK_DEV range of size bytes; low32 places it below 4 GiB for the 32-bit legacy
+ * entry points. OUT_OF_MEMORY past FAKECUDA_MEM_LIMIT or when the kernel refuses. */
+static CUresult dev_create(size_t size, int low32, struct CUctx_st *ctx, uintptr_t *base) {
+  lock();
+  int fits = size <= cfg_mem_limit - dev_used;
+  if (fits) dev_used += size; /* reserved now, so concurrent allocations cannot overshoot */
+  unlock();
+  if (!fits) return CUDA_ERROR_OUT_OF_MEMORY;
+
+  size_t map_len = (size + page_size() - 1) & ~(page_size() - 1);
+  int fd = memfd_create("fakecuda-dev", MFD_CLOEXEC);
+  void *p = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, (off_t)map_len) == 0) {
+    int mflags = MAP_SHARED;
+#ifdef MAP_32BIT
+    if (low32) mflags |= MAP_32BIT;
+#endif
+    p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, mflags, fd, 0);
+    if (p != MAP_FAILED && low32 && (uintptr_t)p + map_len > UINT32_MAX) {
+      munmap(p, map_len);
+      p = MAP_FAILED;
+    }
+  }
+  fk_range_t r = {.base = (uintptr_t)p, .size = size, .map_len = map_len, .kind = FK_DEV,
+                  .fd = fd, .ctx = ctx};
+  lock();
+  int ok = p != MAP_FAILED && range_add(&r) == 0;
+  if (!ok) dev_used -= size;
+  unlock();
+  if (!ok) {
+    if (p != MAP_FAILED) munmap(p, map_len);
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *base = (uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+/* Frees the FK_DEV range starting exactly at p; INVALID_VALUE for anything else. */
+static CUresult dev_destroy(uintptr_t p) {
+  lock();
+  fk_range_t *r = range_find(p);
+  if (!r || r->kind != FK_DEV || r->base != p) {
+    unlock();
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fk_range_t copy = *r;
+  dev_used -= copy.size;
+  range_remove(r);
+  unlock();
+  munmap((void *)copy.base, copy.map_len);
+  close(copy.fd);
+  return CUDA_SUCCESS;
+}
+
+enum { SIDE_ANY = 0, SIDE_DEV = 1 };
+
+/* Caller holds reg_lock. [p, p+n) must lie inside one range when it touches a known one; a
+ * SIDE_DEV span must be device-accessible. Unknown host memory is the caller's business. */
+static CUresult span_ok(uintptr_t p, size_t n, int side) {
+  if (!p || p + n < p) return CUDA_ERROR_INVALID_VALUE;
+  const fk_range_t *r = range_find(p);
+  if (!r) return side == SIDE_DEV ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (p + n > r->base + r->size) return CUDA_ERROR_INVALID_VALUE;
+  if (side == SIDE_DEV && !dev_accessible(r)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+/* Every copy entry point: checks, then memmove under the lock (so a concurrent free cannot
+ * unmap either side mid-copy). Async copies complete before returning. */
+static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
+                          int src_side, size_t n, int async, CUstream s) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (async && !stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && n) r = span_ok(dst, n, dst_side);
+    if (r == CUDA_SUCCESS && n) r = span_ok(src, n, src_side);
+    if (r == CUDA_SUCCESS && n) memmove((void *)dst, (const void *)src, n);
+    unlock();
+  }
+  if (log_on()) {
+    char ld[FK_LABEL_MAX], ls[FK_LABEL_MAX], lst[FK_LABEL_MAX];
+    ptr_label(dst, ld, sizeof ld);
+    ptr_label(src, ls, sizeof ls);
+    if (async) {
+      stream_label(s, lst, sizeof lst);
+      fk_log("%s dst=%s src=%s bytes=%zu stream=%s -> %d", name, ld, ls, n, lst, (int)r);
+    } else {
+      fk_log("%s dst=%s src=%s bytes=%zu -> %d", name, ld, ls, n, (int)r);
+    }
+  }
+  return r;
+}
+
+/* ---- initialization and devices ----------------------------------------------------------- */
+
+CUresult cuInit(unsigned int Flags) {
+  boot();
+  CUresult r = CUDA_SUCCESS;
+  if (Flags != 0) r = CUDA_ERROR_INVALID_VALUE;
+  else if (cfg_devices == 0) r = CUDA_ERROR_NO_DEVICE;
+  else atomic_store(&initialized, 1);
+  fk_log("cuInit flags=%u -> %d", Flags, (int)r);
+  return r;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion) {
+  boot();
+  CUresult r = driverVersion ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *driverVersion = FK_DRIVER_VERSION;
+  if (r == CUDA_SUCCESS) fk_log("cuDriverGetVersion -> 0 version=%d", FK_DRIVER_VERSION);
+  else fk_log("cuDriverGetVersion -> %d", (int)r);
+  return r;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !count) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *count = cfg_devices;
+  if (r == CUDA_SUCCESS) fk_log("cuDeviceGetCount -> 0 count=%d", cfg_devices);
+  else fk_log("cuDeviceGetCount -> %d", (int)r);
+  return r;
+}
+
+static CUresult check_dev(CUdevice dev) {
+  return (dev >= 0 && dev < cfg_devices) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !device) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(ordinal);
+  if (r == CUDA_SUCCESS) *device = ordinal;
+  fk_log("cuDeviceGet ordinal=%d -> %d", ordinal, (int)r);
+  return r;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!name || len <= 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) snprintf(name, (size_t)len, "kvshim fakecuda device %d", dev);
+  fk_log("cuDeviceGetName len=%d dev=%d -> %d", len, dev, (int)r);
+  return r;
+}
+
+/* 16 bytes, every one depending on the device index, never all zero (all zero means "cpu"). */
+static void device_uuid(CUdevice dev, CUuuid *out) {
+  static const unsigned char base[16] = {'k', 'v', 's', 'h', 'i', 'm', 'f', 'a',
+                                         'k', 'e', 'c', 'u', 'd', 'a', 0x40, 0x80};
+  for (int i = 0; i < 16; i++)
+    out->bytes[i] =
+        (char)(base[i] ^ (unsigned char)((unsigned)(dev + 1) * (unsigned)(i * 37 + 11)));
+}
+
+static CUresult uuid_core(const char *name, CUuuid *uuid, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !uuid) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) device_uuid(dev, uuid);
+  fk_log("%s dev=%d -> %d", name, dev, (int)r);
+  return r;
+}
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+  return uuid_core("cuDeviceGetUuid", uuid, dev);
+}
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+  return uuid_core("cuDeviceGetUuid_v2", uuid, dev);
+}
+
+/* ---- contexts ----------------------------------------------------------------------------- */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !pctx) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUctx_st *c = &primaries[dev];
+    c->magic = FK_CTX_MAGIC;
+    c->dev = dev;
+    c->primary = 1;
+    c->refs++;
+    unlock();
+    *pctx = c;
+  }
+  if (r == CUDA_SUCCESS) fk_log("cuDevicePrimaryCtxRetain dev=%d -> 0 ctx=P%d", dev, dev);
+  else fk_log("cuDevicePrimaryCtxRetain dev=%d -> %d", dev, (int)r);
+  return r;
+}
+
+static CUresult primary_release(const char *name, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (primaries[dev].refs > 0) primaries[dev].refs--;
+    else r = CUDA_ERROR_INVALID_CONTEXT;
+    unlock();
+  }
+  fk_log("%s dev=%d -> %d", name, dev, (int)r);
+  return r;
+}
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return primary_release("cuDevicePrimaryCtxRelease", dev);
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return primary_release("cuDevicePrimaryCtxRelease_v2", dev);
+}
+
+static CUresult ctx_create(const char *name, CUcontext *pctx, unsigned flags, CUdevice dev,
+                           CUresult early) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = early;
+  if (r == CUDA_SUCCESS && (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS && tls_depth == FK_CTX_STACK) r = CUDA_ERROR_INVALID_VALUE;
+  struct CUctx_st *c = NULL;
+  if (r == CUDA_SUCCESS) {
+    c = calloc(1, sizeof *c);
+    lock();
+    if (!c || (ctx_n == ctx_cap && grow((void **)&ctx_list, &ctx_cap, sizeof *ctx_list) < 0)) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      *c = (struct CUctx_st){.magic = FK_CTX_MAGIC, .dev = dev, .alive = 1, .ord = ++ord_ctx,
+                             .flags = flags};
+      ctx_list[ctx_n++] = c;
+    }
+    unlock();
+    if (r != CUDA_SUCCESS) {
+      free(c);
+      c = NULL;
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    tls_ctx[tls_depth++] = c; /* a new context becomes current, supplanting the old one */
+    *pctx = c;
+    fk_log("%s flags=0x%x dev=%d -> 0 ctx=C%u", name, flags, dev, c->ord);
+  } else {
+    fk_log("%s flags=0x%x dev=%d -> %d", name, flags, dev, (int)r);
+  }
+  return r;
+}
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  return ctx_create("cuCtxCreate", pctx, flags, dev, CUDA_SUCCESS);
+}
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  return ctx_create("cuCtxCreate_v2", pctx, flags, dev, CUDA_SUCCESS);
+}
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev) {
+  /* Execution affinity is accepted and ignored: the fake has no SMs to partition. */
+  CUresult early = (numParams < 0 || (numParams > 0 && !paramsArray)) ? CUDA_ERROR_INVALID_VALUE
+                                                                      : CUDA_SUCCESS;
+  return ctx_create("cuCtxCreate_v3", pctx, flags, dev, early);
+}
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                        CUdevice dev) {
+  CUresult early = CUDA_SUCCESS;
+  if (params) {
+    /* cuda.h: exactly one of execAffinityParams and cigParams is non-NULL. */
+    if (!params->execAffinityParams == !params->cigParams) early = CUDA_ERROR_INVALID_VALUE;
+    else if (params->cigParams) early = CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return ctx_create("cuCtxCreate_v4", pctx, flags, dev, early);
+}
+
+static CUresult ctx_destroy(const char *name, CUcontext ctx) {
+  CUresult r = need_init();
+  char lc[FK_LABEL_MAX] = "unknown";
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (!ctx_known(ctx) || ctx->primary || !ctx->alive) {
+      r = CUDA_ERROR_INVALID_CONTEXT;
+    } else {
+      ctx->alive = 0;
+      for (size_t i = 0; i < stream_n; i++)
+        if (stream_list[i]->ctx == ctx) stream_list[i]->alive = 0;
+      ctx_label(ctx, lc, sizeof lc);
+    }
+    unlock();
+    /* Other threads that still have it current get CONTEXT_IS_DESTROYED. */
+    if (r == CUDA_SUCCESS && tls_depth > 0 && tls_ctx[tls_depth - 1] == ctx) tls_depth--;
+  }
+  fk_log("%s ctx=%s -> %d", name, lc, (int)r);
+  return r;
+}
+CUresult cuCtxDestroy(CUcontext ctx) { return ctx_destroy("cuCtxDestroy", ctx); }
+CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy("cuCtxDestroy_v2", ctx); }
+
+/* Caller holds no lock. Known handle (primary or created, destroyed or not)? */
+static int ctx_settable(CUcontext ctx) {
+  lock();
+  int ok = ctx_known(ctx) && (ctx->primary || ctx->alive);
+  unlock();
+  return ok;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && ctx && !ctx_settable(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) {
+    if (!ctx) {
+      if (tls_depth > 0) tls_depth--;
+    } else if (tls_depth == 0) {
+      tls_ctx[tls_depth++] = ctx;
+    } else {
+      tls_ctx[tls_depth - 1] = ctx;
+    }
+  }
+  char lc[FK_LABEL_MAX];
+  ctx_label(r == CUDA_SUCCESS ? ctx : NULL, lc, sizeof lc);
+  fk_log("cuCtxSetCurrent ctx=%s -> %d", r == CUDA_SUCCESS ? lc : "invalid", (int)r);
+  return r;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !pctx) r = CUDA_ERROR_INVALID_VALUE;
+  char lc[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) {
+    *pctx = tls_depth ? tls_ctx[tls_depth - 1] : NULL;
+    ctx_label(*pctx, lc, sizeof lc);
+  }
+  if (r == CUDA_SUCCESS) fk_log("cuCtxGetCurrent -> 0 ctx=%s", lc);
+  else fk_log("cuCtxGetCurrent -> %d", (int)r);
+  return r;
+}
+
+static CUresult ctx_push(const char *name, CUcontext ctx) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !ctx_settable(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS && tls_depth == FK_CTX_STACK) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) tls_ctx[tls_depth++] = ctx;
+  char lc[FK_LABEL_MAX];
+  ctx_label(ctx, lc, sizeof lc);
+  fk_log("%s ctx=%s -> %d", name, r == CUDA_SUCCESS ? lc : "invalid", (int)r);
+  return r;
+}
+CUresult cuCtxPushCurrent(CUcontext ctx) { return ctx_push("cuCtxPushCurrent", ctx); }
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) { return ctx_push("cuCtxPushCurrent_v2", ctx); }
+
+static CUresult ctx_pop(const char *name, CUcontext *pctx) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && tls_depth == 0) r = CUDA_ERROR_INVALID_CONTEXT;
+  char lc[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) {
+    struct CUctx_st *c = tls_ctx[--tls_depth];
+    ctx_label(c, lc, sizeof lc);
+    if (pctx) *pctx = c;
+  }
+  if (r == CUDA_SUCCESS) fk_log("%s -> 0 ctx=%s", name, lc);
+  else fk_log("%s -> %d", name, (int)r);
+  return r;
+}
+CUresult cuCtxPopCurrent(CUcontext *pctx) { return ctx_pop("cuCtxPopCurrent", pctx); }
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) { return ctx_pop("cuCtxPopCurrent_v2", pctx); }
+
+/* ctx == NULL means the calling thread's current context. */
+static CUresult ctx_resolve(CUcontext ctx, struct CUctx_st **out) {
+  if (!ctx) return need_ctx(out);
+  CUresult r = need_init();
+  if (r != CUDA_SUCCESS) return r;
+  lock();
+  if (!ctx_known(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
+  else if (!ctx_usable(ctx)) r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  unlock();
+  if (r == CUDA_SUCCESS) *out = ctx;
+  return r;
+}
+
+static CUresult ctx_get_device(const char *name, CUdevice *device, CUcontext ctx) {
+  struct CUctx_st *c = NULL;
+  CUresult r = ctx_resolve(ctx, &c);
+  if (r == CUDA_SUCCESS && !device) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *device = c->dev;
+  if (r == CUDA_SUCCESS) fk_log("%s -> 0 dev=%d", name, c->dev);
+  else fk_log("%s -> %d", name, (int)r);
+  return r;
+}
+CUresult cuCtxGetDevice(CUdevice *device) { return ctx_get_device("cuCtxGetDevice", device, NULL); }
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+  return ctx_get_device("cuCtxGetDevice_v2", device, ctx);
+}
+
+CUresult cuCtxSynchronize(void) {
+  CUresult r = need_ctx(NULL);
+  fk_log("cuCtxSynchronize -> %d", (int)r);
+  return r;
+}
+CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  struct CUctx_st *c = NULL;
+  CUresult r = ctx_resolve(ctx, &c);
+  fk_log("cuCtxSynchronize_v2 -> %d", (int)r);
+  return r;
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS && (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  struct CUstream_st *s = NULL;
+  if (r == CUDA_SUCCESS) {
+    s = calloc(1, sizeof *s);
+    lock();
+    if (!s || (stream_n == stream_cap &&
+               grow((void **)&stream_list, &stream_cap, sizeof *stream_list) < 0)) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      *s = (struct CUstream_st){.magic = FK_STREAM_MAGIC, .ord = ++ord_stream, .flags = Flags,
+                                .alive = 1, .ctx = c};
+      stream_list[stream_n++] = s;
+    }
+    unlock();
+    if (r != CUDA_SUCCESS) {
+      free(s);
+      s = NULL;
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    *phStream = s;
+    fk_log("cuStreamCreate flags=0x%x -> 0 stream=S%u", Flags, s->ord);
+  } else {
+    fk_log("cuStreamCreate flags=0x%x -> %d", Flags, (int)r);
+  }
+  return r;
+}
+
+static CUresult stream_destroy(const char *name, CUstream s) {
+  CUresult r = need_init();
+  char ls[FK_LABEL_MAX];
+  stream_label(s, ls, sizeof ls);
+  if (r == CUDA_SUCCESS) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+    lock();
+    for (size_t i = 0; i < stream_n; i++)
+      if (stream_list[i] == s && s->alive) {
+        s->alive = 0;
+        r = CUDA_SUCCESS;
+      }
+    unlock();
+  }
+  fk_log("%s stream=%s -> %d", name, ls, (int)r);
+  return r;
+}
+CUresult cuStreamDestroy(CUstream hStream) { return stream_destroy("cuStreamDestroy", hStream); }
+CUresult cuStreamDestroy_v2(CUstream hStream) {
+  return stream_destroy("cuStreamDestroy_v2", hStream);
+}
+
+static CUresult stream_sync(const char *name, CUstream s) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  char ls[FK_LABEL_MAX];
+  stream_label(s, ls, sizeof ls);
+  fk_log("%s stream=%s -> %d", name, ls, (int)r);
+  return r;
+}
+CUresult cuStreamSynchronize(CUstream hStream) {
+  return stream_sync("cuStreamSynchronize", hStream);
+}
+CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  return stream_sync("cuStreamSynchronize_ptsz", hStream);
+}
+
+/* ---- device memory ------------------------------------------------------------------------ */
+
+static CUresult mem_alloc(const char *name, CUdeviceptr *dptr, size_t bytesize, int low32) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS && (!dptr || bytesize == 0)) r = CUDA_ERROR_INVALID_VALUE;
+  uintptr_t base = 0;
+  if (r == CUDA_SUCCESS) r = dev_create(bytesize, low32, c, &base);
+  if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)base;
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
+  fk_log("%s bytesize=%zu -> %d%s%s", name, bytesize, (int)r, r ? "" : " dptr=", lb);
+  return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+  return mem_alloc("cuMemAlloc_v2", dptr, bytesize, 0);
+}
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+  CUdeviceptr p;
+  CUresult r = mem_alloc("cuMemAlloc", dptr ? &p : NULL, bytesize, 1);
+  if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr_v1)p;
+  return r;
+}
+
+static CUresult mem_alloc_pitch(const char *name, CUdeviceptr *dptr, size_t *pPitch,
+                                size_t width, size_t height, unsigned elem, int low32) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  size_t pitch = (width + FK_PITCH_ALIGN - 1) / FK_PITCH_ALIGN * FK_PITCH_ALIGN;
+  if (r == CUDA_SUCCESS &&
+      (!dptr || !pPitch || width == 0 || height == 0 || pitch < width ||
+       (elem != 4 && elem != 8 && elem != 16) || pitch > SIZE_MAX / height))
+    r = CUDA_ERROR_INVALID_VALUE;
+  uintptr_t base = 0;
+  if (r == CUDA_SUCCESS) r = dev_create(pitch * height, low32, c, &base);
+  if (r == CUDA_SUCCESS) {
+    *dptr = (CUdeviceptr)base;
+    *pPitch = pitch;
+  }
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
+  if (r == CUDA_SUCCESS)
+    fk_log("%s width=%zu height=%zu elem=%u -> 0 dptr=%s pitch=%zu", name, width, height, elem,
+           lb, pitch);
+  else
+    fk_log("%s width=%zu height=%zu elem=%u -> %d", name, width, height, elem, (int)r);
+  return r;
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                            size_t Height, unsigned int ElementSizeBytes) {
+  return mem_alloc_pitch("cuMemAllocPitch_v2", dptr, pPitch, WidthInBytes, Height,
+                         ElementSizeBytes, 0);
+}
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                         unsigned int Height, unsigned int ElementSizeBytes) {
+  CUdeviceptr p;
+  size_t pitch;
+  CUresult r = mem_alloc_pitch("cuMemAllocPitch", dptr ? &p : NULL, pPitch ? &pitch : NULL,
+                               WidthInBytes, Height, ElementSizeBytes, 1);
+  if (r == CUDA_SUCCESS) {
+    *dptr = (CUdeviceptr_v1)p;
+    *pPitch = (unsigned int)pitch;
+  }
+  return r;
+}
+
+static CUresult mem_free(const char *name, CUdeviceptr dptr) {
+  CUresult r = need_ctx(NULL);
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
+  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
+  return r;
+}
+CUresult cuMemFree_v2(CUdeviceptr dptr) { return mem_free("cuMemFree_v2", dptr); }
+CUresult cuMemFree(CUdeviceptr_v1 dptr) { return mem_free("cuMemFree", (CUdeviceptr)dptr); }
+
+static CUresult mem_get_info(const char *name, size_t *pfree, size_t *ptotal) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && (!pfree || !ptotal)) r = CUDA_ERROR_INVALID_VALUE;
+  size_t fr = 0, tot = 0;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    tot = (size_t)cfg_mem_limit;
+    fr = (size_t)(cfg_mem_limit - dev_used);
+    unlock();
+    *pfree = fr;
+    *ptotal = tot;
+  }
+  if (r == CUDA_SUCCESS) fk_log("%s -> 0 free=%zu total=%zu", name, fr, tot);
+  else fk_log("%s -> %d", name, (int)r);
+  return r;
+}
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+  return mem_get_info("cuMemGetInfo_v2", free, total);
+}
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
+  size_t f, t;
+  CUresult r = mem_get_info("cuMemGetInfo", free ? &f : NULL, total ? &t : NULL);
+  if (r == CUDA_SUCCESS) {
+    *free = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+    *total = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+  }
+  return r;
+}
+
+static CUresult mem_range(const char *name, CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+  CUresult r = need_ctx(NULL);
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    const fk_range_t *rg = range_find((uintptr_t)dptr);
+    if (rg && (rg->kind == FK_DEV || rg->kind == FK_IPC)) {
+      base = rg->base;
+      size = rg->size;
+    } else {
+      r = CUDA_ERROR_NOT_FOUND;
+    }
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) {
+    if (pbase) *pbase = (CUdeviceptr)base;
+    if (psize) *psize = size;
+  }
+  char lp[FK_LABEL_MAX], lb[FK_LABEL_MAX] = "";
+  ptr_label((uintptr_t)dptr, lp, sizeof lp);
+  if (r == CUDA_SUCCESS) {
+    ptr_label(base, lb, sizeof lb);
+    fk_log("%s dptr=%s -> 0 base=%s size=%zu", name, lp, lb, size);
+  } else {
+    fk_log("%s dptr=%s -> %d", name, lp, (int)r);
+  }
+  return r;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+  return mem_range("cuMemGetAddressRange_v2", pbase, psize, dptr);
+}
+CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
+  CUdeviceptr b;
+  size_t s;
+  CUresult r = mem_range("cuMemGetAddressRange", &b, &s, (CUdeviceptr)dptr);
+  /* A v1 range lies below 4 GiB by construction (dptr fits 32 bits and is inside it). */
+  if (r == CUDA_SUCCESS) {
+    if (pbase) *pbase = (CUdeviceptr_v1)b;
+    if (psize) *psize = s > UINT_MAX ? UINT_MAX : (unsigned int)s;
+  }
+  return r;
+}
+
+/* ---- pinned host memory ------------------------------------------------------------------- */
+
+#define FK_HOSTALLOC_FLAGS \
+  (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+#define FK_HOSTREGISTER_FLAGS                                                            \
+  (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY | \
+   CU_MEMHOSTREGISTER_READ_ONLY)
+
+static CUresult host_alloc(const char *name, void **pp, size_t bytesize, unsigned flags,
+                           int log_flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS && (!pp || bytesize == 0 || (flags & ~(unsigned)FK_HOSTALLOC_FLAGS)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  void *p = MAP_FAILED;
+  size_t map_len = 0;
+  if (r == CUDA_SUCCESS) {
+    map_len = (bytesize + page_size() - 1) & ~(page_size() - 1);
+    if (map_len < bytesize) map_len = 0; /* wrapped */
+    if (map_len)
+      p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    fk_range_t rg = {.base = (uintptr_t)p, .size = bytesize, .map_len = map_len,
+                     .kind = FK_HOST, .fd = -1, .flags = flags, .ctx = c};
+    lock();
+    if (range_add(&rg) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    unlock();
+    if (r != CUDA_SUCCESS) munmap(p, map_len);
+  }
+  if (r == CUDA_SUCCESS) *pp = p;
+  char lb[FK_LABEL_MAX] = "", lf[32] = "";
+  if (r == CUDA_SUCCESS) ptr_label((uintptr_t)p, lb, sizeof lb);
+  if (log_flags) snprintf(lf, sizeof lf, " flags=0x%x", flags);
+  fk_log("%s bytesize=%zu%s -> %d%s%s", name, bytesize, lf, (int)r, r ? "" : " pp=", lb);
+  return r;
+}
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+  return host_alloc("cuMemAllocHost_v2", pp, bytesize, 0, 0);
+}
+CUresult cuMemAllocHost(void **pp, unsigned int bytesize) {
+  return host_alloc("cuMemAllocHost", pp, bytesize, 0, 0);
+}
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  return host_alloc("cuMemHostAlloc", pp, bytesize, Flags, 1);
+}
+
+CUresult cuMemFreeHost(void *p) {
+  CUresult r = need_init();
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)p, lb, sizeof lb);
+  fk_range_t copy = {0};
+  if (r == CUDA_SUCCESS) {
+    lock();
+    fk_range_t *rg = range_find((uintptr_t)p);
+    if (!p || !rg || rg->kind != FK_HOST || rg->base != (uintptr_t)p) {
+      r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+      copy = *rg;
+      range_remove(rg);
+    }
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) munmap((void *)copy.base, copy.map_len);
+  fk_log("cuMemFreeHost p=%s -> %d", lb, (int)r);
+  return r;
+}
+
+static CUresult host_register(const char *name, void *p, size_t bytesize, unsigned flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  uintptr_t a = (uintptr_t)p;
+  if (r == CUDA_SUCCESS &&
+      (!p || bytesize == 0 || a + bytesize < a || (flags & ~(unsigned)FK_HOSTREGISTER_FLAGS)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && (flags & CU_MEMHOSTREGISTER_IOMEMORY)) r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS) {
+    /* The range must be mapped memory: msync validates it without touching the pages. */
+    uintptr_t lo = a & ~(uintptr_t)(page_size() - 1);
+    if (msync((void *)lo, a + bytesize - lo, MS_ASYNC) != 0) r = CUDA_ERROR_INVALID_VALUE;
+  }
+  if (r == CUDA_SUCCESS) {
+    /* Pinning works on whole pages: two host ranges sharing a page overlap. */
+    const uintptr_t pg = page_size();
+    uintptr_t lo = a & ~(pg - 1), hi = (a + bytesize - 1) | (pg - 1);
+    lock();
+    for (size_t i = 0; i < n_ranges && r == CUDA_SUCCESS; i++) {
+      const fk_range_t *o = &ranges[i];
+      if (o->kind == FK_HOST || o->kind == FK_REG) {
+        uintptr_t olo = o->base & ~(pg - 1), ohi = (o->base + o->size - 1) | (pg - 1);
+        if (lo <= ohi && olo <= hi) r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+      } else if (a < o->base + o->size && o->base < a + bytesize) {
+        r = CUDA_ERROR_INVALID_VALUE; /* device memory is not host memory */
+      }
+    }
+    if (r == CUDA_SUCCESS) {
+      fk_range_t rg = {.base = a, .size = bytesize, .kind = FK_REG, .fd = -1, .flags = flags,
+                       .ctx = c};
+      if (range_add(&rg) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    unlock();
+  }
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(a, lb, sizeof lb);
+  fk_log("%s bytesize=%zu flags=0x%x -> %d%s%s", name, bytesize, flags, (int)r,
+         r ? "" : " range=", lb);
+  return r;
+}
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+  return host_register("cuMemHostRegister_v2", p, bytesize, Flags);
+}
+CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+  return host_register("cuMemHostRegister", p, bytesize, Flags);
+}
+
+CUresult cuMemHostUnregister(void *p) {
+  CUresult r = need_ctx(NULL);
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)p, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    fk_range_t *rg = range_find((uintptr_t)p);
+    if (!p || !rg || rg->kind != FK_REG || rg->base != (uintptr_t)p)
+      r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    else
+      range_remove(rg);
+    unlock();
+  }
+  fk_log("cuMemHostUnregister p=%s -> %d", lb, (int)r);
+  return r;
+}
+
+static CUresult host_dev_ptr(const char *name, CUdeviceptr *pdptr, void *p, unsigned flags,
+                             int fits32) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && (!pdptr || flags != 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    const fk_range_t *rg = range_find((uintptr_t)p);
+    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG) || !dev_accessible(rg))
+      r = CUDA_ERROR_INVALID_VALUE;
+    unlock();
+  }
+  if (r == CUDA_SUCCESS && fits32 && (uintptr_t)p > UINT32_MAX) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)(uintptr_t)p;
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)p, lb, sizeof lb);
+  fk_log("%s p=%s flags=0x%x -> %d%s%s", name, lb, flags, (int)r, r ? "" : " dptr=",
+         r ? "" : lb);
+  return r;
+}
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+  return host_dev_ptr("cuMemHostGetDevicePointer_v2", pdptr, p, Flags, 0);
+}
+CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *pdptr, void *p, unsigned int Flags) {
+  CUdeviceptr d;
+  CUresult r = host_dev_ptr("cuMemHostGetDevicePointer", pdptr ? &d : NULL, p, Flags, 1);
+  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr_v1)d;
+  return r;
+}
+
+CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
+  CUresult r = need_ctx(NULL);
+  unsigned flags = 0;
+  if (r == CUDA_SUCCESS && !pFlags) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    const fk_range_t *rg = range_find((uintptr_t)p);
+    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG)) r = CUDA_ERROR_INVALID_VALUE;
+    else flags = rg->flags;
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) *pFlags = flags;
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)p, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) fk_log("cuMemHostGetFlags p=%s -> 0 flags=0x%x", lb, flags);
+  else fk_log("cuMemHostGetFlags p=%s -> %d", lb, (int)r);
+  return r;
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !data) r = CUDA_ERROR_INVALID_VALUE;
+  fk_range_t rg = {0};
+  if (r == CUDA_SUCCESS) {
+    lock();
+    const fk_range_t *f = range_find((uintptr_t)ptr);
+    if (f) rg = *f;
+    else r = CUDA_ERROR_INVALID_VALUE;
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) {
+    int on_dev = rg.kind == FK_DEV || rg.kind == FK_IPC;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *(CUcontext *)data = rg.ctx;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *(unsigned int *)data = on_dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      if (dev_accessible(&rg)) *(CUdeviceptr *)data = ptr;
+      else r = CUDA_ERROR_INVALID_VALUE;
+      break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!on_dev) *(void **)data = (void *)(uintptr_t)ptr;
+      else r = CUDA_ERROR_INVALID_VALUE;
+      break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *(unsigned long long *)data = rg.buffer_id;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *(int *)data = rg.ctx ? rg.ctx->dev : 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data = (CUdeviceptr)rg.base;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *(size_t *)data = rg.size;
+      break;
+    default:
+      r = (attribute >= CU_POINTER_ATTRIBUTE_CONTEXT &&
+           attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE)
+              ? CUDA_ERROR_NOT_SUPPORTED
+              : CUDA_ERROR_INVALID_VALUE;
+      break;
+    }
+  }
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)ptr, lb, sizeof lb);
+  fk_log("cuPointerGetAttribute attr=%d ptr=%s -> %d", (int)attribute, lb, (int)r);
+  return r;
+}
+
+/* ---- copies ------------------------------------------------------------------------------- */
+/* Sync and async, legacy (32-bit), _v2 and per-thread-stream variants: distinct functions that
+ * share copy_core; their log lines carry their own ELF names. */
+
+#define H(p) ((uintptr_t)(p))
+#define D(p) ((uintptr_t)(p))
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpy", D(dst), SIDE_ANY, D(src), SIDE_ANY, n, 0, NULL);
+}
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpy_ptds", D(dst), SIDE_ANY, D(src), SIDE_ANY, n, 0, NULL);
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyAsync", D(dst), SIDE_ANY, D(src), SIDE_ANY, n, 1, s);
+}
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyAsync_ptsz", D(dst), SIDE_ANY, D(src), SIDE_ANY, n, 1, s);
+}
+
+CUresult cuMemcpyHtoD(CUdeviceptr_v1 dst, const void *src, unsigned int n) {
+  return copy_core("cuMemcpyHtoD", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 0, NULL);
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  return copy_core("cuMemcpyHtoD_v2", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 0, NULL);
+}
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) {
+  return copy_core("cuMemcpyHtoD_v2_ptds", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 0, NULL);
+}
+CUresult cuMemcpyDtoH(void *dst, CUdeviceptr_v1 src, unsigned int n) {
+  return copy_core("cuMemcpyDtoH", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 0, NULL);
+}
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpyDtoH_v2", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 0, NULL);
+}
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpyDtoH_v2_ptds", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 0, NULL);
+}
+CUresult cuMemcpyDtoD(CUdeviceptr_v1 dst, CUdeviceptr_v1 src, unsigned int n) {
+  return copy_core("cuMemcpyDtoD", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 0, NULL);
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpyDtoD_v2", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 0, NULL);
+}
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return copy_core("cuMemcpyDtoD_v2_ptds", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 0, NULL);
+}
+
+CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dst, const void *src, unsigned int n, CUstream s) {
+  return copy_core("cuMemcpyHtoDAsync", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 1, s);
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyHtoDAsync_v2", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 1, s);
+}
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyHtoDAsync_v2_ptsz", D(dst), SIDE_DEV, H(src), SIDE_ANY, n, 1, s);
+}
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr_v1 src, unsigned int n, CUstream s) {
+  return copy_core("cuMemcpyDtoHAsync", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 1, s);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyDtoHAsync_v2", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 1, s);
+}
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyDtoHAsync_v2_ptsz", H(dst), SIDE_ANY, D(src), SIDE_DEV, n, 1, s);
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dst, CUdeviceptr_v1 src, unsigned int n, CUstream s) {
+  return copy_core("cuMemcpyDtoDAsync", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 1, s);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyDtoDAsync_v2", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 1, s);
+}
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return copy_core("cuMemcpyDtoDAsync_v2_ptsz", D(dst), SIDE_DEV, D(src), SIDE_DEV, n, 1, s);
+}
+
+#undef H
+#undef D
+
+/* ---- IPC ---------------------------------------------------------------------------------
+ * The 64-byte CUipcMemHandle carries a fixed-layout record. The memfd's inode guards against
+ * a reused pid or fd number: a handle whose file is gone or replaced is refused. */
+
+#define FK_IPC_MAGIC   0x55434b46u /* "FKCU" little-endian */
+#define FK_IPC_VERSION 1u
+
+typedef struct fk_ipc_wire {
+  uint32_t magic;   /* FK_IPC_MAGIC */
+  uint16_t version; /* FK_IPC_VERSION */
+  uint16_t hdr_size;/* sizeof(fk_ipc_wire_t) */
+  int32_t pid;      /* exporting process */
+  int32_t fd;       /* the allocation's memfd in the exporter */
+  uint64_t size;    /* allocation bytes */
+  uint64_t id;      /* exporter's buffer id */
+  uint64_t ino;     /* memfd inode and device (st_ino, st_dev) */
+  uint64_t dev;
+  uint8_t reserved[16];
+} fk_ipc_wire_t;
+_Static_assert(sizeof(fk_ipc_wire_t) == CU_IPC_HANDLE_SIZE, "IPC record must fill the handle");
+_Static_assert(sizeof(CUipcMemHandle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 64 bytes");
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !pHandle) r = CUDA_ERROR_INVALID_VALUE;
+  fk_ipc_wire_t w = {0};
+  if (r == CUDA_SUCCESS) {
+    lock();
+    const fk_range_t *rg = range_find((uintptr_t)dptr);
+    struct stat st;
+    if (!rg || rg->kind != FK_DEV || fstat(rg->fd, &st) != 0) {
+      r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+      w = (fk_ipc_wire_t){.magic = FK_IPC_MAGIC, .version = FK_IPC_VERSION,
+                          .hdr_size = sizeof w, .pid = (int32_t)getpid(), .fd = rg->fd,
+                          .size = rg->size, .id = rg->buffer_id, .ino = (uint64_t)st.st_ino,
+                          .dev = (uint64_t)st.st_dev};
+    }
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) memcpy(pHandle->reserved, &w, sizeof w);
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  fk_log("cuIpcGetMemHandle dptr=%s -> %d", lb, (int)r);
+  return r;
+}
+
+/* Caller holds reg_lock. When this process already maps the allocation w names, takes one
+ * more reference and returns its address; 0 otherwise. */
+static uintptr_t ipc_share_locked(const fk_ipc_wire_t *w) {
+  for (size_t i = 0; i < n_ranges; i++) {
+    fk_range_t *o = &ranges[i];
+    if (o->kind == FK_IPC && o->src_pid == w->pid && o->src_id == w->id &&
+        o->src_ino == w->ino && o->src_dev == w->dev) {
+      o->refs++;
+      return o->base;
+    }
+  }
+  return 0;
+}
+
+static CUresult ipc_open(const char *name, CUdeviceptr *pdptr, CUipcMemHandle handle,
+                         unsigned flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  fk_ipc_wire_t w;
+  memcpy(&w, handle.reserved, sizeof w);
+  int decodable = w.magic == FK_IPC_MAGIC && w.version == FK_IPC_VERSION &&
+                  w.hdr_size == sizeof w && w.size > 0 && w.fd >= 0;
+  if (r == CUDA_SUCCESS &&
+      (!pdptr || !decodable || (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && w.pid == (int32_t)getpid()) r = CUDA_ERROR_INVALID_CONTEXT;
+
+  uintptr_t base = 0;
+  if (r == CUDA_SUCCESS) { /* already open in this process: share the mapping */
+    lock();
+    base = ipc_share_locked(&w);
+    unlock();
+  }
+  if (r == CUDA_SUCCESS && !base) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    size_t len = (size_t)w.size;
+    void *p = MAP_FAILED;
+    /* Owner gone, fd closed, or fd now another file: the handle no longer names memory. */
+    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_ino != w.ino ||
+        (uint64_t)st.st_dev != w.dev || (uint64_t)st.st_size < w.size) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+      p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) r = CUDA_ERROR_MAP_FAILED;
+    }
+    if (fd >= 0) close(fd);
+    if (r == CUDA_SUCCESS) {
+      fk_range_t rg = {.base = (uintptr_t)p, .size = len, .map_len = len, .kind = FK_IPC,
+                       .fd = -1, .ctx = c, .refs = 1, .src_pid = w.pid, .src_id = w.id,
+                       .src_ino = w.ino, .src_dev = w.dev};
+      lock();
+      base = ipc_share_locked(&w); /* another thread may have opened it meanwhile */
+      if (!base && range_add(&rg) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+      unlock();
+      if (r == CUDA_SUCCESS && !base) base = (uintptr_t)p;
+      else munmap(p, len);
+    }
+  }
+  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)base;
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
+  if (decodable)
+    fk_log("%s bytes=%llu flags=0x%x -> %d%s%s", name, (unsigned long long)w.size, flags, (int)r,
+           r ? "" : " dptr=", lb);
+  else
+    fk_log("%s handle=invalid flags=0x%x -> %d", name, flags, (int)r);
+  return r;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  return ipc_open("cuIpcOpenMemHandle_v2", pdptr, handle, Flags);
+}
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  return ipc_open("cuIpcOpenMemHandle", pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  CUresult r = need_ctx(NULL);
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  fk_range_t copy = {0};
+  int unmap = 0;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    fk_range_t *rg = range_find((uintptr_t)dptr);
+    if (!rg || rg->kind != FK_IPC || rg->base != (uintptr_t)dptr) {
+      r = CUDA_ERROR_INVALID_VALUE;
+    } else if (--rg->refs == 0) {
+      copy = *rg;
+      range_remove(rg);
+      unmap = 1;
+    }
+    unlock();
+  }
+  if (unmap) munmap((void *)copy.base, copy.map_len);
+  fk_log("cuIpcCloseMemHandle dptr=%s -> %d", lb, (int)r);
+  return r;
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+static CUresult error_text(const char *name, CUresult error, const char **pStr, int want_name) {
+  boot();
+  CUresult r = CUDA_SUCCESS;
+  int i = error_index(error);
+  if (!pStr) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (i < 0) {
+    *pStr = NULL; /* as documented for the real driver */
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    *pStr = want_name ? fk_errors[i].name : fk_errors[i].text;
+  }
+  fk_log("%s error=%d -> %d", name, (int)error, (int)r);
+  return r;
+}
+CUresult cuGetErrorString(CUresult error, const char **pStr) {
+  return error_text("cuGetErrorString", error, pStr, 0);
+}
+CUresult cuGetErrorName(CUresult error, const char **pStr) {
+  return error_text("cuGetErrorName", error, pStr, 1);
+}
+
+/* ---- cuGetProcAddress ----------------------------------------------------------------------
+ * One row per (base name, first CUDA version of an ABI): the entry point for that ABI and, when
+ * the driver has one, its per-thread-default-stream twin (_ptds / _ptsz, from CUDA 7.0). A
+ * lookup takes the row with the highest version <= the caller's. */
+
+typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-function-type) */
+
+#define FK_PROCS(X, P)                                                              \
+  X(cuInit, 2000, cuInit)                                                           \
+  X(cuDriverGetVersion, 2020, cuDriverGetVersion)                                   \
+  X(cuDeviceGet, 2000, cuDeviceGet)                                                 \
+  X(cuDeviceGetCount, 2000, cuDeviceGetCount)                                       \
+  X(cuDeviceGetName, 2000, cuDeviceGetName)                                         \
+  X(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                         \
+  X(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                     \
+  X(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                       \
+  X(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)                     \
+  X(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2)                 \
+  X(cuCtxCreate, 2000, cuCtxCreate)                                                 \
+  X(cuCtxCreate, 3020, cuCtxCreate_v2)                                              \
+  X(cuCtxCreate, 11040, cuCtxCreate_v3)                                             \
+  X(cuCtxCreate, 12050, cuCtxCreate_v4)                                             \
+  X(cuCtxDestroy, 2000, cuCtxDestroy)                                               \
+  X(cuCtxDestroy, 4000, cuCtxDestroy_v2)                                            \
+  X(cuCtxPushCurrent, 2000, cuCtxPushCurrent)                                       \
+  X(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2)                                    \
+  X(cuCtxPopCurrent, 2000, cuCtxPopCurrent)                                         \
+  X(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2)                                      \
+  X(cuCtxSetCurrent, 4000, cuCtxSetCurrent)                                         \
+  X(cuCtxGetCurrent, 4000, cuCtxGetCurrent)                                         \
+  X(cuCtxGetDevice, 2000, cuCtxGetDevice)                                           \
+  X(cuCtxGetDevice, 13000, cuCtxGetDevice_v2)                                       \
+  X(cuCtxSynchronize, 2000, cuCtxSynchronize)                                       \
+  X(cuCtxSynchronize, 13000, cuCtxSynchronize_v2)                                   \
+  X(cuStreamCreate, 2000, cuStreamCreate)                                           \
+  X(cuStreamDestroy, 2000, cuStreamDestroy)                                         \
+  X(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                      \
+  P(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)       \
+  X(cuMemGetInfo, 2000, cuMemGetInfo)                                               \
+  X(cuMemGetInfo, 3020, cuMemGetInfo_v2)                                            \
+  X(cuMemAlloc, 2000, cuMemAlloc)                                                   \
+  X(cuMemAlloc, 3020, cuMemAlloc_v2)                                                \
+  X(cuMemAllocPitch, 2000, cuMemAllocPitch)                                         \
+  X(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                      \
+  X(cuMemFree, 2000, cuMemFree)                                                     \
+  X(cuMemFree, 3020, cuMemFree_v2)                                                  \
+  X(cuMemGetAddressRange, 2000, cuMemGetAddressRange)                               \
+  X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                            \
+  X(cuMemAllocHost, 2000, cuMemAllocHost)                                           \
+  X(cuMemAllocHost, 3020, cuMemAllocHost_v2)                                        \
+  X(cuMemFreeHost, 2000, cuMemFreeHost)                                             \
+  X(cuMemHostAlloc, 2020, cuMemHostAlloc)                                           \
+  X(cuMemHostGetDevicePointer, 2020, cuMemHostGetDevicePointer)                     \
+  X(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)                  \
+  X(cuMemHostGetFlags, 2030, cuMemHostGetFlags)                                     \
+  X(cuMemHostRegister, 4000, cuMemHostRegister)                                     \
+  X(cuMemHostRegister, 6050, cuMemHostRegister_v2)                                  \
+  X(cuMemHostUnregister, 4000, cuMemHostUnregister)                                 \
+  X(cuPointerGetAttribute, 4000, cuPointerGetAttribute)                             \
+  P(cuMemcpy, 4000, cuMemcpy, cuMemcpy_ptds)                                        \
+  P(cuMemcpyAsync, 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz)                         \
+  X(cuMemcpyHtoD, 2000, cuMemcpyHtoD)                                               \
+  P(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds)                      \
+  X(cuMemcpyDtoH, 2000, cuMemcpyDtoH)                                               \
+  P(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)                      \
+  X(cuMemcpyDtoD, 2000, cuMemcpyDtoD)                                               \
+  P(cuMemcpyDtoD, 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds)                      \
+  X(cuMemcpyHtoDAsync, 2000, cuMemcpyHtoDAsync)                                     \
+  P(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz)       \
+  X(cuMemcpyDtoHAsync, 2000, cuMemcpyDtoHAsync)                                     \
+  P(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)       \
+  X(cuMemcpyDtoDAsync, 3000, cuMemcpyDtoDAsync)                                     \
+  P(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)       \
+  X(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)                                     \
+  X(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle)                                   \
+  X(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)                               \
+  X(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                 \
+  X(cuGetErrorString, 6000, cuGetErrorString)                                       \
+  X(cuGetErrorName, 6000, cuGetErrorName)                                           \
+  X(cuGetProcAddress, 11030, cuGetProcAddress)                                      \
+  X(cuGetProcAddress, 12000, cuGetProcAddress_v2)
+
+typedef struct fk_proc {
+  const char *base;
+  int version;
+  const char *name;    /* ELF name of fn */
+  fk_fn_t fn;
+  const char *pt_name; /* ELF name of the per-thread twin, or NULL */
+  fk_fn_t pt_fn;
+} fk_proc_t;
+
+#define FK_PROC_X(b, v, f) {#b, v, #f, (fk_fn_t)&f, NULL, NULL},
+#define FK_PROC_P(b, v, f, pt) {#b, v, #f, (fk_fn_t)&f, #pt, (fk_fn_t)&pt},
+static const fk_proc_t fk_procs[] = {FK_PROCS(FK_PROC_X, FK_PROC_P)};
+#undef FK_PROC_X
+#undef FK_PROC_P
+
+#define FK_GPA_FLAGS \
+  (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+
+/* pfn is written on every outcome once the arguments are valid (NULL when not found), as the
+ * driver does; status only when the caller passed one. Flags: PER_THREAD without LEGACY picks
+ * the per-thread twin; DEFAULT (0) means legacy, since the driver cannot see how the caller
+ * was compiled (cuda.h's inline wrapper adds PER_THREAD for per-thread builds). */
+static CUresult resolve(const char *name, const char *symbol, void **pfn, int version,
+                        cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+  boot();
+  CUresult r = CUDA_SUCCESS;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const char *hit = NULL;
+  if (!symbol || !pfn || (flags & ~(cuuint64_t)FK_GPA_FLAGS) || version > FK_DRIVER_VERSION) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    const fk_proc_t *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof fk_procs / sizeof fk_procs[0]; i++) {
+      if (strcmp(fk_procs[i].base, symbol) != 0) continue;
+      known = 1;
+      if (fk_procs[i].version <= version && (!best || fk_procs[i].version > best->version))
+        best = &fk_procs[i];
+    }
+    if (best) {
+      int pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+               !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) && best->pt_fn &&
+               version >= FK_PT_VERSION;
+      *pfn = (void *)(pt ? best->pt_fn : best->fn);
+      hit = pt ? best->pt_name : best->name;
+      st = CU_GET_PROC_ADDRESS_SUCCESS;
+    } else {
+      *pfn = NULL;
+      st = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+      r = CUDA_ERROR_NOT_FOUND;
+    }
+    if (status) *status = st;
+  }
+  char ls[72];
+  log_symbol(symbol, ls, sizeof ls);
+  if (r == CUDA_ERROR_INVALID_VALUE)
+    fk_log("%s symbol=%s version=%d flags=0x%llx -> %d", name, ls, version,
+           (unsigned long long)flags, (int)r);
+  else
+    fk_log("%s symbol=%s version=%d flags=0x%llx -> %d status=%d fn=%s", name, ls, version,
+           (unsigned long long)flags, (int)r, (int)st, hit ? hit : "null");
+  return r;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus) {
+  return resolve("cuGetProcAddress_v2", symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+  return resolve("cuGetProcAddress", symbol, pfn, cudaVersion, flags, NULL);
+}
