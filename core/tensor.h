@@ -1,3 +1,284 @@
+/* kvshim tensor: IPC-exportable tensor descriptors, their wire encoding, the accelerator
+ * copy/pin interface and the registry of exportable allocations (design §8, §2, §9.4).
+ *
+ * Descriptor. A tensor is a strided view of a storage region named by a kind-specific handle:
+ *     CPU_SHM      bytes [cpu.offset, cpu.offset + cpu.length) of the pool whose header carries
+ *                  cpu.instance_id (opened through the pool fd: kvs_tensor_open_cpu)
+ *     CUDA_IPC     bytes [ipc.offset, ipc.alloc_len) of the device allocation exported by the
+ *                  64-byte cuIpcGetMemHandle handle (it exports the whole allocation, so the
+ *                  offset of the region inside it always travels with it)
+ *     CUDA_VMM_FD  bytes [vmm.offset, vmm.size) of the cuMemCreate allocation whose shareable
+ *                  handle is fd number vmm.fd_index of the SCM_RIGHTS array of the same message
+ * Element [i0, .., i(ndim-1)] lies at byte
+ *     (storage_offset + sum_k i_k * stride[k]) * dtype_size
+ * of the region (shape and stride in elements, like torch). A descriptor is valid when
+ *     kind is known, dtype < KVS_DTYPE__COUNT, 1 <= ndim <= KVS_TENSOR_MAX_DIMS,
+ *     shape[k] > 0 for k < ndim,
+ *     every element's byte range lies inside the region (lowest element byte >= 0,
+ *     highest element end <= region length; no arithmetic overflow),
+ *     CPU_SHM: instance_id != 0, length > 0, offset + length does not overflow;
+ *     CUDA_*: device_uuid not all zero ("cpu" is all zero);
+ *     CUDA_IPC: offset < alloc_len;
+ *     CUDA_VMM_FD: fd_index < KVS_TENSOR_MAX_FDS, granularity a power of two,
+ *                  size > 0 and size % granularity == 0, offset < size.
+ * shape/stride entries at and beyond ndim and the handle fields of other kinds carry no
+ * meaning: equality ignores them, decode zeroes them, encode does not read them.
+ *
+ * Encoding, version 1 (every integer little-endian, no padding, no optional field):
+ *     u8 kind | u8 version (1) | u16 body_len
+ *     body: u32 dtype | u32 ndim | u64 storage_offset | u8 device_uuid[16]
+ *           | u64 shape[ndim] | i64 stride[ndim] | handle
+ *     handle CPU_SHM:     u64 instance_id | u64 offset | u64 length              (24 bytes)
+ *     handle CUDA_IPC:    u8 handle[64] | u64 offset | u64 alloc_len             (80 bytes)
+ *     handle CUDA_VMM_FD: u32 fd_index | u64 offset | u64 size | u64 granularity (28 bytes)
+ *     body_len == 32 + 16 * ndim + handle size, so an encoding is at most KVS_TENSOR_ENC_MAX.
+ * The kind tag comes first (it replaces pickle's class identity); kind and version numbers are
+ * pinned forever. The encoding is canonical: decode(b) succeeding implies encode gives b back.
+ *
+ * Decode errors (each one distinct; kvs_tensor_strerror gives the generic text,
+ * kvs_tensor_decode_msg the specific one with the offending values):
+ *     -EBADMSG          truncated: shorter than the header, than body_len, or than kind+ndim need
+ *     -EPROTONOSUPPORT  unknown kind                      ("unknown tensor kind 7")
+ *     -EPROTO           unknown encoding version          ("tensor encoding version 3 not
+ *                                                           supported (this build reads 1)")
+ *     -EMSGSIZE         trailing bytes: after the descriptor, or a body longer than kind+ndim need
+ *     -EDOM             ndim outside [1, 8]
+ *     -ENOTSUP          unknown dtype
+ *     -EINVAL           a zero or malformed field (zero dim, zero length/size, instance id 0,
+ *                       CUDA kind without a device UUID, bad granularity, fd index too large)
+ *     -ERANGE           the strided extent does not fit the handle's region (or overflows)
+ * encode and kvs_tensor_validate refuse an invalid descriptor with the same codes.
+ *
+ * Threads: descriptors are plain values. kvs_accel_* swap one atomic pointer. The registry and
+ * the device-ordinal cache take their own locks (see below). */
 #ifndef KVSHIM_TENSOR_H
 #define KVSHIM_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(name, wire value, text). Wire values are pinned forever and never reused. */
+#define KVS_TENSOR_KINDS(X)                                                                   \
+  X(CPU_SHM, 1, "cpu_shm")                                                                    \
+  X(CUDA_IPC, 2, "cuda_ipc")                                                                  \
+  X(CUDA_VMM_FD, 3, "cuda_vmm_fd")
+
+typedef enum kvs_tensor_kind {
+#define KVS__TK_ENUM(name, val, text) KVS_TENSOR_##name = val,
+  KVS_TENSOR_KINDS(KVS__TK_ENUM)
+#undef KVS__TK_ENUM
+} kvs_tensor_kind_t;
+
+#define KVS_TENSOR_MAX_DIMS 8
+#define KVS_TENSOR_UUID_SIZE 16
+#define KVS_TENSOR_IPC_HANDLE_SIZE 64 /* sizeof(CUipcMemHandle) */
+#define KVS_TENSOR_MAX_FDS 253        /* SCM_MAX_FD: fds one sendmsg can carry */
+#define KVS_TENSOR_ENC_VERSION 1u
+#define KVS_TENSOR_ENC_HEADER 4u       /* u8 kind, u8 version, u16 body_len */
+#define KVS_TENSOR_ENC_MAX (KVS_TENSOR_ENC_HEADER + 32u + 16u * KVS_TENSOR_MAX_DIMS + 80u) /* 244 */
+
+typedef struct kvs_tensor_desc {
+  uint32_t kind;    /* kvs_tensor_kind_t */
+  uint32_t dtype;   /* kvs_dtype_t (store.h) */
+  uint32_t ndim;    /* 1..KVS_TENSOR_MAX_DIMS */
+  uint32_t pad0;    /* not encoded, not compared */
+  uint64_t shape[KVS_TENSOR_MAX_DIMS];  /* elements per dimension */
+  int64_t stride[KVS_TENSOR_MAX_DIMS];  /* elements between neighbours along a dimension */
+  uint64_t storage_offset;              /* elements from the region start to element [0..0] */
+  uint8_t device_uuid[KVS_TENSOR_UUID_SIZE]; /* cuDeviceGetUuid bytes; all zero = cpu */
+  union {
+    struct { uint64_t instance_id, offset, length; } cpu;   /* bytes in the pool segment */
+    struct {
+      uint8_t handle[KVS_TENSOR_IPC_HANDLE_SIZE]; /* opaque cuIpcGetMemHandle bytes */
+      uint64_t offset;     /* bytes from the allocation base to the region */
+      uint64_t alloc_len;  /* bytes of the whole allocation */
+    } ipc;
+    struct {
+      uint32_t fd_index;   /* index into the message's SCM_RIGHTS fd array */
+      uint64_t offset;     /* bytes from the start of the allocation to the region */
+      uint64_t size;       /* bytes of the allocation (a multiple of granularity) */
+      uint64_t granularity;/* cuMemGetAllocationGranularity, bytes, power of two */
+    } vmm;
+  };
+} kvs_tensor_desc_t;
+
+/* "cpu_shm", "cuda_ipc", "cuda_vmm_fd", or "?" for an unknown kind. */
+const char *kvs_tensor_kind_name(uint32_t kind);
+
+/* Generic text for any error this header returns ("unknown tensor kind", ...); falls back to
+ * strerror for other codes. Never NULL. */
+const char *kvs_tensor_strerror(int err);
+
+/* 0 when d is valid (rules above), else the negative code decode would give for its encoding.
+ * msg (may be NULL) receives the specific text on failure, always NUL-terminated when cap > 0. */
+int kvs_tensor_validate(const kvs_tensor_desc_t *d, char *msg, size_t cap);
+
+/* Bytes the encoding of d takes (> 0), or a negative validation code. */
+int kvs_tensor_encoded_size(const kvs_tensor_desc_t *d);
+
+/* Encode d into buf. Returns the bytes written (<= KVS_TENSOR_ENC_MAX), -ENOBUFS when cap is
+ * too small (nothing written), or a validation code (invalid descriptors are never encoded). */
+int kvs_tensor_encode(const kvs_tensor_desc_t *d, void *buf, size_t cap);
+
+/* Decode exactly one descriptor occupying all of buf[0, len). On success writes *out (unused
+ * entries zeroed) and returns 0; on failure *out is untouched and the code is one listed above. */
+int kvs_tensor_decode(const void *buf, size_t len, kvs_tensor_desc_t *out);
+/* Same, and on failure writes the specific message into msg (NUL-terminated when cap > 0). */
+int kvs_tensor_decode_msg(const void *buf, size_t len, kvs_tensor_desc_t *out, char *msg,
+                          size_t cap);
+/* Decode the descriptor at the start of buf, which may continue with other data (arrays of
+ * descriptors in a frame). Returns the bytes it took (> 0) or a negative code; never -EMSGSIZE
+ * for bytes after the descriptor. msg as above (may be NULL). */
+int kvs_tensor_decode_prefix(const void *buf, size_t len, kvs_tensor_desc_t *out, char *msg,
+                             size_t cap);
+
+/* Kind and every meaningful field equal (entries beyond ndim and other kinds' handles ignored).
+ * a and b must not be NULL. */
+bool kvs_tensor_equal(const kvs_tensor_desc_t *a, const kvs_tensor_desc_t *b);
+
+/* Logical bytes: dtype size * product(shape[0..ndim)); 0 when the dtype or ndim is invalid, a
+ * dim is zero, or the product overflows. */
+uint64_t kvs_tensor_nbytes(const kvs_tensor_desc_t *d);
+
+/* Bytes of the region the strided view touches, relative to the region start:
+ * [*lo, *hi) with hi - lo >= nbytes for non-overlapping views. Returns 0 or -EINVAL/-EDOM/
+ * -ENOTSUP/-ERANGE (overflow, or an element before the region start). Does not check hi
+ * against the handle's length (validate does). */
+int kvs_tensor_byte_span(const kvs_tensor_desc_t *d, uint64_t *lo, uint64_t *hi);
+
+/* Open a CPU_SHM descriptor through a pool mapped from the fd its owner sent
+ * (kvs_pool_attach) or the pool itself. On success *ptr = pool base + cpu.offset, the start of
+ * the region (element [0..0] lies at *ptr + storage_offset * dtype size); the pointer stays
+ * valid while the pool stays mapped, and is writable only if the pool is. Errors: -EINVAL
+ * (NULL argument, not a CPU_SHM descriptor, invalid descriptor: see validate), -ESTALE
+ * (cpu.instance_id is not the pool's: the descriptor belongs to another pool), -ERANGE (the
+ * region is not inside the segment's cache or host arena). */
+int kvs_tensor_open_cpu(const kvs_tensor_desc_t *d, kvs_pool_t *pool, void **ptr);
+
+/* ---- accelerator copy/pin interface (design §2) --------------------------------------------
+ * core reaches an accelerator only through these operations; shims/cuda installs its own
+ * table. The default one (no accelerator in the process) copies with memcpy for every
+ * direction ("device" memory is then host memory), pins and unpins as no-ops returning 0, and
+ * cannot open IPC handles (-ENOTSUP). Every function returns 0 or a negative errno. */
+typedef enum kvs_copy_dir {
+  KVS_COPY_H2H = 0,
+  KVS_COPY_H2D = 1,
+  KVS_COPY_D2H = 2,
+  KVS_COPY_D2D = 3,
+} kvs_copy_dir_t;
+
+typedef struct kvs_accel_ops {
+  const char *name; /* for logs: "memcpy", "cuda" */
+  int (*copy)(void *dst, const void *src, size_t len, kvs_copy_dir_t dir);
+  int (*pin)(void *ptr, size_t len);    /* page-lock host memory for DMA */
+  int (*unpin)(void *ptr);              /* ptr as given to a successful pin */
+  int (*open_ipc)(const kvs_tensor_desc_t *d, void **devptr); /* CUDA_IPC / CUDA_VMM_FD */
+  int (*close_ipc)(void *devptr);       /* devptr from a successful open_ipc */
+} kvs_accel_ops_t;
+
+/* The built-in table (static storage). */
+const kvs_accel_ops_t *kvs_accel_default(void);
+/* The table in use now (an acquire load). Never NULL. */
+const kvs_accel_ops_t *kvs_accel_get(void);
+/* Install ops (NULL: the default) with one atomic exchange; *prev (may be NULL) gets the table
+ * it replaced. ops is borrowed for ever: a thread that fetched it before the swap may still
+ * call into it, so tables must have static storage. -EINVAL (nothing changes) when any function
+ * pointer is NULL. */
+int kvs_accel_set(const kvs_accel_ops_t *ops, const kvs_accel_ops_t **prev);
+
+/* ---- registry of exportable allocations (design §8, §9.4) ---------------------------------
+ * One record per intercepted allocation: [base, base + length) in the process's address space
+ * (host or device), whether it can be exported, and a descriptor template naming its handle.
+ * Invariant: records are kept sorted by base and never overlap:
+ *     rec[i].base + rec[i].length <= rec[i+1].base
+ * so lookup is a binary search, O(log n); add and remove move the (24-byte) index entries
+ * after the insertion point, O(n) bytes moved. Storage is reserved at create (lazily backed
+ * anonymous mappings): add never allocates, so allocation hooks can call it.
+ * Threads: one rwlock guards everything; lookup/query/count take it shared.
+ *
+ * Template (only for exportable records): kind, device_uuid and the handle of the record's
+ * first byte:
+ *     CPU_SHM      cpu.instance_id, cpu.offset = pool offset of base (cpu.length ignored)
+ *     CUDA_IPC     ipc.handle, ipc.offset = offset of base in the allocation (normally 0),
+ *                  ipc.alloc_len (0 = ipc.offset + length)
+ *     CUDA_VMM_FD  vmm.fd_index, vmm.offset of base, vmm.size (0 = vmm.offset + length),
+ *                  vmm.granularity
+ * dtype/ndim/shape/stride/storage_offset of the template are ignored. Descriptors produced
+ * for a sub-range [a, b) of a record are 1-D byte views: dtype U8, ndim 1, shape {b - a},
+ * stride {1}, storage_offset 0, with the handle offset advanced by a - base (and cpu.length
+ * = b - a). */
+typedef struct kvs_tensor_registry kvs_tensor_registry_t;
+
+typedef struct kvs_tensor_record {
+  uint64_t base;           /* first byte (address) */
+  uint64_t length;         /* bytes, > 0 */
+  bool exportable;         /* false: cuMemCreate/cuMemAllocAsync/graph memory (listed only) */
+  kvs_tensor_desc_t desc;  /* exportable: byte view of the whole record; else zeroed */
+} kvs_tensor_record_t;
+
+typedef struct kvs_tensor_query_info {
+  uint32_t records;        /* records overlapping the range */
+  uint32_t exported;       /* descriptors produced (== the return value) */
+  uint32_t skipped;        /* overlapping records that are not exportable */
+  uint64_t covered_bytes;  /* bytes of the range inside exportable records */
+  uint64_t skipped_bytes;  /* bytes of the range inside records that are not exportable */
+  uint64_t gap_bytes;      /* bytes of the range inside no record */
+} kvs_tensor_query_info_t;
+
+/* max_records: capacity (0 = 65536). Errors: -EINVAL (more than 2^24), -ENOMEM. */
+int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out);
+/* Accepts NULL. Debug builds poison the struct. */
+void kvs_tensor_registry_destroy(kvs_tensor_registry_t *reg);
+
+/* Record [base, base + length). tmpl is required (and must give a valid descriptor for the
+ * whole record) when exportable, ignored otherwise. Errors: -EINVAL (length 0, base + length
+ * overflows, missing template), a validation code for a bad template, -EEXIST (overlaps a
+ * record: nothing changes), -ENOSPC (registry full). */
+int kvs_tensor_registry_add(kvs_tensor_registry_t *reg, uint64_t base, uint64_t length,
+                            const kvs_tensor_desc_t *tmpl, bool exportable);
+/* Replace the template/exportability of the record starting at base (e.g. once its IPC handle
+ * was fetched on demand). Same errors as add, -ENOENT when no record starts at base. */
+int kvs_tensor_registry_update(kvs_tensor_registry_t *reg, uint64_t base,
+                               const kvs_tensor_desc_t *tmpl, bool exportable);
+/* Forget the record starting exactly at base; *out (may be NULL) gets it. -ENOENT otherwise. */
+int kvs_tensor_registry_remove(kvs_tensor_registry_t *reg, uint64_t base,
+                               kvs_tensor_record_t *out);
+/* The record containing addr (base <= addr < base + length), or -ENOENT. */
+int kvs_tensor_registry_lookup(kvs_tensor_registry_t *reg, uint64_t addr,
+                               kvs_tensor_record_t *out);
+/* Descriptors covering [addr, addr + len), in address order, one per overlapping exportable
+ * record, each restricted to the part of the record inside the range. Up to cap are written
+ * to out; returns how many there are (may exceed cap), or -EINVAL (len 0, addr + len
+ * overflows, out NULL with cap > 0). info (may be NULL) gets the accounting. */
+int kvs_tensor_registry_query(kvs_tensor_registry_t *reg, uint64_t addr, uint64_t len,
+                              kvs_tensor_desc_t *out, size_t cap, kvs_tensor_query_info_t *info);
+size_t kvs_tensor_registry_count(kvs_tensor_registry_t *reg);
+/* Sorted, non-overlapping, index consistent with the records (O(n)). */
+bool kvs__tensor_registry_is_valid(kvs_tensor_registry_t *reg);
+
+/* ---- device UUID -> local ordinal (design §8) ----------------------------------------------
+ * scan writes the UUID of ordinal i to uuids[i] for every device, up to cap, and returns the
+ * device count (>= 0) or a negative errno; shims/cuda fills it with cuDeviceGetUuid_v2. The
+ * first successful scan is cached for the life of the process (a failed one is not), so later
+ * calls never scan again; a mutex guards the cache. */
+#define KVS_TENSOR_MAX_DEVICES 64
+typedef int (*kvs_device_scan_fn)(uint8_t (*uuids)[KVS_TENSOR_UUID_SIZE], int cap, void *ctx);
+/* Ordinal (>= 0) of the device with this UUID. -EINVAL (NULL, or the all-zero "cpu" UUID),
+ * -ENODEV (no such device), -ENOSYS (nothing cached and scan NULL), or scan's error. */
+int kvs_tensor_device_ordinal(const uint8_t uuid[KVS_TENSOR_UUID_SIZE], kvs_device_scan_fn scan,
+                              void *ctx);
+/* Drop the cache (tests; a forked child that must rescan). */
+void kvs_tensor_device_cache_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
 #endif
