@@ -29,6 +29,18 @@ static size_t put_bytes(uint8_t *p, const void *b, size_t n) {
   return 1 + n;
 }
 
+void kvs_namespace_set_salt(kvs_namespace_t *ns, const char *salt) {
+  size_t n = strlen(salt);
+  memset(ns->salt, 0, sizeof ns->salt);
+  if (n < KVS_NS_STR_MAX) {
+    memcpy(ns->salt, salt, n);
+    return;
+  }
+  XXH128_hash_t h = XXH3_128bits(salt, n);
+  ns->salt[0] = '#';
+  kvs_key_format((kvs_key_t){h.low64, h.high64}, ns->salt + 1);
+}
+
 kvs_key_t kvs_keys_namespace(const kvs_namespace_t *ns) {
   uint8_t rec[16 + 3 * (1 + KVS_NS_STR_MAX) + 7 * 4];
   size_t n = 0;

@@ -39,6 +39,11 @@ typedef struct kvs_namespace {
   char salt[KVS_NS_STR_MAX];      /* KVSHIM_SALT */
 } kvs_namespace_t;
 
+/* Set ns->salt from a salt of any length: kept as is when it fits (< KVS_NS_STR_MAX bytes),
+ * else replaced by "#" and the 32 hex digits of its XXH3-128, so every byte of a long salt
+ * still separates tenants. */
+void kvs_namespace_set_salt(kvs_namespace_t *ns, const char *salt);
+
 /* h(-1) for a namespace. */
 kvs_key_t kvs_keys_namespace(const kvs_namespace_t *ns);
 

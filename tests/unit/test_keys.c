@@ -177,3 +177,19 @@ Test(keys, hex_round_trip_and_bad_input) {
   cr_expect_eq(kvs_key_parse("fedcba98765432100123456789abcdeg", &untouched), -EINVAL);
   cr_expect(untouched.lo == 1 && untouched.hi == 2, "out-parameter untouched on error");
 }
+
+Test(keys, long_salts_keep_every_byte) {
+  char a[200], b[200];
+  memset(a, 's', sizeof a - 1);
+  a[sizeof a - 1] = '\0';
+  memcpy(b, a, sizeof a);
+  b[150] = 't'; /* differs only past the 64-byte field */
+  kvs_namespace_t na = ns_a(), nb = ns_a(), nshort = ns_a();
+  kvs_namespace_set_salt(&na, a);
+  kvs_namespace_set_salt(&nb, b);
+  cr_expect_eq(na.salt[0], '#');
+  cr_expect_not(kvs_key_eq(kvs_keys_namespace(&na), kvs_keys_namespace(&nb)),
+                "salts differing after byte 64 must give different namespaces");
+  kvs_namespace_set_salt(&nshort, "tenant-a");
+  cr_expect_str_eq(nshort.salt, "tenant-a");
+}

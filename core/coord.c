@@ -1,0 +1,903 @@
+/* kvshim coord: see coord.h. */
+#include "coord.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "log.h"
+#include "proto.h"
+#include "sock.h"
+
+#define SWEEP_INTERVAL_MS 500
+#define STOP_FLUSH_MS 200
+#define MSG_KEEP_BYTES (1u << 20) /* a receive buffer larger than this is freed after use */
+
+/* One reply (or ERROR) being sent, split into frames of at most frame_max payload bytes. */
+typedef struct outmsg {
+  struct outmsg *next;
+  uint8_t *payload; /* owned (malloc) */
+  size_t len;       /* payload bytes */
+  size_t off;       /* payload bytes sent */
+  size_t frame_end; /* payload offset where the current frame ends */
+  uint16_t opcode;
+  uint64_t request_id;
+  uint32_t frame_max;
+  uint8_t hdr[KVS_PROTO_HEADER_SIZE];
+  uint8_t hdr_off;  /* header bytes sent; KVS_PROTO_HEADER_SIZE when none is pending */
+  bool started;     /* first frame header computed */
+  bool last_frame;  /* the current frame has no F_MORE */
+  int pass_fd;      /* travels with the first byte; borrowed (the pool's fd) */
+} outmsg_t;
+
+/* An SHM write transfer handed out on a connection, with its slots, for COMMIT_STORE checks. */
+typedef struct wxfer {
+  struct wxfer *next;
+  kvs_xfer_t xfer;
+  uint32_t n_slots;
+  kvs_proto_slot_t slots[]; /* as sent in the PREPARE_STORE reply */
+} wxfer_t;
+
+typedef enum { CONN_AWAIT_HELLO, CONN_READY } conn_state_t;
+
+typedef struct conn {
+  struct conn *next;
+  int fd;
+  conn_state_t state;
+  kvs_owner_t owner;      /* 0 until HELLO */
+  uint8_t strategy;       /* KVS_PROTO_STRATEGY_SHM or _INLINE after HELLO */
+  uint8_t peer_role;
+  uint32_t peer_max_frame;
+  uid_t uid;
+  pid_t pid;
+  /* receive side */
+  uint8_t hdr[KVS_PROTO_HEADER_SIZE];
+  size_t hdr_got;
+  kvs_proto_header_t first; /* first frame header of the message being received */
+  bool in_message;          /* a frame with F_MORE was received: the message goes on */
+  size_t frame_left;        /* payload bytes of the current frame still to read */
+  bool reading_payload;
+  uint8_t *msg;             /* message bytes (malloc: 8-byte aligned for the codec) */
+  size_t msg_len, msg_cap;
+  /* send side */
+  outmsg_t *tx_head, *tx_tail;
+  bool closing;             /* close once tx is empty */
+  bool reading;             /* EPOLLIN armed */
+  wxfer_t *wxfers;
+} conn_t;
+
+struct kvs_coord {
+  kvs_store_t *store;
+  kvs_pool_t *pool;
+  kvs_tensor_registry_t *tensors;
+  kvs_stats_t *stats;
+  uint8_t role;
+  uint8_t strategy;   /* KVSHIM_STRATEGY */
+  uint64_t instance_id;
+  uint32_t max_frame; /* largest frame payload we accept */
+  uint64_t max_message;
+  char group[KVS_OPT_STR_MAX];
+  char allow_uids[KVS_OPT_STR_MAX];
+  kvs_options_t uid_opts; /* only allow_uids is used */
+  char path[KVS_SOCK_PATH_MAX + 1];
+  int listen_fd, epoll_fd, stop_fd;
+  pthread_t thread;
+  conn_t *conns;
+  unsigned n_conns; /* read by other threads: atomic */
+  uint64_t next_sweep_ms;
+};
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+int kvs_coord_socket_name(const char *run_dir, const char *group, uint64_t instance_id,
+                          char *buf, size_t cap) {
+  int n = snprintf(buf, cap, "%s/%s/%016" PRIx64 ".sock", run_dir, group, instance_id);
+  if (n < 0 || (size_t)n >= cap || (size_t)n > KVS_SOCK_PATH_MAX) return -ENAMETOOLONG;
+  return 0;
+}
+
+size_t kvs_coord_render_stats(kvs_store_t *store, kvs_stats_t *st, int json, char *buf,
+                              size_t cap) {
+  if (store) {
+    kvs_store_info_t info;
+    kvs_store_info(store, &info);
+    kvs_stats_set(st, KVS_STAT_store_objects, info.objects_ready);
+    kvs_stats_set(st, KVS_STAT_store_keys, info.keys);
+    kvs_stats_set(st, KVS_STAT_store_used_bytes, info.used_bytes);
+    kvs_stats_set(st, KVS_STAT_store_reserved_bytes, info.reserved_bytes);
+    kvs_stats_set(st, KVS_STAT_store_free_bytes, info.free_bytes);
+    kvs_stats_set(st, KVS_STAT_store_arena_bytes, info.arena_bytes);
+    kvs_stats_set(st, KVS_STAT_pool_fragmentation_pct, info.fragmentation_pct);
+  }
+  return json ? kvs_stats_render_json(st, buf, cap) : kvs_stats_render_info(st, buf, cap);
+}
+
+static void arm(kvs_coord_t *c, conn_t *k) {
+  struct epoll_event ev = {.data.ptr = k};
+  k->reading = !k->closing && k->tx_head == NULL;
+  ev.events = (k->reading ? EPOLLIN : 0) | (k->tx_head ? EPOLLOUT : 0) | EPOLLRDHUP;
+  epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev);
+}
+
+/* Queue a reply. payload is malloc'd and owned by the queue from here on (freed on failure). */
+static void queue_msg(conn_t *k, uint16_t opcode, uint64_t rid, uint8_t *payload, size_t len,
+                      int pass_fd) {
+  outmsg_t *m = calloc(1, sizeof *m);
+  if (!m) { /* cannot even answer: close, the peer sees a reset and reports a miss */
+    free(payload);
+    k->closing = true;
+    return;
+  }
+  m->payload = payload;
+  m->len = len;
+  m->opcode = opcode;
+  m->request_id = rid;
+  m->frame_max = k->peer_max_frame ? k->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  m->hdr_off = KVS_PROTO_HEADER_SIZE;
+  m->pass_fd = pass_fd;
+  if (k->tx_tail) k->tx_tail->next = m;
+  else k->tx_head = m;
+  k->tx_tail = m;
+}
+
+static void queue_error(kvs_coord_t *c, conn_t *k, uint64_t rid, int code, const char *msg) {
+  kvs_proto_error_t e;
+  kvs_proto_error_init(&e, code, msg);
+  size_t len = 0;
+  kvs_proto_error_encode(&e, NULL, 0, &len);
+  uint8_t *p = malloc(len ? len : 1);
+  if (!p || kvs_proto_error_encode(&e, p, len, &len) < 0) {
+    free(p);
+    k->closing = true;
+    return;
+  }
+  kvs_stats_inc(c->stats, KVS_STAT_coord_errors);
+  queue_msg(k, KVS_OP_ERROR, rid, p, len, -1);
+}
+
+/* A frame we cannot read on: answer ERROR and close after it is sent. */
+static void protocol_error(kvs_coord_t *c, conn_t *k, uint64_t rid, int code, const char *what) {
+  kvs_stats_inc(c->stats, KVS_STAT_coord_bad_frames);
+  kvs_log_info("peer pid %ld: %s (%s): closing the connection", (long)k->pid, what,
+               kvs_proto_strerror(code));
+  queue_error(c, k, rid, code, what);
+  k->closing = true;
+}
+
+/* Encode a message with a size query first; queue it. enc has the codec's signature. */
+#define QUEUE_ENCODED(c, k, op, rid, encfn, msgp)                                            \
+  do {                                                                                       \
+    size_t len_ = 0;                                                                         \
+    int rc_ = encfn((msgp), NULL, 0, &len_);                                                 \
+    uint8_t *p_ = rc_ == 0 ? malloc(len_ ? len_ : 1) : NULL;                                 \
+    if (rc_ == 0 && p_) rc_ = encfn((msgp), p_, len_, &len_);                                \
+    if (rc_ < 0 || !p_) {                                                                    \
+      free(p_);                                                                              \
+      queue_error((c), (k), (rid), p_ ? rc_ : -ENOMEM, "cannot encode the reply");           \
+    } else {                                                                                 \
+      queue_msg((k), (op), (rid), p_, len_, -1);                                             \
+    }                                                                                        \
+  } while (0)
+
+static void forget_wxfer(conn_t *k, kvs_xfer_t xfer) {
+  for (wxfer_t **pp = &k->wxfers; *pp; pp = &(*pp)->next)
+    if ((*pp)->xfer == xfer) {
+      wxfer_t *dead = *pp;
+      *pp = dead->next;
+      free(dead);
+      return;
+    }
+}
+static wxfer_t *find_wxfer(conn_t *k, kvs_xfer_t xfer) {
+  for (wxfer_t *w = k->wxfers; w; w = w->next)
+    if (w->xfer == xfer) return w;
+  return NULL;
+}
+
+/* ---- request handlers (each queues exactly one reply or ERROR) ---------------------------- */
+
+static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_hello_t req;
+  int rc = kvs_proto_hello_decode(p, len, &req);
+  if (rc == 0) rc = kvs_proto_hello_check(&req, false);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad HELLO");
+  if (k->state != CONN_AWAIT_HELLO) return protocol_error(c, k, rid, -EPROTO, "second HELLO");
+  kvs_proto_hello_t me;
+  memset(&me, 0, sizeof me);
+  me.version_min = KVS_PROTO_VERSION_MIN;
+  me.version_max = KVS_PROTO_VERSION_MAX;
+  uint16_t version;
+  if (kvs_proto_negotiate_version(&req, &me, &version) < 0)
+    return protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
+  if (strcmp(req.group, c->group) != 0 && req.group[0]) {
+    kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req.group, c->group);
+  }
+  kvs_owner_t owner;
+  rc = kvs_store_owner_open(c->store, &owner);
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "server cannot take another connection");
+    k->closing = true;
+    return;
+  }
+  bool can_offer = c->pool && kvs_pool_fd(c->pool) >= 0;
+  uint8_t strategy = kvs_proto_choose_strategy(c->strategy, &req, can_offer);
+  k->owner = owner;
+  k->state = CONN_READY;
+  k->strategy = strategy;
+  k->peer_role = req.role;
+  k->peer_max_frame = req.max_frame;
+  kvs_store_info_t info;
+  kvs_store_info(c->store, &info);
+  me.role = c->role;
+  me.strategy_requested = c->strategy;
+  me.strategy_chosen = strategy;
+  me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
+  me.pid = (uint32_t)getpid();
+  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0);
+  me.instance_id = c->instance_id;
+  me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
+  me.pool_arena_size = info.arena_bytes;
+  me.pool_arena_used = info.used_bytes + info.reserved_bytes;
+  me.max_frame = c->max_frame;
+  snprintf(me.group, sizeof me.group, "%.64s", c->group);
+  size_t n = 0;
+  kvs_proto_hello_encode(&me, NULL, 0, &n);
+  uint8_t *out = malloc(n);
+  if (!out || kvs_proto_hello_encode(&me, out, n, &n) < 0) {
+    free(out);
+    return protocol_error(c, k, rid, -ENOMEM, "cannot encode HELLO");
+  }
+  queue_msg(k, KVS_OP_HELLO, rid, out, n,
+            strategy == KVS_PROTO_STRATEGY_SHM ? kvs_pool_fd(c->pool) : -1);
+}
+
+static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_lookup_t req;
+  int rc = kvs_proto_lookup_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad LOOKUP");
+  rc = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, false, NULL);
+  if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
+  QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
+}
+
+static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                             size_t len) {
+  kvs_proto_prepare_store_t req;
+  int rc = kvs_proto_prepare_store_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
+  bool object = req.kind == KVS_PROTO_KIND_OBJECT;
+  uint32_t n_out = object ? 1 : req.n_keys;
+  uint8_t outcomes[KVS_PROTO_MAX_KEYS];
+  kvs_proto_prepare_store_reply_t rep = {0};
+  rep.n_outcomes = n_out;
+  rep.outcomes = outcomes;
+
+  if (req.strategy == KVS_PROTO_STRATEGY_INLINE) {
+    /* An empty context: nothing is reserved; tell the peer which keys it need not send. */
+    for (uint32_t i = 0; i < n_out; i++) {
+      int found = kvs_store_lookup(c->store, k->owner, &req.keys[i], 1, false, NULL);
+      outcomes[i] = found == 1 ? KVS_RES_PRESENT : KVS_RES_RESERVED;
+    }
+    QUEUE_ENCODED(c, k, KVS_OP_PREPARE_STORE, rid, kvs_proto_prepare_store_reply_encode, &rep);
+    return;
+  }
+  if (k->strategy != KVS_PROTO_STRATEGY_SHM)
+    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+
+  kvs_extent_t *ext = malloc(sizeof *ext * n_out);
+  wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out);
+  if (!ext || !w) {
+    free(ext);
+    free(w);
+    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+  }
+  kvs_xfer_t xfer = 0;
+  if (object)
+    rc = kvs_store_reserve_object(c->store, k->owner, req.keys, req.n_keys, &req.layout, req.mode,
+                                  outcomes, ext, &xfer);
+  else
+    rc = kvs_store_reserve_write(c->store, k->owner, req.keys, req.n_keys, &req.layout, req.mode,
+                                 outcomes, ext, &xfer);
+  if (rc < 0) {
+    free(ext);
+    free(w);
+    return queue_error(c, k, rid, rc, "reservation failed");
+  }
+  uint32_t n_slots = 0;
+  for (uint32_t i = 0; i < n_out; i++)
+    if (outcomes[i] == KVS_RES_RESERVED)
+      w->slots[n_slots++] = (kvs_proto_slot_t){i, 0, ext[i].offset, ext[i].length};
+  free(ext);
+  rep.xfer = xfer;
+  rep.n_slots = n_slots;
+  rep.slots = w->slots;
+  if (xfer) {
+    w->xfer = xfer;
+    w->n_slots = n_slots;
+    w->next = k->wxfers;
+    k->wxfers = w;
+  }
+  QUEUE_ENCODED(c, k, KVS_OP_PREPARE_STORE, rid, kvs_proto_prepare_store_reply_encode, &rep);
+  if (!xfer) free(w);
+}
+
+/* Check the slots a peer names in an SHM commit against what this connection was handed:
+ * every slot inside the pool, inside the transfer, and the whole transfer named once. */
+static int check_commit_slots(kvs_coord_t *c, const wxfer_t *w, const kvs_proto_slot_t *slots,
+                              uint32_t n) {
+  uint64_t seg = kvs_pool_segment_size(c->pool);
+  for (uint32_t i = 0; i < n; i++)
+    if (slots[i].offset > seg || slots[i].length > seg - slots[i].offset) return -EFAULT;
+  if (!w) return 0; /* the store decides: -ENOENT or -EPERM */
+  for (uint32_t i = 0; i < n; i++) {
+    bool ok = false;
+    for (uint32_t j = 0; j < w->n_slots && !ok; j++)
+      ok = w->slots[j].key_index == slots[i].key_index && w->slots[j].offset == slots[i].offset &&
+           w->slots[j].length == slots[i].length;
+    if (!ok) return -EFAULT;
+  }
+  return n == w->n_slots ? 0 : -EINVAL;
+}
+
+/* Inline commit: reserve, copy the bytes from the message into the extents, commit. */
+static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                          const kvs_proto_commit_store_t *req) {
+  bool object = req->kind == KVS_PROTO_KIND_OBJECT;
+  uint32_t n = req->n_entries;
+  uint32_t n_out = object ? 1 : n;
+  uint64_t want = kvs_layout_nbytes(&req->layout);
+  uint8_t outcomes[KVS_PROTO_MAX_KEYS];
+  kvs_key_t *keys = malloc(sizeof *keys * n);
+  kvs_extent_t *ext = malloc(sizeof *ext * n_out);
+  if (!keys || !ext) {
+    free(keys);
+    free(ext);
+    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    keys[i] = req->entries[i].key;
+    uint64_t expect = (object && i > 0) ? 0 : want;
+    if (req->entries[i].length != expect) {
+      free(keys);
+      free(ext);
+      return queue_error(c, k, rid, -EINVAL, "entry length disagrees with the layout");
+    }
+  }
+  kvs_xfer_t xfer = 0;
+  int rc = object ? kvs_store_reserve_object(c->store, k->owner, keys, n, &req->layout, req->mode,
+                                             outcomes, ext, &xfer)
+                  : kvs_store_reserve_write(c->store, k->owner, keys, n, &req->layout, req->mode,
+                                            outcomes, ext, &xfer);
+  free(keys);
+  if (rc < 0) {
+    free(ext);
+    return queue_error(c, k, rid, rc, "reservation failed");
+  }
+  uint8_t *base = kvs_pool_base(c->pool);
+  uint32_t reserved = 0;
+  for (uint32_t i = 0; i < n_out; i++) {
+    if (outcomes[i] != KVS_RES_RESERVED) continue;
+    /* Outside the store lock; the lease keeps the extent ours until commit. */
+    memcpy(base + ext[i].offset, req->data + (uint64_t)i * want, want);
+    reserved++;
+  }
+  free(ext);
+  if (xfer) {
+    rc = kvs_store_commit(c->store, k->owner, xfer);
+    if (rc < 0) return queue_error(c, k, rid, rc, "commit failed");
+  }
+  kvs_proto_commit_store_reply_t rep = {reserved, n_out, outcomes};
+  QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
+}
+
+static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                            size_t len) {
+  kvs_proto_commit_store_t req;
+  int rc = kvs_proto_commit_store_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
+  if (req.is_inline) {
+    if (req.xfer) { /* the SHM reservation this inline commit replaces: abort it, never leak */
+      rc = kvs_store_abort(c->store, k->owner, req.xfer);
+      forget_wxfer(k, req.xfer);
+      if (rc < 0 && rc != -ENOENT) return queue_error(c, k, rid, rc, "cannot abort that transfer");
+    }
+    return commit_inline(c, k, rid, &req);
+  }
+  wxfer_t *w = find_wxfer(k, req.xfer);
+  rc = check_commit_slots(c, w, req.slots, req.n_slots);
+  if (rc == -EFAULT) {
+    if (w) kvs_store_abort(c->store, k->owner, req.xfer), forget_wxfer(k, req.xfer);
+    return protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
+  }
+  if (rc < 0) {
+    kvs_store_abort(c->store, k->owner, req.xfer);
+    forget_wxfer(k, req.xfer);
+    return queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
+  }
+  rc = kvs_store_commit(c->store, k->owner, req.xfer);
+  if (rc < 0) return queue_error(c, k, rid, rc, "commit refused");
+  kvs_proto_commit_store_reply_t rep = {w ? w->n_slots : 0, 0, NULL};
+  forget_wxfer(k, req.xfer);
+  QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
+}
+
+static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_xfer_t req;
+  int rc = kvs_proto_xfer_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad ABORT");
+  rc = kvs_store_abort(c->store, k->owner, req.xfer);
+  if (rc < 0) return queue_error(c, k, rid, rc, "abort refused");
+  forget_wxfer(k, req.xfer);
+  queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
+}
+
+static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                                size_t len) {
+  kvs_proto_prepare_retrieve_t req;
+  int rc = kvs_proto_prepare_retrieve_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
+  bool shm = req.strategy == KVS_PROTO_STRATEGY_SHM;
+  if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM)
+    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+  kvs_xfer_t xfer = 0;
+  int found = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, true, &xfer);
+  if (found < 0) return queue_error(c, k, rid, found, "lookup failed");
+  kvs_proto_object_t *objs = NULL;
+  kvs_object_view_t *views = NULL;
+  if (found > 0) {
+    objs = calloc((size_t)found, sizeof *objs);
+    views = calloc((size_t)found, sizeof *views);
+    int nv = (objs && views) ? kvs_store_read_pinned(c->store, k->owner, xfer, views, (size_t)found)
+                             : -ENOMEM;
+    if (nv != found) {
+      free(objs);
+      free(views);
+      kvs_store_release(c->store, k->owner, xfer);
+      return queue_error(c, k, rid, nv < 0 ? nv : -EIO, "cannot read the pinned objects");
+    }
+  }
+  kvs_proto_prepare_retrieve_reply_t rep = {0};
+  rep.n_found = (uint32_t)found;
+  rep.n_objects = (uint32_t)found;
+  rep.objects = objs;
+  rep.is_inline = !shm;
+  rep.xfer = shm ? xfer : 0;
+  for (int i = 0; i < found; i++) {
+    objs[i].key_index = (uint32_t)i;
+    objs[i].offset = shm ? views[i].extent.offset : 0;
+    objs[i].length = views[i].extent.length;
+    objs[i].layout = views[i].layout;
+    objs[i].data = NULL; /* inline: filled below straight from the pool */
+    rep.data_len += shm ? 0 : views[i].extent.length;
+  }
+  size_t n = 0;
+  rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
+  uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
+  if (out) rc = kvs_proto_prepare_retrieve_reply_encode(&rep, out, n, &n);
+  if (rc == 0 && out && !shm) {
+    /* The bytes are the payload's tail, in object order; copy them while the pins hold. */
+    uint8_t *dst = out + n - rep.data_len, *base = kvs_pool_base(c->pool);
+    for (int i = 0; i < found; i++) {
+      memcpy(dst, base + views[i].extent.offset, views[i].extent.length);
+      dst += views[i].extent.length;
+    }
+    kvs_stats_add(c->stats, KVS_STAT_coord_bytes_out, rep.data_len);
+  }
+  if (!shm && xfer) kvs_store_release(c->store, k->owner, xfer); /* inline: pins end now */
+  free(objs);
+  free(views);
+  if (rc < 0 || !out) {
+    free(out);
+    if (shm && xfer) kvs_store_release(c->store, k->owner, xfer);
+    return queue_error(c, k, rid, out ? rc : -ENOMEM, "cannot encode the reply");
+  }
+  queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
+}
+
+static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                               size_t len) {
+  kvs_proto_xfer_t req;
+  int rc = kvs_proto_xfer_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
+  if (req.xfer) {
+    rc = kvs_store_release(c->store, k->owner, req.xfer);
+    if (rc < 0) return queue_error(c, k, rid, rc, "release refused");
+  }
+  queue_msg(k, KVS_OP_COMMIT_RETRIEVE, rid, malloc(1), 0, -1);
+}
+
+static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_stats_t req;
+  int rc = kvs_proto_stats_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad STATS");
+  char text[16384];
+  size_t n = kvs_coord_render_stats(c->store, c->stats, req.format == KVS_PROTO_STATS_JSON, text,
+                                    sizeof text);
+  if (n >= sizeof text) n = sizeof text - 1;
+  kvs_proto_text_t rep = {(uint32_t)n, text};
+  QUEUE_ENCODED(c, k, KVS_OP_STATS, rid, kvs_proto_text_encode, &rep);
+}
+
+static void on_ping(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_ping_t req;
+  int rc = kvs_proto_ping_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PING");
+  QUEUE_ENCODED(c, k, KVS_OP_PING, rid, kvs_proto_ping_encode, &req);
+}
+
+static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
+  kvs_proto_export_t req;
+  int rc = kvs_proto_export_decode(p, len, &req);
+  if (rc < 0) return protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
+  kvs_proto_export_reply_t rep = {0};
+  kvs_tensor_desc_t *descs = NULL;
+  kvs_proto_blob_t *blobs = NULL;
+  uint8_t *enc = NULL;
+  int n = 0;
+  if (c->tensors) {
+    n = kvs_tensor_registry_query(c->tensors, req.address, req.length, NULL, 0, NULL);
+    if (n < 0) return queue_error(c, k, rid, n, "bad address range");
+    if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
+  }
+  if (n > 0) {
+    descs = calloc((size_t)n, sizeof *descs);
+    blobs = calloc((size_t)n, sizeof *blobs);
+    enc = malloc((size_t)n * KVS_PROTO_MAX_DESC_BYTES);
+    if (!descs || !blobs || !enc) {
+      free(descs), free(blobs), free(enc);
+      return queue_error(c, k, rid, -ENOMEM, "out of memory");
+    }
+    n = kvs_tensor_registry_query(c->tensors, req.address, req.length, descs, (size_t)n, NULL);
+    if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
+    for (int i = 0; i < n; i++) {
+      uint8_t *dst = enc + (size_t)i * KVS_PROTO_MAX_DESC_BYTES;
+      int w = kvs_tensor_encode(&descs[i], dst, KVS_PROTO_MAX_DESC_BYTES);
+      if (w <= 0) {
+        free(descs), free(blobs), free(enc);
+        return queue_error(c, k, rid, w < 0 ? w : -EIO, "cannot encode a descriptor");
+      }
+      blobs[i] = (kvs_proto_blob_t){(uint32_t)w, dst};
+    }
+  }
+  rep.n_descs = (uint32_t)(n > 0 ? n : 0);
+  rep.descs = blobs;
+  QUEUE_ENCODED(c, k, KVS_OP_EXPORT_TENSORS, rid, kvs_proto_export_reply_encode, &rep);
+  free(descs), free(blobs), free(enc);
+}
+
+static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
+                     size_t len) {
+  kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
+  if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO)
+    return protocol_error(c, k, rid, -EPROTO, "request before HELLO");
+  switch (op) {
+    case KVS_OP_HELLO: return on_hello(c, k, rid, p, len);
+    case KVS_OP_LOOKUP: return on_lookup(c, k, rid, p, len);
+    case KVS_OP_PREPARE_STORE: return on_prepare_store(c, k, rid, p, len);
+    case KVS_OP_COMMIT_STORE: return on_commit_store(c, k, rid, p, len);
+    case KVS_OP_ABORT: return on_abort(c, k, rid, p, len);
+    case KVS_OP_PREPARE_RETRIEVE: return on_prepare_retrieve(c, k, rid, p, len);
+    case KVS_OP_COMMIT_RETRIEVE: return on_commit_retrieve(c, k, rid, p, len);
+    case KVS_OP_STATS: return on_stats(c, k, rid, p, len);
+    case KVS_OP_PING: return on_ping(c, k, rid, p, len);
+    case KVS_OP_EXPORT_TENSORS: return on_export(c, k, rid, p, len);
+    default: return protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode");
+  }
+}
+
+/* ---- connection I/O ------------------------------------------------------------------------ */
+
+static void close_conn(kvs_coord_t *c, conn_t *k) {
+  epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, k->fd, NULL);
+  close(k->fd);
+  if (k->owner) kvs_store_owner_release(c->store, k->owner); /* every lease ends here */
+  while (k->tx_head) {
+    outmsg_t *m = k->tx_head;
+    k->tx_head = m->next;
+    free(m->payload);
+    free(m);
+  }
+  while (k->wxfers) {
+    wxfer_t *w = k->wxfers;
+    k->wxfers = w->next;
+    free(w);
+  }
+  free(k->msg);
+  for (conn_t **pp = &c->conns; *pp; pp = &(*pp)->next)
+    if (*pp == k) {
+      *pp = k->next;
+      break;
+    }
+  __atomic_fetch_sub(&c->n_conns, 1, __ATOMIC_RELAXED);
+  free(k);
+}
+
+/* Send what the socket takes. Returns 0, or a negative errno (connection dead). */
+static int flush_tx(conn_t *k) {
+  while (k->tx_head) {
+    outmsg_t *m = k->tx_head;
+    if (m->hdr_off == KVS_PROTO_HEADER_SIZE) { /* need the next frame's header */
+      if (m->started && m->last_frame && m->off == m->frame_end) {
+        k->tx_head = m->next;
+        if (!k->tx_head) k->tx_tail = NULL;
+        free(m->payload);
+        free(m);
+        continue;
+      }
+      if (m->started && m->off < m->frame_end) goto payload;
+      kvs_proto_header_t h;
+      int rc = kvs_proto_frame_header(m->opcode, KVS_PROTO_F_REPLY, m->request_id, m->len, m->off,
+                                      m->frame_max, &h);
+      if (rc < 0) return rc;
+      kvs_proto_header_encode(&h, m->hdr);
+      m->hdr_off = 0;
+      m->frame_end = m->off + h.length;
+      m->last_frame = !(h.flags & KVS_PROTO_F_MORE);
+      m->started = true;
+    }
+    while (m->hdr_off < KVS_PROTO_HEADER_SIZE) {
+      ssize_t r = kvs_sock_send_some(k->fd, m->hdr + m->hdr_off,
+                                     KVS_PROTO_HEADER_SIZE - m->hdr_off, m->pass_fd);
+      if (r < 0) return (int)r;
+      if (r == 0) return 0;
+      m->pass_fd = -1;
+      m->hdr_off += (uint8_t)r;
+    }
+  payload:
+    while (m->off < m->frame_end) {
+      ssize_t r = kvs_sock_send_some(k->fd, m->payload + m->off, m->frame_end - m->off, -1);
+      if (r < 0) return (int)r;
+      if (r == 0) return 0;
+      m->off += (size_t)r;
+    }
+  }
+  return 0;
+}
+
+/* Read and dispatch until the socket is empty or a reply is pending. 0, or negative: close. */
+static int pump_rx(kvs_coord_t *c, conn_t *k) {
+  while (!k->closing && !k->tx_head) {
+    if (!k->reading_payload) {
+      ssize_t r = kvs_sock_recv_some(k->fd, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got, NULL);
+      if (r == -EAGAIN) return 0;
+      if (r < 0) return (int)r;
+      k->hdr_got += (size_t)r;
+      if (k->hdr_got < sizeof k->hdr) continue;
+      k->hdr_got = 0;
+      kvs_proto_header_t h;
+      kvs_proto_header_parse(k->hdr, sizeof k->hdr, &h);
+      uint64_t rid = (h.flags & KVS_PROTO_F_REPLY) ? 0 : h.request_id;
+      uint32_t limit = k->state == CONN_READY ? c->max_frame : KVS_PROTO_MIN_MAX_FRAME;
+      int rc = kvs_proto_header_validate(&h, limit);
+      if (rc < 0) {
+        protocol_error(c, k, rc == -EMSGSIZE || rc == -EOPNOTSUPP ? rid : 0, rc, "bad frame header");
+        return 0;
+      }
+      if (h.flags & KVS_PROTO_F_REPLY) {
+        protocol_error(c, k, 0, -EPROTO, "a reply sent to the server");
+        return 0;
+      }
+      if (k->in_message) {
+        if (kvs_proto_frame_continues(&k->first, &h) < 0) {
+          protocol_error(c, k, rid, -EPROTO, "split message mismatch");
+          return 0;
+        }
+      } else {
+        k->first = h;
+        k->msg_len = 0;
+      }
+      if ((uint64_t)k->msg_len + h.length > c->max_message) {
+        protocol_error(c, k, rid, -EMSGSIZE, "message larger than the server accepts");
+        return 0;
+      }
+      if (k->msg_len + h.length > k->msg_cap) {
+        size_t cap = k->msg_len + h.length;
+        uint8_t *m = realloc(k->msg, cap ? cap : 8);
+        if (!m) {
+          protocol_error(c, k, rid, -ENOMEM, "out of memory for the message");
+          return 0;
+        }
+        k->msg = m;
+        k->msg_cap = cap;
+      }
+      k->in_message = (h.flags & KVS_PROTO_F_MORE) != 0;
+      k->frame_left = h.length;
+      k->reading_payload = true;
+    }
+    while (k->frame_left) {
+      ssize_t r = kvs_sock_recv_some(k->fd, k->msg + k->msg_len, k->frame_left, NULL);
+      if (r == -EAGAIN) return 0;
+      if (r < 0) return (int)r;
+      k->msg_len += (size_t)r;
+      k->frame_left -= (size_t)r;
+    }
+    k->reading_payload = false;
+    if (k->in_message) continue;
+    dispatch(c, k, k->first.opcode, k->first.request_id, k->msg, k->msg_len);
+    if (k->msg_cap > MSG_KEEP_BYTES) {
+      free(k->msg);
+      k->msg = NULL;
+      k->msg_cap = 0;
+    }
+    k->msg_len = 0;
+  }
+  return 0;
+}
+
+static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
+  int rc = 0;
+  if (events & (EPOLLOUT | EPOLLIN)) rc = flush_tx(k);
+  if (rc == 0 && (events & EPOLLIN)) rc = pump_rx(c, k);
+  if (rc == 0) rc = flush_tx(k);
+  if (rc == 0 && !k->tx_head && !k->closing && (events & (EPOLLRDHUP | EPOLLHUP)) &&
+      !(events & EPOLLIN))
+    rc = -ECONNRESET;
+  if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+  arm(c, k);
+  /* A reply just went out and the peer may have pipelined more: read it now. */
+  if (!k->tx_head && (events & EPOLLOUT)) {
+    rc = pump_rx(c, k);
+    if (rc == 0) rc = flush_tx(k);
+    if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+    arm(c, k);
+  }
+}
+
+static void accept_all(kvs_coord_t *c) {
+  for (;;) {
+    int fd;
+    if (kvs_sock_accept(c->listen_fd, &fd) < 0) return;
+    conn_t *k = calloc(1, sizeof *k);
+    if (!k) {
+      close(fd);
+      continue;
+    }
+    k->fd = fd;
+    kvs_sock_peer_cred(fd, &k->uid, &k->pid);
+    k->next = c->conns;
+    c->conns = k;
+    __atomic_fetch_add(&c->n_conns, 1, __ATOMIC_RELAXED);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = k};
+    epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+    k->reading = true;
+    kvs_stats_inc(c->stats, KVS_STAT_coord_connections);
+    if (!kvs_options_uid_allowed(&c->uid_opts, k->uid)) {
+      kvs_stats_inc(c->stats, KVS_STAT_coord_refused);
+      kvs_log_warn("refused a connection from uid %u (pid %ld): not our uid and not in "
+                   "KVSHIM_ALLOW_UIDS", (unsigned)k->uid, (long)k->pid);
+      queue_error(c, k, 0, -EACCES, "uid not allowed");
+      k->closing = true;
+      service(c, k, EPOLLOUT);
+    }
+  }
+}
+
+static void *coord_main(void *arg) {
+  kvs_coord_t *c = arg;
+  struct epoll_event evs[64];
+  for (;;) {
+    int n = epoll_wait(c->epoll_fd, evs, 64, SWEEP_INTERVAL_MS);
+    uint64_t now = kvs__now_ms();
+    if (now >= c->next_sweep_ms) {
+      kvs_store_sweep(c->store, now);
+      c->next_sweep_ms = now + SWEEP_INTERVAL_MS;
+    }
+    for (int i = 0; i < n; i++) {
+      void *p = evs[i].data.ptr;
+      if (p == &c->stop_fd) return NULL;
+      if (p == &c->listen_fd) accept_all(c);
+      else service(c, p, evs[i].events);
+    }
+  }
+}
+
+/* ---- start / stop -------------------------------------------------------------------------- */
+
+int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
+  if (!cfg || !cfg->store || !cfg->opts || !cfg->instance_id || !out) return -EINVAL;
+  const kvs_options_t *o = cfg->opts;
+  kvs_coord_t *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->store = cfg->store;
+  c->pool = cfg->pool;
+  c->tensors = cfg->tensors;
+  c->stats = cfg->stats ? cfg->stats : kvs_stats_global();
+  c->role = cfg->role ? cfg->role : KVS_PROTO_ROLE_ENGINE;
+  c->strategy = (uint8_t)o->strategy;
+  c->instance_id = cfg->instance_id;
+  c->max_frame = (uint32_t)o->max_frame;
+  uint64_t arena = c->pool ? kvs_pool_header(c->pool)->cache_size : 0;
+  c->max_message = arena + (1u << 20) > c->max_frame ? arena + (1u << 20) : c->max_frame;
+  snprintf(c->group, sizeof c->group, "%s", o->group);
+  kvs_options_defaults(&c->uid_opts);
+  memcpy(c->uid_opts.allow_uids, o->allow_uids, sizeof o->allow_uids);
+  c->listen_fd = c->epoll_fd = c->stop_fd = -1;
+
+  char dir[4096];
+  int rc = -ENAMETOOLONG;
+  if ((size_t)snprintf(dir, sizeof dir, "%s/%s", o->run_dir, o->group) >= sizeof dir) goto fail;
+  rc = kvs_dir_ensure_private(o->run_dir);
+  if (rc == 0) rc = kvs_dir_ensure_private(dir);
+  if (rc < 0) {
+    kvs_log_warn("run directory %s unusable (%s): no coordinator", dir, strerror(-rc));
+    goto fail;
+  }
+  rc = kvs_coord_socket_name(o->run_dir, o->group, c->instance_id, c->path, sizeof c->path);
+  if (rc < 0) {
+    kvs_log_warn("socket path under %s is longer than %d bytes: no coordinator (set a shorter "
+                 "KVSHIM_RUN_DIR)", dir, KVS_SOCK_PATH_MAX);
+    goto fail;
+  }
+  rc = kvs_sock_listen(c->path, 128, &c->listen_fd);
+  if (rc < 0) {
+    kvs_log_warn("cannot listen on %s: %s", c->path, strerror(-rc));
+    goto fail;
+  }
+  c->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  c->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->epoll_fd < 0 || c->stop_fd < 0) {
+    rc = -errno;
+    goto fail_unlink;
+  }
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->listen_fd};
+  epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->listen_fd, &ev);
+  ev.data.ptr = &c->stop_fd;
+  epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->stop_fd, &ev);
+  /* The coordinator thread must not take signals meant for the engine. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = -pthread_create(&c->thread, NULL, coord_main, c);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc < 0) goto fail_unlink;
+  *out = c;
+  return 0;
+fail_unlink:
+  unlink(c->path);
+fail:
+  if (c->listen_fd >= 0) close(c->listen_fd);
+  if (c->epoll_fd >= 0) close(c->epoll_fd);
+  if (c->stop_fd >= 0) close(c->stop_fd);
+  free(c);
+  return rc;
+}
+
+void kvs_coord_stop(kvs_coord_t *c) {
+  if (!c) return;
+  uint64_t one = 1;
+  ssize_t w = write(c->stop_fd, &one, sizeof one);
+  (void)w;
+  pthread_join(c->thread, NULL);
+  /* No new peers: the socket file goes first. */
+  unlink(c->path);
+  close(c->listen_fd);
+  /* Drain: give pending replies a moment, then close everything. */
+  uint64_t deadline = kvs__now_ms() + STOP_FLUSH_MS;
+  for (conn_t *k = c->conns; k; k = k->next) {
+    while (k->tx_head && kvs__now_ms() < deadline) {
+      if (flush_tx(k) < 0) break;
+      if (k->tx_head) usleep(1000);
+    }
+  }
+  while (c->conns) close_conn(c, c->conns);
+  close(c->epoll_fd);
+  close(c->stop_fd);
+#ifdef KVSHIM_DEBUG
+  memset(c, 0xdd, sizeof *c);
+#endif
+  free(c);
+}
+
+const char *kvs_coord_socket_path(const kvs_coord_t *c) { return c->path; }
+unsigned kvs_coord_connections(kvs_coord_t *c) {
+  return __atomic_load_n(&c->n_conns, __ATOMIC_RELAXED);
+}

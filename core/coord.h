@@ -1,0 +1,74 @@
+/* kvshim coord: the coordinator thread that serves this process's store to peers (design §7).
+ *
+ * One thread, epoll, non-blocking sockets. It listens on $run_dir/<group>/<instance id>.sock
+ * (the directories 0700, the socket 0600). Every accepted connection:
+ *   1. SO_PEERCRED uid must be ours or listed in KVSHIM_ALLOW_UIDS, else it is refused (ERROR
+ *      EACCES, closed, counted, logged);
+ *   2. the first request must be HELLO; the reply chooses the strategy (SHM when the peer can
+ *      map the pool and nobody forced inline) and carries the pool fd over SCM_RIGHTS for SHM;
+ *   3. it becomes one store owner: every lease it takes ends when it closes.
+ * Every request gets exactly one reply or an ERROR. A malformed frame gets an ERROR and the
+ * connection is closed; every other connection goes on being served. A connection processes
+ * one message at a time: while its reply has not been sent, no further request is read from it
+ * (back-pressure without unbounded buffering).
+ *
+ * SHM transfers: PREPARE_STORE hands out slots (pool extents); COMMIT_STORE must name every
+ * slot of that transfer exactly, each inside the pool and inside the transfer (else ERROR
+ * EFAULT and the connection is closed: its reservations are aborted, never published).
+ * Inline: COMMIT_STORE carries the bytes; a pending SHM reservation it names is aborted first
+ * (the seed leaked it). PREPARE_RETRIEVE inline copies the bytes and releases the pins at once.
+ *
+ * Threads: the coordinator thread owns every connection; kvs_coord_start/stop are called from
+ * one other thread. The store and the tensor registry are thread safe and borrowed. */
+#ifndef KVSHIM_COORD_H
+#define KVSHIM_COORD_H
+
+#include <stdint.h>
+
+#include "options.h"
+#include "pool.h"
+#include "stats.h"
+#include "store.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvs_coord kvs_coord_t;
+
+typedef struct kvs_coord_config {
+  kvs_store_t *store;              /* borrowed, required */
+  kvs_pool_t *pool;                /* borrowed: the store's pool, offered to SHM peers */
+  const kvs_options_t *opts;       /* read at start: run_dir, group, strategy, max_frame,
+                                      allow_uids (copied) */
+  uint8_t role;                    /* KVS_PROTO_ROLE_ENGINE or KVS_PROTO_ROLE_CACHE */
+  uint64_t instance_id;            /* non-zero; names the socket */
+  kvs_tensor_registry_t *tensors;  /* borrowed, may be NULL: EXPORT_TENSORS answers none */
+  kvs_stats_t *stats;              /* borrowed; NULL = kvs_stats_global() */
+} kvs_coord_config_t;
+
+/* Create the run directory, bind the socket and start the thread. Errors: -EINVAL (config),
+ * -ENAMETOOLONG (socket path over 107 bytes), -EPERM (run directory not ours or not private),
+ * -EADDRINUSE (a live process already listens on that path), or the errno of a syscall. */
+int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out);
+/* Stop: close the listening socket and remove its file, flush pending replies for at most
+ * 200 ms, close every connection (ending its leases) and join the thread. Accepts NULL. */
+void kvs_coord_stop(kvs_coord_t *coord);
+
+const char *kvs_coord_socket_path(const kvs_coord_t *coord);
+/* Connections currently open (for tests and `kvshim stats`). */
+unsigned kvs_coord_connections(kvs_coord_t *coord);
+
+/* Socket path for an instance in a group: "<run_dir>/<group>/<16 hex digits>.sock".
+ * Returns 0 or -ENAMETOOLONG. */
+int kvs_coord_socket_name(const char *run_dir, const char *group, uint64_t instance_id,
+                          char *buf, size_t cap);
+/* Render the STATS text (INFO or JSON) for a store: refreshes the store gauges first. */
+size_t kvs_coord_render_stats(kvs_store_t *store, kvs_stats_t *stats, int json, char *buf,
+                              size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,806 @@
+/* kvshim peer: see peer.h. */
+#include "peer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "internal.h"
+#include "log.h"
+#include "pool.h"
+#include "proto.h"
+#include "sock.h"
+
+#define DISCOVER_INTERVAL_MS 200
+#define MAX_REPLY_BYTES (2ull << 30)
+#define PUSH_MAX_KEYS 256u
+
+typedef struct pconn {
+  struct pconn *next;
+  pthread_mutex_t lock; /* serialises calls on fd */
+  int fd;               /* -1 when dead */
+  uint64_t next_rid;
+  uint32_t peer_max_frame;
+  kvs_peer_info_t info;
+  kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
+  unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
+  bool listed;          /* still in the table */
+} pconn_t;
+
+typedef struct push_item {
+  struct push_item *next;
+  uint32_t n;
+  kvs_key_t keys[];
+} push_item_t;
+
+struct kvs_peers {
+  kvs_options_t opts;
+  char dir[4096];
+  uint64_t instance_id;
+  uint8_t role;
+  kvs_store_t *local;
+  kvs_stats_t *stats;
+  pthread_mutex_t table_lock;   /* guards conns, refs, listed, has_cache, last_discover_ms */
+  pthread_mutex_t discover_lock;/* one discovery at a time */
+  pconn_t *conns;
+  bool has_cache;
+  uint64_t last_discover_ms;
+  /* write-behind */
+  pthread_mutex_t push_lock;    /* guards the queue fields below */
+  pthread_cond_t push_cond;
+  push_item_t *q_head, *q_tail;
+  uint32_t q_len, q_cap;
+  bool push_busy, push_stop, push_thread_started;
+  pthread_t push_thread;
+  kvs_owner_t push_owner;
+  uint32_t flush_ms;
+};
+
+static uint64_t deadline_of(const kvs_peers_t *p) {
+  return kvs__now_ns() + (uint64_t)p->opts.rpc_timeout_ms * 1000000ull;
+}
+
+static void conn_kill(pconn_t *c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}
+
+/* One request/response on a connection (caller holds c->lock). *reply is malloc'd (caller
+ * frees) and holds the whole reply payload. fd_out (may be NULL) gets an fd passed with the
+ * reply. Returns 0, the ERROR code the peer sent (connection kept), or another negative errno
+ * (connection closed). */
+static int rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t req_len,
+               uint8_t **reply, size_t *reply_len, int *fd_out) {
+  if (fd_out) *fd_out = -1;
+  if (c->fd < 0) return -ENOTCONN;
+  uint64_t deadline = deadline_of(p);
+  uint64_t rid = ++c->next_rid;
+  uint32_t fmax = c->peer_max_frame ? c->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  int rc;
+  size_t off = 0;
+  do {
+    kvs_proto_header_t h;
+    rc = kvs_proto_frame_header(op, 0, rid, req_len, off, fmax, &h);
+    if (rc < 0) return rc;
+    uint8_t hb[KVS_PROTO_HEADER_SIZE];
+    kvs_proto_header_encode(&h, hb);
+    struct iovec iov[2] = {{hb, sizeof hb}, {(char *)req + off, h.length}};
+    rc = kvs_sock_send_all(c->fd, iov, 2, -1, deadline);
+    if (rc < 0) goto dead;
+    off += h.length;
+    if (!(h.flags & KVS_PROTO_F_MORE)) break;
+  } while (1);
+
+  kvs_proto_header_t want = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, op, 0, rid, 0};
+  kvs_proto_header_t first;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  bool more = true, have_first = false;
+  uint32_t limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  while (more) {
+    uint8_t hb[KVS_PROTO_HEADER_SIZE];
+    int got_fd = -1;
+    rc = kvs_sock_recv_all(c->fd, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
+    if (rc < 0) goto dead_free;
+    if (got_fd >= 0) {
+      if (fd_out) *fd_out = got_fd;
+      else close(got_fd);
+    }
+    kvs_proto_header_t h;
+    rc = kvs_proto_header_decode(hb, sizeof hb, limit, &h);
+    if (rc == 0) rc = have_first ? kvs_proto_frame_continues(&first, &h)
+                                 : kvs_proto_reply_matches(&want, &h);
+    if (rc < 0) goto dead_free;
+    if (!have_first) first = h, have_first = true;
+    if (len + h.length > MAX_REPLY_BYTES) {
+      rc = -EMSGSIZE;
+      goto dead_free;
+    }
+    uint8_t *nb = realloc(buf, len + h.length ? len + h.length : 8);
+    if (!nb) {
+      rc = -ENOMEM;
+      goto dead_free;
+    }
+    buf = nb;
+    rc = kvs_sock_recv_all(c->fd, buf + len, h.length, NULL, deadline);
+    if (rc < 0) goto dead_free;
+    len += h.length;
+    more = (h.flags & KVS_PROTO_F_MORE) != 0;
+  }
+  if (first.opcode == KVS_OP_ERROR) {
+    kvs_proto_error_t e;
+    rc = kvs_proto_error_decode(buf, len, &e) == 0 ? e.code : -EBADMSG;
+    kvs_log_debug("peer %016" PRIx64 " answered %s with %s: %.*s", c->info.instance_id,
+                  kvs_proto_opcode_name(op), kvs_proto_strerror(rc), (int)e.message_len,
+                  e.message ? e.message : "");
+    free(buf);
+    if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
+    return rc < 0 ? rc : -EIO;
+  }
+  *reply = buf;
+  *reply_len = len;
+  return 0;
+dead_free:
+  free(buf);
+  if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
+dead:
+  kvs_stats_inc(p->stats, KVS_STAT_peer_errors);
+  kvs_log_debug("peer %016" PRIx64 ": %s failed (%s); connection closed", c->info.instance_id,
+                kvs_proto_opcode_name(op), strerror(-rc));
+  conn_kill(c);
+  return rc;
+}
+
+/* Encode with a size query and call. */
+#define RPC_ENCODED(p, c, op, encfn, msgp, reply, reply_len)                                  \
+  ({                                                                                          \
+    size_t n_ = 0;                                                                            \
+    int r_ = encfn((msgp), NULL, 0, &n_);                                                     \
+    uint8_t *b_ = r_ == 0 ? malloc(n_ ? n_ : 1) : NULL;                                       \
+    if (r_ == 0) r_ = b_ ? encfn((msgp), b_, n_, &n_) : -ENOMEM;                              \
+    if (r_ == 0) r_ = rpc((p), (c), (op), b_, n_, (reply), (reply_len), NULL);                \
+    free(b_);                                                                                 \
+    r_;                                                                                       \
+  })
+
+/* Connect and HELLO. Returns a new connection (not in the table) or NULL. */
+static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
+  int fd;
+  int rc = kvs_sock_connect(path, deadline_of(p), &fd);
+  if (rc == -ECONNREFUSED) {
+    kvs_log_info("removing stale socket %s", path);
+    unlink(path);
+    return NULL;
+  }
+  if (rc < 0) return NULL;
+  pconn_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return NULL;
+  }
+  pthread_mutex_init(&c->lock, NULL);
+  c->fd = fd;
+  snprintf(c->info.path, sizeof c->info.path, "%.127s", path);
+  c->info.instance_id = id;
+
+  kvs_proto_hello_t me;
+  memset(&me, 0, sizeof me);
+  me.version_min = KVS_PROTO_VERSION_MIN;
+  me.version_max = KVS_PROTO_VERSION_MAX;
+  me.role = p->role;
+  me.strategy_requested = (uint8_t)p->opts.strategy;
+  me.strategy_chosen = KVS_PROTO_STRATEGY_AUTO;
+  me.pid = (uint32_t)getpid();
+  me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE;
+  me.instance_id = p->instance_id;
+  me.max_frame = (uint32_t)p->opts.max_frame;
+  snprintf(me.group, sizeof me.group, "%.64s", p->opts.group);
+  uint8_t req[256], *rep = NULL;
+  size_t n = 0, rn = 0;
+  int pool_fd = -1;
+  kvs_proto_hello_t h;
+  rc = kvs_proto_hello_encode(&me, req, sizeof req, &n);
+  if (rc == 0) rc = rpc(p, c, KVS_OP_HELLO, req, n, &rep, &rn, &pool_fd);
+  if (rc == 0) rc = kvs_proto_hello_decode(rep, rn, &h);
+  if (rc == 0) rc = kvs_proto_hello_check(&h, true);
+  free(rep);
+  if (rc < 0) {
+    if (pool_fd >= 0) close(pool_fd);
+    kvs_log_info("HELLO to %s failed: %s", path, kvs_proto_strerror(rc));
+    conn_kill(c);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return NULL;
+  }
+  c->peer_max_frame = h.max_frame;
+  c->info.pid = h.pid;
+  c->info.role = h.role;
+  c->info.instance_id = h.instance_id;
+  c->info.pool_segment_size = h.pool_segment_size;
+  c->info.arena_size = h.pool_arena_size;
+  c->info.arena_used = h.pool_arena_used;
+  c->info.strategy = KVS_PROTO_STRATEGY_INLINE;
+  if (h.strategy_chosen == KVS_PROTO_STRATEGY_SHM && pool_fd >= 0) {
+    if (kvs_pool_attach(pool_fd, true, &c->pool) == 0)
+      c->info.strategy = KVS_PROTO_STRATEGY_SHM;
+    else
+      kvs_log_info("cannot map the pool of %s: using inline transfers", path);
+  }
+  if (pool_fd >= 0) close(pool_fd); /* the mapping keeps the segment */
+  return c;
+}
+
+static void conn_free(pconn_t *c) {
+  conn_kill(c);
+  kvs_pool_destroy(c->pool, true);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+static void unref(kvs_peers_t *p, pconn_t *c) {
+  pthread_mutex_lock(&p->table_lock);
+  bool dead = --c->refs == 0 && !c->listed;
+  pthread_mutex_unlock(&p->table_lock);
+  if (dead) conn_free(c);
+}
+
+/* Parse "<16 hex>.sock". */
+static int parse_sock_name(const char *name, uint64_t *id) {
+  if (strlen(name) != 21 || strcmp(name + 16, ".sock") != 0) return -EINVAL;
+  uint64_t v = 0;
+  for (int i = 0; i < 16; i++) {
+    char ch = name[i];
+    unsigned d = ch >= '0' && ch <= '9' ? (unsigned)(ch - '0')
+                 : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10) : 16u;
+    if (d > 15) return -EINVAL;
+    v = v << 4 | d;
+  }
+  *id = v;
+  return 0;
+}
+
+int kvs_peers_discover(kvs_peers_t *p, bool force) {
+  pthread_mutex_lock(&p->discover_lock);
+  uint64_t now = kvs__now_ms();
+  pthread_mutex_lock(&p->table_lock);
+  bool recent = !force && p->last_discover_ms && now - p->last_discover_ms < DISCOVER_INTERVAL_MS;
+  pthread_mutex_unlock(&p->table_lock);
+  if (!recent) {
+    DIR *d = opendir(p->dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+      uint64_t id;
+      if (parse_sock_name(e->d_name, &id) < 0 || id == p->instance_id) continue;
+      bool have = false;
+      pthread_mutex_lock(&p->table_lock);
+      for (pconn_t *c = p->conns; c && !have; c = c->next)
+        have = c->info.instance_id == id && c->fd >= 0;
+      pthread_mutex_unlock(&p->table_lock);
+      if (have) continue;
+      char path[4400];
+      snprintf(path, sizeof path, "%s/%s", p->dir, e->d_name);
+      pconn_t *c = dial(p, path, id); /* no lock held across the I/O */
+      if (!c) continue;
+      pthread_mutex_lock(&p->table_lock);
+      c->listed = true;
+      c->next = p->conns;
+      p->conns = c;
+      pthread_mutex_unlock(&p->table_lock);
+    }
+    if (d) closedir(d);
+  }
+  /* Forget dead connections; recompute whether a cache peer is there. */
+  pconn_t *graveyard = NULL;
+  int live = 0;
+  pthread_mutex_lock(&p->table_lock);
+  p->has_cache = false;
+  for (pconn_t **pp = &p->conns; *pp;) {
+    pconn_t *c = *pp;
+    if (c->fd < 0) {
+      *pp = c->next;
+      c->listed = false;
+      if (c->refs == 0) c->next = graveyard, graveyard = c;
+      continue;
+    }
+    live++;
+    if (c->info.role == KVS_PROTO_ROLE_CACHE) p->has_cache = true;
+    pp = &c->next;
+  }
+  if (!recent) p->last_discover_ms = now;
+  pthread_mutex_unlock(&p->table_lock);
+  pthread_mutex_unlock(&p->discover_lock);
+  while (graveyard) {
+    pconn_t *c = graveyard;
+    graveyard = c->next;
+    conn_free(c);
+  }
+  return live;
+}
+
+int kvs_peers_list(kvs_peers_t *p, kvs_peer_info_t *out, size_t cap) {
+  int n = 0;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c; c = c->next) {
+    if (c->fd < 0) continue;
+    if ((size_t)n < cap) out[n] = c->info;
+    n++;
+  }
+  pthread_mutex_unlock(&p->table_lock);
+  return n;
+}
+
+/* Take a reference on the live connection to instance (0 = cache peer, else first live). */
+static pconn_t *grab(kvs_peers_t *p, uint64_t instance, bool prefer_cache) {
+  pconn_t *pick = NULL;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c; c = c->next) {
+    if (c->fd < 0) continue;
+    if (instance) {
+      if (c->info.instance_id == instance) { pick = c; break; }
+    } else if (!pick || (prefer_cache && c->info.role == KVS_PROTO_ROLE_CACHE &&
+                         pick->info.role != KVS_PROTO_ROLE_CACHE)) {
+      pick = c;
+    }
+  }
+  if (pick) pick->refs++;
+  pthread_mutex_unlock(&p->table_lock);
+  return pick;
+}
+
+static int lookup_one(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n) {
+  kvs_proto_lookup_t m = {(uint32_t)n, keys};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  pthread_mutex_lock(&c->lock);
+  kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
+  int rc = RPC_ENCODED(p, c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &rep, &rn);
+  pthread_mutex_unlock(&c->lock);
+  kvs_proto_lookup_reply_t r;
+  if (rc == 0) rc = kvs_proto_lookup_reply_decode(rep, rn, &r);
+  free(rep);
+  return rc < 0 ? rc : (int)(r.found <= n ? r.found : n);
+}
+
+int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *best) {
+  if (best) *best = 0;
+  if (!keys || n == 0) return 0;
+  if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
+  kvs_peers_discover(p, false);
+  /* Snapshot the live ids, then ask each without the table lock. */
+  uint64_t ids[64];
+  int n_ids = 0;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c && n_ids < 64; c = c->next)
+    if (c->fd >= 0) ids[n_ids++] = c->info.instance_id;
+  pthread_mutex_unlock(&p->table_lock);
+  int run = 0;
+  for (int i = 0; i < n_ids && (size_t)run < n; i++) {
+    pconn_t *c = grab(p, ids[i], false);
+    if (!c) continue;
+    int r = lookup_one(p, c, keys, n);
+    unref(p, c);
+    if (r > run) {
+      run = r;
+      if (best) *best = ids[i];
+    }
+  }
+  return run;
+}
+
+int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                       kvs_peer_sink_fn sink, void *ctx) {
+  if (!keys || n == 0 || !sink) return -EINVAL;
+  if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
+  if (!instance) {
+    int run = kvs_peers_lookup(p, keys, n, &instance);
+    if (run <= 0 || !instance) return 0;
+    n = (size_t)run;
+  }
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
+  kvs_proto_prepare_retrieve_t m = {shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE,
+                                    (uint32_t)n, keys};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  kvs_proto_object_t *objs = calloc(n, sizeof *objs);
+  pthread_mutex_lock(&c->lock);
+  int rc = objs ? RPC_ENCODED(p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode,
+                              &m, &rep, &rn)
+                : -ENOMEM;
+  kvs_proto_prepare_retrieve_reply_t r;
+  if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
+  int delivered = 0;
+  if (rc == 0) {
+    uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
+    const uint8_t *base = c->pool ? kvs_pool_base(c->pool) : NULL;
+    for (uint32_t i = 0; i < r.n_objects; i++) {
+      const kvs_proto_object_t *o = &objs[i];
+      if (o->key_index != (uint32_t)delivered) break; /* only the leading run */
+      const void *bytes;
+      if (r.is_inline) {
+        bytes = o->data;
+      } else {
+        if (!base || o->offset > seg || o->length > seg - o->offset) {
+          rc = -EFAULT; /* a peer pointing outside its own pool: stop, report a miss */
+          break;
+        }
+        bytes = base + o->offset;
+      }
+      if (sink(ctx, o->key_index, &o->layout, bytes, o->length) < 0) break;
+      kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
+      delivered++;
+    }
+    if (r.xfer) { /* unpin at the peer; an error here only costs the peer a lease */
+      kvs_proto_xfer_t x = {r.xfer};
+      uint8_t *r2 = NULL;
+      size_t n2 = 0;
+      RPC_ENCODED(p, c, KVS_OP_COMMIT_RETRIEVE, kvs_proto_xfer_encode, &x, &r2, &n2);
+      free(r2);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  free(rep);
+  free(objs);
+  unref(p, c);
+  if (delivered > 0) kvs_stats_add(p->stats, KVS_STAT_peer_hits, (uint64_t)delivered);
+  else kvs_stats_inc(p->stats, KVS_STAT_peer_misses);
+  return rc < 0 && delivered == 0 ? rc : delivered;
+}
+
+/* SHM store: reserve slots, copy into the peer's pool, commit naming every slot. */
+static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
+                     const kvs_layout_t *layout, bool object, const void *const *bufs,
+                     uint8_t *outcomes) {
+  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_SHM,
+                                 object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS, 0,
+                                 *layout, (uint32_t)n, keys};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, &rep, &rn);
+  kvs_proto_prepare_store_reply_t r;
+  if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(rep, rn, &r);
+  if (rc < 0) {
+    free(rep);
+    return rc;
+  }
+  uint64_t seg = kvs_pool_segment_size(c->pool);
+  uint8_t *base = kvs_pool_base(c->pool);
+  int kept = 0;
+  for (uint32_t i = 0; i < r.n_outcomes; i++) {
+    if (outcomes) outcomes[i] = r.outcomes[i];
+    if (r.outcomes[i] == KVS_RES_PRESENT) kept++;
+  }
+  for (uint32_t i = 0; i < r.n_slots; i++) {
+    const kvs_proto_slot_t *s = &r.slots[i];
+    if (s->offset > seg || s->length > seg - s->offset) {
+      rc = -EFAULT;
+      break;
+    }
+    memcpy(base + s->offset, bufs[object ? 0 : s->key_index], s->length);
+  }
+  if (r.xfer) {
+    uint8_t *r2 = NULL;
+    size_t n2 = 0;
+    if (rc == 0) {
+      kvs_proto_commit_store_t cm = {0};
+      cm.xfer = r.xfer;
+      cm.n_slots = r.n_slots;
+      cm.slots = r.slots;
+      rc = RPC_ENCODED(p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
+      if (rc == 0) kept += (int)r.n_slots;
+    } else {
+      kvs_proto_xfer_t x = {r.xfer};
+      RPC_ENCODED(p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
+    }
+    free(r2);
+  }
+  free(rep);
+  return rc < 0 ? rc : kept;
+}
+
+/* Inline store: ask which keys to send, then send them with the commit. */
+static int store_inline(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
+                        const kvs_layout_t *layout, bool object, const void *const *bufs,
+                        uint8_t *outcomes) {
+  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_INLINE,
+                                 object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS, 0,
+                                 *layout, (uint32_t)n, keys};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, &rep, &rn);
+  kvs_proto_prepare_store_reply_t r;
+  if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(rep, rn, &r);
+  if (rc < 0) {
+    free(rep);
+    return rc;
+  }
+  uint64_t obj_bytes = kvs_layout_nbytes(layout);
+  kvs_proto_entry_t *entries = calloc(n, sizeof *entries);
+  uint32_t *src = calloc(n, sizeof *src);
+  uint32_t n_entries = 0, present = 0;
+  if (!entries || !src) rc = -ENOMEM;
+  for (uint32_t i = 0; rc == 0 && i < r.n_outcomes; i++) {
+    if (outcomes) outcomes[i] = r.outcomes[i];
+    if (r.outcomes[i] == KVS_RES_PRESENT) present++;
+    if (r.outcomes[i] != KVS_RES_RESERVED) continue;
+    src[n_entries] = i;
+    entries[n_entries++] = (kvs_proto_entry_t){keys[i], obj_bytes};
+  }
+  if (rc == 0 && object && n_entries == 1)
+    for (size_t i = 1; i < n; i++) entries[n_entries++] = (kvs_proto_entry_t){keys[i], 0};
+  free(rep);
+  int kept = (int)present;
+  if (rc == 0 && n_entries > 0) {
+    uint32_t n_objs = object ? 1 : n_entries;
+    kvs_proto_commit_store_t cm = {0};
+    cm.is_inline = 1;
+    cm.kind = m.kind;
+    cm.layout = *layout;
+    cm.n_entries = n_entries;
+    cm.entries = entries;
+    cm.data = NULL; /* filled below, in place */
+    cm.data_len = obj_bytes * n_objs;
+    size_t len = 0;
+    rc = kvs_proto_commit_store_encode(&cm, NULL, 0, &len);
+    uint8_t *buf = rc == 0 ? malloc(len) : NULL;
+    if (rc == 0) rc = buf ? kvs_proto_commit_store_encode(&cm, buf, len, &len) : -ENOMEM;
+    if (rc == 0) {
+      uint8_t *dst = buf + len - cm.data_len;
+      for (uint32_t i = 0; i < n_objs; i++) memcpy(dst + (uint64_t)i * obj_bytes, bufs[object ? 0 : src[i]], obj_bytes);
+      uint8_t *r2 = NULL;
+      size_t n2 = 0;
+      rc = rpc(p, c, KVS_OP_COMMIT_STORE, buf, len, &r2, &n2, NULL);
+      kvs_proto_commit_store_reply_t cr;
+      if (rc == 0) rc = kvs_proto_commit_store_reply_decode(r2, n2, &cr);
+      if (rc == 0) {
+        kept += (int)cr.committed;
+        for (uint32_t i = 0; outcomes && i < cr.n_outcomes && i < n_entries; i++)
+          outcomes[object ? 0 : src[i]] = cr.outcomes[i];
+      }
+      free(r2);
+    }
+    free(buf);
+  }
+  free(entries);
+  free(src);
+  return rc < 0 ? rc : kept;
+}
+
+int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, bool object, const void *const *bufs,
+                    uint8_t *outcomes) {
+  if (!keys || n == 0 || n > KVS_PROTO_MAX_KEYS || !layout || !bufs) return -EINVAL;
+  if (!kvs_layout_nbytes(layout)) return -EINVAL;
+  if (!instance) kvs_peers_discover(p, false);
+  pconn_t *c = grab(p, instance, true);
+  if (!c) return -ENOENT;
+  pthread_mutex_lock(&c->lock);
+  bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
+  int rc = shm ? store_shm(p, c, keys, n, layout, object, bufs, outcomes)
+               : store_inline(p, c, keys, n, layout, object, bufs, outcomes);
+  pthread_mutex_unlock(&c->lock);
+  unref(p, c);
+  if (rc > 0) kvs_stats_add(p->stats, KVS_STAT_peer_stores, (uint64_t)rc);
+  return rc;
+}
+
+int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap) {
+  if (!buf || cap == 0) return -EINVAL;
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  kvs_proto_stats_t m = {json ? KVS_PROTO_STATS_JSON : KVS_PROTO_STATS_INFO};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  pthread_mutex_lock(&c->lock);
+  int rc = RPC_ENCODED(p, c, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
+  pthread_mutex_unlock(&c->lock);
+  unref(p, c);
+  kvs_proto_text_t t;
+  if (rc == 0) rc = kvs_proto_text_decode(rep, rn, &t);
+  if (rc == 0) {
+    size_t n = t.len < cap - 1 ? t.len : cap - 1;
+    memcpy(buf, t.text, n);
+    buf[n] = '\0';
+    rc = (int)n;
+  }
+  free(rep);
+  return rc;
+}
+
+int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  uint64_t nonce = kvs__now_ns();
+  kvs_proto_ping_t m = {nonce, 0, NULL};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  pthread_mutex_lock(&c->lock);
+  int rc = RPC_ENCODED(p, c, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
+  pthread_mutex_unlock(&c->lock);
+  unref(p, c);
+  kvs_proto_ping_t r;
+  if (rc == 0) rc = kvs_proto_ping_decode(rep, rn, &r);
+  if (rc == 0 && r.nonce != nonce) rc = -EPROTO;
+  free(rep);
+  return rc;
+}
+
+/* ---- write-behind ---------------------------------------------------------------------------- */
+
+static void push_one(kvs_peers_t *p, push_item_t *it) {
+  kvs_xfer_t xfer = 0;
+  int found = kvs_store_lookup(p->local, p->push_owner, it->keys, 1, true, &xfer);
+  if (found != 1) { /* evicted before we got to it */
+    kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    return;
+  }
+  kvs_object_view_t v;
+  int rc = kvs_store_read_pinned(p->local, p->push_owner, xfer, &v, 1);
+  if (rc == 1) {
+    const void *src = kvs_pool_base(kvs_store_pool(p->local)) + v.extent.offset;
+    uint8_t outcome = 0;
+    rc = kvs_peers_store(p, 0, it->keys, it->n, &v.layout, true, &src, &outcome);
+    if (rc > 0 && p->has_cache) kvs_stats_inc(p->stats, KVS_STAT_push_sent);
+    else kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+  } else {
+    kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+  }
+  kvs_store_release(p->local, p->push_owner, xfer);
+}
+
+static void *push_main(void *arg) {
+  kvs_peers_t *p = arg;
+  pthread_mutex_lock(&p->push_lock);
+  for (;;) {
+    while (!p->q_head && !p->push_stop) pthread_cond_wait(&p->push_cond, &p->push_lock);
+    if (!p->q_head) break;
+    push_item_t *it = p->q_head;
+    p->q_head = it->next;
+    if (!p->q_head) p->q_tail = NULL;
+    p->q_len--;
+    p->push_busy = true;
+    pthread_mutex_unlock(&p->push_lock);
+    kvs_peers_discover(p, false);
+    if (p->has_cache) push_one(p, it);
+    else kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    free(it);
+    pthread_mutex_lock(&p->push_lock);
+    p->push_busy = false;
+    pthread_cond_broadcast(&p->push_cond);
+  }
+  pthread_mutex_unlock(&p->push_lock);
+  return NULL;
+}
+
+int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n) {
+  if (!p->local || p->opts.push == KVS_PUSH_OFF || !p->push_owner) return -ENOTSUP;
+  if (!keys || n == 0) return -EINVAL;
+  kvs_peers_discover(p, false);
+  pthread_mutex_lock(&p->table_lock);
+  bool cache = p->has_cache;
+  pthread_mutex_unlock(&p->table_lock);
+  if (!cache) return -ENOTSUP;
+  if (n > PUSH_MAX_KEYS) n = PUSH_MAX_KEYS;
+  pthread_mutex_lock(&p->push_lock);
+  if (p->q_len >= p->q_cap || p->push_stop) {
+    pthread_mutex_unlock(&p->push_lock);
+    kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    return -ENOSPC;
+  }
+  pthread_mutex_unlock(&p->push_lock);
+  push_item_t *it = malloc(sizeof *it + n * sizeof(kvs_key_t));
+  if (!it) {
+    kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    return -ENOSPC;
+  }
+  it->next = NULL;
+  it->n = (uint32_t)n;
+  memcpy(it->keys, keys, n * sizeof *keys);
+  pthread_mutex_lock(&p->push_lock);
+  int rc = 0;
+  if (p->q_len >= p->q_cap || p->push_stop) {
+    free(it);
+    kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    rc = -ENOSPC;
+  } else {
+    if (!p->push_thread_started) {
+      sigset_t all, old;
+      sigfillset(&all);
+      pthread_sigmask(SIG_SETMASK, &all, &old);
+      p->push_thread_started = pthread_create(&p->push_thread, NULL, push_main, p) == 0;
+      pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    if (p->q_tail) p->q_tail->next = it;
+    else p->q_head = it;
+    p->q_tail = it;
+    p->q_len++;
+    kvs_stats_inc(p->stats, KVS_STAT_push_queued);
+    pthread_cond_broadcast(&p->push_cond);
+  }
+  pthread_mutex_unlock(&p->push_lock);
+  return rc;
+}
+
+int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+  ts.tv_sec += (time_t)(ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  pthread_mutex_lock(&p->push_lock);
+  while ((p->q_head || p->push_busy) && p->push_thread_started)
+    if (pthread_cond_timedwait(&p->push_cond, &p->push_lock, &ts) == ETIMEDOUT) break;
+  int left = (int)p->q_len + (p->push_busy ? 1 : 0);
+  pthread_mutex_unlock(&p->push_lock);
+  return left;
+}
+
+/* ---- create / destroy ------------------------------------------------------------------------ */
+
+int kvs_peers_create(const kvs_peers_config_t *cfg, kvs_peers_t **out) {
+  if (!cfg || !cfg->opts || !out) return -EINVAL;
+  kvs_peers_t *p = calloc(1, sizeof *p);
+  if (!p) return -ENOMEM;
+  p->opts = *cfg->opts;
+  int n = snprintf(p->dir, sizeof p->dir, "%s/%s", p->opts.run_dir, p->opts.group);
+  if (n < 0 || (size_t)n >= sizeof p->dir) {
+    free(p);
+    return -ENAMETOOLONG;
+  }
+  p->instance_id = cfg->instance_id;
+  p->role = cfg->role ? cfg->role : KVS_PROTO_ROLE_ENGINE;
+  p->local = cfg->local;
+  p->stats = cfg->stats ? cfg->stats : kvs_stats_global();
+  p->q_cap = cfg->push_queue ? cfg->push_queue : 1024;
+  p->flush_ms = cfg->flush_ms ? cfg->flush_ms : 2000;
+  pthread_mutex_init(&p->table_lock, NULL);
+  pthread_mutex_init(&p->discover_lock, NULL);
+  pthread_mutex_init(&p->push_lock, NULL);
+  pthread_cond_init(&p->push_cond, NULL);
+  if (p->local && p->opts.push != KVS_PUSH_OFF &&
+      kvs_store_owner_open(p->local, &p->push_owner) < 0)
+    p->push_owner = 0;
+  *out = p;
+  return 0;
+}
+
+void kvs_peers_destroy(kvs_peers_t *p) {
+  if (!p) return;
+  if (p->push_thread_started) {
+    int left = kvs_peers_flush(p, p->flush_ms);
+    pthread_mutex_lock(&p->push_lock);
+    p->push_stop = true;
+    /* What did not make it in time is dropped, and counted. */
+    while (p->q_head) {
+      push_item_t *it = p->q_head;
+      p->q_head = it->next;
+      free(it);
+      kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
+    }
+    p->q_tail = NULL;
+    p->q_len = 0;
+    pthread_cond_broadcast(&p->push_cond);
+    pthread_mutex_unlock(&p->push_lock);
+    pthread_join(p->push_thread, NULL);
+    if (left) kvs_log_info("write-behind: %d objects not pushed at exit", left);
+  }
+  if (p->push_owner) kvs_store_owner_release(p->local, p->push_owner);
+  while (p->conns) {
+    pconn_t *c = p->conns;
+    p->conns = c->next;
+    conn_free(c);
+  }
+  pthread_mutex_destroy(&p->table_lock);
+  pthread_mutex_destroy(&p->discover_lock);
+  pthread_mutex_destroy(&p->push_lock);
+  pthread_cond_destroy(&p->push_cond);
+  free(p);
+}

@@ -1,0 +1,106 @@
+/* kvshim peer: the client side of the coordinator protocol (design §7).
+ *
+ * Discovery lists $run_dir/<group>/ and connects to every <instance>.sock but our own; a socket
+ * that refuses connections is stale and removed. One connection per peer, reused, each call
+ * bounded by KVSHIM_RPC_TIMEOUT_MS. A failed or timed-out call closes that connection (the next
+ * discovery reconnects) and is reported as a miss: nothing here ever makes a caller fail in a
+ * way it could not ignore.
+ *
+ * SHM peers: the HELLO reply carries the peer's pool fd; we map it read-write and copy straight
+ * out of (retrieve) or into (store) its extents. Peers we could not map are served inline.
+ *
+ * Write-behind (KVSHIM_PUSH=auto): objects queued with kvs_peers_push are copied from the local
+ * store to a `kvshim serve` cache peer by a background thread, through a bounded queue (a full
+ * queue drops and counts). kvs_peers_destroy flushes it for at most flush_ms.
+ *
+ * Threads: every function may be called from any thread. A table mutex guards the peer list;
+ * a per-connection mutex serialises the calls on one connection. */
+#ifndef KVSHIM_PEER_H
+#define KVSHIM_PEER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keys.h"
+#include "options.h"
+#include "stats.h"
+#include "store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvs_peers kvs_peers_t;
+
+typedef struct kvs_peers_config {
+  const kvs_options_t *opts; /* copied at create: run_dir, group, strategy, rpc_timeout_ms,
+                                max_frame, push */
+  uint64_t instance_id;      /* ours: our own socket is skipped (0 = none, a tool) */
+  uint8_t role;              /* KVS_PROTO_ROLE_ENGINE, _CACHE or _TOOL */
+  kvs_store_t *local;        /* borrowed, may be NULL: the source of write-behind pushes */
+  kvs_stats_t *stats;        /* borrowed; NULL = kvs_stats_global() */
+  uint32_t push_queue;       /* write-behind queue capacity in objects; 0 = 1024 */
+  uint32_t flush_ms;         /* destroy flushes the queue this long at most; 0 = 2000 */
+} kvs_peers_config_t;
+
+typedef struct kvs_peer_info {
+  uint64_t instance_id;
+  uint32_t pid;
+  uint8_t role;          /* KVS_PROTO_ROLE_* */
+  uint8_t strategy;      /* KVS_PROTO_STRATEGY_SHM or _INLINE, as used for this peer */
+  uint64_t pool_segment_size, arena_size, arena_used; /* from its HELLO */
+  char path[128];
+} kvs_peer_info_t;
+
+int kvs_peers_create(const kvs_peers_config_t *cfg, kvs_peers_t **out);
+/* Flush write-behind (bounded), close every connection, unmap peer pools. Accepts NULL. */
+void kvs_peers_destroy(kvs_peers_t *p);
+
+/* Refresh the peer list: connect to new sockets, forget dead peers, remove stale socket files.
+ * Returns the number of live peers. Rate-limited to once per 200 ms unless force. */
+int kvs_peers_discover(kvs_peers_t *p, bool force);
+/* Live peers (up to cap); returns how many there are. */
+int kvs_peers_list(kvs_peers_t *p, kvs_peer_info_t *out, size_t cap);
+
+/* Ask every live peer for the leading run of keys it holds READY; *best gets the instance id of
+ * the peer with the longest run (0 when none). Returns the run length (>= 0; errors are misses). */
+int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *best);
+
+/* Receives one retrieved object: bytes are valid only during the call (SHM: the peer's pool,
+ * pinned; inline: the reply). Return 0 to go on, negative to stop (the rest are not delivered). */
+typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t *layout,
+                                const void *bytes, uint64_t len);
+
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
+ * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
+ * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss). */
+int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                       kvs_peer_sink_fn sink, void *ctx);
+
+/* Store into peer `instance` (0 = the cache peer if any, else the first live peer).
+ * object false: one object of `layout` per key, bytes bufs[i]. object true: one object under
+ * keys[0] (+ aliases keys[1..n)), bytes bufs[0]. outcomes (may be NULL; n entries, or 1 for an
+ * object) get the kvs_reserve_outcome_t of each. Returns the number of objects the peer now
+ * holds from this call (RESERVED and committed, or PRESENT), or a negative errno. */
+int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, bool object, const void *const *bufs,
+                    uint8_t *outcomes);
+
+/* STATS of a peer (INFO or JSON text, NUL-terminated, cut to cap). Returns the text length. */
+int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap);
+/* Round trip to a peer; 0 or a negative errno. */
+int kvs_peers_ping(kvs_peers_t *p, uint64_t instance);
+
+/* Queue an object of the local store (found under keys[0]; keys[1..n) are its aliases to bind
+ * at the cache peer too) for write-behind. Never blocks: returns 0 when queued, -ENOSPC when the
+ * queue is full (counted in push_dropped), -ENOTSUP when pushing is off or there is no local
+ * store. */
+int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n);
+/* Wait until the write-behind queue is empty or timeout_ms passed. Returns objects still queued. */
+int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

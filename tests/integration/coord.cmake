@@ -1,0 +1,1 @@
+# coordinator, peers and CLI tests (being written).

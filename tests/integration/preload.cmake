@@ -1,0 +1,1 @@
+# preload and CUDA hook tests (being written).

@@ -1,0 +1,452 @@
+/* kvshim: the command-line tool.
+ *
+ *   kvshim serve [--OPTION VALUE ...]   standalone coordinator and pool (a node cache peer)
+ *   kvshim peers [--json]               live peers of the group
+ *   kvshim stats [PEER] [--json]        counters of one peer (instance id prefix or pid) or all
+ *   kvshim put NAME FILE                store a named blob in the group (FILE '-' = stdin)
+ *   kvshim get NAME [OUT]               fetch a named blob (OUT '-' or absent = stdout)
+ *
+ * Every KVSHIM_* variable can also be given as a flag: --pool-size 2G is KVSHIM_POOL_SIZE=2G.
+ * Exit codes: 0 ok, 1 not found / miss / refused, 2 usage, 3 no peer reachable. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "kvshim.h"
+#include "peer.h"
+#include "proto.h"
+
+enum { EXIT_OK = 0, EXIT_MISS = 1, EXIT_USAGE = 2, EXIT_NO_PEER = 3 };
+
+static const char *const usage_text =
+    "usage: kvshim COMMAND [ARGS] [--OPTION VALUE ...]\n"
+    "\n"
+    "commands:\n"
+    "  serve               run a standalone node cache (coordinator + pool) until SIGINT/SIGTERM\n"
+    "  peers [--json]      list the live peers of the group\n"
+    "  stats [PEER] [--json]\n"
+    "                      counters of PEER (instance id prefix or pid), or of every peer\n"
+    "  put NAME FILE       store FILE ('-' = stdin) under NAME in the group's cache\n"
+    "  get NAME [OUT]      fetch NAME into OUT ('-' or absent = stdout)\n"
+    "  help [COMMAND]      this text, or a command's\n"
+    "\n"
+    "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
+    "--group g means KVSHIM_GROUP=g. Flags win over the environment.\n"
+    "exit codes: 0 ok, 1 not found or refused, 2 usage, 3 no peer reachable\n";
+
+static const char *const help_serve =
+    "usage: kvshim serve [--pool-size SIZE] [--group NAME] [--run-dir DIR] [--strategy S]\n"
+    "                    [--pool-name NAME] [--hugepages 0|1] [--lease-ms MS] [--log LEVEL]\n"
+    "Runs a coordinator and a pool as the group's cache peer: engines push what they commit\n"
+    "to it (KVSHIM_PUSH=auto), so cached state outlives the engine that computed it.\n"
+    "Prints the socket path, then serves until SIGINT or SIGTERM and stops cleanly.\n";
+static const char *const help_peers =
+    "usage: kvshim peers [--json]\n"
+    "Lists the live peers of the group: instance id, pid, role, strategy, pool size and use.\n"
+    "Stale sockets (nobody listening) are removed. Exit 3 when there is no peer.\n";
+static const char *const help_stats =
+    "usage: kvshim stats [PEER] [--json]\n"
+    "Prints the INFO-style counters (or JSON) of PEER, given as an instance id prefix or a pid;\n"
+    "without PEER, of every live peer.\n";
+static const char *const help_put =
+    "usage: kvshim put NAME FILE\n"
+    "Stores FILE ('-' = stdin) under NAME (salted with KVSHIM_SALT) in the cache peer, or in\n"
+    "the first live peer. Exit 1 when the peer could not keep it (full, too large).\n";
+static const char *const help_get =
+    "usage: kvshim get NAME [OUT]\n"
+    "Fetches NAME from whichever live peer has it into OUT ('-' or absent = stdout).\n"
+    "Exit 1 when no peer has it.\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "kvshim: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(kvshim help for usage)\n");
+  return EXIT_USAGE;
+}
+
+/* Options from the environment, then --flag VALUE pairs; the other arguments are returned in
+ * rest[] (n_rest). Returns 0 or EXIT_USAGE. */
+static int parse_args(int argc, char **argv, kvs_options_t *o, char **rest, int *n_rest,
+                      int *json) {
+  kvs_options_load(o, NULL, KVS_OPTIONS_APPLY_LOG);
+  *n_rest = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--json") == 0) {
+      if (!json) return usage_error("--json is not an option of this command%s", "");
+      *json = 1;
+      continue;
+    }
+    if (strcmp(a, "-") == 0 || strncmp(a, "--", 2) != 0) {
+      rest[(*n_rest)++] = argv[i];
+      continue;
+    }
+    char field[64];
+    const char *name = a + 2, *value = NULL;
+    const char *eq = strchr(name, '=');
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    if (n >= sizeof field) return usage_error("unknown option %s", a);
+    for (size_t k = 0; k < n; k++) field[k] = name[k] == '-' ? '_' : name[k];
+    field[n] = '\0';
+    kvs_option_id_t id;
+    if (kvs_options_find(field, &id) < 0) return usage_error("unknown option %s", a);
+    if (eq) value = eq + 1;
+    else if (i + 1 < argc) value = argv[++i];
+    else return usage_error("option %s needs a value", a);
+    int rc = kvs_options_set(o, id, value);
+    if (rc < 0) {
+      fprintf(stderr, "kvshim: bad value '%s' for %s (%s)\n", value, a,
+              rc == -ERANGE ? "out of range" : "malformed");
+      return EXIT_USAGE;
+    }
+    if (id == KVS_OPT_log) kvs_log_set_level((kvs_log_level_t)o->log);
+  }
+  return 0;
+}
+
+static const char *role_name(uint8_t r) {
+  return r == KVS_PROTO_ROLE_ENGINE ? "engine" : r == KVS_PROTO_ROLE_CACHE ? "cache"
+         : r == KVS_PROTO_ROLE_TOOL ? "tool" : "?";
+}
+static const char *strategy_name(uint8_t s) {
+  return s == KVS_PROTO_STRATEGY_SHM ? "shm" : s == KVS_PROTO_STRATEGY_INLINE ? "inline" : "auto";
+}
+
+static kvs_peers_t *open_peers(const kvs_options_t *o, int *n_live) {
+  kvs_peers_config_t pc = {0};
+  pc.opts = o;
+  pc.role = KVS_PROTO_ROLE_TOOL;
+  kvs_peers_t *p = NULL;
+  if (kvs_peers_create(&pc, &p) < 0) return NULL;
+  *n_live = kvs_peers_discover(p, true);
+  return p;
+}
+
+static kvs_key_t blob_key(const kvs_options_t *o, const char *name) {
+  kvs_namespace_t ns;
+  memset(&ns, 0, sizeof ns);
+  snprintf(ns.engine, sizeof ns.engine, "blob");
+  kvs_namespace_set_salt(&ns, o->salt);
+  return kvs_keys_name(kvs_keys_namespace(&ns), name, strlen(name));
+}
+
+/* ---- serve ------------------------------------------------------------------------------- */
+
+static int cmd_serve(kvs_options_t *o) {
+  uint64_t id = 0;
+  while (id == 0)
+    if (getrandom(&id, sizeof id, 0) != sizeof id) id = (uint64_t)getpid() << 32 | (uint64_t)time(NULL);
+  kvs_pool_config_t pcfg = {.cache_size = o->pool_size, .host_size = 0,
+                            .hugepages = o->hugepages != 0, .instance_id = id,
+                            .name = o->pool_name[0] ? o->pool_name : NULL};
+  kvs_pool_t *pool = NULL;
+  int rc = kvs_pool_create(&pcfg, &pool);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim serve: cannot create a pool of %" PRIu64 " bytes: %s\n", o->pool_size,
+            strerror(-rc));
+    return EXIT_MISS;
+  }
+  kvs_store_config_t scfg = {.pool = pool, .lease_ms = (uint32_t)o->lease_ms};
+  kvs_store_t *store = NULL;
+  rc = kvs_store_create(&scfg, &store);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim serve: cannot create the store: %s\n", strerror(-rc));
+    kvs_pool_destroy(pool, true);
+    return EXIT_MISS;
+  }
+  /* Block the stop signals before any thread starts, then wait for one. */
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  kvs_coord_config_t ccfg = {.store = store, .pool = pool, .opts = o,
+                             .role = KVS_PROTO_ROLE_CACHE, .instance_id = id};
+  kvs_coord_t *coord = NULL;
+  rc = kvs_coord_start(&ccfg, &coord);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim serve: cannot start the coordinator: %s\n", strerror(-rc));
+    kvs_store_destroy(store, true);
+    kvs_pool_destroy(pool, true);
+    return EXIT_MISS;
+  }
+  char size[32];
+  kvs_options_format_value(o, KVS_OPT_pool_size, size, sizeof size);
+  printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s\n",
+         (long)getpid(), id, o->group, size, kvs_coord_socket_path(coord));
+  fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  fprintf(stderr, "kvshim serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  kvs_coord_stop(coord);
+  kvs_store_destroy(store, true);
+  kvs_pool_destroy(pool, true);
+  return EXIT_OK;
+}
+
+/* ---- peers, stats ------------------------------------------------------------------------- */
+
+static int cmd_peers(kvs_options_t *o, int json) {
+  int live = 0;
+  kvs_peers_t *p = open_peers(o, &live);
+  if (!p) return EXIT_NO_PEER;
+  kvs_peer_info_t info[256];
+  int n = kvs_peers_list(p, info, 256);
+  if (n > 256) n = 256;
+  if (json) {
+    printf("[");
+    for (int i = 0; i < n; i++)
+      printf("%s{\"instance\":\"%016" PRIx64 "\",\"pid\":%u,\"role\":\"%s\",\"strategy\":\"%s\","
+             "\"pool_bytes\":%" PRIu64 ",\"arena_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
+             ",\"socket\":\"%s\"}",
+             i ? "," : "", info[i].instance_id, info[i].pid, role_name(info[i].role),
+             strategy_name(info[i].strategy), info[i].pool_segment_size, info[i].arena_size,
+             info[i].arena_used, info[i].path);
+    printf("]\n");
+  } else if (n == 0) {
+    fprintf(stderr, "kvshim peers: no live peer in %s/%s\n", o->run_dir, o->group);
+  } else {
+    printf("%-16s %8s %-6s %-8s %12s %12s\n", "INSTANCE", "PID", "ROLE", "STRATEGY", "ARENA", "USED");
+    for (int i = 0; i < n; i++)
+      printf("%016" PRIx64 " %8u %-6s %-8s %12" PRIu64 " %12" PRIu64 "\n", info[i].instance_id,
+             info[i].pid, role_name(info[i].role), strategy_name(info[i].strategy),
+             info[i].arena_size, info[i].arena_used);
+  }
+  kvs_peers_destroy(p);
+  return n > 0 ? EXIT_OK : EXIT_NO_PEER;
+}
+
+static int matches_peer(const kvs_peer_info_t *pi, const char *sel) {
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016" PRIx64, pi->instance_id);
+  if (strncmp(hex, sel, strlen(sel)) == 0) return 1;
+  char *end;
+  unsigned long pid = strtoul(sel, &end, 10);
+  return *end == '\0' && pid == pi->pid;
+}
+
+static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
+  int live = 0;
+  kvs_peers_t *p = open_peers(o, &live);
+  if (!p || live == 0) {
+    fprintf(stderr, "kvshim stats: no live peer in %s/%s\n", o->run_dir, o->group);
+    kvs_peers_destroy(p);
+    return EXIT_NO_PEER;
+  }
+  kvs_peer_info_t info[256];
+  int n = kvs_peers_list(p, info, 256), shown = 0, rc = EXIT_OK;
+  if (n > 256) n = 256;
+  static char text[65536];
+  if (json && !sel) printf("[");
+  for (int i = 0; i < n; i++) {
+    if (sel && !matches_peer(&info[i], sel)) continue;
+    int r = kvs_peers_stats(p, info[i].instance_id, json, text, sizeof text);
+    if (r < 0) {
+      fprintf(stderr, "kvshim stats: peer %016" PRIx64 ": %s\n", info[i].instance_id,
+              kvs_proto_strerror(r));
+      rc = EXIT_NO_PEER;
+      continue;
+    }
+    if (json) {
+      printf("%s%s", shown && !sel ? "," : "", text);
+    } else {
+      printf("# peer %016" PRIx64 " pid %u (%s)\r\n%s", info[i].instance_id, info[i].pid,
+             role_name(info[i].role), text);
+    }
+    shown++;
+  }
+  if (json && !sel) printf("]");
+  if (json) printf("\n");
+  kvs_peers_destroy(p);
+  if (sel && shown == 0) {
+    fprintf(stderr, "kvshim stats: no live peer matches '%s'\n", sel);
+    return EXIT_MISS;
+  }
+  return rc;
+}
+
+/* ---- put, get ------------------------------------------------------------------------------ */
+
+static int read_all(const char *path, uint8_t **out, size_t *len) {
+  int fd = strcmp(path, "-") == 0 ? 0 : open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  size_t cap = 1 << 16, n = 0;
+  uint8_t *buf = malloc(cap);
+  for (;;) {
+    if (!buf) return -ENOMEM;
+    if (n == cap) {
+      uint8_t *nb = realloc(buf, cap *= 2);
+      if (!nb) {
+        free(buf);
+        return -ENOMEM;
+      }
+      buf = nb;
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = -errno;
+      free(buf);
+      if (fd) close(fd);
+      return e;
+    }
+    if (r == 0) break;
+    n += (size_t)r;
+  }
+  if (fd) close(fd);
+  *out = buf;
+  *len = n;
+  return 0;
+}
+
+static int cmd_put(kvs_options_t *o, const char *name, const char *file) {
+  uint8_t *data = NULL;
+  size_t len = 0;
+  int rc = read_all(file, &data, &len);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim put: cannot read %s: %s\n", file, strerror(-rc));
+    return EXIT_MISS;
+  }
+  if (len == 0) {
+    fprintf(stderr, "kvshim put: %s is empty: nothing to store\n", file);
+    free(data);
+    return EXIT_MISS;
+  }
+  int live = 0;
+  kvs_peers_t *p = open_peers(o, &live);
+  if (!p || live == 0) {
+    fprintf(stderr, "kvshim put: no live peer in %s/%s (start one with kvshim serve)\n",
+            o->run_dir, o->group);
+    kvs_peers_destroy(p);
+    free(data);
+    return EXIT_NO_PEER;
+  }
+  kvs_key_t key = blob_key(o, name);
+  kvs_layout_t layout = kvs_layout_blob(len);
+  const void *bufs[1] = {data};
+  uint8_t outcome = 0xff;
+  rc = kvs_peers_store(p, 0, &key, 1, &layout, true, bufs, &outcome);
+  kvs_peers_destroy(p);
+  free(data);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim put: %s\n", kvs_proto_strerror(rc));
+    return rc == -ENOENT || rc == -ECONNRESET || rc == -ETIMEDOUT ? EXIT_NO_PEER : EXIT_MISS;
+  }
+  if (rc == 0) {
+    fprintf(stderr, "kvshim put: not stored: %s\n",
+            outcome <= KVS_RES_BAD_LAYOUT ? kvs_reserve_outcome_name(outcome) : "unknown");
+    return EXIT_MISS;
+  }
+  fprintf(stderr, "kvshim put: %s: %zu bytes %s\n", name, len,
+          outcome == KVS_RES_PRESENT ? "already present" : "stored");
+  return EXIT_OK;
+}
+
+typedef struct { uint8_t *buf; uint64_t len; } got_t;
+static int take_blob(void *ctx, size_t i, const kvs_layout_t *l, const void *bytes, uint64_t len) {
+  got_t *g = ctx;
+  (void)i, (void)l;
+  g->buf = malloc(len ? len : 1);
+  if (!g->buf) return -ENOMEM;
+  memcpy(g->buf, bytes, len);
+  g->len = len;
+  return 0;
+}
+
+static int cmd_get(kvs_options_t *o, const char *name, const char *out) {
+  int live = 0;
+  kvs_peers_t *p = open_peers(o, &live);
+  if (!p || live == 0) {
+    fprintf(stderr, "kvshim get: no live peer in %s/%s\n", o->run_dir, o->group);
+    kvs_peers_destroy(p);
+    return EXIT_NO_PEER;
+  }
+  kvs_key_t key = blob_key(o, name);
+  got_t g = {0};
+  int rc = kvs_peers_retrieve(p, 0, &key, 1, take_blob, &g);
+  kvs_peers_destroy(p);
+  if (rc <= 0) {
+    fprintf(stderr, "kvshim get: %s: %s\n", name, rc == 0 ? "not found" : kvs_proto_strerror(rc));
+    free(g.buf);
+    return EXIT_MISS;
+  }
+  int fd = (!out || strcmp(out, "-") == 0) ? 1 : open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    fprintf(stderr, "kvshim get: cannot write %s: %s\n", out, strerror(errno));
+    free(g.buf);
+    return EXIT_MISS;
+  }
+  uint64_t off = 0;
+  while (off < g.len) {
+    ssize_t w = write(fd, g.buf + off, g.len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      fprintf(stderr, "kvshim get: write failed: %s\n", strerror(errno));
+      free(g.buf);
+      return EXIT_MISS;
+    }
+    off += (uint64_t)w;
+  }
+  if (fd != 1) close(fd);
+  free(g.buf);
+  return EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    fputs(usage_text, argc < 2 ? stderr : stdout);
+    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+  }
+  const char *cmd = argv[1];
+  const char *help = strcmp(cmd, "serve") == 0 ? help_serve : strcmp(cmd, "peers") == 0 ? help_peers
+                     : strcmp(cmd, "stats") == 0 ? help_stats : strcmp(cmd, "put") == 0 ? help_put
+                     : strcmp(cmd, "get") == 0 ? help_get : NULL;
+  if (strcmp(cmd, "help") == 0) {
+    const char *sub = argc > 2 ? argv[2] : "";
+    const char *h = strcmp(sub, "serve") == 0 ? help_serve : strcmp(sub, "peers") == 0 ? help_peers
+                    : strcmp(sub, "stats") == 0 ? help_stats : strcmp(sub, "put") == 0 ? help_put
+                    : strcmp(sub, "get") == 0 ? help_get : usage_text;
+    fputs(h, stdout);
+    return EXIT_OK;
+  }
+  if (!help) return usage_error("unknown command '%s'", cmd);
+  for (int i = 2; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(help, stdout);
+      return EXIT_OK;
+    }
+  kvs_options_t o;
+  char *rest[64];
+  int n_rest = 0, json = 0;
+  bool takes_json = strcmp(cmd, "peers") == 0 || strcmp(cmd, "stats") == 0;
+  if (argc - 2 > 64) return usage_error("too many arguments%s", "");
+  int rc = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, takes_json ? &json : NULL);
+  if (rc) return rc;
+  if (strcmp(cmd, "serve") == 0) {
+    if (n_rest) return usage_error("serve takes no argument '%s'", rest[0]);
+    return cmd_serve(&o);
+  }
+  if (strcmp(cmd, "peers") == 0) {
+    if (n_rest) return usage_error("peers takes no argument '%s'", rest[0]);
+    return cmd_peers(&o, json);
+  }
+  if (strcmp(cmd, "stats") == 0) {
+    if (n_rest > 1) return usage_error("stats takes at most one PEER, got '%s'", rest[1]);
+    return cmd_stats(&o, n_rest ? rest[0] : NULL, json);
+  }
+  if (strcmp(cmd, "put") == 0) {
+    if (n_rest != 2) return usage_error("put needs NAME and FILE%s", "");
+    return cmd_put(&o, rest[0], rest[1]);
+  }
+  if (n_rest < 1 || n_rest > 2) return usage_error("get needs NAME [OUT]%s", "");
+  return cmd_get(&o, rest[0], n_rest > 1 ? rest[1] : NULL);
+}
