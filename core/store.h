@@ -107,12 +107,30 @@ typedef struct kvs_store_config {
   uint32_t max_xfers;    /* live transfers; 0 = 65536 */
   uint32_t max_pins;     /* live read pins; 0 = 4 * max_objects */
   kvs_stats_t *stats;    /* borrowed; NULL = kvs_stats_global() */
+  uint32_t max_owners;   /* open owners including KVS_OWNER_LOCAL; 0 = 4096 */
 } kvs_store_config_t;
+
+/* Limits: max_xfers and max_owners <= KVS_STORE_MAX_SLOTS (ids are generation << 24 | slot);
+ * max_objects, max_keys and max_pins <= 2^30. */
+#define KVS_STORE_MAX_SLOTS ((1u << 24) - 1)
 
 /* Mode flags for reservations. */
 #define KVS_RESERVE_ALL_OR_NOTHING 1u /* if any key is not RESERVED or PRESENT, reserve none */
 #define KVS_RESERVE_NO_EVICT       2u /* report NO_SPACE instead of evicting */
+/* ALL_OR_NOTHING failures: PRESENT keys stay PRESENT, every other key gets the outcome of the
+ * first key that could not be reserved (so each outcome still names a real cause), and the
+ * call returns 0 with *xfer = 0. Keys that are already being written or cannot fit even after
+ * evicting every unpinned READY object fail before anything is evicted; a failure found later
+ * (a duplicate key in the call, fragmentation) may leave earlier evictions done.
+ *
+ * Eviction within one reservation call never evicts an object that the same call found PRESENT
+ * (its caller was told "nothing to write"). LRU order within one batch: commit and release
+ * touch keys from last to first, so the first key of a batch (a prefix chain's head, which
+ * every longer prefix needs) is the most recently used of them. */
 
+/* Create a store over pool's cache arena, which must be empty (-EBUSY otherwise); the pool must
+ * be a created one (-EPERM for an attached pool). Errors: -EINVAL (NULL, limits out of range),
+ * -ENOMEM, or the errno of mmap/pthread_mutex_init. */
 int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out);
 /* Free everything. Accepts NULL. -EBUSY (store kept) while any lease is live, unless force.
  * Debug builds poison the struct. */
@@ -125,8 +143,9 @@ int kvs_store_owner_open(kvs_store_t *store, kvs_owner_t *out);
 int kvs_store_owner_release(kvs_store_t *store, kvs_owner_t owner);
 
 /* Reserve one object per key, each of `layout`. outcomes[i] gets a kvs_reserve_outcome_t;
- * extents[i] is written for RESERVED keys (the caller writes there, then commits). On return
- * *xfer names the write transfer holding every RESERVED key, or 0 when none was reserved.
+ * extents[i] is written for RESERVED keys (the caller writes there, then commits) and is {0, 0}
+ * for the others. On return *xfer names the write transfer holding every RESERVED key, or 0
+ * when none was reserved.
  * Duplicate keys in one call: the later ones get BUSY. Returns the number RESERVED (>= 0), or
  * -EINVAL (NULL arrays, n == 0), -ENOENT (unknown owner), -ENOSPC (transfer table full). */
 int kvs_store_reserve_write(kvs_store_t *store, kvs_owner_t owner, const kvs_key_t *keys,
@@ -142,30 +161,38 @@ int kvs_store_reserve_object(kvs_store_t *store, kvs_owner_t owner, const kvs_ke
                              uint8_t *outcome, kvs_extent_t *extent, kvs_xfer_t *xfer);
 
 /* Publish every object of a write transfer (WRITING -> READY) and end the lease.
- * -ENOENT: no such live transfer (never existed, already ended, or expired);
- * -EPERM: the transfer belongs to another owner (counted; nothing changes). */
+ * -ENOENT: unknown owner, or no such live transfer (never existed, already ended, or expired);
+ * -EPERM: the transfer belongs to another owner (counted; nothing changes);
+ * -EINVAL: xfer is a read transfer (counted as a bad transfer; nothing changes). */
 int kvs_store_commit(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
 /* Free every object of a write transfer without publishing it, or release a read transfer.
  * Same errors as commit. */
 int kvs_store_abort(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
 
 /* Count the leading run of READY keys. With pin, pin those objects under a new read transfer
- * (*xfer; 0 when the run is empty) and move them to the LRU tail. Returns the run length (>= 0)
- * or -ENOENT (owner), -EINVAL. A pin table that fills up shortens the run (never an error). */
+ * (*xfer; 0 when the run is empty) and move them to the LRU tail (a pinned object leaves the
+ * LRU; its release puts it back at the tail). Returns the run length (>= 0)
+ * or -ENOENT (owner), -EINVAL (NULL keys, n == 0, pin without xfer), -ENOSPC (pin and the
+ * transfer table is full). A pin table that fills up shortens the run (never an error).
+ * Without pin the LRU is not touched (a count is not a use). */
 int kvs_store_lookup(kvs_store_t *store, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
                      bool pin, kvs_xfer_t *xfer);
 /* The pinned objects of a read transfer, in lookup order: up to cap views. Returns the number
- * pinned by the transfer (may exceed cap), or -ENOENT / -EPERM. */
+ * pinned by the transfer (may exceed cap), or -ENOENT / -EPERM, -EINVAL (a write transfer, or
+ * views NULL with cap > 0). */
 int kvs_store_read_pinned(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer,
                           kvs_object_view_t *views, size_t cap);
-/* Unpin a read transfer and end it. -ENOENT / -EPERM as for commit. */
+/* Unpin a read transfer and end it. -ENOENT / -EPERM as for commit; -EINVAL for a write
+ * transfer (use abort). */
 int kvs_store_release(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
 
 /* Delete the READY object bound to key (with all its keys) if it has no pins: 0, -ENOENT (no
  * READY object under key) or -EBUSY (pinned or WRITING). */
 int kvs_store_remove(kvs_store_t *store, const kvs_key_t *key);
 
-/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms. Returns how many. */
+/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms, in creation order,
+ * O(expired). Returns how many. Reserve calls also run it with the current time. Creation
+ * times are kvs__now_ms() values, made non-decreasing in creation order. */
 int kvs_store_sweep(kvs_store_t *store, uint64_t now_ms);
 
 typedef struct kvs_store_info {
