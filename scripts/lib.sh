@@ -52,10 +52,11 @@ kvs_check_cuda_headers() {
 # kvs_build DIR [cmake args...]: configure (once) and build everything in DIR.
 kvs_build() {
   local dir=$1; shift
+  mkdir -p "$dir"
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S "$KVSHIM_ROOT" -B "$dir" "$@" >"$dir.configure.log" 2>&1 || {
-      cat "$dir.configure.log" >&2; kvs_die "cmake configure failed for $dir"; }
+    cmake -S "$KVSHIM_ROOT" -B "$dir" "$@" >"$dir/kvshim-configure.log" 2>&1 || {
+      cat "$dir/kvshim-configure.log" >&2; kvs_die "cmake configure failed for $dir"; }
   fi
-  cmake --build "$dir" -j"$KVS_JOBS" >"$dir.build.log" 2>&1 || {
-    tail -n 60 "$dir.build.log" >&2; kvs_die "build failed in $dir (full log: $dir.build.log)"; }
+  cmake --build "$dir" -j"$KVS_JOBS" >"$dir/kvshim-build.log" 2>&1 || {
+    tail -n 60 "$dir/kvshim-build.log" >&2; kvs_die "build failed in $dir (full log: $dir/kvshim-build.log)"; }
 }
