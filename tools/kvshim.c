@@ -5,6 +5,7 @@
  *   kvshim stats [PEER] [--json]        counters of one peer (instance id prefix or pid) or all
  *   kvshim put NAME FILE                store a named blob in the group (FILE '-' = stdin)
  *   kvshim get NAME [OUT]               fetch a named blob (OUT '-' or absent = stdout)
+ *   kvshim inspect BINARY [--json]      hook families in BINARY and whether LD_PRELOAD reaches them
  *
  * Every KVSHIM_* variable can also be given as a flag: --pool-size 2G is KVSHIM_POOL_SIZE=2G.
  * Exit codes: 0 ok, 1 not found / miss / refused, 2 usage, 3 no peer reachable. */
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "coord.h"
+#include "inspect_cmd.h"
 #include "kvshim.h"
 #include "peer.h"
 #include "proto.h"
@@ -37,6 +39,9 @@ static const char *const usage_text =
     "                      counters of PEER (instance id prefix or pid), or of every peer\n"
     "  put NAME FILE       store FILE ('-' = stdin) under NAME in the group's cache\n"
     "  get NAME [OUT]      fetch NAME into OUT ('-' or absent = stdout)\n"
+    "  inspect BINARY [--json]\n"
+    "                      hook families in BINARY's libraries and whether LD_PRELOAD can\n"
+    "                      interpose them (exit 1: unreadable or not ELF)\n"
     "  help [COMMAND]      this text, or a command's\n"
     "\n"
     "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
@@ -414,10 +419,12 @@ int main(int argc, char **argv) {
     const char *sub = argc > 2 ? argv[2] : "";
     const char *h = strcmp(sub, "serve") == 0 ? help_serve : strcmp(sub, "peers") == 0 ? help_peers
                     : strcmp(sub, "stats") == 0 ? help_stats : strcmp(sub, "put") == 0 ? help_put
-                    : strcmp(sub, "get") == 0 ? help_get : usage_text;
+                    : strcmp(sub, "get") == 0 ? help_get
+                    : strcmp(sub, "inspect") == 0 ? kvs_inspect_help : usage_text;
     fputs(h, stdout);
     return EXIT_OK;
   }
+  if (strcmp(cmd, "inspect") == 0) return kvs_inspect_main(argc - 2, argv + 2);
   if (!help) return usage_error("unknown command '%s'", cmd);
   for (int i = 2; i < argc; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {

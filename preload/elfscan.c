@@ -1,0 +1,1582 @@
+/* kvshim elfscan: hook families in a binary (libelf, offline) or in this process (in memory).
+ * See elfscan.h for the interposition rules the verdicts encode. */
+#include "elfscan.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <limits.h>
+#include <link.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* ==== tables =============================================================================== */
+
+#define ONE_(fam, sym) +1
+_Static_assert((0 KVS_ELF_CUDA_HOOKS(ONE_)) <= KVS_ELF_FAMILY_MAX_HOOKS, "cuda family too large");
+_Static_assert((0 KVS_ELF_LLAMA_HOOKS(ONE_)) <= KVS_ELF_FAMILY_MAX_HOOKS, "llama family too large");
+_Static_assert((0 KVS_ELF_KVO_HOOKS(ONE_)) <= KVS_ELF_FAMILY_MAX_HOOKS, "kvo family too large");
+#undef ONE_
+
+static const char *const hook_names[KVS_ELF_HOOK_COUNT] = {
+#define NAME_(fam, sym) #sym,
+    KVS_ELF_HOOKS(NAME_)
+#undef NAME_
+};
+static const unsigned char hook_fams[KVS_ELF_HOOK_COUNT] = {
+#define FAM_(fam, sym) KVS_ELF_FAMILY_##fam,
+    KVS_ELF_HOOKS(FAM_)
+#undef FAM_
+};
+static const char *const family_names[KVS_ELF_FAMILY_COUNT] = {
+#define FNAME_(id, name, title) name,
+    KVS_ELF_FAMILIES(FNAME_)
+#undef FNAME_
+};
+static const char *const family_titles[KVS_ELF_FAMILY_COUNT] = {
+#define FTITLE_(id, name, title) title,
+    KVS_ELF_FAMILIES(FTITLE_)
+#undef FTITLE_
+};
+static const char *const reason_names[KVS_ELF_REASON_COUNT] = {
+#define RNAME_(id, name, text) name,
+    KVS_ELF_REASONS(RNAME_)
+#undef RNAME_
+};
+static const char *const reason_texts[KVS_ELF_REASON_COUNT] = {
+#define RTEXT_(id, name, text) text,
+    KVS_ELF_REASONS(RTEXT_)
+#undef RTEXT_
+};
+
+const char *kvs_elf_family_name(kvs_elf_family_t f) {
+  return (unsigned)f < KVS_ELF_FAMILY_COUNT ? family_names[f] : "?";
+}
+const char *kvs_elf_family_title(kvs_elf_family_t f) {
+  return (unsigned)f < KVS_ELF_FAMILY_COUNT ? family_titles[f] : "?";
+}
+const char *kvs_elf_hook_name(kvs_elf_hook_t h) {
+  return (unsigned)h < KVS_ELF_HOOK_COUNT ? hook_names[h] : "?";
+}
+kvs_elf_family_t kvs_elf_hook_family(kvs_elf_hook_t h) {
+  return (unsigned)h < KVS_ELF_HOOK_COUNT ? (kvs_elf_family_t)hook_fams[h] : KVS_ELF_FAMILY_COUNT;
+}
+const char *kvs_elf_reason_name(kvs_elf_reason_t r) {
+  return (unsigned)r < KVS_ELF_REASON_COUNT ? reason_names[r] : "?";
+}
+const char *kvs_elf_reason_text(kvs_elf_reason_t r) {
+  return (unsigned)r < KVS_ELF_REASON_COUNT ? reason_texts[r] : "?";
+}
+const char *kvs_elf_verdict_name(kvs_elf_verdict_t v) {
+  switch (v) {
+  case KVS_ELF_ABSENT: return "absent";
+  case KVS_ELF_YES: return "yes";
+  case KVS_ELF_PARTIAL: return "partial";
+  case KVS_ELF_NO: return "no";
+  }
+  return "?";
+}
+const char *kvs_elf_kind_name(kvs_elf_kind_t k) {
+  switch (k) {
+  case KVS_ELF_KIND_EXEC: return "executable";
+  case KVS_ELF_KIND_PIE: return "pie-executable";
+  case KVS_ELF_KIND_SHARED: return "shared-library";
+  case KVS_ELF_KIND_STATIC: return "static-executable";
+  case KVS_ELF_KIND_STATIC_PIE: return "static-pie-executable";
+  }
+  return "?";
+}
+const char *kvs_elf_via_name(kvs_elf_via_t v) {
+  switch (v) {
+  case KVS_ELF_VIA_ARGUMENT: return "argument";
+  case KVS_ELF_VIA_PATH: return "path";
+  case KVS_ELF_VIA_RPATH: return "rpath";
+  case KVS_ELF_VIA_LD_LIBRARY_PATH: return "LD_LIBRARY_PATH";
+  case KVS_ELF_VIA_RUNPATH: return "runpath";
+  case KVS_ELF_VIA_CACHE: return "ld.so.cache";
+  case KVS_ELF_VIA_DEFAULT: return "default";
+  case KVS_ELF_VIA_NOT_FOUND: return "not found";
+  }
+  return "?";
+}
+
+int kvs_elf_family_hooks(kvs_elf_family_t f, kvs_elf_hook_t *first, unsigned *count) {
+  if ((unsigned)f >= KVS_ELF_FAMILY_COUNT || first == NULL || count == NULL) return -EINVAL;
+  unsigned lo = KVS_ELF_HOOK_COUNT, n = 0;
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
+    if (hook_fams[h] != f) continue;
+    if (lo == KVS_ELF_HOOK_COUNT) lo = h;
+    n++;
+  }
+  *first = (kvs_elf_hook_t)lo;
+  *count = n;
+  return 0;
+}
+
+/* The hook whose name is the NUL-terminated s, or -1. Cheap reject on the first byte: this
+ * runs for every dynamic symbol of every object. */
+static int hook_of(const char *s) {
+  if (s[0] != 'c' && s[0] != 'l' && s[0] != 'k') return -1;
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
+    if (strcmp(s, hook_names[h]) == 0) return (int)h;
+  return -1;
+}
+
+int kvs_elf_hook_find(const char *name, kvs_elf_hook_t *out) {
+  if (name == NULL || out == NULL) return -EINVAL;
+  int h = hook_of(name);
+  if (h < 0) return -ENOENT;
+  *out = (kvs_elf_hook_t)h;
+  return 0;
+}
+
+int kvs_elf_summary_line(char *buf, size_t n, const char *title, const char *definer, unsigned yes,
+                         unsigned present) {
+  if (buf == NULL && n > 0) return -EINVAL;
+  return snprintf(buf, n, "%s: %s, %u/%u hooks interposable", title ? title : "?",
+                  definer && definer[0] ? definer : "no definition", yes, present);
+}
+
+static const char *base_name(const char *p) {
+  const char *s = strrchr(p, '/');
+  return s ? s + 1 : p;
+}
+
+/* ==== offline: libelf ======================================================================= */
+
+#define MAX_OBJECTS 4096 /* a closure larger than this is refused (-E2BIG) */
+#define ERRBUF 256
+
+/* What one object has to do with one hook (before verdicts). */
+typedef struct facts {
+  uint8_t def; /* kvs_elf_def_t; meaningful when defined != 0 */
+  uint8_t defined;
+  uint8_t undef_ref; /* an undefined .dynsym entry names it */
+  uint8_t vis;
+  uint64_t value; /* st_value of the definition */
+  uint32_t jump_slot, glob_dat, other;
+  int32_t direct;
+  uint32_t pointers;
+} facts_t;
+
+typedef struct node {
+  kvs_elf_object_t pub;
+  char *origin;  /* directory substituted for $ORIGIN; NULL when unknown */
+  char **needed; /* DT_NEEDED strings, n_needed of them */
+  size_t n_needed;
+  char *rpath, *runpath; /* raw DT_RPATH / DT_RUNPATH, or NULL */
+  dev_t dev;
+  ino_t ino;
+  bool read; /* facts are valid */
+  facts_t facts[KVS_ELF_HOOK_COUNT];
+} node_t;
+
+typedef struct cache_pair {
+  char *name, *path;
+} cache_pair_t;
+
+typedef struct ctx {
+  const kvs_elf_inspect_config_t *cfg;
+  node_t *nodes;
+  size_t n_nodes, cap_nodes;
+  /* root properties every compatible library must share */
+  unsigned char elf_class;
+  unsigned machine;
+  kvs_elf_kind_t kind;
+  char *interp;
+  /* the loader cache, loaded on first use */
+  int cache_state;             /* 0 not loaded, 1 ld.so.cache, 2 ldconfig -p list, -1 none */
+  unsigned char *cache;        /* the file */
+  size_t cache_len, cache_hdr; /* offset of the "glibc-ld.so.cache" header */
+  cache_pair_t *pairs;         /* from `ldconfig -p` */
+  size_t n_pairs;
+} ctx_t;
+
+static void seterr(char *err, size_t n, const char *fmt, const char *a, const char *b) {
+  if (err != NULL && n > 0) snprintf(err, n, fmt, a, b ? b : "");
+}
+
+/* Joins dir and name with one '/'. Returns NULL on ENOMEM. */
+static char *path_join(const char *dir, const char *name) {
+  size_t a = strlen(dir), b = strlen(name);
+  char *p = malloc(a + b + 2);
+  if (p == NULL) return NULL;
+  memcpy(p, dir, a);
+  size_t k = a;
+  if (k == 0 || p[k - 1] != '/') p[k++] = '/';
+  memcpy(p + k, name, b + 1);
+  return p;
+}
+
+/* Directory part of path, made absolute against the working directory when that is known
+ * (else left relative, as the loader would use it). NULL only on ENOMEM. */
+static char *dir_of(const char *path) {
+  char cwd[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  if (slash == NULL) return strdup(getcwd(cwd, sizeof cwd) ? cwd : ".");
+  size_t n = (size_t)(slash - path);
+  if (n == 0) return strdup("/");
+  char *d = strndup(path, n);
+  if (d == NULL || d[0] == '/' || getcwd(cwd, sizeof cwd) == NULL) return d;
+  char *abs = path_join(cwd, d);
+  free(d);
+  return abs;
+}
+
+/* The multiarch triplet and $LIB / $PLATFORM values of a machine (Debian layout). */
+static const char *triplet_of(unsigned machine, unsigned char cls) {
+  switch (machine) {
+  case EM_X86_64: return cls == ELFCLASS64 ? "x86_64-linux-gnu" : "x86_64-linux-gnux32";
+  case EM_386: return "i386-linux-gnu";
+  case EM_AARCH64: return "aarch64-linux-gnu";
+  case EM_PPC64: return "powerpc64le-linux-gnu";
+  case EM_RISCV: return "riscv64-linux-gnu";
+  case EM_S390: return "s390x-linux-gnu";
+  default: return NULL;
+  }
+}
+static const char *platform_of(unsigned machine) {
+  switch (machine) {
+  case EM_X86_64: return "x86_64";
+  case EM_386: return "i686";
+  case EM_AARCH64: return "aarch64";
+  default: return "";
+  }
+}
+
+/* Expands $ORIGIN, $LIB and $PLATFORM (also as ${...}) of in into out. Returns 0, -ENOENT
+ * when $ORIGIN is needed but unknown (the loader then ignores the entry), -ENAMETOOLONG. */
+static int expand_dst(const ctx_t *c, const char *in, const char *origin, char *out, size_t cap) {
+  char libdir[64];
+  const char *trip = triplet_of(c->machine, c->elf_class);
+  snprintf(libdir, sizeof libdir, "/lib/%s", trip ? trip : "");
+  if (trip != NULL && access(libdir, F_OK) == 0)
+    memmove(libdir, libdir + 1, strlen(libdir)); /* "lib/<triplet>", the Debian layout */
+  else
+    snprintf(libdir, sizeof libdir, "%s", c->elf_class == ELFCLASS64 ? "lib64" : "lib");
+  size_t o = 0;
+  for (const char *p = in; *p;) {
+    const char *val = NULL;
+    size_t skip = 0;
+    if (*p == '$') {
+      static const char *const names[] = {"ORIGIN", "LIB", "PLATFORM"};
+      for (unsigned k = 0; k < 3 && val == NULL; k++) {
+        size_t L = strlen(names[k]);
+        if (strncmp(p + 1, names[k], L) == 0) {
+          char nx = p[1 + L];
+          if (!((nx >= 'A' && nx <= 'Z') || (nx >= 'a' && nx <= 'z') || (nx >= '0' && nx <= '9') ||
+                nx == '_'))
+            skip = 1 + L;
+        } else if (p[1] == '{' && strncmp(p + 2, names[k], L) == 0 && p[2 + L] == '}') {
+          skip = 3 + L;
+        }
+        if (skip) {
+          if (k == 0 && origin == NULL) return -ENOENT;
+          val = k == 0 ? origin : k == 1 ? libdir : platform_of(c->machine);
+        }
+      }
+    }
+    if (val == NULL) {
+      if (o + 1 >= cap) return -ENAMETOOLONG;
+      out[o++] = *p++;
+      continue;
+    }
+    size_t L = strlen(val);
+    if (o + L >= cap) return -ENAMETOOLONG;
+    memcpy(out + o, val, L);
+    o += L;
+    p += skip;
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+/* 1 when the file at path is an ELF object the root could load (same class and machine). */
+static int compatible(const ctx_t *c, const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never wait on a FIFO */
+  if (fd < 0) return 0;
+  struct stat st;
+  unsigned char h[20];
+  ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, h, sizeof h, 0) : -1;
+  close(fd);
+  if (n != (ssize_t)sizeof h || memcmp(h, ELFMAG, SELFMAG) != 0 || h[EI_CLASS] != c->elf_class)
+    return 0;
+  unsigned m =
+      h[EI_DATA] == ELFDATA2MSB ? (unsigned)h[18] << 8 | h[19] : (unsigned)h[19] << 8 | h[18];
+  return m == c->machine;
+}
+
+/* Tries name in each directory of the list (':' or ';' separated; empty = "."). Returns a new
+ * path, NULL when not found (or ENOMEM: then *oom is set). */
+static char *search_list(const ctx_t *c, const char *list, const char *origin, const char *name,
+                         bool *oom) {
+  if (list == NULL) return NULL;
+  const char *p = list;
+  for (;;) {
+    size_t n = strcspn(p, ":;");
+    char raw[PATH_MAX], dir[PATH_MAX];
+    if (n < sizeof raw) {
+      memcpy(raw, p, n);
+      raw[n] = '\0';
+      if (n == 0) snprintf(raw, sizeof raw, ".");
+      if (expand_dst(c, raw, origin, dir, sizeof dir) == 0) {
+        char *cand = path_join(dir, name);
+        if (cand == NULL) {
+          *oom = true;
+          return NULL;
+        }
+        if (compatible(c, cand)) return cand;
+        free(cand);
+      }
+    }
+    if (p[n] == '\0') return NULL;
+    p += n + 1;
+  }
+}
+
+/* ---- the loader cache --------------------------------------------------------------------- */
+
+#define CACHE_MAGIC_NEW "glibc-ld.so.cache"
+#define CACHE_VERSION_NEW "1.1"
+#define CACHE_MAGIC_OLD "ld.so-1.7.0"
+#define CACHE_HDR_NEW 48u   /* magic[17] version[3] nlibs len_strings flags pad[3] ext unused[3] */
+#define CACHE_ENTRY_NEW 24u /* int32 flags, uint32 key, uint32 value, uint32 osv, uint64 hwcap */
+#define CACHE_HDR_OLD 16u   /* magic[11] pad nlibs */
+#define CACHE_ENTRY_OLD 12u
+
+static uint32_t rd32(const unsigned char *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+static int read_file(const char *path, unsigned char **buf, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size > (1 << 28)) {
+    close(fd);
+    return -EINVAL;
+  }
+  unsigned char *b = malloc((size_t)st.st_size);
+  if (b == NULL) {
+    close(fd);
+    return -ENOMEM;
+  }
+  size_t got = 0;
+  while (got < (size_t)st.st_size) {
+    ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  if (got != (size_t)st.st_size) {
+    free(b);
+    return -EIO;
+  }
+  *buf = b;
+  *len = got;
+  return 0;
+}
+
+/* Parses the header of a glibc cache file: the offset of the new-format header, or -EINVAL. */
+static long cache_header(const unsigned char *b, size_t len) {
+  size_t off = 0;
+  if (len >= CACHE_HDR_OLD && memcmp(b, CACHE_MAGIC_OLD, strlen(CACHE_MAGIC_OLD)) == 0) {
+    uint32_t n = rd32(b + 12);
+    if (n > len / CACHE_ENTRY_OLD) return -EINVAL;
+    off = (CACHE_HDR_OLD + (size_t)n * CACHE_ENTRY_OLD + 7) & ~(size_t)7;
+  }
+  if (off + CACHE_HDR_NEW > len || memcmp(b + off, CACHE_MAGIC_NEW, 17) != 0 ||
+      memcmp(b + off + 17, CACHE_VERSION_NEW, 3) != 0)
+    return -EINVAL;
+  uint32_t nlibs = rd32(b + off + 20);
+  if (nlibs > (len - off - CACHE_HDR_NEW) / CACHE_ENTRY_NEW) return -EINVAL;
+  return (long)off;
+}
+
+/* Runs `ldconfig -p` and keeps its "name (...) => path" pairs. Returns 0 or a negative errno. */
+static int ldconfig_pairs(ctx_t *c) {
+  static const char *const progs[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig",
+                                      "/usr/bin/ldconfig"};
+  const char *prog = NULL;
+  for (unsigned i = 0; i < 4 && prog == NULL; i++)
+    if (access(progs[i], X_OK) == 0) prog = progs[i];
+  if (prog == NULL) return -ENOENT;
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC) != 0) return -errno;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  char *argv[] = {(char *)prog, (char *)"-p", NULL};
+  pid_t pid;
+  int rc = posix_spawn(&pid, prog, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(pfd[1]);
+  if (rc != 0) {
+    close(pfd[0]);
+    return -rc;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap);
+  rc = out ? 0 : -ENOMEM;
+  while (rc == 0) {
+    if (len + 1 >= cap) {
+      char *nb = cap < (1u << 26) ? realloc(out, cap * 2) : NULL;
+      if (nb == NULL) {
+        rc = -ENOMEM;
+        break;
+      }
+      out = nb;
+      cap *= 2;
+    }
+    ssize_t r = read(pfd[0], out + len, cap - 1 - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    len += (size_t)r;
+  }
+  close(pfd[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  if (rc == 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) rc = -EIO;
+  if (rc != 0) {
+    free(out);
+    return rc;
+  }
+  out[len] = '\0';
+  for (char *line = out, *next; line && *line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    while (*line == ' ' || *line == '\t') line++;
+    char *sp = strchr(line, ' '), *arrow = strstr(line, " => ");
+    if (sp == NULL || arrow == NULL || arrow < sp) continue;
+    cache_pair_t *np = realloc(c->pairs, (c->n_pairs + 1) * sizeof *np);
+    if (np == NULL) {
+      rc = -ENOMEM;
+      break;
+    }
+    c->pairs = np;
+    np[c->n_pairs].name = strndup(line, (size_t)(sp - line));
+    np[c->n_pairs].path = strdup(arrow + 4);
+    if (np[c->n_pairs].name == NULL || np[c->n_pairs].path == NULL) {
+      free(np[c->n_pairs].name);
+      free(np[c->n_pairs].path);
+      rc = -ENOMEM;
+      break;
+    }
+    c->n_pairs++;
+  }
+  free(out);
+  return rc;
+}
+
+static void cache_load(ctx_t *c) {
+  const char *path = c->cfg->ld_cache ? c->cfg->ld_cache : "/etc/ld.so.cache";
+  if (read_file(path, &c->cache, &c->cache_len) == 0) {
+    long off = cache_header(c->cache, c->cache_len);
+    if (off >= 0) {
+      c->cache_hdr = (size_t)off;
+      c->cache_state = 1;
+      return;
+    }
+    free(c->cache);
+    c->cache = NULL;
+  }
+  c->cache_state = !c->cfg->no_ldconfig && ldconfig_pairs(c) == 0 ? 2 : -1;
+}
+
+/* The cache's path for name that the root can load, as a new string; NULL when none. */
+static char *cache_lookup(ctx_t *c, const char *name, bool *oom) {
+  if (c->cache_state == 0) cache_load(c);
+  if (c->cache_state == 2) {
+    for (size_t i = 0; i < c->n_pairs; i++)
+      if (strcmp(c->pairs[i].name, name) == 0 && compatible(c, c->pairs[i].path)) {
+        char *p = strdup(c->pairs[i].path);
+        if (p == NULL) *oom = true;
+        return p;
+      }
+    return NULL;
+  }
+  if (c->cache_state != 1) return NULL;
+  const unsigned char *h = c->cache + c->cache_hdr;
+  size_t avail = c->cache_len - c->cache_hdr;
+  uint32_t nlibs = rd32(h + 20);
+  /* Two passes: entries without hwcaps first (what every CPU can load), then any. */
+  for (int pass = 0; pass < 2; pass++)
+    for (uint32_t i = 0; i < nlibs; i++) {
+      const unsigned char *e = h + CACHE_HDR_NEW + (size_t)i * CACHE_ENTRY_NEW;
+      uint32_t key = rd32(e + 4), value = rd32(e + 8);
+      uint64_t hwcap;
+      memcpy(&hwcap, e + 16, 8);
+      if (pass == 0 && hwcap != 0) continue;
+      if (key >= avail || value >= avail) continue;
+      const char *k = (const char *)h + key, *v = (const char *)h + value;
+      if (memchr(k, '\0', avail - key) == NULL || memchr(v, '\0', avail - value) == NULL) continue;
+      if (strcmp(k, name) == 0 && compatible(c, v)) {
+        char *p = strdup(v);
+        if (p == NULL) *oom = true;
+        return p;
+      }
+    }
+  return NULL;
+}
+
+/* ---- reading one object ------------------------------------------------------------------- */
+
+typedef enum rkind { R_PLT, R_GOT, R_REL, R_OTHER, R_NONE } rkind_t;
+
+static rkind_t reloc_kind(unsigned machine, unsigned type) {
+  switch (machine) {
+  case EM_X86_64:
+    return type == R_X86_64_JUMP_SLOT  ? R_PLT
+           : type == R_X86_64_GLOB_DAT ? R_GOT
+           : type == R_X86_64_RELATIVE ? R_REL
+           : type == R_X86_64_NONE     ? R_NONE
+                                       : R_OTHER;
+  case EM_386:
+    return type == R_386_JMP_SLOT   ? R_PLT
+           : type == R_386_GLOB_DAT ? R_GOT
+           : type == R_386_RELATIVE ? R_REL
+           : type == R_386_NONE     ? R_NONE
+                                    : R_OTHER;
+  case EM_AARCH64:
+    return type == R_AARCH64_JUMP_SLOT  ? R_PLT
+           : type == R_AARCH64_GLOB_DAT ? R_GOT
+           : type == R_AARCH64_RELATIVE ? R_REL
+           : type == R_AARCH64_NONE     ? R_NONE
+                                        : R_OTHER;
+  default: return type == 0 ? R_NONE : R_OTHER;
+  }
+}
+
+typedef struct target {
+  uint64_t addr;
+  unsigned hook;
+} target_t;
+
+static int target_cmp(const void *a, const void *b) {
+  const target_t *x = a, *y = b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int target_find(const target_t *t, size_t n, uint64_t addr) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (t[mid].addr < addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && t[lo].addr == addr ? (int)lo : -1;
+}
+
+/* Counts direct call/jump instructions to each definition: x86 call/jmp rel32 (e8/e9),
+ * aarch64 bl/b imm26. A byte-wise x86 scan can also match inside other instructions; a
+ * match needs the 32-bit displacement to land exactly on a hook's entry, which keeps false
+ * hits rare (about one per 2^32 / hooks e8/e9 bytes). */
+static void scan_code(node_t *nd, Elf *elf, unsigned machine) {
+  target_t t[KVS_ELF_HOOK_COUNT];
+  size_t nt = 0;
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
+    if (nd->facts[h].defined && nd->facts[h].value != 0)
+      t[nt++] = (target_t){nd->facts[h].value, h};
+  if (nt == 0) return;
+  bool x86 = machine == EM_X86_64 || machine == EM_386, a64 = machine == EM_AARCH64;
+  if (!x86 && !a64) {
+    nd->pub.flags |= KVS_ELF_OBJ_NO_CODE_SCAN;
+    for (size_t i = 0; i < nt; i++) nd->facts[t[i].hook].direct = -1;
+    return;
+  }
+  qsort(t, nt, sizeof t[0], target_cmp);
+  Elf_Scn *scn = NULL;
+  while ((scn = elf_nextscn(elf, scn)) != NULL) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == NULL || !(sh.sh_flags & SHF_EXECINSTR) ||
+        sh.sh_type == SHT_NOBITS)
+      continue;
+    Elf_Data *d = elf_rawdata(scn, NULL);
+    if (d == NULL || d->d_buf == NULL) continue;
+    const unsigned char *b = d->d_buf;
+    size_t n = d->d_size;
+    if (x86) {
+      for (size_t i = 0; i + 5 <= n; i++) {
+        if (b[i] != 0xe8 && b[i] != 0xe9) continue;
+        int32_t rel;
+        memcpy(&rel, b + i + 1, 4);
+        uint64_t to = sh.sh_addr + i + 5 + (uint64_t)(int64_t)rel;
+        if (machine == EM_386) to &= 0xffffffffu;
+        int k = target_find(t, nt, to);
+        if (k >= 0) nd->facts[t[k].hook].direct++;
+      }
+    } else {
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        uint32_t w = rd32(b + i);
+        if ((w & 0x7c000000u) != 0x14000000u) continue;
+        int64_t imm = (int64_t)(w & 0x03ffffffu);
+        if (imm & 0x02000000) imm -= 0x04000000;
+        int k = target_find(t, nt, sh.sh_addr + i + (uint64_t)(imm * 4));
+        if (k >= 0) nd->facts[t[k].hook].direct++;
+      }
+    }
+  }
+}
+
+/* Reads the symbols of one symbol table section into facts. dynamic: .dynsym (else .symtab).
+ * map (optional, n_syms entries): symbol index -> hook or -1. */
+static int read_syms(node_t *nd, Elf *elf, Elf_Scn *scn, bool dynamic, int16_t **map,
+                     size_t *n_map) {
+  GElf_Shdr sh;
+  Elf_Data *d;
+  if (gelf_getshdr(scn, &sh) == NULL || sh.sh_entsize == 0 || (d = elf_getdata(scn, NULL)) == NULL)
+    return -EPROTONOSUPPORT;
+  size_t n = sh.sh_size / sh.sh_entsize;
+  int16_t *m = NULL;
+  if (map != NULL) {
+    m = malloc((n ? n : 1) * sizeof *m);
+    if (m == NULL) return -ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    GElf_Sym s;
+    if (m) m[i] = -1;
+    if (gelf_getsym(d, (int)i, &s) == NULL) continue;
+    const char *name = elf_strptr(elf, sh.sh_link, s.st_name);
+    if (name == NULL) continue;
+    int h = hook_of(name);
+    if (h < 0) continue;
+    if (m) m[i] = (int16_t)h;
+    facts_t *f = &nd->facts[h];
+    unsigned vis = GELF_ST_VISIBILITY(s.st_other), bind = GELF_ST_BIND(s.st_info);
+    if (s.st_shndx == SHN_UNDEF) {
+      if (dynamic) f->undef_ref = 1;
+      continue;
+    }
+    if (f->defined && (f->def == KVS_ELF_DEF_EXPORTED || !dynamic)) continue;
+    bool exported = dynamic && bind != STB_LOCAL && (vis == STV_DEFAULT || vis == STV_PROTECTED);
+    f->defined = 1;
+    f->def = exported ? KVS_ELF_DEF_EXPORTED : KVS_ELF_DEF_INTERNAL;
+    f->vis = (uint8_t)(bind == STB_LOCAL ? KVS_ELF_VIS_LOCAL : vis);
+    f->value = s.st_value;
+  }
+  if (map) {
+    *map = m;
+    *n_map = n;
+  }
+  return 0;
+}
+
+static void read_relocs(node_t *nd, Elf_Scn *scn, unsigned machine, const int16_t *map,
+                        size_t n_map) {
+  GElf_Shdr sh;
+  Elf_Data *d;
+  if (gelf_getshdr(scn, &sh) == NULL || sh.sh_entsize == 0 || (d = elf_getdata(scn, NULL)) == NULL)
+    return;
+  size_t n = sh.sh_size / sh.sh_entsize;
+  bool rela = sh.sh_type == SHT_RELA;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t info;
+    int64_t addend = 0;
+    if (rela) {
+      GElf_Rela r;
+      if (gelf_getrela(d, (int)i, &r) == NULL) continue;
+      info = r.r_info;
+      addend = r.r_addend;
+    } else {
+      GElf_Rel r;
+      if (gelf_getrel(d, (int)i, &r) == NULL) continue;
+      info = r.r_info;
+    }
+    size_t sym = GELF_R_SYM(info);
+    rkind_t k = reloc_kind(machine, (unsigned)GELF_R_TYPE(info));
+    if (k == R_NONE) continue;
+    if (sym == 0) {
+      if (k != R_REL || !rela) continue;
+      for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
+        if (nd->facts[h].defined && nd->facts[h].value != 0 &&
+            nd->facts[h].value == (uint64_t)addend)
+          nd->facts[h].pointers++;
+      continue;
+    }
+    if (sym >= n_map || map[sym] < 0) continue;
+    facts_t *f = &nd->facts[map[sym]];
+    if (k == R_PLT)
+      f->jump_slot++;
+    else if (k == R_GOT)
+      f->glob_dat++;
+    else
+      f->other++;
+  }
+}
+
+/* The kind of the root from its headers. */
+static kvs_elf_kind_t kind_of(unsigned type, bool interp, bool pie_flag, bool soname) {
+  if (type == ET_EXEC) return interp ? KVS_ELF_KIND_EXEC : KVS_ELF_KIND_STATIC;
+  if (pie_flag) return interp ? KVS_ELF_KIND_PIE : KVS_ELF_KIND_STATIC_PIE;
+  if (soname) return KVS_ELF_KIND_SHARED;
+  return interp ? KVS_ELF_KIND_PIE : KVS_ELF_KIND_SHARED;
+}
+
+/* Opens and reads node nd (its pub.path). root: also fixes the class, machine and kind. */
+static int read_object(ctx_t *c, node_t *nd, bool root, char *err, size_t err_len) {
+  const char *path = nd->pub.path;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* never wait on a FIFO */
+  if (fd < 0) {
+    int e = errno;
+    seterr(err, err_len, "%s: %s", path, strerror(e));
+    return -e;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
+    close(fd);
+    seterr(err, err_len, "%s: %s", path, strerror(e));
+    return -e;
+  }
+  nd->dev = st.st_dev;
+  nd->ino = st.st_ino;
+  int rc = 0;
+  int16_t *map = NULL;
+  size_t n_map = 0;
+  if (!S_ISREG(st.st_mode)) {
+    seterr(err, err_len, "%s: not a regular file%s", path, "");
+    rc = -ENOEXEC;
+    goto out_fd;
+  }
+  Elf *elf = st.st_size > 0 ? elf_begin(fd, ELF_C_READ_MMAP, NULL) : NULL;
+  GElf_Ehdr eh;
+  if (elf == NULL || elf_kind(elf) != ELF_K_ELF) {
+    seterr(err, err_len, "%s: not an ELF file%s", path, "");
+    rc = -ENOEXEC;
+    goto out;
+  }
+  if (gelf_getehdr(elf, &eh) == NULL) {
+    seterr(err, err_len, "%s: malformed ELF file: %s", path, elf_errmsg(-1));
+    rc = -EPROTONOSUPPORT;
+    goto out;
+  }
+  /* counts from the header itself: libelf clamps them to what the file holds */
+  size_t n_ph = eh.e_phnum, n_sh = eh.e_shnum;
+  if ((n_ph == PN_XNUM && elf_getphdrnum(elf, &n_ph) != 0) ||
+      (n_sh == 0 && eh.e_shoff != 0 && elf_getshdrnum(elf, &n_sh) != 0) ||
+      (n_ph && (eh.e_phoff > (uint64_t)st.st_size ||
+                (uint64_t)n_ph * eh.e_phentsize > (uint64_t)st.st_size - eh.e_phoff)) ||
+      (n_sh && (eh.e_shoff > (uint64_t)st.st_size ||
+                (uint64_t)n_sh * eh.e_shentsize > (uint64_t)st.st_size - eh.e_shoff))) {
+    seterr(err, err_len,
+           "%s: truncated or malformed ELF file (its headers lie beyond the end "
+           "of the file)%s",
+           path, "");
+    rc = -EPROTONOSUPPORT;
+    goto out;
+  }
+  if (eh.e_type != ET_EXEC && eh.e_type != ET_DYN) {
+    seterr(err, err_len, "%s: %s", path,
+           eh.e_type == ET_REL
+               ? "an ELF relocatable object (.o), not an executable or shared library"
+           : eh.e_type == ET_CORE ? "an ELF core dump, not an executable or shared library"
+                                  : "an ELF file that is not an executable or shared library");
+    rc = -ENOEXEC;
+    goto out;
+  }
+  if (root) {
+    c->elf_class = (unsigned char)gelf_getclass(elf);
+    c->machine = eh.e_machine;
+  }
+  /* program headers: the interpreter */
+  bool has_interp = false;
+  {
+    for (size_t i = 0; i < n_ph; i++) {
+      GElf_Phdr ph;
+      if (gelf_getphdr(elf, (int)i, &ph) == NULL || ph.p_type != PT_INTERP) continue;
+      has_interp = true;
+      size_t flen = 0;
+      const char *raw = elf_rawfile(elf, &flen);
+      if (root && raw && ph.p_offset < flen && ph.p_filesz <= flen - ph.p_offset &&
+          ph.p_filesz > 0) {
+        free(c->interp);
+        c->interp = strndup(raw + ph.p_offset, ph.p_filesz);
+      }
+    }
+  }
+  /* sections */
+  Elf_Scn *scn = NULL, *dynsym = NULL, *symtab = NULL;
+  size_t dynsym_idx = 0;
+  bool pie_flag = false;
+  while ((scn = elf_nextscn(elf, scn)) != NULL) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == NULL) continue;
+    if (sh.sh_type == SHT_DYNSYM) {
+      dynsym = scn;
+      dynsym_idx = elf_ndxscn(scn);
+    } else if (sh.sh_type == SHT_SYMTAB) {
+      symtab = scn;
+    } else if (sh.sh_type == SHT_DYNAMIC) {
+      Elf_Data *d = elf_getdata(scn, NULL);
+      size_t n = d && sh.sh_entsize ? sh.sh_size / sh.sh_entsize : 0;
+      for (size_t i = 0; i < n && rc == 0; i++) {
+        GElf_Dyn dy;
+        if (gelf_getdyn(d, (int)i, &dy) == NULL || dy.d_tag == DT_NULL) break;
+        const char *s = NULL;
+        if (dy.d_tag == DT_NEEDED || dy.d_tag == DT_RPATH || dy.d_tag == DT_RUNPATH ||
+            dy.d_tag == DT_SONAME) {
+          s = elf_strptr(elf, sh.sh_link, dy.d_un.d_val);
+          if (s == NULL) continue;
+        }
+        switch (dy.d_tag) {
+        case DT_NEEDED: {
+          char **nn = realloc(nd->needed, (nd->n_needed + 1) * sizeof *nn);
+          if (nn == NULL || (nn[nd->n_needed] = strdup(s)) == NULL) {
+            if (nn) nd->needed = nn;
+            rc = -ENOMEM;
+            break;
+          }
+          nd->needed = nn;
+          nd->n_needed++;
+          break;
+        }
+        case DT_RPATH:
+          free(nd->rpath);
+          nd->rpath = strdup(s);
+          if (!nd->rpath) rc = -ENOMEM;
+          break;
+        case DT_RUNPATH:
+          free(nd->runpath);
+          nd->runpath = strdup(s);
+          if (!nd->runpath) rc = -ENOMEM;
+          break;
+        case DT_SONAME:
+          free(nd->pub.soname);
+          nd->pub.soname = strdup(s);
+          if (!nd->pub.soname) rc = -ENOMEM;
+          break;
+        case DT_SYMBOLIC: nd->pub.flags |= KVS_ELF_OBJ_SYMBOLIC; break;
+        case DT_FLAGS:
+          if (dy.d_un.d_val & DF_SYMBOLIC) nd->pub.flags |= KVS_ELF_OBJ_SYMBOLIC;
+          break;
+        case DT_FLAGS_1:
+          if (dy.d_un.d_val & DF_1_NODEFLIB) nd->pub.flags |= KVS_ELF_OBJ_NODEFLIB;
+          if (dy.d_un.d_val & DF_1_PIE) pie_flag = true;
+          break;
+        default: break;
+        }
+      }
+      if (rc != 0) goto out;
+    }
+  }
+  if (root) c->kind = kind_of(eh.e_type, has_interp, pie_flag, nd->pub.soname != NULL);
+  /* symbols: exported definitions and imports first, then what only .symtab knows */
+  if (dynsym != NULL && (rc = read_syms(nd, elf, dynsym, true, &map, &n_map)) < 0) {
+    if (rc == -ENOMEM) goto out;
+    rc = 0;
+  }
+  if (symtab != NULL && (rc = read_syms(nd, elf, symtab, false, NULL, NULL)) < 0) {
+    if (rc == -ENOMEM) goto out;
+    rc = 0;
+  }
+  /* dynamic relocations (those whose symbols are in .dynsym) */
+  if (map != NULL) {
+    scn = NULL;
+    while ((scn = elf_nextscn(elf, scn)) != NULL) {
+      GElf_Shdr sh;
+      if (gelf_getshdr(scn, &sh) == NULL) continue;
+      if ((sh.sh_type == SHT_RELA || sh.sh_type == SHT_REL) && sh.sh_link == dynsym_idx)
+        read_relocs(nd, scn, eh.e_machine, map, n_map);
+    }
+  }
+  scan_code(nd, elf, eh.e_machine);
+  nd->read = true;
+out:
+  free(map);
+  if (elf) elf_end(elf);
+out_fd:
+  close(fd);
+  return rc;
+}
+
+/* ---- the closure --------------------------------------------------------------------------- */
+
+static int add_node(ctx_t *c, const char *name, char *path, kvs_elf_via_t via, int needed_by,
+                    int *idx) {
+  if (c->n_nodes >= MAX_OBJECTS) {
+    free(path);
+    return -E2BIG;
+  }
+  if (c->n_nodes == c->cap_nodes) {
+    size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 16;
+    node_t *nn = realloc(c->nodes, cap * sizeof *nn);
+    if (nn == NULL) {
+      free(path);
+      return -ENOMEM;
+    }
+    c->nodes = nn;
+    c->cap_nodes = cap;
+  }
+  node_t *nd = &c->nodes[c->n_nodes];
+  memset(nd, 0, sizeof *nd);
+  nd->pub.name = strdup(name);
+  nd->pub.path = path;
+  nd->pub.via = via;
+  nd->pub.needed_by = needed_by;
+  c->n_nodes++;
+  if (nd->pub.name == NULL) return -ENOMEM;
+  *idx = (int)(c->n_nodes - 1);
+  return 0;
+}
+
+/* Finds name for requester r the way the dynamic loader does. Returns a new path and *via,
+ * or NULL (not found; *oom set on ENOMEM). */
+static char *locate(ctx_t *c, int r, const char *name, kvs_elf_via_t *via, bool *oom) {
+  node_t *req = &c->nodes[r];
+  char *p = NULL;
+  if (strchr(name, '/') != NULL) {
+    char buf[PATH_MAX];
+    if (expand_dst(c, name, req->origin, buf, sizeof buf) != 0 || !compatible(c, buf)) return NULL;
+    *via = KVS_ELF_VIA_PATH;
+    if ((p = strdup(buf)) == NULL) *oom = true;
+    return p;
+  }
+  /* DT_RPATH of the requester and of its loaders, unless the requester has DT_RUNPATH */
+  if (req->runpath == NULL)
+    for (int l = r; l >= 0 && p == NULL && !*oom; l = c->nodes[l].pub.needed_by)
+      p = search_list(c, c->nodes[l].rpath, c->nodes[l].origin, name, oom);
+  if (p != NULL) {
+    *via = KVS_ELF_VIA_RPATH;
+    return p;
+  }
+  /* LD_LIBRARY_PATH ($ORIGIN there is the executable's) */
+  if (!*oom && (p = search_list(c, c->cfg->ld_library_path, c->nodes[0].origin, name, oom))) {
+    *via = KVS_ELF_VIA_LD_LIBRARY_PATH;
+    return p;
+  }
+  if (!*oom && (p = search_list(c, req->runpath, req->origin, name, oom))) {
+    *via = KVS_ELF_VIA_RUNPATH;
+    return p;
+  }
+  if (*oom || (req->pub.flags & KVS_ELF_OBJ_NODEFLIB)) return NULL;
+  if ((p = cache_lookup(c, name, oom)) != NULL) {
+    *via = KVS_ELF_VIA_CACHE;
+    return p;
+  }
+  const char *trip = triplet_of(c->machine, c->elf_class);
+  char dirs[512];
+  if (trip != NULL)
+    snprintf(dirs, sizeof dirs, "/lib/%s:/usr/lib/%s:/lib:/usr/lib%s", trip, trip,
+             c->elf_class == ELFCLASS64 ? ":/lib64:/usr/lib64" : "");
+  else
+    snprintf(dirs, sizeof dirs, "/lib:/usr/lib%s",
+             c->elf_class == ELFCLASS64 ? ":/lib64:/usr/lib64" : "");
+  if (!*oom && (p = search_list(c, dirs, NULL, name, oom))) *via = KVS_ELF_VIA_DEFAULT;
+  return p;
+}
+
+/* Adds the objects DT_NEEDED of node r names, unless already loaded. */
+static int resolve_needed(ctx_t *c, int r) {
+  for (size_t k = 0; k < c->nodes[r].n_needed; k++) {
+    const char *name = c->nodes[r].needed[k];
+    bool loaded = false;
+    for (size_t i = 0; i < c->n_nodes && !loaded; i++) {
+      const node_t *o = &c->nodes[i];
+      loaded =
+          strcmp(o->pub.name, name) == 0 || (o->pub.soname && strcmp(o->pub.soname, name) == 0);
+    }
+    if (loaded) continue;
+    kvs_elf_via_t via = KVS_ELF_VIA_NOT_FOUND;
+    bool oom = false;
+    char *path = locate(c, r, name, &via, &oom);
+    if (oom) {
+      free(path);
+      return -ENOMEM;
+    }
+    if (path != NULL) {
+      struct stat st;
+      bool same = false;
+      if (stat(path, &st) == 0)
+        for (size_t i = 0; i < c->n_nodes && !same; i++)
+          same =
+              c->nodes[i].pub.path && c->nodes[i].dev == st.st_dev && c->nodes[i].ino == st.st_ino;
+      if (same) {
+        free(path);
+        continue;
+      }
+    }
+    int idx;
+    int rc = add_node(c, name, path, path ? via : KVS_ELF_VIA_NOT_FOUND, r, &idx);
+    if (rc < 0) return rc;
+    if (path != NULL) {
+      node_t *nd = &c->nodes[idx];
+      if ((nd->origin = dir_of(path)) == NULL) return -ENOMEM;
+      char why[ERRBUF];
+      rc = read_object(c, nd, false, why, sizeof why);
+      if (rc == -ENOMEM) return rc;
+      if (rc < 0 && (nd->pub.error = strdup(why)) == NULL) return -ENOMEM;
+    }
+  }
+  return 0;
+}
+
+/* ---- verdicts ------------------------------------------------------------------------------ */
+
+static bool is_static(kvs_elf_kind_t k) {
+  return k == KVS_ELF_KIND_STATIC || k == KVS_ELF_KIND_STATIC_PIE;
+}
+static bool is_exec(kvs_elf_kind_t k) { return k == KVS_ELF_KIND_EXEC || k == KVS_ELF_KIND_PIE; }
+
+/* Why calls inside definer i to hook h would be bound (the reason if they are). */
+static kvs_elf_reason_t bound_reason(const ctx_t *c, size_t i, const facts_t *f) {
+  if (is_static(c->kind)) return KVS_ELF_REASON_STATIC;
+  if (i == 0 && is_exec(c->kind)) return KVS_ELF_REASON_EXECUTABLE;
+  if (f->def == KVS_ELF_DEF_INTERNAL) return KVS_ELF_REASON_HIDDEN;
+  if (f->vis == STV_PROTECTED) return KVS_ELF_REASON_PROTECTED;
+  if (c->nodes[i].pub.flags & KVS_ELF_OBJ_SYMBOLIC) return KVS_ELF_REASON_SYMBOLIC;
+  return KVS_ELF_REASON_SYMBOLIC_FUNCTIONS;
+}
+
+static int judge(const ctx_t *c, kvs_elf_symbol_t *s) {
+  unsigned h = s->hook;
+  size_t n = 0;
+  s->definer = -1;
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    const facts_t *f = &c->nodes[i].facts[h];
+    if (!c->nodes[i].read) continue;
+    if (f->defined || f->undef_ref || f->jump_slot || f->glob_dat || f->other) n++;
+    if (s->definer < 0 && f->defined && f->def == KVS_ELF_DEF_EXPORTED) s->definer = (int)i;
+  }
+  s->verdict = KVS_ELF_ABSENT;
+  s->reason = KVS_ELF_REASON_NONE;
+  if (n == 0) return 0;
+  s->uses = calloc(n, sizeof *s->uses);
+  if (s->uses == NULL) return -ENOMEM;
+  bool exe_def = s->definer == 0 && is_exec(c->kind);
+  unsigned ok = 0, bad = 0;
+  kvs_elf_reason_t first_bad = KVS_ELF_REASON_NONE, def_reason = KVS_ELF_REASON_NONE;
+  bool def_ok = false, any_def = false;
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    const facts_t *f = &c->nodes[i].facts[h];
+    if (!c->nodes[i].read ||
+        !(f->defined || f->undef_ref || f->jump_slot || f->glob_dat || f->other))
+      continue;
+    kvs_elf_use_t *u = &s->uses[s->n_uses++];
+    u->object = (uint32_t)i;
+    u->jump_slot = f->jump_slot;
+    u->glob_dat = f->glob_dat;
+    u->other_relocs = f->other;
+    unsigned relocs = f->jump_slot + f->glob_dat + f->other;
+    kvs_elf_reason_t why = KVS_ELF_REASON_NONE;
+    bool route;
+    if (!f->defined) { /* an import: bound by the loader in the global order */
+      u->def = KVS_ELF_DEF_NONE;
+      why = is_static(c->kind) ? KVS_ELF_REASON_STATIC
+            : exe_def          ? KVS_ELF_REASON_EXECUTABLE
+                               : KVS_ELF_REASON_NONE;
+      route = true;
+    } else {
+      u->def = f->def;
+      u->visibility = f->vis;
+      u->direct_calls = f->direct;
+      u->pointers = f->pointers;
+      kvs_elf_reason_t b = bound_reason(c, i, f);
+      bool relocs_bound = relocs > 0 && b != KVS_ELF_REASON_SYMBOLIC_FUNCTIONS;
+      if (f->direct > 0 || relocs_bound) why = b;
+      route = f->direct > 0 || relocs > 0;
+      /* what a definition alone means for callers elsewhere */
+      kvs_elf_reason_t alone =
+          (is_static(c->kind) || (i == 0 && is_exec(c->kind)) || f->def == KVS_ELF_DEF_INTERNAL)
+              ? b
+              : KVS_ELF_REASON_NONE;
+      if (!any_def || (int)i == s->definer) {
+        def_ok = alone == KVS_ELF_REASON_NONE;
+        def_reason = alone;
+        any_def = true;
+      }
+      if (!route && alone != KVS_ELF_REASON_NONE) why = alone;
+    }
+    u->interposable = why == KVS_ELF_REASON_NONE;
+    u->reason = (uint8_t)why;
+    if (!route) continue;
+    if (u->interposable)
+      ok++;
+    else if (bad++ == 0)
+      first_bad = why;
+  }
+  if (ok + bad == 0) {
+    /* definitions only: interposable for whoever imports it, if anyone can */
+    s->verdict = def_ok || !any_def ? KVS_ELF_YES : KVS_ELF_NO;
+    s->reason = def_ok || !any_def ? KVS_ELF_REASON_NONE : def_reason;
+  } else if (bad == 0) {
+    s->verdict = KVS_ELF_YES;
+  } else {
+    s->verdict = ok == 0 ? KVS_ELF_NO : KVS_ELF_PARTIAL;
+    s->reason = first_bad;
+  }
+  return 0;
+}
+
+/* ---- report -------------------------------------------------------------------------------- */
+
+static void node_free(node_t *nd) {
+  free(nd->origin);
+  for (size_t k = 0; k < nd->n_needed; k++) free(nd->needed[k]);
+  free(nd->needed);
+  free(nd->rpath);
+  free(nd->runpath);
+}
+
+static void ctx_free(ctx_t *c, bool keep_pub) {
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    node_free(&c->nodes[i]);
+    if (!keep_pub) {
+      free(c->nodes[i].pub.name);
+      free(c->nodes[i].pub.path);
+      free(c->nodes[i].pub.soname);
+      free(c->nodes[i].pub.error);
+    }
+  }
+  free(c->nodes);
+  free(c->cache);
+  for (size_t i = 0; i < c->n_pairs; i++) {
+    free(c->pairs[i].name);
+    free(c->pairs[i].path);
+  }
+  free(c->pairs);
+  if (!keep_pub) free(c->interp);
+}
+
+void kvs_elf_report_destroy(kvs_elf_report_t *r) {
+  if (r == NULL) return;
+  for (size_t i = 0; i < r->n_objects; i++) {
+    free(r->objects[i].name);
+    free(r->objects[i].path);
+    free(r->objects[i].soname);
+    free(r->objects[i].error);
+  }
+  free(r->objects);
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) free(r->symbols[h].uses);
+  free(r->interp);
+#ifdef KVSHIM_DEBUG
+  memset(r, 0xa5, sizeof *r);
+#endif
+  free(r);
+}
+
+static int elf_ready(void) {
+  static int state; /* 0 unknown, 1 ok, -1 failed; elf_version is idempotent, a race is benign */
+  if (state == 0) state = elf_version(EV_CURRENT) == EV_NONE ? -1 : 1;
+  return state;
+}
+
+int kvs_elf_inspect(const char *path, const kvs_elf_inspect_config_t *cfg, kvs_elf_report_t **out,
+                    char *err, size_t err_len) {
+  static const kvs_elf_inspect_config_t defaults = {0};
+  if (err != NULL && err_len > 0) err[0] = '\0';
+  if (path == NULL || out == NULL) {
+    seterr(err, err_len, "no binary given%s%s", "", "");
+    return -EINVAL;
+  }
+  if (elf_ready() < 0) {
+    seterr(err, err_len, "libelf: %s%s", elf_errmsg(-1), "");
+    return -EPROTONOSUPPORT;
+  }
+  ctx_t c;
+  memset(&c, 0, sizeof c);
+  c.cfg = cfg ? cfg : &defaults;
+  int idx, rc;
+  char *p = strdup(path);
+  if (p == NULL) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  if ((rc = add_node(&c, path, p, KVS_ELF_VIA_ARGUMENT, -1, &idx)) < 0) goto fail;
+  if ((rc = read_object(&c, &c.nodes[0], true, err, err_len)) < 0) goto fail;
+  /* $ORIGIN of the executable is where its file really is (the loader reads /proc/self/exe);
+   * a library's is the directory of the path it was opened by. */
+  char real[PATH_MAX];
+  c.nodes[0].origin = is_exec(c.kind) && realpath(path, real) ? dir_of(real) : dir_of(path);
+  if (c.nodes[0].origin == NULL) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  if (!is_static(c.kind))
+    for (size_t i = 0; i < c.n_nodes; i++)
+      if (c.nodes[i].read && (rc = resolve_needed(&c, (int)i)) < 0) {
+        seterr(err, err_len, "%s: %s", path,
+               rc == -E2BIG ? "its closure has too many objects" : strerror(-rc));
+        goto fail;
+      }
+  kvs_elf_report_t *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
+    r->symbols[h].hook = (kvs_elf_hook_t)h;
+    if ((rc = judge(&c, &r->symbols[h])) < 0) {
+      for (unsigned k = 0; k <= h; k++) free(r->symbols[k].uses);
+      free(r);
+      goto fail;
+    }
+  }
+  r->objects = calloc(c.n_nodes, sizeof *r->objects);
+  if (r->objects == NULL) {
+    for (unsigned k = 0; k < KVS_ELF_HOOK_COUNT; k++) free(r->symbols[k].uses);
+    free(r);
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (size_t i = 0; i < c.n_nodes; i++) r->objects[i] = c.nodes[i].pub;
+  r->n_objects = c.n_nodes;
+  r->kind = c.kind;
+  r->interp = c.interp;
+  r->machine = c.machine;
+  ctx_free(&c, true);
+  *out = r;
+  return 0;
+fail:
+  if (rc == -ENOMEM) seterr(err, err_len, "%s: out of memory%s", path, "");
+  ctx_free(&c, false);
+  return rc;
+}
+
+int kvs_elf_family_summarize(const kvs_elf_report_t *r, kvs_elf_family_t f,
+                             kvs_elf_family_summary_t *out) {
+  kvs_elf_hook_t first;
+  unsigned count;
+  if (r == NULL || out == NULL || kvs_elf_family_hooks(f, &first, &count) < 0) return -EINVAL;
+  kvs_elf_family_summary_t s = {.definer = -1};
+  unsigned best = 0;
+  for (unsigned k = 0; k < count; k++) {
+    const kvs_elf_symbol_t *sym = &r->symbols[first + k];
+    switch (sym->verdict) {
+    case KVS_ELF_ABSENT: continue;
+    case KVS_ELF_YES: s.yes++; break;
+    case KVS_ELF_PARTIAL: s.partial++; break;
+    case KVS_ELF_NO: s.no++; break;
+    }
+    s.present++;
+  }
+  for (size_t i = 0; i < r->n_objects; i++) {
+    unsigned defs = 0;
+    for (unsigned k = 0; k < count; k++) {
+      const kvs_elf_symbol_t *sym = &r->symbols[first + k];
+      for (size_t u = 0; u < sym->n_uses; u++)
+        if (sym->uses[u].object == i && sym->uses[u].def != KVS_ELF_DEF_NONE) defs++;
+    }
+    if (defs == 0) continue;
+    s.n_definers++;
+    if (defs > best) {
+      best = defs;
+      s.definer = (int)i;
+    }
+  }
+  *out = s;
+  return 0;
+}
+
+const char *kvs_elf_object_basename(const kvs_elf_object_t *o) {
+  if (o == NULL) return "?";
+  return base_name(o->path ? o->path : o->name ? o->name : "?");
+}
+
+/* ==== run time: the objects of this process, read in memory ============================== */
+
+#define RT_MAX_SEGS 16
+
+/* Native-class accessors (link.h's ElfW names the types; these name the macros). */
+#if __ELF_NATIVE_CLASS == 64
+#define RT_R_SYM(i) ELF64_R_SYM(i)
+#define RT_ST_BIND(i) ELF64_ST_BIND(i)
+#define RT_ST_TYPE(i) ELF64_ST_TYPE(i)
+#define RT_ST_VIS(o) ELF64_ST_VISIBILITY(o)
+#else
+#define RT_R_SYM(i) ELF32_R_SYM(i)
+#define RT_ST_BIND(i) ELF32_ST_BIND(i)
+#define RT_ST_TYPE(i) ELF32_ST_TYPE(i)
+#define RT_ST_VIS(o) ELF32_ST_VISIBILITY(o)
+#endif
+
+typedef struct rt_obj {
+  uintptr_t base;
+  unsigned n_segs;
+  uintptr_t lo[RT_MAX_SEGS], hi[RT_MAX_SEGS]; /* readable PT_LOAD ranges [lo, hi) */
+} rt_obj_t;
+
+typedef struct rt_ctx {
+  const void *self;
+  kvs_elf_process_t *out;
+  unsigned idx;
+  unsigned best[KVS_ELF_FAMILY_COUNT]; /* hooks defined by each family's current definer */
+} rt_ctx_t;
+
+static bool rt_ok(const rt_obj_t *o, uintptr_t a, size_t len) {
+  for (unsigned i = 0; i < o->n_segs; i++)
+    if (a >= o->lo[i] && a <= o->hi[i] && len <= o->hi[i] - a) return true;
+  return false;
+}
+
+/* An address from the dynamic section: already relocated by the loader on most targets, an
+ * offset from the base where the section is read-only (the vDSO, some architectures). */
+static uintptr_t rt_addr(const rt_obj_t *o, uintptr_t v) {
+  if (rt_ok(o, v, 1)) return v;
+  if (rt_ok(o, v + o->base, 1)) return v + o->base;
+  return 0;
+}
+
+/* Whether the string at strtab[off] (strsz bytes in all) equals s. */
+static bool rt_name_is(const rt_obj_t *o, const char *strtab, size_t strsz, size_t off,
+                       const char *s) {
+  size_t L = strlen(s) + 1;
+  if (off >= strsz || L > strsz - off || !rt_ok(o, (uintptr_t)(strtab + off), L)) return false;
+  return memcmp(strtab + off, s, L) == 0;
+}
+
+typedef struct rt_dyn {
+  const ElfW(Sym) * sym;
+  const char *str;
+  size_t strsz;
+  const uint32_t *gnu_hash, *hash;
+  const ElfW(Half) * versym;
+  uintptr_t jmprel, rela, rel;
+  size_t pltrelsz, relasz, relsz, relaent, relent;
+  long pltrel;
+  bool symbolic;
+} rt_dyn_t;
+
+/* The index of the defined, default-version symbol named s, or 0. */
+static size_t rt_lookup(const rt_obj_t *o, const rt_dyn_t *d, const char *s) {
+  if (d->gnu_hash != NULL) {
+    const uint32_t *g = d->gnu_hash;
+    if (!rt_ok(o, (uintptr_t)g, 16)) return 0;
+    uint32_t nb = g[0], symoff = g[1], bloom_n = g[2], shift = g[3];
+    const ElfW(Addr) *bloom = (const ElfW(Addr) *)(g + 4);
+    const uint32_t *buckets = (const uint32_t *)(bloom + bloom_n), *chain = buckets + nb;
+    if (nb == 0 || bloom_n == 0 || !rt_ok(o, (uintptr_t)bloom, (size_t)bloom_n * sizeof *bloom) ||
+        !rt_ok(o, (uintptr_t)buckets, (size_t)nb * 4))
+      return 0;
+    uint32_t h = 5381;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) h = h * 33 + *p;
+    const unsigned bits = sizeof(ElfW(Addr)) * 8;
+    ElfW(Addr) w = bloom[(h / bits) % bloom_n];
+    ElfW(Addr) m = ((ElfW(Addr))1 << (h % bits)) | ((ElfW(Addr))1 << ((h >> shift) % bits));
+    if ((w & m) != m) return 0;
+    uint32_t i = buckets[h % nb];
+    if (i < symoff) return 0;
+    for (;; i++) {
+      const uint32_t *cp = chain + (i - symoff);
+      if (!rt_ok(o, (uintptr_t)cp, 4)) return 0;
+      uint32_t h2 = *cp;
+      const ElfW(Sym) *sy = d->sym + i;
+      if ((h | 1) == (h2 | 1) && rt_ok(o, (uintptr_t)sy, sizeof *sy) && sy->st_shndx != SHN_UNDEF &&
+          rt_name_is(o, d->str, d->strsz, sy->st_name, s)) {
+        const ElfW(Half) *vs = d->versym ? d->versym + i : NULL;
+        if (vs == NULL || !rt_ok(o, (uintptr_t)vs, sizeof *vs) || !(*vs & 0x8000)) return i;
+      }
+      if (h2 & 1) return 0;
+    }
+  }
+  if (d->hash != NULL) {
+    const uint32_t *hh = d->hash;
+    if (!rt_ok(o, (uintptr_t)hh, 8)) return 0;
+    uint32_t nb = hh[0], nc = hh[1];
+    if (nb == 0 || !rt_ok(o, (uintptr_t)(hh + 2), ((size_t)nb + nc) * 4)) return 0;
+    uint32_t h = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+      h = (h << 4) + *p;
+      uint32_t g = h & 0xf0000000u;
+      if (g) h ^= g >> 24;
+      h &= ~g;
+    }
+    unsigned guard = 0;
+    for (uint32_t i = hh[2 + h % nb]; i != 0 && i < nc && guard++ < nc; i = hh[2 + nb + i]) {
+      const ElfW(Sym) *sy = d->sym + i;
+      if (!rt_ok(o, (uintptr_t)sy, sizeof *sy) || sy->st_shndx == SHN_UNDEF ||
+          !rt_name_is(o, d->str, d->strsz, sy->st_name, s))
+        continue;
+      const ElfW(Half) *vs = d->versym ? d->versym + i : NULL;
+      if (vs == NULL || !rt_ok(o, (uintptr_t)vs, sizeof *vs) || !(*vs & 0x8000)) return i;
+    }
+  }
+  return 0;
+}
+
+/* Marks the hooks this object imports (undefined symbols named by a relocation). */
+static void rt_imports(const rt_obj_t *o, const rt_dyn_t *d, uintptr_t tab, size_t sz, size_t ent,
+                       bool rela, uint64_t *imported) {
+  if (tab == 0 || ent == 0 || !rt_ok(o, tab, sz)) return;
+  for (size_t off = 0; off + ent <= sz; off += ent) {
+    ElfW(Xword) info =
+        rela ? ((const ElfW(Rela) *)(tab + off))->r_info : ((const ElfW(Rel) *)(tab + off))->r_info;
+    size_t si = RT_R_SYM(info);
+    if (si == 0) continue;
+    const ElfW(Sym) *sy = d->sym + si;
+    if (!rt_ok(o, (uintptr_t)sy, sizeof *sy) || sy->st_shndx != SHN_UNDEF) continue;
+    size_t no = sy->st_name;
+    if (no >= d->strsz || !rt_ok(o, (uintptr_t)(d->str + no), 1)) continue;
+    char c0 = d->str[no];
+    if (c0 != 'c' && c0 != 'l' && c0 != 'k') continue;
+    for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
+      if (rt_name_is(o, d->str, d->strsz, no, hook_names[h])) {
+        imported[h / 64] |= 1ull << (h % 64);
+        break;
+      }
+  }
+}
+
+static void rt_copy_path(char *dst, const char *src) {
+  size_t n = strlen(src);
+  if (n >= KVS_ELF_RT_PATH_MAX) n = KVS_ELF_RT_PATH_MAX - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* Position of hook h within its family (the bit of the family masks). */
+static unsigned fam_index(unsigned h) {
+  unsigned i = 0;
+  for (unsigned k = 0; k < h; k++) i += hook_fams[k] == hook_fams[h];
+  return i;
+}
+
+static int rt_visit(struct dl_phdr_info *info, size_t size, void *arg) {
+  rt_ctx_t *c = arg;
+  kvs_elf_process_t *out = c->out;
+  unsigned idx = c->idx++;
+  out->n_objects++;
+  rt_obj_t o = {.base = info->dlpi_addr};
+  uintptr_t dyn_addr = 0;
+  bool interp = false, self = false;
+  for (unsigned i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type == PT_LOAD && ph->p_memsz > 0) {
+      uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+      if (c->self && (uintptr_t)c->self >= lo && (uintptr_t)c->self < hi) self = true;
+      if ((ph->p_flags & PF_R) && o.n_segs < RT_MAX_SEGS) {
+        o.lo[o.n_segs] = lo;
+        o.hi[o.n_segs++] = hi;
+      }
+    } else if (ph->p_type == PT_DYNAMIC) {
+      dyn_addr = info->dlpi_addr + ph->p_vaddr;
+    } else if (ph->p_type == PT_INTERP) {
+      interp = true;
+    }
+  }
+  /* a main program without an interpreter (static, static-pie) never ran the loader */
+  if (idx == 0 && !interp) out->static_process = true;
+  if (self || dyn_addr == 0) return 0;
+  rt_dyn_t d = {0};
+  uintptr_t symtab = 0, strtab = 0, gnu = 0, hash = 0, versym = 0;
+  for (const ElfW(Dyn) *dy = (const ElfW(Dyn) *)dyn_addr;
+       rt_ok(&o, (uintptr_t)dy, sizeof *dy) && dy->d_tag != DT_NULL; dy++) {
+    uintptr_t v = (uintptr_t)dy->d_un.d_ptr;
+    switch (dy->d_tag) {
+    case DT_SYMTAB: symtab = rt_addr(&o, v); break;
+    case DT_STRTAB: strtab = rt_addr(&o, v); break;
+    case DT_STRSZ: d.strsz = (size_t)dy->d_un.d_val; break;
+    case DT_GNU_HASH: gnu = rt_addr(&o, v); break;
+    case DT_HASH: hash = rt_addr(&o, v); break;
+    case DT_VERSYM: versym = rt_addr(&o, v); break;
+    case DT_JMPREL: d.jmprel = rt_addr(&o, v); break;
+    case DT_PLTRELSZ: d.pltrelsz = (size_t)dy->d_un.d_val; break;
+    case DT_PLTREL: d.pltrel = (long)dy->d_un.d_val; break;
+    case DT_RELA: d.rela = rt_addr(&o, v); break;
+    case DT_RELASZ: d.relasz = (size_t)dy->d_un.d_val; break;
+    case DT_RELAENT: d.relaent = (size_t)dy->d_un.d_val; break;
+    case DT_REL: d.rel = rt_addr(&o, v); break;
+    case DT_RELSZ: d.relsz = (size_t)dy->d_un.d_val; break;
+    case DT_RELENT: d.relent = (size_t)dy->d_un.d_val; break;
+    case DT_SYMBOLIC: d.symbolic = true; break;
+    case DT_FLAGS:
+      if (dy->d_un.d_val & DF_SYMBOLIC) d.symbolic = true;
+      break;
+    default: break;
+    }
+  }
+  if (symtab == 0 || strtab == 0) return 0;
+  d.sym = (const ElfW(Sym) *)symtab;
+  d.str = (const char *)strtab;
+  d.gnu_hash = (const uint32_t *)gnu;
+  d.hash = (const uint32_t *)hash;
+  d.versym = (const ElfW(Half) *)versym;
+  bool exe = idx == 0;
+  unsigned defines[KVS_ELF_FAMILY_COUNT] = {0};
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
+    size_t si = rt_lookup(&o, &d, hook_names[h]);
+    if (si == 0) continue;
+    const ElfW(Sym) *sy = d.sym + si;
+    unsigned vis = RT_ST_VIS(sy->st_other), bind = RT_ST_BIND(sy->st_info);
+    if (bind == STB_LOCAL || vis == STV_HIDDEN || vis == STV_INTERNAL) continue;
+    kvs_elf_rt_family_t *fam = &out->family[hook_fams[h]];
+    uint64_t bit = 1ull << fam_index(h);
+    defines[hook_fams[h]]++;
+    if (fam->defined & bit) continue; /* shadowed by an earlier definition */
+    fam->defined |= bit;
+    fam->present |= bit;
+    if (!exe && !out->static_process)
+      fam->interposable |= bit;
+    else
+      fam->interposable &= ~bit;
+    if (vis == STV_PROTECTED || d.symbolic) fam->bound_inside |= bit;
+    out->definition[h] =
+        RT_ST_TYPE(sy->st_info) == STT_GNU_IFUNC ? NULL : (void *)(info->dlpi_addr + sy->st_value);
+    if (sy->st_shndx == SHN_ABS) out->definition[h] = (void *)sy->st_value;
+  }
+  for (unsigned f = 0; f < KVS_ELF_FAMILY_COUNT; f++) {
+    if (defines[f] == 0) continue;
+    out->family[f].n_definers++;
+    if (defines[f] <= c->best[f]) continue; /* the first object defining the most wins */
+    c->best[f] = defines[f];
+    char exe_path[KVS_ELF_RT_PATH_MAX];
+    const char *name = info->dlpi_name;
+    if (exe || name == NULL || name[0] == '\0') {
+      ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+      exe_path[n > 0 ? n : 0] = '\0';
+      name = n > 0 ? exe_path : "(executable)";
+    }
+    rt_copy_path(out->family[f].definer, name);
+  }
+  uint64_t imported[(KVS_ELF_HOOK_COUNT + 63) / 64] = {0};
+  rt_imports(&o, &d, d.jmprel, d.pltrelsz,
+             d.pltrel == DT_REL ? sizeof(ElfW(Rel)) : sizeof(ElfW(Rela)), d.pltrel != DT_REL,
+             imported);
+  rt_imports(&o, &d, d.rela, d.relasz, d.relaent ? d.relaent : sizeof(ElfW(Rela)), true, imported);
+  rt_imports(&o, &d, d.rel, d.relsz, d.relent ? d.relent : sizeof(ElfW(Rel)), false, imported);
+  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
+    if (!(imported[h / 64] >> (h % 64) & 1)) continue;
+    kvs_elf_rt_family_t *fam = &out->family[hook_fams[h]];
+    uint64_t bit = 1ull << fam_index(h);
+    fam->present |= bit;
+    if (!(fam->defined & bit) && !out->static_process) fam->interposable |= bit;
+  }
+  (void)size;
+  return 0;
+}
+
+int kvs_elf_scan_process(const void *self, kvs_elf_process_t *out) {
+  if (out == NULL) return -EINVAL;
+  kvs_elf_process_t p;
+  memset(&p, 0, sizeof p);
+  rt_ctx_t c = {.self = self, .out = &p};
+  dl_iterate_phdr(rt_visit, &c);
+  for (unsigned f = 0; f < KVS_ELF_FAMILY_COUNT; f++) {
+    kvs_elf_rt_family_t *fam = &p.family[f];
+    fam->interposable &= fam->present;
+    fam->n_present = (unsigned)__builtin_popcountll(fam->present);
+    fam->n_interposable = (unsigned)__builtin_popcountll(fam->present & fam->interposable);
+  }
+  *out = p;
+  return 0;
+}
+
+int kvs_elf_process_line(const kvs_elf_process_t *p, kvs_elf_family_t f, char *buf, size_t n) {
+  if (p == NULL || (unsigned)f >= KVS_ELF_FAMILY_COUNT) return -EINVAL;
+  const kvs_elf_rt_family_t *fam = &p->family[f];
+  return kvs_elf_summary_line(buf, n, family_titles[f], base_name(fam->definer),
+                              fam->n_interposable, fam->n_present);
+}
