@@ -71,6 +71,7 @@ typedef struct conn {
   outmsg_t *tx_head, *tx_tail;
   bool closing;             /* close once tx is empty */
   bool reading;             /* EPOLLIN armed */
+  uint32_t armed;           /* epoll events registered now (epoll_ctl only when they change) */
   wxfer_t *wxfers;
 } conn_t;
 
@@ -124,7 +125,8 @@ static void arm(kvs_coord_t *c, conn_t *k) {
   struct epoll_event ev = {.data.ptr = k};
   k->reading = !k->closing && k->tx_head == NULL;
   ev.events = (k->reading ? EPOLLIN : 0) | (k->tx_head ? EPOLLOUT : 0) | EPOLLRDHUP;
-  epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev);
+  if (ev.events == k->armed) return; /* the usual case: a reply went out at once */
+  if (epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev) == 0) k->armed = ev.events;
 }
 
 /* Queue a reply. payload is malloc'd and owned by the queue from here on (freed on failure). */
@@ -645,12 +647,16 @@ static int flush_tx(conn_t *k) {
       m->started = true;
     }
     while (m->hdr_off < KVS_PROTO_HEADER_SIZE) {
-      ssize_t r = kvs_sock_send_some(k->fd, m->hdr + m->hdr_off,
-                                     KVS_PROTO_HEADER_SIZE - m->hdr_off, m->pass_fd);
+      /* Header and this frame's payload in one sendmsg: one syscall, one wake-up. */
+      struct iovec iov[2] = {{m->hdr + m->hdr_off, KVS_PROTO_HEADER_SIZE - m->hdr_off},
+                             {m->payload + m->off, m->frame_end - m->off}};
+      ssize_t r = kvs_sock_sendv_some(k->fd, iov, iov[1].iov_len ? 2 : 1, m->pass_fd);
       if (r < 0) return (int)r;
       if (r == 0) return 0;
       m->pass_fd = -1;
-      m->hdr_off += (uint8_t)r;
+      size_t h = (size_t)r < iov[0].iov_len ? (size_t)r : iov[0].iov_len;
+      m->hdr_off += (uint8_t)h;
+      m->off += (size_t)r - h;
     }
   payload:
     while (m->off < m->frame_end) {
@@ -663,23 +669,35 @@ static int flush_tx(conn_t *k) {
   return 0;
 }
 
+/* The peer went away (rc < 0). A frame it left half-sent is a truncated, malformed frame:
+ * counted like any other (nobody is left to answer). */
+static int rx_gone(kvs_coord_t *c, conn_t *k, int rc) {
+  if (k->hdr_got || k->reading_payload || k->in_message) {
+    kvs_stats_inc(c->stats, KVS_STAT_coord_bad_frames);
+    kvs_log_info("peer pid %ld closed in the middle of a frame", (long)k->pid);
+  }
+  return rc;
+}
+
 /* Read and dispatch until the socket is empty or a reply is pending. 0, or negative: close. */
 static int pump_rx(kvs_coord_t *c, conn_t *k) {
   while (!k->closing && !k->tx_head) {
     if (!k->reading_payload) {
       ssize_t r = kvs_sock_recv_some(k->fd, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got, NULL);
       if (r == -EAGAIN) return 0;
-      if (r < 0) return (int)r;
+      if (r < 0) return rx_gone(c, k, (int)r);
       k->hdr_got += (size_t)r;
       if (k->hdr_got < sizeof k->hdr) continue;
       k->hdr_got = 0;
       kvs_proto_header_t h;
       kvs_proto_header_parse(k->hdr, sizeof k->hdr, &h);
-      uint64_t rid = (h.flags & KVS_PROTO_F_REPLY) ? 0 : h.request_id;
+      /* docs/protocol.md §8: the ERROR carries the request id when the magic was right. */
+      uint64_t rid =
+          (h.magic != KVS_PROTO_MAGIC || (h.flags & KVS_PROTO_F_REPLY)) ? 0 : h.request_id;
       uint32_t limit = k->state == CONN_READY ? c->max_frame : KVS_PROTO_MIN_MAX_FRAME;
       int rc = kvs_proto_header_validate(&h, limit);
       if (rc < 0) {
-        protocol_error(c, k, rc == -EMSGSIZE || rc == -EOPNOTSUPP ? rid : 0, rc, "bad frame header");
+        protocol_error(c, k, rid, rc, "bad frame header");
         return 0;
       }
       if (h.flags & KVS_PROTO_F_REPLY) {
@@ -716,7 +734,7 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
     while (k->frame_left) {
       ssize_t r = kvs_sock_recv_some(k->fd, k->msg + k->msg_len, k->frame_left, NULL);
       if (r == -EAGAIN) return 0;
-      if (r < 0) return (int)r;
+      if (r < 0) return rx_gone(c, k, (int)r);
       k->msg_len += (size_t)r;
       k->frame_left -= (size_t)r;
     }
@@ -768,6 +786,7 @@ static void accept_all(kvs_coord_t *c) {
     __atomic_fetch_add(&c->n_conns, 1, __ATOMIC_RELAXED);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = k};
     epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+    k->armed = ev.events;
     k->reading = true;
     kvs_stats_inc(c->stats, KVS_STAT_coord_connections);
     if (!kvs_options_uid_allowed(&c->uid_opts, k->uid)) {

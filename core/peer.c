@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +31,8 @@ typedef struct pconn {
   uint32_t peer_max_frame;
   kvs_peer_info_t info;
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
+  uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
+  uint16_t unread_op;
   unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
   bool listed;          /* still in the table */
 } pconn_t;
@@ -72,6 +75,112 @@ static void conn_kill(pconn_t *c) {
   c->fd = -1;
 }
 
+/* Send request rid (split at the peer's max_frame). 0 or a transport errno. */
+static int send_request(pconn_t *c, uint16_t op, uint64_t rid, const void *req, size_t req_len,
+                        uint64_t deadline) {
+  uint32_t fmax = c->peer_max_frame ? c->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  size_t off = 0;
+  for (;;) {
+    kvs_proto_header_t h;
+    KVS_TRY(kvs_proto_frame_header(op, 0, rid, req_len, off, fmax, &h));
+    uint8_t hb[KVS_PROTO_HEADER_SIZE];
+    kvs_proto_header_encode(&h, hb);
+    struct iovec iov[2] = {{hb, sizeof hb}, {(char *)req + off, h.length}};
+    KVS_TRY(kvs_sock_send_all(c->fd, iov, 2, -1, deadline));
+    off += h.length;
+    if (!(h.flags & KVS_PROTO_F_MORE)) return 0;
+  }
+}
+
+/* Read the whole reply to request rid (op). Returns 0 with *reply (malloc'd, caller frees) and
+ * *reply_len; 1 when the peer answered ERROR (its code in *code; nothing to free); or a
+ * negative errno when the connection is unusable (nothing to free). fd_out (may be NULL) gets
+ * an fd passed with the reply (-1 when none; closed again on failure). */
+static int read_reply(kvs_peers_t *p, pconn_t *c, uint16_t op, uint64_t rid, uint64_t deadline,
+                      bool wait_first, uint8_t **reply, size_t *reply_len, int *fd_out,
+                      int *code) {
+  if (fd_out) *fd_out = -1;
+  kvs_proto_header_t want = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, op, 0, rid, 0};
+  kvs_proto_header_t first;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  bool more = true, have_first = false;
+  uint32_t limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  /* Right after a request the reply cannot be there yet: wait rather than try a read that
+   * would fail. */
+  int rc = wait_first ? kvs_sock_wait(c->fd, POLLIN, deadline) : 0;
+  while (rc == 0 && more) {
+    uint8_t hb[KVS_PROTO_HEADER_SIZE];
+    int got_fd = -1;
+    rc = kvs_sock_recv_all(c->fd, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
+    if (rc < 0) break;
+    if (got_fd >= 0) {
+      if (fd_out) *fd_out = got_fd;
+      else close(got_fd);
+    }
+    kvs_proto_header_t h;
+    rc = kvs_proto_header_decode(hb, sizeof hb, limit, &h);
+    if (rc == 0) rc = have_first ? kvs_proto_frame_continues(&first, &h)
+                                 : kvs_proto_reply_matches(&want, &h);
+    if (rc < 0) break;
+    if (!have_first) first = h, have_first = true;
+    if (len + h.length > MAX_REPLY_BYTES) {
+      rc = -EMSGSIZE;
+      break;
+    }
+    uint8_t *nb = realloc(buf, len + h.length ? len + h.length : 8);
+    if (!nb) {
+      rc = -ENOMEM;
+      break;
+    }
+    buf = nb;
+    rc = kvs_sock_recv_all(c->fd, buf + len, h.length, NULL, deadline);
+    len += h.length;
+    more = (h.flags & KVS_PROTO_F_MORE) != 0;
+  }
+  if (rc == 0 && first.opcode == KVS_OP_ERROR) {
+    kvs_proto_error_t e = {0};
+    rc = kvs_proto_error_decode(buf, len, &e); /* a malformed ERROR: the connection goes */
+    if (rc == 0) {
+      kvs_log_debug("peer %016" PRIx64 " answered %s with %s: %.*s", c->info.instance_id,
+                    kvs_proto_opcode_name(op), kvs_proto_strerror(e.code), (int)e.message_len,
+                    e.message ? e.message : "");
+      *code = e.code;
+      rc = 1;
+    }
+  }
+  if (rc != 0) {
+    free(buf);
+    if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
+    return rc;
+  }
+  *reply = buf;
+  *reply_len = len;
+  return 0;
+}
+
+/* Read (and drop) the reply to a request sent with rpc_post. Its answer changes nothing for
+ * anyone; an ERROR in it is ignored. 0 or a transport errno. */
+static int drain(kvs_peers_t *p, pconn_t *c, uint64_t deadline) {
+  if (!c->unread_rid) return 0;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int code = 0;
+  int rc = read_reply(p, c, c->unread_op, c->unread_rid, deadline, false, &buf, &len, NULL, &code);
+  c->unread_rid = 0;
+  if (rc == 0) free(buf);
+  return rc < 0 ? rc : 0;
+}
+
+static int conn_failed(kvs_peers_t *p, pconn_t *c, uint16_t op, int rc) {
+  kvs_stats_inc(p->stats, KVS_STAT_peer_errors);
+  kvs_log_debug("peer %016" PRIx64 ": %s failed (%s); connection closed", c->info.instance_id,
+                kvs_proto_opcode_name(op), strerror(-rc));
+  conn_kill(c);
+  c->unread_rid = 0;
+  return rc;
+}
+
 /* One request/response on a connection (caller holds c->lock). *reply is malloc'd (caller
  * frees) and holds the whole reply payload. fd_out (may be NULL) gets an fd passed with the
  * reply. Returns 0, the ERROR code the peer sent (connection kept), or another negative errno
@@ -82,80 +191,27 @@ static int rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t 
   if (c->fd < 0) return -ENOTCONN;
   uint64_t deadline = deadline_of(p);
   uint64_t rid = ++c->next_rid;
-  uint32_t fmax = c->peer_max_frame ? c->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
-  int rc;
-  size_t off = 0;
-  do {
-    kvs_proto_header_t h;
-    rc = kvs_proto_frame_header(op, 0, rid, req_len, off, fmax, &h);
-    if (rc < 0) return rc;
-    uint8_t hb[KVS_PROTO_HEADER_SIZE];
-    kvs_proto_header_encode(&h, hb);
-    struct iovec iov[2] = {{hb, sizeof hb}, {(char *)req + off, h.length}};
-    rc = kvs_sock_send_all(c->fd, iov, 2, -1, deadline);
-    if (rc < 0) goto dead;
-    off += h.length;
-    if (!(h.flags & KVS_PROTO_F_MORE)) break;
-  } while (1);
+  int code = 0;
+  int rc = drain(p, c, deadline);
+  if (rc == 0) rc = send_request(c, op, rid, req, req_len, deadline);
+  if (rc == 0) rc = read_reply(p, c, op, rid, deadline, true, reply, reply_len, fd_out, &code);
+  if (rc < 0) return conn_failed(p, c, op, rc);
+  return rc == 1 ? (code < 0 ? code : -EIO) : 0;
+}
 
-  kvs_proto_header_t want = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, op, 0, rid, 0};
-  kvs_proto_header_t first;
-  uint8_t *buf = NULL;
-  size_t len = 0;
-  bool more = true, have_first = false;
-  uint32_t limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame : KVS_PROTO_MIN_MAX_FRAME;
-  while (more) {
-    uint8_t hb[KVS_PROTO_HEADER_SIZE];
-    int got_fd = -1;
-    rc = kvs_sock_recv_all(c->fd, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
-    if (rc < 0) goto dead_free;
-    if (got_fd >= 0) {
-      if (fd_out) *fd_out = got_fd;
-      else close(got_fd);
-    }
-    kvs_proto_header_t h;
-    rc = kvs_proto_header_decode(hb, sizeof hb, limit, &h);
-    if (rc == 0) rc = have_first ? kvs_proto_frame_continues(&first, &h)
-                                 : kvs_proto_reply_matches(&want, &h);
-    if (rc < 0) goto dead_free;
-    if (!have_first) first = h, have_first = true;
-    if (len + h.length > MAX_REPLY_BYTES) {
-      rc = -EMSGSIZE;
-      goto dead_free;
-    }
-    uint8_t *nb = realloc(buf, len + h.length ? len + h.length : 8);
-    if (!nb) {
-      rc = -ENOMEM;
-      goto dead_free;
-    }
-    buf = nb;
-    rc = kvs_sock_recv_all(c->fd, buf + len, h.length, NULL, deadline);
-    if (rc < 0) goto dead_free;
-    len += h.length;
-    more = (h.flags & KVS_PROTO_F_MORE) != 0;
-  }
-  if (first.opcode == KVS_OP_ERROR) {
-    kvs_proto_error_t e;
-    rc = kvs_proto_error_decode(buf, len, &e) == 0 ? e.code : -EBADMSG;
-    kvs_log_debug("peer %016" PRIx64 " answered %s with %s: %.*s", c->info.instance_id,
-                  kvs_proto_opcode_name(op), kvs_proto_strerror(rc), (int)e.message_len,
-                  e.message ? e.message : "");
-    free(buf);
-    if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
-    return rc < 0 ? rc : -EIO;
-  }
-  *reply = buf;
-  *reply_len = len;
+/* Send a request whose answer nobody waits for (COMMIT_RETRIEVE: the unpin happens when the
+ * peer reads it, in order; its empty reply is read by the next call on this connection). This
+ * takes one round trip off the caller's path. 0 or a negative errno (connection closed). */
+static int rpc_post(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t req_len) {
+  if (c->fd < 0) return -ENOTCONN;
+  uint64_t deadline = deadline_of(p);
+  uint64_t rid = ++c->next_rid;
+  int rc = drain(p, c, deadline);
+  if (rc == 0) rc = send_request(c, op, rid, req, req_len, deadline);
+  if (rc < 0) return conn_failed(p, c, op, rc);
+  c->unread_rid = rid;
+  c->unread_op = op;
   return 0;
-dead_free:
-  free(buf);
-  if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
-dead:
-  kvs_stats_inc(p->stats, KVS_STAT_peer_errors);
-  kvs_log_debug("peer %016" PRIx64 ": %s failed (%s); connection closed", c->info.instance_id,
-                kvs_proto_opcode_name(op), strerror(-rc));
-  conn_kill(c);
-  return rc;
 }
 
 /* Encode with a size query and call. */
@@ -440,10 +496,10 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
     }
     if (r.xfer) { /* unpin at the peer; an error here only costs the peer a lease */
       kvs_proto_xfer_t x = {r.xfer};
-      uint8_t *r2 = NULL;
+      uint8_t b[16];
       size_t n2 = 0;
-      RPC_ENCODED(p, c, KVS_OP_COMMIT_RETRIEVE, kvs_proto_xfer_encode, &x, &r2, &n2);
-      free(r2);
+      if (kvs_proto_xfer_encode(&x, b, sizeof b, &n2) == 0)
+        rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
     }
   }
   pthread_mutex_unlock(&c->lock);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -171,13 +172,13 @@ ssize_t kvs_sock_recv_some(int fd, void *buf, size_t len, int *fd_out) {
   }
 }
 
-ssize_t kvs_sock_send_some(int fd, const void *buf, size_t len, int pass_fd) {
+ssize_t kvs_sock_sendv_some(int fd, const struct iovec *iov, int iovcnt, int pass_fd) {
   union {
     char buf[CMSG_SPACE(sizeof(int))];
     struct cmsghdr align;
   } ctl;
-  struct iovec iov = {(void *)buf, len};
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  struct msghdr m = {.msg_iov = (struct iovec *)iov,
+                     .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
   if (pass_fd >= 0) {
     memset(&ctl, 0, sizeof ctl);
     m.msg_control = ctl.buf;
@@ -197,23 +198,36 @@ ssize_t kvs_sock_send_some(int fd, const void *buf, size_t len, int pass_fd) {
   }
 }
 
+ssize_t kvs_sock_send_some(int fd, const void *buf, size_t len, int pass_fd) {
+  struct iovec iov = {(void *)buf, len};
+  return kvs_sock_sendv_some(fd, &iov, 1, pass_fd);
+}
+
+int kvs_sock_wait(int fd, short events, uint64_t deadline_ns) {
+  return wait_fd(fd, events, deadline_ns);
+}
+
 int kvs_sock_send_all(int fd, struct iovec *iov, int iovcnt, int pass_fd, uint64_t deadline_ns) {
-  while (iovcnt > 0) {
-    if (iov->iov_len == 0) {
-      iov++, iovcnt--;
-      continue;
-    }
-    ssize_t r = kvs_sock_send_some(fd, iov->iov_base, iov->iov_len, pass_fd);
+  /* One sendmsg for as much of the vector as the socket takes: a header and its payload leave
+   * together (one syscall, and the receiver wakes once). */
+  for (;;) {
+    while (iovcnt > 0 && iov->iov_len == 0) iov++, iovcnt--;
+    if (iovcnt == 0) return 0;
+    ssize_t r = kvs_sock_sendv_some(fd, iov, iovcnt, pass_fd);
     if (r < 0) return (int)r;
     if (r == 0) {
       KVS_TRY(wait_fd(fd, POLLOUT, deadline_ns));
       continue;
     }
     pass_fd = -1; /* travelled with the first byte */
-    iov->iov_base = (char *)iov->iov_base + r;
-    iov->iov_len -= (size_t)r;
+    for (size_t left = (size_t)r; left > 0;) {
+      size_t n = left < iov->iov_len ? left : iov->iov_len;
+      iov->iov_base = (char *)iov->iov_base + n;
+      iov->iov_len -= n;
+      left -= n;
+      if (iov->iov_len == 0) iov++, iovcnt--;
+    }
   }
-  return 0;
 }
 
 int kvs_sock_recv_all(int fd, void *buf, size_t len, int *fd_out, uint64_t deadline_ns) {

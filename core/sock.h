@@ -35,8 +35,9 @@ int kvs_sock_connect(const char *path, uint64_t deadline_ns, int *out_fd);
 /* SO_PEERCRED of a connected socket. */
 int kvs_sock_peer_cred(int fd, uid_t *uid, pid_t *pid);
 
-/* Send every byte of iov (modified in place) before the deadline. When pass_fd >= 0 it travels
- * with the first byte (SCM_RIGHTS). -EPIPE/-ECONNRESET when the peer went away. */
+/* Send every byte of iov (modified in place) before the deadline, as few sendmsg calls as the
+ * socket allows. When pass_fd >= 0 it travels with the first byte (SCM_RIGHTS).
+ * -EPIPE/-ECONNRESET when the peer went away. */
 int kvs_sock_send_all(int fd, struct iovec *iov, int iovcnt, int pass_fd, uint64_t deadline_ns);
 /* Receive exactly len bytes before the deadline. When fd_out is not NULL, a descriptor that
  * arrives with these bytes is stored there (close-on-exec; -1 when none arrived; the caller owns
@@ -50,6 +51,11 @@ ssize_t kvs_sock_recv_some(int fd, void *buf, size_t len, int *fd_out);
 /* Non-blocking send of what fits. Returns bytes sent (>= 0) or a negative errno (not EAGAIN:
  * that returns 0). pass_fd as in kvs_sock_send_all (sent only if at least one byte goes). */
 ssize_t kvs_sock_send_some(int fd, const void *buf, size_t len, int pass_fd);
+/* The same for a vector (one sendmsg; at most IOV_MAX entries are looked at). */
+ssize_t kvs_sock_sendv_some(int fd, const struct iovec *iov, int iovcnt, int pass_fd);
+/* Wait until fd has events (POLLIN, POLLOUT) or an error, before the deadline: 0 or
+ * -ETIMEDOUT (or the errno of poll). */
+int kvs_sock_wait(int fd, short events, uint64_t deadline_ns);
 
 #ifdef __cplusplus
 }

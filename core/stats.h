@@ -74,7 +74,12 @@ extern "C" {
   X(hook_hits, C, "hooked loads served from the cache")                                       \
   X(hook_misses, C, "hooked loads passed to the engine")                                      \
   X(hook_stores, C, "hooked stores kept in the cache")                                        \
-  X(hook_store_failures, C, "hooked stores the cache could not keep")
+  X(hook_store_failures, C, "hooked stores the cache could not keep")                       \
+  X(cuda_device_allocs, C, "device allocations recorded in the tensor registry")              \
+  X(cuda_device_exportable, C, "recorded device allocations given a CUDA IPC handle")         \
+  X(cuda_ipc_opens, C, "peer CUDA IPC handles opened in this process (first reference)")      \
+  X(host_arena_h2d_bytes, C, "bytes copied host arena -> device by hooked async copies")      \
+  X(host_arena_d2h_bytes, C, "bytes copied device -> host arena by hooked async copies")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

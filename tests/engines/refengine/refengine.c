@@ -66,6 +66,7 @@ typedef struct options {
   uint64_t native_cache;   /* bytes for libkvo_default's private LRU; 0 = none */
   bool verify;
   bool dump_requests;      /* print the workload as JSONL and exit */
+  uint64_t hold_ms;        /* stay alive this long after the summary (peers read our cache) */
 } options_t;
 
 #define DEFAULT_REQUESTS 16
@@ -115,6 +116,8 @@ static void usage(FILE *f) {
     "  --kvo-buffer device|host  buffer passed to kvo load/store (default device)\n"
     "  --device N            CUDA device ordinal (default 0)\n"
     "  --verify              recompute every loaded chunk and compare bytes (exit 3 on mismatch)\n"
+    "  --hold-ms MS          after the summary, stay alive MS milliseconds before exiting (so\n"
+    "                        other processes can read what this one offloaded; default 0)\n"
     "  -h, --help            this text\n"
     "\n"
     "Output: one JSON line per request (request, tokens, ttft_ms = lookup + loads + computes,\n"
@@ -174,7 +177,7 @@ enum {
   OPT_REQUESTS = 256, OPT_REQUESTS_FILE, OPT_SEED, OPT_PROMPT_TOKENS, OPT_SHARED_PREFIX,
   OPT_PREFIX_TOKENS, OPT_PREFIX_GROUPS, OPT_VOCAB, OPT_RANK, OPT_MODEL_ID, OPT_CHUNK_TOKENS,
   OPT_LAYERS, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_HIDDEN, OPT_DTYPE, OPT_TP_RANK, OPT_TP_SIZE,
-  OPT_NATIVE_CACHE, OPT_KVO_BUFFER, OPT_DEVICE, OPT_VERIFY, OPT_DUMP_REQUESTS,
+  OPT_NATIVE_CACHE, OPT_KVO_BUFFER, OPT_DEVICE, OPT_VERIFY, OPT_DUMP_REQUESTS, OPT_HOLD_MS,
 };
 
 static const struct option long_options[] = {
@@ -201,6 +204,7 @@ static const struct option long_options[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"verify", no_argument, NULL, OPT_VERIFY},
     {"dump-requests", no_argument, NULL, OPT_DUMP_REQUESTS},
+    {"hold-ms", required_argument, NULL, OPT_HOLD_MS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -323,6 +327,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
     }
     case OPT_VERIFY: o->verify = true; break;
     case OPT_DUMP_REQUESTS: o->dump_requests = true; break;
+    case OPT_HOLD_MS: ok = arg_uint("--hold-ms", a, 0, 86400000, &o->hold_ms); break;
     default: return usage_error("unhandled option '%s'", argv[optind - 1]); /* a table bug */
     }
     if (!ok) return EXIT_USAGE;
@@ -1064,6 +1069,12 @@ int main(int argc, char **argv) {
   engine_t eng;
   rc = engine_init(&eng, &opt, w.max_tokens);
   if (rc == 0) rc = run_workload(&eng, &w);
+  if (rc == 0 && opt.hold_ms > 0) {
+    struct timespec hold = {.tv_sec = (time_t)(opt.hold_ms / 1000),
+                            .tv_nsec = (long)(opt.hold_ms % 1000) * 1000000L};
+    while (nanosleep(&hold, &hold) != 0 && errno == EINTR) {
+    }
+  }
   engine_destroy(&eng);
   workload_free(&w);
   return rc;

@@ -1,0 +1,909 @@
+/* shims/cuda: CUDA driver hooks (design §9.1-§9.5).
+ *
+ * Routes into the hooks (§9.1): the exported wrappers generated from KVS_CUDA_HOOKS (ELF
+ * binding), the dlsym hook (preload/dlsym.c calls cu_dlsym_substitute for hooked names), and
+ * cuGetProcAddress[_v2] (real resolver first, then the pointer it returned is matched against
+ * the real pointers of the hooked rows: each variant has its own row and its own wrapper).
+ *
+ * What the hooks do (§9.4):
+ *   host allocations >= KVSHIM_HOST_MIN  carved from the pool's host arena, registered with the
+ *                                        real cuMemHostRegister_v2, recorded in the tensor
+ *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
+ *                                        arena full or registration refused -> the real allocator
+ *   cuMemFreeHost                        arena pointers: unregister, forget, free the extent;
+ *                                        everything else is forwarded
+ *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
+ *                                        the driver gives one); frees forget the record
+ *   async copies                         forwarded; bytes touching the host arena are counted
+ *
+ * Flag mapping for host allocations (cuMemHostAlloc flags -> cuMemHostRegister flags):
+ *   PORTABLE       always (registered memory is then pinned for every context)
+ *   DEVICEMAP      when requested (cuMemHostGetDevicePointer_v2 then works on the buffer)
+ *   WRITECOMBINED  no register equivalent: the buffer is ordinary cached memory. Semantics are
+ *                  kept (WC only changes speed: CPU reads get faster, CPU->GPU streaming may be
+ *                  slower); the request is still served from the arena.
+ * cuMemAllocHost_v2 (no flags) registers PORTABLE only, as the driver's own allocation. Unknown
+ * flag bits are forwarded untouched so the driver reports them.
+ *
+ * Fail open (§9.5): every internal failure forwards the call to the real driver; only real
+ * CUresult values are returned (a missing real function gives CUDA_ERROR_NOT_INITIALIZED when
+ * no driver could be loaded, CUDA_ERROR_NOT_FOUND when the driver lacks the entry point; NULL is
+ * never called); out-parameters are read only after the driver succeeded; the hot path has no
+ * getenv, no stdio and no heap allocation (the registry and the pool are preallocated).
+ *
+ * Threads: the real-function table is filled once without holding a lock across dlopen/dlsym
+ * (racing resolvers each build a private copy; the first publishes it). g_ipc_lock guards the
+ * table of opened IPC handles (held across cuIpcOpenMemHandle: opening one handle twice in a
+ * process must be serialised). */
+#include <cuda.h>
+#undef cuGetProcAddress /* cuda.h renames it to cuGetProcAddress_v2: both are hooked rows */
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_hooks.h"
+#include "internal.h"
+#include "log.h"
+#include "pool.h"
+#include "preload.h"
+#include "stats.h"
+#include "tensor.h"
+
+#define KVS__UNPAREN(...) __VA_ARGS__
+#define KVS__XSTR(x) KVS__STR(x)
+#define KVS__STR(x) #x
+
+/* Largest range one cuMemHostRegister call gets (a single call of 512 GiB or more fails on
+ * recent drivers: design §5). */
+#define CU_REGISTER_PIECE (64ull << 30)
+#define CU_IPC_MAX 256        /* IPC handles open at once in this process */
+#define CU_BIG_PINS 16        /* kvs_accel pins larger than one piece, open at once */
+#define CU_HOSTALLOC_KNOWN \
+  (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+
+/* ---- typed real functions ------------------------------------------------------------------ */
+
+#define CU_PFN(name, params, args) typedef CUresult (*kvs__cu_pfn_##name) params;
+KVS_CUDA_HOOKS(CU_PFN)
+KVS_CUDA_USES(CU_PFN)
+#undef CU_PFN
+
+/* A row name must be the ELF name as written: a cuda.h macro renaming it would make the
+ * wrapper, the table and the string disagree. */
+#define CU_NOT_RENAMED(name, params, args)                                                    \
+  _Static_assert(sizeof(#name) == sizeof(KVS__XSTR(name)), #name " is renamed by cuda.h");
+KVS_CUDA_HOOKS(CU_NOT_RENAMED)
+KVS_CUDA_USES(CU_NOT_RENAMED)
+#undef CU_NOT_RENAMED
+
+typedef struct cu_real {
+#define CU_FIELD(name, params, args) kvs__cu_pfn_##name name;
+  KVS_CUDA_HOOKS(CU_FIELD)
+  KVS_CUDA_USES(CU_FIELD)
+#undef CU_FIELD
+} cu_real_t;
+
+typedef void (*cu_code_t)(void);
+
+/* Every row of both lists: ELF name and where its pointer lives in cu_real_t. */
+static const struct cu_row {
+  const char *name;
+  size_t off;
+} cu_rows[] = {
+#define CU_ROW(name, params, args) {#name, offsetof(cu_real_t, name)},
+    KVS_CUDA_HOOKS(CU_ROW) KVS_CUDA_USES(CU_ROW)
+#undef CU_ROW
+};
+
+/* Resolution state: 0 = not tried, 1 = resolved (fields may still be NULL when the driver lacks
+ * an entry point), 2 = no driver could be loaded. g_real is written before the release store. */
+enum { CU_RES_NONE = 0, CU_RES_OK = 1, CU_RES_NO_DRIVER = 2 };
+static cu_real_t g_real;
+static atomic_int g_res_state;
+static pthread_mutex_t g_res_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Fill a private table from one driver object and publish it unless another thread did. */
+static void cu_publish_from(void *handle) {
+  cu_real_t t;
+  memset(&t, 0, sizeof t);
+  if (handle) {
+    for (size_t i = 0; i < KVS__ARRAY_LEN(cu_rows); i++) {
+      void *p = kvs__real_dlsym(handle, cu_rows[i].name);
+      memcpy((char *)&t + cu_rows[i].off, &p, sizeof p);
+    }
+  }
+  bool won = false;
+  pthread_mutex_lock(&g_res_lock);
+  if (atomic_load_explicit(&g_res_state, memory_order_relaxed) == CU_RES_NONE) {
+    g_real = t;
+    atomic_store_explicit(&g_res_state, handle ? CU_RES_OK : CU_RES_NO_DRIVER,
+                          memory_order_release);
+    won = true;
+  }
+  pthread_mutex_unlock(&g_res_lock);
+  /* The winner's handle keeps the driver referenced for the life of the process. */
+  if (!won && handle) dlclose(handle);
+}
+
+static __attribute__((noinline)) const cu_real_t *cu_real_slow(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  cu_publish_from(h);
+  return &g_real;
+}
+
+static inline const cu_real_t *cu_real(void) {
+  if (kvs__likely(atomic_load_explicit(&g_res_state, memory_order_acquire) != CU_RES_NONE))
+    return &g_real;
+  return cu_real_slow();
+}
+
+/* The result of a hook whose real function is missing. */
+static CUresult cu_missing(void) {
+  return atomic_load_explicit(&g_res_state, memory_order_acquire) == CU_RES_NO_DRIVER
+             ? CUDA_ERROR_NOT_INITIALIZED
+             : CUDA_ERROR_NOT_FOUND;
+}
+
+static void *cu_row_ptr(size_t row) {
+  void *p;
+  memcpy(&p, (const char *)&g_real + cu_rows[row].off, sizeof p);
+  return p;
+}
+
+/* CUresult -> negative errno, for the kvs_accel interface (the one translation point). */
+static int cu_errno(CUresult r) {
+  switch (r) {
+  case CUDA_SUCCESS: return 0;
+  case CUDA_ERROR_INVALID_VALUE: return -EINVAL;
+  case CUDA_ERROR_OUT_OF_MEMORY: return -ENOMEM;
+  case CUDA_ERROR_NOT_INITIALIZED:
+  case CUDA_ERROR_DEINITIALIZED:
+  case CUDA_ERROR_NO_DEVICE:
+  case CUDA_ERROR_INVALID_DEVICE: return -ENODEV;
+  case CUDA_ERROR_INVALID_CONTEXT: return -ENXIO;
+  case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: return -EEXIST;
+  case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return -ENOENT;
+  case CUDA_ERROR_NOT_SUPPORTED: return -ENOTSUP;
+  case CUDA_ERROR_INVALID_HANDLE: return -EBADF;
+  case CUDA_ERROR_NOT_FOUND: return -ENOSYS;
+  default: return -EIO;
+  }
+}
+
+/* ---- shim state ----------------------------------------------------------------------------- */
+
+static atomic_bool g_cuda_on;          /* family initialised in this process (runtime ACTIVE) */
+static atomic_bool g_accel_installed;  /* kvs_accel_set done */
+static _Atomic(CUcontext) g_ctx;       /* the context current at the first intercepted alloc */
+static atomic_uint_fast64_t g_host_used; /* bytes of the host arena handed out */
+
+static uint8_t g_uuid[KVS_TENSOR_MAX_DEVICES][KVS_TENSOR_UUID_SIZE];
+static atomic_bool g_uuid_ok[KVS_TENSOR_MAX_DEVICES];
+
+static const kvs_accel_ops_t g_cuda_ops; /* defined below */
+
+/* The runtime for a hook that may start it, when the cuda family is on. Installs the accel
+ * table on first use (the process uses CUDA from here on). */
+static inline kvs__runtime_t *cu_rt(void) {
+  kvs__runtime_t *rt = kvs__preload_ensure_init();
+  if (!rt || !atomic_load_explicit(&g_cuda_on, memory_order_relaxed)) return NULL;
+  if (kvs__unlikely(!atomic_load_explicit(&g_accel_installed, memory_order_relaxed))) {
+    if (!atomic_exchange(&g_accel_installed, true)) kvs_accel_set(&g_cuda_ops, NULL);
+  }
+  return rt;
+}
+/* The runtime for a hook that only concerns memory kvshim handed out: never starts it. */
+static inline kvs__runtime_t *cu_rt_if_active(void) {
+  kvs__runtime_t *rt = kvs__preload_active();
+  return rt && atomic_load_explicit(&g_cuda_on, memory_order_relaxed) ? rt : NULL;
+}
+static inline bool cu_in_host_arena(const kvs__runtime_t *rt, const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  return a >= rt->host_lo && a < rt->host_hi;
+}
+
+static void cu_note_context(void) {
+  if (atomic_load_explicit(&g_ctx, memory_order_relaxed)) return;
+  CUcontext c = NULL;
+  if (g_real.cuCtxGetCurrent && g_real.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) {
+    CUcontext expected = NULL;
+    atomic_compare_exchange_strong(&g_ctx, &expected, c);
+  }
+}
+
+/* UUID of the device of the calling thread's current context. */
+static int cu_current_uuid(uint8_t out[KVS_TENSOR_UUID_SIZE]) {
+  CUdevice dev = 0;
+  if (!g_real.cuCtxGetDevice || !g_real.cuDeviceGetUuid_v2) return -ENOSYS;
+  CUresult r = g_real.cuCtxGetDevice(&dev);
+  if (r != CUDA_SUCCESS) return cu_errno(r);
+  if (dev < 0 || dev >= KVS_TENSOR_MAX_DEVICES) return -ERANGE;
+  if (!atomic_load_explicit(&g_uuid_ok[dev], memory_order_acquire)) {
+    CUuuid u;
+    r = g_real.cuDeviceGetUuid_v2(&u, dev);
+    if (r != CUDA_SUCCESS) return cu_errno(r);
+    memcpy(g_uuid[dev], u.bytes, KVS_TENSOR_UUID_SIZE); /* same bytes if two threads race */
+    atomic_store_explicit(&g_uuid_ok[dev], true, memory_order_release);
+  }
+  memcpy(out, g_uuid[dev], KVS_TENSOR_UUID_SIZE);
+  return 0;
+}
+
+static int cu_ctx_enter(const cu_real_t *R, bool *pushed);
+static void cu_ctx_leave(const cu_real_t *R, bool pushed);
+
+/* ---- registration in pieces ------------------------------------------------------------------ */
+
+static CUresult cu_register(void *p, uint64_t len, unsigned flags) {
+  if (!g_real.cuMemHostRegister_v2 || !g_real.cuMemHostUnregister) return cu_missing();
+  for (uint64_t done = 0; done < len; done += CU_REGISTER_PIECE) {
+    uint64_t n = len - done < CU_REGISTER_PIECE ? len - done : CU_REGISTER_PIECE;
+    CUresult r = g_real.cuMemHostRegister_v2((char *)p + done, (size_t)n, flags);
+    if (r != CUDA_SUCCESS) {
+      for (uint64_t undo = 0; undo < done; undo += CU_REGISTER_PIECE)
+        g_real.cuMemHostUnregister((char *)p + undo);
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult cu_unregister(void *p, uint64_t len) {
+  CUresult first = CUDA_SUCCESS;
+  if (!g_real.cuMemHostUnregister) return cu_missing();
+  for (uint64_t done = 0; done < len; done += CU_REGISTER_PIECE) {
+    CUresult r = g_real.cuMemHostUnregister((char *)p + done);
+    if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
+  }
+  return first;
+}
+
+/* ---- host arena -------------------------------------------------------------------------- */
+
+static void cu_host_gauge(int64_t delta) {
+  uint64_t v = delta >= 0 ? atomic_fetch_add(&g_host_used, (uint64_t)delta) + (uint64_t)delta
+                          : atomic_fetch_sub(&g_host_used, (uint64_t)-delta) - (uint64_t)-delta;
+  kvs_stats_set(kvs_stats_global(), KVS_STAT_host_arena_used_bytes, v);
+}
+
+/* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
+ * forwards the request to the real allocator, untouched). */
+static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned regflags) {
+  kvs_stats_t *st = kvs_stats_global();
+  uint64_t off;
+  int rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+  if (rc < 0) {
+    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    return rc;
+  }
+  uint64_t len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
+  void *p = kvs_pool_base(rt->pool) + off;
+  CUresult r = cu_register(p, len, regflags);
+  if (r != CUDA_SUCCESS) {
+    /* Typically CUDA not initialised or no current context: the driver's own allocator will
+     * report exactly that to the caller. */
+    kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    kvs_log_debug("cuMemHostRegister_v2 of a host-arena buffer failed (%d): forwarded", (int)r);
+    return -EIO;
+  }
+  kvs_tensor_desc_t tmpl;
+  memset(&tmpl, 0, sizeof tmpl);
+  tmpl.kind = KVS_TENSOR_CPU_SHM;
+  tmpl.cpu.instance_id = rt->instance_id;
+  tmpl.cpu.offset = off;
+  rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)(uintptr_t)p, len, &tmpl, true);
+  if (rc < 0) kvs_log_debug("host-arena buffer not recorded for export: %s", strerror(-rc));
+  cu_note_context();
+  cu_host_gauge((int64_t)len);
+  kvs_stats_inc(st, KVS_STAT_host_arena_allocs);
+  *pp = p;
+  return 0;
+}
+
+static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesize) {
+  return pp && bytesize > 0 && rt->host_hi && bytesize >= rt->opts.host_min;
+}
+
+/* ---- device records -------------------------------------------------------------------------- */
+
+static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len) {
+  if (!len) return;
+  kvs_tensor_desc_t tmpl;
+  memset(&tmpl, 0, sizeof tmpl);
+  tmpl.kind = KVS_TENSOR_CUDA_IPC;
+  tmpl.ipc.offset = 0;
+  tmpl.ipc.alloc_len = len;
+  bool exportable = false;
+  CUipcMemHandle h;
+  if (cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
+      g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
+    _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
+    memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
+    exportable = true;
+  }
+  int rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
+  if (rc == -EEXIST) {
+    /* Records of allocations freed behind our back (a destroyed context frees everything it
+     * owned without cuMemFree): the driver just handed the range out again, so they are stale. */
+    kvs_tensor_record_t old;
+    while (kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base, &old) == 0 ||
+           kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base + len - 1, &old) == 0)
+      kvs_tensor_registry_remove(rt->tensors, old.base, NULL);
+    rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
+  }
+  if (rc < 0) {
+    kvs_log_debug("device allocation not recorded: %s", strerror(-rc));
+    return;
+  }
+  cu_note_context();
+  kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
+  if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
+}
+
+/* ---- substitution: real pointer -> wrapper of exactly that variant ------------------------- */
+
+#define CU_WRAPPER_DECL(name, params, args) CUresult name params __attribute__((visibility("default")));
+KVS_CUDA_HOOKS(CU_WRAPPER_DECL)
+#undef CU_WRAPPER_DECL
+
+enum {
+#define CU_HOOK_ENUM(name, params, args) CU_HOOK_##name,
+  KVS_CUDA_HOOKS(CU_HOOK_ENUM)
+#undef CU_HOOK_ENUM
+  CU_HOOK__COUNT
+};
+/* Hook rows come first in cu_rows, in the same order. */
+static const cu_code_t cu_wrappers[CU_HOOK__COUNT] = {
+#define CU_WRAPPER_PTR(name, params, args) (cu_code_t)&name,
+    KVS_CUDA_HOOKS(CU_WRAPPER_PTR)
+#undef CU_WRAPPER_PTR
+};
+
+/* One debug line the first time each row is routed to kvshim by each route, so an operator
+ * (and the cudart test) can see which hooks a program reaches. Never on a later call. */
+enum { CU_ROUTE_DLSYM = 0, CU_ROUTE_GPA = 1 };
+static atomic_bool g_routed[2][CU_HOOK__COUNT];
+static void cu_note_route(int route, size_t row) {
+  if (!atomic_load_explicit(&g_routed[route][row], memory_order_relaxed) &&
+      !atomic_exchange(&g_routed[route][row], true))
+    kvs_log_debug("%s: %s -> kvshim", route == CU_ROUTE_DLSYM ? "dlsym" : "cuGetProcAddress",
+                  cu_rows[row].name);
+}
+
+/* The wrapper for a real pointer, or NULL when it is no hooked variant. */
+static void *cu_wrapper_for(void *real) {
+  if (!real) return NULL;
+  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
+    if (cu_row_ptr(i) == real) {
+      cu_note_route(CU_ROUTE_GPA, i);
+      return (void *)cu_wrappers[i];
+    }
+  return NULL;
+}
+
+/* Substitution happens while the family is enabled by configuration (the runtime may not be
+ * built yet: wrappers handle that) and never for kvshim's own lookups. */
+static inline bool cu_substituting(void) {
+  return kvs__hook_depth == 0 && kvs__preload_family_enabled(KVS_HOOK_CUDA);
+}
+
+KVS__DLSYM_PATH static bool cu_hooks_name(const char *name) {
+  if (name[0] != 'c' || name[1] != 'u') return false;
+  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
+    if (strcmp(cu_rows[i].name, name) == 0) return true;
+  return false;
+}
+
+/* True when addr lies in an object whose file name starts with "libcuda.so". */
+static bool cu_in_libcuda(void *addr, char *path, size_t cap) {
+  Dl_info info;
+  if (!dladdr(addr, &info) || !info.dli_fname) return false;
+  const char *base = strrchr(info.dli_fname, '/');
+  base = base ? base + 1 : info.dli_fname;
+  if (strncmp(base, "libcuda.so", 10) != 0) return false;
+  size_t n = strlen(info.dli_fname);
+  if (n >= cap) return false;
+  memcpy(path, info.dli_fname, n + 1);
+  return true;
+}
+
+static void *cu_dlsym_substitute(const char *name, void *found) {
+  size_t row = CU_HOOK__COUNT;
+  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
+    if (strcmp(cu_rows[i].name, name) == 0) row = i;
+  if (row == CU_HOOK__COUNT || !found || kvs__hook_depth) return found;
+  if (atomic_load_explicit(&g_res_state, memory_order_acquire) == CU_RES_NONE) {
+    /* Resolve from the very driver object the caller looked into. */
+    char path[4096];
+    if (!cu_in_libcuda(found, path, sizeof path)) return found;
+    void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return found;
+    cu_publish_from(h);
+  }
+  if (cu_row_ptr(row) != found) return found;
+  cu_note_route(CU_ROUTE_DLSYM, row);
+  return (void *)cu_wrappers[row];
+}
+
+/* ---- the wrappers -------------------------------------------------------------------------
+ * Generated: resolve the real function (typed), refuse to call NULL, pass straight through
+ * (a tail call) when re-entered or when KVSHIM_ENABLE=0, else run the hook body
+ * hk_<name>(real, args...). The pass-through is a dozen instructions: keep it that way
+ * (kvshim-bench-hooks measures it). */
+#define CU_WRAPPER(name, params, args)                                                        \
+  static CUresult hk_##name(kvs__cu_pfn_##name real, KVS__UNPAREN params)                    \
+      __attribute__((noinline));                                                              \
+  CUresult name params {                                                                      \
+    kvs__cu_pfn_##name real = cu_real()->name;                                                \
+    if (kvs__unlikely(!real)) return cu_missing();                                            \
+    if (kvs__unlikely(kvs__hook_depth != 0) ||                                                \
+        __atomic_load_n(&kvs__rt_state, __ATOMIC_RELAXED) == KVS__RT_DISABLED)                \
+      return real args;                                                                       \
+    return hk_##name(real, KVS__UNPAREN args);                                                \
+  }
+KVS_CUDA_HOOKS(CU_WRAPPER)
+#undef CU_WRAPPER
+
+/* The kvshim part of each hook runs with the re-entry guard raised. */
+#define CU_ENTER() (kvs__hook_depth++, kvs__hook_count())
+#define CU_LEAVE() (kvs__hook_depth--)
+
+static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dptr,
+                                 size_t bytesize) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(dptr, bytesize);
+  CU_ENTER();
+  CUresult r = real(dptr, bytesize);
+  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize);
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr,
+                                      size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                      unsigned int ElementSizeBytes) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  CU_ENTER();
+  CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  if (r == CUDA_SUCCESS && dptr && pPitch) {
+    uint64_t len;
+    if (!__builtin_mul_overflow((uint64_t)*pPitch, (uint64_t)Height, &len))
+      cu_record_device(rt, *dptr, len);
+  }
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
+  kvs__runtime_t *rt = cu_rt_if_active();
+  if (!rt) return real(dptr);
+  CU_ENTER();
+  /* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
+  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
+  CUresult r = real(dptr);
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
+                                     size_t bytesize) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(pp, bytesize);
+  CU_ENTER();
+  CUresult r;
+  if (cu_host_eligible(rt, pp, bytesize) &&
+      cu_host_take(rt, pp, bytesize, CU_MEMHOSTREGISTER_PORTABLE) == 0)
+    r = CUDA_SUCCESS;
+  else
+    r = real(pp, bytesize);
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemHostAlloc(kvs__cu_pfn_cuMemHostAlloc real, void **pp, size_t bytesize,
+                                  unsigned int Flags) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(pp, bytesize, Flags);
+  CU_ENTER();
+  unsigned reg = CU_MEMHOSTREGISTER_PORTABLE |
+                 ((Flags & CU_MEMHOSTALLOC_DEVICEMAP) ? CU_MEMHOSTREGISTER_DEVICEMAP : 0u);
+  CUresult r;
+  if (!(Flags & ~(unsigned)CU_HOSTALLOC_KNOWN) && cu_host_eligible(rt, pp, bytesize) &&
+      cu_host_take(rt, pp, bytesize, reg) == 0)
+    r = CUDA_SUCCESS;
+  else
+    r = real(pp, bytesize, Flags);
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
+  kvs__runtime_t *rt = cu_rt_if_active();
+  if (!rt || !cu_in_host_arena(rt, p)) return real(p);
+  CU_ENTER();
+  CUresult r;
+  uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off;
+  int64_t len = kvs_pool_extent_len(rt->pool, KVS_ARENA_HOST, off);
+  if (len <= 0) {
+    r = real(p); /* not the start of a live extent: let the driver judge it */
+  } else {
+    /* Unregister before the extent can be handed out again (from a thread without a current
+     * context, in the context recorded at the first allocation). */
+    bool pushed = false;
+    cu_ctx_enter(&g_real, &pushed);
+    CUresult u = cu_unregister(p, (uint64_t)len);
+    cu_ctx_leave(&g_real, pushed);
+    if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+    kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
+    int64_t freed = kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    if (freed > 0) cu_host_gauge(-freed);
+    r = CUDA_SUCCESS;
+  }
+  CU_LEAVE();
+  return r;
+}
+
+static CUresult hk_cuMemHostGetDevicePointer_v2(kvs__cu_pfn_cuMemHostGetDevicePointer_v2 real,
+                                                CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+  /* Arena buffers are registered host memory: the driver answers for them as for its own. */
+  kvs__runtime_t *rt = cu_rt_if_active();
+  if (rt && cu_in_host_arena(rt, p)) kvs__hook_count();
+  return real(pdptr, p, Flags);
+}
+
+static inline CUresult cu_copy_h2d(CUresult r, const void *src, size_t n) {
+  kvs__runtime_t *rt;
+  if (r == CUDA_SUCCESS && (rt = cu_rt_if_active()) && cu_in_host_arena(rt, src))
+    kvs_stats_add(kvs_stats_global(), KVS_STAT_host_arena_h2d_bytes, n);
+  return r;
+}
+static inline CUresult cu_copy_d2h(CUresult r, const void *dst, size_t n) {
+  kvs__runtime_t *rt;
+  if (r == CUDA_SUCCESS && (rt = cu_rt_if_active()) && cu_in_host_arena(rt, dst))
+    kvs_stats_add(kvs_stats_global(), KVS_STAT_host_arena_d2h_bytes, n);
+  return r;
+}
+static CUresult hk_cuMemcpyHtoDAsync_v2(kvs__cu_pfn_cuMemcpyHtoDAsync_v2 real, CUdeviceptr d,
+                                        const void *s, size_t n, CUstream st) {
+  return cu_copy_h2d(real(d, s, n, st), s, n);
+}
+static CUresult hk_cuMemcpyHtoDAsync_v2_ptsz(kvs__cu_pfn_cuMemcpyHtoDAsync_v2_ptsz real,
+                                             CUdeviceptr d, const void *s, size_t n,
+                                             CUstream st) {
+  return cu_copy_h2d(real(d, s, n, st), s, n);
+}
+static CUresult hk_cuMemcpyDtoHAsync_v2(kvs__cu_pfn_cuMemcpyDtoHAsync_v2 real, void *d,
+                                        CUdeviceptr s, size_t n, CUstream st) {
+  return cu_copy_d2h(real(d, s, n, st), d, n);
+}
+static CUresult hk_cuMemcpyDtoHAsync_v2_ptsz(kvs__cu_pfn_cuMemcpyDtoHAsync_v2_ptsz real,
+                                             void *d, CUdeviceptr s, size_t n, CUstream st) {
+  return cu_copy_d2h(real(d, s, n, st), d, n);
+}
+
+/* cuGetProcAddress[_v2]: the real resolver decides; a pointer it returns that is the real
+ * function of a hooked row (that exact variant: _v2, _ptsz, the resolver itself...) is
+ * replaced by that row's wrapper. Nothing is read unless the driver succeeded. */
+static CUresult hk_cuGetProcAddress(kvs__cu_pfn_cuGetProcAddress real, const char *symbol,
+                                    void **pfn, int cudaVersion, cuuint64_t flags) {
+  CUresult r = real(symbol, pfn, cudaVersion, flags);
+  if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
+    void *w = cu_wrapper_for(*pfn);
+    if (w) *pfn = w;
+  }
+  return r;
+}
+static CUresult hk_cuGetProcAddress_v2(kvs__cu_pfn_cuGetProcAddress_v2 real, const char *symbol,
+                                       void **pfn, int cudaVersion, cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus) {
+  CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
+    void *w = cu_wrapper_for(*pfn);
+    if (w) *pfn = w;
+  }
+  return r;
+}
+
+/* ---- kvs_accel: copies, pins, IPC ---------------------------------------------------------- */
+
+/* Make sure the calling thread has a context: push the one recorded at the first intercepted
+ * allocation (or device 0's primary context) when it has none. *pushed tells cu_ctx_leave. */
+static int cu_ctx_enter(const cu_real_t *R, bool *pushed) {
+  *pushed = false;
+  if (!R->cuCtxGetCurrent || !R->cuCtxPushCurrent_v2 || !R->cuCtxPopCurrent_v2) return -ENOSYS;
+  CUcontext cur = NULL;
+  if (R->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur) return 0;
+  CUcontext c = atomic_load(&g_ctx);
+  if (!c) {
+    CUdevice dev;
+    CUresult r = R->cuInit ? R->cuInit(0) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS && R->cuDeviceGet) r = R->cuDeviceGet(&dev, 0);
+    if (r == CUDA_SUCCESS && R->cuDevicePrimaryCtxRetain) r = R->cuDevicePrimaryCtxRetain(&c, dev);
+    if (r != CUDA_SUCCESS || !c) return r != CUDA_SUCCESS ? cu_errno(r) : -ENODEV;
+    CUcontext expected = NULL;
+    if (!atomic_compare_exchange_strong(&g_ctx, &expected, c)) c = expected;
+  }
+  CUresult r = R->cuCtxPushCurrent_v2(c);
+  if (r != CUDA_SUCCESS) return cu_errno(r);
+  *pushed = true;
+  return 0;
+}
+static void cu_ctx_leave(const cu_real_t *R, bool pushed) {
+  CUcontext c;
+  if (pushed) R->cuCtxPopCurrent_v2(&c);
+}
+
+static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t dir) {
+  if (dir == KVS_COPY_H2H) {
+    memcpy(dst, src, len);
+    return 0;
+  }
+  const cu_real_t *R = cu_real();
+  bool pushed;
+  int rc = cu_ctx_enter(R, &pushed);
+  if (rc < 0) return rc;
+  CUresult r;
+  switch (dir) {
+  case KVS_COPY_H2D:
+    r = R->cuMemcpyHtoD_v2 ? R->cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)dst, src, len) : cu_missing();
+    break;
+  case KVS_COPY_D2H:
+    r = R->cuMemcpyDtoH_v2 ? R->cuMemcpyDtoH_v2(dst, (CUdeviceptr)(uintptr_t)src, len) : cu_missing();
+    break;
+  case KVS_COPY_D2D:
+    r = R->cuMemcpyDtoD_v2 ? R->cuMemcpyDtoD_v2((CUdeviceptr)(uintptr_t)dst,
+                                                (CUdeviceptr)(uintptr_t)src, len)
+                           : cu_missing();
+    break;
+  default: r = CUDA_ERROR_INVALID_VALUE; break;
+  }
+  cu_ctx_leave(R, pushed);
+  return cu_errno(r);
+}
+
+/* Pins larger than one register piece, so unpin knows how many pieces to undo. */
+static struct { void *ptr; uint64_t len; } g_big_pins[CU_BIG_PINS];
+static pthread_mutex_t g_pin_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int cu_accel_pin(void *ptr, size_t len) {
+  const cu_real_t *R = cu_real();
+  (void)R;
+  if (!ptr || !len) return -EINVAL;
+  int slot = -1;
+  if (len > CU_REGISTER_PIECE) {
+    pthread_mutex_lock(&g_pin_lock);
+    for (int i = 0; i < CU_BIG_PINS && slot < 0; i++)
+      if (!g_big_pins[i].ptr) {
+        g_big_pins[i].ptr = ptr;
+        g_big_pins[i].len = len;
+        slot = i;
+      }
+    pthread_mutex_unlock(&g_pin_lock);
+    if (slot < 0) return -ENOSPC;
+  }
+  bool pushed;
+  int rc = cu_ctx_enter(&g_real, &pushed);
+  if (rc == 0) {
+    rc = cu_errno(cu_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE));
+    cu_ctx_leave(&g_real, pushed);
+  }
+  if (rc < 0 && slot >= 0) {
+    pthread_mutex_lock(&g_pin_lock);
+    g_big_pins[slot].ptr = NULL;
+    pthread_mutex_unlock(&g_pin_lock);
+  }
+  return rc;
+}
+
+static int cu_accel_unpin(void *ptr) {
+  const cu_real_t *R = cu_real();
+  (void)R;
+  uint64_t len = 1;
+  pthread_mutex_lock(&g_pin_lock);
+  for (int i = 0; i < CU_BIG_PINS; i++)
+    if (g_big_pins[i].ptr == ptr) {
+      len = g_big_pins[i].len;
+      g_big_pins[i].ptr = NULL;
+    }
+  pthread_mutex_unlock(&g_pin_lock);
+  bool pushed;
+  int rc = cu_ctx_enter(&g_real, &pushed);
+  if (rc < 0) return rc;
+  rc = cu_errno(cu_unregister(ptr, len));
+  cu_ctx_leave(&g_real, pushed);
+  return rc;
+}
+
+/* kvs_tensor_device_ordinal's scan: UUIDs of every device, by ordinal. */
+static int cu_scan(uint8_t (*uuids)[KVS_TENSOR_UUID_SIZE], int cap, void *ctx) {
+  (void)ctx;
+  const cu_real_t *R = cu_real();
+  if (!R->cuInit || !R->cuDeviceGetCount || !R->cuDeviceGet || !R->cuDeviceGetUuid_v2)
+    return -ENOSYS;
+  CUresult r = R->cuInit(0);
+  int n = 0;
+  if (r == CUDA_SUCCESS) r = R->cuDeviceGetCount(&n);
+  if (r != CUDA_SUCCESS) return cu_errno(r);
+  for (int i = 0; i < n && i < cap; i++) {
+    CUdevice d;
+    CUuuid u;
+    r = R->cuDeviceGet(&d, i);
+    if (r == CUDA_SUCCESS) r = R->cuDeviceGetUuid_v2(&u, d);
+    if (r != CUDA_SUCCESS) return cu_errno(r);
+    memcpy(uuids[i], u.bytes, KVS_TENSOR_UUID_SIZE);
+  }
+  return n;
+}
+
+/* Handles opened in this process: one mapping per handle, reference counted. */
+typedef struct cu_ipc_open {
+  uint8_t handle[KVS_TENSOR_IPC_HANDLE_SIZE];
+  CUdeviceptr base;    /* 0 = free slot */
+  uint64_t alloc_len;
+  uint32_t refs;
+  CUcontext ctx;       /* context it was opened in (made current again to close it) */
+  CUdevice retained;   /* primary context retained for it, or -1 */
+} cu_ipc_open_t;
+static cu_ipc_open_t g_ipc[CU_IPC_MAX];
+static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
+  if (!d || !devptr) return -EINVAL;
+  if (d->kind != KVS_TENSOR_CUDA_IPC) return -ENOTSUP;
+  int rc = kvs_tensor_validate(d, NULL, 0);
+  if (rc < 0) return rc;
+  const cu_real_t *R = cu_real();
+  if (!R->cuIpcOpenMemHandle_v2 || !R->cuCtxGetCurrent || !R->cuCtxPushCurrent_v2 ||
+      !R->cuCtxPopCurrent_v2 || !R->cuDeviceGet || !R->cuDevicePrimaryCtxRetain ||
+      !R->cuDevicePrimaryCtxRelease_v2)
+    return -ENOSYS;
+  int ord = kvs_tensor_device_ordinal(d->device_uuid, cu_scan, NULL);
+  if (ord < 0) return ord;
+
+  pthread_mutex_lock(&g_ipc_lock);
+  cu_ipc_open_t *e = NULL, *free_slot = NULL;
+  for (int i = 0; i < CU_IPC_MAX; i++) {
+    if (!g_ipc[i].base) {
+      if (!free_slot) free_slot = &g_ipc[i];
+    } else if (memcmp(g_ipc[i].handle, d->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE) == 0) {
+      e = &g_ipc[i];
+      break;
+    }
+  }
+  if (e) {
+    e->refs++;
+    *devptr = (void *)(uintptr_t)(e->base + d->ipc.offset);
+    pthread_mutex_unlock(&g_ipc_lock);
+    return 0;
+  }
+  if (!free_slot) {
+    pthread_mutex_unlock(&g_ipc_lock);
+    return -ENOSPC;
+  }
+  /* Open in the caller's context, or in the device's primary context when it has none. */
+  CUcontext cur = NULL, pctx = NULL;
+  CUdevice dev = -1, retained = -1;
+  CUresult r = R->cuCtxGetCurrent(&cur);
+  if (r == CUDA_SUCCESS && !cur) {
+    r = R->cuDeviceGet(&dev, ord);
+    if (r == CUDA_SUCCESS) r = R->cuDevicePrimaryCtxRetain(&pctx, dev);
+    if (r == CUDA_SUCCESS) {
+      retained = dev;
+      r = R->cuCtxPushCurrent_v2(pctx);
+      if (r != CUDA_SUCCESS) {
+        R->cuDevicePrimaryCtxRelease_v2(dev);
+        retained = -1;
+      }
+    }
+  }
+  CUdeviceptr base = 0;
+  if (r == CUDA_SUCCESS) {
+    CUipcMemHandle h;
+    memcpy(h.reserved, d->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
+    r = R->cuIpcOpenMemHandle_v2(&base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (pctx && retained >= 0) {
+      CUcontext popped;
+      R->cuCtxPopCurrent_v2(&popped);
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    memcpy(free_slot->handle, d->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
+    free_slot->base = base;
+    free_slot->alloc_len = d->ipc.alloc_len;
+    free_slot->refs = 1;
+    free_slot->ctx = cur ? cur : pctx;
+    free_slot->retained = retained;
+    *devptr = (void *)(uintptr_t)(base + d->ipc.offset);
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_ipc_opens);
+    if (!cur && pctx) {
+      CUcontext expected = NULL;
+      atomic_compare_exchange_strong(&g_ctx, &expected, pctx);
+    }
+  } else if (retained >= 0) {
+    R->cuDevicePrimaryCtxRelease_v2(retained);
+  }
+  pthread_mutex_unlock(&g_ipc_lock);
+  return cu_errno(r);
+}
+
+static int cu_accel_close_ipc(void *devptr) {
+  const cu_real_t *R = cu_real();
+  uintptr_t a = (uintptr_t)devptr;
+  pthread_mutex_lock(&g_ipc_lock);
+  cu_ipc_open_t *e = NULL;
+  for (int i = 0; i < CU_IPC_MAX && !e; i++)
+    if (g_ipc[i].base && a >= g_ipc[i].base && a - g_ipc[i].base < g_ipc[i].alloc_len)
+      e = &g_ipc[i];
+  if (!e) {
+    pthread_mutex_unlock(&g_ipc_lock);
+    return -ENOENT;
+  }
+  CUresult r = CUDA_SUCCESS;
+  if (--e->refs == 0) {
+    if (!R->cuIpcCloseMemHandle || !R->cuCtxPushCurrent_v2 || !R->cuCtxPopCurrent_v2) {
+      r = cu_missing();
+    } else {
+      bool pushed = R->cuCtxPushCurrent_v2(e->ctx) == CUDA_SUCCESS;
+      r = R->cuIpcCloseMemHandle(e->base);
+      if (pushed) {
+        CUcontext popped;
+        R->cuCtxPopCurrent_v2(&popped);
+      }
+    }
+    if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2) {
+      /* The context recorded for copies may be this one: keep it referenced if so. */
+      if (atomic_load(&g_ctx) != e->ctx) R->cuDevicePrimaryCtxRelease_v2(e->retained);
+    }
+    memset(e, 0, sizeof *e);
+  }
+  pthread_mutex_unlock(&g_ipc_lock);
+  return cu_errno(r);
+}
+
+static const kvs_accel_ops_t g_cuda_ops = {
+    .name = "cuda",
+    .copy = cu_accel_copy,
+    .pin = cu_accel_pin,
+    .unpin = cu_accel_unpin,
+    .open_ipc = cu_accel_open_ipc,
+    .close_ipc = cu_accel_close_ipc,
+};
+
+/* ---- family ------------------------------------------------------------------------------ */
+
+static int cu_family_init(kvs__runtime_t *rt) {
+  (void)rt;
+  atomic_store(&g_host_used, 0);
+  atomic_store(&g_cuda_on, true);
+  return 0;
+}
+
+static void cu_fork_child(void) {
+  /* The child's runtime starts afresh; handles the parent opened are the parent's business.
+   * The resolved driver table stays valid (same mappings). */
+  atomic_store(&g_cuda_on, false);
+  pthread_mutex_init(&g_ipc_lock, NULL);
+  pthread_mutex_init(&g_pin_lock, NULL);
+  pthread_mutex_init(&g_res_lock, NULL);
+  memset(g_ipc, 0, sizeof g_ipc);
+  memset(g_big_pins, 0, sizeof g_big_pins);
+}
+
+const kvs__family_t kvs__family_cuda = {
+    .name = "cuda",
+    .flag = KVS_HOOK_CUDA,
+    .hooks_name = cu_hooks_name,
+    .dlsym_substitute = cu_dlsym_substitute,
+    .init = cu_family_init,
+    .fork_child = cu_fork_child,
+};
+
+/* For tests that link the shim without preloading it (the IPC reader). */
+const kvs_accel_ops_t *kvs__cuda_accel_ops(void) { return &g_cuda_ops; }

@@ -1,0 +1,384 @@
+/* Unit tests of the llama shim's pure parts (shims/llama/format.c): the blob check, the model
+ * fingerprint (file identity + GGUF general.* metadata) and path canonicalisation. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llama_internal.h"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static char g_dir[64];
+
+static void mkdir_tmp(void) {
+  strcpy(g_dir, "/tmp/kvs-llamafmt-XXXXXX");
+  cr_assert_not_null(mkdtemp(g_dir));
+}
+
+static void rm_tmp(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static const char *tpath(const char *name) {
+  static char p[4][128];
+  static int i;
+  i = (i + 1) % 4;
+  snprintf(p[i], sizeof p[i], "%s/%s", g_dir, name);
+  return p[i];
+}
+
+typedef struct buf {
+  uint8_t *p;
+  size_t n, cap;
+} buf_t;
+
+static void put(buf_t *b, const void *src, size_t n) {
+  if (b->n + n > b->cap) {
+    b->cap = (b->n + n) * 2;
+    b->p = realloc(b->p, b->cap);
+    cr_assert_not_null(b->p);
+  }
+  memcpy(b->p + b->n, src, n);
+  b->n += n;
+}
+static void put_u32(buf_t *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(buf_t *b, uint64_t v) { put(b, &v, 8); }
+static void put_gstr(buf_t *b, const char *s, size_t n) {
+  put_u64(b, n);
+  put(b, s, n);
+}
+static void kv_str(buf_t *b, const char *k, const char *v, size_t vn) {
+  put_gstr(b, k, strlen(k));
+  put_u32(b, 8);
+  put_gstr(b, v, vn);
+}
+static void fill(buf_t *b, size_t n, uint8_t seed) {
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = (uint8_t)(i * 131u + seed);
+    put(b, &c, 1);
+  }
+}
+
+/* Write b to path and give it a fixed mtime (so only the bytes differ between two files). */
+static void write_file(const char *path, const buf_t *b, time_t mtime) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite(b->p, 1, b->n, f), b->n);
+  cr_assert_eq(fclose(f), 0);
+  struct timespec ts[2] = {{mtime, 0}, {mtime, 0}};
+  cr_assert_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+/* A GGUF v3 file: a big non-general entry first (pushes what follows past the head), then
+ * general.name = name, then a tail of padding the same for every name. */
+static void gguf_big(buf_t *b, const char *name, size_t name_len) {
+  b->n = 0;
+  put_u32(b, 0x46554747u);
+  put_u32(b, 3);
+  put_u64(b, 0);
+  put_u64(b, 3);
+  buf_t big = {0};
+  fill(&big, 1536 * 1024, 7);
+  kv_str(b, "tokenizer.blob", (const char *)big.p, big.n);
+  free(big.p);
+  kv_str(b, "general.name", name, name_len);
+  put_gstr(b, "general.architecture", 20);
+  put_u32(b, 8);
+  put_gstr(b, "llama", 5);
+  fill(b, 1536 * 1024, 9);
+}
+
+static void fp_of(const char *path, uint8_t out[KVS_LLAMA_FP_SIZE], kvs__llama_fp_info_t *fi) {
+  int rc = kvs__llama_fingerprint(path, out, fi);
+  cr_assert_eq(rc, 0, "fingerprint %s: %d", path, rc);
+}
+
+TestSuite(llama_fp, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 30);
+
+Test(llama_fp, same_bytes_same_mtime_same_fingerprint_at_any_path) {
+  buf_t b = {0};
+  gguf_big(&b, "alpha", 5);
+  write_file(tpath("a.gguf"), &b, 1000000);
+  write_file(tpath("b.gguf"), &b, 1000000);
+  uint8_t fa[16], fb[16];
+  kvs__llama_fp_info_t ia, ib;
+  fp_of(tpath("a.gguf"), fa, &ia);
+  fp_of(tpath("b.gguf"), fb, &ib);
+  cr_assert_arr_eq(fa, fb, 16);
+  cr_assert_eq(ia.size, b.n);
+  cr_assert_eq(ia.mtime_ns, 1000000ll * 1000000000ll);
+  cr_assert_eq(ia.gguf_version, 3);
+  cr_assert_eq(ia.n_kv, 3);
+  cr_assert_eq(ia.general_keys, 2);
+  free(b.p);
+}
+
+Test(llama_fp, general_metadata_outside_head_and_tail_separates_models) {
+  /* Same size, same mtime, same first and last MiB: only general.name differs. */
+  buf_t b = {0};
+  gguf_big(&b, "tune-A", 6);
+  write_file(tpath("a.gguf"), &b, 1000000);
+  gguf_big(&b, "tune-B", 6);
+  write_file(tpath("b.gguf"), &b, 1000000);
+  uint8_t fa[16], fb[16];
+  fp_of(tpath("a.gguf"), fa, NULL);
+  fp_of(tpath("b.gguf"), fb, NULL);
+  cr_assert(memcmp(fa, fb, 16) != 0, "general.name past the head must change the fingerprint");
+  free(b.p);
+}
+
+Test(llama_fp, head_tail_size_and_mtime_each_change_it) {
+  buf_t b = {0};
+  gguf_big(&b, "alpha", 5);
+  write_file(tpath("base"), &b, 1000000);
+  uint8_t base[16], f[16];
+  fp_of(tpath("base"), base, NULL);
+
+  write_file(tpath("mtime"), &b, 1000001);
+  fp_of(tpath("mtime"), f, NULL);
+  cr_assert(memcmp(base, f, 16) != 0, "mtime");
+
+  b.p[100] ^= 1; /* inside the big non-general value: only the head hash sees it */
+  write_file(tpath("head"), &b, 1000000);
+  fp_of(tpath("head"), f, NULL);
+  cr_assert(memcmp(base, f, 16) != 0, "head byte");
+  b.p[100] ^= 1;
+
+  b.p[b.n - 10] ^= 1;
+  write_file(tpath("tail"), &b, 1000000);
+  fp_of(tpath("tail"), f, NULL);
+  cr_assert(memcmp(base, f, 16) != 0, "tail byte");
+  b.p[b.n - 10] ^= 1;
+
+  b.n -= 1;
+  write_file(tpath("size"), &b, 1000000);
+  fp_of(tpath("size"), f, NULL);
+  cr_assert(memcmp(base, f, 16) != 0, "size");
+  free(b.p);
+}
+
+Test(llama_fp, malformed_or_foreign_files_still_fingerprint) {
+  buf_t b = {0};
+  gguf_big(&b, "alpha", 5);
+  uint8_t f1[16], f2[16];
+  kvs__llama_fp_info_t fi;
+  /* Cut inside the big metadata value: the walk stops, the file is still identified. */
+  size_t full = b.n;
+  b.n = 1024 * 1024 + 77;
+  write_file(tpath("cut"), &b, 1000000);
+  fp_of(tpath("cut"), f1, &fi);
+  cr_assert_eq(fi.gguf_version, 0, "a walk that stopped is recorded as such");
+  cr_assert_eq(fi.size, b.n);
+  /* An absurd string length and an absurd entry count. */
+  b.n = full;
+  uint64_t huge = UINT64_MAX / 2;
+  memcpy(b.p + 24, &huge, 8);
+  write_file(tpath("huge"), &b, 1000000);
+  fp_of(tpath("huge"), f2, &fi);
+  cr_assert_eq(fi.gguf_version, 0);
+  cr_assert(memcmp(f1, f2, 16) != 0);
+  uint64_t n_kv = UINT64_MAX;
+  memcpy(b.p + 16, &n_kv, 8);
+  write_file(tpath("nkv"), &b, 1000000);
+  fp_of(tpath("nkv"), f2, &fi);
+  cr_assert_eq(fi.gguf_version, 0);
+  /* Not GGUF at all, and empty. */
+  b.n = 0;
+  fill(&b, 5000, 3);
+  write_file(tpath("text"), &b, 1000000);
+  fp_of(tpath("text"), f1, &fi);
+  cr_assert_eq(fi.gguf_version, 0);
+  cr_assert_eq(fi.n_kv, 0);
+  b.n = 0;
+  write_file(tpath("empty"), &b, 1000000);
+  fp_of(tpath("empty"), f2, &fi);
+  cr_assert_eq(fi.size, 0);
+  cr_assert(memcmp(f1, f2, 16) != 0);
+  free(b.p);
+}
+
+Test(llama_fp, bad_input_is_a_clear_error) {
+  uint8_t f[16] = {0}, zero[16] = {0};
+  cr_assert_eq(kvs__llama_fingerprint(tpath("missing"), f, NULL), -ENOENT);
+  cr_assert_eq(kvs__llama_fingerprint(g_dir, f, NULL), -EINVAL, "a directory");
+  cr_assert_eq(kvs__llama_fingerprint(NULL, f, NULL), -EINVAL);
+  cr_assert_eq(kvs__llama_fingerprint(tpath("missing"), NULL, NULL), -EINVAL);
+  cr_assert_arr_eq(f, zero, 16, "out is written only on success");
+}
+
+/* ---- paths --------------------------------------------------------------------------------- */
+
+static void canon_is(const char *in, const char *want) {
+  char out[256];
+  int n = kvs__llama_canon_path(in, out, sizeof out);
+  cr_assert_eq(n, (int)strlen(want), "'%s': %d", in, n);
+  cr_assert_str_eq(out, want, "'%s'", in);
+}
+
+Test(llama_path, absolute_paths_are_normalised, .timeout = 30) {
+  canon_is("/a/b/../c", "/a/c");
+  canon_is("/a//b/./c/", "/a/b/c");
+  canon_is("/..", "/");
+  canon_is("/../../x", "/x");
+  canon_is("/", "/");
+  canon_is("/a/..", "/");
+  canon_is("/a/b/c/../../d", "/a/d");
+  canon_is("/.hidden/..x/...", "/.hidden/..x/...");
+}
+
+Test(llama_path, relative_paths_start_at_the_cwd, .timeout = 30) {
+  char cwd[PATH_MAX], want[PATH_MAX + 16], out[PATH_MAX];
+  cr_assert_not_null(getcwd(cwd, sizeof cwd));
+  snprintf(want, sizeof want, "%s/x/y", strcmp(cwd, "/") ? cwd : "");
+  int n = kvs__llama_canon_path("./x//y", out, sizeof out);
+  cr_assert_eq(n, (int)strlen(want));
+  cr_assert_str_eq(out, want);
+  cr_assert_eq(chdir("/tmp"), 0);
+  canon_is("state.bin", "/tmp/state.bin");
+  canon_is("../tmp/./s", "/tmp/s");
+}
+
+Test(llama_path, too_long_is_refused, .timeout = 30) {
+  char out[8];
+  cr_assert_eq(kvs__llama_canon_path("/abcdefgh", out, sizeof out), -ENAMETOOLONG);
+  cr_assert_eq(kvs__llama_canon_path("/abcdef", out, sizeof out), 7);
+  cr_assert_eq(kvs__llama_canon_path(NULL, out, sizeof out), -EINVAL);
+}
+
+/* ---- blobs ---------------------------------------------------------------------------------- */
+
+static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+/* A valid blob: n tokens, a state of s bytes (s >= 8). */
+static uint8_t *make_blob(uint32_t n, uint64_t s, uint64_t *len) {
+  *len = KVS_LLAMA_BLOB_HDR + 4ull * n + s;
+  uint8_t *b = calloc(1, *len);
+  cr_assert_not_null(b);
+  kvs__llama_blob_hdr_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = KVS_LLAMA_BLOB_MAGIC;
+  h.version = KVS_LLAMA_BLOB_VERSION;
+  h.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
+  h.kind = KVS_LLAMA_BLOB_KIND_SEQ;
+  h.n_tokens = n;
+  h.state_size = s;
+  memcpy(h.model_fp, FP, 16);
+  for (uint32_t i = 0; i < n; i++) {
+    int32_t t = (int32_t)(i * 7);
+    memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &t, 4);
+  }
+  uint8_t *state = b + KVS_LLAMA_BLOB_HDR + 4ull * n;
+  uint32_t m = KVS_LLAMA_STATE_MAGIC;
+  memcpy(state, &m, 4);
+  for (uint64_t i = 8; i < s; i++) state[i] = (uint8_t)i;
+  memcpy(b, &h, sizeof h);
+  h.checksum = kvs__llama_blob_checksum(b, *len);
+  memcpy(b, &h, sizeof h);
+  return b;
+}
+
+static void reseal(uint8_t *b, uint64_t len) {
+  uint64_t c = kvs__llama_blob_checksum(b, len);
+  memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, 8);
+}
+
+Test(llama_blob, a_valid_blob_passes_and_its_header_is_returned, .timeout = 30) {
+  uint64_t len;
+  uint8_t *b = make_blob(300, 5000, &len);
+  kvs__llama_blob_hdr_t h;
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, &h), KVS_LLAMA_BLOB_OK);
+  cr_assert_eq(h.n_tokens, 300);
+  cr_assert_eq(h.state_size, 5000);
+  free(b);
+  b = make_blob(0, 8, &len); /* no tokens, an empty sequence */
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK);
+  free(b);
+}
+
+Test(llama_blob, every_check_refuses_on_its_own, .timeout = 30) {
+  uint64_t len;
+  uint8_t *b = make_blob(10, 100, &len);
+  kvs__llama_blob_hdr_t h, out;
+  memset(&out, 0xee, sizeof out);
+  kvs__llama_blob_hdr_t keep = out;
+#define MUTATE(stmt, want)                                                                    \
+  do {                                                                                        \
+    memcpy(&h, b, sizeof h);                                                                  \
+    kvs__llama_blob_hdr_t saved = h;                                                          \
+    stmt;                                                                                     \
+    memcpy(b, &h, sizeof h);                                                                  \
+    reseal(b, len);                                                                           \
+    cr_assert_eq(kvs__llama_blob_check(b, len, FP, &out), want, #stmt);                       \
+    cr_assert_arr_eq(&out, &keep, sizeof out, "header written on failure: " #stmt);           \
+    memcpy(b, &saved, sizeof saved);                                                          \
+    reseal(b, len);                                                                           \
+  } while (0)
+  MUTATE(h.magic ^= 1, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.version = 2, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.hdr_size = 104, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.kind = 2, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.state_size -= 1, KVS_LLAMA_BLOB_LENGTH);
+  MUTATE(h.state_size += 1, KVS_LLAMA_BLOB_LENGTH);
+  MUTATE(h.n_tokens += 1, KVS_LLAMA_BLOB_LENGTH);
+  MUTATE(h.n_tokens = UINT32_MAX, KVS_LLAMA_BLOB_LENGTH);
+  MUTATE(h.model_fp[15] ^= 1, KVS_LLAMA_BLOB_MODEL);
+#undef MUTATE
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "restored");
+  /* state magic (resealed) */
+  b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
+  reseal(b, len);
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_STATE);
+  b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
+  reseal(b, len);
+  /* any byte changed without resealing */
+  for (uint64_t i = 0; i < len; i += 7) {
+    if (i >= offsetof(kvs__llama_blob_hdr_t, checksum) && i < KVS_LLAMA_BLOB_HDR) continue;
+    b[i] ^= 0x20;
+    cr_assert_neq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "byte %lu", i);
+    b[i] ^= 0x20;
+  }
+  b[len - 1] ^= 1;
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_CHECKSUM);
+  b[len - 1] ^= 1;
+  /* a truncated object and a short one */
+  cr_assert_eq(kvs__llama_blob_check(b, len - 1, FP, NULL), KVS_LLAMA_BLOB_LENGTH);
+  cr_assert_eq(kvs__llama_blob_check(b, KVS_LLAMA_BLOB_HDR - 1, FP, NULL), KVS_LLAMA_BLOB_SHORT);
+  cr_assert_eq(kvs__llama_blob_check(NULL, len, FP, NULL), KVS_LLAMA_BLOB_SHORT);
+  /* another model */
+  uint8_t other[16] = {0};
+  cr_assert_eq(kvs__llama_blob_check(b, len, other, NULL), KVS_LLAMA_BLOB_MODEL);
+  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "unchanged");
+  free(b);
+}
+
+Test(llama_blob, state_shorter_than_its_header_is_refused, .timeout = 30) {
+  uint64_t len;
+  uint8_t *b = make_blob(2, 8, &len);
+  kvs__llama_blob_hdr_t h;
+  memcpy(&h, b, sizeof h);
+  h.state_size = 4;
+  memcpy(b, &h, sizeof h);
+  reseal(b, len - 4);
+  cr_assert_eq(kvs__llama_blob_check(b, len - 4, FP, NULL), KVS_LLAMA_BLOB_STATE);
+  free(b);
+}
+
+Test(llama_blob, file_bytes_follow_the_state_file_format, .timeout = 30) {
+  /* ggsq file: 3 u32 + n tokens + (state - its 8-byte in-memory header). */
+  cr_assert_eq(kvs__llama_file_bytes(0, 8), 12);
+  cr_assert_eq(kvs__llama_file_bytes(300, 5000), 12 + 1200 + 4992);
+  for (int i = 0; i <= KVS_LLAMA_BLOB_CHECKSUM; i++) {
+    const char *a = kvs__llama_blob_status_name((kvs__llama_blob_status_t)i);
+    cr_assert_str_neq(a, "unknown");
+    for (int j = 0; j < i; j++)
+      cr_assert_str_neq(a, kvs__llama_blob_status_name((kvs__llama_blob_status_t)j));
+  }
+}

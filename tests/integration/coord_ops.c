@@ -1,0 +1,713 @@
+/* Coordinator integration tests: every opcode round trip through a real socket, both transfer
+ * strategies (SHM and inline return the same bytes), the seed's flows (inline commit to an SHM
+ * server naming a pending SHM transfer, duplicate prepares, foreign transfers), and the peer
+ * client API on top. Each test starts its own server (pool + store + coordinator in a private
+ * mkdtemp KVSHIM_RUN_DIR) and talks to it with the raw client of coord_client.c. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord_client.h"
+#include "internal.h"
+#include "peer.h"
+
+#define T_TIMEOUT .timeout = 60
+
+static ts_server_t S;
+
+static void down(void) {
+  if (S.root[0]) ts_server_stop(&S, true);
+  memset(&S, 0, sizeof S);
+}
+
+/* Start a server with cache_mb MiB of cache arena; tweak may change options first. */
+static void start(uint64_t cache_mb, void (*tweak)(ts_server_t *)) {
+  cr_assert_eq(ts_server_init(&S, cache_mb << 20), 0);
+  if (tweak) tweak(&S);
+  int rc = ts_server_start(&S);
+  cr_assert_eq(rc, 0, "server start: %d", rc);
+}
+
+static void open_shm(cc_t *c) {
+  cr_assert_eq(cc_open(c, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+  cr_assert_eq(c->server.strategy_chosen, KVS_PROTO_STRATEGY_SHM);
+  cr_assert_not_null(c->pool, "SHM connection without a mapped pool");
+}
+
+static kvs_layout_t blob(uint64_t n) { return kvs_layout_blob(n); }
+
+/* Check object i of a retrieve reply against key k's pattern and expected length. */
+static void check_obj(const cc_t *c, const cc_pretr_t *r, uint32_t i, kvs_key_t k, uint64_t len) {
+  cr_assert_eq(r->objects[i].key_index, i);
+  cr_assert_eq(r->objects[i].length, len);
+  const uint8_t *b = cc_object_bytes(c, r, i);
+  cr_assert_not_null(b);
+  cr_assert_eq(pat_check(b, len, k), 0, "object %u bytes differ from its key's pattern", i);
+}
+
+TestSuite(ops, .fini = down);
+
+Test(ops, hello_chooses_strategy_and_passes_the_pool, T_TIMEOUT) {
+  start(8, NULL);
+  cc_t a, b, c;
+  open_shm(&a);
+  cr_assert_eq(a.server.flags & KVS_PROTO_HELLO_POOL_FD, KVS_PROTO_HELLO_POOL_FD);
+  cr_assert_eq(a.server.role, KVS_PROTO_ROLE_CACHE);
+  cr_assert_eq(a.server.instance_id, S.instance_id);
+  cr_assert_str_eq(a.server.group, "t");
+  cr_assert_eq(a.server.pool_segment_size, kvs_pool_segment_size(S.pool));
+  cr_assert_eq(a.server.pool_arena_size, 8u << 20);
+  cr_assert_eq(a.server.max_frame, (uint32_t)S.opts.max_frame);
+  cr_assert_eq(a.server.pid, (uint32_t)getpid());
+  /* The mapped segment is the server's: same header, and an object the server holds is seen
+   * at the same offset through the client's mapping. */
+  cr_assert_eq(kvs_pool_header(a.pool)->instance_id, S.instance_id);
+  cr_assert_eq(kvs_pool_segment_size(a.pool), kvs_pool_segment_size(S.pool));
+  kvs_key_t k = tk(1, 1);
+  kvs_layout_t l = kvs_layout_blob(5000);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
+  kvs_xfer_t x;
+  kvs_object_view_t v;
+  cr_assert_eq(kvs_store_lookup(S.store, KVS_OWNER_LOCAL, &k, 1, true, &x), 1);
+  cr_assert_eq(kvs_store_read_pinned(S.store, KVS_OWNER_LOCAL, x, &v, 1), 1);
+  cr_assert_eq(pat_check(kvs_pool_base(a.pool) + v.extent.offset, 5000, k), 0);
+  cr_assert_eq(kvs_store_release(S.store, KVS_OWNER_LOCAL, x), 0);
+
+  /* A client asking for inline gets inline and no fd. */
+  cr_assert_eq(cc_open(&b, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
+  cr_assert_eq(b.server.strategy_chosen, KVS_PROTO_STRATEGY_INLINE);
+  cr_assert_eq(b.server.flags & KVS_PROTO_HELLO_POOL_FD, 0);
+  cr_assert_null(b.pool);
+  /* A client without the SHM capability gets inline. */
+  cr_assert_eq(cc_connect(&c, S.path), 0);
+  cr_assert_eq(cc_hello(&c, KVS_PROTO_STRATEGY_AUTO, KVS_PROTO_CAP_INLINE, 0), 0);
+  cr_assert_eq(c.server.strategy_chosen, KVS_PROTO_STRATEGY_INLINE);
+  cr_assert_null(c.pool);
+  cr_assert_eq(kvs_coord_connections(S.coord), 3);
+  cc_close(&a);
+  cc_close(&b);
+  cc_close(&c);
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, S.coord, 0, 2000), 0, "connections not closed");
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_connections), 3);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), 0);
+}
+
+static void force_inline(ts_server_t *s) { s->opts.strategy = KVS_STRATEGY_INLINE; }
+
+Test(ops, server_forcing_inline_wins, T_TIMEOUT) {
+  start(4, force_inline);
+  cc_t a;
+  cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_SHM), 0);
+  cr_assert_eq(a.server.strategy_chosen, KVS_PROTO_STRATEGY_INLINE);
+  cr_assert_null(a.pool);
+  /* SHM requests on an inline connection are refused, the connection stays. */
+  kvs_key_t k = tk(1, 0);
+  kvs_layout_t l = blob(4096);
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, &k, 1, &ps), -EOPNOTSUPP);
+  cc_pretr_t pr;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, &k, 1, &pr), -EOPNOTSUPP);
+  cr_assert_eq(cc_ping(&a, 7, NULL, 0), 0);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, 0);
+  cc_close(&a);
+}
+
+Test(ops, lookup_counts_the_leading_run_without_pinning, T_TIMEOUT) {
+  start(4, NULL);
+  kvs_key_t k[4] = {tk(2, 0), tk(2, 1), tk(2, 2), tk(2, 3)};
+  kvs_layout_t l = blob(5000);
+  cr_assert_eq(ts_local_put(S.store, &k[0], 2, &l), 2);
+  cr_assert_eq(ts_local_put(S.store, &k[3], 1, &l), 1);
+  cc_t a;
+  open_shm(&a);
+  uint32_t found = 99;
+  cr_assert_eq(cc_lookup(&a, k, 4, &found), 0);
+  cr_assert_eq(found, 2);
+  cr_assert_eq(cc_lookup(&a, &k[2], 2, &found), 0);
+  cr_assert_eq(found, 0);
+  cr_assert_eq(cc_lookup(&a, &k[3], 1, &found), 0);
+  cr_assert_eq(found, 1);
+  cr_assert_eq(ts_info(S.store).pins, 0, "LOOKUP must not pin");
+  cc_close(&a);
+}
+
+Test(ops, store_shm_then_retrieve_shm_and_inline_identical, T_TIMEOUT) {
+  start(8, NULL);
+  enum { N = 4 };
+  const uint64_t LEN = 3 * 4096 + 100;
+  kvs_key_t k[N];
+  for (int i = 0; i < N; i++) k[i] = tk(3, (uint64_t)i);
+  kvs_layout_t l = blob(LEN);
+  cc_t a, b;
+  open_shm(&a);
+  cr_assert_eq(cc_open(&b, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
+
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_CHUNKS, &l, k, N, &ps), 0);
+  cr_assert_neq(ps.xfer, 0);
+  cr_assert_eq(ps.n_outcomes, N);
+  cr_assert_eq(ps.n_slots, N);
+  uint64_t seg = kvs_pool_segment_size(S.pool);
+  for (uint32_t i = 0; i < N; i++) {
+    cr_assert_eq(ps.outcomes[i], KVS_RES_RESERVED);
+    cr_assert_eq(ps.slots[i].key_index, i);
+    cr_assert_eq(ps.slots[i].length, LEN);
+    cr_assert_leq(ps.slots[i].offset + LEN, seg);
+    for (uint32_t j = 0; j < i; j++) cr_assert_neq(ps.slots[i].offset, ps.slots[j].offset);
+  }
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_geq(in.reserved_bytes, N * LEN);
+  cr_assert_eq(in.objects_writing, N);
+  /* Reserved but uncommitted: invisible to every reader. */
+  uint32_t found = 99;
+  cr_assert_eq(cc_lookup(&b, k, N, &found), 0);
+  cr_assert_eq(found, 0);
+  cc_pretr_t pr;
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, k, N, &pr), 0);
+  cr_assert_eq(pr.n_found, 0);
+  cc_pretr_free(&pr);
+
+  cr_assert_eq(cc_write_and_commit(&a, &ps, k, KVS_PROTO_KIND_CHUNKS), N);
+  in = ts_info(S.store);
+  cr_assert_eq(in.reserved_bytes, 0);
+  cr_assert_eq(in.objects_ready, N);
+  cr_assert_eq(in.used_bytes + in.reserved_bytes + in.free_bytes, in.arena_bytes);
+  cr_assert_eq(cc_lookup(&b, k, N, &found), 0);
+  cr_assert_eq(found, N);
+
+  /* Retrieve through SHM: pinned until COMMIT_RETRIEVE. */
+  cc_pretr_t rs, ri;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, N, &rs), 0);
+  cr_assert_eq(rs.n_found, N);
+  cr_assert_eq(rs.n_objects, N);
+  cr_assert(!rs.is_inline);
+  cr_assert_neq(rs.xfer, 0);
+  cr_assert_eq(ts_info(S.store).pins, N);
+  for (uint32_t i = 0; i < N; i++) {
+    check_obj(&a, &rs, i, k[i], LEN);
+    cr_assert_eq(rs.objects[i].layout.ndim, 1);
+    cr_assert_eq(rs.objects[i].layout.shape[0], LEN);
+  }
+  /* Retrieve inline on the other connection meanwhile: the pins end with the reply. */
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, k, N, &ri), 0);
+  cr_assert_eq(ri.n_found, N);
+  cr_assert(ri.is_inline);
+  cr_assert_eq(ri.xfer, 0);
+  cr_assert_eq(ts_info(S.store).pins, N, "inline retrieve left pins behind");
+  for (uint32_t i = 0; i < N; i++) {
+    check_obj(&b, &ri, i, k[i], LEN);
+    cr_assert_eq(memcmp(cc_object_bytes(&a, &rs, i), cc_object_bytes(&b, &ri, i), LEN), 0,
+                 "SHM and inline bytes differ for object %u", i);
+  }
+  cr_assert_eq(cc_commit_retrieve(&a, rs.xfer), 0);
+  cr_assert_eq(ts_info(S.store).pins, 0);
+  /* A committed read transfer is gone. */
+  cr_assert_eq(cc_commit_retrieve(&a, rs.xfer), -ENOENT);
+  cc_pretr_free(&rs);
+  cc_pretr_free(&ri);
+  /* The inline connection may also retrieve only part: a missing key in the middle. */
+  kvs_key_t mixed[3] = {k[0], tk(3, 99), k[2]};
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, mixed, 3, &ri), 0);
+  cr_assert_eq(ri.n_found, 1);
+  cr_assert_eq(ri.n_objects, 1);
+  check_obj(&b, &ri, 0, k[0], LEN);
+  cc_pretr_free(&ri);
+  cc_close(&a);
+  cc_close(&b);
+}
+
+Test(ops, store_inline_then_retrieve_both_ways, T_TIMEOUT) {
+  start(8, NULL);
+  enum { N = 5 };
+  const uint64_t LEN = 20000;
+  kvs_key_t k[N];
+  void *bufs[N];
+  for (int i = 0; i < N; i++) {
+    k[i] = tk(4, (uint64_t)i);
+    bufs[i] = malloc(LEN);
+    pat_fill(bufs[i], LEN, k[i]);
+  }
+  kvs_layout_t l = blob(LEN);
+  cc_t a, b;
+  cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
+  open_shm(&b);
+  /* Inline prepare: an empty context (nothing reserved, no transfer). */
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(ps.xfer, 0);
+  cr_assert_eq(ps.n_slots, 0);
+  cr_assert_eq(ps.n_outcomes, N);
+  for (int i = 0; i < N; i++) cr_assert_eq(ps.outcomes[i], KVS_RES_RESERVED);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, 0);
+  uint32_t committed = 0;
+  uint8_t outc[N];
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &l, k, N,
+                                (const void *const *)bufs, &committed, outc), 0);
+  cr_assert_eq(committed, N);
+  for (int i = 0; i < N; i++) cr_assert_eq(outc[i], KVS_RES_RESERVED);
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_eq(in.objects_ready, N);
+  cr_assert_eq(in.reserved_bytes, 0);
+  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  /* Second time: PRESENT, nothing to send; a commit anyway keeps nothing new. */
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &l, k, N, &ps), 0);
+  for (int i = 0; i < N; i++) cr_assert_eq(ps.outcomes[i], KVS_RES_PRESENT);
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &l, k, 2,
+                                (const void *const *)bufs, &committed, outc), 0);
+  cr_assert_eq(committed, 0);
+  cr_assert_eq(outc[0], KVS_RES_PRESENT);
+  cr_assert_eq(ts_info(S.store).objects_ready, N);
+  /* SHM prepare of present keys: PRESENT, no slots, no transfer. */
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(ps.xfer, 0);
+  cr_assert_eq(ps.n_slots, 0);
+  cr_assert_eq(ps.outcomes[N - 1], KVS_RES_PRESENT);
+
+  cc_pretr_t rs, ri;
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_SHM, k, N, &rs), 0);
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, k, N, &ri), 0);
+  cr_assert_eq(rs.n_found, N);
+  cr_assert_eq(ri.n_found, N);
+  for (uint32_t i = 0; i < N; i++) {
+    check_obj(&b, &rs, i, k[i], LEN);
+    check_obj(&a, &ri, i, k[i], LEN);
+    cr_assert_eq(memcmp(cc_object_bytes(&b, &rs, i), bufs[i], LEN), 0);
+    cr_assert_eq(memcmp(cc_object_bytes(&a, &ri, i), bufs[i], LEN), 0);
+  }
+  cr_assert_eq(cc_commit_retrieve(&b, rs.xfer), 0);
+  cc_pretr_free(&rs);
+  cc_pretr_free(&ri);
+  for (int i = 0; i < N; i++) free(bufs[i]);
+  cc_close(&a);
+  cc_close(&b);
+}
+
+Test(ops, object_with_aliases_shm_and_inline, T_TIMEOUT) {
+  start(8, NULL);
+  const uint64_t LEN = 10000;
+  kvs_layout_t l = blob(LEN);
+  kvs_key_t ka[3] = {tk(5, 0), tk(5, 1), tk(5, 2)};
+  cc_t a;
+  open_shm(&a);
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_OBJECT, &l, ka, 3, &ps), 0);
+  cr_assert_eq(ps.n_outcomes, 1);
+  cr_assert_eq(ps.n_slots, 1);
+  cr_assert_eq(ps.outcomes[0], KVS_RES_RESERVED);
+  cr_assert_eq(cc_write_and_commit(&a, &ps, ka, KVS_PROTO_KIND_OBJECT), 1);
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_eq(in.objects_ready, 1);
+  cr_assert_eq(in.keys, 3);
+  /* Every alias answers, with the primary's bytes. */
+  for (int i = 0; i < 3; i++) {
+    cc_pretr_t r;
+    cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, &ka[i], 1, &r), 0);
+    cr_assert_eq(r.n_found, 1);
+    check_obj(&a, &r, 0, ka[0], LEN);
+    cr_assert_eq(cc_commit_retrieve(&a, r.xfer), 0);
+    cc_pretr_free(&r);
+  }
+  /* Inline object: entries[0] the object, entries[1..] aliases. */
+  kvs_key_t kb[2] = {tk(5, 10), tk(5, 11)};
+  void *buf = malloc(LEN);
+  pat_fill(buf, LEN, kb[0]);
+  const void *bufs[1] = {buf};
+  uint32_t committed = 0;
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_OBJECT, &l, kb, 2, bufs, &committed, NULL), 0);
+  cr_assert_eq(committed, 1);
+  cc_pretr_t r;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, &kb[1], 1, &r), 0);
+  cr_assert_eq(r.n_found, 1);
+  check_obj(&a, &r, 0, kb[0], LEN);
+  cc_pretr_free(&r);
+  free(buf);
+  cc_close(&a);
+}
+
+Test(ops, inline_commit_naming_shm_transfer_aborts_its_reservation, T_TIMEOUT) {
+  start(8, NULL);
+  enum { N = 3 };
+  const uint64_t LEN = 9000;
+  kvs_layout_t l = blob(LEN);
+  kvs_key_t k[N];
+  void *bufs[N];
+  for (int i = 0; i < N; i++) {
+    k[i] = tk(6, (uint64_t)i);
+    bufs[i] = malloc(LEN);
+    pat_fill(bufs[i], LEN, k[i]);
+  }
+  cc_t a;
+  open_shm(&a);
+  kvs_store_info_t base = ts_info(S.store);
+  uint64_t aborts0 = ts_stat(&S, KVS_STAT_store_aborted_objects);
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(ps.n_slots, N);
+  cr_assert_gt(ts_info(S.store).reserved_bytes, base.reserved_bytes);
+  /* The seed's flow: the client decides to send the bytes inline after all. */
+  uint32_t committed = 0;
+  cr_assert_eq(cc_commit_inline(&a, ps.xfer, KVS_PROTO_KIND_CHUNKS, &l, k, N,
+                                (const void *const *)bufs, &committed, NULL), 0);
+  cr_assert_eq(committed, N);
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_eq(in.reserved_bytes, base.reserved_bytes, "the SHM reservation leaked");
+  cr_assert_eq(in.objects_writing, 0);
+  cr_assert_eq(in.objects_ready, N);
+  /* Exactly N objects' extents are used: nothing held twice. */
+  uint64_t pg = kvs_pool_page_size(S.pool);
+  cr_assert_eq(in.used_bytes, base.used_bytes + N * KVS__ALIGN_UP(LEN, pg));
+  cr_assert_eq(in.used_bytes + in.free_bytes, in.arena_bytes);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_store_aborted_objects), aborts0 + N);
+  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  /* The replaced transfer no longer exists. */
+  cr_assert_eq(cc_abort(&a, ps.xfer), -ENOENT);
+  cr_assert_eq(cc_commit_shm(&a, ps.xfer, ps.slots, ps.n_slots, NULL), -ENOENT);
+  for (int i = 0; i < N; i++) free(bufs[i]);
+  cc_close(&a);
+}
+
+Test(ops, duplicate_prepare_is_busy_and_leaks_nothing, T_TIMEOUT) {
+  start(8, NULL);
+  const uint64_t LEN = 4096;
+  kvs_layout_t l = blob(LEN);
+  kvs_key_t k[3] = {tk(7, 0), tk(7, 1), tk(7, 2)};
+  cc_t a, b;
+  open_shm(&a);
+  open_shm(&b);
+  cc_pstore_t pa, pb;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pa), 0);
+  cr_assert_eq(pa.n_slots, 2);
+  uint64_t r1 = ts_info(S.store).reserved_bytes;
+  cr_assert_gt(r1, 0);
+  /* Another connection: BUSY, no slots, no transfer, nothing more reserved. */
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pb), 0);
+  cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
+  cr_assert_eq(pb.outcomes[1], KVS_RES_BUSY);
+  cr_assert_eq(pb.n_slots, 0);
+  cr_assert_eq(pb.xfer, 0);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, r1, "a duplicate prepare reserved bytes");
+  /* The same connection again: BUSY too (the seed overwrote and leaked the first). */
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 1, &pb), 0);
+  cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
+  /* A mix: the free key is reserved, the busy one is not. */
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, &k[1], 2, &pb), 0);
+  cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
+  cr_assert_eq(pb.outcomes[1], KVS_RES_RESERVED);
+  cr_assert_eq(pb.n_slots, 1);
+  cr_assert_eq(pb.slots[0].key_index, 1);
+  cr_assert_eq(cc_abort(&b, pb.xfer), 0);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
+  /* An inline commit of a key being written elsewhere: BUSY outcome, nothing kept. */
+  void *buf = malloc(LEN);
+  pat_fill(buf, LEN, k[0]);
+  const void *bufs[1] = {buf};
+  uint32_t committed = 9;
+  uint8_t outc[1] = {0xff};
+  cr_assert_eq(cc_commit_inline(&b, 0, 0, &l, k, 1, bufs, &committed, outc), 0);
+  cr_assert_eq(committed, 0);
+  cr_assert_eq(outc[0], KVS_RES_BUSY);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
+  /* The owner commits; now everyone sees PRESENT. */
+  cr_assert_eq(cc_write_and_commit(&a, &pa, k, 0), 2);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, 0);
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pb), 0);
+  cr_assert_eq(pb.outcomes[0], KVS_RES_PRESENT);
+  cr_assert_eq(pb.outcomes[1], KVS_RES_PRESENT);
+  cr_assert_eq(ts_local_verify(S.store, k, 2), 2);
+  free(buf);
+  cc_close(&a);
+  cc_close(&b);
+}
+
+Test(ops, foreign_transfer_is_eperm_and_changes_nothing, T_TIMEOUT) {
+  start(8, NULL);
+  const uint64_t LEN = 8192;
+  kvs_layout_t l = blob(LEN);
+  kvs_key_t k[2] = {tk(8, 0), tk(8, 1)};
+  cc_t a, b;
+  open_shm(&a);
+  open_shm(&b);
+  uint64_t errs0 = ts_stat(&S, KVS_STAT_coord_errors);
+  uint64_t bad0 = ts_stat(&S, KVS_STAT_store_bad_transfer);
+  cc_pstore_t pa;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pa), 0);
+  kvs_store_info_t mid = ts_info(S.store);
+  uint8_t *base = kvs_pool_base(b.pool);
+  for (uint32_t i = 0; i < pa.n_slots; i++) pat_fill(base + pa.slots[i].offset, LEN, k[i]);
+  /* b names a's transfer with a's exact slots: refused, and the connection stays. */
+  cr_assert_eq(cc_commit_shm(&b, pa.xfer, pa.slots, pa.n_slots, NULL), -EPERM);
+  cr_assert_eq(cc_abort(&b, pa.xfer), -EPERM);
+  cr_assert_eq(cc_ping(&b, 42, "x", 1), 0);
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_eq(in.reserved_bytes, mid.reserved_bytes);
+  cr_assert_eq(in.objects_ready, 0, "a foreign commit published objects");
+  /* a's transfer is intact. */
+  uint32_t committed = 0;
+  cr_assert_eq(cc_commit_shm(&a, pa.xfer, pa.slots, pa.n_slots, &committed), 0);
+  cr_assert_eq(committed, 2);
+  /* Read transfers too. */
+  cc_pretr_t r;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, 2, &r), 0);
+  cr_assert_eq(cc_commit_retrieve(&b, r.xfer), -EPERM);
+  cr_assert_eq(ts_info(S.store).pins, 2);
+  cr_assert_eq(cc_commit_retrieve(&a, r.xfer), 0);
+  cr_assert_eq(ts_info(S.store).pins, 0);
+  cc_pretr_free(&r);
+  /* A transfer that never existed. */
+  cr_assert_eq(cc_commit_retrieve(&b, 0x123456789ull), -ENOENT);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), errs0 + 4);
+  cr_assert_geq(ts_stat(&S, KVS_STAT_store_bad_transfer), bad0 + 3);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_bad_frames), 0);
+  cc_close(&a);
+  cc_close(&b);
+}
+
+Test(ops, abort_and_commit_retrieve_noop, T_TIMEOUT) {
+  start(4, NULL);
+  kvs_layout_t l = blob(4096);
+  kvs_key_t k[2] = {tk(9, 0), tk(9, 1)};
+  cc_t a;
+  open_shm(&a);
+  cc_pstore_t ps;
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &ps), 0);
+  cr_assert_gt(ts_info(S.store).reserved_bytes, 0);
+  cr_assert_eq(cc_abort(&a, ps.xfer), 0);
+  kvs_store_info_t in = ts_info(S.store);
+  cr_assert_eq(in.reserved_bytes, 0);
+  cr_assert_eq(in.free_bytes, in.arena_bytes);
+  uint32_t found = 9;
+  cr_assert_eq(cc_lookup(&a, k, 2, &found), 0);
+  cr_assert_eq(found, 0);
+  cr_assert_eq(cc_abort(&a, ps.xfer), -ENOENT);
+  cr_assert_eq(cc_commit_retrieve(&a, 0), 0, "COMMIT_RETRIEVE 0 is a no-op");
+  /* ABORT of a read transfer releases its pins. */
+  cr_assert_eq(ts_local_put(S.store, k, 2, &l), 2);
+  cc_pretr_t r;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, 2, &r), 0);
+  cr_assert_eq(ts_info(S.store).pins, 2);
+  cr_assert_eq(cc_abort(&a, r.xfer), 0);
+  cr_assert_eq(ts_info(S.store).pins, 0);
+  cc_pretr_free(&r);
+  cc_close(&a);
+}
+
+Test(ops, stats_info_and_json, T_TIMEOUT) {
+  start(4, NULL);
+  kvs_layout_t l = blob(4096);
+  kvs_key_t k[2] = {tk(10, 0), tk(10, 1)};
+  cr_assert_eq(ts_local_put(S.store, k, 2, &l), 2);
+  cc_t a;
+  open_shm(&a);
+  static char text[65536];
+  int n = cc_stats(&a, KVS_PROTO_STATS_INFO, text, sizeof text);
+  cr_assert_gt(n, 0);
+  cr_assert_eq(strncmp(text, "# kvshim stats v1", 17), 0, "INFO text: %.60s", text);
+  cr_assert_not_null(strstr(text, "\r\nstore_objects:2\r\n"), "%s", text);
+  cr_assert_not_null(strstr(text, "\r\ncoord_requests:"));
+  n = cc_stats(&a, KVS_PROTO_STATS_JSON, text, sizeof text);
+  cr_assert_gt(n, 2);
+  cr_assert_eq(text[0], '{');
+  cr_assert_eq(text[n - 1] == '\n' ? text[n - 2] : text[n - 1], '}');
+  cr_assert_not_null(strstr(text, "\"store_objects\":2"), "%s", text);
+  cr_assert_not_null(strstr(text, "\"store_arena_bytes\":4194304"), "%s", text);
+  cc_close(&a);
+}
+
+static void small_frames(ts_server_t *s) { s->opts.max_frame = KVS_PROTO_MIN_MAX_FRAME; }
+
+Test(ops, ping_echo_and_split_messages, T_TIMEOUT) {
+  start(8, small_frames);
+  cc_t a;
+  cr_assert_eq(cc_connect(&a, S.path), 0);
+  cr_assert_eq(cc_hello(&a, KVS_PROTO_STRATEGY_INLINE, KVS_PROTO_CAP_INLINE,
+                        KVS_PROTO_MIN_MAX_FRAME), 0);
+  cr_assert_eq(a.peer_max_frame, KVS_PROTO_MIN_MAX_FRAME);
+  cr_assert_eq(cc_ping(&a, 1, NULL, 0), 0);
+  /* 300 KB each way: split into 64 KiB frames by both sides. */
+  size_t n = 300000;
+  uint8_t *echo = malloc(n);
+  pat_fill(echo, n, tk(11, 0));
+  cr_assert_eq(cc_ping(&a, 0xfeedull, echo, (uint32_t)n), 0);
+  /* An inline retrieve of a 1 MiB object comes in many frames, intact. */
+  const uint64_t LEN = 1 << 20;
+  kvs_key_t k = tk(11, 1);
+  kvs_layout_t l = blob(LEN);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
+  cc_pretr_t r;
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, &k, 1, &r), 0);
+  cr_assert_gt(r.msg.frames, 16, "reply came in %u frames", r.msg.frames);
+  check_obj(&a, &r, 0, k, LEN);
+  cc_pretr_free(&r);
+  /* And an inline store of 1 MiB is split on the way in. */
+  kvs_key_t k2 = tk(11, 2);
+  void *buf = malloc(LEN);
+  pat_fill(buf, LEN, k2);
+  const void *bufs[1] = {buf};
+  uint32_t committed = 0;
+  cr_assert_eq(cc_commit_inline(&a, 0, 0, &l, &k2, 1, bufs, &committed, NULL), 0);
+  cr_assert_eq(committed, 1);
+  cr_assert_eq(ts_local_verify(S.store, &k2, 1), 1);
+  free(buf);
+  free(echo);
+  cc_close(&a);
+}
+
+static kvs_tensor_registry_t *REG;
+static void with_registry(ts_server_t *s) {
+  cr_assert_eq(kvs_tensor_registry_create(16, &REG), 0);
+  s->tensors = REG;
+}
+
+Test(ops, export_tensors_cpu_shm, T_TIMEOUT) {
+  start(8, with_registry);
+  /* A CPU_SHM record over an object of the pool, as the host-allocation hook would record. */
+  const uint64_t LEN = 64 << 10;
+  kvs_key_t k = tk(12, 0);
+  kvs_layout_t l = blob(LEN);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
+  kvs_xfer_t x;
+  kvs_object_view_t v;
+  cr_assert_eq(kvs_store_lookup(S.store, KVS_OWNER_LOCAL, &k, 1, true, &x), 1);
+  cr_assert_eq(kvs_store_read_pinned(S.store, KVS_OWNER_LOCAL, x, &v, 1), 1);
+  const uint64_t VA = 0x7f0000000000ull;
+  kvs_tensor_desc_t t;
+  memset(&t, 0, sizeof t);
+  t.kind = KVS_TENSOR_CPU_SHM;
+  t.dtype = KVS_DTYPE_U8;
+  t.ndim = 1;
+  t.shape[0] = LEN;
+  t.stride[0] = 1;
+  t.cpu.instance_id = S.instance_id;
+  t.cpu.offset = v.extent.offset;
+  t.cpu.length = LEN;
+  cr_assert_eq(kvs_tensor_registry_add(REG, VA, LEN, &t, true), 0);
+  cr_assert_eq(kvs_tensor_registry_add(REG, VA + 2 * LEN, 4096, NULL, false), 0);
+
+  cc_t a;
+  open_shm(&a);
+  kvs_tensor_desc_t d[4];
+  int n = cc_export(&a, VA + 4096, 8192, d, 4);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].kind, KVS_TENSOR_CPU_SHM);
+  cr_assert_eq(d[0].cpu.instance_id, S.instance_id);
+  cr_assert_eq(d[0].cpu.offset, v.extent.offset + 4096);
+  cr_assert_eq(d[0].cpu.length, 8192);
+  cr_assert_eq(d[0].shape[0], 8192);
+  /* Opened through the pool the client mapped: the server's bytes. */
+  void *p = NULL;
+  cr_assert_eq(kvs_tensor_open_cpu(&d[0], a.pool, &p), 0);
+  uint8_t *want = malloc(LEN);
+  pat_fill(want, LEN, k);
+  cr_assert_eq(memcmp(p, want + 4096, 8192), 0);
+  /* A range over the whole record and the non-exportable one: only the exportable part. */
+  n = cc_export(&a, VA, 3 * LEN, d, 4);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].cpu.length, LEN);
+  /* Nothing recorded there. */
+  cr_assert_eq(cc_export(&a, 0x1000, 4096, d, 4), 0);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), 0);
+  kvs_store_release(S.store, KVS_OWNER_LOCAL, x);
+  free(want);
+  cc_close(&a);
+  ts_server_stop(&S, true);
+  memset(&S, 0, sizeof S);
+  kvs_tensor_registry_destroy(REG);
+}
+
+Test(ops, export_tensors_without_registry_answers_none, T_TIMEOUT) {
+  start(4, NULL);
+  cc_t a;
+  open_shm(&a);
+  kvs_tensor_desc_t d[1];
+  cr_assert_eq(cc_export(&a, 0x7f0000000000ull, 4096, d, 1), 0);
+  cc_close(&a);
+}
+
+/* ---- the peer client API on top ---------------------------------------------------------- */
+
+typedef struct sink_ctx {
+  const kvs_key_t *keys;
+  uint64_t len;
+  uint8_t *copy[16];
+  int bad;
+} sink_ctx_t;
+
+static int sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes, uint64_t len) {
+  sink_ctx_t *s = ctx;
+  if (len != s->len || kvs_layout_nbytes(layout) != len || pat_check(bytes, len, s->keys[i]))
+    s->bad++;
+  s->copy[i] = malloc(len);
+  memcpy(s->copy[i], bytes, len);
+  return 0;
+}
+
+static kvs_peers_t *peers_for(int strategy) {
+  kvs_options_t o = S.opts;
+  o.strategy = strategy;
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  kvs_peers_t *p = NULL;
+  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  cr_assert_eq(kvs_peers_discover(p, true), 1);
+  return p;
+}
+
+Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
+  start(16, NULL);
+  enum { N = 8 };
+  const uint64_t LEN = 100000;
+  kvs_key_t k[N];
+  void *bufs[N];
+  for (int i = 0; i < N; i++) {
+    k[i] = tk(13, (uint64_t)i);
+    bufs[i] = malloc(LEN);
+    pat_fill(bufs[i], LEN, k[i]);
+  }
+  kvs_layout_t l = blob(LEN);
+  kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO), *pi = peers_for(KVS_STRATEGY_INLINE);
+  kvs_peer_info_t info[2];
+  cr_assert_eq(kvs_peers_list(ps, info, 2), 1);
+  cr_assert_eq(info[0].instance_id, S.instance_id);
+  cr_assert_eq(info[0].strategy, KVS_PROTO_STRATEGY_SHM);
+  cr_assert_eq(info[0].role, KVS_PROTO_ROLE_CACHE);
+  cr_assert_eq(kvs_peers_list(pi, info, 2), 1);
+  cr_assert_eq(info[0].strategy, KVS_PROTO_STRATEGY_INLINE);
+
+  /* First half stored through SHM, second half inline. */
+  uint8_t outc[N];
+  cr_assert_eq(kvs_peers_store(ps, 0, k, N / 2, &l, false, (const void *const *)bufs, outc), N / 2);
+  cr_assert_eq(outc[0], KVS_RES_RESERVED);
+  cr_assert_eq(kvs_peers_store(pi, S.instance_id, &k[N / 2], N / 2, &l, false,
+                               (const void *const *)&bufs[N / 2], outc), N / 2);
+  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  uint64_t best = 0;
+  cr_assert_eq(kvs_peers_lookup(ps, k, N, &best), N);
+  cr_assert_eq(best, S.instance_id);
+
+  sink_ctx_t a = {k, LEN, {0}, 0}, b = {k, LEN, {0}, 0};
+  cr_assert_eq(kvs_peers_retrieve(ps, 0, k, N, sink, &a), N);
+  cr_assert_eq(kvs_peers_retrieve(pi, S.instance_id, k, N, sink, &b), N);
+  cr_assert_eq(a.bad + b.bad, 0);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(memcmp(a.copy[i], b.copy[i], LEN), 0, "SHM and inline differ at %d", i);
+    free(a.copy[i]);
+    free(b.copy[i]);
+  }
+  /* A miss is 0, not an error. */
+  kvs_key_t none = tk(13, 1000);
+  cr_assert_eq(kvs_peers_retrieve(ps, 0, &none, 1, sink, &a), 0);
+  cr_assert_eq(kvs_peers_ping(ps, S.instance_id), 0);
+  static char text[65536];
+  cr_assert_gt(kvs_peers_stats(pi, S.instance_id, false, text, sizeof text), 0);
+  cr_assert_not_null(strstr(text, "store_objects:8"), "%s", text);
+  cr_assert_eq(ts_info(S.store).pins, 0);
+  kvs_peers_destroy(ps);
+  kvs_peers_destroy(pi);
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, S.coord, 0, 2000), 0);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), 0);
+  for (int i = 0; i < N; i++) free(bufs[i]);
+}

@@ -1,0 +1,1023 @@
+/* tests/integration: the CUDA hooks of libkvshim.so under LD_PRELOAD, on the fake driver (or
+ * the real one, from scripts/gpu-check).
+ *
+ *   cuda_preload_test <case>                    a test: the parent, never preloaded
+ *   cuda_preload_test --child <workload> ...    a workload, run preloaded or not by a case
+ *
+ * Cases (one ctest test each):
+ *   host_pool       host allocations land in the host arena (stats over the socket and in
+ *                   KVSHIM_STATS), are registered (FAKECUDA_LOG), are read by this process
+ *                   through a CPU_SHM descriptor (EXPORT_TENSORS + the pool fd from HELLO), and
+ *                   are freed back; small ones go to the driver
+ *   arena_full      a full host arena passes the allocation to the real allocator
+ *   device_ipc      a second process opens an exported device allocation (EXPORT_TENSORS +
+ *                   CUDA_IPC, with shims/cuda's open_ipc) and reads what the first wrote;
+ *                   frees remove the record
+ *   enable0         KVSHIM_ENABLE=0: the driver's call log is byte-identical to a run without
+ *                   the preload (and the enabled run's is not: the comparison can fail)
+ *   failopen        driver errors come back unchanged, out-parameters untouched, unknown
+ *                   pointers forwarded: a step-by-step transcript equal to the plain run's
+ *   initfail_rundir unwritable run directory: the program works, nothing is intercepted,
+ *   initfail_pool   pool too large: same
+ *   peers0          KVSHIM_PEERS=0: the pool works without a coordinator or run directory
+ *   fork            a fork child builds its own pool and coordinator (own socket, own stats)
+ *                   and has closed the parent's sockets
+ *   threads         8 threads' concurrent first calls initialise once
+ *   notouch         processes that call no hook (sh, true, an idle CUDA program): no socket,
+ *                   no pool, no thread, no output
+ *   gpa             cuGetProcAddress_v2 (with and without the per-thread flag) and dlopen+dlsym
+ *                   return the wrapper of exactly the variant the driver returned
+ *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
+ *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
+ *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
+ *                   ways, the preloaded buffer from the host arena (figures printed)
+ *
+ * PT_REAL_DRIVER=1 (scripts/gpu-check) runs the cases on the real driver: the checks that read
+ * the fake driver's call log are skipped and fake-only behaviour is not assumed; the fork case
+ * is not run there (CUDA cannot be used in a fork child of a process that initialised it). */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pool.h"
+#include "preload_testutil.h"
+#include "tensor.h"
+
+#define MiB (1u << 20)
+#define KiB (1u << 10)
+#define TIMEOUT_S 60
+
+static bool g_real_driver; /* PT_REAL_DRIVER=1: no call log, real driver semantics */
+
+static uint8_t pat(size_t i, unsigned seed) { return (uint8_t)(i * 131u + seed); }
+static void fill(void *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = pat(i, seed);
+}
+static bool check(const void *p, size_t n, size_t from, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    if (((const uint8_t *)p)[i] != pat(from + i, seed)) return false;
+  return true;
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  putchar('\n');
+  fflush(stdout);
+}
+static void wait_for(const char *word) {
+  char line[128];
+  PT_CHECK(fgets(line, sizeof line, stdin) != NULL, "parent went away waiting for %s", word);
+  line[strcspn(line, "\n")] = '\0';
+  PT_CHECK(strcmp(line, word) == 0, "expected '%s' from the parent, got '%s'", word, line);
+}
+
+/* ======================================== workloads ====================================== */
+
+static int w_host(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL, *s = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 4 * MiB, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) == 0,
+           "cuMemHostAlloc 4M");
+  PT_CHECK(cuMemAllocHost(&b, 2 * MiB) == 0, "cuMemAllocHost 2M");
+  PT_CHECK(cuMemHostAlloc(&s, 64 * KiB, 0) == 0, "cuMemHostAlloc 64K");
+  fill(a, 4 * MiB, 7);
+  fill(b, 2 * MiB, 11);
+  fill(s, 64 * KiB, 13);
+  CUdeviceptr da = 0, db = 0xdeadull;
+  PT_CHECK(cuMemHostGetDevicePointer(&da, a, 0) == 0 &&
+               (g_real_driver || da == (CUdeviceptr)(uintptr_t)a),
+           "device pointer of a DEVICEMAP buffer");
+  /* No DEVICEMAP: the fake refuses, exactly as for its own allocation, and leaves db alone (a
+   * real driver with unified addressing maps every pinned buffer). */
+  CUresult rb = cuMemHostGetDevicePointer(&db, b, 0);
+  PT_CHECK(g_real_driver ? (rb == 0 || (rb != 0 && db == 0xdeadull))
+                         : (rb == CUDA_ERROR_INVALID_VALUE && db == 0xdeadull),
+           "device pointer of a buffer without DEVICEMAP: %d", (int)rb);
+  say("ready %" PRIxPTR " %" PRIxPTR " %" PRIxPTR, (uintptr_t)a, (uintptr_t)b, (uintptr_t)s);
+  wait_for("go");
+  PT_CHECK(check(a, 4 * MiB, 0, 7) && check(b, 2 * MiB, 0, 11), "buffers changed");
+  PT_CHECK(cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0 && cuMemFreeHost(s) == 0, "frees");
+  say("done");
+  return 0;
+}
+
+static int w_arena(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 3 * MiB, 0) == 0, "first 3M");
+  PT_CHECK(cuMemHostAlloc(&b, 3 * MiB, 0) == 0, "second 3M");
+  fill(a, 3 * MiB, 1);
+  fill(b, 3 * MiB, 2);
+  PT_CHECK(check(a, 3 * MiB, 0, 1) && check(b, 3 * MiB, 0, 2), "buffers overlap");
+  PT_CHECK(cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0, "frees");
+  say("done");
+  return 0;
+}
+
+static int w_device(void) {
+  pt_cuda_setup();
+  CUdeviceptr d = 0, p = 0;
+  size_t pitch = 0;
+  uint8_t *buf = malloc(MiB);
+  fill(buf, MiB, 3);
+  PT_CHECK(cuMemAlloc(&d, MiB) == 0, "cuMemAlloc");
+  PT_CHECK(cuMemcpyHtoD(d, buf, MiB) == 0, "cuMemcpyHtoD");
+  PT_CHECK(cuMemAllocPitch(&p, &pitch, 1000, 16, 4) == 0 && pitch >= 1000, "cuMemAllocPitch");
+  say("ready %llx %llx %zu", (unsigned long long)d, (unsigned long long)p, pitch);
+  wait_for("free");
+  PT_CHECK(cuMemFree(d) == 0 && cuMemFree(p) == 0, "frees");
+  say("freed");
+  wait_for("exit");
+  free(buf);
+  return 0;
+}
+
+/* A bit of everything, printing only what does not depend on addresses. */
+static int w_mix(void) {
+  pt_cuda_setup();
+  void *a = NULL, *s = NULL;
+  CUdeviceptr d = 0, p = 0;
+  size_t pitch = 0;
+  CUresult r[12];
+  r[0] = cuMemHostAlloc(&a, 4 * MiB, CU_MEMHOSTALLOC_DEVICEMAP);
+  r[1] = cuMemHostAlloc(&s, 64 * KiB, 0);
+  r[2] = cuMemAlloc(&d, MiB);
+  r[3] = cuMemAllocPitch(&p, &pitch, 512, 8, 4);
+  if (a) fill(a, 4 * MiB, 5);
+  r[4] = cuMemcpyHtoDAsync(d, a, 4096, 0);
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  r[5] = cuGetProcAddress("cuMemAlloc", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+  CUdeviceptr d2 = 0;
+  r[6] = fn ? ((CUresult(*)(CUdeviceptr *, size_t))fn)(&d2, 8192) : CUDA_ERROR_NOT_FOUND;
+  r[7] = cuMemFree(d2);
+  r[8] = cuMemFree(d);
+  r[9] = cuMemFree(p);
+  r[10] = cuMemFreeHost(a);
+  r[11] = cuMemFreeHost(s);
+  printf("mix");
+  for (int i = 0; i < 12; i++) printf(" %d", (int)r[i]);
+  say(" pitch=%zu", pitch);
+  return 0;
+}
+
+/* Each step prints its result and whether the out-parameter stayed as set before the call. */
+static int w_errors(void) {
+  const uintptr_t SENT = 0x5a5a5a5a5a5aull;
+  void *h = (void *)SENT;
+  CUdeviceptr d = (CUdeviceptr)SENT;
+  CUresult r;
+  r = cuMemHostAlloc(&h, 4 * MiB, 0); /* before cuInit */
+  say("1 hostalloc-before-init r=%d out=%s", (int)r, h == (void *)SENT ? "kept" : "changed");
+  PT_CHECK(cuInit(0) == 0, "cuInit");
+  r = cuMemHostAlloc(&h, 4 * MiB, 0); /* no current context */
+  say("2 hostalloc-no-context r=%d out=%s", (int)r, h == (void *)SENT ? "kept" : "changed");
+  pt_cuda_setup();
+  r = cuMemAlloc(&d, (size_t)1 << 50); /* 1 PiB: more than any device (or the fake) has */
+  say("3 alloc-too-much r=%d out=%s", (int)r, d == (CUdeviceptr)SENT ? "kept" : "changed");
+  r = cuMemFree((CUdeviceptr)0x1234000);
+  say("4 free-unknown-device r=%d", (int)r);
+  int local;
+  r = cuMemFreeHost(&local);
+  say("5 freehost-unknown r=%d", (int)r);
+  r = cuMemHostAlloc(&h, 4 * MiB, 0x80);
+  say("6 hostalloc-bad-flags r=%d out=%s", (int)r, h == (void *)SENT ? "kept" : "changed");
+  void *fn = (void *)SENT;
+  CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)7;
+  r = cuGetProcAddress("cuNoSuchEntryPoint", &fn, 12000, 0, &st);
+  say("7 gpa-unknown r=%d status=%d fn=%s", (int)r, (int)st, fn ? "set" : "null");
+  r = cuMemHostAlloc(&h, 4 * MiB, 0);
+  say("8 hostalloc r=%d", (int)r);
+  PT_CHECK(r == 0, "hostalloc");
+  r = cuMemFreeHost((char *)h + 4096);
+  say("9 freehost-interior r=%d", (int)r);
+  r = cuMemFreeHost(h);
+  say("10 freehost r=%d", (int)r);
+  r = cuMemFreeHost(h);
+  say("11 freehost-again r=%d", (int)r);
+  r = cuMemAllocHost(NULL, 4 * MiB);
+  say("12 allochost-null r=%d", (int)r);
+  return 0;
+}
+
+static int count_sockets_env(void) {
+  char paths[8][256];
+  return pt_list_sockets(getenv("KVSHIM_RUN_DIR"), paths, 8);
+}
+
+/* Sockets this process holds whose local address is `path`. */
+static int fds_bound_to(const char *path) {
+  int n = 0;
+  for (int fd = 0; fd < 1024; fd++) {
+    struct sockaddr_un a;
+    socklen_t len = sizeof a;
+    memset(&a, 0, sizeof a);
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sun_family == AF_UNIX &&
+        strcmp(a.sun_path, path) == 0)
+      n++;
+  }
+  return n;
+}
+
+static int w_fork(void) {
+  pt_cuda_setup();
+  void *a = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 2 * MiB, 0) == 0, "parent alloc");
+  char before[8][256];
+  PT_CHECK(pt_list_sockets(getenv("KVSHIM_RUN_DIR"), before, 8) == 1, "one socket before fork");
+  PT_CHECK(fds_bound_to(before[0]) >= 1, "the parent holds its listening socket");
+  int go[2], ready[2];
+  PT_CHECK(pipe(go) == 0 && pipe(ready) == 0, "pipe");
+  /* Let the pool's prefault thread finish first: a fork while another thread is inside the
+   * sanitizer runtime (thread exit) can leave the child's runtime locked (older libasan has no
+   * fork handlers). kvshim's own state is fork-safe either way. */
+  usleep(200 * 1000);
+  fflush(stdout);
+  pid_t g = fork();
+  PT_CHECK(g >= 0, "fork");
+  if (g == 0) {
+    close(go[1]);
+    close(ready[0]);
+    void *b = NULL;
+    CUresult r = cuMemHostAlloc(&b, 2 * MiB, 0);
+    int inherited = fds_bound_to(before[0]);
+    char msg[64];
+    snprintf(msg, sizeof msg, "%s %d %d\n", r == 0 ? "ok" : "allocfail", inherited,
+             count_sockets_env());
+    PT_CHECK(write(ready[1], msg, strlen(msg)) > 0, "write");
+    char c;
+    PT_CHECK(read(go[0], &c, 1) == 1, "read");
+    if (b) cuMemFreeHost(b);
+    exit(0);
+  }
+  close(go[0]);
+  close(ready[1]);
+  char msg[64] = "";
+  ssize_t n = read(ready[0], msg, sizeof msg - 1);
+  PT_CHECK(n > 0, "grandchild report");
+  msg[n] = '\0';
+  msg[strcspn(msg, "\n")] = '\0';
+  say("both %d %s", (int)g, msg);
+  wait_for("go");
+  PT_CHECK(write(go[1], "x", 1) == 1, "write");
+  int st;
+  PT_CHECK(waitpid(g, &st, 0) == g && WIFEXITED(st) && WEXITSTATUS(st) == 0, "grandchild");
+  PT_CHECK(cuMemFreeHost(a) == 0, "parent free");
+  say("done");
+  return 0;
+}
+
+#define NTHREADS 8
+static pthread_barrier_t g_barrier;
+static CUcontext g_ctx;
+static void *thread_main(void *arg) {
+  void **slot = arg;
+  PT_CHECK(cuCtxSetCurrent(g_ctx) == 0, "cuCtxSetCurrent");
+  pthread_barrier_wait(&g_barrier);
+  CUresult r = cuMemHostAlloc(slot, 2 * MiB, 0);
+  PT_CHECK(r == 0, "thread alloc: %d", (int)r);
+  return NULL;
+}
+static int w_threads(void) {
+  pt_cuda_setup();
+  PT_CHECK(cuCtxGetCurrent(&g_ctx) == 0, "ctx");
+  pthread_barrier_init(&g_barrier, NULL, NTHREADS);
+  pthread_t t[NTHREADS];
+  void *p[NTHREADS] = {0};
+  for (int i = 0; i < NTHREADS; i++) pthread_create(&t[i], NULL, thread_main, &p[i]);
+  for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < NTHREADS; i++)
+    for (int j = i + 1; j < NTHREADS; j++) PT_CHECK(p[i] != p[j], "two threads got one buffer");
+  say("sockets %d", count_sockets_env());
+  for (int i = 0; i < NTHREADS; i++) PT_CHECK(cuMemFreeHost(p[i]) == 0, "free");
+  say("done");
+  return 0;
+}
+
+static int w_idle(void) {
+  /* Lookups of names no hook family hooks are the only thing this process does. */
+  PT_CHECK(dlsym(RTLD_NEXT, "puts") != NULL && dlsym(RTLD_DEFAULT, "printf") != NULL, "dlsym");
+  say("idle %d", (int)getpid());
+  wait_for("go");
+  return 0;
+}
+
+static const char *obj_name(void *fn, const char **sym) {
+  static char buf[PATH_MAX];
+  Dl_info di;
+  *sym = "none";
+  if (!fn || !dladdr(fn, &di) || !di.dli_fname) return "none";
+  const char *b = strrchr(di.dli_fname, '/');
+  snprintf(buf, sizeof buf, "%s", b ? b + 1 : di.dli_fname);
+  *sym = di.dli_sname && di.dli_saddr == fn ? di.dli_sname : "?";
+  return buf;
+}
+
+static int w_gpa(void) {
+  pt_cuda_setup();
+  static const struct { const char *sym; int ver; unsigned flags; } q[] = {
+      {"cuMemAlloc", 12000, 0},
+      {"cuMemAlloc", 2000, 0},
+      {"cuMemAllocPitch", 3020, 0},
+      {"cuMemFree", 3020, 0},
+      {"cuMemFree", 2000, 0},
+      {"cuMemAllocHost", 3020, 0},
+      {"cuMemAllocHost", 2000, 0},
+      {"cuMemHostAlloc", 2020, 0},
+      {"cuMemFreeHost", 2000, 0},
+      {"cuMemHostGetDevicePointer", 3020, 0},
+      {"cuMemHostGetDevicePointer", 2020, 0},
+      {"cuMemcpyHtoDAsync", 12000, CU_GET_PROC_ADDRESS_DEFAULT},
+      {"cuMemcpyHtoDAsync", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+      {"cuMemcpyHtoDAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+      {"cuMemcpyHtoDAsync", 2000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+      {"cuMemcpyDtoHAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+      {"cuMemcpyDtoHAsync", 12000, 0},
+      {"cuMemcpyHtoD", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+      {"cuGetProcAddress", 12000, 0},
+      {"cuGetProcAddress", 11030, 0},
+      {"cuInit", 2000, 0},
+      {"cuMemHostRegister", 6050, 0},
+      {"cuNoSuchEntryPoint", 12000, 0},
+  };
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = cuGetProcAddress(q[i].sym, &fn, q[i].ver, q[i].flags, &st);
+    const char *sym, *obj = obj_name(r == 0 ? fn : NULL, &sym);
+    say("gpa %s@%d/%u r=%d obj=%s sym=%s", q[i].sym, q[i].ver, q[i].flags, (int)r, obj, sym);
+  }
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  PT_CHECK(h, "dlopen libcuda.so.1");
+  static const char *const names[] = {"cuMemAlloc_v2", "cuMemAlloc", "cuMemFreeHost",
+                                      "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyHtoDAsync_v2",
+                                      "cuGetProcAddress", "cuGetProcAddress_v2", "cuInit",
+                                      "cuMemHostRegister_v2", "cuNoSuchEntryPoint"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    void *fn = dlsym(h, names[i]);
+    const char *sym, *obj = obj_name(fn, &sym);
+    say("dlsym %s obj=%s sym=%s", names[i], obj, sym);
+  }
+  /* The resolved pointers work, and each variant's wrapper is the one that runs. */
+  CUresult (*halloc)(void **, size_t, unsigned) = NULL;
+  CUresult (*h2d_pt)(CUdeviceptr, const void *, size_t, CUstream) = NULL;
+  CUresult (*dalloc)(CUdeviceptr *, size_t) = NULL;
+  CUdriverProcAddressQueryResult st;
+  PT_CHECK(cuGetProcAddress("cuMemHostAlloc", (void **)&halloc, 12000, 0, &st) == 0, "gpa");
+  PT_CHECK(cuGetProcAddress("cuMemcpyHtoDAsync", (void **)&h2d_pt, 12000,
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == 0, "gpa");
+  dalloc = (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
+  void *buf = NULL;
+  CUdeviceptr d = 0;
+  PT_CHECK(halloc(&buf, 2 * MiB, 0) == 0 && dalloc(&d, MiB) == 0, "allocations");
+  fill(buf, 4096, 9);
+  PT_CHECK(h2d_pt(d, buf, 4096, 0) == 0, "ptsz copy");
+  PT_CHECK(cuMemFree(d) == 0 && cuMemFreeHost(buf) == 0, "frees");
+  say("used");
+  return 0;
+}
+
+static int child_main(const char *w) {
+  if (!strcmp(w, "host")) return w_host();
+  if (!strcmp(w, "arena")) return w_arena();
+  if (!strcmp(w, "device")) return w_device();
+  if (!strcmp(w, "mix")) return w_mix();
+  if (!strcmp(w, "errors")) return w_errors();
+  if (!strcmp(w, "fork")) return w_fork();
+  if (!strcmp(w, "threads")) return w_threads();
+  if (!strcmp(w, "idle")) return w_idle();
+  if (!strcmp(w, "gpa")) return w_gpa();
+  fprintf(stderr, "unknown workload %s\n", w);
+  return 2;
+}
+
+/* ========================================= cases ========================================== */
+
+typedef struct tcase {
+  char tmp[256];
+  char run[1024], stats[1024], log[1024], err[1024], out[1024];
+  pt_env_t env;
+} tcase_t;
+
+/* A fresh temporary directory (the run directory lives inside it) and an environment for a
+ * preloaded (or plain) child with small pools. */
+static void tc_init(tcase_t *c, const char *tag, bool preload) {
+  if (!c->tmp[0]) pt_mkdtemp(c->tmp, sizeof c->tmp, tag);
+  snprintf(c->run, sizeof c->run, "%s/run", c->tmp);
+  snprintf(c->stats, sizeof c->stats, "%s/stats.json", c->tmp);
+  snprintf(c->log, sizeof c->log, "%s/fake.log", c->tmp);
+  snprintf(c->err, sizeof c->err, "%s/stderr.txt", c->tmp);
+  snprintf(c->out, sizeof c->out, "%s/stdout.txt", c->tmp);
+  pt_env_free(&c->env);
+  pt_env_init(&c->env, preload);
+  pt_env_set(&c->env, "KVSHIM_RUN_DIR", "%s", c->run);
+  pt_env_set(&c->env, "KVSHIM_STATS", "%s", c->stats);
+  pt_env_set(&c->env, "KVSHIM_POOL_SIZE", "8M");
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  pt_env_set(&c->env, "FAKECUDA_LOG", "%s", c->log);
+}
+/* New output files for the next run in the same directory. */
+static void tc_next(tcase_t *c, const char *suffix) {
+  snprintf(c->stats, sizeof c->stats, "%s/stats-%s.json", c->tmp, suffix);
+  snprintf(c->log, sizeof c->log, "%s/fake-%s.log", c->tmp, suffix);
+  snprintf(c->err, sizeof c->err, "%s/stderr-%s.txt", c->tmp, suffix);
+  snprintf(c->out, sizeof c->out, "%s/stdout-%s.txt", c->tmp, suffix);
+  pt_env_set(&c->env, "KVSHIM_STATS", "%s", c->stats);
+  pt_env_set(&c->env, "FAKECUDA_LOG", "%s", c->log);
+}
+static void tc_done(tcase_t *c) {
+  pt_env_free(&c->env);
+  pt_rm_rf(c->tmp);
+}
+
+static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload) {
+  char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
+  pt_spawn_opts_t o = {.pipes = true, .err_path = c->err};
+  pt_spawn(p, argv, &c->env, &o);
+}
+static int run_child(tcase_t *c, const char *workload, rlim_t fsize) {
+  char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
+  pt_proc_t p;
+  pt_spawn_opts_t o = {.out_path = c->out, .err_path = c->err, .fsize_limit = fsize};
+  pt_spawn(&p, argv, &c->env, &o);
+  return pt_wait(&p, TIMEOUT_S);
+}
+
+static char *must_read(const char *path) {
+  char *t = pt_read_file(path, NULL);
+  PT_CHECK(t, "%s is missing", path);
+  return t;
+}
+static void expect_stat(const char *json, const char *name, long long want) {
+  long long got = pt_stat(json, name);
+  PT_CHECK(got == want, "%s = %lld, expected %lld", name, got, want);
+}
+static void expect_count(const char *text, const char *needle, int want) {
+  int got = pt_count(text, needle);
+  PT_CHECK(got == want, "'%s' appears %d times, expected %d", needle, got, want);
+}
+
+static void open_pool(pt_peer_t *peer, kvs_pool_t **pool) {
+  PT_CHECK(peer->pool_fd >= 0, "HELLO carried no pool fd");
+  int rc = kvs_pool_attach(peer->pool_fd, false, pool);
+  PT_CHECK(rc == 0, "kvs_pool_attach: %s", strerror(-rc));
+}
+
+static int case_host_pool(void) {
+  tcase_t c = {0};
+  tc_init(&c, "host", true);
+  pt_proc_t p;
+  spawn_child(&p, &c, "host");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  uintptr_t a, b, s;
+  PT_CHECK(sscanf(line, "ready %" SCNxPTR " %" SCNxPTR " %" SCNxPTR, &a, &b, &s) == 3, "'%s'",
+           line);
+  char socks[4][256];
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+  pt_peer_t peer;
+  pt_peer_connect(&peer, socks[0]);
+  PT_CHECK(peer.pid == (uint32_t)p.pid, "the socket belongs to the child");
+  char json[8192];
+  pt_peer_stats(&peer, json, sizeof json);
+  expect_stat(json, "host_arena_allocs", 2);
+  expect_stat(json, "host_arena_used_bytes", 6 * MiB);
+  expect_stat(json, "host_arena_fallbacks", 0);
+
+  /* A second process reads the buffers through CPU_SHM descriptors and the pool fd. */
+  kvs_pool_t *pool;
+  open_pool(&peer, &pool);
+  kvs_tensor_desc_t d[4];
+  PT_CHECK(pt_peer_export(&peer, a, 4 * MiB, d, 4) == 1, "one descriptor for the 4M buffer");
+  PT_CHECK(d[0].kind == KVS_TENSOR_CPU_SHM && d[0].cpu.instance_id == peer.instance_id &&
+               kvs_tensor_nbytes(&d[0]) == 4 * MiB,
+           "CPU_SHM descriptor of the whole buffer");
+  void *ptr;
+  PT_CHECK(kvs_tensor_open_cpu(&d[0], pool, &ptr) == 0, "open CPU_SHM");
+  PT_CHECK(check(ptr, 4 * MiB, 0, 7), "bytes read through the pool differ");
+  PT_CHECK(pt_peer_export(&peer, b + 4096, 8192, d, 4) == 1, "sub-range of the 2M buffer");
+  PT_CHECK(kvs_tensor_open_cpu(&d[0], pool, &ptr) == 0 && check(ptr, 8192, 4096, 11),
+           "sub-range bytes");
+  PT_CHECK(pt_peer_export(&peer, s, 64 * KiB, d, 4) == 0, "the small buffer is not in the pool");
+  kvs_pool_destroy(pool, true);
+  pt_peer_close(&peer);
+
+  pt_writeline(&p, "go");
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+
+  char *st = must_read(c.stats), *log = g_real_driver ? NULL : must_read(c.log);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_stat(st, "hook_fallbacks", 0);
+  if (log) {
+  expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
+  expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x1 -> 0", 1);
+  expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
+  expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
+  expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
+  expect_count(log, "cuMemHostAlloc bytesize=4194304", 0);
+  expect_count(log, "cuMemAllocHost", 0);
+  expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
+  expect_count(log, "cuMemFreeHost p=r", 0);
+  }
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 0, "socket removed at exit");
+  free(st);
+  free(log);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_arena_full(void) {
+  tcase_t c = {0};
+  tc_init(&c, "arena", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4M");
+  PT_CHECK(run_child(&c, "arena", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats), *log = g_real_driver ? NULL : must_read(c.log);
+  expect_stat(st, "host_arena_allocs", 1);
+  expect_stat(st, "host_arena_fallbacks", 1);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  if (log) {
+    expect_count(log, "cuMemHostRegister_v2 bytesize=3145728 flags=0x1 -> 0", 1);
+    expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
+    expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
+    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
+  }
+  free(st);
+  free(log);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_device_ipc(void) {
+  tcase_t c = {0};
+  tc_init(&c, "device", true);
+  pt_proc_t p;
+  spawn_child(&p, &c, "device");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  unsigned long long d, pd;
+  size_t pitch;
+  PT_CHECK(sscanf(line, "ready %llx %llx %zu", &d, &pd, &pitch) == 3, "'%s'", line);
+  char socks[4][256];
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+
+  /* The reader: another process, not preloaded, using shims/cuda's open_ipc. */
+  char reader[PATH_MAX], rlog[1024], rerr[1024], a1[32], a2[32], a3[32];
+  snprintf(reader, sizeof reader, "%s", pt_self_exe());
+  char *slash = strrchr(reader, '/');
+  snprintf(slash + 1, sizeof reader - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+  snprintf(rlog, sizeof rlog, "%s/reader-fake.log", c.tmp);
+  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
+  snprintf(a1, sizeof a1, "%llx", d);
+  snprintf(a2, sizeof a2, "%llx", pd);
+  snprintf(a3, sizeof a3, "%zu", pitch * 16);
+  pt_env_t renv;
+  pt_env_init(&renv, false);
+  pt_env_set(&renv, "FAKECUDA_LOG", "%s", rlog);
+  char *rargv[] = {reader, socks[0], a1, a2, a3, NULL};
+  int rc = pt_run(rargv, &renv, NULL, rerr, TIMEOUT_S);
+  char *rerr_text = pt_read_file(rerr, NULL);
+  PT_CHECK(rc == 0, "reader failed: %s", rerr_text ? rerr_text : "?");
+  free(rerr_text);
+  pt_env_free(&renv);
+  if (!g_real_driver) {
+    char *rl = must_read(rlog);
+    expect_count(rl, "cuIpcOpenMemHandle_v2 bytes=1048576 flags=0x1 -> 0", 1); /* opened once */
+    expect_count(rl, "cuIpcCloseMemHandle", 1);                                 /* closed once */
+    expect_count(rl, "cuMemHostRegister_v2 bytesize=1048576 flags=0x1 -> 0", 1); /* kvs_accel pin */
+    expect_count(rl, "cuMemHostUnregister p=r1 -> 0", 1);
+    free(rl);
+  }
+
+  pt_peer_t peer;
+  pt_peer_connect(&peer, socks[0]);
+  char json[8192];
+  pt_peer_stats(&peer, json, sizeof json);
+  expect_stat(json, "cuda_device_allocs", 2);
+  expect_stat(json, "cuda_device_exportable", 2);
+  pt_writeline(&p, "free");
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "freed") == 0, "'%s'", line);
+  kvs_tensor_desc_t desc[2];
+  PT_CHECK(pt_peer_export(&peer, d, MiB, desc, 2) == 0, "a freed allocation is still exported");
+  PT_CHECK(pt_peer_export(&peer, pd, pitch * 16, desc, 2) == 0, "freed pitch allocation");
+  pt_peer_close(&peer);
+  pt_writeline(&p, "exit");
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    expect_count(log, "cuIpcGetMemHandle dptr=d1 -> 0", 1);
+    expect_count(log, "cuIpcGetMemHandle dptr=d2 -> 0", 1);
+    free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
+static int case_enable0(void) {
+  tcase_t c = {0};
+  tc_init(&c, "enable0", false);
+  tc_next(&c, "plain");
+  PT_CHECK(run_child(&c, "mix", 0) == 0, "plain run failed");
+  char *plain_log = g_real_driver ? strdup("") : must_read(c.log), *plain_out = must_read(c.out);
+
+  tc_init(&c, "enable0", true);
+  pt_env_set(&c.env, "KVSHIM_ENABLE", "0");
+  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
+  tc_next(&c, "off");
+  PT_CHECK(run_child(&c, "mix", 0) == 0, "KVSHIM_ENABLE=0 run failed");
+  char *off_log = g_real_driver ? strdup("") : must_read(c.log), *off_out = must_read(c.out);
+  PT_CHECK(strcmp(plain_log, off_log) == 0, "KVSHIM_ENABLE=0 changed the driver calls:\n%s\n---\n%s",
+           plain_log, off_log);
+  PT_CHECK(strcmp(plain_out, off_out) == 0, "KVSHIM_ENABLE=0 changed the results");
+  PT_CHECK(pt_dir_entries(c.run) == -1, "KVSHIM_ENABLE=0 created the run directory");
+  PT_CHECK(!pt_exists(c.stats), "KVSHIM_ENABLE=0 wrote stats");
+  char *err = must_read(c.err);
+  expect_count(err, "info: ready", 0);
+  expect_count(err, "-> kvshim", 0); /* nothing was routed to a wrapper */
+  expect_count(err, "debug:   KVSHIM_ENABLE=0 (env)", 1); /* KVSHIM_LOG=debug: the table */
+  free(err);
+
+  tc_init(&c, "enable0", true);
+  tc_next(&c, "on");
+  PT_CHECK(run_child(&c, "mix", 0) == 0, "enabled run failed");
+  char *on_log = g_real_driver ? strdup("") : must_read(c.log), *on_out = must_read(c.out);
+  PT_CHECK(strcmp(plain_out, on_out) == 0, "the enabled run's results differ");
+  if (!g_real_driver) {
+    PT_CHECK(strcmp(plain_log, on_log) != 0, "the enabled run's log equals the plain one");
+    expect_count(on_log, "cuMemHostRegister_v2", 1);
+  } else {
+    char *st = must_read(c.stats);
+    expect_stat(st, "host_arena_allocs", 1); /* the enabled arm did intercept */
+    free(st);
+  }
+  free(plain_log), free(plain_out), free(off_log), free(off_out), free(on_log), free(on_out);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_failopen(void) {
+  tcase_t c = {0};
+  tc_init(&c, "failopen", false);
+  tc_next(&c, "plain");
+  PT_CHECK(run_child(&c, "errors", 0) == 0, "plain run failed");
+  char *plain = must_read(c.out);
+  tc_init(&c, "failopen", true);
+  tc_next(&c, "preload");
+  PT_CHECK(run_child(&c, "errors", 0) == 0, "preloaded run failed");
+  char *pre = must_read(c.out);
+  PT_CHECK(strcmp(plain, pre) == 0, "results differ under the preload:\n%s---\n%s", plain, pre);
+  /* The transcript shows real failures, not a run of successes. */
+  if (!g_real_driver) {
+    expect_count(plain, "out=kept", 4);
+    expect_count(plain, "r=0", 2);
+  }
+  char *st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 1);
+  expect_stat(st, "host_arena_fallbacks", 2); /* before cuInit, without a context */
+  expect_stat(st, "host_arena_used_bytes", 0);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    expect_count(log, "cuMemFree_v2 dptr=unknown -> 1", 1);
+    expect_count(log, "cuMemFreeHost p=unknown -> 1", 2); /* the stack pointer, the double free */
+    expect_count(log, "cuMemFreeHost p=r1+4096 -> 1", 1); /* interior pointer: forwarded */
+    expect_count(log, "cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1);
+    free(log);
+  }
+  free(plain), free(pre), free(st);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_initfail(bool pool) {
+  tcase_t c = {0};
+  tc_init(&c, "initfail", false);
+  tc_next(&c, "plain");
+  PT_CHECK(run_child(&c, "mix", 0) == 0, "plain run failed");
+  char *plain_log = g_real_driver ? strdup("") : must_read(c.log), *plain_out = must_read(c.out);
+  tc_init(&c, "initfail", true);
+  rlim_t fsize = 0;
+  if (pool) {
+    /* The pool cannot be sized: RLIMIT_FSIZE stops ftruncate of the memfd. */
+    pt_env_set(&c.env, "KVSHIM_POOL_SIZE", "512M");
+    fsize = 64u << 20;
+  } else {
+    char blocker[300];
+    snprintf(blocker, sizeof blocker, "%s/blocker", c.tmp);
+    FILE *f = fopen(blocker, "w");
+    PT_CHECK(f, "create %s", blocker);
+    fclose(f);
+    snprintf(c.run, sizeof c.run, "%s/run", blocker); /* a directory under a regular file */
+    pt_env_set(&c.env, "KVSHIM_RUN_DIR", "%s", c.run);
+  }
+  tc_next(&c, "preload");
+  PT_CHECK(run_child(&c, "mix", fsize) == 0, "the program failed under a broken kvshim");
+  char *log = g_real_driver ? strdup("") : must_read(c.log), *out = must_read(c.out),
+       *st = must_read(c.stats), *err = must_read(c.err);
+  PT_CHECK(strcmp(plain_out, out) == 0, "results differ");
+  PT_CHECK(strcmp(plain_log, log) == 0, "driver calls differ:\n%s---\n%s", plain_log, log);
+  expect_count(err, "kvshim is off in this process", 1);
+  PT_CHECK(pt_stat(st, "hook_fallbacks") >= 4, "hook_fallbacks = %lld",
+           pt_stat(st, "hook_fallbacks"));
+  expect_stat(st, "host_arena_allocs", 0);
+  expect_stat(st, "hook_calls", 0);
+  free(plain_log), free(plain_out), free(log), free(out), free(st), free(err);
+  tc_done(&c);
+  return 0;
+}
+
+/* KVSHIM_PEERS=0: the pool works, no coordinator, no run directory. */
+static int case_peers0(void) {
+  tcase_t c = {0};
+  tc_init(&c, "peers0", true);
+  pt_env_set(&c.env, "KVSHIM_PEERS", "0");
+  pt_env_set(&c.env, "KVSHIM_LOG", "info");
+  PT_CHECK(run_child(&c, "arena", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats), *err = must_read(c.err);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_count(err, "info: ready:", 1);
+  expect_count(err, ", socket ", 0);
+  PT_CHECK(pt_dir_entries(c.run) == -1, "KVSHIM_PEERS=0 created the run directory");
+  free(st), free(err);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_fork(void) {
+  tcase_t c = {0};
+  tc_init(&c, "fork", true);
+  pt_proc_t p;
+  spawn_child(&p, &c, "fork");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  int g, inherited, seen;
+  char status[32];
+  PT_CHECK(sscanf(line, "both %d %31s %d %d", &g, status, &inherited, &seen) == 4, "'%s'", line);
+  PT_CHECK(strcmp(status, "ok") == 0, "the fork child could not allocate");
+  PT_CHECK(inherited == 0, "the fork child still holds %d sockets of its parent", inherited);
+  PT_CHECK(seen == 2, "the fork child saw %d sockets", seen);
+  char socks[4][256];
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 2, "two coordinators");
+  uint64_t ids[2];
+  bool saw_parent = false, saw_child = false;
+  for (int i = 0; i < 2; i++) {
+    pt_peer_t peer;
+    pt_peer_connect(&peer, socks[i]);
+    char json[8192];
+    pt_peer_stats(&peer, json, sizeof json);
+    expect_stat(json, "host_arena_allocs", 1); /* each its own: the child's counters restarted */
+    ids[i] = peer.instance_id;
+    saw_parent |= peer.pid == (uint32_t)p.pid;
+    saw_child |= peer.pid == (uint32_t)g;
+    pt_peer_close(&peer);
+  }
+  PT_CHECK(saw_parent && saw_child && ids[0] != ids[1], "one coordinator per process");
+  pt_writeline(&p, "go");
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+  char gstats[1100];
+  snprintf(gstats, sizeof gstats, "%s.%d", c.stats, g);
+  char *ps = must_read(c.stats), *gs = must_read(gstats);
+  expect_stat(ps, "host_arena_allocs", 1);
+  expect_stat(gs, "host_arena_allocs", 1);
+  expect_stat(gs, "host_arena_used_bytes", 0);
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 0, "sockets removed at exit");
+  free(ps), free(gs);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_threads(void) {
+  tcase_t c = {0};
+  tc_init(&c, "threads", true);
+  pt_env_set(&c.env, "KVSHIM_LOG", "info");
+  PT_CHECK(run_child(&c, "threads", 0) == 0, "child failed (see %s)", c.err);
+  char *out = must_read(c.out), *err = must_read(c.err), *st = must_read(c.stats);
+  expect_count(out, "sockets 1\n", 1);
+  expect_count(err, "info: ready:", 1);
+  expect_stat(st, "host_arena_allocs", NTHREADS);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  free(out), free(err), free(st);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_notouch(void) {
+  tcase_t c = {0};
+  tc_init(&c, "notouch", true);
+  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
+  pt_env_foreign(&c.env);
+  const char *progs[][3] = {{"/bin/sh", "-c", "true"}, {"/bin/true", NULL, NULL}};
+  for (int i = 0; i < 2; i++) {
+    if (!pt_exists(progs[i][0])) continue;
+    char *argv[] = {(char *)progs[i][0], (char *)progs[i][1], (char *)progs[i][2], NULL};
+    PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", progs[i][0]);
+    char *out = must_read(c.out), *err = must_read(c.err);
+    PT_CHECK(!out[0] && !err[0], "%s printed: '%s' '%s'", progs[i][0], out, err);
+    free(out), free(err);
+  }
+  pt_proc_t p;
+  spawn_child(&p, &c, "idle");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)p.pid);
+  char *maps = must_read(path);
+  expect_count(maps, "kvshim-pool", 0);
+  PT_CHECK(pt_count(maps, "libkvshim.so") > 0, "the library is not even loaded");
+  snprintf(path, sizeof path, "/proc/%d/task", (int)p.pid);
+  PT_CHECK(pt_dir_entries(path) == 1, "the idle process has %d threads", pt_dir_entries(path));
+  pt_writeline(&p, "go");
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "idle child failed");
+  char *err = must_read(c.err);
+  PT_CHECK(!err[0], "the idle child printed '%s'", err);
+  PT_CHECK(pt_dir_entries(c.run) == -1, "a run directory was created");
+  PT_CHECK(!pt_exists(c.stats), "stats were written");
+  free(maps), free(err);
+  tc_done(&c);
+  return 0;
+}
+
+static bool is_hooked(const char *sym) {
+  static const char *const hooked[] = {
+      "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemAllocHost_v2",
+      "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer_v2",
+      "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2",
+      "cuMemcpyDtoHAsync_v2_ptsz", "cuGetProcAddress", "cuGetProcAddress_v2"};
+  for (size_t i = 0; i < sizeof hooked / sizeof hooked[0]; i++)
+    if (!strcmp(sym, hooked[i])) return true;
+  return false;
+}
+
+static int case_gpa(void) {
+  tcase_t c = {0};
+  tc_init(&c, "gpa", false);
+  tc_next(&c, "plain");
+  PT_CHECK(run_child(&c, "gpa", 0) == 0, "plain run failed");
+  char *plain = must_read(c.out);
+  tc_init(&c, "gpa", true);
+  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
+  tc_next(&c, "preload");
+  PT_CHECK(run_child(&c, "gpa", 0) == 0, "preloaded run failed (see %s)", c.err);
+  char *pre = must_read(c.out);
+  /* Per-thread and legacy variants got different wrappers. */
+  expect_count(pre, "sym=cuMemcpyHtoDAsync_v2_ptsz\n", 2);
+  expect_count(pre, "sym=cuMemcpyHtoDAsync_v2\n", 3);
+  /* Line by line: same lookup, same result, same variant; the object is kvshim exactly when
+   * the variant is a hooked one. */
+  int lines = 0, hooked = 0;
+  char *sp1, *sp2;
+  char *l1 = strtok_r(plain, "\n", &sp1), *l2 = strtok_r(pre, "\n", &sp2);
+  for (; l1 || l2; l1 = strtok_r(NULL, "\n", &sp1), l2 = strtok_r(NULL, "\n", &sp2)) {
+    PT_CHECK(l1 && l2, "transcripts differ in length");
+    if (!strcmp(l1, "used")) {
+      PT_CHECK(!strcmp(l2, "used"), "'%s'", l2);
+      continue;
+    }
+    char o1[64], o2[64], s1[64], s2[64];
+    char *c1 = strstr(l1, " obj="), *c2 = strstr(l2, " obj=");
+    PT_CHECK(c1 && c2 && c1 - l1 == c2 - l2 && !strncmp(l1, l2, (size_t)(c1 - l1)),
+             "'%s' vs '%s'", l1, l2);
+    PT_CHECK(sscanf(c1, " obj=%63s sym=%63s", o1, s1) == 2 &&
+                 sscanf(c2, " obj=%63s sym=%63s", o2, s2) == 2,
+             "'%s' / '%s'", l1, l2);
+    PT_CHECK(!strcmp(s1, s2), "variant differs: '%s' vs '%s'", l1, l2);
+    if (strcmp(o1, "none") != 0)
+      PT_CHECK(!strcmp(o1, "libcuda.so.1"), "plain run resolved into %s", o1);
+    if (is_hooked(s1)) {
+      PT_CHECK(!strcmp(o2, "libkvshim.so"), "hooked %s not routed: '%s'", s1, l2);
+      hooked++;
+    } else {
+      PT_CHECK(!strcmp(o2, o1), "unhooked %s routed: '%s'", s1, l2);
+    }
+    lines++;
+  }
+  PT_CHECK(lines == 33 && hooked == 20, "%d lines, %d hooked", lines, hooked);
+  char *st = must_read(c.stats), *err = must_read(c.err);
+  expect_stat(st, "host_arena_allocs", 1);
+  expect_stat(st, "host_arena_h2d_bytes", 4096); /* counted by the _ptsz wrapper */
+  expect_stat(st, "cuda_device_allocs", 1);      /* the dlsym'd cuMemAlloc_v2 wrapper */
+  expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
+  expect_count(err, "dlsym: cuMemAlloc_v2 -> kvshim", 1);
+  free(plain), free(pre), free(st), free(err);
+  tc_done(&c);
+  return 0;
+}
+
+static int case_cudart(const char *prog) {
+  tcase_t c = {0};
+  tc_init(&c, "cudart", false);
+  pt_env_foreign(&c.env);
+  tc_next(&c, "plain");
+  char *argv[] = {(char *)prog, NULL};
+  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
+  char *plain = must_read(c.out);
+  tc_init(&c, "cudart", true);
+  pt_env_foreign(&c.env);
+  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
+  tc_next(&c, "preload");
+  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed under the preload",
+           prog);
+  char *pre = must_read(c.out), *err = must_read(c.err);
+  PT_CHECK(strcmp(plain, pre) == 0, "the CUDA runtime program behaves differently:\n%s---\n%s",
+           plain, pre);
+  /* The runtime fetched cuGetProcAddress_v2 with dlsym and every entry point through it. */
+  expect_count(err, "dlsym: cuGetProcAddress_v2 -> kvshim", 1);
+  expect_count(err, "cuGetProcAddress: cuMemAlloc_v2 -> kvshim", 1);
+  expect_count(err, "cuGetProcAddress: cuMemHostAlloc -> kvshim", 1);
+  expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
+  if (pt_count(plain, "init ok") == 1) {
+    char *st = must_read(c.stats);
+    PT_CHECK(pt_stat(st, "host_arena_allocs") >= 1, "cudaMallocHost did not reach the pool");
+    PT_CHECK(pt_stat(st, "cuda_device_allocs") >= 1, "cudaMalloc was not recorded");
+    free(st);
+  } else {
+    printf("NOTE: the CUDA runtime does not initialise on this driver (%s); checked: identical "
+           "behaviour with and without the preload, and the runtime's entry points routed to "
+           "kvshim's wrappers. Allocations through cudart are checked by scripts/gpu-check on a "
+           "real GPU.\n",
+           strtok(plain, "\n"));
+    PT_CHECK(!pt_exists(c.stats), "no allocation hook ran, yet stats were written");
+  }
+  free(plain), free(pre), free(err);
+  tc_done(&c);
+  return 0;
+}
+
+/* cuda_bandwidth with and without the preload: the data arrives intact both ways, and the
+ * preloaded run's buffer came from the host arena. */
+static int case_bandwidth(const char *prog, const char *mib, const char *reps) {
+  tcase_t c = {0};
+  tc_init(&c, "bandwidth", false);
+  tc_next(&c, "plain");
+  char *argv[] = {(char *)prog, "--mib", (char *)mib, "--reps", (char *)reps, NULL};
+  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
+  char *plain = must_read(c.out);
+  tc_init(&c, "bandwidth", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "%lluM", 2ull * strtoull(mib, NULL, 10) + 8);
+  tc_next(&c, "preload");
+  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed under the preload",
+           prog);
+  char *pre = must_read(c.out), *st = must_read(c.stats);
+  printf("without kvshim: %swith kvshim:    %s", plain, pre);
+  PT_CHECK(strstr(plain, "\"h2d_gbps\":") && strstr(pre, "\"h2d_gbps\":"), "no figures");
+  expect_stat(st, "host_arena_allocs", 1);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(plain), free(pre), free(st);
+  tc_done(&c);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *rd = getenv("PT_REAL_DRIVER");
+  g_real_driver = rd && !strcmp(rd, "1");
+  if (argc >= 3 && !strcmp(argv[1], "--child")) return child_main(argv[2]);
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s <case> | --child <workload>\n", argv[0]);
+    return 2;
+  }
+  const char *k = argv[1];
+  int rc;
+  if (!strcmp(k, "host_pool")) rc = case_host_pool();
+  else if (!strcmp(k, "arena_full")) rc = case_arena_full();
+  else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
+  else if (!strcmp(k, "enable0")) rc = case_enable0();
+  else if (!strcmp(k, "failopen")) rc = case_failopen();
+  else if (!strcmp(k, "initfail_rundir")) rc = case_initfail(false);
+  else if (!strcmp(k, "initfail_pool")) rc = case_initfail(true);
+  else if (!strcmp(k, "fork")) rc = case_fork();
+  else if (!strcmp(k, "peers0")) rc = case_peers0();
+  else if (!strcmp(k, "threads")) rc = case_threads();
+  else if (!strcmp(k, "notouch")) rc = case_notouch();
+  else if (!strcmp(k, "gpa")) rc = case_gpa();
+  else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
+  else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
+  else {
+    fprintf(stderr, "unknown case %s\n", k);
+    return 2;
+  }
+  if (rc == 0) printf("PASS %s\n", k);
+  return rc;
+}

@@ -1,0 +1,523 @@
+/* kvshim-bench-peer: peer retrieve throughput and control-plane latency, each printed next to
+ * its physical limit measured in the same run (design §16; never run by ctest).
+ *
+ * Two processes: a server (pool + store + coordinator, forked first so the client has no
+ * thread at fork time) and this client. For each chunk size (256 KiB, 2 MiB, 16 MiB) the
+ * server holds objects covering a region larger than the last-level cache (--region, default
+ * max(256 MiB, 2 x LLC)), and every figure walks that region in the same rotating order, one
+ * chunk per call, into a destination region of the same size (also larger than the LLC):
+ *   memcpy        single-thread glibc memcpy from the server's pool mapping (the same pages)
+ *   memcpy-nt     the same with non-temporal (cache-bypassing) stores
+ *   shm           kvs_peers_retrieve over SHM (PREPARE_RETRIEVE + COMMIT_RETRIEVE), the sink
+ *                 copying with memcpy; shm-nt: the sink copying with non-temporal stores
+ *   inline        kvs_peers_retrieve inline (the bytes travel in the reply)
+ *   socket        raw Unix stream socket bulk between the two processes: a 64-byte request,
+ *                 then the chunk written straight from the object's pages into the client's
+ *                 destination (no protocol, no extra copy): the limit inline is held to
+ * Control plane: LOOKUP + PREPARE_RETRIEVE + COMMIT_RETRIEVE for one key (kvs_peers_retrieve
+ * with no instance, a sink that copies nothing) and one PING, p50/p99, beside a raw 64-byte
+ * socket round trip on the same kind of socket.
+ * Every figure is repeated --reps times (default 5), interleaved; medians and min-max are
+ * printed, then one JSON line with every figure and ratio. --quick: smaller region, 3 reps. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "coord.h"
+#include "internal.h"
+#include "peer.h"
+#include "pool.h"
+#include "proto.h"
+#include "sock.h"
+#include "store.h"
+
+#define MAX_REPS 101
+#define N_SIZES 3
+#define RTT_SAMPLES 20000
+#define MAX_OBJS 8192
+
+static const uint64_t SIZES[N_SIZES] = {256u << 10, 2u << 20, 16u << 20};
+static const char *const SIZE_NAMES[N_SIZES] = {"256k", "2m", "16m"};
+static const char *const SIZE_LABELS[N_SIZES] = {"256 KiB", "2 MiB", "16 MiB"};
+
+enum { M_MEMCPY, M_NT, M_SHM, M_SHM_NT, M_INLINE, M_SOCK, M__COUNT };
+static const char *const M_NAMES[M__COUNT] = {"memcpy", "memcpy_nt", "shm", "shm_nt", "inline",
+                                              "socket"};
+static const char *const M_LABELS[M__COUNT] = {
+    "memcpy (limit for shm)", "memcpy, non-temporal stores", "SHM retrieve, memcpy sink",
+    "SHM retrieve, non-temporal sink", "inline retrieve", "raw socket bulk (limit for inline)"};
+
+enum { R_RAW, R_CTL, R_PING, R__COUNT };
+static const char *const R_NAMES[R__COUNT] = {"raw64_rtt", "control_rtt", "ping_rtt"};
+static const char *const R_LABELS[R__COUNT] = {
+    "raw 64-byte socket round trip", "LOOKUP+PREPARE_RETRIEVE+COMMIT_RETRIEVE", "PING round trip"};
+
+static double gbs[N_SIZES][M__COUNT][MAX_REPS];   /* GB/s */
+static double cold[N_SIZES];                       /* GB/s, first SHM pass (mapping cold) */
+static double p50[R__COUNT][MAX_REPS], p99[R__COUNT][MAX_REPS]; /* microseconds */
+
+static void die(const char *what, int rc) {
+  fprintf(stderr, "kvshim-bench-peer: %s failed: %d (%s)\n", what, rc, strerror(rc < 0 ? -rc : rc));
+  exit(1);
+}
+
+/* ---- copies ------------------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* Non-temporal copy: streaming 32-byte stores that bypass the caches (the destination is not
+ * read back soon: it is a chunk on its way to the engine or the device). */
+__attribute__((target("avx2"))) static void copy_nt_avx2(void *dst, const void *src, size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 128; d += 128, s += 128, n -= 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_stream_si256((__m256i *)d, a);
+    _mm256_stream_si256((__m256i *)(d + 32), b);
+    _mm256_stream_si256((__m256i *)(d + 64), c);
+    _mm256_stream_si256((__m256i *)(d + 96), e);
+  }
+  _mm_sfence();
+  memcpy(d, s, n);
+}
+#endif
+
+static bool have_nt(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+static void copy_nt(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  copy_nt_avx2(dst, src, n);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+/* ---- the raw socket service (server side) ------------------------------------------------- */
+
+typedef struct raw_req {
+  uint32_t op;       /* RAW_* */
+  uint32_t size_idx;
+  uint64_t index;
+  uint8_t pad[48];   /* the request is 64 bytes */
+} raw_req_t;
+_Static_assert(sizeof(raw_req_t) == 64, "raw request is 64 bytes");
+enum { RAW_ECHO = 1, RAW_BULK = 2, RAW_QUIT = 3 };
+
+static int read_full(int fd, void *buf, size_t n) {
+  uint8_t *p = buf;
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return r == 0 ? -ECONNRESET : -errno;
+    p += r, n -= (size_t)r;
+  }
+  return 0;
+}
+static int write_full(int fd, const void *buf, size_t n) {
+  const uint8_t *p = buf;
+  while (n) {
+    ssize_t r = write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -errno;
+    p += r, n -= (size_t)r;
+  }
+  return 0;
+}
+
+static kvs_key_t obj_key(int size_idx, uint64_t i) {
+  return (kvs_key_t){(uint64_t)(size_idx + 1) << 48 | i, 0x706565722d62656eull};
+}
+
+typedef struct hello_msg {
+  uint64_t instance_id;
+  uint64_t n_objs[N_SIZES];
+  uint64_t offsets[N_SIZES][MAX_OBJS];
+} hello_msg_t;
+
+static int server_main(int sock, const kvs_options_t *o, uint64_t region, uint64_t instance) {
+  uint64_t cache = 0;
+  hello_msg_t *h = calloc(1, sizeof *h);
+  if (!h) return 1;
+  h->instance_id = instance;
+  for (int s = 0; s < N_SIZES; s++) {
+    h->n_objs[s] = region / SIZES[s];
+    if (h->n_objs[s] > MAX_OBJS) h->n_objs[s] = MAX_OBJS;
+    cache += h->n_objs[s] * SIZES[s];
+  }
+  kvs_pool_config_t pc = {.cache_size = cache + (64u << 20), .instance_id = instance};
+  kvs_pool_t *pool;
+  int rc = kvs_pool_create(&pc, &pool);
+  if (rc < 0) die("server: kvs_pool_create", rc);
+  kvs_pool_prefault(pool);
+  kvs_store_config_t sc = {.pool = pool};
+  kvs_store_t *store;
+  rc = kvs_store_create(&sc, &store);
+  if (rc < 0) die("server: kvs_store_create", rc);
+  uint8_t *base = kvs_pool_base(pool);
+  for (int s = 0; s < N_SIZES; s++) {
+    kvs_layout_t l = kvs_layout_blob(SIZES[s]);
+    for (uint64_t i = 0; i < h->n_objs[s]; i++) {
+      kvs_key_t k = obj_key(s, i);
+      uint8_t out;
+      kvs_extent_t ext;
+      kvs_xfer_t x;
+      rc = kvs_store_reserve_write(store, KVS_OWNER_LOCAL, &k, 1, &l, KVS_RESERVE_NO_EVICT, &out,
+                                   &ext, &x);
+      if (rc != 1) {
+        fprintf(stderr, "kvshim-bench-peer: server: object %" PRIu64 " of %s: outcome %s\n", i,
+                SIZE_LABELS[s], kvs_reserve_outcome_name(out));
+        die("server: reserve", rc < 0 ? rc : -ENOSPC);
+      }
+      uint8_t *p = base + ext.offset;
+      memset(p, (int)(i * 31 + (uint64_t)s), SIZES[s]);
+      memcpy(p, &k.lo, 8);
+      memcpy(p + SIZES[s] - 8, &k.hi, 8);
+      if ((rc = kvs_store_commit(store, KVS_OWNER_LOCAL, x)) < 0) die("server: commit", rc);
+      h->offsets[s][i] = ext.offset;
+    }
+  }
+  kvs_coord_config_t cc = {.store = store, .pool = pool, .opts = o, .role = KVS_PROTO_ROLE_CACHE,
+                           .instance_id = instance};
+  kvs_coord_t *coord;
+  if ((rc = kvs_coord_start(&cc, &coord)) < 0) die("server: kvs_coord_start", rc);
+  struct iovec iov = {h, sizeof *h};
+  if ((rc = kvs_sock_send_all(sock, &iov, 1, kvs_pool_fd(pool), 0)) < 0) die("server: hello", rc);
+  for (;;) {
+    raw_req_t q;
+    if (read_full(sock, &q, sizeof q) < 0 || q.op == RAW_QUIT) break;
+    if (q.op == RAW_ECHO) {
+      if (write_full(sock, &q, sizeof q) < 0) break;
+    } else if (q.op == RAW_BULK && q.size_idx < N_SIZES && q.index < h->n_objs[q.size_idx]) {
+      if (write_full(sock, base + h->offsets[q.size_idx][q.index], SIZES[q.size_idx]) < 0) break;
+    } else {
+      break;
+    }
+  }
+  kvs_coord_stop(coord);
+  kvs_store_destroy(store, true);
+  kvs_pool_destroy(pool, true);
+  free(h);
+  return 0;
+}
+
+/* ---- client -------------------------------------------------------------------------------- */
+
+typedef struct sink_ctx {
+  uint8_t *dst;
+  kvs_key_t key;
+  bool nt;
+  uint64_t got;
+} sink_ctx_t;
+
+static uint64_t bad_objects;
+
+static void check_stamp(const uint8_t *p, uint64_t len, kvs_key_t k) {
+  uint64_t lo, hi;
+  memcpy(&lo, p, 8);
+  memcpy(&hi, p + len - 8, 8);
+  if (lo != k.lo || hi != k.hi) bad_objects++;
+}
+
+static int sink_copy(void *ctx, size_t i, const kvs_layout_t *l, const void *bytes, uint64_t len) {
+  sink_ctx_t *s = ctx;
+  (void)i, (void)l;
+  if (s->nt) copy_nt(s->dst, bytes, len);
+  else memcpy(s->dst, bytes, len);
+  s->got += len;
+  return 0;
+}
+static int sink_none(void *ctx, size_t i, const kvs_layout_t *l, const void *bytes, uint64_t len) {
+  (void)ctx, (void)i, (void)l, (void)bytes, (void)len;
+  return 0;
+}
+
+typedef struct client {
+  int sock;
+  hello_msg_t *h;
+  kvs_pool_t *pool; /* the server's pool, mapped here read-only (the memcpy source) */
+  kvs_peers_t *p_shm, *p_inl;
+  uint8_t *dst;     /* destination region */
+  uint64_t region;
+  uint64_t id;
+} client_t;
+
+/* One pass over every object of a size with one method. Returns GB/s. */
+static double pass(client_t *c, int s, int m) {
+  uint64_t len = SIZES[s], n = c->h->n_objs[s], bytes = 0;
+  const uint8_t *pbase = kvs_pool_base(c->pool);
+  uint64_t t0 = kvs__now_ns();
+  for (uint64_t i = 0; i < n; i++) {
+    uint8_t *dst = c->dst + i * len;
+    kvs_key_t k = obj_key(s, i);
+    switch (m) {
+      case M_MEMCPY:
+      case M_NT: {
+        const uint8_t *src = pbase + c->h->offsets[s][i];
+        if (m == M_NT) copy_nt(dst, src, len);
+        else memcpy(dst, src, len);
+        bytes += len;
+        break;
+      }
+      case M_SHM:
+      case M_SHM_NT:
+      case M_INLINE: {
+        sink_ctx_t sc = {dst, k, m == M_SHM_NT, 0};
+        int rc = kvs_peers_retrieve(m == M_INLINE ? c->p_inl : c->p_shm, c->id, &k, 1, sink_copy, &sc);
+        if (rc != 1) die("kvs_peers_retrieve", rc < 0 ? rc : -ENOENT);
+        bytes += sc.got;
+        break;
+      }
+      case M_SOCK: {
+        raw_req_t q = {RAW_BULK, (uint32_t)s, i, {0}};
+        if (write_full(c->sock, &q, sizeof q) < 0 || read_full(c->sock, dst, len) < 0)
+          die("raw socket bulk", -EIO);
+        bytes += len;
+        break;
+      }
+    }
+    check_stamp(dst, len, k);
+  }
+  double sec = (double)(kvs__now_ns() - t0) / 1e9;
+  return (double)bytes / sec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void rtt(client_t *c, int which, double *o50, double *o99) {
+  static double us[RTT_SAMPLES];
+  kvs_key_t k = obj_key(0, 0);
+  for (int i = -100; i < RTT_SAMPLES; i++) { /* 100 warm-up round trips */
+    uint64_t t0 = kvs__now_ns();
+    int rc = 0;
+    if (which == R_RAW) {
+      raw_req_t q = {RAW_ECHO, 0, (uint64_t)i, {0}};
+      if (write_full(c->sock, &q, sizeof q) < 0 || read_full(c->sock, &q, sizeof q) < 0) rc = -EIO;
+    } else if (which == R_CTL) {
+      rc = kvs_peers_retrieve(c->p_shm, 0, &k, 1, sink_none, NULL);
+      rc = rc == 1 ? 0 : rc < 0 ? rc : -ENOENT;
+    } else {
+      rc = kvs_peers_ping(c->p_shm, c->id);
+    }
+    if (rc < 0) die(R_NAMES[which], rc);
+    if (i >= 0) us[i] = (double)(kvs__now_ns() - t0) / 1e3;
+  }
+  qsort(us, RTT_SAMPLES, sizeof us[0], cmp_double);
+  *o50 = us[RTT_SAMPLES / 2];
+  *o99 = us[RTT_SAMPLES * 99 / 100];
+}
+
+static void summary(const double *v, int reps, double *med, double *lo, double *hi) {
+  double s[MAX_REPS];
+  memcpy(s, v, sizeof(double) * (size_t)reps);
+  qsort(s, (size_t)reps, sizeof s[0], cmp_double);
+  *med = reps % 2 ? s[reps / 2] : (s[reps / 2 - 1] + s[reps / 2]) / 2;
+  *lo = s[0];
+  *hi = s[reps - 1];
+}
+
+static uint64_t llc_bytes(int *level_out) {
+  uint64_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 8; i++) {
+    char path[128], buf[64];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    FILE *f = fopen(path, "r");
+    if (!f) break;
+    int level = fgets(buf, sizeof buf, f) ? atoi(buf) : 0;
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    f = fopen(path, "r");
+    if (!f) continue;
+    uint64_t sz = 0;
+    if (fgets(buf, sizeof buf, f)) {
+      char *end;
+      sz = strtoull(buf, &end, 10);
+      if (*end == 'K') sz <<= 10;
+      else if (*end == 'M') sz <<= 20;
+    }
+    fclose(f);
+    if (level >= best_level && sz > 0) best = sz, best_level = level;
+  }
+  *level_out = best_level;
+  return best;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: kvshim-bench-peer [--reps N (1..%d)] [--region MiB] [--quick]\n", MAX_REPS);
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  int reps = -1;
+  bool quick = false, rtt_only = false;
+  uint64_t region_mib = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--region") == 0 && i + 1 < argc) region_mib = strtoull(argv[++i], NULL, 10);
+    else if (strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (strcmp(argv[i], "--rtt-only") == 0) rtt_only = true;
+    else usage();
+  }
+  if (reps < 0) reps = quick ? 3 : 5;
+  if (reps < 1 || reps > MAX_REPS) usage();
+  int llc_level = 0;
+  uint64_t llc = llc_bytes(&llc_level);
+  uint64_t region = region_mib << 20;
+  if (!region) {
+    region = 2 * llc > (256ull << 20) ? 2 * llc : (256ull << 20);
+    if (quick) region = 64ull << 20;
+  }
+  region = KVS__ALIGN_UP(region, SIZES[N_SIZES - 1]);
+  bool nt = have_nt();
+
+  char root[] = "/tmp/kvs-bench-peer-XXXXXX";
+  if (!mkdtemp(root)) die("mkdtemp", -errno);
+  kvs_options_t o;
+  kvs_options_defaults(&o);
+  snprintf(o.run_dir, sizeof o.run_dir, "%s/run", root);
+  snprintf(o.group, sizeof o.group, "bench");
+  o.rpc_timeout_ms = 60000;
+  uint64_t instance = ((uint64_t)getpid() << 20) ^ kvs__now_ns() ^ 0x5eed000000000001ull;
+  if (!instance) instance = 1;
+
+  /* Fork the server before this process has any thread. */
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) die("socketpair", -errno);
+  fflush(NULL);
+  pid_t srv = fork();
+  if (srv < 0) die("fork", -errno);
+  if (srv == 0) {
+    close(sp[0]);
+    _exit(server_main(sp[1], &o, region, instance));
+  }
+  close(sp[1]);
+  client_t c = {.sock = sp[0], .region = region, .id = instance};
+  c.h = calloc(1, sizeof *c.h);
+  int pool_fd = -1;
+  int rc = kvs_sock_recv_all(c.sock, c.h, sizeof *c.h, &pool_fd, 0);
+  if (rc < 0 || pool_fd < 0) die("hello from the server", rc < 0 ? rc : -EPROTO);
+  if ((rc = kvs_pool_attach(pool_fd, false, &c.pool)) < 0) die("kvs_pool_attach", rc);
+  close(pool_fd);
+  kvs_options_t oi = o;
+  oi.strategy = KVS_STRATEGY_INLINE;
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  if ((rc = kvs_peers_create(&pc, &c.p_shm)) < 0) die("kvs_peers_create", rc);
+  pc.opts = &oi;
+  if ((rc = kvs_peers_create(&pc, &c.p_inl)) < 0) die("kvs_peers_create", rc);
+  if (kvs_peers_discover(c.p_shm, true) != 1 || kvs_peers_discover(c.p_inl, true) != 1)
+    die("discovery", -ENOENT);
+  kvs_peer_info_t pi;
+  kvs_peers_list(c.p_shm, &pi, 1);
+  if (pi.strategy != KVS_PROTO_STRATEGY_SHM) die("SHM negotiation", -EPROTO);
+  c.dst = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (c.dst == MAP_FAILED) die("mmap destination", -errno);
+  memset(c.dst, 1, region); /* fault the destination in: no first-touch cost in any figure */
+
+  /* Warm-up pass per size and method; the first SHM pass maps the peer's pages (cold). */
+  for (int s = 0; s < N_SIZES && !rtt_only; s++) {
+    cold[s] = pass(&c, s, M_SHM);
+    for (int m = 0; m < M__COUNT; m++)
+      if (nt || (m != M_NT && m != M_SHM_NT)) pass(&c, s, m);
+  }
+  for (int r = 0; r < reps; r++) {
+    for (int s = 0; s < N_SIZES; s++)
+      for (int m = 0; m < M__COUNT; m++)
+        gbs[s][m][r] = rtt_only || (!nt && (m == M_NT || m == M_SHM_NT)) ? 0 : pass(&c, s, m);
+    for (int w = 0; w < R__COUNT; w++) rtt(&c, w, &p50[w][r], &p99[w][r]);
+  }
+  raw_req_t q = {RAW_QUIT, 0, 0, {0}};
+  write_full(c.sock, &q, sizeof q);
+  kvs_peers_destroy(c.p_shm);
+  kvs_peers_destroy(c.p_inl);
+  int st = 0;
+  waitpid(srv, &st, 0);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  if (system(cmd) != 0) fprintf(stderr, "kvshim-bench-peer: could not remove %s\n", root);
+  if (bad_objects) {
+    fprintf(stderr, "kvshim-bench-peer: %" PRIu64 " objects arrived with wrong bytes\n", bad_objects);
+    return 1;
+  }
+
+  /* ---- report ---- */
+  double med[N_SIZES][M__COUNT], lo[N_SIZES][M__COUNT], hi[N_SIZES][M__COUNT];
+  double rmed[R__COUNT][2], rlo[R__COUNT][2], rhi[R__COUNT][2];
+  for (int s = 0; s < N_SIZES; s++)
+    for (int m = 0; m < M__COUNT; m++) summary(gbs[s][m], reps, &med[s][m], &lo[s][m], &hi[s][m]);
+  for (int w = 0; w < R__COUNT; w++) {
+    summary(p50[w], reps, &rmed[w][0], &rlo[w][0], &rhi[w][0]);
+    summary(p99[w], reps, &rmed[w][1], &rlo[w][1], &rhi[w][1]);
+  }
+  printf("kvshim-bench-peer: %d reps; region %" PRIu64 " MiB per chunk size (L%d cache %" PRIu64
+         " MiB), destination %" PRIu64 " MiB; one chunk per call; non-temporal copy %s\n",
+         reps, region >> 20, llc_level, llc >> 20, region >> 20, nt ? "avx2" : "unavailable");
+  printf("%-42s %8s %10s %10s %10s  %s\n", "figure", "chunk", "median", "min", "max", "unit");
+  for (int s = 0; s < N_SIZES; s++) {
+    for (int m = 0; m < M__COUNT; m++)
+      printf("%-42s %8s %10.2f %10.2f %10.2f  GB/s\n", M_LABELS[m], SIZE_LABELS[s], med[s][m],
+             lo[s][m], hi[s][m]);
+    printf("%-42s %8s %10.2f %10s %10s  GB/s\n", "SHM retrieve, first pass (cold mapping)",
+           SIZE_LABELS[s], cold[s], "-", "-");
+  }
+  for (int w = 0; w < R__COUNT; w++) {
+    printf("%-42s %8s %10.1f %10.1f %10.1f  us\n", R_LABELS[w], "p50", rmed[w][0], rlo[w][0], rhi[w][0]);
+    printf("%-42s %8s %10.1f %10.1f %10.1f  us\n", R_LABELS[w], "p99", rmed[w][1], rlo[w][1], rhi[w][1]);
+  }
+  printf("ratios (medians):\n");
+  for (int s = 0; s < N_SIZES; s++)
+    printf("  %-8s shm/memcpy %.2f (goal >= 0.8 at 2 MiB and 16 MiB)  shm_nt/memcpy %.2f  "
+           "inline/socket %.2f (goal >= 0.7)\n", SIZE_LABELS[s], med[s][M_SHM] / med[s][M_MEMCPY],
+           med[s][M_SHM_NT] / med[s][M_MEMCPY], med[s][M_INLINE] / med[s][M_SOCK]);
+  double ctl_ratio = rmed[R_CTL][0] / rmed[R_RAW][0];
+  printf("  control-plane p50 / raw 64-byte p50 = %.2f (goal <= 3); PING p50 / raw = %.2f\n",
+         ctl_ratio, rmed[R_PING][0] / rmed[R_RAW][0]);
+
+  printf("{\"bench\":\"peer\",\"reps\":%d,\"region_bytes\":%" PRIu64 ",\"llc_bytes\":%" PRIu64
+         ",\"nt_copy\":%s", reps, region, llc, nt ? "true" : "false");
+  for (int s = 0; s < N_SIZES; s++) {
+    for (int m = 0; m < M__COUNT; m++)
+      printf(",\"%s_%s_gbs\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}", M_NAMES[m],
+             SIZE_NAMES[s], med[s][m], lo[s][m], hi[s][m]);
+    printf(",\"shm_cold_%s_gbs\":%.3f", SIZE_NAMES[s], cold[s]);
+    printf(",\"ratio_shm_memcpy_%s\":%.3f,\"ratio_shm_nt_memcpy_%s\":%.3f,"
+           "\"ratio_inline_socket_%s\":%.3f",
+           SIZE_NAMES[s], med[s][M_SHM] / med[s][M_MEMCPY], SIZE_NAMES[s],
+           med[s][M_SHM_NT] / med[s][M_MEMCPY], SIZE_NAMES[s], med[s][M_INLINE] / med[s][M_SOCK]);
+  }
+  for (int w = 0; w < R__COUNT; w++)
+    printf(",\"%s_p50_us\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},"
+           "\"%s_p99_us\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f}",
+           R_NAMES[w], rmed[w][0], rlo[w][0], rhi[w][0], R_NAMES[w], rmed[w][1], rlo[w][1],
+           rhi[w][1]);
+  printf(",\"ratio_control_raw_p50\":%.3f,\"ratio_ping_raw_p50\":%.3f}\n", ctl_ratio,
+         rmed[R_PING][0] / rmed[R_RAW][0]);
+  return 0;
+}
