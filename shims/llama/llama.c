@@ -26,6 +26,9 @@
  *                               complete: get_size/get_data/set_data (+ _ext) and the
  *                               whole-context llama_state_save_file/_load_file.
  * A context's model comes from the engine's own llama_get_model (KVS_LLAMA_USES).
+ * Routes in: the exported wrappers (PLT calls, also from plugins opened RTLD_LOCAL), and
+ * dlsym(handle, "llama_...") of a hooked name, which returns the wrapper when the lookup found
+ * the very function the wrapper calls (ctypes-style engines look every function up this way).
  *
  * The model namespace: engine "llama.cpp", the 16-byte model fingerprint, KVSHIM_CHUNK_TOKENS,
  * KVSHIM_SALT. KV layout fields are left 0: the fingerprint names the weights, and a context
@@ -45,8 +48,9 @@
  * blob saved with write-through records the identity of the file it wrote (device, inode,
  * size, mtime) and is refused when the file now differs; a blob saved without write-through
  * is refused when the file is newer than the save. With no file at all the blob is served.
- * Known limit: two write-through-off processes saving different states to one path may each
- * be served its own.
+ * Known limit: with write-through off and no file on disk, a path saved with different states
+ * by two processes may be served from either copy (which one is newest is not tracked across
+ * peers).
  *
  * Re-entry: ll_depth (thread local) makes a llama hook called from inside another one (the
  * engine's own get_size -> get_size_ext, our get_data call) pass straight through, so every

@@ -22,7 +22,7 @@ if(KVSHIM_SANITIZE MATCHES "address")
   endif()
 endif()
 
-set(kvo_test_cases abi peer-device peer-host serve disabled pool-full pool-small kill
+set(kvo_test_cases abi peer-device peer-host salt serve disabled pool-full pool-small kill
     hooks-kvo-only)
 foreach(case IN LISTS kvo_test_cases)
   string(REPLACE "-" "_" name "kvo_${case}")

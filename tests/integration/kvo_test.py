@@ -13,10 +13,11 @@ Cases:
                   preload: bad input passes through unchanged, stores come back byte for byte
   peer-device     two refengine processes sharing a prefix: the second loads it from the
   peer-host       first through the peers (device or host kvo buffers), --verify passes
+  salt            a second tenant (KVSHIM_SALT) does not see the first one's chunks
   serve           the first process pushes to `kvshim serve` and exits; a second one started
                   afterwards loads the prefix from serve
   disabled        KVSHIM_ENABLE=0 (and KVSHIM_HOOKS=cuda): stdout minus timings equals the
-                  run without the preload
+                  run without the preload; refengine --hold-ms checks
   pool-full       chunks larger than the pool: every store is counted as a failure and falls
                   back to the engine's module, results stay correct
   pool-small      a pool that holds a few chunks: eviction, prefetch that cannot keep
@@ -265,6 +266,20 @@ def case_peer_host(ctx):
     check_pair(a, b)
 
 
+def case_salt(ctx):
+    # Another tenant (KVSHIM_SALT) in the same group never sees the first one's chunks.
+    a, b = peer_pair(ctx, "host", b_env={"KVSHIM_SALT": "tenant-b"})
+    (a_reqs, a_sum), (b_reqs, b_sum, bs) = a, b
+    check(a_sum["chunks_stored"] == 10 + 2, f"A: {a_sum}")
+    check(b_reqs[0]["loaded"] == 0 and b_sum["verify"] == "ok", f"B saw A's chunks: {b_reqs}")
+    check(bs["peer_hits"] == 0 and bs["peer_lookups"] >= 1, f"B stats: {bs}")
+    # Same salt on both sides: shared again.
+    shutil.rmtree(ctx.run_dir, ignore_errors=True)
+    a, b = peer_pair(ctx, "host", a_env={"KVSHIM_SALT": "tenant-b"},
+                     b_env={"KVSHIM_SALT": "tenant-b"})
+    check_pair(a, b)
+
+
 def case_serve(ctx):
     serve = ctx.spawn([ctx.cli, "serve", "--pool-size", "64M"], ctx.env(preload=False))
     line = read_line(serve, 30, "kvshim serve")
@@ -307,6 +322,14 @@ def case_disabled(ctx):
               f"without:\n{base.stdout}\nwith:\n{got.stdout}")
     check(not os.path.exists(ctx.stats_path("off")), "KVSHIM_ENABLE=0 wrote stats")
     check(socks(ctx) == [], f"KVSHIM_ENABLE=0 left sockets: {socks(ctx)}")
+    # refengine --hold-ms (the flag the peer cases use): bounded, and it really holds.
+    for bad in ("x", "-1", "86400001"):
+        p = run_engine(ctx, ["--hold-ms", bad], ctx.env(preload=False), f"--hold-ms {bad}",
+                       expect_rc=2)
+        check("usage: refengine" in p.stderr and p.stdout == "", f"--hold-ms {bad}: {p.stderr}")
+    t0 = time.monotonic()
+    run_engine(ctx, workload(1, 0, 1, ["--hold-ms", "300"]), ctx.env(preload=False), "hold")
+    check(time.monotonic() - t0 >= 0.3, "--hold-ms 300 returned early")
 
 
 def case_pool_full(ctx):
