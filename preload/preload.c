@@ -279,6 +279,8 @@ __attribute__((destructor)) static void preload_fini(void) {
     char scratch[16];
     kvs_coord_render_stats(kvs__rt.store, st, 1, scratch, sizeof scratch); /* gauges only */
   }
+  /* Write-behind first (bounded), so the stats count what reached the cache peer. */
+  if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
   if (g_opts.stats[0]) {
     char path[KVS_OPT_STR_MAX + 32];
     int rc = stats_path(g_opts.stats, path, sizeof path);
