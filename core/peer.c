@@ -192,8 +192,10 @@ static int rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t 
   uint64_t deadline = deadline_of(p);
   uint64_t rid = ++c->next_rid;
   int code = 0;
-  int rc = drain(p, c, deadline);
-  if (rc == 0) rc = send_request(c, op, rid, req, req_len, deadline);
+  /* Send first: a posted request's reply comes before ours, and the peer works on both while
+   * we read the first. */
+  int rc = send_request(c, op, rid, req, req_len, deadline);
+  if (rc == 0) rc = drain(p, c, deadline);
   if (rc == 0) rc = read_reply(p, c, op, rid, deadline, true, reply, reply_len, fd_out, &code);
   if (rc < 0) return conn_failed(p, c, op, rc);
   return rc == 1 ? (code < 0 ? code : -EIO) : 0;
@@ -201,13 +203,15 @@ static int rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t 
 
 /* Send a request whose answer nobody waits for (COMMIT_RETRIEVE: the unpin happens when the
  * peer reads it, in order; its empty reply is read by the next call on this connection). This
- * takes one round trip off the caller's path. 0 or a negative errno (connection closed). */
+ * takes one round trip off the caller's path. Only for requests with tiny replies: the next
+ * call sends before it reads, which must never wait on a peer blocked sending a large reply.
+ * 0 or a negative errno (connection closed). */
 static int rpc_post(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t req_len) {
   if (c->fd < 0) return -ENOTCONN;
   uint64_t deadline = deadline_of(p);
   uint64_t rid = ++c->next_rid;
-  int rc = drain(p, c, deadline);
-  if (rc == 0) rc = send_request(c, op, rid, req, req_len, deadline);
+  int rc = send_request(c, op, rid, req, req_len, deadline);
+  if (rc == 0) rc = drain(p, c, deadline);
   if (rc < 0) return conn_failed(p, c, op, rc);
   c->unread_rid = rid;
   c->unread_op = op;

@@ -371,19 +371,23 @@ static uint64_t llc_bytes(int *level_out) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: kvshim-bench-peer [--reps N (1..%d)] [--region MiB] [--quick]\n", MAX_REPS);
+  fprintf(stderr, "usage: kvshim-bench-peer [--reps N (1..%d)] [--region MiB] [--quick]\n"
+                  "         [--rtt-only | --only memcpy|memcpy_nt|shm|shm_nt|inline|socket]\n",
+          MAX_REPS);
   exit(2);
 }
 
 int main(int argc, char **argv) {
   int reps = -1;
   bool quick = false, rtt_only = false;
+  const char *only = NULL; /* profiling: one throughput method only (its M_NAMES name) */
   uint64_t region_mib = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "--region") == 0 && i + 1 < argc) region_mib = strtoull(argv[++i], NULL, 10);
     else if (strcmp(argv[i], "--quick") == 0) quick = true;
     else if (strcmp(argv[i], "--rtt-only") == 0) rtt_only = true;
+    else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else usage();
   }
   if (reps < 0) reps = quick ? 3 : 5;
@@ -445,13 +449,17 @@ int main(int argc, char **argv) {
   for (int s = 0; s < N_SIZES && !rtt_only; s++) {
     cold[s] = pass(&c, s, M_SHM);
     for (int m = 0; m < M__COUNT; m++)
-      if (nt || (m != M_NT && m != M_SHM_NT)) pass(&c, s, m);
+      if ((nt || (m != M_NT && m != M_SHM_NT)) && (!only || strcmp(only, M_NAMES[m]) == 0))
+        pass(&c, s, m);
   }
   for (int r = 0; r < reps; r++) {
     for (int s = 0; s < N_SIZES; s++)
       for (int m = 0; m < M__COUNT; m++)
-        gbs[s][m][r] = rtt_only || (!nt && (m == M_NT || m == M_SHM_NT)) ? 0 : pass(&c, s, m);
-    for (int w = 0; w < R__COUNT; w++) rtt(&c, w, &p50[w][r], &p99[w][r]);
+        gbs[s][m][r] = rtt_only || (!nt && (m == M_NT || m == M_SHM_NT)) ||
+                               (only && strcmp(only, M_NAMES[m]) != 0)
+                           ? 0
+                           : pass(&c, s, m);
+    for (int w = 0; w < R__COUNT && !only; w++) rtt(&c, w, &p50[w][r], &p99[w][r]);
   }
   raw_req_t q = {RAW_QUIT, 0, 0, {0}};
   write_full(c.sock, &q, sizeof q);

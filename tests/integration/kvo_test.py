@@ -290,10 +290,9 @@ def case_serve(ctx):
     s = read_stats(ctx.stats_path("a"))
     check(a_sum["chunks_stored"] == 10, f"A summary: {a_sum}")
     check(s["hook_stores"] == 10, f"A hook_stores: {s['hook_stores']}")
-    # (The stats file is written before the exit flush of the write-behind queue, so
-    # push_sent may not count yet what the flush sent; B's hits below show it arrived.)
-    check(s["push_queued"] == 10 and s["push_dropped"] == 0,
-          f"A write-behind: queued {s['push_queued']} dropped {s['push_dropped']}")
+    check(s["push_queued"] == 10 and s["push_sent"] == 10 and s["push_dropped"] == 0,
+          f"A write-behind: queued {s['push_queued']} sent {s['push_sent']} "
+          f"dropped {s['push_dropped']}")
     check(len(socks(ctx)) == 1, f"only serve's socket is left after A exited: {socks(ctx)}")
     b = run_engine(ctx, args + ["--rank", "1", "--verify"],
                    ctx.env(KVSHIM_STATS=ctx.stats_path("b")), "B")

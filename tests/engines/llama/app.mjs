@@ -40,6 +40,21 @@
 // reference a cached run must match exactly). --one-shot (with --no-cache) evaluates each whole
 // prompt in one batch instead of prefix then rest.
 //
+// Test and benchmark aids (kvshim's e2e checks and A/B runs; the app's behaviour is otherwise
+// unchanged):
+//   --state-name NAME   every prefix's files are <cache-dir>/NAME.<ext> instead of the sha256 name:
+//                       a deliberately wrong cache (another prefix's state under the name a
+//                       prompt asks for), for negative controls.
+//   --barrier-dir DIR --barrier-count N
+//                       after the last prompt, create DIR/done.<pid> and stay alive, context
+//                       loaded, until DIR holds N done.* files (or --barrier-timeout-ms passed:
+//                       then exit 1), so a process that saved states is still there (as a kvshim
+//                       peer) while the others load them; the summary line comes after the wait,
+//                       so its cache_dir_bytes sees every process's files.
+//   Summary fields state_bytes_written (bytes of the state files this process saved, as found on
+//   disk after each save: 0 when an interposed save wrote none) and cache_dir_bytes (bytes of
+//   all files in the cache directory when the summary is written).
+//
 // Contexts always use threads: 1 (node-llama-cpp's default of 4 threads on a 2-core machine runs
 // 30-700x slower) and one sequence; the context is CPU-only (gpu: false).
 //
@@ -53,7 +68,8 @@ import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
 const USAGE = `usage: node app.mjs --model PATH --prompts FILE (--cache-dir DIR | --no-cache)
                    [--tokens N] [--prefix-tokens K] [--ctx-size N] [--batch-size N]
-                   [--one-shot] [--log-level error|warn|info|debug]
+                   [--one-shot] [--log-level error|warn|info|debug] [--state-name NAME]
+                   [--barrier-dir DIR --barrier-count N [--barrier-timeout-ms MS]]
   --model PATH         GGUF model file
   --prompts FILE       JSON prompts file (see the header of app.mjs)
   --cache-dir DIR      directory of prefix state files (created if missing)
@@ -64,6 +80,10 @@ const USAGE = `usage: node app.mjs --model PATH --prompts FILE (--cache-dir DIR 
   --batch-size N       batch size in tokens (default 512)
   --one-shot           with --no-cache: evaluate each prompt in one batch, no prefix split
   --log-level L        node-llama-cpp/llama.cpp log level (default error)
+  --state-name NAME    name every prefix's state NAME (a deliberately wrong cache, for tests)
+  --barrier-dir DIR    when done, create DIR/done.<pid> and wait until DIR holds
+  --barrier-count N    N done.* files (default 1: no wait), then print the summary
+  --barrier-timeout-ms MS  give up waiting after MS ms and exit 1 (default 600000)
 `;
 
 function usageError(msg) {
@@ -96,6 +116,10 @@ function parseFlags(argv) {
                 "batch-size": {type: "string"},
                 "one-shot": {type: "boolean", default: false},
                 "log-level": {type: "string", default: "error"},
+                "state-name": {type: "string"},
+                "barrier-dir": {type: "string"},
+                "barrier-count": {type: "string"},
+                "barrier-timeout-ms": {type: "string"},
                 help: {type: "boolean", short: "h", default: false}
             },
             strict: true,
@@ -121,6 +145,13 @@ function parseFlags(argv) {
         info: LlamaLogLevel.info, debug: LlamaLogLevel.debug};
     if (!(v["log-level"] in levels))
         usageError(`--log-level must be one of ${Object.keys(levels).join(", ")}`);
+    if (v["state-name"] !== undefined && !/^[A-Za-z0-9._-]+$/.test(v["state-name"]))
+        usageError(`--state-name must be a plain file name (got '${v["state-name"]}')`);
+    if (v["state-name"] !== undefined && !v["cache-dir"])
+        usageError("--state-name needs --cache-dir");
+    if ((v["barrier-count"] !== undefined || v["barrier-timeout-ms"] !== undefined) &&
+        !v["barrier-dir"])
+        usageError("--barrier-count and --barrier-timeout-ms need --barrier-dir");
     const flags = {
         model: v.model,
         prompts: v.prompts,
@@ -130,7 +161,11 @@ function parseFlags(argv) {
         prefixTokens: intFlag(v, "prefix-tokens", 256, 0),
         ctxSize: intFlag(v, "ctx-size", 2048, 16),
         batchSize: intFlag(v, "batch-size", 512, 1),
-        logLevel: levels[v["log-level"]]
+        logLevel: levels[v["log-level"]],
+        stateName: v["state-name"] ?? null,
+        barrierDir: v["barrier-dir"] ?? null,
+        barrierCount: intFlag(v, "barrier-count", 1, 1),
+        barrierTimeoutMs: intFlag(v, "barrier-timeout-ms", 600000, 1)
     };
     if (!fs.existsSync(flags.model))
         usageError(`--model: ${flags.model} does not exist`);
@@ -190,6 +225,42 @@ function prefixKey(prefix) {
     return createHash("sha256").update(Buffer.from(Int32Array.from(prefix).buffer)).digest("hex");
 }
 
+// Bytes of the regular files directly in dir (0 when it does not exist).
+function dirBytes(dir) {
+    let total = 0;
+    let names;
+    try {
+        names = fs.readdirSync(dir);
+    } catch {
+        return 0;
+    }
+    for (const n of names) {
+        try {
+            const st = fs.statSync(path.join(dir, n));
+            if (st.isFile())
+                total += st.size;
+        } catch {
+            // removed meanwhile
+        }
+    }
+    return total;
+}
+
+// Creates dir/done.<pid>, then waits until dir holds count done.* files; false on timeout.
+async function barrier(dir, count, timeoutMs) {
+    fs.mkdirSync(dir, {recursive: true});
+    mark(path.join(dir, `done.${process.pid}`));
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+        const n = fs.readdirSync(dir).filter((x) => /^done\.[^.]+$/.test(x)).length;
+        if (n >= count)
+            return true;
+        if (performance.now() > deadline)
+            return false;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+}
+
 function round(ms) {
     return ms === null ? null : Math.round(ms * 1000) / 1000;
 }
@@ -236,7 +307,7 @@ async function main() {
         return {tokens, k: flags.oneShot ? 0 : Math.min(want, tokens.length - 1)};
     });
 
-    const stats = {loaded: [], evaluated: [], ttft: [], loadErrors: 0, saved: 0};
+    const stats = {loaded: [], evaluated: [], ttft: [], loadErrors: 0, saved: 0, bytesWritten: 0};
     for (let i = 0; i < prompts.length; i++) {
         const {tokens, k} = prompts[i];
         const prefix = tokens.slice(0, k);
@@ -253,7 +324,7 @@ async function main() {
             line.prefix_ms = round(performance.now() - t0);
             stats.evaluated.push(line.prefix_ms);
         } else {
-            const base = path.join(flags.cacheDir, prefixKey(prefix));
+            const base = path.join(flags.cacheDir, flags.stateName ?? prefixKey(prefix));
             const file = `${base}.seqstate`;
             line.state_file = path.basename(file);
             let loaded = false;
@@ -291,6 +362,8 @@ async function main() {
             } catch {
                 line.state_bytes = null;  // an interposed save may write no file
             }
+            if (line.saved)
+                stats.bytesWritten += line.state_bytes ?? 0;
         }
 
         const gen = [];
@@ -311,6 +384,13 @@ async function main() {
         process.stdout.write(JSON.stringify(line) + "\n");
     }
 
+    const tDone = performance.now();
+    if (flags.barrierDir &&
+        !await barrier(flags.barrierDir, flags.barrierCount, flags.barrierTimeoutMs)) {
+        process.stderr.write(`app.mjs: barrier: fewer than ${flags.barrierCount} done.* files ` +
+            `in ${flags.barrierDir} after ${flags.barrierTimeoutMs} ms\n`);
+        process.exit(1);
+    }
     const summary = {
         summary: true,
         prompts: prompts.length,
@@ -324,7 +404,10 @@ async function main() {
         ttft_ms_mean: mean(stats.ttft),
         model_load_ms: round(tModel - tStart),
         context_ms: round(tContext - tModel),
-        total_ms: round(performance.now() - tStart),
+        total_ms: round(tDone - tStart),
+        barrier_ms: flags.barrierDir ? round(performance.now() - tDone) : null,
+        state_bytes_written: flags.cacheDir ? stats.bytesWritten : null,
+        cache_dir_bytes: flags.cacheDir ? dirBytes(flags.cacheDir) : null,
         context_size: context.contextSize,
         batch_size: context.batchSize,
         threads: 1,

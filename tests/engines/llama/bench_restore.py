@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Restore a prefix from a kvshim peer vs evaluate it, on app.mjs (node-llama-cpp 3.21.1).
+
+Not a test (ctest does not run it): it prints the medians that docs/perf-llama.md reports.
+On a generated model (scripts/tiny-gguf, default 8 layers x 512 embedding), with --prefixes N
+distinct prefixes of --prefix-tokens tokens (BOS + seeded random ids), each followed by 4 tokens:
+  evaluate   app.mjs --no-cache: each prefix evaluated (prefix_ms), no kvshim;
+  A          under kvshim (KVSHIM_LLAMA_WRITE_THROUGH=0): evaluates and saves every prefix, then
+             stays alive as the peer (app.mjs --barrier-*);
+  peer       --reps fresh processes B under kvshim, each loading every prefix from A's pool
+             (llama_state_seq_load_file served by kvshim: peer retrieve into B's pool + the
+             engine's set_data); B's first load also opens the connection to A;
+  local      in the same B processes, the same prefixes again: served from B's own pool;
+  file       no kvshim: a process saves every prefix to state files, --reps fresh processes
+             load them (llama.cpp's own load_file, files in the page cache).
+prefix_ms is app.mjs's figure: marker check + loadStateFromFile (or the evaluation) as the
+JavaScript caller sees it. Output: one line per figure (median, min..max, n) and, with --json,
+the raw samples.
+Usage: bench_restore.py --preload LIBKVSHIM [--prefixes 5] [--prefix-tokens 500] [--reps 3]
+                        [--work-dir DIR] [--json FILE] [tiny-gguf flags: --layers 8 --embd 512]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+APP = os.path.join(HERE, "app.mjs")
+TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
+
+
+def run(cmd, env, what):
+    p = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        sys.exit("bench_restore: %s exited %d" % (what, p.returncode))
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    return lines[:-1], lines[-1]
+
+
+def fig(name, xs):
+    return "%-10s median %9.3f ms  [%.3f .. %.3f]  n=%d" % (
+        name, statistics.median(xs), min(xs), max(xs), len(xs))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--prefixes", type=int, default=5)
+    ap.add_argument("--prefix-tokens", type=int, default=500)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--embd", type=int, default=512)
+    ap.add_argument("--pool-size", default="512M")
+    ap.add_argument("--work-dir")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    work = a.work_dir or tempfile.mkdtemp(prefix="kvshim-bench-restore-")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run_dir = tempfile.mkdtemp(prefix="kvs-bench-")
+    model = os.path.join(work, "model.gguf")
+    subprocess.run([sys.executable, TINY_GGUF, "-q", "--out", model, "--layers", str(a.layers),
+                    "--embd", str(a.embd)], check=True)
+    r = random.Random(500)
+    prompts = [[1] + [r.randrange(300, 4096) for _ in range(a.prefix_tokens + 3)]
+               for _ in range(a.prefixes)]
+    once, twice = os.path.join(work, "once.json"), os.path.join(work, "twice.json")
+    with open(once, "w") as f:
+        json.dump([{"tokens": t} for t in prompts], f)
+    with open(twice, "w") as f:
+        json.dump([{"tokens": t} for t in prompts + prompts], f)
+    ctx = str(max(1024, a.prefix_tokens + 64))
+    common = ["node", APP, "--model", model, "--tokens", "1", "--prefix-tokens",
+              str(a.prefix_tokens), "--ctx-size", ctx, "--batch-size", "512"]
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
+    kv = dict(base, LD_PRELOAD=os.path.abspath(a.preload), KVSHIM_RUN_DIR=run_dir,
+              KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_POOL_SIZE=a.pool_size)
+    res = {"evaluate": [], "A_evaluate": [], "peer": [], "peer_first": [], "local": [],
+           "file": [], "state_bytes": None}
+
+    lines, _ = run(common + ["--prompts", once, "--no-cache"], base, "evaluate")
+    res["evaluate"] = [x["prefix_ms"] for x in lines]
+
+    cache = os.path.join(work, "cache-kvshim")
+    bar = os.path.join(work, "barrier")
+    holder = subprocess.Popen(common + ["--prompts", once, "--cache-dir", cache, "--barrier-dir",
+                                        bar, "--barrier-count", "2"], cwd=HERE,
+                              env=dict(kv, KVSHIM_STATS=os.path.join(work, "a.json")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not os.path.exists(os.path.join(bar, "done.%d" % holder.pid)):
+            if holder.poll() is not None:
+                sys.stderr.write(holder.stderr.read())
+                sys.exit("bench_restore: A exited %d" % holder.returncode)
+            time.sleep(0.05)
+        for rep in range(a.reps):
+            stats = os.path.join(work, "b%d.json" % rep)
+            lines, _ = run(common + ["--prompts", twice, "--cache-dir", cache],
+                           dict(kv, KVSHIM_STATS=stats), "B")
+            if not all(x["prefix_source"] == "loaded" and x["prefix_match"] for x in lines):
+                sys.exit("bench_restore: B did not load every prefix: %s"
+                         % [x["prefix_source"] for x in lines])
+            with open(stats) as f:
+                st = json.load(f)
+            if st["peer_hits"] != a.prefixes or st["hook_hits"] != 2 * a.prefixes:
+                sys.exit("bench_restore: B: peer_hits %d, hook_hits %d (expected %d, %d)"
+                         % (st["peer_hits"], st["hook_hits"], a.prefixes, 2 * a.prefixes))
+            ms = [x["prefix_ms"] for x in lines]
+            res["peer_first"].append(ms[0])
+            res["peer"] += ms[1:a.prefixes]
+            res["local"] += ms[a.prefixes:]
+    finally:
+        with open(os.path.join(bar, "done.release"), "w") as f:
+            f.write("bench\n")
+        out, _ = holder.communicate(timeout=600)
+    a_lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")][:-1]
+    res["A_evaluate"] = [x["prefix_ms"] for x in a_lines]
+
+    disk = os.path.join(work, "cache-disk")
+    lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file save")
+    res["state_bytes"] = lines[0]["state_bytes"]
+    for rep in range(a.reps):
+        lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file load")
+        if not all(x["prefix_source"] == "loaded" for x in lines):
+            sys.exit("bench_restore: the file run did not load every prefix")
+        res["file"] += [x["prefix_ms"] for x in lines]
+
+    print("model %d layers x %d embd, %d prefixes of %d tokens, state file %d bytes, %d reps"
+          % (a.layers, a.embd, a.prefixes, a.prefix_tokens, res["state_bytes"], a.reps))
+    for k in ("evaluate", "A_evaluate", "peer_first", "peer", "local", "file"):
+        print(fig(k, res[k]))
+    ev = statistics.median(res["evaluate"])
+    for k in ("peer", "local", "file"):
+        print("evaluate / %-5s = %.0fx" % (k, ev / statistics.median(res[k])))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if not a.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
