@@ -18,7 +18,9 @@
  * with no instance, a sink that copies nothing) and one PING, p50/p99, beside a raw 64-byte
  * socket round trip on the same kind of socket.
  * Every figure is repeated --reps times (default 5), interleaved; medians and min-max are
- * printed, then one JSON line with every figure and ratio. --quick: smaller region, 3 reps. */
+ * printed, then one JSON line with every figure and ratio. --quick: 64 MiB region (inside the
+ * LLC: a smoke run, not a measurement), 3 reps. --rtt-only / --only METHOD: for profiling.
+ * Build without KVSHIM_DEBUG (its validators dominate the control-plane figures). */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -487,6 +489,10 @@ int main(int argc, char **argv) {
   printf("kvshim-bench-peer: %d reps; region %" PRIu64 " MiB per chunk size (L%d cache %" PRIu64
          " MiB), destination %" PRIu64 " MiB; one chunk per call; non-temporal copy %s\n",
          reps, region >> 20, llc_level, llc >> 20, region >> 20, nt ? "avx2" : "unavailable");
+#ifdef KVSHIM_DEBUG
+  printf("WARNING: built with KVSHIM_DEBUG: the store's whole-structure validators run after "
+         "every mutation and dominate the control-plane figures; benchmark a build without it\n");
+#endif
   printf("%-42s %8s %10s %10s %10s  %s\n", "figure", "chunk", "median", "min", "max", "unit");
   for (int s = 0; s < N_SIZES; s++) {
     for (int m = 0; m < M__COUNT; m++)

@@ -55,4 +55,92 @@
 #define KVS_LLAMA_USES(X)                                                                     \
   X(const struct llama_model *, llama_get_model, (const struct llama_context *ctx), (ctx))
 
+/* The transparent prefix cache (prefix.c, design §10.3): a second hook family with its own
+ * lists, same X(ret, name, params, args) rows. Types are prefix.c's declarations of llama.h:
+ * kvs__llama_batch_t (struct llama_batch by value), kvs__llama_ctx_params_t (struct
+ * llama_context_params by value, forwarded like kvs__llama_model_params_t), kvs__llama_memory_t
+ * (llama_memory_t), llama_pos = int32_t. KVS_LLAMA_PREFIX_HOOKS are exported; every function
+ * that takes an engine batch index (_ith, llama_sampler_sample) is among them, so output indices
+ * can be remapped when tokens were skipped. */
+#define KVS_LLAMA_PREFIX_HOOKS(X)                                                             \
+  X(struct llama_context *, llama_init_from_model,                                            \
+    (struct llama_model * model, kvs__llama_ctx_params_t params), (model, params))            \
+  X(void, llama_free, (struct llama_context * ctx), (ctx))                                    \
+  X(int32_t, llama_decode, (struct llama_context * ctx, kvs__llama_batch_t batch), (ctx, batch)) \
+  X(float *, llama_get_logits_ith, (struct llama_context * ctx, int32_t i), (ctx, i))          \
+  X(float *, llama_get_embeddings_ith, (struct llama_context * ctx, int32_t i), (ctx, i))      \
+  X(int32_t, llama_get_sampled_token_ith, (struct llama_context * ctx, int32_t i), (ctx, i))   \
+  X(float *, llama_get_sampled_probs_ith, (struct llama_context * ctx, int32_t i), (ctx, i))   \
+  X(uint32_t, llama_get_sampled_probs_count_ith, (struct llama_context * ctx, int32_t i),      \
+    (ctx, i))                                                                                 \
+  X(float *, llama_get_sampled_logits_ith, (struct llama_context * ctx, int32_t i), (ctx, i))  \
+  X(uint32_t, llama_get_sampled_logits_count_ith, (struct llama_context * ctx, int32_t i),     \
+    (ctx, i))                                                                                 \
+  X(int32_t *, llama_get_sampled_candidates_ith, (struct llama_context * ctx, int32_t i),      \
+    (ctx, i))                                                                                 \
+  X(uint32_t, llama_get_sampled_candidates_count_ith, (struct llama_context * ctx, int32_t i), \
+    (ctx, i))                                                                                 \
+  X(int32_t, llama_sampler_sample,                                                            \
+    (struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx), (smpl, ctx, idx))  \
+  X(void, llama_memory_clear, (kvs__llama_memory_t mem, bool data), (mem, data))              \
+  X(bool, llama_memory_seq_rm, (kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1), \
+    (mem, seq_id, p0, p1))                                                                    \
+  X(void, llama_memory_seq_cp,                                                                \
+    (kvs__llama_memory_t mem, int32_t src, int32_t dst, int32_t p0, int32_t p1),              \
+    (mem, src, dst, p0, p1))                                                                  \
+  X(void, llama_memory_seq_keep, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id))    \
+  X(void, llama_memory_seq_add,                                                               \
+    (kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1, int32_t delta),         \
+    (mem, seq_id, p0, p1, delta))                                                             \
+  X(void, llama_memory_seq_div,                                                               \
+    (kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1, int d),                 \
+    (mem, seq_id, p0, p1, d))                                                                 \
+  X(void, llama_set_embeddings, (struct llama_context * ctx, bool on), (ctx, on))              \
+  X(void, llama_set_causal_attn, (struct llama_context * ctx, bool on), (ctx, on))             \
+  X(int32_t, llama_set_adapters_lora,                                                         \
+    (struct llama_context * ctx, struct llama_adapter_lora * *adapters, size_t n,             \
+     float *scales),                                                                          \
+    (ctx, adapters, n, scales))                                                               \
+  X(int32_t, llama_set_adapter_cvec,                                                          \
+    (struct llama_context * ctx, const float *data, size_t len, int32_t n_embd,               \
+     int32_t il_start, int32_t il_end),                                                       \
+    (ctx, data, len, n_embd, il_start, il_end))                                               \
+  X(bool, llama_set_sampler,                                                                  \
+    (struct llama_context * ctx, int32_t seq_id, struct llama_sampler * smpl),                \
+    (ctx, seq_id, smpl))                                                                      \
+  X(size_t, llama_state_set_data, (struct llama_context * ctx, const uint8_t *src, size_t size), \
+    (ctx, src, size))
+
+/* Functions of libllama the prefix cache calls itself (never hooked by it; the state functions
+ * are hooked by the other family, and prefix.c calls their real definitions). */
+#define KVS_LLAMA_PREFIX_USES(X)                                                              \
+  X(const struct llama_model *, llama_get_model, (const struct llama_context *ctx), (ctx))    \
+  X(kvs__llama_ctx_params_t, llama_context_default_params, (void), ())                        \
+  X(kvs__llama_memory_t, llama_get_memory, (const struct llama_context *ctx), (ctx))          \
+  X(uint32_t, llama_n_ctx_seq, (const struct llama_context *ctx), (ctx))                      \
+  X(uint32_t, llama_n_seq_max, (const struct llama_context *ctx), (ctx))                      \
+  X(uint32_t, llama_n_batch, (const struct llama_context *ctx), (ctx))                        \
+  X(uint32_t, llama_n_ubatch, (const struct llama_context *ctx), (ctx))                       \
+  X(int32_t, llama_memory_seq_pos_min, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id)) \
+  X(int32_t, llama_memory_seq_pos_max, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id)) \
+  X(bool, llama_model_has_encoder, (const struct llama_model *model), (model))                \
+  X(bool, llama_model_is_recurrent, (const struct llama_model *model), (model))               \
+  X(bool, llama_model_is_hybrid, (const struct llama_model *model), (model))                  \
+  X(bool, llama_model_is_diffusion, (const struct llama_model *model), (model))               \
+  X(bool, llama_supports_gpu_offload, (void), ())                                             \
+  X(size_t, llama_state_seq_get_size_ext, (struct llama_context * ctx, int32_t seq, uint32_t fl), \
+    (ctx, seq, fl))                                                                           \
+  X(size_t, llama_state_seq_get_data_ext,                                                     \
+    (struct llama_context * ctx, uint8_t * dst, size_t size, int32_t seq, uint32_t fl),        \
+    (ctx, dst, size, seq, fl))                                                                \
+  X(size_t, llama_state_seq_set_data_ext,                                                     \
+    (struct llama_context * ctx, const uint8_t *src, size_t size, int32_t seq, uint32_t fl),   \
+    (ctx, src, size, seq, fl))                                                                \
+  X(size_t, llama_state_seq_get_size, (struct llama_context * ctx, int32_t seq), (ctx, seq))   \
+  X(size_t, llama_state_seq_get_data,                                                         \
+    (struct llama_context * ctx, uint8_t * dst, size_t size, int32_t seq), (ctx, dst, size, seq)) \
+  X(size_t, llama_state_seq_set_data,                                                         \
+    (struct llama_context * ctx, const uint8_t *src, size_t size, int32_t seq),               \
+    (ctx, src, size, seq))
+
 #endif

@@ -45,7 +45,7 @@ enum { KILL_AFTER_RETRIEVE = 5, KILL_AFTER_HALF_WRITE = 6, KILL_AFTER_PREPARE = 
 
 static ts_server_t S;
 static uint64_t SEED = 20240601;
-static int OPS = 8000;
+static int OPS = 20000;
 
 static void fail(const char *fmt, ...) {
   va_list ap;
