@@ -22,6 +22,9 @@
 #define DISCOVER_INTERVAL_MS 200
 #define MAX_REPLY_BYTES (2ull << 30)
 #define PUSH_MAX_KEYS 256u
+#define PENALTY_SLOTS 64
+#define PENALTY_MIN_MS 1000u
+#define PENALTY_MAX_MS 30000u
 
 typedef struct pconn {
   struct pconn *next;
@@ -55,6 +58,10 @@ struct kvs_peers {
   pconn_t *conns;
   bool has_cache;
   uint64_t last_discover_ms;
+  /* Peers that failed recently are not re-dialled before retry_at (1 s, doubling to 30 s): a
+   * stuck peer that still accepts connections would otherwise cost every discovery a whole
+   * RPC deadline on the engine's thread. Guarded by table_lock. */
+  struct { uint64_t id, retry_at_ms; uint32_t backoff_ms; } penalty[PENALTY_SLOTS];
   /* write-behind */
   pthread_mutex_t push_lock;    /* guards the queue fields below */
   pthread_cond_t push_cond;
@@ -172,8 +179,40 @@ static int drain(kvs_peers_t *p, pconn_t *c, uint64_t deadline) {
   return rc < 0 ? rc : 0;
 }
 
+/* Hold instance id off (table_lock not held by the caller). */
+static void penalize(kvs_peers_t *p, uint64_t id) {
+  uint64_t now = kvs__now_ms();
+  pthread_mutex_lock(&p->table_lock);
+  int slot = -1, oldest = 0;
+  for (int i = 0; i < PENALTY_SLOTS; i++) {
+    if (p->penalty[i].id == id) { slot = i; break; }
+    if (p->penalty[i].retry_at_ms < p->penalty[oldest].retry_at_ms) oldest = i;
+  }
+  if (slot < 0) {
+    slot = oldest;
+    p->penalty[slot].id = id;
+    p->penalty[slot].backoff_ms = 0;
+  }
+  uint32_t b = p->penalty[slot].backoff_ms;
+  b = b ? (b * 2 > PENALTY_MAX_MS ? PENALTY_MAX_MS : b * 2) : PENALTY_MIN_MS;
+  p->penalty[slot].backoff_ms = b;
+  p->penalty[slot].retry_at_ms = now + b;
+  pthread_mutex_unlock(&p->table_lock);
+}
+
+/* With table_lock held: is id held off now? A successful dial clears it (clear = true). */
+static bool penalized(kvs_peers_t *p, uint64_t id, uint64_t now, bool clear) {
+  for (int i = 0; i < PENALTY_SLOTS; i++)
+    if (p->penalty[i].id == id) {
+      if (clear) p->penalty[i].id = 0, p->penalty[i].retry_at_ms = 0, p->penalty[i].backoff_ms = 0;
+      return !clear && now < p->penalty[i].retry_at_ms;
+    }
+  return false;
+}
+
 static int conn_failed(kvs_peers_t *p, pconn_t *c, uint16_t op, int rc) {
   kvs_stats_inc(p->stats, KVS_STAT_peer_errors);
+  penalize(p, c->info.instance_id);
   kvs_log_debug("peer %016" PRIx64 ": %s failed (%s); connection closed", c->info.instance_id,
                 kvs_proto_opcode_name(op), strerror(-rc));
   conn_kill(c);
@@ -239,7 +278,10 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
     unlink(path);
     return NULL;
   }
-  if (rc < 0) return NULL;
+  if (rc < 0) {
+    if (rc != -ENOENT) penalize(p, id); /* e.g. a full backlog that never drains */
+    return NULL;
+  }
   pconn_t *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
@@ -342,13 +384,26 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
       pthread_mutex_lock(&p->table_lock);
       for (pconn_t *c = p->conns; c && !have; c = c->next)
         have = c->info.instance_id == id && c->fd >= 0;
+      bool held_off = !have && penalized(p, id, now, false);
       pthread_mutex_unlock(&p->table_lock);
       if (have) continue;
       char path[4400];
       snprintf(path, sizeof path, "%s/%s", p->dir, e->d_name);
+      if (held_off) { /* no HELLO to a peer that failed lately; still notice when it is gone */
+        int fd;
+        int rc = kvs_sock_connect(path, kvs__now_ns() + 50000000ull, &fd);
+        if (rc == -ECONNREFUSED) {
+          kvs_log_info("removing stale socket %s", path);
+          unlink(path);
+        } else if (rc == 0) {
+          close(fd);
+        }
+        continue;
+      }
       pconn_t *c = dial(p, path, id); /* no lock held across the I/O */
       if (!c) continue;
       pthread_mutex_lock(&p->table_lock);
+      penalized(p, id, now, true);
       c->listed = true;
       c->next = p->conns;
       p->conns = c;
