@@ -245,6 +245,14 @@ static int corrupt_blob(uint8_t *b, const char *mode) {
   return 0;
 }
 
+/* Read pool bytes wherever they are: the scan below also walks free extents, which kvshim
+ * poisons under ASan (a real bug there would be a read by kvshim, not by this test's scan). */
+__attribute__((no_sanitize("address"))) static void peek(void *dst, const void *src, size_t n) {
+  volatile const unsigned char *s = src;
+  unsigned char *d = dst;
+  for (size_t i = 0; i < n; i++) d[i] = s[i];
+}
+
 static void corrupt(char **a) {
   FILE *maps = fopen("/proc/self/maps", "r");
   if (!maps) die("%s", "no /proc/self/maps");
@@ -259,7 +267,7 @@ static void corrupt(char **a) {
       continue;
     for (uintptr_t p = lo; p + KVS_LLAMA_BLOB_HDR <= hi; p += (uintptr_t)page) {
       kvs__llama_blob_hdr_t h;
-      memcpy(&h, (void *)p, sizeof h);
+      peek(&h, (void *)p, sizeof h);
       if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
           h.hdr_size != KVS_LLAMA_BLOB_HDR)
         continue;
@@ -451,7 +459,7 @@ static void c_model_free(void *m) { ct_llama_model_free(m); }
 static void *c_ctx_new(void *model, uint32_t n_seq, uint32_t kv_type) {
   struct llama_context_params cp = ct_llama_context_default_params();
   cp.n_seq_max = n_seq;
-  cp.kv_type = kv_type;
+  cp.type_k = cp.type_v = (int32_t)kv_type;
   return ct_llama_init_from_model(model, cp);
 }
 static void c_ctx_free(void *ctx) { ct_llama_free(ctx); }
