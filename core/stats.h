@@ -79,7 +79,19 @@ extern "C" {
   X(cuda_device_exportable, C, "recorded device allocations given a CUDA IPC handle")         \
   X(cuda_ipc_opens, C, "peer CUDA IPC handles opened in this process (first reference)")      \
   X(host_arena_h2d_bytes, C, "bytes copied host arena -> device by hooked async copies")      \
-  X(host_arena_d2h_bytes, C, "bytes copied device -> host arena by hooked async copies")
+  X(host_arena_d2h_bytes, C, "bytes copied device -> host arena by hooked async copies")    \
+  X(llama_prefix_lookups, C, "llama prefix cache: batches that looked for a cached prefix")    \
+  X(llama_prefix_restores, C, "llama prefix cache: cached prefixes restored into a sequence") \
+  X(llama_prefix_restored_tokens, C, "llama prefix cache: batch tokens not decoded (restored)") \
+  X(llama_prefix_restore_failures, C,                                                         \
+    "llama prefix cache: restores undone (the engine's batch was decoded unchanged)")          \
+  X(llama_prefix_peer_restores, C, "llama prefix cache: restores of a state fetched from a peer") \
+  X(llama_prefix_snapshots, C, "llama prefix cache: sequence states stored")                  \
+  X(llama_prefix_snapshot_bytes, C, "llama prefix cache: bytes of sequence states stored")    \
+  X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
+  X(llama_prefix_passthrough, C,                                                              \
+    "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
+  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

@@ -24,7 +24,8 @@
  * family's hooks_name about names with its prefix, and checks the prefix here, uninstrumented:
  * every dlsym of the process passes through this, including the ASan runtime's own lookups
  * before its shadow memory exists. */
-#define KVS_PRELOAD_FAMILIES(X) X(cuda, "cu") X(llama, "llama_") X(kvo, "kvo_")
+#define KVS_PRELOAD_FAMILIES(X)                                                               \
+  X(cuda, "cu") X(llama, "llama_") X(llama_prefix, "llama_") X(kvo, "kvo_")
 
 #define KVS__FAMILY_DECL(n, prefix) extern const kvs__family_t kvs__family_##n;
 KVS_PRELOAD_FAMILIES(KVS__FAMILY_DECL)

@@ -238,6 +238,13 @@ static bool models_get(const struct llama_model *model, ll_model_t *out) {
   return found;
 }
 
+bool kvs__llama_model_fingerprint(const struct llama_model *model, uint8_t fp[KVS_LLAMA_FP_SIZE]) {
+  ll_model_t m;
+  if (!model || !models_get(model, &m)) return false;
+  memcpy(fp, m.fp, KVS_LLAMA_FP_SIZE);
+  return true;
+}
+
 /* The fingerprinted model of a context (false: unknown, not cached). */
 static bool ll_ctx_model(struct llama_context *ctx, ll_model_t *out) {
   kvs__llama_pfn_llama_get_model get_model = ll_real_llama_get_model();
@@ -693,6 +700,21 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
     return r_;                                                                                \
   }
 
+/* The same for hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it
+ * first, whatever the hook then does. */
+#define LL_PASSTHROUGH_LOAD(ret, name, params, args, missing, ctx_, seq_)                     \
+  ret name params {                                                                           \
+    kvs__llama_prefix_state_load(ctx_, seq_);                                                 \
+    kvs__llama_pfn_##name real = ll_real_##name();                                            \
+    if (kvs__unlikely(!real)) return missing;                                                 \
+    if (!ll_observe()) return real args;                                                      \
+    ll_depth++;                                                                               \
+    kvs__hook_count();                                                                        \
+    ret r_ = real args;                                                                       \
+    ll_depth--;                                                                               \
+    return r_;                                                                                \
+  }
+
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size, (struct llama_context * ctx, int32_t seq_id),
                (ctx, seq_id), 0)
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size_ext,
@@ -705,22 +727,23 @@ LL_PASSTHROUGH(size_t, llama_state_seq_get_data_ext,
                (struct llama_context * ctx, uint8_t *dst, size_t size, int32_t seq_id,
                 uint32_t flags),
                (ctx, dst, size, seq_id, flags), 0)
-LL_PASSTHROUGH(size_t, llama_state_seq_set_data,
+LL_PASSTHROUGH_LOAD(size_t, llama_state_seq_set_data,
                (struct llama_context * ctx, const uint8_t *src, size_t size, int32_t dest_seq_id),
-               (ctx, src, size, dest_seq_id), 0)
-LL_PASSTHROUGH(size_t, llama_state_seq_set_data_ext,
+               (ctx, src, size, dest_seq_id), 0, ctx, dest_seq_id)
+LL_PASSTHROUGH_LOAD(size_t, llama_state_seq_set_data_ext,
                (struct llama_context * ctx, const uint8_t *src, size_t size, int32_t dest_seq_id,
                 uint32_t flags),
-               (ctx, src, size, dest_seq_id, flags), 0)
+               (ctx, src, size, dest_seq_id, flags), 0, ctx, dest_seq_id)
 LL_PASSTHROUGH(bool, llama_state_save_file,
                (struct llama_context * ctx, const char *path_session, const int32_t *tokens,
                 size_t n_token_count),
                (ctx, path_session, tokens, n_token_count), false)
-LL_PASSTHROUGH(bool, llama_state_load_file,
+LL_PASSTHROUGH_LOAD(bool, llama_state_load_file,
                (struct llama_context * ctx, const char *path_session, int32_t *tokens_out,
                 size_t n_token_capacity, size_t *n_token_count_out),
-               (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false)
+               (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false, ctx, -1)
 #undef LL_PASSTHROUGH
+#undef LL_PASSTHROUGH_LOAD
 
 /* The runtime for a caching hook (NULL: pass through; a FAILED runtime was counted). */
 static kvs__runtime_t *ll_rt(void) {
@@ -745,6 +768,7 @@ size_t llama_state_seq_save_file(struct llama_context *ctx, const char *filepath
 size_t llama_state_seq_load_file(struct llama_context *ctx, const char *filepath,
                                  int32_t dest_seq_id, int32_t *tokens_out, size_t n_token_capacity,
                                  size_t *n_token_count_out) {
+  kvs__llama_prefix_state_load(ctx, dest_seq_id);
   ll_load_fn real = ll_real_llama_state_seq_load_file();
   if (kvs__unlikely(!real)) return 0;
   if (!filepath || !ll_observe())

@@ -114,12 +114,10 @@
 /* Functions of libllama the prefix cache calls itself (never hooked by it; the state functions
  * are hooked by the other family, and prefix.c calls their real definitions). */
 #define KVS_LLAMA_PREFIX_USES(X)                                                              \
-  X(const struct llama_model *, llama_get_model, (const struct llama_context *ctx), (ctx))    \
   X(kvs__llama_ctx_params_t, llama_context_default_params, (void), ())                        \
   X(kvs__llama_memory_t, llama_get_memory, (const struct llama_context *ctx), (ctx))          \
   X(uint32_t, llama_n_ctx_seq, (const struct llama_context *ctx), (ctx))                      \
   X(uint32_t, llama_n_seq_max, (const struct llama_context *ctx), (ctx))                      \
-  X(uint32_t, llama_n_batch, (const struct llama_context *ctx), (ctx))                        \
   X(uint32_t, llama_n_ubatch, (const struct llama_context *ctx), (ctx))                       \
   X(int32_t, llama_memory_seq_pos_min, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id)) \
   X(int32_t, llama_memory_seq_pos_max, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id)) \

@@ -131,4 +131,19 @@ int kvs__llama_fingerprint(const char *path, uint8_t out[KVS_LLAMA_FP_SIZE],
  * length, or -ENAMETOOLONG / -ENOENT (cwd unavailable). */
 int kvs__llama_canon_path(const char *path, char *out, size_t cap);
 
+/* ---- shared by llama.c and prefix.c (the prefix cache, design §10.3) --------------------------- */
+
+struct llama_context;
+struct llama_model;
+
+/* llama.c: the fingerprint of a model loaded through the hooked llama_model_load_from_file.
+ * Returns false (fp untouched) for a model kvshim did not see load or could not fingerprint. */
+bool kvs__llama_model_fingerprint(const struct llama_model *model, uint8_t fp[KVS_LLAMA_FP_SIZE]);
+
+/* prefix.c: the engine is replacing the KV of sequence seq of ctx by a state load
+ * (llama_state_seq_set_data[_ext], llama_state_seq_load_file; seq < 0: the whole context,
+ * llama_state_load_file / llama_state_set_data). The prefix cache stops trusting what it knew of
+ * it until it is cleared. Cheap when the prefix cache is off; safe from any thread. */
+void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq);
+
 #endif

@@ -32,7 +32,15 @@ typedef struct seq {
 struct llama_context {
   struct llama_model *model;
   uint32_t n_seq, kv_type;
+  uint32_t n_ctx, n_batch, n_ubatch; /* n_ctx: cells per sequence */
+  bool embeddings;
   seq_t seq[MAX_SEQ];
+  /* outputs of the last llama_decode: rows[r] = n_vocab logits then n_embd embedding */
+  float *rows;
+  int32_t *out_ids; /* [n_out_ids]: batch index -> row, -1 without output */
+  int32_t n_out_ids, n_outputs;
+  int mem_tag;      /* llama_get_memory returns &mem_tag */
+  uint64_t params_hash; /* XXH3 of the llama_context_params received */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -164,29 +172,44 @@ void llama_model_free(struct llama_model *model) { free(model); }
 struct llama_context_params llama_context_default_params(void) {
   struct llama_context_params p;
   memset(&p, 0, sizeof p);
-  p.n_ctx = 4096;
-  p.n_seq_max = 4;
-  p.kv_type = 1;
-  p.sentinel = FAKELLAMA_PARAMS_SENTINEL;
+  p.n_ctx = 512;
+  p.n_batch = 2048;
+  p.n_ubatch = 512;
+  p.n_seq_max = 1;
+  p.n_outputs_max_per_seq = 1;
+  p.n_threads = p.n_threads_batch = 4;
+  p.rope_scaling_type = p.pooling_type = p.attention_type = p.flash_attn_type = -1;
+  p.yarn_ext_factor = p.yarn_attn_factor = p.yarn_beta_fast = p.yarn_beta_slow = -1.0f;
+  p.defrag_thold = -1.0f;
+  p.type_k = p.type_v = 1;
+  p.offload_kqv = p.no_perf = p.op_offload = p.swa_full = true;
   return p;
 }
 
 struct llama_context *llama_init_from_model(struct llama_model *model,
                                             struct llama_context_params params) {
-  if (!model || params.sentinel != FAKELLAMA_PARAMS_SENTINEL || params.n_seq_max == 0 ||
-      params.n_seq_max > MAX_SEQ)
+  if (!model || params.n_seq_max == 0 || params.n_seq_max > MAX_SEQ || params.type_k < 0 ||
+      params.ctx_other || params.n_samplers)
     return NULL;
   struct llama_context *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->model = model;
   c->n_seq = params.n_seq_max;
-  c->kv_type = params.kv_type;
+  c->kv_type = (uint32_t)params.type_k;
+  c->n_ctx = params.n_ctx ? params.n_ctx : 4096;
+  c->n_batch = params.n_batch ? params.n_batch : 2048;
+  if (c->n_batch > c->n_ctx) c->n_batch = c->n_ctx;
+  c->n_ubatch = params.n_ubatch && params.n_ubatch < c->n_batch ? params.n_ubatch : c->n_batch;
+  c->embeddings = params.embeddings;
+  c->params_hash = XXH3_64bits(&params, sizeof params);
   return c;
 }
 
 void llama_free(struct llama_context *ctx) {
   if (!ctx) return;
   for (uint32_t i = 0; i < ctx->n_seq; i++) free(ctx->seq[i].cells);
+  free(ctx->rows);
+  free(ctx->out_ids);
   free(ctx);
 }
 
@@ -200,8 +223,13 @@ static seq_t *seq_of(struct llama_context *ctx, llama_seq_id s) {
   return ctx && s >= 0 && (uint32_t)s < ctx->n_seq ? &ctx->seq[s] : NULL;
 }
 
-static uint64_t chain_next(uint64_t prev, llama_token t) {
-  return XXH3_64bits_withSeed(&t, sizeof t, prev);
+#define CLASS_FULL 3u /* a row of a long ubatch, not in its last partial group of 4 */
+
+/* The cell after a cell whose chain is prev and payload hash is ph, for token t computed in
+ * kernel class cls. */
+static uint64_t chain_next(uint64_t prev, uint64_t ph, llama_token t, uint32_t cls) {
+  uint32_t in[2] = {(uint32_t)t, cls};
+  return XXH3_64bits_withSeed(in, sizeof in, prev ^ ph);
 }
 
 static void fill_cell(const struct llama_context *ctx, uint8_t *cell, int32_t pos, uint64_t chain) {
@@ -235,6 +263,12 @@ static uint64_t last_chain(const seq_t *q, size_t csize) {
   return c;
 }
 
+/* XXH3 of the payload of the last cell (0 for an empty sequence). */
+static uint64_t last_payload_hash(const seq_t *q, size_t csize) {
+  if (!q->n_cells) return 0;
+  return XXH3_64bits(q->cells + (size_t)(q->n_cells - 1) * csize + 12, csize - 12);
+}
+
 int32_t fakellama_decode(struct llama_context *ctx, llama_seq_id s, const llama_token *tokens,
                          int32_t n) {
   pthread_mutex_lock(&g_lock);
@@ -243,9 +277,9 @@ int32_t fakellama_decode(struct llama_context *ctx, llama_seq_id s, const llama_
   if (q && n >= 0 && (n == 0 || tokens)) {
     size_t cs = cell_size(ctx->model);
     if (seq_reserve(q, cs, q->n_cells + (uint32_t)n) == 0) {
-      uint64_t chain = last_chain(q, cs);
       for (int32_t i = 0; i < n; i++) {
-        chain = chain_next(chain, tokens[i]);
+        uint64_t chain = chain_next(last_chain(q, cs), last_payload_hash(q, cs), tokens[i],
+                                    CLASS_FULL);
         fill_cell(ctx, q->cells + (size_t)q->n_cells * cs, (int32_t)q->n_cells, chain);
         q->n_cells++;
       }
@@ -279,12 +313,13 @@ int fakellama_seq_check(struct llama_context *ctx, llama_seq_id s, const llama_t
   if (ok) {
     size_t cs = cell_size(ctx->model);
     uint8_t *want = malloc(cs);
-    uint64_t chain = CHAIN_SEED;
+    uint64_t chain = CHAIN_SEED, ph = 0;
     ok = want != NULL;
     for (size_t i = 0; ok && i < n; i++) {
-      chain = chain_next(chain, tokens[i]);
+      chain = chain_next(chain, ph, tokens[i], CLASS_FULL);
       fill_cell(ctx, want, (int32_t)i, chain);
       ok = memcmp(want, q->cells + i * cs, cs) == 0;
+      ph = XXH3_64bits(want + 12, cs - 12);
     }
     free(want);
   }
@@ -562,4 +597,376 @@ bool llama_state_load_file(struct llama_context *ctx, const char *path, llama_to
   pthread_mutex_unlock(&g_lock);
   free(b);
   return ok;
+}
+
+/* ---- decoding: batches, outputs, memory, sampler (fakellama.h) ------------------------------ */
+
+#define N_EMBD_OUT 16 /* floats of a fake output embedding */
+
+static int32_t cell_pos(const uint8_t *cell) {
+  int32_t p;
+  memcpy(&p, cell, 4);
+  return p;
+}
+
+static int32_t pos_max_l(const struct llama_context *ctx, const seq_t *q) {
+  size_t cs = cell_size(ctx->model);
+  int32_t m = -1;
+  for (uint32_t i = 0; i < q->n_cells; i++) {
+    int32_t p = cell_pos(q->cells + (size_t)i * cs);
+    if (p > m) m = p;
+  }
+  return m;
+}
+
+static int32_t pos_min_l(const struct llama_context *ctx, const seq_t *q) {
+  size_t cs = cell_size(ctx->model);
+  int32_t m = -1;
+  for (uint32_t i = 0; i < q->n_cells; i++) {
+    int32_t p = cell_pos(q->cells + (size_t)i * cs);
+    if (m < 0 || p < m) m = p;
+  }
+  return m;
+}
+
+struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max) {
+  struct llama_batch b;
+  memset(&b, 0, sizeof b);
+  if (n_tokens <= 0 || n_seq_max <= 0) return b;
+  if (embd) b.embd = calloc((size_t)n_tokens * (size_t)embd, sizeof *b.embd);
+  else b.token = calloc((size_t)n_tokens, sizeof *b.token);
+  b.pos = calloc((size_t)n_tokens, sizeof *b.pos);
+  b.n_seq_id = calloc((size_t)n_tokens, sizeof *b.n_seq_id);
+  b.seq_id = calloc((size_t)n_tokens + 1, sizeof *b.seq_id);
+  for (int32_t i = 0; b.seq_id && i < n_tokens; i++)
+    b.seq_id[i] = calloc((size_t)n_seq_max, sizeof **b.seq_id);
+  b.logits = calloc((size_t)n_tokens, sizeof *b.logits);
+  return b;
+}
+
+void llama_batch_free(struct llama_batch b) {
+  free(b.token);
+  free(b.embd);
+  free(b.pos);
+  free(b.n_seq_id);
+  for (int32_t i = 0; b.seq_id && b.seq_id[i]; i++) free(b.seq_id[i]);
+  free(b.seq_id);
+  free(b.logits);
+}
+
+struct llama_batch llama_batch_get_one(llama_token *tokens, int32_t n_tokens) {
+  struct llama_batch b = {n_tokens, tokens, NULL, NULL, NULL, NULL, NULL};
+  return b;
+}
+
+static int32_t b_nseq(const struct llama_batch *b, int32_t i) { return b->n_seq_id ? b->n_seq_id[i] : 1; }
+static int32_t b_seq(const struct llama_batch *b, int32_t i, int32_t j) {
+  return b->seq_id ? b->seq_id[i][j] : 0;
+}
+
+static void fill_row(const struct llama_context *ctx, float *logits, float *embd, uint64_t chain,
+                     int32_t pos) {
+  uint64_t seed[4] = {ctx->model->id, ctx->kv_type, chain, (uint64_t)(uint32_t)pos};
+  uint64_t x = XXH3_64bits(seed, sizeof seed) | 1;
+  for (int k = 0; k < FAKELLAMA_N_VOCAB + N_EMBD_OUT; k++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    float v = (float)((x >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+    if (k < FAKELLAMA_N_VOCAB) logits[k] = v;
+    else embd[k - FAKELLAMA_N_VOCAB] = v;
+  }
+}
+
+int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
+  if (!ctx) return -1;
+  pthread_mutex_lock(&g_lock);
+  int32_t rc = -1, m = b.n_tokens;
+  int32_t *pos = NULL;
+  if (m <= 0 || !b.token || (uint32_t)m > ctx->n_batch) goto out;
+  for (int32_t i = 0; i < m; i++) {
+    if (b.token[i] < 0 || b.token[i] >= FAKELLAMA_N_VOCAB) goto out;
+    int32_t ns = b_nseq(&b, i);
+    if (ns < 1 || (uint32_t)ns > ctx->n_seq) goto out;
+    for (int32_t j = 0; j < ns; j++)
+      if (b_seq(&b, i, j) < 0 || (uint32_t)b_seq(&b, i, j) >= ctx->n_seq) goto out;
+  }
+  pos = malloc((size_t)m * sizeof *pos);
+  if (!pos) goto out;
+  int32_t next[MAX_SEQ], last[MAX_SEQ], count[MAX_SEQ];
+  for (uint32_t s = 0; s < ctx->n_seq; s++) {
+    next[s] = pos_max_l(ctx, &ctx->seq[s]) + 1;
+    last[s] = INT32_MIN;
+    count[s] = 0;
+  }
+  for (int32_t i = 0; i < m; i++) {
+    pos[i] = b.pos ? b.pos[i] : next[b_seq(&b, i, 0)];
+    for (int32_t j = 0; j < b_nseq(&b, i); j++) {
+      int32_t s = b_seq(&b, i, j);
+      if (!b.pos) next[s] = pos[i] + 1;
+      int32_t pmax = pos_max_l(ctx, &ctx->seq[s]);
+      if (last[s] == INT32_MIN) {
+        if (pmax >= 0 && pos[i] != pmax + 1) goto out; /* Y = X + 1 */
+      } else if (pos[i] < last[s] || pos[i] > last[s] + 1) {
+        goto out; /* decreasing or not continuous */
+      }
+      last[s] = pos[i];
+      count[s]++;
+    }
+  }
+  for (uint32_t s = 0; s < ctx->n_seq; s++)
+    if (ctx->seq[s].n_cells + (uint32_t)count[s] > ctx->n_ctx) {
+      rc = 1; /* no KV slot: nothing changes */
+      goto out;
+    }
+  int32_t n_out = 0;
+  for (int32_t i = 0; i < m; i++)
+    n_out += ctx->embeddings ? 1 : b.logits ? b.logits[i] != 0 : i == m - 1;
+  float *rows = calloc((size_t)(n_out ? n_out : 1), (FAKELLAMA_N_VOCAB + N_EMBD_OUT) * sizeof(float));
+  int32_t *ids = malloc((size_t)m * sizeof *ids);
+  size_t cs = cell_size(ctx->model);
+  bool room = true;
+  for (uint32_t s = 0; s < ctx->n_seq; s++)
+    if (seq_reserve(&ctx->seq[s], cs, ctx->seq[s].n_cells + (uint32_t)count[s]) != 0) room = false;
+  if (!rows || !ids || !room) {
+    free(rows);
+    free(ids);
+    goto out;
+  }
+  free(ctx->rows);
+  free(ctx->out_ids);
+  ctx->rows = rows;
+  ctx->out_ids = ids;
+  ctx->n_out_ids = m;
+  ctx->n_outputs = 0;
+  for (int32_t u0 = 0; u0 < m; u0 += (int32_t)ctx->n_ubatch) {
+    int32_t R = m - u0 < (int32_t)ctx->n_ubatch ? m - u0 : (int32_t)ctx->n_ubatch;
+    for (int32_t r = 0; r < R; r++) {
+      int32_t i = u0 + r;
+      uint32_t cls = (R >= 64 ? 2u : 0u) | (r < R - R % 4 ? 1u : 0u);
+      uint64_t out_chain = 0;
+      for (int32_t j = 0; j < b_nseq(&b, i); j++) {
+        seq_t *q = &ctx->seq[b_seq(&b, i, j)];
+        uint64_t chain = chain_next(last_chain(q, cs), last_payload_hash(q, cs), b.token[i], cls);
+        fill_cell(ctx, q->cells + (size_t)q->n_cells * cs, pos[i], chain);
+        q->n_cells++;
+        if (j == 0) out_chain = chain;
+      }
+      bool out = ctx->embeddings ? true : b.logits ? b.logits[i] != 0 : i == m - 1;
+      ids[i] = out ? ctx->n_outputs : -1;
+      if (out) {
+        float *row = rows + (size_t)ctx->n_outputs * (FAKELLAMA_N_VOCAB + N_EMBD_OUT);
+        fill_row(ctx, row, row + FAKELLAMA_N_VOCAB, out_chain, pos[i]);
+        ctx->n_outputs++;
+      }
+    }
+  }
+  rc = 0;
+out:
+  free(pos);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* Row of output i (the real semantics), or -1 with a message. */
+static int32_t out_row(struct llama_context *ctx, int32_t i, const char *what) {
+  int32_t j = -1;
+  if (!ctx || !ctx->rows) j = -1;
+  else if (i < 0) j = ctx->n_outputs + i;
+  else if (i < ctx->n_out_ids) j = ctx->out_ids[i];
+  if (j < 0 || j >= (ctx ? ctx->n_outputs : 0)) {
+    fprintf(stderr, "fakellama: invalid %s id %d\n", what, i);
+    return -1;
+  }
+  return j;
+}
+
+float *llama_get_logits(struct llama_context *ctx) { return ctx ? ctx->rows : NULL; }
+
+float *llama_get_logits_ith(struct llama_context *ctx, int32_t i) {
+  pthread_mutex_lock(&g_lock);
+  int32_t j = out_row(ctx, i, "logits");
+  float *r = j < 0 ? NULL : ctx->rows + (size_t)j * (FAKELLAMA_N_VOCAB + N_EMBD_OUT);
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+float *llama_get_embeddings_ith(struct llama_context *ctx, int32_t i) {
+  pthread_mutex_lock(&g_lock);
+  int32_t j = out_row(ctx, i, "embeddings");
+  float *r =
+      j < 0 ? NULL : ctx->rows + (size_t)j * (FAKELLAMA_N_VOCAB + N_EMBD_OUT) + FAKELLAMA_N_VOCAB;
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+uint32_t llama_n_ctx(const struct llama_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+uint32_t llama_n_ctx_seq(const struct llama_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+uint32_t llama_n_batch(const struct llama_context *ctx) { return ctx ? ctx->n_batch : 0; }
+uint32_t llama_n_ubatch(const struct llama_context *ctx) { return ctx ? ctx->n_ubatch : 0; }
+uint32_t llama_n_seq_max(const struct llama_context *ctx) { return ctx ? ctx->n_seq : 0; }
+
+bool llama_supports_gpu_offload(void) {
+  const char *e = getenv("FAKELLAMA_GPU");
+  return e && e[0] == '1';
+}
+
+void llama_set_embeddings(struct llama_context *ctx, bool embeddings) {
+  if (ctx) ctx->embeddings = embeddings;
+}
+
+llama_memory_t llama_get_memory(const struct llama_context *ctx) {
+  return ctx ? (llama_memory_t)(uintptr_t)&ctx->mem_tag : NULL;
+}
+
+static struct llama_context *ctx_of_mem(llama_memory_t mem) {
+  return mem ? (struct llama_context *)(void *)((char *)mem - offsetof(struct llama_context, mem_tag))
+             : NULL;
+}
+
+/* Keep the cells of q for which keep(pos) is true, in order. */
+static void seq_filter(const struct llama_context *ctx, seq_t *q, int32_t p0, int32_t p1,
+                       int remove_in_range) {
+  size_t cs = cell_size(ctx->model);
+  uint32_t w = 0;
+  for (uint32_t r = 0; r < q->n_cells; r++) {
+    int32_t p = cell_pos(q->cells + (size_t)r * cs);
+    bool in = p >= p0 && (p1 < 0 || p < p1);
+    if (remove_in_range ? in : p < 0) continue;
+    if (w != r) memmove(q->cells + (size_t)w * cs, q->cells + (size_t)r * cs, cs);
+    w++;
+  }
+  q->n_cells = w;
+}
+
+void llama_memory_clear(llama_memory_t mem, bool data) {
+  (void)data;
+  struct llama_context *ctx = ctx_of_mem(mem);
+  if (!ctx) return;
+  pthread_mutex_lock(&g_lock);
+  for (uint32_t s = 0; s < ctx->n_seq; s++) ctx->seq[s].n_cells = 0;
+  pthread_mutex_unlock(&g_lock);
+}
+
+bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq, int32_t p0, int32_t p1) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  if (!ctx) return false;
+  if (p0 < 0) p0 = 0;
+  pthread_mutex_lock(&g_lock);
+  for (uint32_t s = 0; s < ctx->n_seq; s++)
+    if (seq < 0 || (uint32_t)seq == s) seq_filter(ctx, &ctx->seq[s], p0, p1, 1);
+  pthread_mutex_unlock(&g_lock);
+  return true;
+}
+
+void llama_memory_seq_cp(llama_memory_t mem, llama_seq_id src, llama_seq_id dst, int32_t p0,
+                         int32_t p1) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  seq_t *a = seq_of(ctx, src), *d = seq_of(ctx, dst);
+  if (!a || !d || a == d) return;
+  if (p0 < 0) p0 = 0;
+  pthread_mutex_lock(&g_lock);
+  size_t cs = cell_size(ctx->model);
+  if (seq_reserve(d, cs, d->n_cells + a->n_cells) == 0) {
+    for (uint32_t r = 0; r < a->n_cells; r++) {
+      const uint8_t *cell = a->cells + (size_t)r * cs;
+      int32_t p = cell_pos(cell);
+      if (p < p0 || (p1 >= 0 && p >= p1)) continue;
+      /* insert sorted by position (stable) */
+      uint32_t at = d->n_cells;
+      while (at > 0 && cell_pos(d->cells + (size_t)(at - 1) * cs) > p) at--;
+      memmove(d->cells + (size_t)(at + 1) * cs, d->cells + (size_t)at * cs,
+              (size_t)(d->n_cells - at) * cs);
+      memcpy(d->cells + (size_t)at * cs, cell, cs);
+      d->n_cells++;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+void llama_memory_seq_keep(llama_memory_t mem, llama_seq_id seq) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  if (!ctx) return;
+  pthread_mutex_lock(&g_lock);
+  for (uint32_t s = 0; s < ctx->n_seq; s++)
+    if (seq < 0 || (uint32_t)seq != s) ctx->seq[s].n_cells = 0;
+  pthread_mutex_unlock(&g_lock);
+}
+
+static void seq_map_pos(llama_memory_t mem, llama_seq_id seq, int32_t p0, int32_t p1, int32_t add,
+                        int div) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  if (!ctx) return;
+  if (p0 < 0) p0 = 0;
+  pthread_mutex_lock(&g_lock);
+  size_t cs = cell_size(ctx->model);
+  for (uint32_t s = 0; s < ctx->n_seq; s++) {
+    if (seq >= 0 && (uint32_t)seq != s) continue;
+    seq_t *q = &ctx->seq[s];
+    for (uint32_t r = 0; r < q->n_cells; r++) {
+      uint8_t *cell = q->cells + (size_t)r * cs;
+      int32_t p = cell_pos(cell);
+      if (p < p0 || (p1 >= 0 && p >= p1)) continue;
+      p = div > 1 ? p / div : p + add;
+      memcpy(cell, &p, 4);
+    }
+    seq_filter(ctx, q, 0, -1, 0); /* drop cells shifted below 0 */
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+void llama_memory_seq_add(llama_memory_t mem, llama_seq_id seq, int32_t p0, int32_t p1,
+                          int32_t delta) {
+  seq_map_pos(mem, seq, p0, p1, delta, 0);
+}
+
+void llama_memory_seq_div(llama_memory_t mem, llama_seq_id seq, int32_t p0, int32_t p1, int d) {
+  seq_map_pos(mem, seq, p0, p1, 0, d);
+}
+
+int32_t llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  seq_t *q = seq_of(ctx, seq);
+  if (!q) return -1;
+  pthread_mutex_lock(&g_lock);
+  int32_t r = pos_min_l(ctx, q);
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+int32_t llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq) {
+  struct llama_context *ctx = ctx_of_mem(mem);
+  seq_t *q = seq_of(ctx, seq);
+  if (!q) return -1;
+  pthread_mutex_lock(&g_lock);
+  int32_t r = pos_max_l(ctx, q);
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+struct llama_sampler {
+  int greedy;
+};
+
+struct llama_sampler *llama_sampler_init_greedy(void) {
+  struct llama_sampler *s = calloc(1, sizeof *s);
+  if (s) s->greedy = 1;
+  return s;
+}
+
+void llama_sampler_free(struct llama_sampler *smpl) { free(smpl); }
+
+llama_token llama_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx,
+                                 int32_t idx) {
+  (void)smpl;
+  const float *l = llama_get_logits_ith(ctx, idx); /* through the PLT, as libllama does */
+  if (!l) return -1;
+  llama_token best = 0;
+  for (llama_token t = 1; t < FAKELLAMA_N_VOCAB; t++)
+    if (l[t] > l[best]) best = t;
+  return best;
+}
+
+uint64_t fakellama_ctx_params_hash(const struct llama_context *ctx) {
+  return ctx ? ctx->params_hash : 0;
 }

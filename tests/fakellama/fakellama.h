@@ -21,8 +21,24 @@
  * with chain_i = H(chain_{i-1}, token_i) and payload = PRNG(model id, kv_type, chain_i, pos):
  * the KV depends on the weights and on every token before it, so restoring another model's
  * state (even of the same shape) or another prefix is detected by fakellama_seq_check.
- * Body: u32 n_layer, u32 n_embd, u32 kv_type, u32 n_cells, cells. A context's kv_type stands
- * for the KV dtype: a state saved under one kv_type does not fit a context of another.
+ * Body: u32 n_layer, u32 n_embd, u32 kv_type, u32 n_cells, cells. A context's kv_type (its
+ * type_k) stands for the KV dtype: a state saved under one kv_type does not fit a context of
+ * another. chain_i also mixes in the previous cell's payload and the kernel class of the
+ * ubatch that computed cell i, as a real backend's numerics depend on it (measured on the
+ * pinned ggml-cpu): class = (ubatch rows >= 64: the tiled flash-attention path) and (row below
+ * the ubatch's last multiple of 4: the 4-row GEMM of repacked weights). fakellama_decode and
+ * fakellama_seq_check use the full class (a long batch).
+ *
+ * llama_decode follows the pinned llama_batch_allocr: tokens < FAKELLAMA_N_VOCAB, sequence ids
+ * < n_seq_max, pos NULL continues each sequence after its last cell, seq_id NULL means 0,
+ * logits NULL outputs the last token (every token with embeddings), a sequence's batch
+ * positions must start right after its last cell and be continuous; n_tokens <= n_batch; it
+ * splits into ubatches of n_ubatch; a sequence that would exceed n_ctx cells returns 1 and
+ * nothing changes. Outputs: n_vocab logits per output token, a function of the output cell
+ * (chain, pos), the model and kv_type; llama_get_logits_ith(i) as the real one (negative i from
+ * the last output, NULL and a message on stderr for an index without output).
+ * llama_sampler_sample (greedy) reads the logits through llama_get_logits_ith via the PLT, as
+ * the shipped libllama does. FAKELLAMA_GPU=1 makes llama_supports_gpu_offload return true.
  *
  * Test knobs (environment, read at each call): FAKELLAMA_GET_DATA_FAIL=1 makes
  * llama_state_seq_get_data[_ext] return 0 (an engine error). */
@@ -65,13 +81,43 @@ struct llama_model_params {
   uint64_t sentinel; /* FAKELLAMA_PARAMS_SENTINEL */
 };
 
+/* The pinned llama.h's struct llama_context_params, field for field (160 bytes on LP64), and
+ * llama_context_default_params returns the pinned defaults: kvshim's prefix cache reads this
+ * struct only after recognising those defaults. The fake uses n_ctx (tokens per sequence),
+ * n_batch, n_ubatch, n_seq_max (sequences 0 .. n_seq_max-1), type_k (stands for the KV dtype:
+ * a state saved under one type_k does not fit a context of another) and embeddings. */
 struct llama_context_params {
-  uint32_t n_ctx;
-  uint32_t n_seq_max; /* sequences 0 .. n_seq_max-1 */
-  uint32_t kv_type;   /* stands for the KV dtype */
-  uint32_t reserved;
-  uint64_t sentinel;  /* FAKELLAMA_PARAMS_SENTINEL */
+  uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
+  int32_t n_threads, n_threads_batch;
+  int32_t ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
+  float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
+      yarn_beta_slow;
+  uint32_t yarn_orig_ctx;
+  float defrag_thold;
+  void *cb_eval, *cb_eval_user_data;
+  int32_t type_k, type_v;
+  void *abort_callback, *abort_callback_data;
+  bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
+  void *samplers;
+  size_t n_samplers;
+  void *ctx_other;
 };
+
+/* The pinned llama.h's struct llama_batch. */
+typedef struct llama_batch {
+  int32_t n_tokens;
+  llama_token *token;
+  float *embd;
+  int32_t *pos;
+  int32_t *n_seq_id;
+  llama_seq_id **seq_id;
+  int8_t *logits;
+} llama_batch;
+
+typedef struct llama_memory_i *llama_memory_t;
+struct llama_sampler;
+
+#define FAKELLAMA_N_VOCAB 1024 /* valid token ids for llama_decode: [0, 1024) */
 
 FAKELLAMA_API struct llama_model_params llama_model_default_params(void);
 FAKELLAMA_API struct llama_model *llama_model_load_from_file(const char *path_model,
@@ -112,7 +158,43 @@ FAKELLAMA_API size_t llama_state_seq_set_data_ext(struct llama_context *ctx, con
                                                   size_t size, llama_seq_id dest_seq_id,
                                                   llama_state_seq_flags flags);
 
+/* Decoding (the pinned llama.cpp's semantics, see fakellama.c): batches, outputs, memory. */
+FAKELLAMA_API struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+FAKELLAMA_API void llama_batch_free(struct llama_batch batch);
+FAKELLAMA_API struct llama_batch llama_batch_get_one(llama_token *tokens, int32_t n_tokens);
+FAKELLAMA_API int32_t llama_decode(struct llama_context *ctx, struct llama_batch batch);
+FAKELLAMA_API float *llama_get_logits(struct llama_context *ctx);
+FAKELLAMA_API float *llama_get_logits_ith(struct llama_context *ctx, int32_t i);
+FAKELLAMA_API float *llama_get_embeddings_ith(struct llama_context *ctx, int32_t i);
+FAKELLAMA_API uint32_t llama_n_ctx(const struct llama_context *ctx);
+FAKELLAMA_API uint32_t llama_n_ctx_seq(const struct llama_context *ctx);
+FAKELLAMA_API uint32_t llama_n_batch(const struct llama_context *ctx);
+FAKELLAMA_API uint32_t llama_n_ubatch(const struct llama_context *ctx);
+FAKELLAMA_API uint32_t llama_n_seq_max(const struct llama_context *ctx);
+FAKELLAMA_API bool llama_supports_gpu_offload(void);
+FAKELLAMA_API void llama_set_embeddings(struct llama_context *ctx, bool embeddings);
+FAKELLAMA_API llama_memory_t llama_get_memory(const struct llama_context *ctx);
+FAKELLAMA_API void llama_memory_clear(llama_memory_t mem, bool data);
+FAKELLAMA_API bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq, int32_t p0, int32_t p1);
+FAKELLAMA_API void llama_memory_seq_cp(llama_memory_t mem, llama_seq_id src, llama_seq_id dst,
+                                       int32_t p0, int32_t p1);
+FAKELLAMA_API void llama_memory_seq_keep(llama_memory_t mem, llama_seq_id seq);
+FAKELLAMA_API void llama_memory_seq_add(llama_memory_t mem, llama_seq_id seq, int32_t p0,
+                                        int32_t p1, int32_t delta);
+FAKELLAMA_API void llama_memory_seq_div(llama_memory_t mem, llama_seq_id seq, int32_t p0,
+                                        int32_t p1, int d);
+FAKELLAMA_API int32_t llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq);
+FAKELLAMA_API int32_t llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq);
+FAKELLAMA_API struct llama_sampler *llama_sampler_init_greedy(void);
+FAKELLAMA_API void llama_sampler_free(struct llama_sampler *smpl);
+FAKELLAMA_API llama_token llama_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx,
+                                               int32_t idx);
+
 /* ---- fake-only API --------------------------------------------------------------------------- */
+
+/* XXH3-64 of the struct llama_context_params llama_init_from_model received (a host compares it
+ * with what it passed: kvshim forwards the struct by value). */
+FAKELLAMA_API uint64_t fakellama_ctx_params_hash(const struct llama_context *ctx);
 
 /* "Decode": append n tokens to a sequence (its KV cells). 0, or -1 (bad seq, n < 0). */
 FAKELLAMA_API int32_t fakellama_decode(struct llama_context *ctx, llama_seq_id seq,

@@ -11,7 +11,7 @@ static void p_model_free(void *m) { llama_model_free(m); }
 static void *p_ctx_new(void *model, uint32_t n_seq, uint32_t kv_type) {
   struct llama_context_params cp = llama_context_default_params();
   cp.n_seq_max = n_seq;
-  cp.kv_type = kv_type;
+  cp.type_k = cp.type_v = (int32_t)kv_type;
   return llama_init_from_model(model, cp);
 }
 static void p_ctx_free(void *ctx) { llama_free(ctx); }

@@ -13,11 +13,13 @@ distinct prefixes of --prefix-tokens tokens (BOS + seeded random ids), each foll
   local      in the same B processes, the same prefixes again: served from B's own pool;
   file       no kvshim: a process saves every prefix to state files, --reps fresh processes
              load them (llama.cpp's own load_file, files in the page cache).
+kvshim runs with KVSHIM_LLAMA_PREFIX=0 (the state file adapter alone; --env may change it).
 prefix_ms is app.mjs's figure: marker check + loadStateFromFile (or the evaluation) as the
 JavaScript caller sees it. Output: one line per figure (median, min..max, n) and, with --json,
 the raw samples.
 Usage: bench_restore.py --preload LIBKVSHIM [--prefixes 5] [--prefix-tokens 500] [--reps 3]
-                        [--work-dir DIR] [--json FILE] [tiny-gguf flags: --layers 8 --embd 512]
+                        [--pool-size 512M] [--env KVSHIM_X=V ...] [--work-dir DIR] [--json FILE]
+                        [tiny-gguf flags: --layers 8 --embd 512]
 """
 
 import argparse
@@ -59,7 +61,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--embd", type=int, default=512)
-    ap.add_argument("--pool-size", default="512M")
+    ap.add_argument("--pool-size", default="512M", help="KVSHIM_POOL_SIZE of A and B")
+    ap.add_argument("--env", action="append", default=[], metavar="KVSHIM_X=V",
+                    help="another KVSHIM_* variable for A and B (repeatable)")
     ap.add_argument("--work-dir")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -85,7 +89,13 @@ def main():
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
     kv = dict(base, LD_PRELOAD=os.path.abspath(a.preload), KVSHIM_RUN_DIR=run_dir,
-              KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_POOL_SIZE=a.pool_size)
+              KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_LLAMA_PREFIX="0",
+              KVSHIM_POOL_SIZE=a.pool_size)
+    for kv_pair in a.env:
+        k, _, v = kv_pair.partition("=")
+        if not k.startswith("KVSHIM_"):
+            sys.exit("bench_restore: --env takes KVSHIM_* variables (got %r)" % kv_pair)
+        kv[k] = v
     res = {"evaluate": [], "A_evaluate": [], "peer": [], "peer_first": [], "local": [],
            "file": [], "state_bytes": None}
 

@@ -6,7 +6,9 @@ Every case: scripts/llama-setup (exit 77, the ctest skip code, when Node.js or t
 missing), a generated model (scripts/tiny-gguf), and reference tokens from app.mjs --no-cache
 without kvshim. LD_PRELOAD is set only in the engine processes' environment; every case has its
 own temporary KVSHIM_RUN_DIR (so its peers are only its own processes), and KVSHIM_* variables
-inherited from the caller are dropped. Engines save with KVSHIM_LLAMA_WRITE_THROUGH=0, so a
+inherited from the caller are dropped. KVSHIM_LLAMA_PREFIX=0: these cases check the state file
+adapter (design 10.2), not the transparent prefix cache. Engines save with
+KVSHIM_LLAMA_WRITE_THROUGH=0, so a
 restored state can only have come through kvshim: the cache directory holds the app's .saved
 marker and no state file, and the real llama_state_seq_load_file would fail on the missing file.
 Process A evaluates prefix P and saves it; process B (fresh, same cache directory, prompt P +
@@ -129,7 +131,8 @@ class Case:
             preload = self.args.asan_runtime + ":" + preload
             env["ASAN_OPTIONS"] = "detect_leaks=0"
         env.update(LD_PRELOAD=preload, KVSHIM_RUN_DIR=self.run_dir,
-                   KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_POOL_SIZE="256M",
+                   KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_LLAMA_PREFIX="0",
+                   KVSHIM_POOL_SIZE="256M",
                    KVSHIM_HOST_POOL_SIZE="0",
                    KVSHIM_STATS=os.path.join(self.work, stats_name + ".%p.json"))
         env.update({k: str(v) for k, v in extra.items()})

@@ -1,0 +1,1141 @@
+/* shims/llama: the transparent prefix cache for llama.cpp engines (design §10.3; the model of
+ * sequences, batches and blobs is in prefix.h).
+ *
+ * Hooked (KVS_LLAMA_PREFIX_HOOKS, exported from libkvshim.so), all passing through to the
+ * engine's function:
+ *   llama_init_from_model   registers the context when it can be cached: the layout of
+ *                           struct llama_context_params is the pinned one (px_layout_ok), the
+ *                           model was fingerprinted (llama.c), no embeddings, no backend
+ *                           samplers, no shared context, no encoder / recurrent / hybrid /
+ *                           diffusion model, and one sequence or a per-sequence KV cache
+ *                           (kv_unified with several sequences mixes the sequences' cells, so a
+ *                           restored sequence would not sit where the engine's own decode puts
+ *                           it). The namespace (design §6) is the model fingerprint plus the KV
+ *                           settings: K/V types, flash attention, whether the build can offload
+ *                           (then also n_ubatch: see prefix.h), RoPE/YaRN parameters.
+ *   llama_free              forgets it.
+ *   llama_decode            keeps the shadow (prefix.h) from every batch; for a batch of one
+ *                           sequence extending a CLEAN sequence: restore, decode the rest,
+ *                           snapshot (below). Anything else passes through untouched.
+ *   llama_memory_*          (clear, seq_rm/cp/keep/add/div) keep the shadow.
+ *   *_ith, llama_sampler_sample
+ *                           map the engine's batch index to the decoded batch's
+ *                           (kvs__px_map_index). The sampler's own call to llama_get_logits_ith
+ *                           (through libllama's PLT in the shipped build) then passes through,
+ *                           so the index is mapped exactly once whether libllama binds that call
+ *                           inside itself or not.
+ *   llama_set_embeddings(true), llama_set_causal_attn(false), llama_set_adapters_lora (n > 0),
+ *   llama_set_adapter_cvec (data), llama_set_sampler (smpl)
+ *                           the context's KV no longer depends on the tokens alone, or outputs
+ *                           are read through paths not covered: it is never restored into or
+ *                           snapshotted again.
+ *   llama_state_set_data    (whole context) every sequence is TAINTED. The sequence state loads
+ *                           hooked by llama.c tell us through kvs__llama_prefix_state_load.
+ *
+ * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): for the
+ * largest chunk-aligned k with kvs__px_restore_ok whose key h(k/chunk - 1) is cached (local
+ * store, probed key by key from the longest; else the peers' longest run, which includes the
+ * cache peer), the blob is checked (kvs__px_blob_check, and its first k tokens must be the
+ * sequence's), fed to the engine's llama_state_seq_set_data[_ext] straight from the pool
+ * (pinned, or a local copy of the peer's bytes), trimmed to k with llama_memory_seq_rm and
+ * verified (memory positions exactly 0..k-1); then the batch minus its first k - n tokens is
+ * decoded and the index remap is set. Any failure after the engine was touched: S is cleared
+ * (the engine's llama_state_seq_set_data replaced it), its n old tokens are decoded again in
+ * canonical pieces (so their KV is byte-identical to before), and the original batch is
+ * decoded unchanged. A rest-batch the engine refuses (1: no KV slot, -1) is undone the same
+ * way (trim back to n) and the original batch decoded.
+ *
+ * Snapshot. After a successful single-sequence decode whose last token has an output, when
+ * floor(min(n, canon) / chunk) chunks >= min tokens and >= the last snapshot + one chunk: unless
+ * the longest key is already cached here or at a peer, the engine's get_size/get_data write the
+ * state straight into a reserved pool extent, committed under all those chunk keys (one object,
+ * many keys), then pushed to the cache peer (write-behind).
+ *
+ * Threads and locks: each registered context has a mutex held by the decode and memory hooks
+ * for the whole operation, engine calls included (the engine serialises its calls on one
+ * context anyway); g_table_lock guards slot allocation. Index remaps read an atomic without
+ * locking. px_depth (thread local) makes every hook called from inside one of ours (libllama's
+ * PLT calls: the sampler's llama_get_logits_ith, plain set_data -> set_data_ext) pass straight
+ * through. kvs__hook_depth is raised only around kvshim's own store and peer work. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "internal.h"
+#include "keys.h"
+#include "llama_internal.h"
+#include "log.h"
+#include "peer.h"
+#include "pool.h"
+#include "prefix.h"
+#include "preload.h"
+#include "stats.h"
+#include "store.h"
+
+#include "llama_hooks.h"
+
+#define PX_PFN(ret, name, params, args) typedef ret(*kvs__px_pfn_##name) params;
+KVS_LLAMA_PREFIX_HOOKS(PX_PFN)
+KVS_LLAMA_PREFIX_USES(PX_PFN)
+#undef PX_PFN
+
+#define PX_WRAPPER_DECL(ret, name, params, args) \
+  ret name params __attribute__((visibility("default")));
+KVS_LLAMA_PREFIX_HOOKS(PX_WRAPPER_DECL)
+#undef PX_WRAPPER_DECL
+
+enum px_row {
+#define PX_ROW_ENUM(ret, name, params, args) PX_##name,
+  KVS_LLAMA_PREFIX_HOOKS(PX_ROW_ENUM) PX__NHOOKS,
+  PX__USES_START = PX__NHOOKS - 1,
+  KVS_LLAMA_PREFIX_USES(PX_ROW_ENUM) PX__NROWS
+#undef PX_ROW_ENUM
+};
+
+static const char *const px_names[PX__NROWS] = {
+#define PX_ROW_NAME(ret, name, params, args) [PX_##name] = #name,
+    KVS_LLAMA_PREFIX_HOOKS(PX_ROW_NAME) KVS_LLAMA_PREFIX_USES(PX_ROW_NAME)
+#undef PX_ROW_NAME
+};
+
+typedef void (*px_code_t)(void);
+static const px_code_t px_wrappers[PX__NHOOKS] = {
+#define PX_WRAPPER_PTR(ret, name, params, args) [PX_##name] = (px_code_t)&name,
+    KVS_LLAMA_PREFIX_HOOKS(PX_WRAPPER_PTR)
+#undef PX_WRAPPER_PTR
+};
+
+/* ---- real functions ------------------------------------------------------------------------- */
+
+static _Atomic(px_code_t) g_real[PX__NROWS]; /* NULL until found; misses are retried */
+
+static __attribute__((noinline)) px_code_t px_resolve_slow(enum px_row row) {
+  kvs__preload_options();
+  kvs__hook_depth++;
+  void *p = kvs__resolve_engine_symbol(px_names[row]);
+  if (p && kvs__addr_in_self(p)) p = NULL; /* never our own wrapper */
+  px_code_t fn = NULL;
+  if (p) {
+    memcpy(&fn, &p, sizeof fn);
+    px_code_t expected = NULL;
+    if (!atomic_compare_exchange_strong(&g_real[row], &expected, fn)) fn = expected;
+  }
+  kvs__hook_depth--;
+  return fn;
+}
+
+static inline px_code_t px_resolve(enum px_row row) {
+  px_code_t fn = atomic_load_explicit(&g_real[row], memory_order_acquire);
+  return kvs__likely(fn != NULL) ? fn : px_resolve_slow(row);
+}
+
+#define PX_GETTER(ret, name, params, args)                                                    \
+  static inline kvs__px_pfn_##name px_real_##name(void) {                                     \
+    return (kvs__px_pfn_##name)px_resolve(PX_##name);                                         \
+  }
+KVS_LLAMA_PREFIX_HOOKS(PX_GETTER)
+KVS_LLAMA_PREFIX_USES(PX_GETTER)
+#undef PX_GETTER
+
+/* ---- family state ----------------------------------------------------------------------------- */
+
+static atomic_bool g_px_on; /* runtime built and KVSHIM_LLAMA_PREFIX=1 */
+static __thread int px_depth __attribute__((tls_model("initial-exec")));
+
+static inline bool px_observe(void) {
+  return kvs__hook_depth == 0 && px_depth == 0 &&
+         atomic_load_explicit(&g_px_on, memory_order_acquire);
+}
+
+/* ---- struct llama_context_params of the pinned llama.h (kvshim's own declaration) ------------ */
+
+typedef struct px_cparams {
+  uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
+  int32_t n_threads, n_threads_batch;
+  int32_t ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
+  float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
+      yarn_beta_slow;
+  uint32_t yarn_orig_ctx;
+  float defrag_thold;
+  void *cb_eval, *cb_eval_user_data;
+  int32_t type_k, type_v; /* enum ggml_type */
+  void *abort_callback, *abort_callback_data;
+  bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
+  void *samplers;
+  size_t n_samplers;
+  void *ctx_other;
+} px_cparams_t;
+_Static_assert(sizeof(px_cparams_t) == 160 || sizeof(void *) != 8, "pinned llama_context_params");
+_Static_assert(offsetof(px_cparams_t, cb_eval) == 88 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(px_cparams_t, type_k) == 104 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(px_cparams_t, embeddings) == 128 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(px_cparams_t, ctx_other) == 152 || sizeof(void *) != 8, "layout");
+_Static_assert(sizeof(px_cparams_t) <= KVS_PX_CPARAMS_MAX, "forwarded block too small");
+
+/* Is the engine's struct llama_context_params the one px_cparams_t declares? Its defaults must
+ * be exactly the pinned llama_context_default_params() (thread counts aside): every field has a
+ * distinctive default there, so an older or newer layout (fields added, moved or removed) reads
+ * differently. 1 yes, 0 no, -1 not decided yet (the function is not loaded). */
+static int px_layout_ok(void) {
+  static atomic_int verdict = -1;
+  int v = atomic_load_explicit(&verdict, memory_order_acquire);
+  if (v >= 0) return v;
+  kvs__px_pfn_llama_context_default_params defaults = px_real_llama_context_default_params();
+  if (!defaults) return -1;
+  /* Declared larger than the engine's struct: the callee fills its own 160 bytes of our
+   * return buffer (returned in memory on both supported ABIs); the rest is never read. */
+  kvs__llama_ctx_params_t raw = defaults();
+  px_cparams_t p;
+  memcpy(&p, &raw, sizeof p);
+  bool ok = p.n_ctx == 512 && p.n_batch == 2048 && p.n_ubatch == 512 && p.n_seq_max == 1 &&
+            p.n_rs_seq == 0 && p.n_outputs_max == 0 && p.n_outputs_max_per_seq == 1 &&
+            p.ctx_type == 0 && p.rope_scaling_type == -1 && p.pooling_type == -1 &&
+            p.attention_type == -1 && p.flash_attn_type == -1 && p.rope_freq_base == 0.0f &&
+            p.rope_freq_scale == 0.0f && p.yarn_ext_factor == -1.0f &&
+            p.yarn_attn_factor == -1.0f && p.yarn_beta_fast == -1.0f &&
+            p.yarn_beta_slow == -1.0f && p.yarn_orig_ctx == 0 && p.defrag_thold == -1.0f &&
+            !p.cb_eval && !p.cb_eval_user_data && p.type_k == 1 && p.type_v == 1 &&
+            !p.abort_callback && !p.abort_callback_data && !p.embeddings && p.offload_kqv &&
+            p.no_perf && p.op_offload && p.swa_full && !p.kv_unified && !p.samplers &&
+            p.n_samplers == 0 && !p.ctx_other;
+  v = ok ? 1 : 0;
+  int expected = -1;
+  if (atomic_compare_exchange_strong(&verdict, &expected, v) && !v)
+    kvs_log_warn("llama.cpp prefix cache: this libllama's struct llama_context_params is not the "
+                 "one kvshim was built for (llama.cpp of node-llama-cpp 3.21.1): prefix cache off");
+  return atomic_load(&verdict);
+}
+
+/* ---- contexts ---------------------------------------------------------------------------------- */
+
+#define PX_CTX_MAX 64
+#define PX_CPU_CLASS 64 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix.h) */
+
+typedef struct px_ctx {
+  _Atomic(struct llama_context *) ctx; /* NULL: free slot; published last (release) */
+  pthread_mutex_t lock;                /* guards every field below except skip */
+  kvs__llama_memory_t mem;
+  bool disabled;          /* never restored into or snapshotted again */
+  uint8_t fp[KVS_PX_FP_SIZE];
+  kvs_key_t ns;           /* namespace key (model + KV settings) */
+  kvs__px_rules_t rules;
+  uint32_t chunk, min_tokens;
+  kvs__px_shadow_t sh;
+  kvs_key_t *kscratch;    /* sh.kcap keys: one reservation's key list */
+  int32_t *rpos, *rnseq;  /* re-decode batch: rules.ubatch entries each */
+  int32_t **rseq;
+  int8_t *rlogits;
+  int32_t rseqval;
+  void *map;
+  size_t map_len;
+  _Atomic int32_t skip;   /* tokens not decoded at the front of the last batch (remap) */
+} px_ctx_t;
+
+static px_ctx_t g_ctx[PX_CTX_MAX];
+static pthread_mutex_t g_table_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int g_nctx;  /* registered contexts (fast exit for the memory hooks) */
+static atomic_int g_nskip; /* contexts with skip != 0 (fast exit for the index hooks) */
+
+static px_ctx_t *px_find(const struct llama_context *ctx) {
+  if (!ctx || atomic_load_explicit(&g_nctx, memory_order_relaxed) == 0) return NULL;
+  for (size_t i = 0; i < PX_CTX_MAX; i++)
+    if (atomic_load_explicit(&g_ctx[i].ctx, memory_order_acquire) == ctx) return &g_ctx[i];
+  return NULL;
+}
+
+static void px_set_skip(px_ctx_t *c, int32_t s) {
+  int32_t old = atomic_exchange_explicit(&c->skip, s, memory_order_release);
+  if (!old && s) atomic_fetch_add(&g_nskip, 1);
+  else if (old && !s) atomic_fetch_sub(&g_nskip, 1);
+}
+
+static int32_t px_map(const struct llama_context *ctx, int32_t i) {
+  if (i < 0 || atomic_load_explicit(&g_nskip, memory_order_acquire) == 0) return i;
+  px_ctx_t *c = px_find(ctx);
+  return c ? kvs__px_map_index(atomic_load_explicit(&c->skip, memory_order_acquire), i) : i;
+}
+
+/* The engine's sequence state functions: the _ext forms with flags 0 when present (the plain
+ * ones call them through libllama's PLT, which would pass through llama.c's hooks). */
+static size_t px_get_size(struct llama_context *ctx, int32_t s) {
+  kvs__px_pfn_llama_state_seq_get_size_ext e = px_real_llama_state_seq_get_size_ext();
+  if (e) return e(ctx, s, 0);
+  kvs__px_pfn_llama_state_seq_get_size p = px_real_llama_state_seq_get_size();
+  return p ? p(ctx, s) : 0;
+}
+static size_t px_get_data(struct llama_context *ctx, uint8_t *dst, size_t size, int32_t s) {
+  kvs__px_pfn_llama_state_seq_get_data_ext e = px_real_llama_state_seq_get_data_ext();
+  if (e) return e(ctx, dst, size, s, 0);
+  kvs__px_pfn_llama_state_seq_get_data p = px_real_llama_state_seq_get_data();
+  return p ? p(ctx, dst, size, s) : 0;
+}
+static size_t px_set_data(struct llama_context *ctx, const uint8_t *src, size_t size, int32_t s) {
+  kvs__px_pfn_llama_state_seq_set_data_ext e = px_real_llama_state_seq_set_data_ext();
+  if (e) return e(ctx, src, size, s, 0);
+  kvs__px_pfn_llama_state_seq_set_data p = px_real_llama_state_seq_set_data();
+  return p ? p(ctx, src, size, s) : 0;
+}
+
+static bool px_model_flag(kvs__px_pfn_llama_model_has_encoder fn, const struct llama_model *m) {
+  return fn ? fn(m) : false; /* older libllama: the concept did not exist */
+}
+
+/* Everything that makes a context's KV bytes mean something besides the tokens (design §6). */
+typedef struct __attribute__((packed)) px_sig {
+  uint8_t version, gpu, offload_kqv, swa_full;
+  int32_t flash_attn_type, rope_scaling_type;
+  float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
+      yarn_beta_slow;
+  uint32_t yarn_orig_ctx, ubatch_if_gpu;
+} px_sig_t;
+_Static_assert(sizeof(px_sig_t) + KVS_PX_FP_SIZE <= KVS_NS_STR_MAX, "namespace model field");
+
+static size_t px_align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Why ctx is not cached (NULL: it is), and its settings in *c (not yet published). */
+static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama_model *model,
+                            const px_cparams_t *p) {
+  if (p->embeddings) return "it outputs embeddings";
+  if (p->samplers || p->n_samplers) return "it samples on the backend";
+  if (p->ctx_other) return "it shares another context's state";
+  if (p->ctx_type != 0) return "it is not a default context";
+  if (p->n_seq_max > 1 && p->kv_unified) return "its sequences share one KV cache (kv_unified)";
+  if (!kvs__llama_model_fingerprint(model, c->fp)) return "its model was not fingerprinted";
+  if (px_model_flag(px_real_llama_model_has_encoder(), model) ||
+      px_model_flag(px_real_llama_model_is_recurrent(), model) ||
+      px_model_flag(px_real_llama_model_is_hybrid(), model) ||
+      px_model_flag(px_real_llama_model_is_diffusion(), model))
+    return "the model is not a plain decoder with a KV cache";
+  kvs__px_pfn_llama_get_memory get_memory = px_real_llama_get_memory();
+  kvs__px_pfn_llama_n_ctx_seq n_ctx_seq = px_real_llama_n_ctx_seq();
+  kvs__px_pfn_llama_n_seq_max n_seq_max = px_real_llama_n_seq_max();
+  kvs__px_pfn_llama_n_ubatch n_ubatch = px_real_llama_n_ubatch();
+  if (!get_memory || !n_ctx_seq || !n_seq_max || !n_ubatch || !px_real_llama_memory_seq_rm() ||
+      !px_real_llama_memory_seq_pos_min() || !px_real_llama_memory_seq_pos_max() ||
+      (!px_real_llama_state_seq_set_data_ext() && !px_real_llama_state_seq_set_data()) ||
+      (!px_real_llama_state_seq_get_data_ext() && !px_real_llama_state_seq_get_data()) ||
+      (!px_real_llama_state_seq_get_size_ext() && !px_real_llama_state_seq_get_size()))
+    return "the engine lacks a function the prefix cache needs";
+  c->mem = get_memory(ctx);
+  uint32_t n_seq = n_seq_max(ctx), cap = n_ctx_seq(ctx), ub = n_ubatch(ctx);
+  if (!c->mem || n_seq == 0 || n_seq > KVS_PX_MAX_SEQ || cap == 0 || ub == 0)
+    return "unusual context sizes";
+  const kvs_options_t *o = kvs__preload_options();
+  c->chunk = (uint32_t)o->chunk_tokens;
+  c->min_tokens = (uint32_t)o->llama_min_tokens;
+  kvs__px_pfn_llama_supports_gpu_offload gpu_fn = px_real_llama_supports_gpu_offload();
+  bool gpu = gpu_fn ? gpu_fn() : true; /* unknown: the strict rules */
+  c->rules.ubatch = ub;
+  c->rules.align = c->rules.min_rows = gpu ? ub : PX_CPU_CLASS;
+
+  px_sig_t sig;
+  memset(&sig, 0, sizeof sig);
+  sig.version = 1;
+  sig.gpu = gpu;
+  sig.offload_kqv = p->offload_kqv;
+  sig.swa_full = p->swa_full;
+  sig.flash_attn_type = p->flash_attn_type;
+  sig.rope_scaling_type = p->rope_scaling_type;
+  sig.rope_freq_base = p->rope_freq_base;
+  sig.rope_freq_scale = p->rope_freq_scale;
+  sig.yarn_ext_factor = p->yarn_ext_factor;
+  sig.yarn_attn_factor = p->yarn_attn_factor;
+  sig.yarn_beta_fast = p->yarn_beta_fast;
+  sig.yarn_beta_slow = p->yarn_beta_slow;
+  sig.yarn_orig_ctx = p->yarn_orig_ctx;
+  sig.ubatch_if_gpu = gpu ? ub : 0;
+  kvs_namespace_t ns;
+  memset(&ns, 0, sizeof ns);
+  memcpy(ns.engine, "llama.cpp/prefix", sizeof "llama.cpp/prefix");
+  memcpy(ns.model, c->fp, KVS_PX_FP_SIZE);
+  memcpy(ns.model + KVS_PX_FP_SIZE, &sig, sizeof sig);
+  ns.model_len = (uint32_t)(KVS_PX_FP_SIZE + sizeof sig);
+  ns.dtype = ((uint32_t)p->type_k & 0xffffu) | ((uint32_t)p->type_v << 16);
+  ns.chunk_tokens = c->chunk;
+  ns.world_size = 1;
+  kvs_namespace_set_salt(&ns, o->salt);
+  c->ns = kvs_keys_namespace(&ns);
+
+  /* The shadow, the key scratch and the re-decode batch: one lazily backed mapping. */
+  uint32_t kcap = cap / c->chunk + 1;
+  size_t off_seq = 0;
+  size_t off_tok = px_align16(off_seq + (size_t)n_seq * sizeof(kvs__px_seq_t));
+  size_t off_keys = px_align16(off_tok + (size_t)n_seq * cap * sizeof(int32_t));
+  size_t off_ks = px_align16(off_keys + (size_t)n_seq * kcap * sizeof(kvs_key_t));
+  size_t off_rpos = px_align16(off_ks + (size_t)kcap * sizeof(kvs_key_t));
+  size_t off_rnseq = px_align16(off_rpos + (size_t)ub * sizeof(int32_t));
+  size_t off_rseq = px_align16(off_rnseq + (size_t)ub * sizeof(int32_t));
+  size_t off_rlog = px_align16(off_rseq + (size_t)ub * sizeof(int32_t *));
+  size_t len = px_align16(off_rlog + (size_t)ub);
+  kvs__hook_depth++;
+  void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  kvs__hook_depth--;
+  if (map == MAP_FAILED) return "no memory for its shadow";
+  uint8_t *b = map;
+  c->map = map;
+  c->map_len = len;
+  c->sh.n_seq = n_seq;
+  c->sh.cap = cap;
+  c->sh.kcap = kcap;
+  c->sh.chunk = c->chunk;
+  c->sh.seq = (kvs__px_seq_t *)(void *)(b + off_seq);
+  c->sh.tok = (int32_t *)(void *)(b + off_tok);
+  c->sh.keys = (kvs_key_t *)(void *)(b + off_keys);
+  c->kscratch = (kvs_key_t *)(void *)(b + off_ks);
+  c->rpos = (int32_t *)(void *)(b + off_rpos);
+  c->rnseq = (int32_t *)(void *)(b + off_rnseq);
+  c->rseq = (int32_t **)(void *)(b + off_rseq);
+  c->rlogits = (int8_t *)(b + off_rlog);
+  c->disabled = false;
+  atomic_store(&c->skip, 0);
+  return NULL;
+}
+
+static void px_register(struct llama_context *ctx, struct llama_model *model,
+                        const kvs__llama_ctx_params_t *raw) {
+  if (px_layout_ok() != 1) return;
+  px_cparams_t p;
+  memcpy(&p, raw, sizeof p);
+  px_ctx_t tmp;
+  memset(&tmp, 0, sizeof tmp);
+  const char *why = px_setup(&tmp, ctx, model, &p);
+  if (why) {
+    kvs_log_info("llama.cpp prefix cache: context %p not cached: %s", (void *)ctx, why);
+    return;
+  }
+  pthread_mutex_lock(&g_table_lock);
+  px_ctx_t *slot = NULL;
+  for (size_t i = 0; i < PX_CTX_MAX && !slot; i++)
+    if (!atomic_load_explicit(&g_ctx[i].ctx, memory_order_relaxed)) slot = &g_ctx[i];
+  if (slot) {
+    atomic_store_explicit(&slot->ctx, NULL, memory_order_relaxed);
+    slot->mem = tmp.mem;
+    slot->disabled = false;
+    memcpy(slot->fp, tmp.fp, sizeof slot->fp);
+    slot->ns = tmp.ns;
+    slot->rules = tmp.rules;
+    slot->chunk = tmp.chunk;
+    slot->min_tokens = tmp.min_tokens;
+    slot->sh = tmp.sh;
+    slot->kscratch = tmp.kscratch;
+    slot->rpos = tmp.rpos;
+    slot->rnseq = tmp.rnseq;
+    slot->rseq = tmp.rseq;
+    slot->rlogits = tmp.rlogits;
+    slot->map = tmp.map;
+    slot->map_len = tmp.map_len;
+    atomic_store(&slot->skip, 0);
+    pthread_mutex_init(&slot->lock, NULL);
+    atomic_fetch_add(&g_nctx, 1);
+    atomic_store_explicit(&slot->ctx, ctx, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_table_lock);
+  if (!slot) {
+    munmap(tmp.map, tmp.map_len);
+    kvs_log_warn("llama.cpp prefix cache: more than %d contexts: context %p not cached",
+                 PX_CTX_MAX, (void *)ctx);
+    return;
+  }
+  char hex[KVS_KEY_HEX_LEN + 1];
+  kvs_key_format(tmp.ns, hex);
+  kvs_log_info("llama.cpp prefix cache: context %p: %u sequences x %u tokens, n_ubatch %u, "
+               "K/V types %d/%d, %s rules, namespace %s",
+               (void *)ctx, tmp.sh.n_seq, tmp.sh.cap, tmp.rules.ubatch, p.type_k, p.type_v,
+               tmp.rules.align == PX_CPU_CLASS ? "CPU" : "offload", hex);
+}
+
+static void px_forget(struct llama_context *ctx) {
+  if (!ctx) return;
+  void *map = NULL;
+  size_t len = 0;
+  pthread_mutex_lock(&g_table_lock);
+  px_ctx_t *c = px_find(ctx);
+  if (c) {
+    px_set_skip(c, 0);
+    atomic_store_explicit(&c->ctx, NULL, memory_order_release);
+    atomic_fetch_sub(&g_nctx, 1);
+    map = c->map;
+    len = c->map_len;
+    c->map = NULL;
+    pthread_mutex_destroy(&c->lock);
+  }
+  pthread_mutex_unlock(&g_table_lock);
+  if (map) munmap(map, len);
+}
+
+/* Every registered context using mem (normally one), locked, applies op. */
+typedef void (*px_mem_op)(px_ctx_t *c, const int32_t *a);
+
+static void px_on_mem(kvs__llama_memory_t mem, px_mem_op op, const int32_t *a) {
+  if (!mem || atomic_load_explicit(&g_nctx, memory_order_relaxed) == 0) return;
+  for (size_t i = 0; i < PX_CTX_MAX; i++) {
+    px_ctx_t *c = &g_ctx[i];
+    if (!atomic_load_explicit(&c->ctx, memory_order_acquire) || c->mem != mem) continue;
+    pthread_mutex_lock(&c->lock);
+    op(c, a);
+    pthread_mutex_unlock(&c->lock);
+  }
+}
+
+static void op_clear(px_ctx_t *c, const int32_t *a) {
+  (void)a;
+  kvs__px_clear(&c->sh, -1);
+}
+static void op_rm(px_ctx_t *c, const int32_t *a) { kvs__px_rm(&c->sh, a[0], a[1], a[2]); }
+static void op_cp(px_ctx_t *c, const int32_t *a) { kvs__px_cp(&c->sh, a[0], a[1], a[2], a[3]); }
+static void op_keep(px_ctx_t *c, const int32_t *a) { kvs__px_keep(&c->sh, a[0]); }
+static void op_add(px_ctx_t *c, const int32_t *a) { kvs__px_add(&c->sh, a[0], a[1], a[2], a[3]); }
+static void op_div(px_ctx_t *c, const int32_t *a) { kvs__px_div(&c->sh, a[0], a[1], a[2], a[3]); }
+
+/* A context whose KV stops depending on the tokens alone. */
+static void px_disable(struct llama_context *ctx, const char *why) {
+  px_ctx_t *c = px_find(ctx);
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  bool was = c->disabled;
+  c->disabled = true;
+  pthread_mutex_unlock(&c->lock);
+  if (!was)
+    kvs_log_info("llama.cpp prefix cache: context %p is no longer cached: %s", (void *)ctx, why);
+}
+
+void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
+  if (px_depth || !atomic_load_explicit(&g_px_on, memory_order_acquire)) return;
+  px_ctx_t *c = px_find(ctx);
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  kvs__px_taint(&c->sh, seq < 0 ? -1 : seq);
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- restore ----------------------------------------------------------------------------------- */
+
+typedef enum px_res {
+  PX_OK = 0,     /* restored: the sequence holds exactly k tokens */
+  PX_SKIP,       /* nothing usable; the engine was not touched */
+  PX_BAD,        /* the blob failed a check; the engine was not touched */
+  PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
+} px_res_t;
+
+static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
+
+/* Decode the sequence's first n shadow tokens again into the (empty) sequence, in canonical
+ * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix.h), so
+ * their KV is byte-identical to what the engine had. */
+static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n) {
+  kvs__px_pfn_llama_decode decode = px_real_llama_decode();
+  if (!decode) return false;
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
+  c->rseqval = s;
+  for (uint32_t off = 0; off < n;) {
+    uint32_t len = n - off < c->rules.ubatch ? n - off : c->rules.ubatch;
+    for (uint32_t i = 0; i < len; i++) {
+      c->rpos[i] = (int32_t)(off + i);
+      c->rnseq[i] = 1;
+      c->rseq[i] = &c->rseqval;
+      c->rlogits[i] = 0;
+    }
+    kvs__llama_batch_t b = {(int32_t)len, (int32_t *)(uintptr_t)(tok + off), NULL, c->rpos,
+                            c->rnseq, c->rseq, c->rlogits};
+    if (decode(ctx, b) != 0) return false;
+    off += len;
+  }
+  return true;
+}
+
+/* Undo a restore that touched the engine: sequence s back to its n old tokens. */
+static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n) {
+  kvs__px_pfn_llama_memory_seq_rm rm = px_real_llama_memory_seq_rm();
+  if (rm) rm(c->mem, s, -1, -1);
+  if (n == 0) return; /* it was empty, and is again */
+  if (!px_redecode(c, ctx, s, n)) {
+    if (rm) rm(c->mem, s, -1, -1);
+    kvs__px_clear(&c->sh, s); /* the engine's batch will now fail on its positions */
+    kvs_log_warn("llama.cpp prefix cache: could not decode the %u tokens of sequence %d again "
+                 "after a failed restore: the sequence is empty", n, s);
+  }
+}
+
+/* Check blob against the k tokens wanted and restore it into sequence s (n tokens now). */
+static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n,
+                                uint32_t k, const uint8_t *blob, uint64_t len) {
+  kvs__px_blob_hdr_t h;
+  kvs__px_blob_status_t st = kvs__px_blob_check(blob, len, c->fp, c->ns, c->chunk, &h);
+  if (st != KVS_PX_BLOB_OK) {
+    kvs_log_warn("llama.cpp prefix cache: cached state refused: %s", kvs__px_blob_status_name(st));
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+    return PX_BAD;
+  }
+  const int32_t *want = kvs__px_tok(&c->sh, (uint32_t)s);
+  if (h.keyed_tokens < k || memcmp(blob + KVS_PX_BLOB_HDR, want, (size_t)k * 4) != 0) {
+    kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+    return PX_BAD;
+  }
+  if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
+  const uint8_t *state = blob + KVS_PX_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
+  const char *why = NULL;
+  size_t rd = px_set_data(ctx, state, (size_t)h.state_size, s);
+  if (rd != h.state_size) why = "llama_state_seq_set_data refused it";
+  if (!why && h.n_tokens > k && !px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)k, -1))
+    why = "llama_memory_seq_rm could not trim it";
+  if (!why) {
+    int32_t lo = px_real_llama_memory_seq_pos_min()(c->mem, s);
+    int32_t hi = px_real_llama_memory_seq_pos_max()(c->mem, s);
+    if (lo != 0 || hi != (int32_t)k - 1) why = "the restored cells are not positions 0..k-1";
+  }
+  if (!why) return PX_OK;
+  kvs_log_info("llama.cpp prefix cache: restore of %u tokens into sequence %d failed (%s): "
+               "decoding the batch unchanged", k, s, why);
+  px_undo(c, ctx, s, n);
+  return PX_ENGINE;
+}
+
+static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                                 int32_t s, uint32_t n, uint32_t k) {
+  kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
+  kvs_xfer_t xfer = 0;
+  kvs_object_view_t v;
+  kvs__hook_depth++;
+  int found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
+  if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
+    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+    found = 0;
+  }
+  kvs__hook_depth--;
+  if (found != 1) return PX_SKIP;
+  px_res_t res = px_restore_blob(c, ctx, s, n, k, kvs_pool_base(rt->pool) + v.extent.offset,
+                                 v.extent.length);
+  kvs__hook_depth++;
+  kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+  if (res == PX_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
+  kvs__hook_depth--;
+  return res;
+}
+
+/* Receives a peer's copy into a local object bound under the keys of its first k tokens (ours:
+ * the full check, tokens included, runs on the copy before it is kept). */
+typedef struct px_sink {
+  px_ctx_t *c;
+  kvs_store_t *store;
+  uint8_t *base;
+  size_t nk;
+  kvs_extent_t ext;
+  kvs_xfer_t xfer;
+  enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
+} px_sink_t;
+
+static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
+                   uint64_t len) {
+  px_sink_t *k = ctx;
+  if (key_index != 0 || k->state != SINK_NONE) return -1;
+  k->state = SINK_FAILED;
+  if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
+      len < KVS_PX_BLOB_HDR)
+    return -1;
+  kvs__px_blob_hdr_t h;
+  memcpy(&h, bytes, sizeof h);
+  if (h.magic != KVS_PX_BLOB_MAGIC || h.ns_lo != k->c->ns.lo || h.ns_hi != k->c->ns.hi)
+    return -1;
+  kvs_layout_t l = kvs_layout_blob(len);
+  uint8_t oc = 0;
+  int rc = kvs_store_reserve_object(k->store, KVS_OWNER_LOCAL, k->c->kscratch, k->nk, &l, 0, &oc,
+                                    &k->ext, &k->xfer);
+  if (rc == 0 && oc == KVS_RES_PRESENT) {
+    k->state = SINK_LOCAL;
+    return 0;
+  }
+  if (rc != 1) return -1;
+  memcpy(k->base + k->ext.offset, bytes, (size_t)len);
+  k->state = SINK_COPIED;
+  return 0;
+}
+
+static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                                int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
+  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
+  uint32_t j = k / c->chunk;
+  c->kscratch[0] = keys[j - 1];
+  for (uint32_t i = 0; i + 1 < j; i++) c->kscratch[i + 1] = keys[i];
+  px_sink_t sk;
+  memset(&sk, 0, sizeof sk);
+  sk.c = c;
+  sk.store = rt->store;
+  sk.base = kvs_pool_base(rt->pool);
+  sk.nk = j;
+  kvs__hook_depth++;
+  kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
+  kvs__hook_depth--;
+  if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (sk.state != SINK_COPIED) return PX_SKIP;
+  px_res_t res = px_restore_blob(c, ctx, s, n, k, sk.base + sk.ext.offset, sk.ext.length);
+  kvs__hook_depth++;
+  if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
+  else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
+  kvs__hook_depth--;
+  if (res == PX_OK) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
+  return res;
+}
+
+/* Find and restore the longest usable cached prefix k of sequence s for batch b. Returns k
+ * (0: nothing restored; the engine is as it was). */
+static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
+                           const kvs__px_batch_info_t *bi) {
+  int32_t s = bi->seq;
+  kvs__px_seq_t *q = &c->sh.seq[s];
+  uint32_t n = q->n, m = (uint32_t)b->n_tokens, C = c->chunk;
+  if ((uint64_t)n + m > c->sh.cap) return 0;
+  uint32_t jmax = 0;
+  for (uint32_t j = (n + m) / C; j > n / C && !jmax; j--)
+    if (kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
+      jmax = j;
+  if (!jmax) return 0;
+  kvs__runtime_t *rt = kvs__preload_ensure_init();
+  if (!rt) return 0;
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
+  /* The prompt so far: shadow + batch (positions beyond n become real only if the decode
+   * succeeds), and its chunk keys. */
+  memcpy(kvs__px_tok(&c->sh, (uint32_t)s) + n, b->token, (size_t)m * 4);
+  kvs__hook_depth++;
+  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
+  kvs__hook_depth--;
+  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
+  for (uint32_t j = jmax; j > n / C; j--) {
+    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
+      continue;
+    kvs__hook_depth++;
+    int here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
+    kvs__hook_depth--;
+    if (here != 1) continue;
+    px_res_t r = px_restore_local(c, rt, ctx, s, n, j * C);
+    if (r == PX_OK) return j * C;
+    if (r == PX_ENGINE) return 0;
+  }
+  if (!rt->peers) return 0;
+  uint64_t best = 0;
+  kvs__hook_depth++;
+  int run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
+  kvs__hook_depth--;
+  for (uint32_t j = run > 0 ? (uint32_t)run : 0; j > n / C && best; j--) {
+    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
+      continue;
+    px_res_t r = px_restore_peer(c, rt, ctx, s, n, j * C, best);
+    return r == PX_OK ? j * C : 0;
+  }
+  return 0;
+}
+
+/* ---- snapshot ---------------------------------------------------------------------------------- */
+
+static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+  kvs__px_seq_t *q = &c->sh.seq[s];
+  if (q->tainted) return;
+  uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
+  if (J == 0 || J * C < c->min_tokens || J * C < q->snap + C) return;
+  kvs__runtime_t *rt = kvs__preload_ensure_init();
+  if (!rt) return;
+  kvs_stats_t *st = px_stats();
+  kvs__hook_depth++;
+  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
+  q->nkeys = J;
+  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
+  uint64_t best = 0;
+  bool cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
+                (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
+  kvs__hook_depth--;
+  if (cached) {
+    q->snap = J * C;
+    return;
+  }
+  size_t S = px_get_size(ctx, s);
+  const char *why = NULL;
+  if (S < KVS_PX_STATE_HDR || S > (1ull << 48)) {
+    why = "the engine reported no sequence state";
+    goto failed;
+  }
+  uint64_t total = KVS_PX_BLOB_HDR + 4 * (uint64_t)N + S;
+  c->kscratch[0] = keys[J - 1];
+  for (uint32_t i = 0; i + 1 < J; i++) c->kscratch[i + 1] = keys[i];
+  kvs_layout_t l = kvs_layout_blob(total);
+  kvs_extent_t ext;
+  kvs_xfer_t xfer = 0;
+  uint8_t oc = 0;
+  kvs__hook_depth++;
+  int rc = kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc, &ext,
+                                    &xfer);
+  kvs__hook_depth--;
+  if (rc != 1) {
+    if (rc == 0 && oc == KVS_RES_PRESENT) {
+      q->snap = J * C;
+      return;
+    }
+    why = rc < 0 ? strerror(-rc) : kvs_reserve_outcome_name((kvs_reserve_outcome_t)oc);
+    goto failed;
+  }
+  uint8_t *blob = kvs_pool_base(rt->pool) + ext.offset;
+  uint8_t *state = blob + KVS_PX_BLOB_HDR + 4 * (uint64_t)N;
+  size_t w = px_get_data(ctx, state, S, s); /* zero copy: straight into the pool */
+  uint32_t smagic = 0;
+  if (w == S) memcpy(&smagic, state, sizeof smagic);
+  if (w != S || smagic != KVS_PX_STATE_MAGIC) {
+    kvs__hook_depth++;
+    kvs_store_abort(rt->store, KVS_OWNER_LOCAL, xfer);
+    kvs__hook_depth--;
+    why = "llama_state_seq_get_data did not write the size get_size announced";
+    goto failed;
+  }
+  kvs__px_blob_hdr_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = KVS_PX_BLOB_MAGIC;
+  h.version = KVS_PX_BLOB_VERSION;
+  h.hdr_size = (uint16_t)KVS_PX_BLOB_HDR;
+  h.n_tokens = N;
+  h.keyed_tokens = J * C;
+  h.chunk_tokens = C;
+  h.state_size = S;
+  memcpy(h.model_fp, c->fp, sizeof h.model_fp);
+  h.ns_lo = c->ns.lo;
+  h.ns_hi = c->ns.hi;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME_COARSE, &now);
+  h.saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+  kvs__hook_depth++;
+  memcpy(blob + KVS_PX_BLOB_HDR, kvs__px_tok(&c->sh, (uint32_t)s), (size_t)N * 4);
+  memcpy(blob, &h, sizeof h);
+  h.checksum = kvs__px_blob_checksum(blob, total);
+  memcpy(blob + offsetof(kvs__px_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
+  rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
+  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, c->kscratch, J); /* -ENOTSUP: no cache peer */
+  kvs__hook_depth--;
+  if (rc < 0) {
+    why = "commit failed";
+    goto failed;
+  }
+  q->snap = J * C;
+  kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshots);
+  kvs_stats_add(st, KVS_STAT_llama_prefix_snapshot_bytes, total);
+  kvs_log_debug("llama.cpp prefix cache: sequence %d: %u tokens stored (%u keyed, %llu bytes)", s,
+                N, J * C, (unsigned long long)total);
+  return;
+failed:
+  q->snap = J * C; /* do not retry until it grows by another chunk */
+  kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshot_failures);
+  kvs_log_info("llama.cpp prefix cache: state of sequence %d (%u tokens) not stored: %s", s, N,
+               why);
+}
+
+/* ---- decode ------------------------------------------------------------------------------------ */
+
+/* Mark the sequences of a batch (bit s of in[s / 64]). */
+static void px_batch_seqs(const kvs__llama_batch_t *b, uint64_t in[KVS_PX_MAX_SEQ / 64]) {
+  memset(in, 0, KVS_PX_MAX_SEQ / 8);
+  for (int32_t i = 0; i < b->n_tokens; i++) {
+    int32_t ns = b->n_seq_id ? b->n_seq_id[i] : 1;
+    for (int32_t j = 0; j < ns; j++) {
+      int32_t id = b->seq_id ? b->seq_id[i][j] : 0;
+      in[id / 64] |= 1ull << (id % 64);
+    }
+  }
+}
+
+/* After the engine's llama_decode of b returned r (b as the engine gave it, nothing skipped). */
+static void px_after(px_ctx_t *c, const kvs__llama_batch_t *b, const kvs__px_batch_info_t *bi,
+                     const int32_t *p0, const uint64_t *in, int32_t r) {
+  if (r == 0) {
+    kvs__px_batch_apply(&c->sh, b, bi, p0, &c->rules);
+  } else if (r != 1 && r != -1) {
+    /* aborted or fatal: the ubatches already processed stay in memory */
+    for (uint32_t s = 0; s < c->sh.n_seq; s++)
+      if (in[s / 64] >> (s % 64) & 1) kvs__px_taint(&c->sh, (int32_t)s);
+  }
+}
+
+static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
+                         const kvs__llama_batch_t *b) {
+  px_set_skip(c, 0);
+  kvs__px_batch_info_t bi;
+  kvs__px_batch_scan(b, c->sh.n_seq, false, &bi);
+  if (!bi.valid) {
+    int32_t r = real(ctx, *b);
+    if (r == 0) kvs__px_taint(&c->sh, -1);
+    return r;
+  }
+  /* Where each sequence continues (llama.cpp's rule for pos == NULL), and whether memory
+   * agrees with the shadow: a state change kvshim did not see taints the sequence. */
+  uint64_t in[KVS_PX_MAX_SEQ / 64];
+  int32_t p0[KVS_PX_MAX_SEQ];
+  px_batch_seqs(b, in);
+  kvs__px_pfn_llama_memory_seq_pos_max pos_max = px_real_llama_memory_seq_pos_max();
+  kvs__px_pfn_llama_memory_seq_pos_min pos_min = px_real_llama_memory_seq_pos_min();
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    p0[s] = 0;
+    if (!(in[s / 64] >> (s % 64) & 1)) continue;
+    int32_t hi = pos_max(c->mem, (int32_t)s);
+    p0[s] = hi + 1;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    if (q->tainted) continue;
+    bool agree = q->n == 0 ? hi == -1 : hi == (int32_t)q->n - 1 && pos_min(c->mem, (int32_t)s) == 0;
+    if (!agree) {
+      kvs_log_debug("llama.cpp prefix cache: sequence %u: memory holds positions up to %d, "
+                    "kvshim knew %u tokens: not cached until cleared", s, hi, q->n);
+      kvs__px_taint(&c->sh, (int32_t)s);
+    }
+  }
+  bool eligible = bi.single && bi.has_tokens && !c->disabled && !c->sh.seq[bi.seq].tainted;
+  if (eligible && b->pos) {
+    uint32_t n = c->sh.seq[bi.seq].n;
+    for (int32_t i = 0; i < b->n_tokens && eligible; i++)
+      eligible = b->pos[i] == (int32_t)(n + (uint32_t)i);
+  }
+  if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
+  int32_t r;
+  uint32_t k = eligible ? px_restore(c, ctx, b, &bi) : 0;
+  if (k) {
+    int32_t s = bi.seq;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t n = q->n, m = (uint32_t)b->n_tokens, skip = k - n;
+    uint32_t nkeys = q->nkeys; /* keys up to the restore point are now real */
+    q->n = k;
+    q->canon = k;
+    q->nkeys = k / c->chunk > nkeys ? k / c->chunk : nkeys;
+    if (q->snap < k) q->snap = k;
+    kvs__llama_batch_t sub = *b;
+    sub.n_tokens = (int32_t)(m - skip);
+    sub.token += skip;
+    if (sub.pos) sub.pos += skip;
+    if (sub.n_seq_id) sub.n_seq_id += skip;
+    if (sub.seq_id) sub.seq_id += skip;
+    if (sub.logits) sub.logits += skip;
+    px_set_skip(c, (int32_t)skip);
+    r = real(ctx, sub);
+    if (r == 0) {
+      q->n = n + m;
+      q->canon = kvs__px_canon_after(&c->rules, k, k, m - skip);
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
+      kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, skip);
+    } else if (r == 1 || r == -1) {
+      /* The engine kept its memory as before this call: the k restored cells. Back to the n
+       * the engine knows of, then its own batch. */
+      px_set_skip(c, 0);
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restore_failures);
+      if (!px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)n, -1)) {
+        px_undo(c, ctx, s, n);
+      }
+      q->n = n;
+      q->canon = n;
+      if (q->nkeys > n / c->chunk) q->nkeys = n / c->chunk;
+      if (q->snap > n / c->chunk * c->chunk) q->snap = n / c->chunk * c->chunk;
+      p0[s] = (int32_t)n;
+      r = real(ctx, *b);
+      px_after(c, b, &bi, p0, in, r);
+    } else {
+      kvs__px_taint(&c->sh, s);
+    }
+  } else {
+    r = real(ctx, *b);
+    px_after(c, b, &bi, p0, in, r);
+  }
+  if (r == 0 && eligible && bi.last_out && !c->disabled) px_snapshot(c, ctx, bi.seq);
+  return r;
+}
+
+/* ---- the wrappers ------------------------------------------------------------------------------ */
+
+struct llama_context *llama_init_from_model(struct llama_model *model,
+                                            kvs__llama_ctx_params_t params) {
+  kvs__px_pfn_llama_init_from_model real = px_real_llama_init_from_model();
+  if (kvs__unlikely(!real)) return NULL;
+  struct llama_context *ctx = real(model, params);
+  if (!ctx || kvs__hook_depth || px_depth || !kvs__preload_family_enabled(KVS_HOOK_LLAMA) ||
+      !kvs__preload_options()->llama_prefix)
+    return ctx;
+  if (!kvs__preload_ensure_init() || !atomic_load(&g_px_on)) return ctx;
+  px_depth++;
+  kvs__hook_count();
+  px_register(ctx, model, &params);
+  px_depth--;
+  return ctx;
+}
+
+void llama_free(struct llama_context *ctx) {
+  kvs__px_pfn_llama_free real = px_real_llama_free();
+  /* Forget first, whatever the state: a context created later at this address must never
+   * inherit this one's shadow. */
+  px_forget(ctx);
+  if (kvs__likely(real != NULL)) real(ctx);
+}
+
+int32_t llama_decode(struct llama_context *ctx, kvs__llama_batch_t batch) {
+  kvs__px_pfn_llama_decode real = px_real_llama_decode();
+  if (kvs__unlikely(!real)) return -1;
+  px_ctx_t *c;
+  if (!px_observe() || !(c = px_find(ctx))) return real(ctx, batch);
+  px_depth++;
+  kvs__hook_count();
+  pthread_mutex_lock(&c->lock);
+  int32_t r = px_decode(c, ctx, real, &batch);
+  pthread_mutex_unlock(&c->lock);
+  px_depth--;
+  return r;
+}
+
+/* Index getters: the engine's batch index, mapped. */
+#define PX_INDEXED(ret, name, missing)                                                        \
+  ret name(struct llama_context *ctx, int32_t i) {                                            \
+    kvs__px_pfn_##name real = px_real_##name();                                               \
+    if (kvs__unlikely(!real)) return missing;                                                 \
+    if (!px_observe()) return real(ctx, i);                                                   \
+    return real(ctx, px_map(ctx, i));                                                         \
+  }
+PX_INDEXED(float *, llama_get_logits_ith, NULL)
+PX_INDEXED(float *, llama_get_embeddings_ith, NULL)
+PX_INDEXED(int32_t, llama_get_sampled_token_ith, -1)
+PX_INDEXED(float *, llama_get_sampled_probs_ith, NULL)
+PX_INDEXED(uint32_t, llama_get_sampled_probs_count_ith, 0)
+PX_INDEXED(float *, llama_get_sampled_logits_ith, NULL)
+PX_INDEXED(uint32_t, llama_get_sampled_logits_count_ith, 0)
+PX_INDEXED(int32_t *, llama_get_sampled_candidates_ith, NULL)
+PX_INDEXED(uint32_t, llama_get_sampled_candidates_count_ith, 0)
+#undef PX_INDEXED
+
+int32_t llama_sampler_sample(struct llama_sampler *smpl, struct llama_context *ctx, int32_t idx) {
+  kvs__px_pfn_llama_sampler_sample real = px_real_llama_sampler_sample();
+  if (kvs__unlikely(!real)) return -1;
+  if (!px_observe()) return real(smpl, ctx, idx);
+  int32_t mapped = px_map(ctx, idx);
+  px_depth++; /* its own llama_get_logits_ith call gets the mapped index as is */
+  int32_t r = real(smpl, ctx, mapped);
+  px_depth--;
+  return r;
+}
+
+/* Memory calls: the engine's result first, then the shadow. */
+#define PX_MEM_VOID(name, params, args, op, ...)                                              \
+  void name params {                                                                          \
+    kvs__px_pfn_##name real = px_real_##name();                                               \
+    if (kvs__unlikely(!real)) return;                                                         \
+    real args;                                                                                \
+    if (!px_observe()) return;                                                                \
+    const int32_t a_[] = {__VA_ARGS__};                                                       \
+    px_depth++;                                                                               \
+    px_on_mem(mem, op, a_);                                                                   \
+    px_depth--;                                                                               \
+  }
+PX_MEM_VOID(llama_memory_clear, (kvs__llama_memory_t mem, bool data), (mem, data), op_clear, 0)
+PX_MEM_VOID(llama_memory_seq_cp,
+            (kvs__llama_memory_t mem, int32_t src, int32_t dst, int32_t p0, int32_t p1),
+            (mem, src, dst, p0, p1), op_cp, src, dst, p0, p1)
+PX_MEM_VOID(llama_memory_seq_keep, (kvs__llama_memory_t mem, int32_t seq_id), (mem, seq_id),
+            op_keep, seq_id)
+PX_MEM_VOID(llama_memory_seq_add,
+            (kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1, int32_t delta),
+            (mem, seq_id, p0, p1, delta), op_add, seq_id, p0, p1, delta)
+PX_MEM_VOID(llama_memory_seq_div,
+            (kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1, int d),
+            (mem, seq_id, p0, p1, d), op_div, seq_id, p0, p1, d)
+#undef PX_MEM_VOID
+
+bool llama_memory_seq_rm(kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, int32_t p1) {
+  kvs__px_pfn_llama_memory_seq_rm real = px_real_llama_memory_seq_rm();
+  if (kvs__unlikely(!real)) return false;
+  bool r = real(mem, seq_id, p0, p1);
+  if (!r || !px_observe()) return r;
+  const int32_t a[] = {seq_id, p0, p1};
+  px_depth++;
+  px_on_mem(mem, op_rm, a);
+  px_depth--;
+  return r;
+}
+
+/* Context settings after which the KV is no longer a function of the tokens alone. */
+void llama_set_embeddings(struct llama_context *ctx, bool on) {
+  kvs__px_pfn_llama_set_embeddings real = px_real_llama_set_embeddings();
+  if (on && px_observe()) px_disable(ctx, "it outputs embeddings");
+  if (kvs__likely(real != NULL)) real(ctx, on);
+}
+
+void llama_set_causal_attn(struct llama_context *ctx, bool on) {
+  kvs__px_pfn_llama_set_causal_attn real = px_real_llama_set_causal_attn();
+  if (!on && px_observe()) px_disable(ctx, "non-causal attention");
+  if (kvs__likely(real != NULL)) real(ctx, on);
+}
+
+int32_t llama_set_adapters_lora(struct llama_context *ctx, struct llama_adapter_lora **adapters,
+                                size_t n, float *scales) {
+  kvs__px_pfn_llama_set_adapters_lora real = px_real_llama_set_adapters_lora();
+  if (n && px_observe()) px_disable(ctx, "LoRA adapters");
+  return kvs__likely(real != NULL) ? real(ctx, adapters, n, scales) : -1;
+}
+
+int32_t llama_set_adapter_cvec(struct llama_context *ctx, const float *data, size_t len,
+                               int32_t n_embd, int32_t il_start, int32_t il_end) {
+  kvs__px_pfn_llama_set_adapter_cvec real = px_real_llama_set_adapter_cvec();
+  if (data && px_observe()) px_disable(ctx, "a control vector");
+  return kvs__likely(real != NULL) ? real(ctx, data, len, n_embd, il_start, il_end) : -1;
+}
+
+bool llama_set_sampler(struct llama_context *ctx, int32_t seq_id, struct llama_sampler *smpl) {
+  kvs__px_pfn_llama_set_sampler real = px_real_llama_set_sampler();
+  if (smpl && px_observe()) px_disable(ctx, "a backend sampler");
+  return kvs__likely(real != NULL) ? real(ctx, seq_id, smpl) : false;
+}
+
+size_t llama_state_set_data(struct llama_context *ctx, const uint8_t *src, size_t size) {
+  kvs__px_pfn_llama_state_set_data real = px_real_llama_state_set_data();
+  kvs__llama_prefix_state_load(ctx, -1);
+  return kvs__likely(real != NULL) ? real(ctx, src, size) : 0;
+}
+
+/* ---- family ------------------------------------------------------------------------------------ */
+
+KVS__DLSYM_PATH static bool px_hooks_name(const char *name) {
+  for (size_t i = 0; i < PX__NHOOKS; i++) {
+    const char *a = px_names[i], *b = name;
+    while (*a && *a == *b) a++, b++;
+    if (*a == *b) return true;
+  }
+  return false;
+}
+
+static void *px_dlsym_substitute(const char *name, void *found) {
+  if (!found || kvs__hook_depth) return found;
+  for (size_t i = 0; i < PX__NHOOKS; i++) {
+    if (strcmp(px_names[i], name) != 0) continue;
+    px_code_t real = px_resolve((enum px_row)i);
+    void *rp;
+    memcpy(&rp, &real, sizeof rp);
+    return rp == found ? (void *)px_wrappers[i] : found;
+  }
+  return found;
+}
+
+static int px_family_init(kvs__runtime_t *rt) {
+  if (rt->opts.llama_prefix) atomic_store_explicit(&g_px_on, true, memory_order_release);
+  return 0;
+}
+
+static void px_fork_child(void) {
+  /* The child keeps the parent's contexts (copied memory, shadows included) and builds its own
+   * runtime, whose init turns the cache on again. Locks a parent thread held are reset. */
+  atomic_store_explicit(&g_px_on, false, memory_order_relaxed);
+  pthread_mutex_init(&g_table_lock, NULL);
+  for (size_t i = 0; i < PX_CTX_MAX; i++)
+    if (atomic_load_explicit(&g_ctx[i].ctx, memory_order_relaxed))
+      pthread_mutex_init(&g_ctx[i].lock, NULL);
+}
+
+const kvs__family_t kvs__family_llama_prefix = {
+    .name = "llama.cpp prefix cache",
+    .flag = KVS_HOOK_LLAMA,
+    .hooks_name = px_hooks_name,
+    .dlsym_substitute = px_dlsym_substitute,
+    .init = px_family_init,
+    .fork_child = px_fork_child,
+};

@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""ctest driver for the transparent llama.cpp prefix cache of libkvshim.so (shims/llama/prefix.c,
+design §10.3), on tests/fakellama's prefixhost.
+
+usage: llama_prefix.py CASE --host PREFIXHOST --preload LIBKVSHIM --cli KVSHIM
+                       [--asan-runtime LIBASAN]
+
+prefixhost calls libfakellama (batches, outputs, memory calls, greedy sampler) through its PLT.
+Its fake KV depends on the kernel class of the ubatch that computed each cell, as the real CPU
+backend's does (fakellama.h), so a restore that changed how any decoded token is computed would
+change the outputs. Every case runs its scripts without kvshim first (the reference) and then
+with LD_PRELOAD=libkvshim.so set only in the engine processes' environment, each case in its own
+KVSHIM_RUN_DIR; every output line must be identical (outputs, sampled tokens, positions), and
+the KVSHIM_STATS counters show what the cache did.
+
+Cases:
+  local       one process, one sequence: a long prompt, then prompts sharing its prefix in one
+              batch, in engine batches of 512 (restores on continuation batches), through
+              llama_batch_get_one (pos, seq_id, logits NULL), and after generation: identical,
+              restores and snapshots counted
+  sequences   one context, three sequences: a prompt on 0, prompts sharing its prefix on 1 and 2,
+              a batch of two sequences and one of shared tokens (passed through): identical
+  peer        process A stays alive; B (fresh) restores A's prefix through A's coordinator
+  serve       `kvshim serve` is the cache peer: A stores, pushes and exits; B restores from serve
+  divergence  prompts sharing less than a chunk (no restore), part of a chunk (the whole chunks
+              restored), a sequence shifted as context shift does (not restored into, not
+              stored), outputs requested on every token (nothing skipped), short batches (no
+              canonical KV: nothing stored), an unaligned continuation: identical
+  faults      corrupted blobs (state bytes, tokens, namespace) refused; a blob of another model
+              and of another KV type never found; a pool too small for a state; the cache peer
+              stopped then killed while B asks it: identical every time
+  taint       a sequence loaded through the engine's own state API, a context switched to
+              embeddings: never restored into; identical
+  offload     llama_supports_gpu_offload() true: only whole, aligned ubatches are skipped
+  disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored or stored
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+class Ctx:
+    def __init__(self, args, tmp):
+        self.host = args.host
+        self.preload = args.preload
+        self.cli = args.cli
+        self.asan_runtime = args.asan_runtime
+        self.tmp = tmp
+        self.run_dir = os.path.join(tmp, "run")
+        self.procs = []
+        self.n = 0
+
+    def p(self, name):
+        return os.path.join(self.tmp, name)
+
+    def env(self, preload=True, **extra):
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("KVSHIM_") or k.startswith("FAKELLAMA_") or k == "LD_PRELOAD":
+                del env[k]
+        env["KVSHIM_RUN_DIR"] = self.run_dir
+        env["KVSHIM_GROUP"] = "prefix"
+        env["KVSHIM_POOL_SIZE"] = "64M"
+        env["KVSHIM_HOST_POOL_SIZE"] = "0"
+        env["KVSHIM_LOG"] = "info"
+        env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
+        if preload:
+            env["LD_PRELOAD"] = ":".join(filter(None, [self.asan_runtime, self.preload]))
+        for k, v in extra.items():
+            env[k] = str(v)
+        return env
+
+    def stats_path(self):
+        self.n += 1
+        return self.p(f"stats{self.n}.json")
+
+    def run(self, cmds, preload=True, what="prefixhost", timeout=120, **extra):
+        """Run prefixhost to completion: (lines, stderr, stats or None)."""
+        stats = self.stats_path() if preload else None
+        env = self.env(preload, **extra)
+        if stats:
+            env["KVSHIM_STATS"] = stats
+        p = subprocess.run([self.host] + list(cmds), capture_output=True, text=True, env=env,
+                           timeout=timeout)
+        if p.returncode != 0:
+            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        lines = p.stdout.splitlines()
+        check(len(lines) == len(cmds), f"{what}: {len(lines)} lines for {len(cmds)} commands:\n"
+                                       f"{p.stdout}\nstderr:\n{p.stderr}")
+        return lines, p.stderr, read_stats(stats) if stats and os.path.exists(stats) else None
+
+    def spawn(self, cmds, preload=True, **extra):
+        stats = self.stats_path()
+        env = self.env(preload, **extra)
+        env["KVSHIM_STATS"] = stats
+        p = subprocess.Popen([self.host] + list(cmds), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, text=True)
+        self.procs.append(p)
+        return p, stats
+
+    def finish(self, p, what, timeout=120):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"{what}: still running after {timeout} s")
+        check(p.returncode == 0, f"{what}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}")
+        return out.splitlines(), err
+
+    def serve(self):
+        s = subprocess.Popen([self.cli, "serve", "--pool-size", "64M"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=self.env(preload=False), text=True)
+        self.procs.append(s)
+        banner = s.stdout.readline()
+        check("socket" in banner, f"serve banner: {banner!r}")
+        return s
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            try:
+                p.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass
+
+
+def read_stats(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def prefix_stats(st):
+    return {k[len("llama_prefix_"):]: v for k, v in (st or {}).items()
+            if k.startswith("llama_prefix_")}
+
+
+def same(ctx, cmds, what, preload_extra=None, ref_extra=None, **kw):
+    """Run cmds without and with kvshim; the lines must be identical. Returns (stats, stderr)."""
+    ref, _, _ = ctx.run(cmds, preload=False, what=f"{what} (reference)", **(ref_extra or {}))
+    got, err, st = ctx.run(cmds, what=what, **(preload_extra or {}), **kw)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        check(a == b, f"{what}: command {i} '{cmds[i]}' differs with kvshim:\n  without: {a}\n"
+                      f"  with:    {b}\nprefix stats: {prefix_stats(st)}\nstderr:\n{err[-3000:]}")
+    print(f"{what}: {len(cmds)} commands identical; prefix stats {prefix_stats(st)}")
+    return st, err
+
+
+def expect(st, what, **cond):
+    """cond: name=(op, value) over the llama_prefix_* counters."""
+    ps = prefix_stats(st)
+    for k, (op, v) in cond.items():
+        got = ps.get(k)
+        okay = {"==": got == v, ">=": got is not None and got >= v,
+                ">": got is not None and got > v}[op]
+        check(okay, f"{what}: llama_prefix_{k} = {got}, expected {op} {v} (all: {ps})")
+
+
+def models(ctx):
+    a, b = ctx.p("a.gguf"), ctx.p("b.gguf")
+    ctx.run([f"mkmodel {a} alpha 2 32 64 1", f"mkmodel {b} alpha 2 32 64 2"], preload=False)
+    return a, b
+
+
+# Prompt P: 1100 tokens of seed 1. P1000: its first 1000 tokens then 150 of seed 9.
+P = "r1100@1"
+P1000 = "r1000@1+r150@9"
+
+
+def case_local(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 1",
+            f"prompt 0 0 {P}", "gen 0 0 8",
+            "clear 0", f"prompt 0 0 {P1000}", "gen 0 0 8",            # one batch: 768 restored
+            "rm 0 0 -1 -1", f"prompt 0 0 {P}+r30@3 512", "gen 0 0 4",  # continuation batches
+            "rm 0 0 -1 -1", f"prompt 0 0 {P}+r40@4 2048 getone", "gen 0 0 4",
+            "rm 0 0 300 -1", f"prompt 0 0 r1100@1/300+r60@5 2048", "gen 0 0 4",  # truncated
+            "pos 0 0"]
+    st, _ = same(ctx, cmds, "local")
+    expect(st, "local", restores=(">=", 4), restored_tokens=(">=", 768 + 512 + 1024),
+           snapshots=(">=", 1), bad_blobs=("==", 0), restore_failures=("==", 0))
+
+
+def case_sequences(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 4",
+            f"prompt 0 0 {P}", "gen 0 0 4",
+            f"prompt 0 1 {P1000}", "gen 0 1 4",
+            "shared 0 2 3 r600@1", "gen 0 3 2",
+            "multi 0 0 r20@11 2 r30@12", "gen 0 2 2",
+            "rm 0 3 -1 -1", "prompt 0 3 r1100@1+r300@7 512", "gen 0 3 4",
+            "pos 0 0", "pos 0 1", "pos 0 2", "pos 0 3"]
+    st, _ = same(ctx, cmds, "sequences")
+    expect(st, "sequences", restores=(">=", 2), passthrough=(">=", 2))
+
+
+def case_peer(ctx):
+    a, _ = models(ctx)
+    ready, done = ctx.p("a.ready"), ctx.p("b.done")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"]
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    pa, sa = ctx.spawn([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 4",
+                        f"touch {ready}", f"waitfile {done} 60"])
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready):
+        check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
+        time.sleep(0.02)
+    got, err, st = ctx.run(b_cmds, what="B")
+    check(got == ref_b, f"B through the peer differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(st, "B", peer_restores=(">=", 1), restored_tokens=(">=", 768))
+    with open(done, "w"):
+        pass
+    ctx.finish(pa, "A")
+    expect(read_stats(sa), "A", snapshots=(">=", 1))
+
+
+def case_serve(ctx):
+    a, _ = models(ctx)
+    ctx.serve()
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000} 512", "gen 0 0 8"]
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 4"], what="A")
+    expect(sa, "A", snapshots=(">=", 1))
+    check(sa.get("push_queued", 0) >= 1, f"A pushed nothing: {sa}")
+    got, err, st = ctx.run(b_cmds, what="B")
+    check(got == ref_b, f"B from serve differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(st, "B", peer_restores=(">=", 1), restored_tokens=(">=", 512))
+
+
+def case_divergence(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 2",
+            f"prompt 0 0 {P}", "gen 0 0 2",
+            "clear 0", "prompt 0 0 r200@1+r500@2", "gen 0 0 4",   # shares < one chunk
+            "clear 0", "prompt 0 0 r300@1+r500@3", "gen 0 0 4",   # 1 chunk, 32-row tail: none
+            "clear 0", "prompt 0 0 r300@1+r200@3", "gen 0 0 4",   # 1 chunk + 44: 256 restored
+            # context shift: drop 200 tokens after the first 50, shift the rest down
+            "clear 0", f"prompt 0 0 {P}", "rm 0 0 50 250", "add 0 0 250 -1 -200",
+            "prompt 0 0 r300@6", "gen 0 0 4", "pos 0 0",
+            "rm 0 0 -1 -1", f"prompt 0 0 {P}+r10@8 2048 all", "gen 0 0 2",   # every token out
+            "rm 0 1 -1 -1", f"prompt 0 1 r1100@21 48", "gen 0 1 2",  # short batches only
+            "rm 0 1 -1 -1", "prompt 0 1 r100@1 100", f"prompt 0 1 r1100@1/100+r50@9 2048",
+            "gen 0 1 2"]
+    st, _ = same(ctx, cmds, "divergence")
+    expect(st, "divergence", restores=(">=", 1), bad_blobs=("==", 0))
+    # outputs on every token: a fresh process with only that prompt after P is cached
+    cmds2 = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "rm 0 0 -1 -1",
+             f"prompt 0 0 {P}+r10@8 2048 all", "gen 0 0 2"]
+    st2, _ = same(ctx, cmds2, "all outputs", KVSHIM_PEERS=0)
+    expect(st2, "all outputs", restores=("==", 0), snapshots=(">=", 1))
+    # short batches never give canonical KV: nothing is stored
+    cmds3 = [f"model 0 {a}", "ctx 0 0 1", "prompt 0 0 r1100@30 48", "gen 0 0 2"]
+    st3, _ = same(ctx, cmds3, "short batches", KVSHIM_PEERS=0)
+    expect(st3, "short batches", snapshots=("==", 0), restores=("==", 0))
+    # a shifted sequence is neither restored into nor stored
+    cmds4 = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "add 0 0 0 -1 5",
+             "prompt 0 0 r600@40", "gen 0 0 2"]
+    st4, _ = same(ctx, cmds4, "shifted", KVSHIM_PEERS=0)
+    expect(st4, "shifted", snapshots=("==", 1), restores=("==", 0), passthrough=(">=", 2))
+
+
+def case_faults(ctx):
+    a, b = models(ctx)
+    base = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}"]
+    tail = ["clear 0", f"prompt 0 0 {P1000}", "gen 0 0 8"]
+    for mode in ("body", "tokens", "ns"):
+        cmds = base + [f"corrupt {mode}"] + tail
+        ref, _, _ = ctx.run(base + tail, preload=False, what=f"corrupt {mode} reference")
+        got, err, st = ctx.run(cmds, what=f"corrupt {mode}", KVSHIM_PEERS=0)
+        check(got[3] == "corrupt ok 1", f"corrupt {mode}: {got[3]}")
+        check(got[:3] + got[4:] == ref, f"corrupt {mode}: output differs:\n{ref}\n{got}")
+        expect(st, f"corrupt {mode}", bad_blobs=(">=", 1), restores=("==", 0))
+    # another model (same shape, other weights) and another KV type never get A's states
+    ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}"], what="A")
+    st, _ = same(ctx, [f"model 0 {b}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"],
+                 "other model")
+    expect(st, "other model", restores=("==", 0), bad_blobs=("==", 0))
+    st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 1 2", f"prompt 0 0 {P1000}", "gen 0 0 8"],
+                 "other KV type")
+    expect(st, "other KV type", restores=("==", 0), bad_blobs=("==", 0))
+    st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"],
+                 "same model and KV type")
+    expect(st, "same model and KV type", peer_restores=(">=", 1))
+    # a pool too small for one state: nothing stored, nothing breaks
+    big = ctx.p("big.gguf")
+    ctx.run([f"mkmodel {big} big 8 256 64 3"], preload=False)
+    st, _ = same(ctx, [f"model 0 {big}", "ctx 0 0 1", f"prompt 0 0 {P}", "clear 0",
+                       f"prompt 0 0 {P1000}", "gen 0 0 4"], "pool full",
+                 KVSHIM_POOL_SIZE="1M", KVSHIM_PEERS=0)
+    expect(st, "pool full", snapshot_failures=(">=", 1), restores=("==", 0))
+
+
+def case_faults_peer(ctx):
+    a, _ = models(ctx)
+    serve = ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}"], what="A")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"]
+    ref, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    # the cache peer stops answering: B times out and decodes everything itself
+    serve.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    got, err, st = ctx.run(b_cmds, what="B, peer stopped", KVSHIM_RPC_TIMEOUT_MS=300)
+    check(got == ref, f"B with a stopped peer differs:\n{ref}\n{got}\n{err[-2000:]}")
+    expect(st, "B, peer stopped", restores=("==", 0))
+    check(time.monotonic() - t0 < 30, "B with a stopped peer took too long")
+    # the cache peer is killed while B waits for its answer
+    pb, sb = ctx.spawn(b_cmds, KVSHIM_RPC_TIMEOUT_MS=20000)
+    time.sleep(1.0)
+    t1 = time.monotonic()
+    serve.send_signal(signal.SIGKILL)
+    serve.wait(timeout=10)
+    got, err = ctx.finish(pb, "B, peer killed", timeout=60)
+    check(got == ref, f"B with a killed peer differs:\n{ref}\n{got}\n{err[-2000:]}")
+    check(time.monotonic() - t1 < 15, "B did not fall back soon after the peer died")
+    expect(read_stats(sb), "B, peer killed", restores=("==", 0))
+
+
+def case_taint(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 2",
+            f"prompt 0 0 {P}",
+            "copyseq 0 0 1",                       # engine state load into 1
+            "prompt 0 1 r300@50", "gen 0 1 2",
+            "rm 0 1 0 -1",                         # cleared: usable again
+            f"prompt 0 1 {P1000}", "gen 0 1 2",
+            "emb 0 1", "rm 0 1 -1 -1", f"prompt 0 1 {P1000}", "emb 0 0", "gen 0 1 2"]
+    st, _ = same(ctx, cmds, "taint", KVSHIM_PEERS=0)
+    expect(st, "taint", restores=("==", 1))
+
+
+def case_offload(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 1",
+            f"prompt 0 0 {P}", "gen 0 0 2",
+            "clear 0", f"prompt 0 0 {P1000}", "gen 0 0 4",      # 768 forbidden, 512 allowed
+            "clear 0", f"prompt 0 0 {P}+r20@2", "gen 0 0 4",       # 1024 restored
+            "clear 0", f"prompt 0 0 {P}+r20@2 512", "gen 0 0 4"]   # never a whole ubatch
+    st, _ = same(ctx, cmds, "offload rules", FAKELLAMA_GPU=1, KVSHIM_PEERS=0,
+                 ref_extra={"FAKELLAMA_GPU": 1})
+    expect(st, "offload rules", restores=(">=", 2))
+    check(prefix_stats(st)["restored_tokens"] % 512 == 0,
+          f"offload rules skip whole ubatches only: {prefix_stats(st)}")
+
+
+def case_disabled(ctx):
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "clear 0", f"prompt 0 0 {P1000}",
+            "gen 0 0 4"]
+    # With the prefix cache off nothing builds the runtime here (no stats file), or the
+    # counters stay 0 when something else did.
+    st, _ = same(ctx, cmds, "KVSHIM_LLAMA_PREFIX=0", KVSHIM_LLAMA_PREFIX=0)
+    ps = prefix_stats(st)
+    check(all(ps.get(k, 0) == 0 for k in ("restores", "snapshots", "lookups")),
+          f"KVSHIM_LLAMA_PREFIX=0: {ps}")
+    st, _ = same(ctx, cmds, "KVSHIM_ENABLE=0", KVSHIM_ENABLE=0)
+    check(st is None or prefix_stats(st).get("restores", 0) == 0, f"ENABLE=0: {st}")
+    st, _ = same(ctx, cmds, "KVSHIM_HOOKS=cuda", KVSHIM_HOOKS="cuda")
+    check(st is None or prefix_stats(st).get("restores", 0) == 0, f"HOOKS=cuda: {st}")
+
+
+CASES = {
+    "local": case_local,
+    "sequences": case_sequences,
+    "peer": case_peer,
+    "serve": case_serve,
+    "divergence": case_divergence,
+    "faults": case_faults,
+    "faults-peer": case_faults_peer,
+    "taint": case_taint,
+    "offload": case_offload,
+    "disabled": case_disabled,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--asan-runtime", default="")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="kvs-prefix-")
+    ctx = Ctx(args, tmp)
+    try:
+        CASES[args.case](ctx)
+    except Failure as e:
+        print(f"FAIL {args.case}: {e}", file=sys.stderr)
+        print(f"(files kept in {tmp})", file=sys.stderr)
+        ctx.cleanup()
+        return 1
+    ctx.cleanup()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"ok {args.case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
