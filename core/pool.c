@@ -81,7 +81,8 @@
 #define POISON_MAX_BYTES (256ull << 20)
 
 /* Prefault works in pieces of this many bytes, checking for cancellation between them. */
-#define PREFAULT_STEP (32ull << 20)
+#define PREFAULT_STEP (2ull << 20) /* small: each step holds the mmap lock, and an engine
+                                       thread mapping or unmapping waits behind it */
 
 /* Debug builds validate the arena after each mutation; above this many extents only one
  * mutation in VALIDATE_SAMPLE is checked, so a validator of O(extents) stays affordable. */
