@@ -3,7 +3,7 @@
 # prefix, run by scripts/ab in arms off (no kvshim: the app shares prefix states as files in a
 # cache directory on disk), loaded (libkvshim.so with KVSHIM_ENABLE=0) and on (kvshim with
 # KVSHIM_LLAMA_WRITE_THROUGH=0: states go to the pool and reach the other process as a kvshim
-# peer; no state file is written). The numbers are in docs/perf-llama.md. The kvshim arms run
+# peer; no state file is written). The numbers are in docs/PERF.md (section 6). The kvshim arms run
 # with KVSHIM_LLAMA_PREFIX=0 (the state file adapter alone) unless --llama-prefix 1.
 #
 # Workload: a scripts/tiny-gguf model (default 8 layers x 512 embedding), one shared prefix of

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Restore a prefix from a kvshim peer vs evaluate it, on app.mjs (node-llama-cpp 3.21.1).
 
-Not a test (ctest does not run it): it prints the medians that docs/perf-llama.md reports.
+Not a test (ctest does not run it): it prints the medians that docs/PERF.md (section 6) reports.
 On a generated model (scripts/tiny-gguf, default 8 layers x 512 embedding), with --prefixes N
 distinct prefixes of --prefix-tokens tokens (BOS + seeded random ids), each followed by 4 tokens:
   evaluate   app.mjs --no-cache: each prefix evaluated (prefix_ms), no kvshim;
