@@ -570,22 +570,31 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   return rc < 0 && delivered == 0 ? rc : delivered;
 }
 
+/* PREPARE_STORE with a strategy: on success *r points into *rep (the caller frees *rep). */
+static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs_key_t *keys,
+                         size_t n, const kvs_layout_t *layout, bool object, uint8_t **rep,
+                         kvs_proto_prepare_store_reply_t *r) {
+  kvs_proto_prepare_store_t m = {strategy, object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS,
+                                 0, *layout, (uint32_t)n, keys};
+  size_t rn = 0;
+  *rep = NULL;
+  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, rep, &rn);
+  if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(*rep, rn, r);
+  if (rc < 0) {
+    free(*rep);
+    *rep = NULL;
+  }
+  return rc;
+}
+
 /* SHM store: reserve slots, copy into the peer's pool, commit naming every slot. */
 static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
                      const kvs_layout_t *layout, bool object, const void *const *bufs,
                      uint8_t *outcomes) {
-  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_SHM,
-                                 object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS, 0,
-                                 *layout, (uint32_t)n, keys};
-  uint8_t *rep = NULL;
-  size_t rn = 0;
-  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, &rep, &rn);
+  uint8_t *rep;
   kvs_proto_prepare_store_reply_t r;
-  if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(rep, rn, &r);
-  if (rc < 0) {
-    free(rep);
-    return rc;
-  }
+  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_SHM, keys, n, layout, object, &rep, &r);
+  if (rc < 0) return rc;
   uint64_t seg = kvs_pool_segment_size(c->pool);
   uint8_t *base = kvs_pool_base(c->pool);
   int kept = 0;
@@ -625,18 +634,10 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n
 static int store_inline(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
                         const kvs_layout_t *layout, bool object, const void *const *bufs,
                         uint8_t *outcomes) {
-  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_INLINE,
-                                 object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS, 0,
-                                 *layout, (uint32_t)n, keys};
-  uint8_t *rep = NULL;
-  size_t rn = 0;
-  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, &rep, &rn);
+  uint8_t *rep;
   kvs_proto_prepare_store_reply_t r;
-  if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(rep, rn, &r);
-  if (rc < 0) {
-    free(rep);
-    return rc;
-  }
+  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_INLINE, keys, n, layout, object, &rep, &r);
+  if (rc < 0) return rc;
   uint64_t obj_bytes = kvs_layout_nbytes(layout);
   kvs_proto_entry_t *entries = calloc(n, sizeof *entries);
   uint32_t *src = calloc(n, sizeof *src);
@@ -657,7 +658,7 @@ static int store_inline(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_
     uint32_t n_objs = object ? 1 : n_entries;
     kvs_proto_commit_store_t cm = {0};
     cm.is_inline = 1;
-    cm.kind = m.kind;
+    cm.kind = object ? KVS_PROTO_KIND_OBJECT : KVS_PROTO_KIND_CHUNKS;
     cm.layout = *layout;
     cm.n_entries = n_entries;
     cm.entries = entries;
