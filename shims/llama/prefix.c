@@ -17,7 +17,8 @@
  *   llama_decode            keeps the shadow (prefix.h) from every batch; for a batch of one
  *                           sequence extending a CLEAN sequence: restore, decode the rest,
  *                           snapshot (below). Anything else passes through untouched.
- *   llama_memory_*          (clear, seq_rm/cp/keep/add/div) keep the shadow.
+ *   llama_memory_*          (clear, seq_rm/cp/keep/add/div) keep the shadow (prefix.h); a
+ *                           TAINTED sequence that seq_rm left empty in memory is CLEAN again.
  *   *_ith, llama_sampler_sample
  *                           map the engine's batch index to the decoded batch's
  *                           (kvs__px_map_index). The sampler's own call to llama_get_logits_ith
@@ -37,7 +38,8 @@
  * store, probed key by key from the longest; else the peers' longest run, which includes the
  * cache peer), the blob is checked (kvs__px_blob_check, and its first k tokens must be the
  * sequence's), fed to the engine's llama_state_seq_set_data[_ext] straight from the pool
- * (pinned, or a local copy of the peer's bytes), trimmed to k with llama_memory_seq_rm and
+ * (pinned; a peer's copy is first copied into a local object bound under every chunk key it
+ * covers, and kept when it passed the checks), trimmed to k with llama_memory_seq_rm and
  * verified (memory positions exactly 0..k-1); then the batch minus its first k - n tokens is
  * decoded and the index remap is set. Any failure after the engine was touched: S is cleared
  * (the engine's llama_state_seq_set_data replaced it), its n old tokens are decoded again in
@@ -57,7 +59,6 @@
  * locking. px_depth (thread local) makes every hook called from inside one of ours (libllama's
  * PLT calls: the sampler's llama_get_logits_ith, plain set_data -> set_data_ext) pass straight
  * through. kvs__hook_depth is raised only around kvshim's own store and peer work. */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -398,8 +399,11 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   return NULL;
 }
 
+static void px_forget(struct llama_context *ctx);
+
 static void px_register(struct llama_context *ctx, struct llama_model *model,
                         const kvs__llama_ctx_params_t *raw) {
+  px_forget(ctx); /* a context at this address whose llama_free kvshim did not see */
   if (px_layout_ok() != 1) return;
   px_cparams_t p;
   memcpy(&p, raw, sizeof p);
@@ -471,10 +475,11 @@ static void px_forget(struct llama_context *ctx) {
 }
 
 /* Every registered context using mem (normally one), locked, applies op. */
-typedef void (*px_mem_op)(px_ctx_t *c, const int32_t *a);
+typedef void (*px_mem_op)(px_ctx_t *c, const int32_t a[4]);
 
-static void px_on_mem(kvs__llama_memory_t mem, px_mem_op op, const int32_t *a) {
+static void px_on_mem(kvs__llama_memory_t mem, px_mem_op op, const int32_t a[4], const char *name) {
   if (!mem || atomic_load_explicit(&g_nctx, memory_order_relaxed) == 0) return;
+  kvs_log_trace("llama.cpp prefix cache: %s(%d, %d, %d, %d)", name, a[0], a[1], a[2], a[3]);
   for (size_t i = 0; i < PX_CTX_MAX; i++) {
     px_ctx_t *c = &g_ctx[i];
     if (!atomic_load_explicit(&c->ctx, memory_order_acquire) || c->mem != mem) continue;
@@ -488,7 +493,20 @@ static void op_clear(px_ctx_t *c, const int32_t *a) {
   (void)a;
   kvs__px_clear(&c->sh, -1);
 }
-static void op_rm(px_ctx_t *c, const int32_t *a) { kvs__px_rm(&c->sh, a[0], a[1], a[2]); }
+/* A TAINTED sequence whose cells are all gone is CLEAN again, however they went (the engine
+ * may remove [0, n) with an explicit end kvshim cannot compare with a length it does not know). */
+static void px_untaint_empty(px_ctx_t *c, int32_t s) {
+  kvs__px_pfn_llama_memory_seq_pos_max pos_max = px_real_llama_memory_seq_pos_max();
+  for (uint32_t i = 0; i < c->sh.n_seq; i++) {
+    if ((s >= 0 && i != (uint32_t)s) || !c->sh.seq[i].tainted) continue;
+    if (pos_max && pos_max(c->mem, (int32_t)i) == -1) kvs__px_clear(&c->sh, (int32_t)i);
+  }
+}
+
+static void op_rm(px_ctx_t *c, const int32_t *a) {
+  kvs__px_rm(&c->sh, a[0], a[1], a[2]);
+  px_untaint_empty(c, a[0]);
+}
 static void op_cp(px_ctx_t *c, const int32_t *a) { kvs__px_cp(&c->sh, a[0], a[1], a[2], a[3]); }
 static void op_keep(px_ctx_t *c, const int32_t *a) { kvs__px_keep(&c->sh, a[0]); }
 static void op_add(px_ctx_t *c, const int32_t *a) { kvs__px_add(&c->sh, a[0], a[1], a[2], a[3]); }
@@ -620,13 +638,15 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   return res;
 }
 
-/* Receives a peer's copy into a local object bound under the keys of its first k tokens (ours:
- * the full check, tokens included, runs on the copy before it is kept). */
+/* Receives a peer's copy into a local object bound under every chunk key of the tokens it
+ * covers, as at its producer (computed from its tokens; the one asked for must be among them).
+ * The full check, tokens included, runs on the copy before it is kept. */
 typedef struct px_sink {
   px_ctx_t *c;
   kvs_store_t *store;
   uint8_t *base;
-  size_t nk;
+  kvs_key_t want;         /* the key asked for: h(j - 1) */
+  uint32_t j;             /* its chunk count */
   kvs_extent_t ext;
   kvs_xfer_t xfer;
   enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
@@ -642,11 +662,24 @@ static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, cons
     return -1;
   kvs__px_blob_hdr_t h;
   memcpy(&h, bytes, sizeof h);
-  if (h.magic != KVS_PX_BLOB_MAGIC || h.ns_lo != k->c->ns.lo || h.ns_hi != k->c->ns.hi)
+  const px_ctx_t *c = k->c;
+  if (h.magic != KVS_PX_BLOB_MAGIC || h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi ||
+      h.chunk_tokens != c->chunk || h.keyed_tokens % c->chunk != 0 ||
+      h.keyed_tokens > h.n_tokens || h.keyed_tokens > c->sh.cap ||
+      h.keyed_tokens < k->j * c->chunk || 4 * (uint64_t)h.n_tokens > len - KVS_PX_BLOB_HDR)
     return -1;
+  /* kscratch: [h(J-1), h(0) .. h(J-2)] over the blob's own tokens */
+  uint32_t J = h.keyed_tokens / c->chunk;
+  const uint32_t *tok = (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_PX_BLOB_HDR);
+  kvs_key_t prev = c->ns;
+  for (uint32_t i = 0; i < J; i++) {
+    prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
+    if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) return -1; /* not the state asked for */
+    c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
+  }
   kvs_layout_t l = kvs_layout_blob(len);
   uint8_t oc = 0;
-  int rc = kvs_store_reserve_object(k->store, KVS_OWNER_LOCAL, k->c->kscratch, k->nk, &l, 0, &oc,
+  int rc = kvs_store_reserve_object(k->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc,
                                     &k->ext, &k->xfer);
   if (rc == 0 && oc == KVS_RES_PRESENT) {
     k->state = SINK_LOCAL;
@@ -662,14 +695,13 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
                                 int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   uint32_t j = k / c->chunk;
-  c->kscratch[0] = keys[j - 1];
-  for (uint32_t i = 0; i + 1 < j; i++) c->kscratch[i + 1] = keys[i];
   px_sink_t sk;
   memset(&sk, 0, sizeof sk);
   sk.c = c;
   sk.store = rt->store;
   sk.base = kvs_pool_base(rt->pool);
-  sk.nk = j;
+  sk.want = keys[j - 1];
+  sk.j = j;
   kvs__hook_depth++;
   kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
   kvs__hook_depth--;
@@ -894,6 +926,10 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     for (int32_t i = 0; i < b->n_tokens && eligible; i++)
       eligible = b->pos[i] == (int32_t)(n + (uint32_t)i);
   }
+  kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
+                b->n_tokens, bi.single ? "one" : "several", bi.seq,
+                eligible ? "eligible" : "passed through",
+                bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
   if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
   int32_t r;
   uint32_t k = eligible ? px_restore(c, ctx, b, &bi) : 0;
@@ -1023,9 +1059,9 @@ int32_t llama_sampler_sample(struct llama_sampler *smpl, struct llama_context *c
     if (kvs__unlikely(!real)) return;                                                         \
     real args;                                                                                \
     if (!px_observe()) return;                                                                \
-    const int32_t a_[] = {__VA_ARGS__};                                                       \
+    const int32_t a_[4] = {__VA_ARGS__};                                                      \
     px_depth++;                                                                               \
-    px_on_mem(mem, op, a_);                                                                   \
+    px_on_mem(mem, op, a_, #name);                                                            \
     px_depth--;                                                                               \
   }
 PX_MEM_VOID(llama_memory_clear, (kvs__llama_memory_t mem, bool data), (mem, data), op_clear, 0)
@@ -1047,9 +1083,9 @@ bool llama_memory_seq_rm(kvs__llama_memory_t mem, int32_t seq_id, int32_t p0, in
   if (kvs__unlikely(!real)) return false;
   bool r = real(mem, seq_id, p0, p1);
   if (!r || !px_observe()) return r;
-  const int32_t a[] = {seq_id, p0, p1};
+  const int32_t a[4] = {seq_id, p0, p1, 0};
   px_depth++;
-  px_on_mem(mem, op_rm, a);
+  px_on_mem(mem, op_rm, a, "llama_memory_seq_rm");
   px_depth--;
   return r;
 }

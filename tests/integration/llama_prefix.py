@@ -26,9 +26,11 @@ Cases:
               restored), a sequence shifted as context shift does (not restored into, not
               stored), outputs requested on every token (nothing skipped), short batches (no
               canonical KV: nothing stored), an unaligned continuation: identical
-  faults      corrupted blobs (state bytes, tokens, namespace) refused; a blob of another model
-              and of another KV type never found; a pool too small for a state; the cache peer
-              stopped then killed while B asks it: identical every time
+  faults      corrupted blobs (state bytes, tokens, namespace) refused and dropped; a blob of
+              another model and of another KV type never found; a pool too small for a state
+              stores nothing: identical every time
+  faults-peer the cache peer stopped (B times out) then killed while B waits for its answer:
+              B decodes everything itself, identical
   taint       a sequence loaded through the engine's own state API, a context switched to
               embeddings: never restored into; identical
   offload     llama_supports_gpu_offload() true: only whole, aligned ubatches are skipped

@@ -51,3 +51,4 @@ foreach(case IN ITEMS peer serve negative isolation fault inspect)
   set_tests_properties(llama_kvshim_${case} PROPERTIES TIMEOUT 600 LABELS "e2e"
     SKIP_RETURN_CODE 77 RUN_SERIAL ON)
 endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/prefix.cmake)

@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""End-to-end checks of kvshim's transparent prefix cache (design §10.3) in unmodified
+node-llama-cpp 3.21.1 engines: its CLI (`npx node-llama-cpp complete`) and prefix_app.mjs. One
+case per ctest test (label e2e).
+
+Every case: scripts/llama-setup (exit 77, the ctest skip code, when Node.js or the npm registry
+is missing) and a generated model (scripts/tiny-gguf). Each engine run is repeated without
+kvshim: that run is the reference, and the run under kvshim must produce exactly the same
+tokens. LD_PRELOAD is set only in the engines' environment; every case has its own
+KVSHIM_RUN_DIR; KVSHIM_* variables inherited from the caller are dropped. Prompts share a
+system prefix of about 1,100 tokens (generated English-like text).
+
+  cli         `kvshim serve` is the cache peer. CLI A completes prompt PA and exits; CLI B (a
+              new process) completes PB, which shares PA's long prefix: B's completion equals
+              B without kvshim, its KVSHIM_STATS show restored tokens fetched from the peer and
+              its prompt evaluation counts fewer tokens. Once with one batch for the prompt
+              (--batchSize 2048), once with the default 512 (restores on continuation batches).
+  app         prefix_app.mjs, one context with three sequences, prompts sharing the prefix,
+              in one batch and in batches of 512: identical tokens, restores counted.
+  divergence  prompts sharing only part of a chunk; a sequence that context shift shifted
+              (small context, long generation); an output on every prompt token (nothing may be
+              skipped); several sequences evaluated at once (batches mixing sequences): all
+              identical to the runs without kvshim.
+  faults      with A's states in `kvshim serve`: a model of the same shape with other weights
+              and a context with another KV type never restore them; a pool too small for a
+              state stores nothing; the cache peer stopped (short RPC deadline) and killed
+              while B waits for it: B falls back; identical tokens every time.
+  disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
+  inspect     `kvshim inspect --json` on the shipped libllama: llama_get_logits_ith is reached
+              from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
+              remap covers it; llama_decode and the memory calls are interposable.
+
+Usage: check_prefix.py --case CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
+                       [--no-setup] [--asan-runtime LIBASAN]
+Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
+"""
+
+import argparse
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+APP = os.path.join(HERE, "prefix_app.mjs")
+TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
+SETUP = os.path.join(ROOT, "scripts", "llama-setup")
+LIBDIR = os.path.join(HERE, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64")
+SKIP = 77
+CASES = ("cli", "app", "divergence", "faults", "disabled", "inspect")
+RUN_TIMEOUT_S = 300
+MODEL = dict(layers=2, embd=128)
+
+WORDS = ("the of and to a in is it you that he was for on are with as his they be at one have "
+         "this from or had by hot word but what some we can out other were all there when up "
+         "use your how said an each she which do their time if will way about many then them "
+         "write would like so these her long make thing see him two has look more day could go "
+         "come did number sound no most people my over know water than call first who may down "
+         "side been now find any new work part take get place made live where after back little "
+         "only round man year came show every good me give our under name").split()
+
+failures = []
+
+
+def say(msg):
+    print(msg, flush=True)
+
+
+def check(ok, what):
+    say(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+class Fatal(Exception):
+    pass
+
+
+def text(seed, n):
+    r = random.Random(seed)
+    return " ".join(r.choice(WORDS) for _ in range(n))
+
+
+SYSTEM = text(1, 1100)
+PROMPTS = {
+    "A": SYSTEM + " question one is about the water",
+    "B": SYSTEM + " now a different question about people and time",
+    "C": SYSTEM + " and the third thing to say is good",
+    "short": text(1, 330) + " " + text(5, 400),     # shares about 330 tokens (part of a chunk)
+    "other": text(9, 1100),
+}
+
+
+class Case:
+    def __init__(self, args, work):
+        self.args = args
+        self.work = work
+        self.preload = os.path.abspath(args.preload)
+        self.kvshim = os.path.abspath(args.kvshim)
+        self.run_dir = tempfile.mkdtemp(prefix="kvs-pfx-")
+        self.procs = []
+        self.base_env = {k: v for k, v in os.environ.items()
+                         if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
+        self.files = {}
+        for name, t in PROMPTS.items():
+            path = os.path.join(work, name + ".txt")
+            with open(path, "w") as f:
+                f.write(t)
+            self.files[name] = path
+        self.models = {}
+        self.n = 0
+        self.group = "prefix"
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def model(self, seed=7):
+        if seed not in self.models:
+            path = os.path.join(self.work, "model-%d.gguf" % seed)
+            flags = []
+            for k, v in MODEL.items():
+                flags += ["--" + k, str(v)]
+            subprocess.run([sys.executable, TINY_GGUF, "-q", "--out", path, "--seed", str(seed)]
+                           + flags, check=True)
+            self.models[seed] = path
+        return self.models[seed]
+
+    def env(self, kvshim, **extra):
+        env = dict(self.base_env)
+        env["KVSHIM_RUN_DIR"] = self.run_dir
+        env["KVSHIM_GROUP"] = self.group
+        if kvshim:
+            preload = self.preload
+            if self.args.asan_runtime:
+                preload = self.args.asan_runtime + ":" + preload
+                env["ASAN_OPTIONS"] = "detect_leaks=0"
+            self.n += 1
+            env.update(LD_PRELOAD=preload, KVSHIM_POOL_SIZE="512M", KVSHIM_HOST_POOL_SIZE="0",
+                       KVSHIM_LOG="info",
+                       KVSHIM_STATS=os.path.join(self.work, "stats%d.%%p.json" % self.n))
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def stats(self, env):
+        """The stats of the one process of a run that wrote any (merged if several did)."""
+        pattern = env["KVSHIM_STATS"].replace("%p", "*")
+        merged = {}
+        for path in glob.glob(pattern):
+            with open(path) as f:
+                for k, v in json.load(f).items():
+                    if isinstance(v, int):
+                        merged[k] = merged.get(k, 0) + v
+        return merged
+
+    def serve(self, pool="512M"):
+        s = subprocess.Popen([self.kvshim, "serve", "--pool-size", pool], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=self.env(False), text=True)
+        self.procs.append(s)
+        banner = s.stdout.readline()
+        if "socket" not in banner:
+            raise Fatal("kvshim serve did not start: %r" % banner)
+        return s
+
+    # ---- the CLI ------------------------------------------------------------------------------
+
+    def cli_start(self, prompt, env, batch=None, seed=7, extra=()):
+        cmd = ["npx", "--no-install", "node-llama-cpp", "complete", "--model", self.model(seed),
+               "--textFile", self.files[prompt], "--gpu", "false", "--contextSize", "2048",
+               "--threads", "1", "--temperature", "0", "--maxTokens", "16", "--printTimings"]
+        if batch:
+            cmd += ["--batchSize", str(batch)]
+        cmd += list(extra)
+        p = subprocess.Popen(cmd, cwd=HERE, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.procs.append(p)
+        return p
+
+    def cli_finish(self, p, what):
+        try:
+            out, err = p.communicate(input=b".exit\n", timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Fatal("%s: the CLI still runs after %d s" % (what, RUN_TIMEOUT_S))
+        # The completion is on stdout; llama.cpp's timings may come on either stream, and
+        # kvshim's log lines (stderr) must not be mistaken for engine output.
+        out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
+        err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.decode("utf-8", "replace"))
+        comp = [l for l in out.splitlines() if l.startswith("Completion: ")]
+        ev = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*([0-9]+) tokens", out + err)
+        if p.returncode != 0 or len(comp) != 1 or not ev:
+            sys.stderr.write(out[-3000:] + err[-3000:])
+            raise Fatal("%s: the CLI exited %d without one completion and its timings"
+                        % (what, p.returncode))
+        return {"completion": comp[0], "eval_ms": float(ev.group(1)),
+                "eval_tokens": int(ev.group(2)), "output": out, "log": err}
+
+    def cli(self, what, prompt, kvshim, batch=None, seed=7, extra=(), **env_extra):
+        env = self.env(kvshim, **env_extra)
+        r = self.cli_finish(self.cli_start(prompt, env, batch, seed, extra), what)
+        r["stats"] = self.stats(env) if kvshim else {}
+        return r
+
+    # ---- prefix_app.mjs -----------------------------------------------------------------------
+
+    def app(self, what, prompts, kvshim, flags=(), seed=7, **env_extra):
+        path = os.path.join(self.work, "prompts-%s.json" % re.sub(r"\W", "_", what))
+        with open(path, "w") as f:
+            json.dump([PROMPTS[p] for p in prompts], f)
+        env = self.env(kvshim, **env_extra)
+        cmd = ["node", APP, "--model", self.model(seed), "--prompts", path] + list(flags)
+        p = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S)
+        if p.returncode != 0:
+            sys.stderr.write(p.stderr[-4000:])
+            raise Fatal("%s: prefix_app.mjs exited %d" % (what, p.returncode))
+        lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        outs = [(l["prompt"], l["seq"], l["prompt_tokens"], l.get("gen_tokens"),
+                 l.get("next_tokens")) for l in lines if not l.get("summary")]
+        return {"outs": outs, "summary": lines[-1], "stats": self.stats(env) if kvshim else {}}
+
+
+def pstat(r, name):
+    return r["stats"].get("llama_prefix_" + name, 0)
+
+
+def show(r):
+    return {k[13:]: v for k, v in r["stats"].items() if k.startswith("llama_prefix_")}
+
+
+def same_app(c, what, prompts, flags=(), **env_extra):
+    ref = c.app(what + " (reference)", prompts, False, flags)
+    got = c.app(what, prompts, True, flags, **env_extra)
+    check(got["outs"] == ref["outs"], "%s: tokens identical to the run without kvshim %s"
+          % (what, show(got)))
+    return got
+
+
+# ---- cases ------------------------------------------------------------------------------------
+
+def case_cli(c):
+    for batch in (2048, None):
+        tag = "batch %s" % (batch or "default (512)")
+        c.group = "cli%s" % (batch or "default")  # each round starts with nothing cached
+        c.serve()
+        ref_b = c.cli("B reference, " + tag, "B", False, batch)
+        a = c.cli("A, " + tag, "A", True, batch)
+        check(pstat(a, "snapshots") >= 1 and a["stats"].get("push_sent", 0) >= 1,
+              "%s: A stored its prompt's state and pushed it to serve %s" % (tag, show(a)))
+        b = c.cli("B, " + tag, "B", True, batch)
+        check(b["completion"] == ref_b["completion"],
+              "%s: B's completion equals B without kvshim:\n     %s\n     %s"
+              % (tag, ref_b["completion"], b["completion"]))
+        check(pstat(b, "restored_tokens") >= 512 and pstat(b, "peer_restores") >= 1,
+              "%s: B restored the shared prefix from the cache peer %s" % (tag, show(b)))
+        check(b["eval_tokens"] + pstat(b, "restored_tokens") == ref_b["eval_tokens"],
+              "%s: B evaluated %d prompt tokens instead of %d (%.1f ms instead of %.1f)"
+              % (tag, b["eval_tokens"], ref_b["eval_tokens"], b["eval_ms"], ref_b["eval_ms"]))
+
+
+def case_app(c):
+    for bs in ("2048", "512"):
+        r = same_app(c, "three sequences, batch " + bs, ["A", "B", "C"],
+                     ["--sequences", "3", "--batch-size", bs], KVSHIM_PEERS=0)
+        check(pstat(r, "restores") >= 2 and pstat(r, "snapshots") >= 1,
+              "batch %s: the second and third prompts restored the first's prefix %s"
+              % (bs, show(r)))
+
+
+def case_divergence(c):
+    r = same_app(c, "part of a chunk", ["A", "short"], ["--batch-size", "2048"], KVSHIM_PEERS=0)
+    check(pstat(r, "restored_tokens") % 256 == 0, "only whole chunks restored %s" % show(r))
+    r = same_app(c, "context shift", ["A", "B", "A"],
+                 ["--ctx-size", "1280", "--tokens", "400", "--batch-size", "2048"],
+                 KVSHIM_PEERS=0)
+    check(pstat(r, "passthrough") >= 100, "the shifted sequence was passed through %s" % show(r))
+    check(pstat(r, "restores") >= 2, "cleared sequences were restored into again %s" % show(r))
+    r = same_app(c, "an output on every token", ["A", "B"],
+                 ["--outputs", "all", "--batch-size", "2048"], KVSHIM_PEERS=0)
+    check(pstat(r, "restored_tokens") == 0, "no token with an output skipped %s" % show(r))
+    r = same_app(c, "several sequences at once", ["A", "B", "C"],
+                 ["--sequences", "3", "--concurrent", "--batch-size", "2048"], KVSHIM_PEERS=0)
+    check(pstat(r, "passthrough") >= 1, "batches of several sequences passed through %s"
+          % show(r))
+    r = same_app(c, "other prompts after the prefix", ["A", "other", "B"],
+                 ["--batch-size", "512", "--tokens", "24"], KVSHIM_PEERS=0)
+
+
+def case_faults(c):
+    serve = c.serve()
+    a = c.cli("A", "A", True, 2048)
+    check(pstat(a, "snapshots") >= 1, "A stored its state %s" % show(a))
+    # another model of the same shape (other weights)
+    ref = c.cli("B reference, model 2", "B", False, 2048, seed=8)
+    b = c.cli("B, model 2", "B", True, 2048, seed=8)
+    check(b["completion"] == ref["completion"] and pstat(b, "restores") == 0,
+          "another model never gets A's state; identical %s" % show(b))
+    # another KV type
+    kv = ("--kvCacheKeyType", "Q8_0", "--kvCacheValueType", "Q8_0")
+    ref = c.cli("B reference, Q8_0 KV", "B", False, 2048, extra=kv)
+    b = c.cli("B, Q8_0 KV", "B", True, 2048, extra=kv)
+    check(b["completion"] == ref["completion"] and pstat(b, "restores") == 0,
+          "a Q8_0 KV context never gets A's F16 state; identical %s" % show(b))
+    # a pool too small for the state
+    ref_b = c.cli("B reference", "B", False, 2048)
+    b = c.cli("B, 1M pool, no peers", "B", True, 2048, KVSHIM_POOL_SIZE="1M", KVSHIM_PEERS=0)
+    check(b["completion"] == ref_b["completion"] and pstat(b, "snapshot_failures") >= 1
+          and pstat(b, "restores") == 0, "a full pool stores nothing; identical %s" % show(b))
+    # the cache peer stops answering, then dies while B waits for it
+    serve.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    b = c.cli("B, peer stopped", "B", True, 2048, KVSHIM_RPC_TIMEOUT_MS=300)
+    check(b["completion"] == ref_b["completion"] and pstat(b, "restores") == 0,
+          "a stopped cache peer is a miss (%.1f s); identical %s"
+          % (time.monotonic() - t0, show(b)))
+    env = c.env(True, KVSHIM_RPC_TIMEOUT_MS=20000)
+    p = c.cli_start("B", env, 2048)
+    time.sleep(4.0)
+    check(p.poll() is None, "B still waits for the stopped cache peer when it is killed")
+    t1 = time.monotonic()
+    serve.send_signal(signal.SIGKILL)
+    serve.wait(timeout=10)
+    b = c.cli_finish(p, "B, peer killed")
+    b["stats"] = c.stats(env)
+    check(b["completion"] == ref_b["completion"] and time.monotonic() - t1 < 15,
+          "the cache peer killed while B waits: B falls back in %.1f s; identical %s"
+          % (time.monotonic() - t1, show(b)))
+
+
+def case_disabled(c):
+    c.serve()
+    c.cli("A", "A", True, 2048)
+    ref_b = c.cli("B reference", "B", False, 2048)
+    for var, val in (("KVSHIM_ENABLE", "0"), ("KVSHIM_LLAMA_PREFIX", "0")):
+        b = c.cli("B, %s=%s" % (var, val), "B", True, 2048, **{var: val})
+        check(b["completion"] == ref_b["completion"] and pstat(b, "restores") == 0
+              and b["eval_tokens"] == ref_b["eval_tokens"],
+              "%s=%s: identical, nothing restored %s" % (var, val, show(b)))
+    b = c.cli("B, on", "B", True, 2048)
+    check(b["completion"] == ref_b["completion"] and pstat(b, "restores") >= 1,
+          "control: the same run with the cache on restores %s" % show(b))
+
+
+def case_inspect(c):
+    lib = os.path.join(LIBDIR, "libllama.v0.4.0.so")
+    p = subprocess.run([c.kvshim, "inspect", "--json", lib], capture_output=True, text=True,
+                       timeout=120)
+    if not check(p.returncode == 0, "kvshim inspect --json %s" % os.path.basename(lib)):
+        return
+    fam = [f for f in json.loads(p.stdout)["families"] if f["family"] == "llama"][0]
+    syms = {s["name"]: s for s in fam["symbols"]}
+    lg = syms.get("llama_get_logits_ith")
+    use = lg and [u for u in lg["uses"] if u["role"] == "definition"]
+    check(bool(use) and use[0]["jump_slot"] >= 1 and use[0]["direct_calls"] == 0
+          and lg["interposable"],
+          "libllama's own calls to llama_get_logits_ith (its sampler) go through its PLT: "
+          "the index remap covers them (%s)" % (use and use[0]))
+    for name in ("llama_decode", "llama_get_embeddings_ith", "llama_memory_seq_rm",
+                 "llama_memory_seq_add", "llama_memory_clear"):
+        check(name in syms and syms[name]["interposable"], "%s is interposable" % name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True, choices=CASES)
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--kvshim", required=True)
+    ap.add_argument("--work-dir")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--no-setup", action="store_true")
+    ap.add_argument("--asan-runtime", default="")
+    args = ap.parse_args()
+    if not args.no_setup:
+        rc = subprocess.run([SETUP]).returncode
+        if rc == SKIP:
+            say("SKIP: the node-llama-cpp engine cannot be prepared here")
+            return SKIP
+        if rc != 0:
+            say("FAIL scripts/llama-setup exited %d" % rc)
+            return 1
+    work = args.work_dir or tempfile.mkdtemp(prefix="kvs-prefix-e2e-")
+    if os.path.isdir(work):
+        shutil.rmtree(work)
+    os.makedirs(work)
+    c = Case(args, work)
+    try:
+        globals()["case_" + args.case](c)
+    except Fatal as e:
+        check(False, str(e))
+    finally:
+        c.close()
+    if failures:
+        say("%d check(s) failed; files kept in %s" % (len(failures), work))
+        return 1
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    say("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
