@@ -45,6 +45,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "poolscan.h"
 #include "fakellama.h" /* types only: nothing of libfakellama is linked */
 #include "fakeplugin.h"
 #include "llama_internal.h"
@@ -243,22 +244,6 @@ static int corrupt_blob(uint8_t *b, const char *mode) {
     memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
   }
   return 0;
-}
-
-#if defined(KVSHIM_ASAN) || defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-/* A blob in a freed extent is a stale copy, not the live object: skip it. */
-#define in_free_extent(p, n) (__asan_region_is_poisoned((void *)(p), (n)) != NULL)
-#else
-#define in_free_extent(p, n) 0
-#endif
-
-/* Read pool bytes wherever they are: the scan below also walks free extents, which kvshim
- * poisons under ASan (a real bug there would be a read by kvshim, not by this test's scan). */
-__attribute__((no_sanitize("address"))) static void peek(void *dst, const void *src, size_t n) {
-  volatile const unsigned char *s = src;
-  unsigned char *d = dst;
-  for (size_t i = 0; i < n; i++) d[i] = s[i];
 }
 
 static void corrupt(char **a) {
