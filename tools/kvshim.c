@@ -406,21 +406,27 @@ static int cmd_get(kvs_options_t *o, const char *name, const char *out) {
   return EXIT_OK;
 }
 
+/* The help text of a command handled in this file, or NULL. */
+static const char *command_help(const char *cmd) {
+  static const struct { const char *name, *help; } table[] = {
+      {"serve", help_serve}, {"peers", help_peers}, {"stats", help_stats},
+      {"put", help_put},     {"get", help_get}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(cmd, table[i].name) == 0) return table[i].help;
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     fputs(usage_text, argc < 2 ? stderr : stdout);
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
   }
   const char *cmd = argv[1];
-  const char *help = strcmp(cmd, "serve") == 0 ? help_serve : strcmp(cmd, "peers") == 0 ? help_peers
-                     : strcmp(cmd, "stats") == 0 ? help_stats : strcmp(cmd, "put") == 0 ? help_put
-                     : strcmp(cmd, "get") == 0 ? help_get : NULL;
+  const char *help = command_help(cmd);
   if (strcmp(cmd, "help") == 0) {
     const char *sub = argc > 2 ? argv[2] : "";
-    const char *h = strcmp(sub, "serve") == 0 ? help_serve : strcmp(sub, "peers") == 0 ? help_peers
-                    : strcmp(sub, "stats") == 0 ? help_stats : strcmp(sub, "put") == 0 ? help_put
-                    : strcmp(sub, "get") == 0 ? help_get
-                    : strcmp(sub, "inspect") == 0 ? kvs_inspect_help : usage_text;
+    const char *h = command_help(sub);
+    if (!h) h = strcmp(sub, "inspect") == 0 ? kvs_inspect_help : usage_text;
     fputs(h, stdout);
     return EXIT_OK;
   }
