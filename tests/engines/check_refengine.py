@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """ctest driver for refengine: runs the engine on tiny workloads and checks its JSON output.
 
-usage: check_refengine.py CASE REFENGINE [BOGUS_KVO_LIB]
+usage: check_refengine.py CASE --engine REFENGINE [--bogus BOGUS_KVO_LIB]   (--list: the cases)
 
 Every stdout line of a successful run must parse as JSON: one object per request, in order,
 then one summary object. The cases check the offload behaviour the numbers must show.
 """
+import argparse
 import json
 import math
 import os
@@ -13,20 +14,15 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Failure, check  # noqa: E402
+import harness  # noqa: E402
+
 # Small dimensions: a chunk is 3 layers x K,V x 32 tokens x 2 heads x 16 = 6144 elements.
 C = 32
 TINY = ["--chunk-tokens", str(C), "--layers", "3", "--kv-heads", "2", "--head-dim", "16",
         "--hidden", "32"]
 CHUNK_BYTES_F32 = 3 * 2 * C * 2 * 16 * 4
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
 
 
 def run(engine, args, env_extra=None, expect_rc=0):
@@ -73,10 +69,10 @@ def parse(p, n_requests):
     return reqs, s
 
 
-def case_native_cache(engine, _):
+def case_native_cache(c):
     # 6 requests of 160 tokens (5 chunks) sharing 96 tokens (3 chunks).
     args = ["--requests", "6", "--prompt-tokens", "160", "--prefix-tokens", "96", *TINY]
-    reqs, s = parse(run(engine, args + ["--native-cache", "16M", "--verify"]), 6)
+    reqs, s = parse(run(c.engine, args + ["--native-cache", "16M", "--verify"]), 6)
     check(s["verify"] == "ok", f"verify: {s}")
     check(s["chunks_loaded"] > 0, f"nothing loaded with a native cache: {s}")
     check(reqs[0]["loaded"] == 0 and reqs[0]["stored"] == 5, f"first request: {reqs[0]}")
@@ -86,42 +82,42 @@ def case_native_cache(engine, _):
     check(s["chunk_bytes"] == CHUNK_BYTES_F32, f"chunk_bytes: {s}")
 
     # Prefix groups: requests 0 and 1 start groups 0 and 1, later ones reuse them.
-    reqs, s = parse(run(engine, args + ["--prefix-groups", "2", "--native-cache", "16M"]), 6)
+    reqs, s = parse(run(c.engine, args + ["--prefix-groups", "2", "--native-cache", "16M"]), 6)
     check([r["loaded"] for r in reqs] == [0, 0, 3, 3, 3, 3], f"prefix groups: {reqs}")
     check(s["verify"] == "off", f"verify without --verify: {s}")
 
     # A cache smaller than one chunk keeps nothing.
-    _, s = parse(run(engine, args + ["--native-cache", str(CHUNK_BYTES_F32 - 1)]), 6)
+    _, s = parse(run(c.engine, args + ["--native-cache", str(CHUNK_BYTES_F32 - 1)]), 6)
     check(s["chunks_loaded"] == 0 and s["chunks_stored"] == 0, f"undersized cache: {s}")
 
     # Two chunks of room: LRU keeps the last two stores of a request (its suffix), never the
     # first chunk of the prefix, so nothing can be loaded and the engine stays correct.
-    _, s = parse(run(engine, args + ["--native-cache", str(2 * CHUNK_BYTES_F32), "--verify"]), 6)
+    _, s = parse(run(c.engine, args + ["--native-cache", str(2 * CHUNK_BYTES_F32), "--verify"]), 6)
     check(s["chunks_loaded"] == 0 and s["chunks_computed"] == 30, f"two-chunk cache: {s}")
 
 
-def case_no_cache(engine, _):
+def case_no_cache(c):
     args = ["--requests", "4", "--prompt-tokens", "100", "--shared-prefix", "0.9", *TINY]
-    reqs, s = parse(run(engine, args + ["--verify"]), 4)
+    reqs, s = parse(run(c.engine, args + ["--verify"]), 4)
     for r in reqs:
         check(r["loaded"] == 0 and r["stored"] == 0, f"default module cached something: {r}")
         check(r["computed"] == 4, f"100 tokens = 3 full chunks + a tail: {r}")
     check(s["chunks_loaded"] == 0 and s["verify"] == "ok", f"summary: {s}")
 
 
-def case_dtypes(engine, _):
+def case_dtypes(c):
     args = ["--requests", "3", "--prompt-tokens", "128", "--prefix-tokens", "128", *TINY,
             "--native-cache", "1M", "--verify"]
     for dtype in ("f16", "bf16", "f32"):
         for buf in ("host", "device"):
-            reqs, s = parse(run(engine, args + ["--dtype", dtype, "--kvo-buffer", buf]), 3)
+            reqs, s = parse(run(c.engine, args + ["--dtype", dtype, "--kvo-buffer", buf]), 3)
             size = 4 if dtype == "f32" else 2
             check(s["chunk_bytes"] == CHUNK_BYTES_F32 // 4 * size, f"{dtype} chunk_bytes: {s}")
             check([r["loaded"] for r in reqs] == [0, 4, 4], f"{dtype}/{buf}: {reqs}")
             check(s["verify"] == "ok", f"{dtype}/{buf}: {s}")
 
 
-def case_requests_file(engine, _):
+def case_requests_file(c):
     a = list(range(1, 65))                    # two full chunks
     b = list(range(1, 33)) + [7] * 40         # shares chunk 0 with a, then differs
     lines = [json.dumps({"tokens": a}),
@@ -132,13 +128,13 @@ def case_requests_file(engine, _):
         path = os.path.join(d, "requests.jsonl")
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
-        reqs, s = parse(run(engine, ["--requests-file", path, *TINY, "--native-cache", "1M",
+        reqs, s = parse(run(c.engine, ["--requests-file", path, *TINY, "--native-cache", "1M",
                                      "--verify"]), 3)
         check([r["tokens"] for r in reqs] == [64, 64, 72], f"token counts: {reqs}")
         check([r["loaded"] for r in reqs] == [0, 2, 1], f"file requests: {reqs}")
         check(s["verify"] == "ok", f"summary: {s}")
 
-        reqs, _ = parse(run(engine, ["--requests-file", path, "--requests", "1", *TINY]), 1)
+        reqs, _ = parse(run(c.engine, ["--requests-file", path, "--requests", "1", *TINY]), 1)
         check(reqs[0]["tokens"] == 64, f"--requests limits the file: {reqs}")
 
         for bad, message in (('{"tokens":[1,2,-3]}', "non-negative"),
@@ -150,11 +146,11 @@ def case_requests_file(engine, _):
                              ('[1,2,3]', "object")):
             with open(path, "w") as f:
                 f.write(json.dumps({"tokens": a}) + "\n" + bad + "\n")
-            p = run(engine, ["--requests-file", path, *TINY], expect_rc=2)
+            p = run(c.engine, ["--requests-file", path, *TINY], expect_rc=2)
             check(f"{path}:2:" in p.stderr and message in p.stderr,
                   f"bad line {bad!r}: stderr {p.stderr!r}")
             check(p.stdout == "", f"bad file still printed results: {p.stdout!r}")
-        run(engine, ["--requests-file", os.path.join(d, "missing.jsonl")], expect_rc=2)
+        run(c.engine, ["--requests-file", os.path.join(d, "missing.jsonl")], expect_rc=2)
 
 
 def dump(engine, args):
@@ -162,12 +158,12 @@ def dump(engine, args):
     return [json.loads(line)["tokens"] for line in p.stdout.splitlines()]
 
 
-def case_workload(engine, _):
+def case_workload(c):
     """The generated shared-prefix pattern, seen through --dump-requests."""
     base = ["--requests", "4", "--prompt-tokens", "160", "--prefix-tokens", "96",
             "--prefix-groups", "2", "--vocab", "1000"]
-    r0, r1 = dump(engine, base), dump(engine, base + ["--rank", "1"])
-    check(r0 == dump(engine, base), "the workload is not deterministic")
+    r0, r1 = dump(c.engine, base), dump(c.engine, base + ["--rank", "1"])
+    check(r0 == dump(c.engine, base), "the workload is not deterministic")
     check(len(r0) == 4 and all(len(t) == 160 for t in r0 + r1), "request count or length")
     check(all(0 <= x < 1000 for t in r0 + r1 for x in t), "a token id >= --vocab")
     for i in range(4):
@@ -175,24 +171,24 @@ def case_workload(engine, _):
         check(r0[i][96:] != r1[i][96:], f"request {i}: ranks share the suffix")
     check(r0[0][:96] != r0[1][:96], "prefix groups share a prefix")
     check(len({tuple(t[96:]) for t in r0}) == 4, "requests share a suffix")
-    check(dump(engine, base + ["--seed", "2"])[0] != r0[0], "--seed changes nothing")
-    f = dump(engine, ["--requests", "2", "--prompt-tokens", "100", "--shared-prefix", "0.25"])
+    check(dump(c.engine, base + ["--seed", "2"])[0] != r0[0], "--seed changes nothing")
+    f = dump(c.engine, ["--requests", "2", "--prompt-tokens", "100", "--shared-prefix", "0.25"])
     check(f[0][:25] == f[1][:25] and f[0][25] != f[1][25], "--shared-prefix 0.25 of 100")
 
     # Replaying the dump as a requests file gives the same offload behaviour.
     args = ["--native-cache", "16M", "--verify", *TINY]
-    gen, _ = parse(run(engine, base + args), 4)
+    gen, _ = parse(run(c.engine, base + args), 4)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.jsonl")
         with open(path, "w") as out:
-            out.write(run(engine, base + ["--dump-requests"]).stdout)
-        replay, _ = parse(run(engine, ["--requests-file", path] + args), 4)
+            out.write(run(c.engine, base + ["--dump-requests"]).stdout)
+        replay, _ = parse(run(c.engine, ["--requests-file", path] + args), 4)
     def counts(reqs):
         return [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in reqs]
     check(counts(gen) == counts(replay), f"replay differs: {gen} vs {replay}")
 
 
-def case_bad_flags(engine, _):
+def case_bad_flags(c):
     bad = [["--bogus"], ["--layers"], ["--layers", "0"], ["--layers", "abc"],
            ["--layers", "-3"], ["--requests", "1e3"], ["--shared-prefix", "1.5"],
            ["--shared-prefix", "0.5", "--prefix-tokens", "3"],
@@ -201,47 +197,42 @@ def case_bad_flags(engine, _):
            ["--kvo-buffer", "gpu"], ["--model-id", "x" * 64], ["--chunk-tokens", "65537"],
            ["stray"]]
     for args in bad:
-        p = run(engine, args, expect_rc=2)
+        p = run(c.engine, args, expect_rc=2)
         check("usage: refengine" in p.stderr, f"{args}: no usage line in {p.stderr!r}")
         check(p.stdout == "", f"{args}: printed results: {p.stdout!r}")
-    p = run(engine, ["--help"])
+    p = run(c.engine, ["--help"])
     check("--native-cache" in p.stdout and "--verify" in p.stdout, "help text")
     # Driver failures are runtime errors (exit 1) naming the call.
-    p = run(engine, ["--prompt-tokens", "4096"], {"FAKECUDA_MEM_LIMIT": "1M"}, expect_rc=1)
+    p = run(c.engine, ["--prompt-tokens", "4096"], {"FAKECUDA_MEM_LIMIT": "1M"}, expect_rc=1)
     check("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in p.stderr, f"stderr: {p.stderr!r}")
-    p = run(engine, [], {"FAKECUDA_DEVICES": "0"}, expect_rc=1)
+    p = run(c.engine, [], {"FAKECUDA_DEVICES": "0"}, expect_rc=1)
     check("cuInit failed" in p.stderr and p.stdout == "", f"no device: {p.stderr!r}")
 
 
-def case_interpose(engine, bogus):
+def case_interpose(c):
     """LD_PRELOAD of another kvo module replaces all three calls, as kvshim will."""
     args = ["--requests", "2", "--prompt-tokens", "100", *TINY]
-    env = {"LD_PRELOAD": bogus, "ASAN_OPTIONS": "verify_asan_link_order=0"}
-    reqs, s = parse(run(engine, args, env), 2)
+    env = {"LD_PRELOAD": c.args.bogus, "ASAN_OPTIONS": "verify_asan_link_order=0"}
+    reqs, s = parse(run(c.engine, args, env), 2)
     check(all(r["loaded"] == 3 and r["computed"] == 1 for r in reqs), f"lookup/load: {reqs}")
-    reqs, s = parse(run(engine, args, {**env, "KVO_BOGUS_LOOKUP": "0"}), 2)
+    reqs, s = parse(run(c.engine, args, {**env, "KVO_BOGUS_LOOKUP": "0"}), 2)
     check(all(r["stored"] == 3 for r in reqs), f"store not interposed: {reqs}")
-    p = run(engine, args + ["--verify"], env, expect_rc=3)
+    p = run(c.engine, args + ["--verify"], env, expect_rc=3)
     check("verify: request 0 chunk 0" in p.stderr, f"verify message: {p.stderr!r}")
 
 
-CASES = {name[len("case_"):].replace("_", "-"): fn
-         for name, fn in globals().items() if name.startswith("case_")}
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", required=True, help="refengine")
+    ap.add_argument("--bogus", help="a kvo module refengine does not link (case interpose)")
+    return ap
 
 
-def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in CASES:
-        print(f"usage: {sys.argv[0]} {{{','.join(CASES)}}} REFENGINE [BOGUS_KVO_LIB]",
-              file=sys.stderr)
-        return 2
-    try:
-        CASES[sys.argv[1]](sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
-    except Failure as e:
-        print(f"FAIL {sys.argv[1]}: {e}", file=sys.stderr)
-        return 1
-    print(f"ok {sys.argv[1]}")
-    return 0
+class Ctx(harness.Context):
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        self.engine = args.engine
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))

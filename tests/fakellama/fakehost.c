@@ -1,7 +1,7 @@
 /* tests/fakellama: fakehost, the "engine" of the llama shim tests. It dlopen()s the plugin
  * RTLD_LOCAL (as Node loads an addon), then runs the commands given as arguments, in order, on
  * a worker thread (engines call the state API from worker threads), printing one line per
- * command. The test driver (tests/integration/llama_shim.py) runs the same commands with and
+ * command. The test driver (tests/fakellama/llama_shim.py) runs the same commands with and
  * without LD_PRELOAD=libkvshim.so and compares the lines.
  *
  * usage: fakehost PLUGIN 'CMD ARGS...' ...

@@ -1,7 +1,7 @@
 /* tests/fakellama: prefixhost, the "engine" of the prefix-cache tests (design §10.3). It links
  * libfakellama.so and calls it through its PLT, as llama-server or node-llama-cpp's addon call
  * libllama, and runs the commands given as arguments in order, printing one line per command.
- * The test driver (tests/integration/llama_prefix.py) runs the same commands with and without
+ * The test driver (tests/fakellama/llama_prefix.py) runs the same commands with and without
  * LD_PRELOAD=libkvshim.so and compares the lines: every line is a function of what the engine
  * computed (output logits, sampled tokens, memory positions), never of kvshim.
  *

@@ -2,24 +2,29 @@
 """ctest driver for the A/B runner (scripts/ab): checks the shape of what it prints and writes,
 never the timings.
 
-usage: ab_smoke.py CASE SCRIPTS_AB REFENGINE PRELOAD
+usage: ab_smoke.py CASE --ab SCRIPTS_AB --engine REFENGINE --preload PRELOAD   (--list: the cases)
   CASE     run | fail | usage
   PRELOAD  libkvshim.so; when it does not exist the loaded and on arms are left out (said so)
+Each case runs in its own temporary directory (the current directory while it runs, so a
+default ./ab-out would land there, never in the source tree).
 
 run    2 refengine processes in the arms off, loaded, on: table, results.csv, results.json, ab.png
 fail   one arm of one repetition runs `false`: exit 1, the error and its stderr reported, the
        other repetitions still run; a hung command is killed by --timeout
 usage  bad arguments: exit 2, the usage line, nothing written
 """
+import argparse
 import csv
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Context, Failure, check  # noqa: E402
+import harness  # noqa: E402
 
 # A tiny workload: 3 requests of 96 tokens = 3 chunks of 32, the first 64 tokens shared.
 REQUESTS, CHUNKS_PER_REQUEST = 3, 3
@@ -28,15 +33,6 @@ ENGINE_ARGS = ["--rank", "{rank}", "--requests", str(REQUESTS), "--prompt-tokens
                "--kv-heads", "2", "--head-dim", "16", "--hidden", "32"]
 RUNNER_COLUMNS = ["rep", "arm", "rank", "pid", "exit_code", "status", "wall_s", "user_s",
                   "sys_s", "maxrss_mb"]
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
 
 
 def ab(scripts_ab, args, expect_rc, timeout=240, env_extra=None):
@@ -95,7 +91,8 @@ def check_png(path):
     check(width >= 400 and height >= 300, f"{path}: {width}x{height} is too small to read")
 
 
-def case_run(scripts_ab, engine, preload, work):
+def case_run(c):
+    scripts_ab, engine, preload, work = c.args.ab, c.args.engine, c.preload, c.work
     arms = arms_for(preload)
     out = os.path.join(work, "out")
     stdout, stderr = ab(scripts_ab, ["--reps", "1", "--procs", "2", "--arms", ",".join(arms),
@@ -189,7 +186,8 @@ def case_run(scripts_ab, engine, preload, work):
               f"arm {r['arm']} environment (lease, enable, preloaded, run_dir) = {got}: {r}")
 
 
-def case_fail(scripts_ab, engine, preload, work):
+def case_fail(c):
+    scripts_ab, engine, preload, work = c.args.ab, c.args.engine, c.preload, c.work
     arms = arms_for(preload)
     bad = arms[-1]
     out = os.path.join(work, "out")
@@ -225,7 +223,8 @@ def case_fail(scripts_ab, engine, preload, work):
           f"timeout not reported:\n{stderr}")
 
 
-def case_usage(scripts_ab, engine, preload, work):
+def case_usage(c):
+    scripts_ab, engine, preload, work = c.args.ab, c.args.engine, c.preload, c.work
     out = os.path.join(work, "never")
     bad = [
         ["--reps", "0", "--", "true"],
@@ -254,23 +253,24 @@ def case_usage(scripts_ab, engine, preload, work):
         check(word in stdout, f"--help does not mention {word}")
 
 
-def main():
-    if len(sys.argv) != 5 or sys.argv[1] not in ("run", "fail", "usage"):
-        sys.exit(__doc__)
-    case, scripts_ab, engine, preload = sys.argv[1:]
-    work = tempfile.mkdtemp(prefix=f"kvshim-ab-smoke-{case}-")
-    cwd = os.getcwd()
-    os.chdir(work)         # a default ./ab-out would land here, never in the source tree
-    try:
-        globals()["case_" + case](scripts_ab, engine, preload, work)
-    except (Failure, subprocess.TimeoutExpired) as e:
-        print(f"FAIL ab_smoke {case}: {e}\n(outputs kept in {work})")
-        sys.exit(1)
-    finally:
-        os.chdir(cwd)
-    shutil.rmtree(work, ignore_errors=True)
-    print(f"ab_smoke {case}: ok")
+class Ctx(Context):
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        self.cwd = os.getcwd()
+        os.chdir(work)
+
+    def cleanup(self):
+        os.chdir(self.cwd)
+        super().cleanup()
+
+
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ab", required=True, help="scripts/ab")
+    ap.add_argument("--engine", required=True, help="refengine")
+    ap.add_argument("--preload", required=True, help="libkvshim.so (need not exist)")
+    return ap
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))

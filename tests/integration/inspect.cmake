@@ -10,7 +10,6 @@ if(NOT TARGET kvshim OR NOT TARGET kvshim_elfscan)
   message(STATUS "kvshim: inspect tests skipped: kvshim or kvshim_elfscan missing")
   return()
 endif()
-find_package(Python3 REQUIRED COMPONENTS Interpreter)
 include(CheckCSourceCompiles)
 
 set(fx_src ${CMAKE_CURRENT_LIST_DIR}/inspect)
@@ -114,30 +113,19 @@ endforeach()
 target_compile_definitions(fx_rt_exe PRIVATE FX_DEFINE_KVO)
 set_target_properties(fx_rt_exe PROPERTIES ENABLE_EXPORTS ON)
 
-set(inspect_check ${Python3_EXECUTABLE} ${fx_src}/check_inspect.py --kvshim $<TARGET_FILE:kvshim>
-    --dir ${fx_dir} --probe $<TARGET_FILE:fx_probe> --static-mode ${fx_static_mode}
-    --object $<TARGET_OBJECTS:fx_kvo_obj>)
 # a relocatable object (.o) for the bad-input case
 add_library(fx_kvo_obj OBJECT ${fx_src}/fx_kvo_lib.c)
 target_include_directories(fx_kvo_obj PRIVATE ${fx_src} ${PROJECT_SOURCE_DIR}/shims/kvo/include)
 
-set(inspect_cases plt-import plt-internal symbolic symbolic-functions partial partial-protected hidden
-    protected static
-    exe-internal exe-defined plugin rpath-chain runpath-chain runtime runtime-exe bad-input
-    json ld-cache)
+# inspect_fake_<case> (the cases: `check_inspect.py --list`); the refengine case needs refengine
+# and the fake CUDA driver.
+set(inspect_args --kvshim $<TARGET_FILE:kvshim> --dir ${fx_dir} --probe $<TARGET_FILE:fx_probe>
+    --static-mode ${fx_static_mode} --object $<TARGET_OBJECTS:fx_kvo_obj>)
+set(inspect_env ASAN_OPTIONS=verify_asan_link_order=0 ${KVSHIM_TEST_LSAN})
+kvshim_add_py_cases(inspect fake ${fx_src}/check_inspect.py EXCLUDE refengine
+  LABELS integration inspect TIMEOUT 120 ENVIRONMENT ${inspect_env} ARGS ${inspect_args})
 if(TARGET refengine)
-  list(APPEND inspect_cases refengine)
+  kvshim_add_py_cases(inspect fake ${fx_src}/check_inspect.py ONLY refengine FAKECUDA
+    LABELS integration inspect TIMEOUT 120 ENVIRONMENT ${inspect_env}
+    ARGS ${inspect_args} --refengine $<TARGET_FILE:refengine>)
 endif()
-foreach(case IN LISTS inspect_cases)
-  string(REPLACE "-" "_" name "inspect_${case}")
-  if(case STREQUAL "refengine")
-    add_test(NAME ${name} COMMAND ${inspect_check} --refengine $<TARGET_FILE:refengine> ${case})
-  else()
-    add_test(NAME ${name} COMMAND ${inspect_check} ${case})
-  endif()
-  set_tests_properties(${name} PROPERTIES TIMEOUT 120 LABELS "integration;inspect"
-    ENVIRONMENT "ASAN_OPTIONS=verify_asan_link_order=0;LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
-  if(case STREQUAL "refengine")
-    kvs_fakecuda_env(${name}) # after ENVIRONMENT: older CMake appends to that property
-  endif()
-endforeach()

@@ -31,22 +31,15 @@ import argparse
 import json
 import os
 import random
-import select
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Context, Failure, check, finish, read_line, read_stats  # noqa: E402
+import harness  # noqa: E402
 
 
 # Small model: chunk = 4 layers x K,V x 64 tokens x 2 heads x 16 x f32 = 64 KiB.
@@ -57,57 +50,13 @@ TIMING_KEYS = ("ttft_ms", "load_ms", "store_ms", "ttft_ms_mean", "ttft_ms_p50", 
                "compute_ms_per_chunk", "load_ms_per_chunk", "store_ms_per_chunk", "wall_ms")
 
 
-class Ctx:
-    def __init__(self, args, tmp):
+class Ctx(Context):
+    defaults = {"KVSHIM_HOST_POOL_SIZE": "64M"}
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
         self.engine = args.engine
-        self.preload = args.preload
-        self.cli = args.cli
         self.abi = args.abi
-        self.asan_runtime = args.asan_runtime
-        self.tmp = tmp
-        self.run_dir = os.path.join(tmp, "run")
-        self.procs = []
-
-    def env(self, preload=True, **extra):
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("KVSHIM_") or k == "LD_PRELOAD":
-                del env[k]
-        env["KVSHIM_RUN_DIR"] = self.run_dir
-        env["KVSHIM_HOST_POOL_SIZE"] = "64M"
-        if preload:
-            # ASan builds: the sanitizer runtime must come first.
-            env["LD_PRELOAD"] = ":".join(filter(None, [self.asan_runtime, self.preload]))
-        for k, v in extra.items():
-            env[k] = str(v)
-        return env
-
-    def stats_path(self, name):
-        return os.path.join(self.tmp, name + ".stats.json")
-
-    def spawn(self, argv, env):
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        self.procs.append(p)
-        return p
-
-    def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-def read_stats(path):
-    check(os.path.exists(path), f"no KVSHIM_STATS file {path}")
-    with open(path) as f:
-        text = f.read()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise Failure(f"stats file {path} is not JSON ({e}): {text[:200]!r}")
 
 
 def parse_output(out, what):
@@ -128,41 +77,6 @@ def run_engine(ctx, args, env, what, timeout=120, expect_rc=0):
         raise Failure(f"{what}: exit {p.returncode}, expected {expect_rc}\n"
                       f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p
-
-
-_pending = {}  # pid -> bytes read from stdout but not yet returned as lines
-
-
-def read_line(p, timeout, what):
-    """One stdout line of a running process, within timeout seconds (raw reads on the fd, so
-    lines that arrive together are never stuck in a buffer select() cannot see)."""
-    deadline = time.monotonic() + timeout
-    buf = _pending.get(p.pid, b"")
-    fd = p.stdout.fileno()
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        check(left > 0, f"{what}: no output line within {timeout} s")
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            p.wait(timeout=30)
-            err = p.stderr.read().decode(errors="replace")
-            raise Failure(f"{what}: exited (rc {p.returncode}) before the line; stderr:\n{err}")
-        buf += chunk
-    line, rest = buf.split(b"\n", 1)
-    _pending[p.pid] = rest
-    return line.decode() + "\n"
-
-
-def finish(p, timeout, what):
-    """Wait for a process; its remaining stdout (after the lines read so far) and stderr."""
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failure(f"{what}: still running after {timeout} s")
-    return (_pending.pop(p.pid, b"") + out).decode(), err.decode(errors="replace")
 
 
 def wait_summary(p, what, timeout=120):
@@ -281,9 +195,7 @@ def case_salt(ctx):
 
 
 def case_serve(ctx):
-    serve = ctx.spawn([ctx.cli, "serve", "--pool-size", "64M"], ctx.env(preload=False))
-    line = read_line(serve, 30, "kvshim serve")
-    check("socket" in line, f"serve banner: {line!r}")
+    serve = ctx.serve()
     args = workload(8, 2, 1, ["--kvo-buffer", "device"])
     a = run_engine(ctx, args + ["--rank", "0"], ctx.env(KVSHIM_STATS=ctx.stats_path("a")), "A")
     _, a_sum = parse_output(a.stdout, "A")
@@ -462,33 +374,16 @@ def case_hooks_kvo_only(ctx):
     check_pair(a, b)
 
 
-CASES = {name[len("case_"):].replace("_", "-"): fn
-         for name, fn in globals().items() if name.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", required=True)
     ap.add_argument("--preload", required=True)
     ap.add_argument("--cli", required=True)
     ap.add_argument("--abi", required=True)
     ap.add_argument("--asan-runtime", default="",
                     help="ASan builds: the sanitizer runtime, preloaded before kvshim")
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvo-test-")
-    ctx = Ctx(args, tmp)
-    try:
-        CASES[args.case](ctx)
-    except Failure as e:
-        print(f"FAIL {args.case}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        ctx.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {args.case}")
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))

@@ -8,15 +8,10 @@ if(NOT TARGET kvshim_preload OR NOT TARGET kvshim_fakecuda)
 endif()
 
 set(pt_defs "PT_PRELOAD_LIB=\"$<TARGET_FILE:kvshim_preload>\"")
-if(KVSHIM_SANITIZE MATCHES "address")
-  # The sanitizer runtime must come first in LD_PRELOAD for instrumented children.
-  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
-    OUTPUT_VARIABLE pt_asan OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(IS_ABSOLUTE "${pt_asan}" AND EXISTS "${pt_asan}")
-    list(APPEND pt_defs "PT_ASAN_RUNTIME=\"${pt_asan}\"")
-  else()
-    message(WARNING "kvshim: no shared ASan runtime found (${pt_asan}): preload tests may fail")
-  endif()
+# The sanitizer runtime must come first in LD_PRELOAD for instrumented children.
+kvshim_asan_runtime(pt_asan)
+if(pt_asan)
+  list(APPEND pt_defs "PT_ASAN_RUNTIME=\"${pt_asan}\"")
 endif()
 
 # Helper libraries of the dlsym test: A and B both define pt_probe; the plugin (opened

@@ -20,7 +20,7 @@ Proves that the app and a tiny-gguf model work and that a loaded prefix state re
      file makes the pinned llama.cpp abort the process (GGML_ASSERT(nread <= state_size)), which is
      why the app loads only files marked .saved;
   8. a second fresh cache directory gets byte-identical state files (saves are deterministic).
-Usage: check_baseline.py [--work-dir DIR] [--keep] [--no-setup]
+Usage: check_baseline.py baseline [--work-dir DIR] [--keep] [--no-setup]   (--list: the cases)
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
 """
 
@@ -34,14 +34,16 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from harness import Context, Failure, Skip, check  # noqa: E402
+import harness  # noqa: E402
+
 APP = os.path.join(HERE, "app.mjs")
 TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
 SETUP = os.path.join(ROOT, "scripts", "llama-setup")
-SKIP = 77
 
 LLAMA_STATE_SEQ_MAGIC = 0x67677371  # 'ggsq' (include/llama.h)
 LLAMA_STATE_SEQ_VERSION = 3
@@ -60,18 +62,8 @@ PROMPTS = [
     "Hi there.",  # shorter than the prefix: its prefix is all but its last token
 ]
 
-failures = []
-
-
 def say(msg):
     print(msg, flush=True)
-
-
-def check(ok, what):
-    say(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
 
 
 def run_app(args, what):
@@ -79,12 +71,10 @@ def run_app(args, what):
     p = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
-        say("FAIL %s: app.mjs exited %d: %s" % (what, p.returncode, " ".join(cmd)))
-        sys.exit(1)
+        raise Failure("%s: app.mjs exited %d: %s" % (what, p.returncode, " ".join(cmd)))
     lines = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
     if not lines or not lines[-1].get("summary"):
-        say("FAIL %s: no summary line in the output of %s" % (what, " ".join(cmd)))
-        sys.exit(1)
+        raise Failure("%s: no summary line in the output of %s" % (what, " ".join(cmd)))
     return lines[:-1], lines[-1]
 
 
@@ -123,38 +113,18 @@ def read_state_file(path):
     return magic, version, toks, data[12 + 4 * n:]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work-dir", help="scratch directory (emptied first; default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
-    a = ap.parse_args()
+class Case(Context):
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        if not args.no_setup:
+            harness.setup_step([SETUP])
+        elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
+            raise Skip("tests/engines/llama/node_modules is not installed (run "
+                       "scripts/llama-setup)")
 
-    if not a.no_setup:
-        rc = subprocess.run([SETUP]).returncode
-        if rc == SKIP:
-            say("SKIP: the node-llama-cpp test engine cannot be set up here (see above)")
-            return SKIP
-        if rc != 0:
-            say("FAIL: scripts/llama-setup exited %d" % rc)
-            return 1
-    elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-        say("SKIP: tests/engines/llama/node_modules is not installed (run scripts/llama-setup)")
-        return SKIP
 
-    if a.work_dir:
-        work = os.path.abspath(a.work_dir)
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-    else:
-        work = tempfile.mkdtemp(prefix="kvshim-llama-check-")
-    try:
-        return run_checks(work)
-    finally:
-        if a.keep:
-            say("kept %s" % work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+def case_baseline(c):
+    run_checks(c.work)
 
 
 def run_checks(work):
@@ -280,14 +250,15 @@ def run_checks(work):
     check(sorted(state_files(cache2)) == states and same,
           "a fresh cache directory gets byte-identical state files")
 
-    if failures:
-        say("%d check(s) failed" % len(failures))
-        return 1
-    say("PASS: loaded prefix states reproduce the reference tokens exactly "
-        "(run 1 prefix evaluation %.1f ms mean, run 2 load %.1f ms mean)"
+    say("run 1 prefix evaluation %.1f ms mean, run 2 load %.1f ms mean"
         % (s1["prefix_ms_evaluated_mean"], s2["prefix_ms_loaded_mean"]))
-    return 0
+
+
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))

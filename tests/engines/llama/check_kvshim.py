@@ -33,8 +33,8 @@ another suffix) asks for the same path.
   inspect    `kvshim inspect --json` on the node addon (llama-addon.node) reports every llama.cpp
              hook interposable, the state save/load functions imported through the addon's PLT.
 
-Usage: check_kvshim.py --case CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
-                       [--no-setup] [--asan-runtime LIBASAN]
+Usage: check_kvshim.py CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
+                       [--no-setup] [--asan-runtime LIBASAN]      (--list: the cases)
 (--asan-runtime: a sanitized libkvshim.so; LIBASAN goes first in the engines' LD_PRELOAD, with
 leak detection off: node itself is not instrumented and keeps memory until exit.)
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
@@ -45,20 +45,20 @@ import glob
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from harness import Context, Failure, Skip, check, read_stats  # noqa: E402
+import harness  # noqa: E402
+
 APP = os.path.join(HERE, "app.mjs")
 TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
 SETUP = os.path.join(ROOT, "scripts", "llama-setup")
-SKIP = 77
-CASES = ("peer", "serve", "negative", "isolation", "fault", "inspect")
 
 # A small model: every engine run takes about a second on one thread. Same shape, two seeds.
 MODEL = dict(layers=4, embd=256, heads=4, kv_heads=4, ffn=512, vocab=1024, ctx=1024)
@@ -68,22 +68,8 @@ SUFFIX_TOKENS = 12
 GEN_TOKENS = 12
 RUN_TIMEOUT_S = 300
 
-failures = []
-
-
 def say(msg):
     print(msg, flush=True)
-
-
-def check(ok, what):
-    say(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
-
-
-class Fatal(Exception):
-    """A step that the rest of the case depends on failed."""
 
 
 def token_prompts():
@@ -95,17 +81,26 @@ def token_prompts():
     return {"PA": p + a, "PB": p + b, "QA": q + a}
 
 
-class Case:
-    def __init__(self, args, work):
-        self.args = args
-        self.work = work
+class Case(Context):
+    """Sockets live in the harness's short temporary directory (a Unix socket path has 108
+    bytes), files in the work directory."""
+    preload_env = {"KVSHIM_LLAMA_WRITE_THROUGH": "0", "KVSHIM_LLAMA_PREFIX": "0",
+                   "KVSHIM_POOL_SIZE": "256M", "KVSHIM_HOST_POOL_SIZE": "0"}
+    asan_env = {"ASAN_OPTIONS": "detect_leaks=0"}
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        for what, path in (("--preload", args.preload), ("--kvshim", args.kvshim)):
+            if not os.path.isfile(path):
+                raise Failure("%s %s does not exist (build it first)" % (what, path))
+        if not args.no_setup:
+            harness.setup_step([SETUP])
+        elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
+            raise Skip("tests/engines/llama/node_modules is not installed (run "
+                       "scripts/llama-setup)")
         self.preload = os.path.abspath(args.preload)
-        self.kvshim = os.path.abspath(args.kvshim)
-        # Sockets live here: short (a Unix socket path has 108 bytes) and private to the case.
-        self.run_dir = tempfile.mkdtemp(prefix="kvs-e2e-")
-        self.procs = []
-        self.base_env = {k: v for k, v in os.environ.items()
-                         if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
+        self.kvshim = self.cli = os.path.abspath(args.kvshim)
+        self.base_env = self.env(preload=False)
         self.prompts = {}
         for name, toks in token_prompts().items():
             path = os.path.join(work, name + ".json")
@@ -114,42 +109,17 @@ class Case:
             self.prompts[name] = path
         self.models = {}
 
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
     # ---- environments ----------------------------------------------------------------------
 
     def kvshim_env(self, stats_name, **extra):
         """An engine under kvshim: LD_PRELOAD, this case's run dir, no write-through."""
-        env = dict(self.base_env)
-        preload = self.preload
-        if self.args.asan_runtime:
-            preload = self.args.asan_runtime + ":" + preload
-            env["ASAN_OPTIONS"] = "detect_leaks=0"
-        env.update(LD_PRELOAD=preload, KVSHIM_RUN_DIR=self.run_dir,
-                   KVSHIM_LLAMA_WRITE_THROUGH="0", KVSHIM_LLAMA_PREFIX="0",
-                   KVSHIM_POOL_SIZE="256M",
-                   KVSHIM_HOST_POOL_SIZE="0",
-                   KVSHIM_STATS=os.path.join(self.work, stats_name + ".%p.json"))
-        env.update({k: str(v) for k, v in extra.items()})
-        return env
+        return self.env(KVSHIM_STATS=os.path.join(self.work, stats_name + ".%p.json"), **extra)
 
     def cli_env(self):
-        env = dict(self.base_env)
-        env["KVSHIM_RUN_DIR"] = self.run_dir
-        return env
+        return self.env(preload=False)
 
     def stats_of(self, stats_name, pid):
-        path = os.path.join(self.work, "%s.%d.json" % (stats_name, pid))
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError) as e:
-            raise Fatal("no KVSHIM_STATS file %s of pid %d: %s" % (path, pid, e))
+        return read_stats(os.path.join(self.work, "%s.%d.json" % (stats_name, pid)))
 
     # ---- models and engine runs ------------------------------------------------------------
 
@@ -171,28 +141,26 @@ class Case:
 
     def start(self, what, seed, prompt, extra, env):
         cmd = self.app_args(seed, prompt, extra)
-        p = subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = self.spawn(cmd, env, text=True, cwd=HERE)
         p.what = what
-        self.procs.append(p)
         return p
 
     def finish(self, p, timeout=RUN_TIMEOUT_S):
-        """Wait for an engine; its per-prompt lines and summary (Fatal on failure)."""
+        """Wait for an engine; its per-prompt lines and summary (Failure otherwise)."""
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
             sys.stderr.write(err)
-            raise Fatal("%s: app.mjs still running after %d s" % (p.what, timeout))
+            raise Failure("%s: app.mjs still running after %d s" % (p.what, timeout))
         if p.returncode != 0:
             sys.stderr.write(err)
-            raise Fatal("%s: app.mjs exited %d" % (p.what, p.returncode))
+            raise Failure("%s: app.mjs exited %d" % (p.what, p.returncode))
         lines = [json.loads(x) for x in out.splitlines() if x.strip().startswith("{")]
         if not lines or not lines[-1].get("summary"):
             sys.stderr.write(err)
-            raise Fatal("%s: no summary line" % p.what)
+            raise Failure("%s: no summary line" % p.what)
         p.stderr_text = err
         return lines[:-1], lines[-1]
 
@@ -203,7 +171,7 @@ class Case:
         lines, _ = self.run("reference %s model %d" % (prompt, seed), seed, prompt, ["--no-cache"])
         toks = lines[0]["gen_tokens"]
         if len(toks) != GEN_TOKENS:
-            raise Fatal("reference %s: %d tokens, not %d" % (prompt, len(toks), GEN_TOKENS))
+            raise Failure("reference %s: %d tokens, not %d" % (prompt, len(toks), GEN_TOKENS))
         return toks
 
     def start_holder(self, what, seed, prompt, cache, stats_name, extra=(), **env):
@@ -218,9 +186,9 @@ class Case:
         while not os.path.exists(done):
             if p.poll() is not None:
                 self.finish(p)  # raises with its stderr
-                raise Fatal("%s exited before its barrier" % what)
+                raise Failure("%s exited before its barrier" % what)
             if time.monotonic() > deadline:
-                raise Fatal("%s: not done after %d s" % (what, RUN_TIMEOUT_S))
+                raise Failure("%s: not done after %d s" % (what, RUN_TIMEOUT_S))
             time.sleep(0.05)
         return p
 
@@ -291,13 +259,10 @@ def case_peer(c):
 def case_serve(c):
     ref_b = c.reference(SEED_1, "PB")
     cache = c.cache_dir("cache")
-    serve = subprocess.Popen([c.kvshim, "serve", "--pool-size", "256M"], env=c.cli_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    c.procs.append(serve)
-    first = serve.stdout.readline()
-    if serve.poll() is not None or ".sock" not in first:
-        raise Fatal("kvshim serve did not start: %s %s" % (first, serve.stderr.read()))
-    say(first.strip())
+    serve = c.serve("256M")
+    if serve.poll() is not None or ".sock" not in serve.banner:
+        raise Failure("kvshim serve did not start: %s" % serve.banner)
+    say(serve.banner.strip())
     a_lines, _ = c.run("A", SEED_1, "PA", ["--cache-dir", cache], c.kvshim_env("a"))
     a = c.procs[-1]
     c.check_saved_without_file("A", a_lines[0], cache)
@@ -390,7 +355,7 @@ def case_fault(c):
     a = c.start_holder("A", SEED_1, "PA", cache, "a")
     socks = glob.glob(os.path.join(c.run_dir, "*", "*.sock"))
     if len(socks) != 1:
-        raise Fatal("expected A's one socket in %s, found %s" % (c.run_dir, socks))
+        raise Failure("expected A's one socket in %s, found %s" % (c.run_dir, socks))
     sock = socks[0]
     os.kill(a.pid, signal.SIGSTOP)
     say("A (pid %d) stopped" % a.pid)
@@ -414,7 +379,7 @@ def case_fault(c):
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while unix_socket_entries(sock) <= before:
         if b2.poll() is not None or time.monotonic() > deadline:
-            raise Fatal("B2 never connected to the stopped A (%d entries for %s)"
+            raise Failure("B2 never connected to the stopped A (%d entries for %s)"
                         % (unix_socket_entries(sock), sock))
         time.sleep(0.005)
     t_kill = time.monotonic()
@@ -439,7 +404,7 @@ def case_inspect(c):
     addons = sorted(glob.glob(os.path.join(HERE, "node_modules", "@node-llama-cpp", "*", "bins",
                                            "*", "llama-addon.node")))
     if not addons:
-        raise Fatal("no node_modules/@node-llama-cpp/*/bins/*/llama-addon.node")
+        raise Failure("no node_modules/@node-llama-cpp/*/bins/*/llama-addon.node")
     addon = addons[0]
     p = subprocess.run([c.kvshim, "inspect", addon, "--json"], env=c.cli_env(),
                        capture_output=True, text=True, timeout=120)
@@ -448,7 +413,7 @@ def case_inspect(c):
     try:
         doc = json.loads(p.stdout)
     except ValueError as e:
-        raise Fatal("kvshim inspect --json: not JSON (%s): %s" % (e, p.stdout[:200]))
+        raise Failure("kvshim inspect --json: not JSON (%s): %s" % (e, p.stdout[:200]))
     fam = [f for f in doc.get("families", []) if f.get("family") == "llama"]
     if not check(len(fam) == 1, "the report has one llama family"):
         return
@@ -470,58 +435,14 @@ def case_inspect(c):
               "%s: interposable, imported by llama-addon.node through its PLT" % name)
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--case", required=True, choices=CASES)
     ap.add_argument("--preload", required=True, help="libkvshim.so")
     ap.add_argument("--kvshim", required=True, help="the kvshim CLI")
-    ap.add_argument("--work-dir", help="scratch directory (emptied first; default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
     ap.add_argument("--asan-runtime", help="libasan.so to preload first (sanitized libkvshim)")
-    a = ap.parse_args()
-    for what, path in (("--preload", a.preload), ("--kvshim", a.kvshim)):
-        if not os.path.isfile(path):
-            say("FAIL: %s %s does not exist (build it first)" % (what, path))
-            return 1
-
-    if not a.no_setup:
-        rc = subprocess.run([SETUP]).returncode
-        if rc == SKIP:
-            say("SKIP: the node-llama-cpp test engine cannot be set up here: no Node.js >= 20, "
-                "or the npm registry cannot be reached to install it (see above)")
-            return SKIP
-        if rc != 0:
-            say("FAIL: scripts/llama-setup exited %d" % rc)
-            return 1
-    elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-        say("SKIP: tests/engines/llama/node_modules is not installed (run scripts/llama-setup)")
-        return SKIP
-
-    if a.work_dir:
-        work = os.path.abspath(a.work_dir)
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-    else:
-        work = tempfile.mkdtemp(prefix="kvshim-llama-e2e-")
-    c = Case(a, work)
-    try:
-        globals()["case_" + a.case](c)
-    except Fatal as e:
-        failures.append(str(e))
-        say("FAIL %s" % e)
-    finally:
-        c.close()
-        if a.keep:
-            say("kept %s" % work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        say("%s: %d check(s) failed" % (a.case, len(failures)))
-        return 1
-    say("PASS: %s" % a.case)
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))

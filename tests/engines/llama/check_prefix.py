@@ -30,32 +30,31 @@ system prefix of about 1,100 tokens (generated English-like text).
               from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
               remap covers it; llama_decode and the memory calls are interposable.
 
-Usage: check_prefix.py --case CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
-                       [--no-setup] [--asan-runtime LIBASAN]
+Usage: check_prefix.py CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
+                       [--no-setup] [--asan-runtime LIBASAN]      (--list: the cases)
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
 """
 
 import argparse
-import glob
 import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from harness import Context, Failure, check, sum_stats  # noqa: E402
+import harness  # noqa: E402
+
 APP = os.path.join(HERE, "prefix_app.mjs")
 TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
 SETUP = os.path.join(ROOT, "scripts", "llama-setup")
 LIBDIR = os.path.join(HERE, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64")
-SKIP = 77
-CASES = ("cli", "app", "divergence", "faults", "disabled", "inspect")
 RUN_TIMEOUT_S = 300
 MODEL = dict(layers=2, embd=128)
 
@@ -67,22 +66,8 @@ WORDS = ("the of and to a in is it you that he was for on are with as his they b
          "side been now find any new work part take get place made live where after back little "
          "only round man year came show every good me give our under name").split()
 
-failures = []
-
-
 def say(msg):
     print(msg, flush=True)
-
-
-def check(ok, what):
-    say(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
-
-
-class Fatal(Exception):
-    pass
 
 
 def text(seed, n):
@@ -100,16 +85,17 @@ PROMPTS = {
 }
 
 
-class Case:
-    def __init__(self, args, work):
-        self.args = args
-        self.work = work
+class Case(Context):
+    """Sockets live in the harness's short temporary directory, files in the work directory."""
+    asan_env = {"ASAN_OPTIONS": "detect_leaks=0"}
+    preload_env = {"KVSHIM_POOL_SIZE": "512M", "KVSHIM_HOST_POOL_SIZE": "0", "KVSHIM_LOG": "info"}
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        if not args.no_setup:
+            harness.setup_step([SETUP])
         self.preload = os.path.abspath(args.preload)
-        self.kvshim = os.path.abspath(args.kvshim)
-        self.run_dir = tempfile.mkdtemp(prefix="kvs-pfx-")
-        self.procs = []
-        self.base_env = {k: v for k, v in os.environ.items()
-                         if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
+        self.kvshim = self.cli = os.path.abspath(args.kvshim)
         self.files = {}
         for name, t in PROMPTS.items():
             path = os.path.join(work, name + ".txt")
@@ -117,15 +103,7 @@ class Case:
                 f.write(t)
             self.files[name] = path
         self.models = {}
-        self.n = 0
         self.group = "prefix"
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def model(self, seed=7):
         if seed not in self.models:
@@ -139,40 +117,18 @@ class Case:
         return self.models[seed]
 
     def env(self, kvshim, **extra):
-        env = dict(self.base_env)
-        env["KVSHIM_RUN_DIR"] = self.run_dir
-        env["KVSHIM_GROUP"] = self.group
+        """KVSHIM_GROUP is the round's group; under kvshim each run has its own stats files."""
         if kvshim:
-            preload = self.preload
-            if self.args.asan_runtime:
-                preload = self.args.asan_runtime + ":" + preload
-                env["ASAN_OPTIONS"] = "detect_leaks=0"
             self.n += 1
-            env.update(LD_PRELOAD=preload, KVSHIM_POOL_SIZE="512M", KVSHIM_HOST_POOL_SIZE="0",
-                       KVSHIM_LOG="info",
-                       KVSHIM_STATS=os.path.join(self.work, "stats%d.%%p.json" % self.n))
-        env.update({k: str(v) for k, v in extra.items()})
-        return env
+            extra.setdefault("KVSHIM_STATS", os.path.join(self.work, "stats%d.%%p.json" % self.n))
+        return super().env(kvshim, KVSHIM_GROUP=self.group, **extra)
 
     def stats(self, env):
-        """The stats of the one process of a run that wrote any (merged if several did)."""
-        pattern = env["KVSHIM_STATS"].replace("%p", "*")
-        merged = {}
-        for path in glob.glob(pattern):
-            with open(path) as f:
-                for k, v in json.load(f).items():
-                    if isinstance(v, int):
-                        merged[k] = merged.get(k, 0) + v
-        return merged
+        """The stats of the one process of a run that wrote any (summed if several did)."""
+        return sum_stats(env["KVSHIM_STATS"].replace("%p", "*"))
 
     def serve(self, pool="512M"):
-        s = subprocess.Popen([self.kvshim, "serve", "--pool-size", pool], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=self.env(False), text=True)
-        self.procs.append(s)
-        banner = s.stdout.readline()
-        if "socket" not in banner:
-            raise Fatal("kvshim serve did not start: %r" % banner)
-        return s
+        return super().serve(pool)
 
     # ---- the CLI ------------------------------------------------------------------------------
 
@@ -183,17 +139,14 @@ class Case:
         if batch:
             cmd += ["--batchSize", str(batch)]
         cmd += list(extra)
-        p = subprocess.Popen(cmd, cwd=HERE, env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.procs.append(p)
-        return p
+        return self.spawn(cmd, env, stdin=subprocess.PIPE, cwd=HERE)
 
     def cli_finish(self, p, what):
         try:
             out, err = p.communicate(input=b".exit\n", timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             p.kill()
-            raise Fatal("%s: the CLI still runs after %d s" % (what, RUN_TIMEOUT_S))
+            raise Failure("%s: the CLI still runs after %d s" % (what, RUN_TIMEOUT_S))
         # The completion is on stdout; llama.cpp's timings may come on either stream, and
         # kvshim's log lines (stderr) must not be mistaken for engine output.
         out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
@@ -202,7 +155,7 @@ class Case:
         ev = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*([0-9]+) tokens", out + err)
         if p.returncode != 0 or len(comp) != 1 or not ev:
             sys.stderr.write(out[-3000:] + err[-3000:])
-            raise Fatal("%s: the CLI exited %d without one completion and its timings"
+            raise Failure("%s: the CLI exited %d without one completion and its timings"
                         % (what, p.returncode))
         return {"completion": comp[0], "eval_ms": float(ev.group(1)),
                 "eval_tokens": int(ev.group(2)), "output": out, "log": err}
@@ -225,7 +178,7 @@ class Case:
                            timeout=RUN_TIMEOUT_S)
         if p.returncode != 0:
             sys.stderr.write(p.stderr[-4000:])
-            raise Fatal("%s: prefix_app.mjs exited %d" % (what, p.returncode))
+            raise Failure("%s: prefix_app.mjs exited %d" % (what, p.returncode))
         lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
         outs = [(l["prompt"], l["seq"], l["prompt_tokens"], l.get("gen_tokens"),
                  l.get("next_tokens")) for l in lines if not l.get("summary")]
@@ -372,43 +325,14 @@ def case_inspect(c):
         check(name in syms and syms[name]["interposable"], "%s is interposable" % name)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", required=True, choices=CASES)
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preload", required=True)
     ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--work-dir")
-    ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-setup", action="store_true")
     ap.add_argument("--asan-runtime", default="")
-    args = ap.parse_args()
-    if not args.no_setup:
-        rc = subprocess.run([SETUP]).returncode
-        if rc == SKIP:
-            say("SKIP: the node-llama-cpp engine cannot be prepared here")
-            return SKIP
-        if rc != 0:
-            say("FAIL scripts/llama-setup exited %d" % rc)
-            return 1
-    work = args.work_dir or tempfile.mkdtemp(prefix="kvs-prefix-e2e-")
-    if os.path.isdir(work):
-        shutil.rmtree(work)
-    os.makedirs(work)
-    c = Case(args, work)
-    try:
-        globals()["case_" + args.case](c)
-    except Fatal as e:
-        check(False, str(e))
-    finally:
-        c.close()
-    if failures:
-        say("%d check(s) failed; files kept in %s" % (len(failures), work))
-        return 1
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    say("all checks passed")
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))

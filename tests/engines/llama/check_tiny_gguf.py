@@ -3,29 +3,21 @@
 independent reader, the metadata llama.cpp requires, tensor names, shapes, types, alignment and
 values, the tokenizer's layout and prefix closure, byte-identical output for the same flags,
 atomic writes and clear errors for bad flags.
-Usage: check_tiny_gguf.py [--work-dir DIR]      Exit status: 0 pass, 1 fail."""
+Usage: check_tiny_gguf.py tiny-gguf [--work-dir DIR] [--keep]      Exit status: 0 pass, 1 fail."""
 
-import argparse
 import math
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY_GGUF = os.path.normpath(os.path.join(HERE, "..", "..", "..", "scripts", "tiny-gguf"))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "lib")))
+from harness import check  # noqa: E402
+import harness  # noqa: E402
+
 SPACE = "\u2581"
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-    return ok
 
 
 def tiny(*args):
@@ -90,23 +82,8 @@ def f16_stats(buf):
     return all(math.isfinite(v) for v in vals), mean, std
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work-dir")
-    a = ap.parse_args()
-    work = a.work_dir or tempfile.mkdtemp(prefix="kvshim-tiny-gguf-")
-    if a.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-    try:
-        run(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("PASS")
-    return 0
+def case_tiny_gguf(c):
+    run(c.work)
 
 
 def run(work):
@@ -229,4 +206,4 @@ def run(work):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), keep_going=True))

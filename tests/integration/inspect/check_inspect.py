@@ -2,7 +2,7 @@
 """ctest driver for `kvshim inspect` and the run-time family scan (design.md section 11).
 
 usage: check_inspect.py --kvshim KVSHIM --dir FIXTURES --probe PROBE.so --static-mode MODE
-                        --object FILE.o [--refengine REFENGINE] CASE
+                        --object FILE.o [--refengine REFENGINE] CASE      (--list: the cases)
 
 Every verdict case runs the fixture twice: once with LD_PRELOAD=PROBE.so, whose override of
 the hook writes "probe:<hook>" to stderr when it is called, and once through
@@ -18,14 +18,9 @@ import subprocess
 import sys
 import tempfile
 
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from harness import Failure, check  # noqa: E402
+import harness  # noqa: E402
 
 
 A = None  # parsed arguments
@@ -513,29 +508,22 @@ def case_refengine():
     check("kvo: libkvo_default.so, 3/3 hooks interposable" in text, f"human output:\n{text}")
 
 
-CASES = {name[len("case_"):].replace("_", "-"): fn
-         for name, fn in globals().items() if name.startswith("case_")}
-
-
-def main():
-    global A
-    ap = argparse.ArgumentParser()
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvshim", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--probe", required=True)
     ap.add_argument("--static-mode", choices=["static", "nopie"], required=True)
     ap.add_argument("--object", required=True)
     ap.add_argument("--refengine")
-    ap.add_argument("case", choices=sorted(CASES))
-    A = ap.parse_args()
-    try:
-        CASES[A.case]()
-    except Failure as e:
-        print(f"FAIL {A.case}: {e}", file=sys.stderr)
-        return 1
-    print(f"ok {A.case}")
-    return 0
+    return ap
+
+
+def context(args, tmp, work):
+    global A
+    A = args
+    return harness.Context(args, tmp, work)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), context))

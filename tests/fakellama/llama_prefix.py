@@ -37,113 +37,35 @@ Cases:
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored or stored
 """
 import argparse
-import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Context, check, read_stats  # noqa: E402
+import harness  # noqa: E402
 
 
-class Ctx:
-    def __init__(self, args, tmp):
+class Ctx(Context):
+    drop = ("KVSHIM_", "FAKELLAMA_")
+    defaults = {"KVSHIM_GROUP": "prefix", "KVSHIM_POOL_SIZE": "64M", "KVSHIM_HOST_POOL_SIZE": "0",
+                "KVSHIM_LOG": "info", "ASAN_OPTIONS": "verify_asan_link_order=0"}
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
         self.host = args.host
-        self.preload = args.preload
-        self.cli = args.cli
-        self.asan_runtime = args.asan_runtime
-        self.tmp = tmp
-        self.run_dir = os.path.join(tmp, "run")
-        self.procs = []
-        self.n = 0
-
-    def p(self, name):
-        return os.path.join(self.tmp, name)
-
-    def env(self, preload=True, **extra):
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("KVSHIM_") or k.startswith("FAKELLAMA_") or k == "LD_PRELOAD":
-                del env[k]
-        env["KVSHIM_RUN_DIR"] = self.run_dir
-        env["KVSHIM_GROUP"] = "prefix"
-        env["KVSHIM_POOL_SIZE"] = "64M"
-        env["KVSHIM_HOST_POOL_SIZE"] = "0"
-        env["KVSHIM_LOG"] = "info"
-        env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
-        if preload:
-            env["LD_PRELOAD"] = ":".join(filter(None, [self.asan_runtime, self.preload]))
-        for k, v in extra.items():
-            env[k] = str(v)
-        return env
-
-    def stats_path(self):
-        self.n += 1
-        return self.p(f"stats{self.n}.json")
 
     def run(self, cmds, preload=True, what="prefixhost", timeout=120, **extra):
         """Run prefixhost to completion: (lines, stderr, stats or None)."""
-        stats = self.stats_path() if preload else None
-        env = self.env(preload, **extra)
-        if stats:
-            env["KVSHIM_STATS"] = stats
-        p = subprocess.run([self.host] + list(cmds), capture_output=True, text=True, env=env,
-                           timeout=timeout)
-        if p.returncode != 0:
-            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-        lines = p.stdout.splitlines()
-        check(len(lines) == len(cmds), f"{what}: {len(lines)} lines for {len(cmds)} commands:\n"
-                                       f"{p.stdout}\nstderr:\n{p.stderr}")
-        return lines, p.stderr, read_stats(stats) if stats and os.path.exists(stats) else None
+        return self.run_script([self.host] + list(cmds), len(cmds), preload, what, timeout,
+                               **extra)
 
-    def spawn(self, cmds, preload=True, **extra):
-        stats = self.stats_path()
-        env = self.env(preload, **extra)
-        env["KVSHIM_STATS"] = stats
-        p = subprocess.Popen([self.host] + list(cmds), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, text=True)
-        self.procs.append(p)
-        return p, stats
+    def start(self, cmds, preload=True, **extra):
+        return self.start_script([self.host] + list(cmds), preload, **extra)
 
     def finish(self, p, what, timeout=120):
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise Failure(f"{what}: still running after {timeout} s")
-        check(p.returncode == 0, f"{what}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}")
-        return out.splitlines(), err
-
-    def serve(self):
-        s = subprocess.Popen([self.cli, "serve", "--pool-size", "64M"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=self.env(preload=False), text=True)
-        self.procs.append(s)
-        banner = s.stdout.readline()
-        check("socket" in banner, f"serve banner: {banner!r}")
-        return s
-
-    def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-def read_stats(path):
-    with open(path) as f:
-        return json.load(f)
+        return self.finish_script(p, what, None, timeout)
 
 
 def prefix_stats(st):
@@ -215,7 +137,7 @@ def case_peer(ctx):
     ready, done = ctx.p("a.ready"), ctx.p("b.done")
     b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"]
     ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
-    pa, sa = ctx.spawn([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 4",
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 4",
                         f"touch {ready}", f"waitfile {done} 60"])
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
@@ -321,7 +243,7 @@ def case_faults_peer(ctx):
     expect(st, "B, peer stopped", restores=("==", 0))
     check(time.monotonic() - t0 < 30, "B with a stopped peer took too long")
     # the cache peer is killed while B waits for its answer
-    pb, sb = ctx.spawn(b_cmds, KVSHIM_RPC_TIMEOUT_MS=20000)
+    pb, sb = ctx.start(b_cmds, KVSHIM_RPC_TIMEOUT_MS=20000)
     time.sleep(1.0)
     t1 = time.monotonic()
     serve.send_signal(signal.SIGKILL)
@@ -389,28 +311,14 @@ CASES = {
 }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", required=True)
     ap.add_argument("--preload", required=True)
     ap.add_argument("--cli", required=True)
     ap.add_argument("--asan-runtime", default="")
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvs-prefix-")
-    ctx = Ctx(args, tmp)
-    try:
-        CASES[args.case](ctx)
-    except Failure as e:
-        print(f"FAIL {args.case}: {e}", file=sys.stderr)
-        print(f"(files kept in {tmp})", file=sys.stderr)
-        ctx.cleanup()
-        return 1
-    ctx.cleanup()
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {args.case}")
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(CASES, parser(), Ctx))

@@ -50,117 +50,41 @@ Cases:
                     kvshim's wrappers, the round trip is served; identical results otherwise
 """
 import argparse
-import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Context, check, read_stats  # noqa: E402
+import harness  # noqa: E402
 
 
-class Ctx:
-    def __init__(self, args, tmp):
+class Ctx(Context):
+    drop = ("KVSHIM_", "FAKELLAMA_")
+    defaults = {"KVSHIM_GROUP": "llama", "KVSHIM_POOL_SIZE": "64M", "KVSHIM_HOST_POOL_SIZE": "0",
+                "KVSHIM_LOG": "info", "ASAN_OPTIONS": "verify_asan_link_order=0"}
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
         self.host = args.host
         self.plugin = args.plugin
-        self.preload = args.preload
-        self.cli = args.cli
-        self.asan_runtime = args.asan_runtime
-        self.tmp = tmp
-        self.run_dir = os.path.join(tmp, "run")
-        self.procs = []
-        self.n = 0
         self.host_target = None  # what fakehost opens: the plugin, or libfakellama (ctypes)
-
-    def p(self, name):
-        return os.path.join(self.tmp, name)
-
-    def env(self, preload=True, **extra):
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("KVSHIM_") or k.startswith("FAKELLAMA_") or k == "LD_PRELOAD":
-                del env[k]
-        env["KVSHIM_RUN_DIR"] = self.run_dir
-        env["KVSHIM_GROUP"] = "llama"
-        env["KVSHIM_POOL_SIZE"] = "64M"
-        env["KVSHIM_HOST_POOL_SIZE"] = "0"
-        env["KVSHIM_LOG"] = "info"
-        env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
-        if preload:
-            env["LD_PRELOAD"] = ":".join(filter(None, [self.asan_runtime, self.preload]))
-        for k, v in extra.items():
-            env[k] = str(v)
-        return env
-
-    def stats_path(self):
-        self.n += 1
-        return self.p(f"stats{self.n}.json")
 
     def argv(self, cmds):
         return [self.host, self.host_target or self.plugin] + list(cmds)
 
     def run(self, cmds, preload=True, what="fakehost", timeout=60, **extra):
         """Run fakehost to completion. Returns (output lines, stderr, stats or None)."""
-        stats = self.stats_path() if preload else None
-        env = self.env(preload, **extra)
-        if stats:
-            env["KVSHIM_STATS"] = stats
-        p = subprocess.run(self.argv(cmds), capture_output=True, text=True, env=env,
-                           timeout=timeout)
-        if p.returncode != 0:
-            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-        lines = p.stdout.splitlines()
-        check(len(lines) == len(cmds), f"{what}: {len(lines)} lines for {len(cmds)} commands:\n"
-                                       f"{p.stdout}\nstderr:\n{p.stderr}")
-        return lines, p.stderr, read_stats(stats) if stats and os.path.exists(stats) else None
+        return self.run_script(self.argv(cmds), len(cmds), preload, what, timeout, **extra)
 
-    def spawn(self, cmds, preload=True, **extra):
+    def start(self, cmds, preload=True, **extra):
         """Start fakehost in the background; returns (Popen, stats path)."""
-        stats = self.stats_path()
-        env = self.env(preload, **extra)
-        env["KVSHIM_STATS"] = stats
-        p = subprocess.Popen(self.argv(cmds), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=env, text=True)
-        self.procs.append(p)
-        return p, stats
+        return self.start_script(self.argv(cmds), preload, **extra)
 
     def finish(self, p, what, n_cmds=None, timeout=60):
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise Failure(f"{what}: still running after {timeout} s")
-        if p.returncode != 0:
-            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}")
-        lines = out.splitlines()
-        if n_cmds is not None:
-            check(len(lines) == n_cmds, f"{what}: {len(lines)} lines for {n_cmds} commands:\n{out}")
-        return lines, err
-
-    def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-def read_stats(path):
-    check(os.path.exists(path), f"no KVSHIM_STATS file {path}")
-    with open(path) as f:
-        return json.load(f)
+        return self.finish_script(p, what, n_cmds, timeout)
 
 
 def fields(line):
@@ -259,11 +183,11 @@ def case_peer(ctx):
     f = ctx.p("s.bin")
     ready, done, loaded, gone = ctx.p("ready"), ctx.p("done"), ctx.p("loaded"), ctx.p("gone")
     save_ret, load_line = baseline_save_load(ctx, a)
-    p1, s1 = ctx.spawn([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f}",
+    p1, s1 = ctx.start([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f}",
                         f"exists {f}", f"touch {ready}", f"waitfile {done}"],
                        KVSHIM_LLAMA_WRITE_THROUGH=0)
     wait_file(ready, "first process")
-    p2, s2 = ctx.spawn([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}", f"touch {loaded}",
+    p2, s2 = ctx.start([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}", f"touch {loaded}",
                         f"waitfile {gone}", "clear 0 0", f"load 0 0 {f}"],
                        KVSHIM_LLAMA_WRITE_THROUGH=0)
     wait_file(loaded, "second process")
@@ -284,11 +208,7 @@ def case_serve(ctx):
     a, _, _ = models(ctx)
     f = ctx.p("s.bin")
     save_ret, load_line = baseline_save_load(ctx, a)
-    serve = subprocess.Popen([ctx.cli, "serve", "--pool-size", "64M"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=ctx.env(preload=False), text=True)
-    ctx.procs.append(serve)
-    banner = serve.stdout.readline()
-    check("socket" in banner, f"serve banner: {banner!r}")
+    serve = ctx.serve()
     l1, _, st1 = ctx.run([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f}",
                           f"exists {f}"], KVSHIM_LLAMA_WRITE_THROUGH=0)
     check(fields(l1[3])["ret"] == str(save_ret) and l1[4] == "exists 0", f"first: {l1}")
@@ -430,7 +350,7 @@ def case_stale(ctx):
     for wt in (1, 0):
         f = ctx.p(f"s{wt}.bin")
         ready, go = ctx.p(f"ready{wt}"), ctx.p(f"go{wt}")
-        p1, s1 = ctx.spawn([f"model 0 {a}", "ctx 0 0", "decode 0 0 r300@1", f"save 0 0 {f}",
+        p1, s1 = ctx.start([f"model 0 {a}", "ctx 0 0", "decode 0 0 r300@1", f"save 0 0 {f}",
                             f"touch {ready}", f"waitfile {go}", f"load 0 1 {f}"],
                            KVSHIM_LLAMA_WRITE_THROUGH=wt)
         wait_file(ready, "first process")
@@ -513,33 +433,15 @@ def case_ctypes(ctx):
     check(base[:5] == lines[:5], f"otherwise identical:\n{base}\n{lines}")
 
 
-CASES = {name[len("case_"):].replace("_", "-"): fn
-         for name, fn in globals().items() if name.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", required=True)
     ap.add_argument("--plugin", required=True)
     ap.add_argument("--preload", required=True)
     ap.add_argument("--cli", required=True)
     ap.add_argument("--asan-runtime", default="")
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvs-llama-")
-    ctx = Ctx(args, tmp)
-    try:
-        CASES[args.case](ctx)
-    except Failure as e:
-        print(f"FAIL {args.case}: {e}", file=sys.stderr)
-        print(f"(files kept in {tmp})", file=sys.stderr)
-        ctx.cleanup()
-        return 1
-    ctx.cleanup()
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {args.case}")
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
