@@ -6,7 +6,6 @@ usage: check_refengine.py CASE --engine REFENGINE [--bogus BOGUS_KVO_LIB]   (--l
 Every stdout line of a successful run must parse as JSON: one object per request, in order,
 then one summary object. The cases check the offload behaviour the numbers must show.
 """
-import argparse
 import json
 import math
 import os
@@ -222,8 +221,7 @@ def case_interpose(c):
 
 
 def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--engine", required=True, help="refengine")
+    ap = harness.parser(__doc__, "--engine")
     ap.add_argument("--bogus", help="a kvo module refengine does not link (case interpose)")
     return ap
 

@@ -36,36 +36,27 @@ Cases:
   offload     llama_supports_gpu_offload() true: only whole, aligned ubatches are skipped
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored or stored
 """
-import argparse
 import os
 import signal
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Context, check, read_stats  # noqa: E402
+from harness import ScriptContext, check, read_stats  # noqa: E402
 import harness  # noqa: E402
 
 
-class Ctx(Context):
-    drop = ("KVSHIM_", "FAKELLAMA_")
-    defaults = {"KVSHIM_GROUP": "prefix", "KVSHIM_POOL_SIZE": "64M", "KVSHIM_HOST_POOL_SIZE": "0",
-                "KVSHIM_LOG": "info", "ASAN_OPTIONS": "verify_asan_link_order=0"}
+class Ctx(ScriptContext):
+    group = "prefix"
+    what = "prefixhost"
+    timeout = 120
 
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
         self.host = args.host
 
-    def run(self, cmds, preload=True, what="prefixhost", timeout=120, **extra):
-        """Run prefixhost to completion: (lines, stderr, stats or None)."""
-        return self.run_script([self.host] + list(cmds), len(cmds), preload, what, timeout,
-                               **extra)
-
-    def start(self, cmds, preload=True, **extra):
-        return self.start_script([self.host] + list(cmds), preload, **extra)
-
-    def finish(self, p, what, timeout=120):
-        return self.finish_script(p, what, None, timeout)
+    def argv(self, cmds):
+        return [self.host] + list(cmds)
 
 
 def prefix_stats(st):
@@ -311,14 +302,6 @@ CASES = {
 }
 
 
-def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--host", required=True)
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--asan-runtime", default="")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(CASES, parser(), Ctx))
+    sys.exit(harness.main(CASES, harness.parser(__doc__, "--host", "--preload", "--cli", asan=True),
+                          Ctx))

@@ -49,7 +49,6 @@ Cases:
                     function through dlsym(handle, name), as ctypes does: the lookups return
                     kvshim's wrappers, the round trip is served; identical results otherwise
 """
-import argparse
 import os
 import re
 import signal
@@ -57,14 +56,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Context, check, read_stats  # noqa: E402
+from harness import ScriptContext, check, read_stats  # noqa: E402
 import harness  # noqa: E402
 
 
-class Ctx(Context):
-    drop = ("KVSHIM_", "FAKELLAMA_")
-    defaults = {"KVSHIM_GROUP": "llama", "KVSHIM_POOL_SIZE": "64M", "KVSHIM_HOST_POOL_SIZE": "0",
-                "KVSHIM_LOG": "info", "ASAN_OPTIONS": "verify_asan_link_order=0"}
+class Ctx(ScriptContext):
+    group = "llama"
+    what = "fakehost"
 
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
@@ -74,17 +72,6 @@ class Ctx(Context):
 
     def argv(self, cmds):
         return [self.host, self.host_target or self.plugin] + list(cmds)
-
-    def run(self, cmds, preload=True, what="fakehost", timeout=60, **extra):
-        """Run fakehost to completion. Returns (output lines, stderr, stats or None)."""
-        return self.run_script(self.argv(cmds), len(cmds), preload, what, timeout, **extra)
-
-    def start(self, cmds, preload=True, **extra):
-        """Start fakehost in the background; returns (Popen, stats path)."""
-        return self.start_script(self.argv(cmds), preload, **extra)
-
-    def finish(self, p, what, n_cmds=None, timeout=60):
-        return self.finish_script(p, what, n_cmds, timeout)
 
 
 def fields(line):
@@ -433,15 +420,7 @@ def case_ctypes(ctx):
     check(base[:5] == lines[:5], f"otherwise identical:\n{base}\n{lines}")
 
 
-def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--host", required=True)
-    ap.add_argument("--plugin", required=True)
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--asan-runtime", default="")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
+    sys.exit(harness.main(harness.cases(globals()),
+                          harness.parser(__doc__, "--host", "--plugin", "--preload", "--cli",
+                                         asan=True), Ctx))

@@ -13,7 +13,6 @@ fail   one arm of one repetition runs `false`: exit 1, the error and its stderr 
        other repetitions still run; a hung command is killed by --timeout
 usage  bad arguments: exit 2, the usage line, nothing written
 """
-import argparse
 import csv
 import json
 import os
@@ -264,13 +263,6 @@ class Ctx(Context):
         super().cleanup()
 
 
-def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ab", required=True, help="scripts/ab")
-    ap.add_argument("--engine", required=True, help="refengine")
-    ap.add_argument("--preload", required=True, help="libkvshim.so (need not exist)")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
+    sys.exit(harness.main(harness.cases(globals()),
+                          harness.parser(__doc__, "--ab", "--engine", "--preload"), Ctx))

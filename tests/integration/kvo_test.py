@@ -27,7 +27,6 @@ Cases:
   hooks-kvo-only  KVSHIM_HOOKS=kvo (no CUDA shim, so no device copies): device buffers pass
                   through untouched, host buffers are served
 """
-import argparse
 import json
 import os
 import random
@@ -374,16 +373,7 @@ def case_hooks_kvo_only(ctx):
     check_pair(a, b)
 
 
-def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--engine", required=True)
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--abi", required=True)
-    ap.add_argument("--asan-runtime", default="",
-                    help="ASan builds: the sanitizer runtime, preloaded before kvshim")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
+    sys.exit(harness.main(harness.cases(globals()),
+                          harness.parser(__doc__, "--engine", "--preload", "--cli", "--abi",
+                                         asan=True), Ctx))

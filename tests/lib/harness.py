@@ -21,6 +21,9 @@ What is here, once:
   Context             one case's processes and files: a short temporary directory holding the
                       case's KVSHIM_RUN_DIR, child environments with or without LD_PRELOAD
                       (the sanitizer runtime first), `kvshim serve`, cleanup
+  ScriptContext       the same for a script-driven engine (fakehost, prefixhost): run, start,
+                      finish
+  parser, setup_step  a driver's options; a setup program that may skip the case (exit 77)
   read_stats, sum_stats    KVSHIM_STATS JSON files
   read_line, finish   line reading from running children, with timeouts
 """
@@ -196,37 +199,6 @@ class Context:
         self.procs.append(p)
         return p
 
-    def run_script(self, argv, n_cmds, preload=True, what="engine", timeout=60, **extra):
-        """Runs a script-driven engine (fakehost, prefixhost: one output line per command) to
-        completion, with its own KVSHIM_STATS when preloaded: (lines, stderr, stats or None)."""
-        stats = self.stats_path() if preload else None
-        env = self.env(preload, **extra)
-        if stats:
-            env["KVSHIM_STATS"] = stats
-        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
-        if p.returncode != 0:
-            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-        lines = p.stdout.splitlines()
-        require(len(lines) == n_cmds, f"{what}: {len(lines)} lines for {n_cmds} commands:\n"
-                                      f"{p.stdout}\nstderr:\n{p.stderr}")
-        return lines, p.stderr, read_stats(stats) if stats and os.path.exists(stats) else None
-
-    def start_script(self, argv, preload=True, **extra):
-        """Starts a script-driven engine with its own KVSHIM_STATS: (Popen, stats path)."""
-        stats = self.stats_path()
-        env = self.env(preload, **extra)
-        env["KVSHIM_STATS"] = stats
-        return self.spawn(argv, env, text=True), stats
-
-    def finish_script(self, p, what, n_cmds=None, timeout=60):
-        """Waits for a started engine, which must exit 0: (lines, stderr)."""
-        out, err = finish(p, timeout, what)
-        require(p.returncode == 0, f"{what}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}")
-        lines = out.splitlines()
-        if n_cmds is not None:
-            require(len(lines) == n_cmds, f"{what}: {len(lines)} lines for {n_cmds} commands:\n{out}")
-        return lines, err
-
     def serve(self, pool="64M"):
         """`kvshim serve` (not preloaded) in this case's run directory, once it has printed its
         socket line."""
@@ -246,6 +218,73 @@ class Context:
                 pass
 
 
+class ScriptContext(Context):
+    """A script-driven engine (tests/fakellama's fakehost and prefixhost): argv(cmds) runs the
+    commands in order and prints one line per command. Every case has its own group; inherited
+    FAKELLAMA_* settings are dropped too."""
+    drop = ("KVSHIM_", "FAKELLAMA_")
+    group = "kvshim"        # KVSHIM_GROUP of the case's processes
+    what = "engine"         # the engine's name in messages
+    timeout = 60            # seconds one run may take
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
+        self.defaults = {"KVSHIM_GROUP": self.group, "KVSHIM_POOL_SIZE": "64M",
+                         "KVSHIM_HOST_POOL_SIZE": "0", "KVSHIM_LOG": "info",
+                         "ASAN_OPTIONS": "verify_asan_link_order=0"}
+
+    def argv(self, cmds):
+        raise NotImplementedError
+
+    def run(self, cmds, preload=True, what=None, timeout=None, **extra):
+        """Runs the engine to completion, with its own KVSHIM_STATS when preloaded: (output
+        lines, stderr, stats or None)."""
+        what = what or self.what
+        stats = self.stats_path() if preload else None
+        env = self.env(preload, **extra)
+        if stats:
+            env["KVSHIM_STATS"] = stats
+        p = subprocess.run(self.argv(cmds), capture_output=True, text=True, env=env,
+                           timeout=timeout or self.timeout)
+        if p.returncode != 0:
+            raise Failure(f"{what}: exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        lines = p.stdout.splitlines()
+        require(len(lines) == len(cmds), f"{what}: {len(lines)} lines for {len(cmds)} commands:\n"
+                                         f"{p.stdout}\nstderr:\n{p.stderr}")
+        return lines, p.stderr, read_stats(stats) if stats and os.path.exists(stats) else None
+
+    def start(self, cmds, preload=True, **extra):
+        """Starts the engine in the background with its own KVSHIM_STATS: (Popen, stats path)."""
+        stats = self.stats_path()
+        env = self.env(preload, **extra)
+        env["KVSHIM_STATS"] = stats
+        return self.spawn(self.argv(cmds), env, text=True), stats
+
+    def finish(self, p, what, n_cmds=None, timeout=None):
+        """Waits for a started engine, which must exit 0: (lines, stderr)."""
+        out, err = finish(p, timeout or self.timeout, what)
+        require(p.returncode == 0, f"{what}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}")
+        lines = out.splitlines()
+        if n_cmds is not None:
+            require(len(lines) == n_cmds, f"{what}: {len(lines)} lines for {n_cmds} commands:\n{out}")
+        return lines, err
+
+
+# ---- the runner --------------------------------------------------------------------------------
+
+def parser(doc, *required, asan=False):
+    """A driver's option parser: its docstring's first line, each of `required` (an option
+    taking a value, e.g. "--preload"), and with asan, --asan-runtime (the sanitizer runtime that
+    goes first in LD_PRELOAD with a sanitized libkvshim.so). Drivers add their other options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    for opt in required:
+        ap.add_argument(opt, required=True)
+    if asan:
+        ap.add_argument("--asan-runtime", default="",
+                        help="ASan builds: the sanitizer runtime, preloaded before kvshim")
+    return ap
+
+
 def setup_step(argv):
     """Runs a setup program that exits 77 when this machine cannot run the case (e.g.
     scripts/llama-setup without Node.js or the npm registry): Skip, or Failure on another
@@ -255,8 +294,6 @@ def setup_step(argv):
         raise Skip(f"{os.path.basename(argv[0])} cannot prepare this machine (see above)")
     require(rc == 0, f"{' '.join(argv)} exited {rc}")
 
-
-# ---- the runner --------------------------------------------------------------------------------
 
 def cases(namespace):
     """{name: function} of a module's case_* functions, in definition order (case_foo_bar is

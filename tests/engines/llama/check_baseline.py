@@ -24,7 +24,6 @@ Usage: check_baseline.py baseline [--work-dir DIR] [--keep] [--no-setup]   (--li
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -255,7 +254,7 @@ def run_checks(work):
 
 
 def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
     return ap
 

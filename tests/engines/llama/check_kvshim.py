@@ -40,7 +40,6 @@ leak detection off: node itself is not instrumented and keeps memory until exit.
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
 """
 
-import argparse
 import glob
 import json
 import os
@@ -436,11 +435,8 @@ def case_inspect(c):
 
 
 def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preload", required=True, help="libkvshim.so")
-    ap.add_argument("--kvshim", required=True, help="the kvshim CLI")
+    ap = harness.parser(__doc__, "--preload", "--kvshim", asan=True)
     ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
-    ap.add_argument("--asan-runtime", help="libasan.so to preload first (sanitized libkvshim)")
     return ap
 
 

@@ -35,7 +35,6 @@ Usage: check_prefix.py CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [-
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2 bad usage.
 """
 
-import argparse
 import json
 import os
 import random
@@ -326,11 +325,8 @@ def case_inspect(c):
 
 
 def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--no-setup", action="store_true")
-    ap.add_argument("--asan-runtime", default="")
+    ap = harness.parser(__doc__, "--preload", "--kvshim", asan=True)
+    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
     return ap
 
 

@@ -10,7 +10,6 @@ the hook writes "probe:<hook>" to stderr when it is called, and once through
 verdict and reason must be the ones the case is built to show. The closure inspect resolved
 must equal the one the dynamic loader maps (LD_TRACE_LOADED_OBJECTS), in the same order.
 """
-import argparse
 import json
 import os
 import shutil
@@ -509,12 +508,8 @@ def case_refengine():
 
 
 def parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--probe", required=True)
+    ap = harness.parser(__doc__, "--kvshim", "--dir", "--probe", "--object")
     ap.add_argument("--static-mode", choices=["static", "nopie"], required=True)
-    ap.add_argument("--object", required=True)
     ap.add_argument("--refengine")
     return ap
 
