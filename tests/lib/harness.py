@@ -1,10 +1,11 @@
 """The one harness kvshim's Python test drivers share (style rule 16; libuv's test/task.h).
 
-A driver defines its cases as functions `case_<name>(ctx)` (or a dict name -> function), an
-argparse parser for its own options, and optionally a Context subclass for its engine; then
+A driver defines its cases as functions `case_<name>(ctx)` (or a dict name -> function), its
+options, and optionally a Context subclass for its engine; then
 
     if __name__ == "__main__":
-        sys.exit(harness.main(harness.cases(globals()), parser, MyContext))
+        sys.exit(harness.main(harness.cases(globals()),
+                              harness.parser(__doc__, "--engine", "--preload", asan=True), Ctx))
 
 `driver.py --list` prints the case names, one a line (tests/lib/kvshim_tests.cmake registers one
 ctest per name at configure time); `driver.py CASE [options]` runs one case. Exit status: 0 pass,
@@ -147,8 +148,9 @@ class Context:
     """One case: tmp (a short temporary directory: Unix socket paths have 108 bytes) holding
     the KVSHIM_RUN_DIR, work (--work-dir, or tmp) for the case's files, the processes started,
     and the environments they get. Subclasses set the class attributes below and add their
-    engine's helpers. Options read from args when the driver has them: --preload, --cli,
-    --asan-runtime (a sanitized libkvshim.so: that runtime goes first in LD_PRELOAD)."""
+    engine's helpers. Options read from args when the driver has them: --preload, --cli or
+    --kvshim (the kvshim CLI: self.kvshim), --asan-runtime (a sanitized libkvshim.so: that
+    runtime goes first in LD_PRELOAD)."""
 
     drop = ("KVSHIM_",)   # inherited variables (name prefixes) no child sees; LD_PRELOAD too
     defaults = {}         # every child gets these (after KVSHIM_RUN_DIR)
@@ -160,7 +162,7 @@ class Context:
         self.tmp = tmp
         self.work = work
         self.preload = getattr(args, "preload", None)
-        self.cli = getattr(args, "cli", None)
+        self.kvshim = getattr(args, "cli", None) or getattr(args, "kvshim", None)  # the CLI
         self.asan_runtime = getattr(args, "asan_runtime", None) or ""
         self.run_dir = os.path.join(tmp, "run")
         self.procs = []
@@ -202,7 +204,7 @@ class Context:
     def serve(self, pool="64M"):
         """`kvshim serve` (not preloaded) in this case's run directory, once it has printed its
         socket line."""
-        s = self.spawn([self.cli, "serve", "--pool-size", pool], self.env(preload=False),
+        s = self.spawn([self.kvshim, "serve", "--pool-size", pool], self.env(preload=False),
                        text=True)
         s.banner = read_line(s, 30, "kvshim serve")
         require("socket" in s.banner, f"serve banner: {s.banner!r}")

@@ -98,7 +98,7 @@ class Case(Context):
             raise Skip("tests/engines/llama/node_modules is not installed (run "
                        "scripts/llama-setup)")
         self.preload = os.path.abspath(args.preload)
-        self.kvshim = self.cli = os.path.abspath(args.kvshim)
+        self.kvshim = os.path.abspath(args.kvshim)
         self.base_env = self.env(preload=False)
         self.prompts = {}
         for name, toks in token_prompts().items():

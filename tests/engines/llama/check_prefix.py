@@ -94,7 +94,7 @@ class Case(Context):
         if not args.no_setup:
             harness.setup_step([SETUP])
         self.preload = os.path.abspath(args.preload)
-        self.kvshim = self.cli = os.path.abspath(args.kvshim)
+        self.kvshim = os.path.abspath(args.kvshim)
         self.files = {}
         for name, t in PROMPTS.items():
             path = os.path.join(work, name + ".txt")
@@ -115,12 +115,12 @@ class Case(Context):
             self.models[seed] = path
         return self.models[seed]
 
-    def env(self, kvshim, **extra):
+    def env(self, preload=True, **extra):
         """KVSHIM_GROUP is the round's group; under kvshim each run has its own stats files."""
-        if kvshim:
+        if preload:
             self.n += 1
             extra.setdefault("KVSHIM_STATS", os.path.join(self.work, "stats%d.%%p.json" % self.n))
-        return super().env(kvshim, KVSHIM_GROUP=self.group, **extra)
+        return super().env(preload, KVSHIM_GROUP=self.group, **extra)
 
     def stats(self, env):
         """The stats of the one process of a run that wrote any (summed if several did)."""
