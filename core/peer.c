@@ -570,6 +570,58 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   return rc < 0 && delivered == 0 ? rc : delivered;
 }
 
+/* ---- fetch: a peer's objects into local reservations ---------------------------------------- */
+
+typedef struct fetch_ctx {
+  kvs_store_t *local;
+  uint8_t *base;             /* the local pool */
+  const kvs_key_t *keys;     /* asked for */
+  const kvs_layout_t *layout;
+  kvs_fetch_keys_fn keys_fn;
+  void *ctx;
+  kvs_fetch_t *out;
+} fetch_ctx_t;
+
+static int fetch_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+                      uint64_t len) {
+  fetch_ctx_t *f = ctx;
+  kvs_fetch_t *o = &f->out[i];
+  uint8_t oc = 0;
+  int rc;
+  if (f->layout) { /* a chunk: the key names it, its size must agree */
+    if (len != kvs_layout_nbytes(f->layout)) return -EPROTO;
+    rc = kvs_store_reserve_write(f->local, KVS_OWNER_LOCAL, &f->keys[i], 1, f->layout, 0, &oc,
+                                 &o->extent, &o->xfer);
+  } else { /* a blob: one object, bound under the keys its bytes give */
+    if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len)
+      return -EPROTO;
+    const kvs_key_t *bind = &f->keys[i];
+    int nk = f->keys_fn ? f->keys_fn(f->ctx, i, bytes, len, &bind) : 1;
+    if (nk <= 0) return -EPROTO;
+    kvs_layout_t l = kvs_layout_blob(len);
+    rc = kvs_store_reserve_object(f->local, KVS_OWNER_LOCAL, bind, (size_t)nk, &l, 0, &oc,
+                                  &o->extent, &o->xfer);
+  }
+  if (rc == 1) {
+    memcpy(f->base + o->extent.offset, bytes, (size_t)len);
+    o->status = KVS_FETCH_COPIED;
+  } else if (rc == 0 && oc == KVS_RES_PRESENT) {
+    o->status = KVS_FETCH_LOCAL;
+  } /* else MISS: not kept here (no room, being written); the rest may still be */
+  return 0;
+}
+
+int kvs_peers_fetch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, kvs_fetch_keys_fn keys_fn, void *ctx,
+                    kvs_fetch_t *out) {
+  if (!p || !keys || !out || n == 0) return -EINVAL;
+  memset(out, 0, n * sizeof *out);
+  if (!p->local) return -ENOTSUP;
+  fetch_ctx_t f = {p->local, kvs_pool_base(kvs_store_pool(p->local)), keys, layout, keys_fn, ctx,
+                   out};
+  return kvs_peers_retrieve(p, instance, keys, n, fetch_sink, &f);
+}
+
 /* PREPARE_STORE with a strategy: on success *r points into *rep (the caller frees *rep). */
 static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs_key_t *keys,
                          size_t n, const kvs_layout_t *layout, bool object, uint8_t **rep,

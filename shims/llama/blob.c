@@ -5,9 +5,7 @@
 #include <time.h>
 
 #include "blob.h"
-#include "peer.h"
 #include "preload.h"
-#include "store.h"
 
 /* ---- the checker ------------------------------------------------------------------------------ */
 
@@ -175,7 +173,7 @@ void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_s
 /* ---- local restore ---------------------------------------------------------------------------- */
 
 bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, const uint8_t **blob,
-                         uint64_t *len, uint64_t *xfer) {
+                         uint64_t *len, kvs_xfer_t *xfer) {
   kvs_xfer_t x = 0;
   kvs_object_view_t v;
   kvs__hook_depth++;
@@ -192,10 +190,34 @@ bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, cons
   return true;
 }
 
-void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t xfer,
+void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kvs_xfer_t xfer,
                            bool drop) {
   kvs__hook_depth++;
   kvs_store_release(home->store, KVS_OWNER_LOCAL, xfer);
   if (drop) kvs_store_remove(home->store, &key); /* -EBUSY: a reader has it; fine */
+  kvs__hook_depth--;
+}
+
+/* ---- peer restore ----------------------------------------------------------------------------- */
+
+int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance, kvs_key_t key,
+                          kvs_fetch_keys_fn keys_fn, void *ctx, kvs__llama_blob_fetch_t *f) {
+  kvs_fetch_t out;
+  kvs__hook_depth++;
+  kvs_peers_fetch(home->peers, instance, &key, 1, NULL, keys_fn, ctx, &out); /* errors: misses */
+  kvs__hook_depth--;
+  if (out.status == KVS_FETCH_COPIED) {
+    f->blob = home->base + out.extent.offset;
+    f->len = out.extent.length;
+    f->xfer = out.xfer;
+  }
+  return out.status;
+}
+
+void kvs__llama_blob_keep(const kvs__llama_blob_home_t *home, const kvs__llama_blob_fetch_t *f,
+                          bool keep) {
+  kvs__hook_depth++;
+  if (keep) kvs_store_commit(home->store, KVS_OWNER_LOCAL, f->xfer);
+  else kvs_store_abort(home->store, KVS_OWNER_LOCAL, f->xfer);
   kvs__hook_depth--;
 }

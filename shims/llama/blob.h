@@ -44,6 +44,8 @@
 
 #include "keys.h"
 #include "model.h" /* KVS_LLAMA_FP_SIZE */
+#include "peer.h"
+#include "store.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvshim llama shim: blobs are little-endian and stored in host order"
@@ -163,9 +165,6 @@ size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_contex
 
 /* ---- flows (kvs__hook_depth is raised here around kvshim's own store and peer work only) ------ */
 
-typedef struct kvs_store kvs_store_t;
-typedef struct kvs_peers kvs_peers_t;
-
 /* Where a blob lives: the local store, its pool's base address, the peers (may be NULL). */
 typedef struct kvs__llama_blob_home {
   kvs_store_t *store;
@@ -177,7 +176,7 @@ typedef struct kvs__llama_blob_home {
 typedef struct kvs__llama_blob_save {
   uint8_t *blob;   /* the extent in the pool */
   uint64_t len;    /* its bytes: header + 4 n + state */
-  uint64_t xfer;   /* the local write transfer (kvs_xfer_t) */
+  kvs_xfer_t xfer; /* the local write transfer */
 } kvs__llama_blob_save_t;
 
 /* Reserve one object under keys (keys[0] primary, the rest aliases; replace: a READY object
@@ -202,9 +201,30 @@ void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_s
 /* Pin the READY object under key in the local store. Returns true with *blob, *len (into the
  * pool, valid until kvs__llama_blob_unpin) and *xfer; false when it is not there. */
 bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, const uint8_t **blob,
-                         uint64_t *len, uint64_t *xfer);
+                         uint64_t *len, kvs_xfer_t *xfer);
 /* Release a pin; drop: the blob failed a check, remove it (a reader's pin may keep it: fine). */
-void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t xfer,
+void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kvs_xfer_t xfer,
                            bool drop);
+
+
+/* ---- peer restore ----------------------------------------------------------------------------- */
+
+/* The peer's copy of a blob, fetched into a local extent (kvs_peers_fetch). */
+typedef struct kvs__llama_blob_fetch {
+  const uint8_t *blob; /* COPIED: the local copy, being written (not yet visible) */
+  uint64_t len;
+  kvs_xfer_t xfer;     /* COPIED: its local transfer, ended by kvs__llama_blob_keep */
+} kvs__llama_blob_fetch_t;
+
+/* Fetch the blob under key from peer instance (0: the best one) into a local object bound under
+ * the keys keys_fn reads from the peer's bytes (see kvs_fetch_keys_fn; it refuses a blob that
+ * is not the one asked for). Returns KVS_FETCH_COPIED with *f filled (check the copy, then
+ * kvs__llama_blob_keep), KVS_FETCH_LOCAL (it became local meanwhile: pin it) or KVS_FETCH_MISS
+ * (errors are misses). */
+int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance, kvs_key_t key,
+                          kvs_fetch_keys_fn keys_fn, void *ctx, kvs__llama_blob_fetch_t *f);
+/* End a COPIED fetch: keep commits the local copy (it passed the checks), else it is dropped. */
+void kvs__llama_blob_keep(const kvs__llama_blob_home_t *home, const kvs__llama_blob_fetch_t *f,
+                          bool keep);
 
 #endif

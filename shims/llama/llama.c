@@ -404,7 +404,8 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
                               size_t *ret) {
   const kvs__llama_blob_home_t home = ll_home(rt);
   const uint8_t *blob;
-  uint64_t len, xfer;
+  uint64_t len;
+  kvs_xfer_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return LL_MISS;
   /* Restored straight from the pool while the pin keeps the extent. */
   ll_res_t res = ll_restore(q, blob, len, ret);
@@ -412,88 +413,56 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
   return res;
 }
 
-/* Receives a peer's copy: reserve a local object, copy into it (checked after the copy). */
-typedef struct ll_sink {
-  kvs_store_t *store;
-  uint8_t *base;
+/* The keys of a peer's copy (kvs_fetch_keys_fn): the path key asked for, and the prefix key
+ * of the blob's own tokens. A blob that is plainly not ours is refused before the copy; the
+ * full check runs on the copy. */
+typedef struct ll_fetch_keys {
   const kvs__llama_model_t *m;
   kvs_key_t keys[2];
-  size_t nk;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer;
-  enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
-} ll_sink_t;
+} ll_fetch_keys_t;
 
-static int ll_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
-                   uint64_t len) {
-  ll_sink_t *s = ctx;
-  if (key_index != 0 || s->state != SINK_NONE) return -1;
-  s->state = SINK_FAILED;
+static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                         const kvs_key_t **keys) {
+  ll_fetch_keys_t *k = ctx;
   kvs__llama_blob_hdr_t h;
-  if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
-      len < KVS_LLAMA_BLOB_HDR)
-    return -1;
+  if (key_index != 0 || len < KVS_LLAMA_BLOB_HDR) return -1;
   memcpy(&h, bytes, sizeof h);
-  if (h.magic != KVS_LLAMA_BLOB_MAGIC || 4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR ||
-      memcmp(h.model_fp, s->m->fp, KVS_LLAMA_FP_SIZE) != 0)
-    return -1; /* the full check runs on our copy */
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_SEQ ||
+      4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR ||
+      memcmp(h.model_fp, k->m->fp, KVS_LLAMA_FP_SIZE) != 0)
+    return -1;
+  int nk = 1;
   if (h.n_tokens)
-    s->keys[s->nk++] = ll_prefix_key(s->m, (const int32_t *)(const void *)((const uint8_t *)bytes +
-                                                                           KVS_LLAMA_BLOB_HDR),
-                                     h.n_tokens);
-  kvs_layout_t l = kvs_layout_blob(len);
-  uint8_t oc = 0;
-  int rc = kvs_store_reserve_object(s->store, KVS_OWNER_LOCAL, s->keys, s->nk, &l, 0, &oc, &s->ext,
-                                    &s->xfer);
-  if (rc == 0 && oc == KVS_RES_PRESENT) {
-    s->state = SINK_LOCAL;
-    return 0;
-  }
-  if (rc != 1) return -1;
-  memcpy(s->base + s->ext.offset, bytes, (size_t)len);
-  s->state = SINK_COPIED;
-  return 0;
+    k->keys[nk++] = ll_prefix_key(
+        k->m, (const int32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR),
+        h.n_tokens);
+  *keys = k->keys;
+  return nk;
 }
 
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
   const kvs__llama_blob_home_t home = ll_home(rt);
-  ll_sink_t s;
-  memset(&s, 0, sizeof s);
-  s.store = rt->store;
-  s.base = kvs_pool_base(rt->pool);
-  s.m = q->m;
-  s.keys[0] = key;
-  s.nk = 1;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
-  kvs__hook_depth--;
-  if (s.state == SINK_LOCAL) return LL_LOCAL_NOW;
-  if (s.state != SINK_COPIED) return LL_MISS;
-  const uint8_t *blob = s.base + s.ext.offset;
-  ll_res_t res = ll_restore(q, blob, s.ext.length, ret);
+  ll_fetch_keys_t k = {q->m, {key, {0, 0}}};
+  kvs__llama_blob_fetch_t f;
+  int st = kvs__llama_blob_fetch(&home, 0, key, ll_fetch_keys, &k, &f);
+  if (st == KVS_FETCH_LOCAL) return LL_LOCAL_NOW;
+  if (st != KVS_FETCH_COPIED) return LL_MISS;
+  ll_res_t res = ll_restore(q, f.blob, f.len, ret);
   /* The alias was computed from the peer's bytes: it must name the tokens we now hold, or the
-   * copy is not kept (this call's result stands: the blob itself passed every check). */
-  if (res != LL_BAD && s.nk == 2) {
+   * copy is not kept (this call's result stands: the blob itself passed every check). Keep a
+   * good copy locally (also when only this call could not use it). */
+  bool keep = res != LL_BAD;
+  if (keep) {
     kvs__llama_blob_hdr_t h;
-    memcpy(&h, blob, sizeof h);
-    kvs_key_t k = ll_prefix_key(q->m, (const int32_t *)(const void *)(blob + KVS_LLAMA_BLOB_HDR),
-                                h.n_tokens);
-    if (!kvs_key_eq(k, s.keys[1])) {
-      kvs__llama_blob_save_t sv = {NULL, 0, s.xfer};
-      kvs__llama_blob_abort(&home, &sv);
-      return res;
-    }
+    memcpy(&h, f.blob, sizeof h);
+    keep = h.n_tokens == 0 ||
+           kvs_key_eq(ll_prefix_key(q->m, (const int32_t *)(const void *)(f.blob +
+                                                                          KVS_LLAMA_BLOB_HDR),
+                                    h.n_tokens),
+                      k.keys[1]);
   }
-  /* Keep a good copy locally (also when only this call could not use it). */
-  kvs__llama_blob_save_t sv = {NULL, 0, s.xfer};
-  if (res != LL_BAD) {
-    kvs__hook_depth++;
-    kvs_store_commit(rt->store, KVS_OWNER_LOCAL, s.xfer);
-    kvs__hook_depth--;
-  } else {
-    kvs__llama_blob_abort(&home, &sv);
-  }
+  kvs__llama_blob_keep(&home, &f, keep);
   return res;
 }
 

@@ -623,87 +623,61 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   const kvs__llama_blob_home_t home = px_home(rt);
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
   const uint8_t *blob;
-  uint64_t len, xfer;
+  uint64_t len;
+  kvs_xfer_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, s, n, k, blob, len);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
 }
 
-/* Receives a peer's copy into a local object bound under every chunk key of the tokens it
- * covers, as at its producer (computed from its tokens; the one asked for must be among them).
- * The full check, tokens included, runs on the copy before it is kept. */
-typedef struct px_sink {
+/* The keys of a peer's copy (kvs_fetch_keys_fn): every chunk key of the tokens it covers, as
+ * at its producer (computed from its tokens; the one asked for must be among them), in
+ * kscratch: [h(J-1), h(0) .. h(J-2)]. The full check, tokens included, runs on the copy before
+ * it is kept. */
+typedef struct px_fetch_keys {
   px_ctx_t *c;
-  kvs_store_t *store;
-  uint8_t *base;
-  kvs_key_t want;         /* the key asked for: h(j - 1) */
-  uint32_t j;             /* its chunk count */
-  kvs_extent_t ext;
-  kvs_xfer_t xfer;
-  enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
-} px_sink_t;
+  kvs_key_t want; /* the key asked for: h(j - 1) */
+  uint32_t j;     /* its chunk count */
+} px_fetch_keys_t;
 
-static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
-                   uint64_t len) {
-  px_sink_t *k = ctx;
-  if (key_index != 0 || k->state != SINK_NONE) return -1;
-  k->state = SINK_FAILED;
-  if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
-      len < KVS_LLAMA_BLOB_HDR)
-    return -1;
-  kvs__llama_blob_hdr_t h;
-  memcpy(&h, bytes, sizeof h);
+static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                         const kvs_key_t **keys) {
+  px_fetch_keys_t *k = ctx;
   const px_ctx_t *c = k->c;
-  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX || h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi ||
-      h.chunk_tokens != c->chunk || h.keyed_tokens % c->chunk != 0 ||
-      h.keyed_tokens > h.n_tokens || h.keyed_tokens > c->sh.cap ||
-      h.keyed_tokens < k->j * c->chunk || 4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR)
+  kvs__llama_blob_hdr_t h;
+  if (key_index != 0 || len < KVS_LLAMA_BLOB_HDR) return -1;
+  memcpy(&h, bytes, sizeof h);
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX ||
+      h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi || h.chunk_tokens != c->chunk ||
+      h.keyed_tokens % c->chunk != 0 || h.keyed_tokens > h.n_tokens ||
+      h.keyed_tokens > c->sh.cap || h.keyed_tokens < k->j * c->chunk ||
+      4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR)
     return -1;
-  /* kscratch: [h(J-1), h(0) .. h(J-2)] over the blob's own tokens */
   uint32_t J = h.keyed_tokens / c->chunk;
-  const uint32_t *tok = (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR);
+  const uint32_t *tok =
+      (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR);
   kvs_key_t prev = c->ns;
   for (uint32_t i = 0; i < J; i++) {
     prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
     if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) return -1; /* not the state asked for */
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
-  kvs_layout_t l = kvs_layout_blob(len);
-  uint8_t oc = 0;
-  int rc = kvs_store_reserve_object(k->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc,
-                                    &k->ext, &k->xfer);
-  if (rc == 0 && oc == KVS_RES_PRESENT) {
-    k->state = SINK_LOCAL;
-    return 0;
-  }
-  if (rc != 1) return -1;
-  memcpy(k->base + k->ext.offset, bytes, (size_t)len);
-  k->state = SINK_COPIED;
-  return 0;
+  *keys = c->kscratch;
+  return (int)J;
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                 int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
-  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
+  const kvs__llama_blob_home_t home = px_home(rt);
   uint32_t j = k / c->chunk;
-  px_sink_t sk;
-  memset(&sk, 0, sizeof sk);
-  sk.c = c;
-  sk.store = rt->store;
-  sk.base = kvs_pool_base(rt->pool);
-  sk.want = keys[j - 1];
-  sk.j = j;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
-  kvs__hook_depth--;
-  if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
-  if (sk.state != SINK_COPIED) return PX_SKIP;
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, sk.base + sk.ext.offset, sk.ext.length);
-  kvs__hook_depth++;
-  if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
-  else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
-  kvs__hook_depth--;
+  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j};
+  kvs__llama_blob_fetch_t f;
+  int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
+  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (st != KVS_FETCH_COPIED) return PX_SKIP;
+  px_res_t res = px_restore_blob(c, ctx, s, n, k, f.blob, f.len);
+  kvs__llama_blob_keep(&home, &f, res != PX_BAD); /* a good copy is kept */
   if (res == PX_OK) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
   return res;
 }
