@@ -65,7 +65,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "blob.h"
@@ -78,6 +77,7 @@
 #include "prefix.h"
 #include "prefix_shadow.h"
 #include "preload.h"
+#include "prim.h"
 #include "stats.h"
 #include "store.h"
 
@@ -373,10 +373,10 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   size_t off_rlog = px_align16(off_rseq + (size_t)ub * sizeof(int32_t *));
   size_t len = px_align16(off_rlog + (size_t)ub);
   kvs__hook_depth++;
-  void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void *map = NULL;
+  int rc = kvs__prim_alloc(len, &map);
   kvs__hook_depth--;
-  if (map == MAP_FAILED) return "no memory for its shadow";
+  if (rc < 0) return "no memory for its shadow";
   uint8_t *b = map;
   c->map = map;
   c->map_len = len;
@@ -440,7 +440,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
   }
   pthread_mutex_unlock(&g_table_lock);
   if (!slot) {
-    munmap(tmp.map, tmp.map_len);
+    kvs__prim_unmap(tmp.map, tmp.map_len);
     kvs_log_warn("llama.cpp prefix cache: more than %d contexts: context %p not cached",
                  PX_CTX_MAX, (void *)ctx);
     return;
@@ -469,7 +469,7 @@ static void px_forget(struct llama_context *ctx) {
     pthread_mutex_destroy(&c->lock);
   }
   pthread_mutex_unlock(&g_table_lock);
-  if (map) munmap(map, len);
+  kvs__prim_unmap(map, len);
 }
 
 /* Every registered context using mem (normally one), locked, applies op. */
