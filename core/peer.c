@@ -642,14 +642,13 @@ static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs
   return rc;
 }
 
-/* SHM store: reserve slots, copy into the peer's pool, commit naming every slot. */
-static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
-                     const kvs_layout_t *layout, bool object, const void *const *bufs,
-                     uint8_t *outcomes) {
-  uint8_t *rep;
-  kvs_proto_prepare_store_reply_t r;
-  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_SHM, keys, n, layout, object, &rep, &r);
-  if (rc < 0) return rc;
+/* SHM store, after the PREPARE_STORE reply r (in rep, freed here): copy into the peer's pool,
+ * commit naming every slot. */
+static int store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
+                     const kvs_proto_prepare_store_reply_t *rp, bool object,
+                     const void *const *bufs, uint8_t *outcomes) {
+  const kvs_proto_prepare_store_reply_t r = *rp;
+  int rc = 0;
   uint64_t seg = kvs_pool_segment_size(c->pool);
   uint8_t *base = kvs_pool_base(c->pool);
   int kept = 0;
@@ -687,14 +686,14 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n
   return rc < 0 ? rc : kept;
 }
 
-/* Inline store: ask which keys to send, then send them with the commit. */
-static int store_inline(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
-                        const kvs_layout_t *layout, bool object, const void *const *bufs,
-                        uint8_t *outcomes) {
-  uint8_t *rep;
-  kvs_proto_prepare_store_reply_t r;
-  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_INLINE, keys, n, layout, object, &rep, &r);
-  if (rc < 0) return rc;
+/* Inline store, after the PREPARE_STORE reply r (in rep, freed here) said which keys to send:
+ * send them with the commit. */
+static int store_inline(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
+                        const kvs_proto_prepare_store_reply_t *rp, const kvs_key_t *keys,
+                        size_t n, const kvs_layout_t *layout, bool object,
+                        const void *const *bufs, uint8_t *outcomes) {
+  const kvs_proto_prepare_store_reply_t r = *rp;
+  int rc = 0;
   uint64_t obj_bytes = kvs_layout_nbytes(layout);
   kvs_proto_entry_t *entries = calloc(n, sizeof *entries);
   uint32_t *src = calloc(n, sizeof *src);
@@ -757,26 +756,40 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   if (!c) return -ENOENT;
   pthread_mutex_lock(&c->lock);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
-  int rc = shm ? store_shm(p, c, keys, n, layout, object, bufs, outcomes)
-               : store_inline(p, c, keys, n, layout, object, bufs, outcomes);
+  uint8_t *rep;
+  kvs_proto_prepare_store_reply_t r;
+  int rc = prepare_store(p, c, shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE, keys, n,
+                         layout, object, &rep, &r);
+  if (rc >= 0)
+    rc = shm ? store_shm(p, c, rep, &r, object, bufs, outcomes)
+             : store_inline(p, c, rep, &r, keys, n, layout, object, bufs, outcomes);
   pthread_mutex_unlock(&c->lock);
   unref(p, c);
   if (rc > 0) kvs_stats_add(p->stats, KVS_STAT_peer_stores, (uint64_t)rc);
   return rc;
 }
 
+/* One call to peer `instance` on its own: rc gets 0, -ENOENT (no such live peer) or the
+ * call's negative errno; on 0 *reply (the caller frees it) holds *reply_len bytes. */
+#define RPC_TO(rc, p, instance, op, encfn, msgp, reply, reply_len)                            \
+  do {                                                                                        \
+    pconn_t *c_ = grab((p), (instance), false);                                               \
+    (rc) = -ENOENT;                                                                           \
+    if (c_) {                                                                                 \
+      pthread_mutex_lock(&c_->lock);                                                          \
+      RPC_ENCODED(rc, p, c_, op, encfn, msgp, reply, reply_len);                              \
+      pthread_mutex_unlock(&c_->lock);                                                        \
+      unref((p), c_);                                                                         \
+    }                                                                                         \
+  } while (0)
+
 int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap) {
   if (!buf || cap == 0) return -EINVAL;
-  pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
   kvs_proto_stats_t m = {json ? KVS_PROTO_STATS_JSON : KVS_PROTO_STATS_INFO};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  pthread_mutex_lock(&c->lock);
   int rc;
-  RPC_ENCODED(rc, p, c, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
-  pthread_mutex_unlock(&c->lock);
-  unref(p, c);
+  RPC_TO(rc, p, instance, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
   kvs_proto_text_t t;
   if (rc == 0) rc = kvs_proto_text_decode(rep, rn, &t);
   if (rc == 0) {
@@ -790,17 +803,12 @@ int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, siz
 }
 
 int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
-  pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
   uint64_t nonce = kvs__now_ns();
   kvs_proto_ping_t m = {nonce, 0, NULL};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  pthread_mutex_lock(&c->lock);
   int rc;
-  RPC_ENCODED(rc, p, c, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
-  pthread_mutex_unlock(&c->lock);
-  unref(p, c);
+  RPC_TO(rc, p, instance, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
   kvs_proto_ping_t r;
   if (rc == 0) rc = kvs_proto_ping_decode(rep, rn, &r);
   if (rc == 0 && r.nonce != nonce) rc = -EPROTO;

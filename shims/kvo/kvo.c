@@ -316,15 +316,28 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
   return rc == 0 ? KVO_OK : KVO_MISS;
 }
 
+/* The runtime when kvshim serves this chunk call (the guard raised: KVO_LEAVE after), and
+ * the chunk's key; NULL: pass through. */
+static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *tokens,
+                                       size_t n_tokens, size_t chunk_index, int buf_kind,
+                                       uint64_t buf, size_t buf_len, kvs_key_t *key) {
+  kvs__runtime_t *rt = kvo_rt();
+  if (!rt || !kvo_chunk_args_ok(d, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
+      !kvo_buf_usable(buf_kind))
+    return NULL;
+  KVO_ENTER();
+  *key = kvo_chunk_key(kvo_ns_key(rt, d), d, tokens, chunk_index);
+  return rt;
+}
+
 KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
   kvo_load_chunk_fn real = (kvo_load_chunk_fn)kvo_real(KVO_H_kvo_load_chunk);
-  kvs__runtime_t *rt = kvo_rt();
-  if (!rt || !kvo_chunk_args_ok(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
-      !kvo_buf_usable(buf_kind))
+  kvs_key_t key;
+  kvs__runtime_t *rt =
+      kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
+  if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  KVO_ENTER();
-  kvs_key_t key = kvo_chunk_key(kvo_ns_key(rt, desc), desc, tokens, chunk_index);
   int rc = kvo_load(rt, desc, key, buf_kind, buf);
   kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
   KVO_LEAVE();
@@ -374,12 +387,11 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
   kvo_store_chunk_fn real = (kvo_store_chunk_fn)kvo_real(KVO_H_kvo_store_chunk);
-  kvs__runtime_t *rt = kvo_rt();
-  if (!rt || !kvo_chunk_args_ok(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
-      !kvo_buf_usable(buf_kind))
+  kvs_key_t key;
+  kvs__runtime_t *rt =
+      kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
+  if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  KVO_ENTER();
-  kvs_key_t key = kvo_chunk_key(kvo_ns_key(rt, desc), desc, tokens, chunk_index);
   int rc = kvo_store(rt, desc, key, buf_kind, buf);
   kvs_stats_inc(kvs_stats_global(), rc == 0 ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
   KVO_LEAVE();

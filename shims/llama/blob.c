@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "blob.h"
+#include "pool.h"
 #include "preload.h"
 
 /* ---- the checker ------------------------------------------------------------------------------ */
@@ -78,6 +79,11 @@ size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_contex
                             const uint8_t *src, size_t size, int32_t seq) {
   if (a->set_data_ext) return a->set_data_ext(ctx, src, size, seq, 0);
   return a->set_data ? a->set_data(ctx, src, size, seq) : 0;
+}
+
+kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt) {
+  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers};
+  return h;
 }
 
 /* ---- save ------------------------------------------------------------------------------------- */

@@ -155,6 +155,16 @@ typedef struct kvs__llama_state_api {
                          int32_t seq_id, uint32_t flags);
 } kvs__llama_state_api_t;
 
+/* The fields of kvs__llama_state_api_t and the llama.h function of each: an adapter fills the
+ * struct from its real-function table with X(field, name, arg). */
+#define KVS_LLAMA_STATE_FNS(X, arg)                                                           \
+  X(get_size, llama_state_seq_get_size, arg)                                                  \
+  X(get_size_ext, llama_state_seq_get_size_ext, arg)                                          \
+  X(get_data, llama_state_seq_get_data, arg)                                                  \
+  X(get_data_ext, llama_state_seq_get_data_ext, arg)                                          \
+  X(set_data, llama_state_seq_set_data, arg)                                                  \
+  X(set_data_ext, llama_state_seq_set_data_ext, arg)
+
 /* Every one of get_size, get_data and set_data is there in one form or the other. */
 bool kvs__llama_state_api_ok(const kvs__llama_state_api_t *a);
 /* The engine's functions (0 when the api lacks one: the engine's own failure value). */
@@ -171,6 +181,10 @@ typedef struct kvs__llama_blob_home {
   uint8_t *base;
   kvs_peers_t *peers;
 } kvs__llama_blob_home_t;
+
+/* The home of this process's runtime (its store, pool and peers). */
+struct kvs__runtime;
+kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt);
 
 /* A save in progress: an extent the engine has written, not yet visible. */
 typedef struct kvs__llama_blob_save {

@@ -225,20 +225,12 @@ static inline int64_t ll_ns(struct timespec ts) {
 
 /* ---- the engine's sequence state functions ------------------------------------------------- */
 
+#define LL_STATE_FN(field, name, a) (a)->field = ll_real_##name();
 static bool ll_state_api(kvs__llama_state_api_t *a) {
-  a->get_size = ll_real_llama_state_seq_get_size();
-  a->get_size_ext = ll_real_llama_state_seq_get_size_ext();
-  a->get_data = ll_real_llama_state_seq_get_data();
-  a->get_data_ext = ll_real_llama_state_seq_get_data_ext();
-  a->set_data = ll_real_llama_state_seq_set_data();
-  a->set_data_ext = ll_real_llama_state_seq_set_data_ext();
+  KVS_LLAMA_STATE_FNS(LL_STATE_FN, a)
   return kvs__llama_state_api_ok(a);
 }
-
-static kvs__llama_blob_home_t ll_home(kvs__runtime_t *rt) {
-  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers};
-  return h;
-}
+#undef LL_STATE_FN
 
 /* ---- save ------------------------------------------------------------------------------------ */
 
@@ -258,7 +250,7 @@ static const char *ll_save_error(int rc) {
 static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_context *ctx,
                           const char *path, int32_t seq_id, const int32_t *tokens, size_t n) {
   const bool wt = rt->opts.llama_write_through != 0;
-  const kvs__llama_blob_home_t home = ll_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs_stats_t *stats = kvs_stats_global();
   kvs__llama_state_api_t api;
   kvs__llama_model_t m;
@@ -402,7 +394,7 @@ static ll_res_t ll_restore(const ll_load_req_t *q, const uint8_t *blob, uint64_t
 
 static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                               size_t *ret) {
-  const kvs__llama_blob_home_t home = ll_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   const uint8_t *blob;
   uint64_t len;
   kvs_xfer_t xfer;
@@ -442,7 +434,7 @@ static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
 
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
-  const kvs__llama_blob_home_t home = ll_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   ll_fetch_keys_t k = {q->m, {key, {0, 0}}};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, 0, key, ll_fetch_keys, &k, &f);
@@ -496,33 +488,25 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
 
 /* ---- the wrappers ---------------------------------------------------------------------------- */
 
-/* Pass-through hooks: counted once per engine call, nothing else. */
+/* Pass-through hooks: `first` runs, then the engine's function, counted once per engine call. */
+#define LL_PASSTHROUGH_AFTER(first, ret, name, params, args, missing)                          \
+  ret name params {                                                                           \
+    first;                                                                                    \
+    kvs__llama_pfn_##name real = ll_real_##name();                                            \
+    if (kvs__unlikely(!real)) return missing;                                                 \
+    if (!ll_observe()) return real args;                                                      \
+    ll_depth++;                                                                               \
+    kvs__hook_count();                                                                        \
+    ret r_ = real args;                                                                       \
+    ll_depth--;                                                                               \
+    return r_;                                                                                \
+  }
 #define LL_PASSTHROUGH(ret, name, params, args, missing)                                      \
-  ret name params {                                                                           \
-    kvs__llama_pfn_##name real = ll_real_##name();                                            \
-    if (kvs__unlikely(!real)) return missing;                                                 \
-    if (!ll_observe()) return real args;                                                      \
-    ll_depth++;                                                                               \
-    kvs__hook_count();                                                                        \
-    ret r_ = real args;                                                                       \
-    ll_depth--;                                                                               \
-    return r_;                                                                                \
-  }
-
-/* The same for hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it
- * first, whatever the hook then does. */
+  LL_PASSTHROUGH_AFTER((void)0, ret, name, params, args, missing)
+/* Hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it first, whatever
+ * the hook then does. */
 #define LL_PASSTHROUGH_LOAD(ret, name, params, args, missing, ctx_, seq_)                     \
-  ret name params {                                                                           \
-    kvs__llama_prefix_state_load(ctx_, seq_);                                                 \
-    kvs__llama_pfn_##name real = ll_real_##name();                                            \
-    if (kvs__unlikely(!real)) return missing;                                                 \
-    if (!ll_observe()) return real args;                                                      \
-    ll_depth++;                                                                               \
-    kvs__hook_count();                                                                        \
-    ret r_ = real args;                                                                       \
-    ll_depth--;                                                                               \
-    return r_;                                                                                \
-  }
+  LL_PASSTHROUGH_AFTER(kvs__llama_prefix_state_load(ctx_, seq_), ret, name, params, args, missing)
 
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size, (struct llama_context * ctx, int32_t seq_id),
                (ctx, seq_id), 0)
@@ -553,6 +537,7 @@ LL_PASSTHROUGH_LOAD(bool, llama_state_load_file,
                (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false, ctx, -1)
 #undef LL_PASSTHROUGH
 #undef LL_PASSTHROUGH_LOAD
+#undef LL_PASSTHROUGH_AFTER
 
 /* The runtime for a caching hook (NULL: pass through; a FAILED runtime was counted). */
 static kvs__runtime_t *ll_rt(void) {

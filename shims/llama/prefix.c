@@ -218,7 +218,8 @@ static int px_layout_ok(void) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 #define PX_CTX_MAX 64
-#define PX_CPU_CLASS 64 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
+/* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
+#define PX_CPU_CLASS 64
 
 typedef struct px_ctx {
   _Atomic(struct llama_context *) ctx; /* NULL: free slot; published last (release) */
@@ -265,20 +266,12 @@ static int32_t px_map(const struct llama_context *ctx, int32_t i) {
 }
 
 /* The engine's sequence state functions (blob.h: the _ext forms with flags 0 when present). */
+#define PX_STATE_FN(field, name, a) (a)->field = px_real_##name();
 static bool px_state_api(kvs__llama_state_api_t *a) {
-  a->get_size = px_real_llama_state_seq_get_size();
-  a->get_size_ext = px_real_llama_state_seq_get_size_ext();
-  a->get_data = px_real_llama_state_seq_get_data();
-  a->get_data_ext = px_real_llama_state_seq_get_data_ext();
-  a->set_data = px_real_llama_state_seq_set_data();
-  a->set_data_ext = px_real_llama_state_seq_set_data_ext();
+  KVS_LLAMA_STATE_FNS(PX_STATE_FN, a)
   return kvs__llama_state_api_ok(a);
 }
-
-static kvs__llama_blob_home_t px_home(kvs__runtime_t *rt) {
-  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers};
-  return h;
-}
+#undef PX_STATE_FN
 
 static bool px_model_flag(kvs__px_pfn_llama_model_has_encoder fn, const struct llama_model *m) {
   return fn ? fn(m) : false; /* older libllama: the concept did not exist */
@@ -620,7 +613,7 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
 
 static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                  int32_t s, uint32_t n, uint32_t k) {
-  const kvs__llama_blob_home_t home = px_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
   const uint8_t *blob;
   uint64_t len;
@@ -669,7 +662,7 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                 int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
-  const kvs__llama_blob_home_t home = px_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   uint32_t j = k / c->chunk;
   px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j};
   kvs__llama_blob_fetch_t f;
@@ -752,7 +745,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
     q->snap = J * C;
     return;
   }
-  const kvs__llama_blob_home_t home = px_home(rt);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;
   px_state_api(&api);
   c->kscratch[0] = keys[J - 1];

@@ -385,7 +385,8 @@ Test(prefix_shadow, index_remap, .timeout = 30) {
 
 /* ---- blob --------------------------------------------------------------------------------- */
 
-static const uint8_t FP[KVS_LLAMA_FP_SIZE] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const uint8_t FP[KVS_LLAMA_FP_SIZE] = {1, 2, 3, 4,  5,  6,  7,  8,
+                                              9, 10, 11, 12, 13, 14, 15, 16};
 static const kvs_key_t NS = {0xabc, 0xdef};
 
 static uint8_t *mkblob(uint32_t n, uint32_t keyed, uint64_t state, uint64_t *len) {
