@@ -57,7 +57,7 @@
  * engine call is counted once. kvs__hook_depth is raised only around kvshim's own work, never
  * around calls into the engine, so the CUDA hooks keep seeing the engine's allocations.
  *
- * Threads: calls arrive on any engine thread. g_models_lock guards the model table; the
+ * Threads: calls arrive on any engine thread. The model table (model.c) has its own lock; the
  * real-function table is atomics written once per row (racing resolvers store one value). */
 #include <dlfcn.h>
 #include <errno.h>
