@@ -411,6 +411,7 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
 typedef struct ll_fetch_keys {
   const kvs__llama_model_t *m;
   kvs_key_t keys[2];
+  int nk; /* keys bound: 2 when the peer's blob had tokens */
 } ll_fetch_keys_t;
 
 static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
@@ -429,13 +430,13 @@ static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
         k->m, (const int32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR),
         h.n_tokens);
   *keys = k->keys;
-  return nk;
+  return k->nk = nk;
 }
 
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  ll_fetch_keys_t k = {q->m, {key, {0, 0}}};
+  ll_fetch_keys_t k = {q->m, {key, {0, 0}}, 1};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, 0, key, ll_fetch_keys, &k, &f);
   if (st == KVS_FETCH_LOCAL) return LL_LOCAL_NOW;
@@ -448,7 +449,7 @@ static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key
   if (keep) {
     kvs__llama_blob_hdr_t h;
     memcpy(&h, f.blob, sizeof h);
-    keep = h.n_tokens == 0 ||
+    keep = k.nk == 1 ||
            kvs_key_eq(ll_prefix_key(q->m, (const int32_t *)(const void *)(f.blob +
                                                                           KVS_LLAMA_BLOB_HDR),
                                     h.n_tokens),
