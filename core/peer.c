@@ -257,17 +257,17 @@ static int rpc_post(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, si
   return 0;
 }
 
-/* Encode with a size query and call. */
-#define RPC_ENCODED(p, c, op, encfn, msgp, reply, reply_len)                                  \
-  ({                                                                                          \
+/* Encode with a size query and call; rc gets 0 or a negative errno (a statement, ISO C). */
+#define RPC_ENCODED(rc, p, c, op, encfn, msgp, reply, reply_len)                              \
+  do {                                                                                        \
     size_t n_ = 0;                                                                            \
     int r_ = encfn((msgp), NULL, 0, &n_);                                                     \
     uint8_t *b_ = r_ == 0 ? malloc(n_ ? n_ : 1) : NULL;                                       \
     if (r_ == 0) r_ = b_ ? encfn((msgp), b_, n_, &n_) : -ENOMEM;                              \
     if (r_ == 0) r_ = rpc((p), (c), (op), b_, n_, (reply), (reply_len), NULL);                \
     free(b_);                                                                                 \
-    r_;                                                                                       \
-  })
+    (rc) = r_;                                                                                \
+  } while (0)
 
 /* Connect and HELLO. Returns a new connection (not in the table) or NULL. */
 static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
@@ -475,7 +475,8 @@ static int lookup_one(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t 
   size_t rn = 0;
   pthread_mutex_lock(&c->lock);
   kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
-  int rc = RPC_ENCODED(p, c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &rep, &rn);
   pthread_mutex_unlock(&c->lock);
   kvs_proto_lookup_reply_t r;
   if (rc == 0) rc = kvs_proto_lookup_reply_decode(rep, rn, &r);
@@ -527,9 +528,10 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   size_t rn = 0;
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
   pthread_mutex_lock(&c->lock);
-  int rc = objs ? RPC_ENCODED(p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode,
-                              &m, &rep, &rn)
-                : -ENOMEM;
+  int rc = -ENOMEM;
+  if (objs)
+    RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
+                &rn);
   kvs_proto_prepare_retrieve_reply_t r;
   if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
   int delivered = 0;
@@ -570,6 +572,58 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   return rc < 0 && delivered == 0 ? rc : delivered;
 }
 
+/* ---- fetch: a peer's objects into local reservations ---------------------------------------- */
+
+typedef struct fetch_ctx {
+  kvs_store_t *local;
+  uint8_t *base;             /* the local pool */
+  const kvs_key_t *keys;     /* asked for */
+  const kvs_layout_t *layout;
+  kvs_fetch_keys_fn keys_fn;
+  void *ctx;
+  kvs_fetch_t *out;
+} fetch_ctx_t;
+
+static int fetch_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+                      uint64_t len) {
+  fetch_ctx_t *f = ctx;
+  kvs_fetch_t *o = &f->out[i];
+  uint8_t oc = 0;
+  int rc;
+  if (f->layout) { /* a chunk: the key names it, its size must agree */
+    if (len != kvs_layout_nbytes(f->layout)) return -EPROTO;
+    rc = kvs_store_reserve_write(f->local, KVS_OWNER_LOCAL, &f->keys[i], 1, f->layout, 0, &oc,
+                                 &o->extent, &o->xfer);
+  } else { /* a blob: one object, bound under the keys its bytes give */
+    if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len)
+      return -EPROTO;
+    const kvs_key_t *bind = &f->keys[i];
+    int nk = f->keys_fn ? f->keys_fn(f->ctx, i, bytes, len, &bind) : 1;
+    if (nk <= 0) return -EPROTO;
+    kvs_layout_t l = kvs_layout_blob(len);
+    rc = kvs_store_reserve_object(f->local, KVS_OWNER_LOCAL, bind, (size_t)nk, &l, 0, &oc,
+                                  &o->extent, &o->xfer);
+  }
+  if (rc == 1) {
+    memcpy(f->base + o->extent.offset, bytes, (size_t)len);
+    o->status = KVS_FETCH_COPIED;
+  } else if (rc == 0 && oc == KVS_RES_PRESENT) {
+    o->status = KVS_FETCH_LOCAL;
+  } /* else MISS: not kept here (no room, being written); the rest may still be */
+  return 0;
+}
+
+int kvs_peers_fetch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, kvs_fetch_keys_fn keys_fn, void *ctx,
+                    kvs_fetch_t *out) {
+  if (!p || !keys || !out || n == 0) return -EINVAL;
+  memset(out, 0, n * sizeof *out);
+  if (!p->local) return -ENOTSUP;
+  fetch_ctx_t f = {p->local, kvs_pool_base(kvs_store_pool(p->local)), keys, layout, keys_fn, ctx,
+                   out};
+  return kvs_peers_retrieve(p, instance, keys, n, fetch_sink, &f);
+}
+
 /* PREPARE_STORE with a strategy: on success *r points into *rep (the caller frees *rep). */
 static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs_key_t *keys,
                          size_t n, const kvs_layout_t *layout, bool object, uint8_t **rep,
@@ -578,7 +632,8 @@ static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs
                                  0, *layout, (uint32_t)n, keys};
   size_t rn = 0;
   *rep = NULL;
-  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, rep, &rn);
   if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(*rep, rn, r);
   if (rc < 0) {
     free(*rep);
@@ -587,14 +642,13 @@ static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs
   return rc;
 }
 
-/* SHM store: reserve slots, copy into the peer's pool, commit naming every slot. */
-static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
-                     const kvs_layout_t *layout, bool object, const void *const *bufs,
-                     uint8_t *outcomes) {
-  uint8_t *rep;
-  kvs_proto_prepare_store_reply_t r;
-  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_SHM, keys, n, layout, object, &rep, &r);
-  if (rc < 0) return rc;
+/* SHM store, after the PREPARE_STORE reply r (in rep, freed here): copy into the peer's pool,
+ * commit naming every slot. */
+static int store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
+                     const kvs_proto_prepare_store_reply_t *rp, bool object,
+                     const void *const *bufs, uint8_t *outcomes) {
+  const kvs_proto_prepare_store_reply_t r = *rp;
+  int rc = 0;
   uint64_t seg = kvs_pool_segment_size(c->pool);
   uint8_t *base = kvs_pool_base(c->pool);
   int kept = 0;
@@ -618,11 +672,13 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n
       cm.xfer = r.xfer;
       cm.n_slots = r.n_slots;
       cm.slots = r.slots;
-      rc = RPC_ENCODED(p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
+      RPC_ENCODED(rc, p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
       if (rc == 0) kept += (int)r.n_slots;
     } else {
       kvs_proto_xfer_t x = {r.xfer};
-      RPC_ENCODED(p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
+      int arc; /* an abort that fails only costs the peer a lease */
+      RPC_ENCODED(arc, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
+      (void)arc;
     }
     free(r2);
   }
@@ -630,14 +686,14 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n
   return rc < 0 ? rc : kept;
 }
 
-/* Inline store: ask which keys to send, then send them with the commit. */
-static int store_inline(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n,
-                        const kvs_layout_t *layout, bool object, const void *const *bufs,
-                        uint8_t *outcomes) {
-  uint8_t *rep;
-  kvs_proto_prepare_store_reply_t r;
-  int rc = prepare_store(p, c, KVS_PROTO_STRATEGY_INLINE, keys, n, layout, object, &rep, &r);
-  if (rc < 0) return rc;
+/* Inline store, after the PREPARE_STORE reply r (in rep, freed here) said which keys to send:
+ * send them with the commit. */
+static int store_inline(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
+                        const kvs_proto_prepare_store_reply_t *rp, const kvs_key_t *keys,
+                        size_t n, const kvs_layout_t *layout, bool object,
+                        const void *const *bufs, uint8_t *outcomes) {
+  const kvs_proto_prepare_store_reply_t r = *rp;
+  int rc = 0;
   uint64_t obj_bytes = kvs_layout_nbytes(layout);
   kvs_proto_entry_t *entries = calloc(n, sizeof *entries);
   uint32_t *src = calloc(n, sizeof *src);
@@ -700,25 +756,40 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   if (!c) return -ENOENT;
   pthread_mutex_lock(&c->lock);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
-  int rc = shm ? store_shm(p, c, keys, n, layout, object, bufs, outcomes)
-               : store_inline(p, c, keys, n, layout, object, bufs, outcomes);
+  uint8_t *rep;
+  kvs_proto_prepare_store_reply_t r;
+  int rc = prepare_store(p, c, shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE, keys, n,
+                         layout, object, &rep, &r);
+  if (rc >= 0)
+    rc = shm ? store_shm(p, c, rep, &r, object, bufs, outcomes)
+             : store_inline(p, c, rep, &r, keys, n, layout, object, bufs, outcomes);
   pthread_mutex_unlock(&c->lock);
   unref(p, c);
   if (rc > 0) kvs_stats_add(p->stats, KVS_STAT_peer_stores, (uint64_t)rc);
   return rc;
 }
 
+/* One call to peer `instance` on its own: rc gets 0, -ENOENT (no such live peer) or the
+ * call's negative errno; on 0 *reply (the caller frees it) holds *reply_len bytes. */
+#define RPC_TO(rc, p, instance, op, encfn, msgp, reply, reply_len)                            \
+  do {                                                                                        \
+    pconn_t *c_ = grab((p), (instance), false);                                               \
+    (rc) = -ENOENT;                                                                           \
+    if (c_) {                                                                                 \
+      pthread_mutex_lock(&c_->lock);                                                          \
+      RPC_ENCODED(rc, p, c_, op, encfn, msgp, reply, reply_len);                              \
+      pthread_mutex_unlock(&c_->lock);                                                        \
+      unref((p), c_);                                                                         \
+    }                                                                                         \
+  } while (0)
+
 int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap) {
   if (!buf || cap == 0) return -EINVAL;
-  pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
   kvs_proto_stats_t m = {json ? KVS_PROTO_STATS_JSON : KVS_PROTO_STATS_INFO};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  pthread_mutex_lock(&c->lock);
-  int rc = RPC_ENCODED(p, c, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
-  pthread_mutex_unlock(&c->lock);
-  unref(p, c);
+  int rc;
+  RPC_TO(rc, p, instance, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
   kvs_proto_text_t t;
   if (rc == 0) rc = kvs_proto_text_decode(rep, rn, &t);
   if (rc == 0) {
@@ -732,16 +803,12 @@ int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, siz
 }
 
 int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
-  pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
   uint64_t nonce = kvs__now_ns();
   kvs_proto_ping_t m = {nonce, 0, NULL};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  pthread_mutex_lock(&c->lock);
-  int rc = RPC_ENCODED(p, c, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
-  pthread_mutex_unlock(&c->lock);
-  unref(p, c);
+  int rc;
+  RPC_TO(rc, p, instance, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
   kvs_proto_ping_t r;
   if (rc == 0) rc = kvs_proto_ping_decode(rep, rn, &r);
   if (rc == 0 && r.nonce != nonce) rc = -EPROTO;

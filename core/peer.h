@@ -78,6 +78,44 @@ typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t 
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx);
 
+/* What became of one key in kvs_peers_fetch. */
+typedef enum kvs_fetch_status {
+  KVS_FETCH_MISS = 0, /* not delivered, refused by keys_fn, or not kept (the local store had no
+                         room, or it is being written there) */
+  KVS_FETCH_LOCAL,    /* the local store holds it READY (another thread fetched or stored it
+                         meanwhile): read it there */
+  KVS_FETCH_COPIED,   /* copied into a local extent that is being written: the caller verifies
+                         the bytes, then kvs_store_commit (keep) or kvs_store_abort (drop) */
+} kvs_fetch_status_t;
+
+typedef struct kvs_fetch {
+  kvs_fetch_status_t status;
+  kvs_extent_t extent; /* COPIED: the local extent (offset in the local store's pool) */
+  kvs_xfer_t xfer;     /* COPIED: the local write transfer (KVS_OWNER_LOCAL), the caller's to end */
+} kvs_fetch_t;
+
+/* The keys to bind a delivered object under locally, read from its bytes (valid only during
+ * the call): point *keys at the caller's own array of them (keys[0] primary, the rest aliases;
+ * valid until the call returns) and return how many (> 0), or return a negative value to refuse
+ * the object (MISS; the rest are not delivered). */
+typedef int (*kvs_fetch_keys_fn)(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                                 const kvs_key_t **keys);
+
+/* Copy keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) into the local
+ * store (the kvs_peers_config_t local store), one local reservation per delivered object of the
+ * leading run, in one PREPARE_RETRIEVE:
+ *   layout != NULL  each object is a chunk of this layout (its length must be the layout's
+ *                   bytes, else the delivery stops), bound under its own key;
+ *   layout == NULL  each object is a blob (a 1-D u8 layout of its length), bound under the
+ *                   keys keys_fn returns (NULL: its own key only).
+ * Nothing is committed here: the caller checks each COPIED extent and commits or aborts it, in
+ * one place per shim. out[0..n) get each key's status (MISS beyond the delivered run). Returns
+ * how many keys the peer delivered (>= 0), or a negative errno: -ENOTSUP (no local store),
+ * -EINVAL, or the retrieve's (a miss). */
+int kvs_peers_fetch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, kvs_fetch_keys_fn keys_fn, void *ctx,
+                    kvs_fetch_t *out);
+
 /* Store into peer `instance` (0 = the cache peer if any, else the first live peer).
  * object false: one object of `layout` per key, bytes bufs[i]. object true: one object under
  * keys[0] (+ aliases keys[1..n)), bytes bufs[0]. outcomes (may be NULL; n entries, or 1 for an

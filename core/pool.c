@@ -31,7 +31,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -40,13 +39,8 @@
 
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 
-#ifndef MFD_HUGETLB
-#define MFD_HUGETLB 0x0004u
-#endif
-#ifndef MFD_HUGE_2MB
-#define MFD_HUGE_2MB (21u << 26)
-#endif
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6u
 #endif
@@ -225,10 +219,9 @@ static int arena_init(pool_arena_t *a, uint64_t off, uint64_t npages, unsigned s
   if (npages == 0) return 0;
   a->npages = (uint32_t)npages;
   a->tags_bytes = (size_t)npages * sizeof(kvs_ptag_t);
-  void *t = mmap(NULL, a->tags_bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (t == MAP_FAILED) {
-    rc = -errno;
+  void *t = NULL;
+  rc = kvs__prim_alloc(a->tags_bytes, &t);
+  if (rc < 0) {
     pthread_mutex_destroy(&a->lock);
     a->npages = 0;
     return rc;
@@ -241,7 +234,7 @@ static int arena_init(pool_arena_t *a, uint64_t off, uint64_t npages, unsigned s
 }
 
 static void arena_fini(pool_arena_t *a) {
-  if (a->tags) munmap(a->tags, a->tags_bytes);
+  kvs__prim_unmap(a->tags, a->tags_bytes);
   a->tags = NULL;
   pthread_mutex_destroy(&a->lock);
 }
@@ -349,35 +342,20 @@ static void fill_header(kvs_pool_header_t *h, uint64_t seg, uint64_t id, unsigne
 /* Make the fd (memfd or shm) and map it. On failure nothing is left open. */
 static int make_segment(const kvs_pool_config_t *cfg, bool huge, unsigned shift,
                         uint64_t seg, int *fd_out, uint8_t **base_out) {
-  int fd;
   bool named = cfg->name && cfg->name[0];
-  if (named) {
-    fd = shm_open(cfg->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  } else {
-    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
-    if (huge) flags |= MFD_HUGETLB | MFD_HUGE_2MB;
-    fd = memfd_create("kvshim-pool", flags);
-  }
-  if (fd < 0) return -errno;
-  int rc = 0;
-  if (ftruncate(fd, (off_t)seg) != 0) {
-    rc = -errno;
-    goto fail;
-  }
-  if (!named) /* sealing is best effort: the size is an ABI, but a kernel may refuse seals */
-    (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
-  void *m = mmap(NULL, (size_t)seg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
-    rc = -errno;
-    goto fail;
+  int fd = named ? kvs__prim_shm_create(cfg->name, seg)
+                 : kvs__prim_memfd("kvshim-pool", seg, huge);
+  if (fd < 0) return fd;
+  void *m = NULL;
+  int rc = kvs__prim_map_shared(fd, (size_t)seg, true, &m);
+  if (rc < 0) {
+    close(fd);
+    if (named) kvs__prim_shm_unlink(cfg->name);
+    return rc;
   }
   *fd_out = fd;
   *base_out = m;
   return 0;
-fail:
-  close(fd);
-  if (named) shm_unlink(cfg->name);
-  return rc;
 }
 
 static void pool_free_struct(kvs_pool_t *pool) {
@@ -440,9 +418,9 @@ int kvs_pool_create(const kvs_pool_config_t *cfg, kvs_pool_t **out) {
   *out = pool;
   return 0;
 fail_map:
-  munmap(pool->base, (size_t)seg);
+  kvs__prim_unmap(pool->base, (size_t)seg);
   close(pool->fd);
-  if (pool->name) shm_unlink(pool->name);
+  kvs__prim_shm_unlink(pool->name);
 fail_struct:
   free(pool->name);
   free(pool);
@@ -503,12 +481,13 @@ int kvs_pool_attach(int fd, bool writable, kvs_pool_t **out) {
   long sys_page = sysconf(_SC_PAGESIZE);
   size_t hdr_map = hugetlb ? (size_t)st.st_blksize : sys_page > 0 ? (size_t)sys_page : 4096u;
   if (hdr_map > file_size) hdr_map = (size_t)file_size;
-  void *hm = mmap(NULL, hdr_map, PROT_READ, MAP_SHARED, fd, 0);
-  if (hm == MAP_FAILED) return -errno;
+  void *hm = NULL;
+  int rc = kvs__prim_map_shared(fd, hdr_map, false, &hm);
+  if (rc < 0) return rc;
   kvs_pool_header_t h;
   memcpy(&h, hm, sizeof h);
-  munmap(hm, hdr_map);
-  int rc = check_header(&h, file_size);
+  kvs__prim_unmap(hm, hdr_map);
+  rc = check_header(&h, file_size);
   if (rc < 0) return rc;
   if (hugetlb && h.page_size != (uint64_t)st.st_blksize) {
     kvs_log_warn("pool attach: header field page_size mismatch: segment has %u, expected %lld "
@@ -524,10 +503,9 @@ int kvs_pool_attach(int fd, bool writable, kvs_pool_t **out) {
     free(pool);
     return rc;
   }
-  int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  void *m = mmap(NULL, (size_t)h.segment_size, prot, MAP_SHARED, pool->fd, 0);
-  if (m == MAP_FAILED) {
-    rc = -errno;
+  void *m = NULL;
+  rc = kvs__prim_map_shared(pool->fd, (size_t)h.segment_size, writable, &m);
+  if (rc < 0) {
     close(pool->fd);
     free(pool);
     return rc;
@@ -561,9 +539,9 @@ int kvs_pool_destroy(kvs_pool_t *pool, bool force) {
     kvs__unpoison(pool->base, pool->size); /* the address range may be reused */
     arena_fini(&pool->arenas[KVS_ARENA_CACHE]);
     arena_fini(&pool->arenas[KVS_ARENA_HOST]);
-    if (pool->name) shm_unlink(pool->name);
+    kvs__prim_shm_unlink(pool->name);
   }
-  munmap(pool->base, (size_t)pool->size);
+  kvs__prim_unmap(pool->base, (size_t)pool->size);
   close(pool->fd);
   pool_free_struct(pool);
   return 0;
@@ -768,7 +746,6 @@ int kvs_pool_prefault(kvs_pool_t *pool) {
   const kvs_pool_header_t *h = kvs_pool_header(pool);
   uint8_t *start = pool->base + h->cache_off;
   uint64_t size = h->cache_size;
-  int advice = pool->writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
   bool use_madvise = true;
   for (uint64_t done = 0; done < size;) {
     if (atomic_load(&pool->closing)) {
@@ -776,14 +753,13 @@ int kvs_pool_prefault(kvs_pool_t *pool) {
       break;
     }
     size_t step = (size_t)(size - done < PREFAULT_STEP ? size - done : PREFAULT_STEP);
-    if (use_madvise && madvise(start + done, step, advice) != 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      if (errno != EINVAL) { /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
-        rc = -errno;
-        break;
-      }
-      use_madvise = false; /* kernel before 5.14 */
+    int prc = use_madvise ? kvs__prim_populate(start + done, step, pool->writable) : 0;
+    if (prc == -EINTR || prc == -EAGAIN) continue;
+    if (prc < 0 && prc != -EINVAL) { /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
+      rc = prc;
+      break;
     }
+    if (prc == -EINVAL) use_madvise = false; /* kernel before 5.14 */
     if (!use_madvise) touch_pages(start + done, step, pool->page_size, pool->writable);
     done += step;
   }

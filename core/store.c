@@ -40,10 +40,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 
 #define NIL 0u
 #define SLOT_BITS 24
@@ -525,16 +525,15 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
 
   kvs_store_t *s = calloc(1, sizeof *s);
   if (!s) return -ENOMEM;
-  void *map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-  if (map == MAP_FAILED) {
-    int err = errno;
+  void *map = NULL;
+  int rc = kvs__prim_alloc(total, &map);
+  if (rc < 0) {
     free(s);
-    return -err;
+    return rc;
   }
-  int rc = pthread_mutex_init(&s->lock, NULL);
+  rc = pthread_mutex_init(&s->lock, NULL);
   if (rc) {
-    munmap(map, total);
+    kvs__prim_unmap(map, total);
     free(s);
     return -rc;
   }
@@ -580,7 +579,7 @@ int kvs_store_destroy(kvs_store_t *s, bool force) {
   while (s->lru_head != NIL) obj_delete(s, s->lru_head);
   finish(s);
   pthread_mutex_destroy(&s->lock);
-  munmap(s->map, s->map_len);
+  kvs__prim_unmap(s->map, s->map_len);
 #ifdef KVSHIM_DEBUG
   memset(s, 0xdb, sizeof *s);
 #endif

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 
 /* Body bytes before the shape array: dtype, ndim, storage_offset, device_uuid. */
 #define BODY_FIXED (4u + 4u + 8u + KVS_TENSOR_UUID_SIZE)
@@ -484,9 +484,8 @@ struct kvs_tensor_registry {
 };
 
 static void *map_table(size_t bytes) {
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  return p == MAP_FAILED ? NULL : p;
+  void *p = NULL;
+  return kvs__prim_alloc(bytes, &p) == 0 ? p : NULL;
 }
 
 int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out) {
@@ -503,8 +502,8 @@ int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out
   r->slots = map_table(r->slots_bytes);
   int rc = pthread_rwlock_init(&r->lock, NULL);
   if (!r->index || !r->slots || rc != 0) {
-    if (r->index) munmap(r->index, r->index_bytes);
-    if (r->slots) munmap(r->slots, r->slots_bytes);
+    kvs__prim_unmap(r->index, r->index_bytes);
+    kvs__prim_unmap(r->slots, r->slots_bytes);
     if (rc == 0) pthread_rwlock_destroy(&r->lock);
     free(r);
     return rc ? -rc : -ENOMEM;
@@ -515,8 +514,8 @@ int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out
 
 void kvs_tensor_registry_destroy(kvs_tensor_registry_t *reg) {
   if (!reg) return;
-  munmap(reg->index, reg->index_bytes);
-  munmap(reg->slots, reg->slots_bytes);
+  kvs__prim_unmap(reg->index, reg->index_bytes);
+  kvs__prim_unmap(reg->slots, reg->slots_bytes);
   pthread_rwlock_destroy(&reg->lock);
 #ifdef KVSHIM_DEBUG
   memset(reg, 0xa5, sizeof *reg);

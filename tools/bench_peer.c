@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -41,6 +40,7 @@
 #include "internal.h"
 #include "peer.h"
 #include "pool.h"
+#include "prim.h"
 #include "proto.h"
 #include "sock.h"
 #include "store.h"
@@ -443,8 +443,9 @@ int main(int argc, char **argv) {
   kvs_peer_info_t pi;
   kvs_peers_list(c.p_shm, &pi, 1);
   if (pi.strategy != KVS_PROTO_STRATEGY_SHM) die("SHM negotiation", -EPROTO);
-  c.dst = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (c.dst == MAP_FAILED) die("mmap destination", -errno);
+  void *dst = NULL;
+  if ((rc = kvs__prim_alloc(region, &dst)) < 0) die("mmap destination", rc);
+  c.dst = dst;
   memset(c.dst, 1, region); /* fault the destination in: no first-touch cost in any figure */
 
   /* Warm-up pass per size and method; the first SHM pass maps the peer's pages (cold). */

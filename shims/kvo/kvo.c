@@ -22,8 +22,9 @@
  *            (so the loads that follow are local hits). When the run is still short of every
  *            full chunk, the engine's own lookup is asked too and the larger answer returned
  *            (a chunk beyond kvshim's run is then loaded by the engine's own load_chunk).
- *   load     local store (pin, copy to the caller's buffer, release), else one peer retrieve
- *            straight into the buffer, else pass-through. KVO_OK only after a complete copy.
+ *   load     local store (pin, copy to the caller's buffer, release), else one peer fetch into
+ *            the local store (kvs_peers_fetch), copied to the buffer and kept, else
+ *            pass-through. KVO_OK only after a complete copy.
  *   store    reserve in the local store, copy from the caller's buffer, commit, queue a
  *            write-behind push to a cache peer; PRESENT is kept too. Anything else (no space,
  *            being written elsewhere, a failed copy) is counted and passed through, so the
@@ -204,41 +205,23 @@ static int kvo_copy_in(void *dst, int buf_kind, uint64_t buf, size_t len) {
 
 /* ---- lookup --------------------------------------------------------------------------------- */
 
-/* Prefetch sink: each object a peer delivers is written into the local store (reserve, copy,
- * commit). An object that cannot be kept locally is skipped (the load falls back to a peer
- * retrieve); one of the wrong size stops the delivery. */
-typedef struct kvo_prefetch {
-  kvs__runtime_t *rt;
-  const kvs_key_t *keys;
-  const kvs_layout_t *layout;
-  uint64_t chunk_bytes;
-  size_t kept;
-} kvo_prefetch_t;
-
-static int kvo_prefetch_sink(void *ctx, size_t key_index, const kvs_layout_t *layout,
-                             const void *bytes, uint64_t len) {
-  (void)layout; /* the key names the chunk; its size is what must agree */
-  kvo_prefetch_t *p = ctx;
-  if (len != p->chunk_bytes) return -EPROTO;
-  kvs_store_t *st = p->rt->store;
-  uint8_t outcome = 0;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer = 0;
-  int rc = kvs_store_reserve_write(st, KVS_OWNER_LOCAL, &p->keys[key_index], 1, p->layout, 0,
-                                   &outcome, &ext, &xfer);
-  if (rc == 1) {
-    memcpy(kvs_pool_base(p->rt->pool) + ext.offset, bytes, (size_t)len);
-    if (kvs_store_commit(st, KVS_OWNER_LOCAL, xfer) == 0) p->kept++;
-  } else if (rc == 0 && outcome == KVS_RES_PRESENT) {
-    p->kept++;
-  }
-  return 0;
+/* Peer chunks are fetched into local extents (kvs_peers_fetch: a chunk of the wrong size stops
+ * the delivery). The one place they are settled: a COPIED chunk whose copy to the caller
+ * succeeded (or that was only prefetched) is committed and kept, any other is aborted. Returns
+ * whether chunk f is now held READY locally. */
+static bool kvo_settle(kvs__runtime_t *rt, const kvs_fetch_t *f, bool ok) {
+  if (f->status == KVS_FETCH_LOCAL) return true;
+  if (f->status != KVS_FETCH_COPIED) return false;
+  if (ok) return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, f->xfer) == 0;
+  kvs_store_abort(rt->store, KVS_OWNER_LOCAL, f->xfer);
+  return false;
 }
 
 /* kvshim's leading run of the n_full chunks of tokens, prefetching peer runs locally. */
 static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *tokens,
                       size_t n_full) {
   kvs_key_t keys[KVO_KEY_BATCH];
+  kvs_fetch_t fetched[KVO_KEY_BATCH];
   kvs_key_t prev = kvo_ns_key(rt, d);
   const kvs_layout_t layout = kvo_layout(d);
   const size_t C = d->chunk_tokens;
@@ -254,14 +237,16 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
       uint64_t best = 0;
       int pr = kvs_peers_lookup(rt->peers, keys + got, nb - got, &best);
       if (pr > 0 && best) {
-        kvo_prefetch_t pf = {.rt = rt, .keys = keys + got, .layout = &layout,
-                             .chunk_bytes = d->chunk_bytes};
-        int delivered = kvs_peers_retrieve(rt->peers, best, keys + got, (size_t)pr,
-                                           kvo_prefetch_sink, &pf);
+        /* An object that cannot be kept locally still counts (the load falls back to a peer
+         * retrieve). */
+        int delivered = kvs_peers_fetch(rt->peers, best, keys + got, (size_t)pr, &layout, NULL,
+                                        NULL, fetched);
+        size_t kept = 0;
+        for (size_t i = 0; i < (size_t)pr; i++) kept += kvo_settle(rt, &fetched[i], true);
         if (delivered > 0) got += (size_t)delivered;
-        if (delivered > 0 && pf.kept < (size_t)delivered)
+        if (delivered > 0 && kept < (size_t)delivered)
           kvs_log_debug("kvo: prefetched %d chunks from a peer, %zu kept locally", delivered,
-                        pf.kept);
+                        kept);
       }
     }
     run += got;
@@ -291,25 +276,9 @@ KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_
 
 /* ---- load ------------------------------------------------------------------------------------ */
 
-typedef struct kvo_load_sink_ctx {
-  int buf_kind;
-  uint64_t buf;
-  uint64_t chunk_bytes;
-  int rc; /* of the copy */
-} kvo_load_sink_ctx_t;
-
-static int kvo_load_sink(void *ctx, size_t key_index, const kvs_layout_t *layout,
-                         const void *bytes, uint64_t len) {
-  (void)key_index;
-  (void)layout;
-  kvo_load_sink_ctx_t *c = ctx;
-  if (len != c->chunk_bytes) return c->rc = -EPROTO;
-  return c->rc = kvo_copy_out(c->buf_kind, c->buf, bytes, (size_t)len);
-}
-
-/* KVO_OK when chunk `key` was copied into the buffer, KVO_MISS otherwise. */
-static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
-                    uint64_t buf) {
+/* Copy the local chunk `key` into the buffer: 1 copied, 0 not here, -1 here but not copied. */
+static int kvo_load_local(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
+                          uint64_t buf) {
   kvs_xfer_t xfer = 0;
   int r = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
   if (r == 1) {
@@ -321,27 +290,54 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
     else
       rc = -EPROTO; /* another object under this key (not a kvo chunk of this size) */
     kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    if (rc == 0) return KVO_OK;
+    if (rc == 0) return 1;
     kvs__hook_fallback();
     kvs_log_debug("kvo: local chunk not copied: %s", strerror(-rc));
+    return -1;
   }
-  if (rt->peers) {
-    kvo_load_sink_ctx_t c = {.buf_kind = buf_kind, .buf = buf, .chunk_bytes = d->chunk_bytes};
-    int got = kvs_peers_retrieve(rt->peers, 0, &key, 1, kvo_load_sink, &c);
-    if (got == 1 && c.rc == 0) return KVO_OK;
-  }
-  return KVO_MISS;
+  return 0;
+}
+
+/* KVO_OK when chunk `key` was copied into the buffer, KVO_MISS otherwise. A peer's chunk is
+ * fetched into the local store, copied out, and kept. */
+static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
+                    uint64_t buf) {
+  if (kvo_load_local(rt, d, key, buf_kind, buf) == 1) return KVO_OK;
+  if (!rt->peers) return KVO_MISS;
+  const kvs_layout_t layout = kvo_layout(d);
+  kvs_fetch_t f;
+  kvs_peers_fetch(rt->peers, 0, &key, 1, &layout, NULL, NULL, &f); /* errors: misses */
+  if (f.status == KVS_FETCH_LOCAL) /* it became local meanwhile */
+    return kvo_load_local(rt, d, key, buf_kind, buf) == 1 ? KVO_OK : KVO_MISS;
+  if (f.status != KVS_FETCH_COPIED) return KVO_MISS;
+  int rc = kvo_copy_out(buf_kind, buf, kvs_pool_base(rt->pool) + f.extent.offset,
+                        (size_t)d->chunk_bytes);
+  kvo_settle(rt, &f, rc == 0);
+  return rc == 0 ? KVO_OK : KVO_MISS;
+}
+
+/* The runtime when kvshim serves this chunk call (the guard raised: KVO_LEAVE after), and
+ * the chunk's key; NULL: pass through. */
+static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *tokens,
+                                       size_t n_tokens, size_t chunk_index, int buf_kind,
+                                       uint64_t buf, size_t buf_len, kvs_key_t *key) {
+  kvs__runtime_t *rt = kvo_rt();
+  if (!rt || !kvo_chunk_args_ok(d, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
+      !kvo_buf_usable(buf_kind))
+    return NULL;
+  KVO_ENTER();
+  *key = kvo_chunk_key(kvo_ns_key(rt, d), d, tokens, chunk_index);
+  return rt;
 }
 
 KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
   kvo_load_chunk_fn real = (kvo_load_chunk_fn)kvo_real(KVO_H_kvo_load_chunk);
-  kvs__runtime_t *rt = kvo_rt();
-  if (!rt || !kvo_chunk_args_ok(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
-      !kvo_buf_usable(buf_kind))
+  kvs_key_t key;
+  kvs__runtime_t *rt =
+      kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
+  if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  KVO_ENTER();
-  kvs_key_t key = kvo_chunk_key(kvo_ns_key(rt, desc), desc, tokens, chunk_index);
   int rc = kvo_load(rt, desc, key, buf_kind, buf);
   kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
   KVO_LEAVE();
@@ -391,12 +387,11 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
   kvo_store_chunk_fn real = (kvo_store_chunk_fn)kvo_real(KVO_H_kvo_store_chunk);
-  kvs__runtime_t *rt = kvo_rt();
-  if (!rt || !kvo_chunk_args_ok(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
-      !kvo_buf_usable(buf_kind))
+  kvs_key_t key;
+  kvs__runtime_t *rt =
+      kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
+  if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  KVO_ENTER();
-  kvs_key_t key = kvo_chunk_key(kvo_ns_key(rt, desc), desc, tokens, chunk_index);
   int rc = kvo_store(rt, desc, key, buf_kind, buf);
   kvs_stats_inc(kvs_stats_global(), rc == 0 ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
   KVO_LEAVE();

@@ -2,7 +2,7 @@
  *
  * Hooked (KVS_LLAMA_HOOKS, exported from libkvshim.so):
  *   llama_state_seq_save_file   the state goes into the node cache: one store object
- *                               [header | tokens | in-memory state] (llama_internal.h) under
+ *                               [header | tokens | in-memory state] (blob.h, kind SEQ) under
  *                               the keys  primary = name key of the canonical path,
  *                                         alias   = prefix key of all the tokens,
  *                               both inside the model's namespace. The real get_size gives the
@@ -14,12 +14,12 @@
  *                               have returned, kvs__llama_file_bytes).
  *   llama_state_seq_load_file   the blob is looked up by path, locally then at peers (a peer's
  *                               copy is retrieved into a local extent and kept); every check
- *                               of llama_internal.h passes, the state file was not replaced
+ *                               of blob.h passes, the state file was not replaced
  *                               since (ll_stale), the tokens fit: the real set_data restores
  *                               the state straight from the pool, the tokens are copied out,
  *                               and the return value is the real function's (12 + 4n + body).
  *                               A miss or any failed check calls the real function.
- *   llama_model_load_from_file  fingerprints the model file (format.c) and records
+ *   llama_model_load_from_file  fingerprints the model file (model.c) and records
  *                               model -> (fingerprint, namespace key); llama_model_free forgets
  *                               it (a later model at the same address must not inherit it).
  *   the others                  pass through and are counted (hook_calls), so the family is
@@ -57,7 +57,7 @@
  * engine call is counted once. kvs__hook_depth is raised only around kvshim's own work, never
  * around calls into the engine, so the CUDA hooks keep seeing the engine's allocations.
  *
- * Threads: calls arrive on any engine thread. g_models_lock guards the model table; the
+ * Threads: calls arrive on any engine thread. The model table (model.c) has its own lock; the
  * real-function table is atomics written once per row (racing resolvers store one value). */
 #include <dlfcn.h>
 #include <errno.h>
@@ -70,12 +70,14 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "blob.h"
 #include "internal.h"
 #include "keys.h"
-#include "llama_internal.h"
 #include "log.h"
+#include "model.h"
 #include "peer.h"
 #include "pool.h"
+#include "prefix.h"
 #include "preload.h"
 #include "stats.h"
 #include "store.h"
@@ -187,103 +189,16 @@ static inline bool ll_observe(void) {
 
 /* ---- models ---------------------------------------------------------------------------------- */
 
-#define LL_MODELS_MAX 64
-
-typedef struct ll_model {
-  const struct llama_model *model;   /* identity only; never dereferenced */
-  uint8_t fp[KVS_LLAMA_FP_SIZE];
-  kvs_key_t ns;                      /* kvs_keys_namespace of the model namespace */
-} ll_model_t;
-
-/* Invariant: g_models[0, g_nmodels) hold distinct live models (g_models_lock). */
-static ll_model_t g_models[LL_MODELS_MAX];
-static size_t g_nmodels;
-static pthread_mutex_t g_models_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void models_put(const ll_model_t *m) {
-  pthread_mutex_lock(&g_models_lock);
-  size_t i = 0;
-  while (i < g_nmodels && g_models[i].model != m->model) i++;
-  bool fits = i < LL_MODELS_MAX;
-  if (fits) {
-    g_models[i] = *m;
-    if (i == g_nmodels) g_nmodels++;
-  }
-  pthread_mutex_unlock(&g_models_lock);
-  if (!fits)
-    kvs_log_warn("llama.cpp: more than %d models loaded: states of the newest are not cached",
-                 LL_MODELS_MAX);
-}
-
-static void models_forget(const struct llama_model *model) {
-  pthread_mutex_lock(&g_models_lock);
-  for (size_t i = 0; i < g_nmodels; i++)
-    if (g_models[i].model == model) {
-      g_models[i] = g_models[--g_nmodels];
-      memset(&g_models[g_nmodels], 0, sizeof g_models[g_nmodels]);
-      break;
-    }
-  pthread_mutex_unlock(&g_models_lock);
-}
-
-static bool models_get(const struct llama_model *model, ll_model_t *out) {
-  bool found = false;
-  pthread_mutex_lock(&g_models_lock);
-  for (size_t i = 0; i < g_nmodels && !found; i++)
-    if (g_models[i].model == model) {
-      *out = g_models[i];
-      found = true;
-    }
-  pthread_mutex_unlock(&g_models_lock);
-  return found;
-}
-
-bool kvs__llama_model_fingerprint(const struct llama_model *model, uint8_t fp[KVS_LLAMA_FP_SIZE]) {
-  ll_model_t m;
-  if (!model || !models_get(model, &m)) return false;
-  memcpy(fp, m.fp, KVS_LLAMA_FP_SIZE);
-  return true;
-}
-
 /* The fingerprinted model of a context (false: unknown, not cached). */
-static bool ll_ctx_model(struct llama_context *ctx, ll_model_t *out) {
+static bool ll_ctx_model(struct llama_context *ctx, kvs__llama_model_t *out) {
   kvs__llama_pfn_llama_get_model get_model = ll_real_llama_get_model();
   if (!ctx || !get_model) return false;
-  const struct llama_model *model = get_model(ctx);
-  return model && models_get(model, out);
-}
-
-static void ll_fingerprint_model(const struct llama_model *model, const char *path) {
-  ll_model_t m;
-  memset(&m, 0, sizeof m);
-  m.model = model;
-  kvs__llama_fp_info_t fi;
-  int rc = kvs__llama_fingerprint(path, m.fp, &fi);
-  if (rc < 0) {
-    kvs_log_warn("llama.cpp: cannot fingerprint model %s (%s): its states are not cached", path,
-                 strerror(-rc));
-    return;
-  }
-  const kvs_options_t *o = kvs__preload_options();
-  kvs_namespace_t ns;
-  memset(&ns, 0, sizeof ns);
-  memcpy(ns.engine, "llama.cpp", sizeof "llama.cpp");
-  memcpy(ns.model, m.fp, KVS_LLAMA_FP_SIZE);
-  ns.model_len = KVS_LLAMA_FP_SIZE;
-  ns.chunk_tokens = (uint32_t)o->chunk_tokens;
-  ns.world_size = 1;
-  kvs_namespace_set_salt(&ns, o->salt);
-  m.ns = kvs_keys_namespace(&ns);
-  models_put(&m);
-  char hex[KVS_KEY_HEX_LEN + 1];
-  kvs_key_format(m.ns, hex);
-  kvs_log_info("llama.cpp: model %s: %llu bytes, GGUF v%u, %u general.* keys, namespace %s",
-               path, (unsigned long long)fi.size, fi.gguf_version, fi.general_keys, hex);
+  return kvs__llama_model_get(get_model(ctx), out);
 }
 
 /* ---- keys ------------------------------------------------------------------------------------ */
 
-static int ll_path_key(const ll_model_t *m, const char *path, kvs_key_t *out) {
+static int ll_path_key(const kvs__llama_model_t *m, const char *path, kvs_key_t *out) {
   char canon[PATH_MAX];
   int n = kvs__llama_canon_path(path, canon, sizeof canon);
   if (n < 0) return n;
@@ -293,7 +208,7 @@ static int ll_path_key(const ll_model_t *m, const char *path, kvs_key_t *out) {
 
 /* The prefix key of all n tokens: the chunk chain of design §6 over the full chunks, then the
  * partial tail chained the same way (a chunk-aligned n gives exactly the last chunk's key). */
-static kvs_key_t ll_prefix_key(const ll_model_t *m, const int32_t *tokens, size_t n) {
+static kvs_key_t ll_prefix_key(const kvs__llama_model_t *m, const int32_t *tokens, size_t n) {
   const kvs_options_t *o = kvs__preload_options();
   size_t c = (size_t)o->chunk_tokens;
   kvs_key_t k = m->ns;
@@ -304,94 +219,41 @@ static kvs_key_t ll_prefix_key(const ll_model_t *m, const int32_t *tokens, size_
   return k;
 }
 
-/* ---- store helpers (kvshim's own work: kvs__hook_depth raised by the callers) --------------- */
-
-static int ll_outcome_errno(uint8_t oc) {
-  switch (oc) {
-  case KVS_RES_BUSY: return -EBUSY;
-  case KVS_RES_NO_SPACE: return -ENOSPC;
-  case KVS_RES_TOO_LARGE: return -EFBIG;
-  case KVS_RES_PRESENT: return -EEXIST;
-  default: return -EINVAL;
-  }
-}
-
-/* Reserve one object under keys. replace: a READY object under keys[0] is removed first (a
- * newer save of the same path); a reader's pin can hold it briefly, so try a few times. */
-static int ll_reserve(kvs_store_t *st, const kvs_key_t *keys, size_t nk, uint64_t len,
-                      bool replace, kvs_extent_t *ext, kvs_xfer_t *xfer) {
-  kvs_layout_t l = kvs_layout_blob(len);
-  for (int attempt = 0; attempt < 4; attempt++) {
-    uint8_t oc = 0;
-    int rc = kvs_store_reserve_object(st, KVS_OWNER_LOCAL, keys, nk, &l, 0, &oc, ext, xfer);
-    if (rc == 1) return 0;
-    if (rc < 0) return rc;
-    if (oc != KVS_RES_PRESENT || !replace) return ll_outcome_errno(oc);
-    if (kvs_store_remove(st, &keys[0]) == -EBUSY) {
-      struct timespec ts = {0, 1000000L << attempt};
-      nanosleep(&ts, NULL);
-    }
-  }
-  return -EBUSY;
-}
-
-static void ll_end(kvs_store_t *st, kvs_xfer_t xfer, bool commit) {
-  kvs__hook_depth++;
-  if (commit) kvs_store_commit(st, KVS_OWNER_LOCAL, xfer);
-  else kvs_store_abort(st, KVS_OWNER_LOCAL, xfer);
-  kvs__hook_depth--;
-}
-
 static inline int64_t ll_ns(struct timespec ts) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* ---- the engine's sequence state functions ------------------------------------------------- */
 
-/* With flags 0: the plain functions, else their _ext forms (in the pinned llama.cpp the plain
- * ones are the _ext ones with flags 0; older versions have only the plain ones). */
-typedef struct ll_state_api {
-  kvs__llama_pfn_llama_state_seq_get_size get_size;
-  kvs__llama_pfn_llama_state_seq_get_size_ext get_size_ext;
-  kvs__llama_pfn_llama_state_seq_get_data get_data;
-  kvs__llama_pfn_llama_state_seq_get_data_ext get_data_ext;
-  kvs__llama_pfn_llama_state_seq_set_data set_data;
-  kvs__llama_pfn_llama_state_seq_set_data_ext set_data_ext;
-} ll_state_api_t;
-
-static bool ll_state_api(ll_state_api_t *a) {
-  a->get_size = ll_real_llama_state_seq_get_size();
-  a->get_size_ext = a->get_size ? NULL : ll_real_llama_state_seq_get_size_ext();
-  a->get_data = ll_real_llama_state_seq_get_data();
-  a->get_data_ext = a->get_data ? NULL : ll_real_llama_state_seq_get_data_ext();
-  a->set_data = ll_real_llama_state_seq_set_data();
-  a->set_data_ext = a->set_data ? NULL : ll_real_llama_state_seq_set_data_ext();
-  return (a->get_size || a->get_size_ext) && (a->get_data || a->get_data_ext) &&
-         (a->set_data || a->set_data_ext);
+#define LL_STATE_FN(field, name, a) (a)->field = ll_real_##name();
+static bool ll_state_api(kvs__llama_state_api_t *a) {
+  KVS_LLAMA_STATE_FNS(LL_STATE_FN, a)
+  return kvs__llama_state_api_ok(a);
 }
-static size_t ll_get_size(const ll_state_api_t *a, struct llama_context *ctx, int32_t seq) {
-  return a->get_size ? a->get_size(ctx, seq) : a->get_size_ext(ctx, seq, 0);
-}
-static size_t ll_get_data(const ll_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
-                          size_t size, int32_t seq) {
-  return a->get_data ? a->get_data(ctx, dst, size, seq) : a->get_data_ext(ctx, dst, size, seq, 0);
-}
-static size_t ll_set_data(const ll_state_api_t *a, struct llama_context *ctx, const uint8_t *src,
-                          size_t size, int32_t seq) {
-  return a->set_data ? a->set_data(ctx, src, size, seq) : a->set_data_ext(ctx, src, size, seq, 0);
-}
+#undef LL_STATE_FN
 
 /* ---- save ------------------------------------------------------------------------------------ */
 
 typedef kvs__llama_pfn_llama_state_seq_save_file ll_save_fn;
 typedef kvs__llama_pfn_llama_state_seq_load_file ll_load_fn;
 
+static const char *ll_save_error(int rc) {
+  switch (rc) {
+  case -ENODATA: return "the engine reported no sequence state";
+  case -EIO: return "llama_state_seq_get_data did not write the size get_size announced";
+  case -ENOSPC: return "the pool is full";
+  case -EFBIG: return "larger than the pool";
+  default: return "the path is being written or read";
+  }
+}
+
 static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_context *ctx,
                           const char *path, int32_t seq_id, const int32_t *tokens, size_t n) {
   const bool wt = rt->opts.llama_write_through != 0;
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs_stats_t *stats = kvs_stats_global();
-  ll_state_api_t api;
-  ll_model_t m;
+  kvs__llama_state_api_t api;
+  kvs__llama_model_t m;
   kvs_key_t keys[2];
   size_t nk = 1;
   const char *why;
@@ -413,53 +275,26 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
   }
   if (n) keys[nk++] = ll_prefix_key(&m, tokens, n);
 
-  size_t S = ll_get_size(&api, ctx, seq_id);
-  if (S < KVS_LLAMA_STATE_HDR || S > (1ull << 48)) {
-    why = "the engine reported no sequence state";
-    goto uncached;
-  }
-  uint64_t tok_bytes = 4 * (uint64_t)n;
-  uint64_t total = KVS_LLAMA_BLOB_HDR + tok_bytes + S;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer;
-  kvs__hook_depth++;
-  int rc = ll_reserve(rt->store, keys, nk, total, true, &ext, &xfer);
-  kvs__hook_depth--;
-  if (rc < 0) {
-    why = rc == -ENOSPC ? "the pool is full" : rc == -EFBIG ? "larger than the pool"
-                                              : "the path is being written or read";
-    goto uncached;
-  }
-  uint8_t *blob = kvs_pool_base(rt->pool) + ext.offset;
-  uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + tok_bytes;
-  /* Zero copy: the engine serialises the sequence straight into the pool. */
-  size_t w = ll_get_data(&api, ctx, state, S, seq_id);
-  uint32_t smagic = 0;
-  if (w == S) memcpy(&smagic, state, sizeof smagic);
-  if (w != S || smagic != KVS_LLAMA_STATE_MAGIC) {
-    ll_end(rt->store, xfer, false);
-    why = "llama_state_seq_get_data did not write the size get_size announced";
-    goto uncached;
-  }
   kvs__llama_blob_hdr_t h;
   memset(&h, 0, sizeof h);
-  h.magic = KVS_LLAMA_BLOB_MAGIC;
-  h.version = KVS_LLAMA_BLOB_VERSION;
-  h.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
   h.kind = KVS_LLAMA_BLOB_KIND_SEQ;
-  h.n_tokens = (uint32_t)n;
-  h.state_size = S;
   memcpy(h.model_fp, m.fp, sizeof h.model_fp);
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME_COARSE, &now); /* the clock file mtimes come from */
-  h.saved_ns = (uint64_t)ll_ns(now);
-  size_t ret = (size_t)kvs__llama_file_bytes(n, S);
+  h.ns_lo = m.ns.lo;
+  h.ns_hi = m.ns.hi;
+  kvs__llama_blob_save_t sv;
+  int rc = kvs__llama_blob_begin(&home, keys, nk, true, &api, ctx, seq_id, tokens, (uint32_t)n,
+                                 &h, &sv);
+  if (rc < 0) {
+    why = ll_save_error(rc);
+    goto uncached;
+  }
+  size_t ret = (size_t)kvs__llama_file_bytes(n, h.state_size);
   if (wt) {
     size_t real_ret = real(ctx, path, seq_id, tokens, n);
     if (real_ret != ret) {
       /* 0: the engine could not write its file, so nothing may look saved. Anything else: the
        * engine's file format is not the pinned one, and loads could not return its value. */
-      ll_end(rt->store, xfer, false);
+      kvs__llama_blob_abort(&home, &sv);
       if (real_ret != 0)
         kvs_log_warn("llama.cpp: %s: the engine wrote %zu bytes where its format gives %zu: "
                      "not cached", path, real_ret, ret);
@@ -475,14 +310,7 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
       h.file_mtime_ns = ll_ns(sb.st_mtim);
     }
   }
-  if (tok_bytes) memcpy(blob + KVS_LLAMA_BLOB_HDR, tokens, (size_t)tok_bytes);
-  memcpy(blob, &h, sizeof h);
-  h.checksum = kvs__llama_blob_checksum(blob, total);
-  memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
-  kvs__hook_depth++;
-  rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, keys, nk); /* -ENOTSUP: no cache peer */
-  kvs__hook_depth--;
+  rc = kvs__llama_blob_commit(&home, keys, nk, &h, &sv);
   if (rc < 0) {
     kvs_log_warn("llama.cpp: %s: commit failed (%s)", path, strerror(-rc));
     kvs_stats_inc(stats, KVS_STAT_hook_store_failures);
@@ -515,8 +343,8 @@ typedef struct ll_load_req {
   int32_t *tokens_out;
   size_t cap;
   size_t *n_out;
-  const ll_model_t *m;
-  ll_state_api_t api;
+  const kvs__llama_model_t *m;
+  kvs__llama_state_api_t api;
 } ll_load_req_t;
 
 /* The state file at path was replaced since the blob was saved (the file is the truth). */
@@ -533,7 +361,8 @@ static bool ll_stale(const kvs__llama_blob_hdr_t *h, const char *path) {
 static ll_res_t ll_restore(const ll_load_req_t *q, const uint8_t *blob, uint64_t len,
                            size_t *ret) {
   kvs__llama_blob_hdr_t h;
-  kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, q->m->fp, &h);
+  const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_SEQ, 0, q->m->fp, q->m->ns};
+  kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, &want, &h);
   if (st != KVS_LLAMA_BLOB_OK) {
     kvs_log_warn("llama.cpp: cached state for %s refused: %s", q->path,
                  kvs__llama_blob_status_name(st));
@@ -551,7 +380,7 @@ static ll_res_t ll_restore(const ll_load_req_t *q, const uint8_t *blob, uint64_t
   if (h.n_tokens > q->cap) return LL_REFUSED; /* the engine reports this failure itself */
   const uint8_t *toks = blob + KVS_LLAMA_BLOB_HDR;
   const uint8_t *state = toks + 4 * (uint64_t)h.n_tokens;
-  size_t r = ll_set_data(&q->api, q->ctx, state, (size_t)h.state_size, q->dest);
+  size_t r = kvs__llama_state_set(&q->api, q->ctx, state, (size_t)h.state_size, q->dest);
   if (r != h.state_size) {
     kvs_log_info("llama.cpp: restoring cached %s: set_data read %zu of %llu bytes: loading the "
                  "file", q->path, r, (unsigned long long)h.state_size);
@@ -565,95 +394,68 @@ static ll_res_t ll_restore(const ll_load_req_t *q, const uint8_t *blob, uint64_t
 
 static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                               size_t *ret) {
-  kvs_xfer_t xfer = 0;
-  kvs_object_view_t v;
-  kvs__hook_depth++;
-  int found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-  if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    found = 0;
-  }
-  kvs__hook_depth--;
-  if (found != 1) return LL_MISS;
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  const uint8_t *blob;
+  uint64_t len;
+  kvs_xfer_t xfer;
+  if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return LL_MISS;
   /* Restored straight from the pool while the pin keeps the extent. */
-  ll_res_t res = ll_restore(q, kvs_pool_base(rt->pool) + v.extent.offset, v.extent.length, ret);
-  kvs__hook_depth++;
-  kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (res == LL_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
-  kvs__hook_depth--;
+  ll_res_t res = ll_restore(q, blob, len, ret);
+  kvs__llama_blob_unpin(&home, key, xfer, res == LL_BAD);
   return res;
 }
 
-/* Receives a peer's copy: reserve a local object, copy into it (checked after the copy). */
-typedef struct ll_sink {
-  kvs_store_t *store;
-  uint8_t *base;
-  const ll_model_t *m;
+/* The keys of a peer's copy (kvs_fetch_keys_fn): the path key asked for, and the prefix key
+ * of the blob's own tokens. A blob that is plainly not ours is refused before the copy; the
+ * full check runs on the copy. */
+typedef struct ll_fetch_keys {
+  const kvs__llama_model_t *m;
   kvs_key_t keys[2];
-  size_t nk;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer;
-  enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
-} ll_sink_t;
+  int nk; /* keys bound: 2 when the peer's blob had tokens */
+} ll_fetch_keys_t;
 
-static int ll_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
-                   uint64_t len) {
-  ll_sink_t *s = ctx;
-  if (key_index != 0 || s->state != SINK_NONE) return -1;
-  s->state = SINK_FAILED;
+static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                         const kvs_key_t **keys) {
+  ll_fetch_keys_t *k = ctx;
   kvs__llama_blob_hdr_t h;
-  if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
-      len < KVS_LLAMA_BLOB_HDR)
-    return -1;
+  if (key_index != 0 || len < KVS_LLAMA_BLOB_HDR) return -1;
   memcpy(&h, bytes, sizeof h);
-  if (h.magic != KVS_LLAMA_BLOB_MAGIC || 4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR ||
-      memcmp(h.model_fp, s->m->fp, KVS_LLAMA_FP_SIZE) != 0)
-    return -1; /* the full check runs on our copy */
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_SEQ ||
+      4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR ||
+      memcmp(h.model_fp, k->m->fp, KVS_LLAMA_FP_SIZE) != 0)
+    return -1;
+  int nk = 1;
   if (h.n_tokens)
-    s->keys[s->nk++] = ll_prefix_key(s->m, (const int32_t *)(const void *)((const uint8_t *)bytes +
-                                                                           KVS_LLAMA_BLOB_HDR),
-                                     h.n_tokens);
-  int rc = ll_reserve(s->store, s->keys, s->nk, len, false, &s->ext, &s->xfer);
-  if (rc == -EEXIST) {
-    s->state = SINK_LOCAL;
-    return 0;
-  }
-  if (rc < 0) return -1;
-  memcpy(s->base + s->ext.offset, bytes, (size_t)len);
-  s->state = SINK_COPIED;
-  return 0;
+    k->keys[nk++] = ll_prefix_key(
+        k->m, (const int32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR),
+        h.n_tokens);
+  *keys = k->keys;
+  return k->nk = nk;
 }
 
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
-  ll_sink_t s;
-  memset(&s, 0, sizeof s);
-  s.store = rt->store;
-  s.base = kvs_pool_base(rt->pool);
-  s.m = q->m;
-  s.keys[0] = key;
-  s.nk = 1;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
-  kvs__hook_depth--;
-  if (s.state == SINK_LOCAL) return LL_LOCAL_NOW;
-  if (s.state != SINK_COPIED) return LL_MISS;
-  const uint8_t *blob = s.base + s.ext.offset;
-  ll_res_t res = ll_restore(q, blob, s.ext.length, ret);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  ll_fetch_keys_t k = {q->m, {key, {0, 0}}, 1};
+  kvs__llama_blob_fetch_t f;
+  int st = kvs__llama_blob_fetch(&home, 0, key, ll_fetch_keys, &k, &f);
+  if (st == KVS_FETCH_LOCAL) return LL_LOCAL_NOW;
+  if (st != KVS_FETCH_COPIED) return LL_MISS;
+  ll_res_t res = ll_restore(q, f.blob, f.len, ret);
   /* The alias was computed from the peer's bytes: it must name the tokens we now hold, or the
-   * copy is not kept (this call's result stands: the blob itself passed every check). */
-  if (res != LL_BAD && s.nk == 2) {
+   * copy is not kept (this call's result stands: the blob itself passed every check). Keep a
+   * good copy locally (also when only this call could not use it). */
+  bool keep = res != LL_BAD;
+  if (keep) {
     kvs__llama_blob_hdr_t h;
-    memcpy(&h, blob, sizeof h);
-    kvs_key_t k = ll_prefix_key(q->m, (const int32_t *)(const void *)(blob + KVS_LLAMA_BLOB_HDR),
-                                h.n_tokens);
-    if (!kvs_key_eq(k, s.keys[1])) {
-      ll_end(rt->store, s.xfer, false);
-      return res;
-    }
+    memcpy(&h, f.blob, sizeof h);
+    keep = k.nk == 1 ||
+           kvs_key_eq(ll_prefix_key(q->m, (const int32_t *)(const void *)(f.blob +
+                                                                          KVS_LLAMA_BLOB_HDR),
+                                    h.n_tokens),
+                      k.keys[1]);
   }
-  /* Keep a good copy locally (also when only this call could not use it). */
-  ll_end(rt->store, s.xfer, res != LL_BAD);
+  kvs__llama_blob_keep(&home, &f, keep);
   return res;
 }
 
@@ -661,7 +463,7 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
                           const char *path, int32_t dest, int32_t *tokens_out, size_t cap,
                           size_t *n_out) {
   kvs_stats_t *stats = kvs_stats_global();
-  ll_model_t m;
+  kvs__llama_model_t m;
   kvs_key_t key;
   ll_load_req_t q = {ctx, path, dest, tokens_out, cap, n_out, &m, {0}};
   if (!n_out || !ll_state_api(&q.api) || !ll_ctx_model(ctx, &m) ||
@@ -687,33 +489,25 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
 
 /* ---- the wrappers ---------------------------------------------------------------------------- */
 
-/* Pass-through hooks: counted once per engine call, nothing else. */
+/* Pass-through hooks: `first` runs, then the engine's function, counted once per engine call. */
+#define LL_PASSTHROUGH_AFTER(first, ret, name, params, args, missing)                          \
+  ret name params {                                                                           \
+    first;                                                                                    \
+    kvs__llama_pfn_##name real = ll_real_##name();                                            \
+    if (kvs__unlikely(!real)) return missing;                                                 \
+    if (!ll_observe()) return real args;                                                      \
+    ll_depth++;                                                                               \
+    kvs__hook_count();                                                                        \
+    ret r_ = real args;                                                                       \
+    ll_depth--;                                                                               \
+    return r_;                                                                                \
+  }
 #define LL_PASSTHROUGH(ret, name, params, args, missing)                                      \
-  ret name params {                                                                           \
-    kvs__llama_pfn_##name real = ll_real_##name();                                            \
-    if (kvs__unlikely(!real)) return missing;                                                 \
-    if (!ll_observe()) return real args;                                                      \
-    ll_depth++;                                                                               \
-    kvs__hook_count();                                                                        \
-    ret r_ = real args;                                                                       \
-    ll_depth--;                                                                               \
-    return r_;                                                                                \
-  }
-
-/* The same for hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it
- * first, whatever the hook then does. */
+  LL_PASSTHROUGH_AFTER((void)0, ret, name, params, args, missing)
+/* Hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it first, whatever
+ * the hook then does. */
 #define LL_PASSTHROUGH_LOAD(ret, name, params, args, missing, ctx_, seq_)                     \
-  ret name params {                                                                           \
-    kvs__llama_prefix_state_load(ctx_, seq_);                                                 \
-    kvs__llama_pfn_##name real = ll_real_##name();                                            \
-    if (kvs__unlikely(!real)) return missing;                                                 \
-    if (!ll_observe()) return real args;                                                      \
-    ll_depth++;                                                                               \
-    kvs__hook_count();                                                                        \
-    ret r_ = real args;                                                                       \
-    ll_depth--;                                                                               \
-    return r_;                                                                                \
-  }
+  LL_PASSTHROUGH_AFTER(kvs__llama_prefix_state_load(ctx_, seq_), ret, name, params, args, missing)
 
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size, (struct llama_context * ctx, int32_t seq_id),
                (ctx, seq_id), 0)
@@ -744,6 +538,7 @@ LL_PASSTHROUGH_LOAD(bool, llama_state_load_file,
                (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false, ctx, -1)
 #undef LL_PASSTHROUGH
 #undef LL_PASSTHROUGH_LOAD
+#undef LL_PASSTHROUGH_AFTER
 
 /* The runtime for a caching hook (NULL: pass through; a FAILED runtime was counted). */
 static kvs__runtime_t *ll_rt(void) {
@@ -793,7 +588,7 @@ struct llama_model *llama_model_load_from_file(const char *path_model,
   struct llama_model *model = real(path_model, params);
   if (model && path_model) {
     kvs__hook_depth++; /* file reads and hashing only: kvshim's own work */
-    ll_fingerprint_model(model, path_model);
+    kvs__llama_model_add(model, path_model, kvs__preload_options());
     kvs__hook_depth--;
   }
   ll_depth--;
@@ -804,7 +599,7 @@ void llama_model_free(struct llama_model *model) {
   kvs__llama_pfn_llama_model_free real = ll_real_llama_model_free();
   /* Forget first, also when the hook is otherwise off: a model loaded at this address later
    * must never inherit this one's fingerprint. */
-  if (model && kvs__hook_depth == 0) models_forget(model);
+  if (model && kvs__hook_depth == 0) kvs__llama_model_forget(model);
   if (kvs__unlikely(!real)) return;
   if (!ll_observe()) {
     real(model);
@@ -853,7 +648,7 @@ static void ll_fork_child(void) {
   /* The child builds its own runtime (init sets g_on again). Models stay loaded in the child,
    * so the table stays valid; only its lock is reset. */
   atomic_store_explicit(&g_on, false, memory_order_relaxed);
-  pthread_mutex_init(&g_models_lock, NULL);
+  kvs__llama_model_fork_child();
 }
 
 const kvs__family_t kvs__family_llama = {

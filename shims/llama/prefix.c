@@ -1,5 +1,5 @@
 /* shims/llama: the transparent prefix cache for llama.cpp engines (design §10.3; the model of
- * sequences, batches and blobs is in prefix.h).
+ * sequences and batches is in prefix_shadow.h, the blob format in blob.h).
  *
  * Hooked (KVS_LLAMA_PREFIX_HOOKS, exported from libkvshim.so), all passing through to the
  * engine's function:
@@ -12,12 +12,12 @@
  *                           restored sequence would not sit where the engine's own decode puts
  *                           it). The namespace (design §6) is the model fingerprint plus the KV
  *                           settings: K/V types, flash attention, whether the build can offload
- *                           (then also n_ubatch: see prefix.h), RoPE/YaRN parameters.
+ *                           (then also n_ubatch: see prefix_shadow.h), RoPE/YaRN parameters.
  *   llama_free              forgets it.
- *   llama_decode            keeps the shadow (prefix.h) from every batch; for a batch of one
+ *   llama_decode            keeps the shadow (prefix_shadow.h) from every batch; for a batch of one
  *                           sequence extending a CLEAN sequence: restore, decode the rest,
  *                           snapshot (below). Anything else passes through untouched.
- *   llama_memory_*          (clear, seq_rm/cp/keep/add/div) keep the shadow (prefix.h); a
+ *   llama_memory_*          (clear, seq_rm/cp/keep/add/div) keep the shadow (prefix_shadow.h); a
  *                           TAINTED sequence that seq_rm left empty in memory is CLEAN again.
  *   *_ith, llama_sampler_sample
  *                           map the engine's batch index to the decoded batch's
@@ -36,7 +36,7 @@
  * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): for the
  * largest chunk-aligned k with kvs__px_restore_ok whose key h(k/chunk - 1) is cached (local
  * store, probed key by key from the longest; else the peers' longest run, which includes the
- * cache peer), the blob is checked (kvs__px_blob_check, and its first k tokens must be the
+ * cache peer), the blob is checked (kvs__llama_blob_check, and its first k tokens must be the
  * sequence's), fed to the engine's llama_state_seq_set_data[_ext] straight from the pool
  * (pinned; a peer's copy is first copied into a local object bound under every chunk key it
  * covers, and kept when it passed the checks), trimmed to k with llama_memory_seq_rm and
@@ -65,17 +65,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "blob.h"
 #include "internal.h"
 #include "keys.h"
-#include "llama_internal.h"
 #include "log.h"
+#include "model.h"
 #include "peer.h"
 #include "pool.h"
 #include "prefix.h"
+#include "prefix_shadow.h"
 #include "preload.h"
+#include "prim.h"
 #include "stats.h"
 #include "store.h"
 
@@ -216,14 +218,15 @@ static int px_layout_ok(void) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 #define PX_CTX_MAX 64
-#define PX_CPU_CLASS 64 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix.h) */
+/* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
+#define PX_CPU_CLASS 64
 
 typedef struct px_ctx {
   _Atomic(struct llama_context *) ctx; /* NULL: free slot; published last (release) */
   pthread_mutex_t lock;                /* guards every field below except skip */
   kvs__llama_memory_t mem;
   bool disabled;          /* never restored into or snapshotted again */
-  uint8_t fp[KVS_PX_FP_SIZE];
+  uint8_t fp[KVS_LLAMA_FP_SIZE];
   kvs_key_t ns;           /* namespace key (model + KV settings) */
   kvs__px_rules_t rules;
   uint32_t chunk, min_tokens;
@@ -262,26 +265,13 @@ static int32_t px_map(const struct llama_context *ctx, int32_t i) {
   return c ? kvs__px_map_index(atomic_load_explicit(&c->skip, memory_order_acquire), i) : i;
 }
 
-/* The engine's sequence state functions: the _ext forms with flags 0 when present (the plain
- * ones call them through libllama's PLT, which would pass through llama.c's hooks). */
-static size_t px_get_size(struct llama_context *ctx, int32_t s) {
-  kvs__px_pfn_llama_state_seq_get_size_ext e = px_real_llama_state_seq_get_size_ext();
-  if (e) return e(ctx, s, 0);
-  kvs__px_pfn_llama_state_seq_get_size p = px_real_llama_state_seq_get_size();
-  return p ? p(ctx, s) : 0;
+/* The engine's sequence state functions (blob.h: the _ext forms with flags 0 when present). */
+#define PX_STATE_FN(field, name, a) (a)->field = px_real_##name();
+static bool px_state_api(kvs__llama_state_api_t *a) {
+  KVS_LLAMA_STATE_FNS(PX_STATE_FN, a)
+  return kvs__llama_state_api_ok(a);
 }
-static size_t px_get_data(struct llama_context *ctx, uint8_t *dst, size_t size, int32_t s) {
-  kvs__px_pfn_llama_state_seq_get_data_ext e = px_real_llama_state_seq_get_data_ext();
-  if (e) return e(ctx, dst, size, s, 0);
-  kvs__px_pfn_llama_state_seq_get_data p = px_real_llama_state_seq_get_data();
-  return p ? p(ctx, dst, size, s) : 0;
-}
-static size_t px_set_data(struct llama_context *ctx, const uint8_t *src, size_t size, int32_t s) {
-  kvs__px_pfn_llama_state_seq_set_data_ext e = px_real_llama_state_seq_set_data_ext();
-  if (e) return e(ctx, src, size, s, 0);
-  kvs__px_pfn_llama_state_seq_set_data p = px_real_llama_state_seq_set_data();
-  return p ? p(ctx, src, size, s) : 0;
-}
+#undef PX_STATE_FN
 
 static bool px_model_flag(kvs__px_pfn_llama_model_has_encoder fn, const struct llama_model *m) {
   return fn ? fn(m) : false; /* older libllama: the concept did not exist */
@@ -295,7 +285,7 @@ typedef struct __attribute__((packed)) px_sig {
       yarn_beta_slow;
   uint32_t yarn_orig_ctx, ubatch_if_gpu;
 } px_sig_t;
-_Static_assert(sizeof(px_sig_t) + KVS_PX_FP_SIZE <= KVS_NS_STR_MAX, "namespace model field");
+_Static_assert(sizeof(px_sig_t) + KVS_LLAMA_FP_SIZE <= KVS_NS_STR_MAX, "namespace model field");
 
 static size_t px_align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -307,7 +297,9 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   if (p->ctx_other) return "it shares another context's state";
   if (p->ctx_type != 0) return "it is not a default context";
   if (p->n_seq_max > 1 && p->kv_unified) return "its sequences share one KV cache (kv_unified)";
-  if (!kvs__llama_model_fingerprint(model, c->fp)) return "its model was not fingerprinted";
+  kvs__llama_model_t mm;
+  if (!kvs__llama_model_get(model, &mm)) return "its model was not fingerprinted";
+  memcpy(c->fp, mm.fp, sizeof c->fp);
   if (px_model_flag(px_real_llama_model_has_encoder(), model) ||
       px_model_flag(px_real_llama_model_is_recurrent(), model) ||
       px_model_flag(px_real_llama_model_is_hybrid(), model) ||
@@ -317,11 +309,10 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   kvs__px_pfn_llama_n_ctx_seq n_ctx_seq = px_real_llama_n_ctx_seq();
   kvs__px_pfn_llama_n_seq_max n_seq_max = px_real_llama_n_seq_max();
   kvs__px_pfn_llama_n_ubatch n_ubatch = px_real_llama_n_ubatch();
+  kvs__llama_state_api_t api;
   if (!get_memory || !n_ctx_seq || !n_seq_max || !n_ubatch || !px_real_llama_memory_seq_rm() ||
       !px_real_llama_memory_seq_pos_min() || !px_real_llama_memory_seq_pos_max() ||
-      (!px_real_llama_state_seq_set_data_ext() && !px_real_llama_state_seq_set_data()) ||
-      (!px_real_llama_state_seq_get_data_ext() && !px_real_llama_state_seq_get_data()) ||
-      (!px_real_llama_state_seq_get_size_ext() && !px_real_llama_state_seq_get_size()))
+      !px_state_api(&api))
     return "the engine lacks a function the prefix cache needs";
   c->mem = get_memory(ctx);
   uint32_t n_seq = n_seq_max(ctx), cap = n_ctx_seq(ctx), ub = n_ubatch(ctx);
@@ -354,9 +345,9 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   kvs_namespace_t ns;
   memset(&ns, 0, sizeof ns);
   memcpy(ns.engine, "llama.cpp/prefix", sizeof "llama.cpp/prefix");
-  memcpy(ns.model, c->fp, KVS_PX_FP_SIZE);
-  memcpy(ns.model + KVS_PX_FP_SIZE, &sig, sizeof sig);
-  ns.model_len = (uint32_t)(KVS_PX_FP_SIZE + sizeof sig);
+  memcpy(ns.model, c->fp, KVS_LLAMA_FP_SIZE);
+  memcpy(ns.model + KVS_LLAMA_FP_SIZE, &sig, sizeof sig);
+  ns.model_len = (uint32_t)(KVS_LLAMA_FP_SIZE + sizeof sig);
   ns.dtype = ((uint32_t)p->type_k & 0xffffu) | ((uint32_t)p->type_v << 16);
   ns.chunk_tokens = c->chunk;
   ns.world_size = 1;
@@ -375,10 +366,10 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   size_t off_rlog = px_align16(off_rseq + (size_t)ub * sizeof(int32_t *));
   size_t len = px_align16(off_rlog + (size_t)ub);
   kvs__hook_depth++;
-  void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void *map = NULL;
+  int rc = kvs__prim_alloc(len, &map);
   kvs__hook_depth--;
-  if (map == MAP_FAILED) return "no memory for its shadow";
+  if (rc < 0) return "no memory for its shadow";
   uint8_t *b = map;
   c->map = map;
   c->map_len = len;
@@ -442,7 +433,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
   }
   pthread_mutex_unlock(&g_table_lock);
   if (!slot) {
-    munmap(tmp.map, tmp.map_len);
+    kvs__prim_unmap(tmp.map, tmp.map_len);
     kvs_log_warn("llama.cpp prefix cache: more than %d contexts: context %p not cached",
                  PX_CTX_MAX, (void *)ctx);
     return;
@@ -471,7 +462,7 @@ static void px_forget(struct llama_context *ctx) {
     pthread_mutex_destroy(&c->lock);
   }
   pthread_mutex_unlock(&g_table_lock);
-  if (map) munmap(map, len);
+  kvs__prim_unmap(map, len);
 }
 
 /* Every registered context using mem (normally one), locked, applies op. */
@@ -545,7 +536,7 @@ typedef enum px_res {
 static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
 
 /* Decode the sequence's first n shadow tokens again into the (empty) sequence, in canonical
- * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix.h), so
+ * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix_shadow.h), so
  * their KV is byte-identical to what the engine had. */
 static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n) {
   kvs__px_pfn_llama_decode decode = px_real_llama_decode();
@@ -584,23 +575,27 @@ static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t 
 /* Check blob against the k tokens wanted and restore it into sequence s (n tokens now). */
 static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n,
                                 uint32_t k, const uint8_t *blob, uint64_t len) {
-  kvs__px_blob_hdr_t h;
-  kvs__px_blob_status_t st = kvs__px_blob_check(blob, len, c->fp, c->ns, c->chunk, &h);
-  if (st != KVS_PX_BLOB_OK) {
-    kvs_log_warn("llama.cpp prefix cache: cached state refused: %s", kvs__px_blob_status_name(st));
+  kvs__llama_blob_hdr_t h;
+  const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_PREFIX, c->chunk, c->fp, c->ns};
+  kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, &want, &h);
+  if (st != KVS_LLAMA_BLOB_OK) {
+    kvs_log_warn("llama.cpp prefix cache: cached state refused: %s",
+                 kvs__llama_blob_status_name(st));
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
-  const int32_t *want = kvs__px_tok(&c->sh, (uint32_t)s);
-  if (h.keyed_tokens < k || memcmp(blob + KVS_PX_BLOB_HDR, want, (size_t)k * 4) != 0) {
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
+  if (h.keyed_tokens < k || memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)k * 4) != 0) {
     kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
   if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
-  const uint8_t *state = blob + KVS_PX_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
+  const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
-  size_t rd = px_set_data(ctx, state, (size_t)h.state_size, s);
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
+  size_t rd = kvs__llama_state_set(&api, ctx, state, (size_t)h.state_size, s);
   if (rd != h.state_size) why = "llama_state_seq_set_data refused it";
   if (!why && h.n_tokens > k && !px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)k, -1))
     why = "llama_memory_seq_rm could not trim it";
@@ -618,100 +613,64 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
 
 static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                  int32_t s, uint32_t n, uint32_t k) {
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
-  kvs_xfer_t xfer = 0;
-  kvs_object_view_t v;
-  kvs__hook_depth++;
-  int found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-  if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    found = 0;
-  }
-  kvs__hook_depth--;
-  if (found != 1) return PX_SKIP;
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, kvs_pool_base(rt->pool) + v.extent.offset,
-                                 v.extent.length);
-  kvs__hook_depth++;
-  kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (res == PX_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
-  kvs__hook_depth--;
+  const uint8_t *blob;
+  uint64_t len;
+  kvs_xfer_t xfer;
+  if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
+  px_res_t res = px_restore_blob(c, ctx, s, n, k, blob, len);
+  kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
 }
 
-/* Receives a peer's copy into a local object bound under every chunk key of the tokens it
- * covers, as at its producer (computed from its tokens; the one asked for must be among them).
- * The full check, tokens included, runs on the copy before it is kept. */
-typedef struct px_sink {
+/* The keys of a peer's copy (kvs_fetch_keys_fn): every chunk key of the tokens it covers, as
+ * at its producer (computed from its tokens; the one asked for must be among them), in
+ * kscratch: [h(J-1), h(0) .. h(J-2)]. The full check, tokens included, runs on the copy before
+ * it is kept. */
+typedef struct px_fetch_keys {
   px_ctx_t *c;
-  kvs_store_t *store;
-  uint8_t *base;
-  kvs_key_t want;         /* the key asked for: h(j - 1) */
-  uint32_t j;             /* its chunk count */
-  kvs_extent_t ext;
-  kvs_xfer_t xfer;
-  enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
-} px_sink_t;
+  kvs_key_t want; /* the key asked for: h(j - 1) */
+  uint32_t j;     /* its chunk count */
+} px_fetch_keys_t;
 
-static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
-                   uint64_t len) {
-  px_sink_t *k = ctx;
-  if (key_index != 0 || k->state != SINK_NONE) return -1;
-  k->state = SINK_FAILED;
-  if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
-      len < KVS_PX_BLOB_HDR)
-    return -1;
-  kvs__px_blob_hdr_t h;
-  memcpy(&h, bytes, sizeof h);
+static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                         const kvs_key_t **keys) {
+  px_fetch_keys_t *k = ctx;
   const px_ctx_t *c = k->c;
-  if (h.magic != KVS_PX_BLOB_MAGIC || h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi ||
-      h.chunk_tokens != c->chunk || h.keyed_tokens % c->chunk != 0 ||
-      h.keyed_tokens > h.n_tokens || h.keyed_tokens > c->sh.cap ||
-      h.keyed_tokens < k->j * c->chunk || 4 * (uint64_t)h.n_tokens > len - KVS_PX_BLOB_HDR)
+  kvs__llama_blob_hdr_t h;
+  if (key_index != 0 || len < KVS_LLAMA_BLOB_HDR) return -1;
+  memcpy(&h, bytes, sizeof h);
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX ||
+      h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi || h.chunk_tokens != c->chunk ||
+      h.keyed_tokens % c->chunk != 0 || h.keyed_tokens > h.n_tokens ||
+      h.keyed_tokens > c->sh.cap || h.keyed_tokens < k->j * c->chunk ||
+      4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR)
     return -1;
-  /* kscratch: [h(J-1), h(0) .. h(J-2)] over the blob's own tokens */
   uint32_t J = h.keyed_tokens / c->chunk;
-  const uint32_t *tok = (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_PX_BLOB_HDR);
+  const uint32_t *tok =
+      (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR);
   kvs_key_t prev = c->ns;
   for (uint32_t i = 0; i < J; i++) {
     prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
     if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) return -1; /* not the state asked for */
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
-  kvs_layout_t l = kvs_layout_blob(len);
-  uint8_t oc = 0;
-  int rc = kvs_store_reserve_object(k->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc,
-                                    &k->ext, &k->xfer);
-  if (rc == 0 && oc == KVS_RES_PRESENT) {
-    k->state = SINK_LOCAL;
-    return 0;
-  }
-  if (rc != 1) return -1;
-  memcpy(k->base + k->ext.offset, bytes, (size_t)len);
-  k->state = SINK_COPIED;
-  return 0;
+  *keys = c->kscratch;
+  return (int)J;
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                 int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
-  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   uint32_t j = k / c->chunk;
-  px_sink_t sk;
-  memset(&sk, 0, sizeof sk);
-  sk.c = c;
-  sk.store = rt->store;
-  sk.base = kvs_pool_base(rt->pool);
-  sk.want = keys[j - 1];
-  sk.j = j;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
-  kvs__hook_depth--;
-  if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
-  if (sk.state != SINK_COPIED) return PX_SKIP;
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, sk.base + sk.ext.offset, sk.ext.length);
-  kvs__hook_depth++;
-  if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
-  else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
-  kvs__hook_depth--;
+  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j};
+  kvs__llama_blob_fetch_t f;
+  int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
+  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (st != KVS_FETCH_COPIED) return PX_SKIP;
+  px_res_t res = px_restore_blob(c, ctx, s, n, k, f.blob, f.len);
+  kvs__llama_blob_keep(&home, &f, res != PX_BAD); /* a good copy is kept */
   if (res == PX_OK) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
   return res;
 }
@@ -786,70 +745,36 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
     q->snap = J * C;
     return;
   }
-  size_t S = px_get_size(ctx, s);
-  const char *why = NULL;
-  if (S < KVS_PX_STATE_HDR || S > (1ull << 48)) {
-    why = "the engine reported no sequence state";
-    goto failed;
-  }
-  uint64_t total = KVS_PX_BLOB_HDR + 4 * (uint64_t)N + S;
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
   c->kscratch[0] = keys[J - 1];
   for (uint32_t i = 0; i + 1 < J; i++) c->kscratch[i + 1] = keys[i];
-  kvs_layout_t l = kvs_layout_blob(total);
-  kvs_extent_t ext;
-  kvs_xfer_t xfer = 0;
-  uint8_t oc = 0;
-  kvs__hook_depth++;
-  int rc = kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc, &ext,
-                                    &xfer);
-  kvs__hook_depth--;
-  if (rc != 1) {
-    if (rc == 0 && oc == KVS_RES_PRESENT) {
-      q->snap = J * C;
-      return;
-    }
-    why = rc < 0 ? strerror(-rc) : kvs_reserve_outcome_name((kvs_reserve_outcome_t)oc);
-    goto failed;
-  }
-  uint8_t *blob = kvs_pool_base(rt->pool) + ext.offset;
-  uint8_t *state = blob + KVS_PX_BLOB_HDR + 4 * (uint64_t)N;
-  size_t w = px_get_data(ctx, state, S, s); /* zero copy: straight into the pool */
-  uint32_t smagic = 0;
-  if (w == S) memcpy(&smagic, state, sizeof smagic);
-  if (w != S || smagic != KVS_PX_STATE_MAGIC) {
-    kvs__hook_depth++;
-    kvs_store_abort(rt->store, KVS_OWNER_LOCAL, xfer);
-    kvs__hook_depth--;
-    why = "llama_state_seq_get_data did not write the size get_size announced";
-    goto failed;
-  }
-  kvs__px_blob_hdr_t h;
+  kvs__llama_blob_hdr_t h;
   memset(&h, 0, sizeof h);
-  h.magic = KVS_PX_BLOB_MAGIC;
-  h.version = KVS_PX_BLOB_VERSION;
-  h.hdr_size = (uint16_t)KVS_PX_BLOB_HDR;
-  h.n_tokens = N;
+  h.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
   h.keyed_tokens = J * C;
   h.chunk_tokens = C;
-  h.state_size = S;
   memcpy(h.model_fp, c->fp, sizeof h.model_fp);
   h.ns_lo = c->ns.lo;
   h.ns_hi = c->ns.hi;
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME_COARSE, &now);
-  h.saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-  kvs__hook_depth++;
-  memcpy(blob + KVS_PX_BLOB_HDR, kvs__px_tok(&c->sh, (uint32_t)s), (size_t)N * 4);
-  memcpy(blob, &h, sizeof h);
-  h.checksum = kvs__px_blob_checksum(blob, total);
-  memcpy(blob + offsetof(kvs__px_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
-  rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, c->kscratch, J); /* -ENOTSUP: no cache peer */
-  kvs__hook_depth--;
+  kvs__llama_blob_save_t sv;
+  const char *why = NULL;
+  int rc = kvs__llama_blob_begin(&home, c->kscratch, J, false, &api, ctx, s,
+                                 kvs__px_tok(&c->sh, (uint32_t)s), N, &h, &sv);
+  if (rc == -EEXIST) {
+    q->snap = J * C;
+    return;
+  }
+  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, J, &h, &sv) < 0) rc = -EPIPE;
   if (rc < 0) {
-    why = "commit failed";
+    why = rc == -ENODATA ? "the engine reported no sequence state"
+          : rc == -EIO   ? "llama_state_seq_get_data did not write the size get_size announced"
+          : rc == -EPIPE ? "commit failed"
+                         : strerror(-rc);
     goto failed;
   }
+  uint64_t total = sv.len;
   q->snap = J * C;
   kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshots);
   kvs_stats_add(st, KVS_STAT_llama_prefix_snapshot_bytes, total);

@@ -1,10 +1,9 @@
-/* shims/llama: the pure part of the prefix cache (prefix.h): the shadow of each sequence, the
- * batch rules, the restore plan and the blob format. No engine, no store, no allocation, no
+/* shims/llama: the pure part of the prefix cache (prefix_shadow.h): the shadow of each
+ * sequence, the batch rules and the restore plan. No engine, no store, no allocation, no
  * locking: the caller (prefix.c) holds its context's lock. */
-#include "prefix.h"
+#include "prefix_shadow.h"
 
 #include <string.h>
-#include <xxhash.h>
 
 #define PX_INF UINT32_MAX
 
@@ -260,52 +259,4 @@ void kvs__px_keys_compute(kvs__px_shadow_t *sh, uint32_t s, kvs_key_t ns, uint32
     prev = kvs_keys_chain(prev, tok + (size_t)j * sh->chunk, sh->chunk);
     keys[j] = prev;
   }
-}
-
-/* ---- blob -------------------------------------------------------------------------------------- */
-
-uint64_t kvs__px_blob_checksum(const uint8_t *blob, uint64_t len) {
-  uint64_t h = XXH3_64bits(blob, offsetof(kvs__px_blob_hdr_t, checksum));
-  return XXH3_64bits_withSeed(blob + KVS_PX_BLOB_HDR, (size_t)(len - KVS_PX_BLOB_HDR), h);
-}
-
-kvs__px_blob_status_t kvs__px_blob_check(const uint8_t *blob, uint64_t len,
-                                         const uint8_t fp[KVS_PX_FP_SIZE], kvs_key_t ns,
-                                         uint32_t chunk, kvs__px_blob_hdr_t *hdr) {
-  if (!blob || len < KVS_PX_BLOB_HDR) return KVS_PX_BLOB_SHORT;
-  kvs__px_blob_hdr_t h;
-  memcpy(&h, blob, sizeof h);
-  if (h.magic != KVS_PX_BLOB_MAGIC || h.version != KVS_PX_BLOB_VERSION ||
-      h.hdr_size != KVS_PX_BLOB_HDR)
-    return KVS_PX_BLOB_FOREIGN;
-  if (h.state_size > len || len - KVS_PX_BLOB_HDR < h.state_size ||
-      (len - KVS_PX_BLOB_HDR - h.state_size) != 4 * (uint64_t)h.n_tokens)
-    return KVS_PX_BLOB_LENGTH;
-  if (h.chunk_tokens != chunk || chunk == 0 || h.keyed_tokens == 0 ||
-      h.keyed_tokens % chunk != 0 || h.keyed_tokens > h.n_tokens || h.reserved != 0)
-    return KVS_PX_BLOB_KEYED;
-  uint32_t smagic = 0;
-  if (h.state_size >= KVS_PX_STATE_HDR)
-    memcpy(&smagic, blob + KVS_PX_BLOB_HDR + 4 * (uint64_t)h.n_tokens, sizeof smagic);
-  if (h.state_size < KVS_PX_STATE_HDR || smagic != KVS_PX_STATE_MAGIC) return KVS_PX_BLOB_STATE;
-  if (memcmp(h.model_fp, fp, KVS_PX_FP_SIZE) != 0) return KVS_PX_BLOB_MODEL;
-  if (h.ns_lo != ns.lo || h.ns_hi != ns.hi) return KVS_PX_BLOB_NAMESPACE;
-  if (kvs__px_blob_checksum(blob, len) != h.checksum) return KVS_PX_BLOB_CHECKSUM;
-  *hdr = h;
-  return KVS_PX_BLOB_OK;
-}
-
-const char *kvs__px_blob_status_name(kvs__px_blob_status_t s) {
-  switch (s) {
-  case KVS_PX_BLOB_OK: return "ok";
-  case KVS_PX_BLOB_SHORT: return "shorter than a header";
-  case KVS_PX_BLOB_FOREIGN: return "not a prefix-cache blob of this version";
-  case KVS_PX_BLOB_LENGTH: return "length does not match its header (truncated or padded)";
-  case KVS_PX_BLOB_KEYED: return "keyed tokens or chunk size inconsistent";
-  case KVS_PX_BLOB_STATE: return "not a llama.cpp sequence state";
-  case KVS_PX_BLOB_MODEL: return "made by another model";
-  case KVS_PX_BLOB_NAMESPACE: return "made by a context with other KV settings";
-  case KVS_PX_BLOB_CHECKSUM: return "checksum mismatch";
-  }
-  return "?";
 }

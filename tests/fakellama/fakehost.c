@@ -48,7 +48,7 @@
 #include "poolscan.h"
 #include "fakellama.h" /* types only: nothing of libfakellama is linked */
 #include "fakeplugin.h"
-#include "llama_internal.h"
+#include "blob.h"
 
 #define SLOTS 8
 #define MAX_SEQ 8
@@ -262,7 +262,7 @@ static void corrupt(char **a) {
       kvs__llama_blob_hdr_t h;
       peek(&h, (void *)p, sizeof h);
       if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
-          h.hdr_size != KVS_LLAMA_BLOB_HDR)
+          h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != KVS_LLAMA_BLOB_KIND_SEQ)
         continue;
       uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
       if (p + len > hi || in_free_extent(p, len)) continue;

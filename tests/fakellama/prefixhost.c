@@ -50,7 +50,7 @@
 
 #include "poolscan.h"
 #include "fakellama.h"
-#include "prefix.h"
+#include "blob.h"
 
 #define SLOTS 8
 #define MAX_ARGS 8
@@ -344,11 +344,13 @@ static void corrupt(const char *mode) {
     char perms[8];
     if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
       continue;
-    for (uintptr_t p = lo; p + KVS_PX_BLOB_HDR <= hi; p += (uintptr_t)page) {
-      kvs__px_blob_hdr_t h;
+    for (uintptr_t p = lo; p + KVS_LLAMA_BLOB_HDR <= hi; p += (uintptr_t)page) {
+      kvs__llama_blob_hdr_t h;
       peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_PX_BLOB_MAGIC || h.hdr_size != KVS_PX_BLOB_HDR) continue;
-      uint64_t len = KVS_PX_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
+      if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.hdr_size != KVS_LLAMA_BLOB_HDR ||
+          h.kind != KVS_LLAMA_BLOB_KIND_PREFIX)
+        continue;
+      uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
       if (p + len > hi || in_free_extent(p, len)) continue;
       uint8_t *blob = (uint8_t *)p;
       bool fix = true;
@@ -356,7 +358,7 @@ static void corrupt(const char *mode) {
         blob[len - h.state_size / 2] ^= 0x40;
         fix = false;
       } else if (strcmp(mode, "tokens") == 0) {
-        blob[KVS_PX_BLOB_HDR] ^= 1;
+        blob[KVS_LLAMA_BLOB_HDR] ^= 1;
       } else if (strcmp(mode, "ns") == 0) {
         h.ns_lo ^= 1;
         memcpy(blob, &h, sizeof h);
@@ -364,8 +366,8 @@ static void corrupt(const char *mode) {
         die("unknown corrupt mode '%s'", mode);
       }
       if (fix) {
-        uint64_t c = kvs__px_blob_checksum(blob, len);
-        memcpy(blob + offsetof(kvs__px_blob_hdr_t, checksum), &c, sizeof c);
+        uint64_t c = kvs__llama_blob_checksum(blob, len);
+        memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
       }
       hits++;
     }

@@ -1,5 +1,6 @@
-/* Unit tests of the llama shim's pure parts (shims/llama/format.c): the blob check, the model
- * fingerprint (file identity + GGUF general.* metadata) and path canonicalisation. */
+/* Unit tests of the llama shim's pure parts: the blob check (shims/llama/blob.c, for the state
+ * adapter's kind; the prefix kind is tested in test_llama_prefix.c), the model fingerprint (file
+ * identity + GGUF general.* metadata) and path canonicalisation (shims/llama/model.c). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "llama_internal.h"
+#include "blob.h"
+#include "model.h"
+
+/* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
+__thread int kvs__hook_depth;
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -256,6 +261,14 @@ Test(llama_path, too_long_is_refused, .timeout = 30) {
 /* ---- blobs ---------------------------------------------------------------------------------- */
 
 static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const kvs_key_t NS = {0x1234, 0x5678};
+
+/* The check as the state adapter runs it for a context of model fp (namespace NS). */
+static kvs__llama_blob_status_t chk(const uint8_t *b, uint64_t len, const uint8_t *fp,
+                                    kvs__llama_blob_hdr_t *h) {
+  const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_SEQ, 0, fp, NS};
+  return kvs__llama_blob_check(b, len, &want, h);
+}
 
 /* A valid blob: n tokens, a state of s bytes (s >= 8). */
 static uint8_t *make_blob(uint32_t n, uint64_t s, uint64_t *len) {
@@ -271,6 +284,8 @@ static uint8_t *make_blob(uint32_t n, uint64_t s, uint64_t *len) {
   h.n_tokens = n;
   h.state_size = s;
   memcpy(h.model_fp, FP, 16);
+  h.ns_lo = NS.lo;
+  h.ns_hi = NS.hi;
   for (uint32_t i = 0; i < n; i++) {
     int32_t t = (int32_t)(i * 7);
     memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &t, 4);
@@ -294,12 +309,12 @@ Test(llama_blob, a_valid_blob_passes_and_its_header_is_returned, .timeout = 30) 
   uint64_t len;
   uint8_t *b = make_blob(300, 5000, &len);
   kvs__llama_blob_hdr_t h;
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, &h), KVS_LLAMA_BLOB_OK);
+  cr_assert_eq(chk(b, len, FP, &h), KVS_LLAMA_BLOB_OK);
   cr_assert_eq(h.n_tokens, 300);
   cr_assert_eq(h.state_size, 5000);
   free(b);
   b = make_blob(0, 8, &len); /* no tokens, an empty sequence */
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK);
+  cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_OK);
   free(b);
 }
 
@@ -316,46 +331,50 @@ Test(llama_blob, every_check_refuses_on_its_own, .timeout = 30) {
     stmt;                                                                                     \
     memcpy(b, &h, sizeof h);                                                                  \
     reseal(b, len);                                                                           \
-    cr_assert_eq(kvs__llama_blob_check(b, len, FP, &out), want, #stmt);                       \
+    cr_assert_eq(chk(b, len, FP, &out), want, #stmt);                       \
     cr_assert_arr_eq(&out, &keep, sizeof out, "header written on failure: " #stmt);           \
     memcpy(b, &saved, sizeof saved);                                                          \
     reseal(b, len);                                                                           \
   } while (0)
   MUTATE(h.magic ^= 1, KVS_LLAMA_BLOB_FOREIGN);
-  MUTATE(h.version = 2, KVS_LLAMA_BLOB_FOREIGN);
-  MUTATE(h.hdr_size = 104, KVS_LLAMA_BLOB_FOREIGN);
-  MUTATE(h.kind = 2, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.version = 1, KVS_LLAMA_BLOB_FOREIGN); /* 1: the 96-byte header of before */
+  MUTATE(h.hdr_size = 96, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.kind = KVS_LLAMA_BLOB_KIND_PREFIX, KVS_LLAMA_BLOB_FOREIGN);
+  MUTATE(h.keyed_tokens = 4, KVS_LLAMA_BLOB_KEYED);
+  MUTATE(h.chunk_tokens = 4, KVS_LLAMA_BLOB_KEYED);
+  MUTATE(h.reserved = 1, KVS_LLAMA_BLOB_KEYED);
+  MUTATE(h.ns_hi ^= 1, KVS_LLAMA_BLOB_NAMESPACE);
   MUTATE(h.state_size -= 1, KVS_LLAMA_BLOB_LENGTH);
   MUTATE(h.state_size += 1, KVS_LLAMA_BLOB_LENGTH);
   MUTATE(h.n_tokens += 1, KVS_LLAMA_BLOB_LENGTH);
   MUTATE(h.n_tokens = UINT32_MAX, KVS_LLAMA_BLOB_LENGTH);
   MUTATE(h.model_fp[15] ^= 1, KVS_LLAMA_BLOB_MODEL);
 #undef MUTATE
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "restored");
+  cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "restored");
   /* state magic (resealed) */
   b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
   reseal(b, len);
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_STATE);
+  cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_STATE);
   b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
   reseal(b, len);
   /* any byte changed without resealing */
   for (uint64_t i = 0; i < len; i += 7) {
     if (i >= offsetof(kvs__llama_blob_hdr_t, checksum) && i < KVS_LLAMA_BLOB_HDR) continue;
     b[i] ^= 0x20;
-    cr_assert_neq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "byte %lu", i);
+    cr_assert_neq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "byte %lu", i);
     b[i] ^= 0x20;
   }
   b[len - 1] ^= 1;
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_CHECKSUM);
+  cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_CHECKSUM);
   b[len - 1] ^= 1;
   /* a truncated object and a short one */
-  cr_assert_eq(kvs__llama_blob_check(b, len - 1, FP, NULL), KVS_LLAMA_BLOB_LENGTH);
-  cr_assert_eq(kvs__llama_blob_check(b, KVS_LLAMA_BLOB_HDR - 1, FP, NULL), KVS_LLAMA_BLOB_SHORT);
-  cr_assert_eq(kvs__llama_blob_check(NULL, len, FP, NULL), KVS_LLAMA_BLOB_SHORT);
+  cr_assert_eq(chk(b, len - 1, FP, NULL), KVS_LLAMA_BLOB_LENGTH);
+  cr_assert_eq(chk(b, KVS_LLAMA_BLOB_HDR - 1, FP, NULL), KVS_LLAMA_BLOB_SHORT);
+  cr_assert_eq(chk(NULL, len, FP, NULL), KVS_LLAMA_BLOB_SHORT);
   /* another model */
   uint8_t other[16] = {0};
-  cr_assert_eq(kvs__llama_blob_check(b, len, other, NULL), KVS_LLAMA_BLOB_MODEL);
-  cr_assert_eq(kvs__llama_blob_check(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "unchanged");
+  cr_assert_eq(chk(b, len, other, NULL), KVS_LLAMA_BLOB_MODEL);
+  cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "unchanged");
   free(b);
 }
 
@@ -367,7 +386,7 @@ Test(llama_blob, state_shorter_than_its_header_is_refused, .timeout = 30) {
   h.state_size = 4;
   memcpy(b, &h, sizeof h);
   reseal(b, len - 4);
-  cr_assert_eq(kvs__llama_blob_check(b, len - 4, FP, NULL), KVS_LLAMA_BLOB_STATE);
+  cr_assert_eq(chk(b, len - 4, FP, NULL), KVS_LLAMA_BLOB_STATE);
   free(b);
 }
 

@@ -1,12 +1,16 @@
-/* Unit tests of the prefix cache's pure part (shims/llama/prefix_shadow.c, prefix.h): the
- * kernel-class rules, the shadow of sequences under batches and memory calls, the index remap,
- * chunk keys and the blob checks. */
+/* Unit tests of the prefix cache's pure part (shims/llama/prefix_shadow.c): the kernel-class
+ * rules, the shadow of sequences under batches and memory calls, the index remap, chunk keys,
+ * and the blob checks of the prefix kind (shims/llama/blob.c). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "keys.h"
-#include "prefix.h"
+#include "blob.h"
+#include "prefix_shadow.h"
+
+/* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
+__thread int kvs__hook_depth;
 
 static const kvs__px_rules_t CPU = {512, 64, 64};
 static const kvs__px_rules_t GPU = {512, 512, 512};
@@ -381,16 +385,18 @@ Test(prefix_shadow, index_remap, .timeout = 30) {
 
 /* ---- blob --------------------------------------------------------------------------------- */
 
-static const uint8_t FP[KVS_PX_FP_SIZE] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const uint8_t FP[KVS_LLAMA_FP_SIZE] = {1, 2, 3, 4,  5,  6,  7,  8,
+                                              9, 10, 11, 12, 13, 14, 15, 16};
 static const kvs_key_t NS = {0xabc, 0xdef};
 
 static uint8_t *mkblob(uint32_t n, uint32_t keyed, uint64_t state, uint64_t *len) {
-  *len = KVS_PX_BLOB_HDR + 4ull * n + state;
+  *len = KVS_LLAMA_BLOB_HDR + 4ull * n + state;
   uint8_t *b = calloc(1, (size_t)*len);
-  kvs__px_blob_hdr_t h = {0};
-  h.magic = KVS_PX_BLOB_MAGIC;
-  h.version = KVS_PX_BLOB_VERSION;
-  h.hdr_size = (uint16_t)KVS_PX_BLOB_HDR;
+  kvs__llama_blob_hdr_t h = {0};
+  h.magic = KVS_LLAMA_BLOB_MAGIC;
+  h.version = KVS_LLAMA_BLOB_VERSION;
+  h.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
+  h.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
   h.n_tokens = n;
   h.keyed_tokens = keyed;
   h.chunk_tokens = CHUNK;
@@ -398,30 +404,31 @@ static uint8_t *mkblob(uint32_t n, uint32_t keyed, uint64_t state, uint64_t *len
   memcpy(h.model_fp, FP, sizeof FP);
   h.ns_lo = NS.lo;
   h.ns_hi = NS.hi;
-  for (uint32_t i = 0; i < n; i++) memcpy(b + KVS_PX_BLOB_HDR + 4 * i, &i, 4);
-  uint32_t magic = KVS_PX_STATE_MAGIC;
-  memcpy(b + KVS_PX_BLOB_HDR + 4ull * n, &magic, 4);
+  for (uint32_t i = 0; i < n; i++) memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &i, 4);
+  uint32_t magic = KVS_LLAMA_STATE_MAGIC;
+  memcpy(b + KVS_LLAMA_BLOB_HDR + 4ull * n, &magic, 4);
   memcpy(b, &h, sizeof h);
-  h.checksum = kvs__px_blob_checksum(b, *len);
+  h.checksum = kvs__llama_blob_checksum(b, *len);
   memcpy(b, &h, sizeof h);
   return b;
 }
 
 static void reseal(uint8_t *b, uint64_t len) {
-  uint64_t c = kvs__px_blob_checksum(b, len);
-  memcpy(b + offsetof(kvs__px_blob_hdr_t, checksum), &c, sizeof c);
+  uint64_t c = kvs__llama_blob_checksum(b, len);
+  memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
 }
 
-static kvs__px_blob_status_t check(const uint8_t *b, uint64_t len, kvs__px_blob_hdr_t *h) {
-  return kvs__px_blob_check(b, len, FP, NS, CHUNK, h);
+static kvs__llama_blob_status_t check(const uint8_t *b, uint64_t len, kvs__llama_blob_hdr_t *h) {
+  const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_PREFIX, CHUNK, FP, NS};
+  return kvs__llama_blob_check(b, len, &want, h);
 }
 
 Test(prefix_blob, accepts_a_good_blob, .timeout = 30) {
   uint64_t len;
   uint8_t *b = mkblob(600, 512, 1000, &len);
-  kvs__px_blob_hdr_t h;
+  kvs__llama_blob_hdr_t h;
   memset(&h, 0, sizeof h);
-  cr_assert_eq(check(b, len, &h), KVS_PX_BLOB_OK);
+  cr_assert_eq(check(b, len, &h), KVS_LLAMA_BLOB_OK);
   cr_expect_eq(h.n_tokens, 600);
   cr_expect_eq(h.keyed_tokens, 512);
   cr_expect_eq(h.state_size, 1000);
@@ -430,56 +437,56 @@ Test(prefix_blob, accepts_a_good_blob, .timeout = 30) {
 
 Test(prefix_blob, refuses_each_bad_field, .timeout = 30) {
   uint64_t len;
-  kvs__px_blob_hdr_t h, untouched;
+  kvs__llama_blob_hdr_t h, untouched;
   memset(&untouched, 0x5a, sizeof untouched);
   struct {
     const char *what;
     size_t off;
     uint8_t xor_;
     bool reseal;
-    kvs__px_blob_status_t want;
+    kvs__llama_blob_status_t want;
   } cases[] = {
-      {"magic", offsetof(kvs__px_blob_hdr_t, magic), 1, true, KVS_PX_BLOB_FOREIGN},
-      {"version", offsetof(kvs__px_blob_hdr_t, version), 2, true, KVS_PX_BLOB_FOREIGN},
-      {"hdr_size", offsetof(kvs__px_blob_hdr_t, hdr_size), 8, true, KVS_PX_BLOB_FOREIGN},
-      {"n_tokens", offsetof(kvs__px_blob_hdr_t, n_tokens), 1, true, KVS_PX_BLOB_LENGTH},
-      {"state_size", offsetof(kvs__px_blob_hdr_t, state_size), 4, true, KVS_PX_BLOB_LENGTH},
-      {"keyed not a chunk multiple", offsetof(kvs__px_blob_hdr_t, keyed_tokens), 1, true,
-       KVS_PX_BLOB_KEYED},
-      {"chunk", offsetof(kvs__px_blob_hdr_t, chunk_tokens), 1, true, KVS_PX_BLOB_KEYED},
-      {"reserved", offsetof(kvs__px_blob_hdr_t, reserved), 1, true, KVS_PX_BLOB_KEYED},
-      {"model", offsetof(kvs__px_blob_hdr_t, model_fp) + 3, 0x10, true, KVS_PX_BLOB_MODEL},
-      {"namespace", offsetof(kvs__px_blob_hdr_t, ns_hi), 1, true, KVS_PX_BLOB_NAMESPACE},
-      {"state magic", KVS_PX_BLOB_HDR + 4 * 600, 0xff, true, KVS_PX_BLOB_STATE},
-      {"a state byte", KVS_PX_BLOB_HDR + 4 * 600 + 500, 0x40, false, KVS_PX_BLOB_CHECKSUM},
-      {"a token", KVS_PX_BLOB_HDR + 8, 1, false, KVS_PX_BLOB_CHECKSUM},
-      {"saved_ns", offsetof(kvs__px_blob_hdr_t, saved_ns), 1, false, KVS_PX_BLOB_CHECKSUM},
+      {"magic", offsetof(kvs__llama_blob_hdr_t, magic), 1, true, KVS_LLAMA_BLOB_FOREIGN},
+      {"version", offsetof(kvs__llama_blob_hdr_t, version), 2, true, KVS_LLAMA_BLOB_FOREIGN},
+      {"hdr_size", offsetof(kvs__llama_blob_hdr_t, hdr_size), 8, true, KVS_LLAMA_BLOB_FOREIGN},
+      {"n_tokens", offsetof(kvs__llama_blob_hdr_t, n_tokens), 1, true, KVS_LLAMA_BLOB_LENGTH},
+      {"state_size", offsetof(kvs__llama_blob_hdr_t, state_size), 4, true, KVS_LLAMA_BLOB_LENGTH},
+      {"keyed not a chunk multiple", offsetof(kvs__llama_blob_hdr_t, keyed_tokens), 1, true,
+       KVS_LLAMA_BLOB_KEYED},
+      {"chunk", offsetof(kvs__llama_blob_hdr_t, chunk_tokens), 1, true, KVS_LLAMA_BLOB_KEYED},
+      {"reserved", offsetof(kvs__llama_blob_hdr_t, reserved), 1, true, KVS_LLAMA_BLOB_KEYED},
+      {"model", offsetof(kvs__llama_blob_hdr_t, model_fp) + 3, 0x10, true, KVS_LLAMA_BLOB_MODEL},
+      {"namespace", offsetof(kvs__llama_blob_hdr_t, ns_hi), 1, true, KVS_LLAMA_BLOB_NAMESPACE},
+      {"state magic", KVS_LLAMA_BLOB_HDR + 4 * 600, 0xff, true, KVS_LLAMA_BLOB_STATE},
+      {"a state byte", KVS_LLAMA_BLOB_HDR + 4 * 600 + 500, 0x40, false, KVS_LLAMA_BLOB_CHECKSUM},
+      {"a token", KVS_LLAMA_BLOB_HDR + 8, 1, false, KVS_LLAMA_BLOB_CHECKSUM},
+      {"saved_ns", offsetof(kvs__llama_blob_hdr_t, saved_ns), 1, false, KVS_LLAMA_BLOB_CHECKSUM},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t *b = mkblob(600, 512, 1000, &len);
     b[cases[i].off] ^= cases[i].xor_;
     if (cases[i].reseal) reseal(b, len);
     h = untouched;
-    kvs__px_blob_status_t st = check(b, len, &h);
-    cr_expect_eq(st, cases[i].want, "%s: got %s", cases[i].what, kvs__px_blob_status_name(st));
+    kvs__llama_blob_status_t st = check(b, len, &h);
+    cr_expect_eq(st, cases[i].want, "%s: got %s", cases[i].what, kvs__llama_blob_status_name(st));
     cr_expect_eq(memcmp(&h, &untouched, sizeof h), 0, "%s: header written on failure",
                  cases[i].what);
     free(b);
   }
   uint8_t *b = mkblob(600, 512, 1000, &len);
-  cr_expect_eq(check(b, len - 1, &h), KVS_PX_BLOB_LENGTH, "truncated");
-  cr_expect_eq(check(b, KVS_PX_BLOB_HDR - 1, &h), KVS_PX_BLOB_SHORT);
-  cr_expect_eq(check(NULL, len, &h), KVS_PX_BLOB_SHORT);
+  cr_expect_eq(check(b, len - 1, &h), KVS_LLAMA_BLOB_LENGTH, "truncated");
+  cr_expect_eq(check(b, KVS_LLAMA_BLOB_HDR - 1, &h), KVS_LLAMA_BLOB_SHORT);
+  cr_expect_eq(check(NULL, len, &h), KVS_LLAMA_BLOB_SHORT);
   free(b);
   b = mkblob(600, 768, 1000, &len);
-  cr_expect_eq(check(b, len, &h), KVS_PX_BLOB_KEYED, "keyed beyond the tokens");
+  cr_expect_eq(check(b, len, &h), KVS_LLAMA_BLOB_KEYED, "keyed beyond the tokens");
   free(b);
   b = mkblob(600, 0, 1000, &len);
-  cr_expect_eq(check(b, len, &h), KVS_PX_BLOB_KEYED, "nothing keyed");
+  cr_expect_eq(check(b, len, &h), KVS_LLAMA_BLOB_KEYED, "nothing keyed");
   free(b);
   b = mkblob(600, 512, 4, &len);
-  cr_expect_eq(check(b, len, &h), KVS_PX_BLOB_STATE, "state shorter than its header");
+  cr_expect_eq(check(b, len, &h), KVS_LLAMA_BLOB_STATE, "state shorter than its header");
   free(b);
-  for (int s = 0; s <= (int)KVS_PX_BLOB_CHECKSUM; s++)
-    cr_expect_neq(strcmp(kvs__px_blob_status_name((kvs__px_blob_status_t)s), "?"), 0);
+  for (int s = 0; s <= (int)KVS_LLAMA_BLOB_CHECKSUM; s++)
+    cr_expect_neq(strcmp(kvs__llama_blob_status_name((kvs__llama_blob_status_t)s), "unknown"), 0);
 }

@@ -1,54 +1,17 @@
-/* shims/llama: the pure parts of the adapter (no hooks, no runtime): the blob check, the model
- * fingerprint and path canonicalisation. See llama_internal.h. */
+/* shims/llama: the models both adapters cache states of (model.h): the model table, the model
+ * file fingerprint and path canonicalisation. A leaf: no hooks, no store, no other llama file. */
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "llama_internal.h"
-
-/* ---- blobs -------------------------------------------------------------------------------- */
-
-kvs__llama_blob_status_t kvs__llama_blob_check(const uint8_t *blob, uint64_t len,
-                                               const uint8_t model_fp[KVS_LLAMA_FP_SIZE],
-                                               kvs__llama_blob_hdr_t *hdr) {
-  kvs__llama_blob_hdr_t h;
-  if (!blob || len < KVS_LLAMA_BLOB_HDR) return KVS_LLAMA_BLOB_SHORT;
-  memcpy(&h, blob, sizeof h);
-  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
-      h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != KVS_LLAMA_BLOB_KIND_SEQ)
-    return KVS_LLAMA_BLOB_FOREIGN;
-  /* n_tokens < 2^32 and state_size is checked against len first: no overflow below. */
-  uint64_t rest = len - KVS_LLAMA_BLOB_HDR;
-  uint64_t tok_bytes = 4 * (uint64_t)h.n_tokens;
-  if (tok_bytes > rest || h.state_size != rest - tok_bytes) return KVS_LLAMA_BLOB_LENGTH;
-  if (h.state_size < KVS_LLAMA_STATE_HDR) return KVS_LLAMA_BLOB_STATE;
-  uint32_t state_magic;
-  memcpy(&state_magic, blob + KVS_LLAMA_BLOB_HDR + tok_bytes, sizeof state_magic);
-  if (state_magic != KVS_LLAMA_STATE_MAGIC) return KVS_LLAMA_BLOB_STATE;
-  if (!model_fp || memcmp(h.model_fp, model_fp, KVS_LLAMA_FP_SIZE) != 0)
-    return KVS_LLAMA_BLOB_MODEL;
-  if (kvs__llama_blob_checksum(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
-  if (hdr) *hdr = h;
-  return KVS_LLAMA_BLOB_OK;
-}
-
-const char *kvs__llama_blob_status_name(kvs__llama_blob_status_t s) {
-  switch (s) {
-  case KVS_LLAMA_BLOB_OK: return "ok";
-  case KVS_LLAMA_BLOB_SHORT: return "shorter than its header";
-  case KVS_LLAMA_BLOB_FOREIGN: return "foreign magic, version or kind";
-  case KVS_LLAMA_BLOB_LENGTH: return "length does not match its header (truncated?)";
-  case KVS_LLAMA_BLOB_STATE: return "not a llama.cpp sequence state";
-  case KVS_LLAMA_BLOB_MODEL: return "saved by another model";
-  case KVS_LLAMA_BLOB_CHECKSUM: return "checksum mismatch (corrupted)";
-  }
-  return "unknown";
-}
+#include "log.h"
+#include "model.h"
 
 /* ---- fingerprint ---------------------------------------------------------------------------- */
 
@@ -283,3 +246,82 @@ int kvs__llama_canon_path(const char *path, char *out, size_t cap) {
   out[n] = '\0';
   return (int)n;
 }
+
+/* ---- the model table -------------------------------------------------------------------------- */
+
+#define MODELS_MAX 64
+
+/* Invariant: g_models[0, g_nmodels) hold distinct live models (g_models_lock). */
+static kvs__llama_model_t g_models[MODELS_MAX];
+static size_t g_nmodels;
+static pthread_mutex_t g_models_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void models_put(const kvs__llama_model_t *m) {
+  pthread_mutex_lock(&g_models_lock);
+  size_t i = 0;
+  while (i < g_nmodels && g_models[i].model != m->model) i++;
+  bool fits = i < MODELS_MAX;
+  if (fits) {
+    g_models[i] = *m;
+    if (i == g_nmodels) g_nmodels++;
+  }
+  pthread_mutex_unlock(&g_models_lock);
+  if (!fits)
+    kvs_log_warn("llama.cpp: more than %d models loaded: states of the newest are not cached",
+                 MODELS_MAX);
+}
+
+void kvs__llama_model_forget(const struct llama_model *model) {
+  pthread_mutex_lock(&g_models_lock);
+  for (size_t i = 0; i < g_nmodels; i++)
+    if (g_models[i].model == model) {
+      g_models[i] = g_models[--g_nmodels];
+      memset(&g_models[g_nmodels], 0, sizeof g_models[g_nmodels]);
+      break;
+    }
+  pthread_mutex_unlock(&g_models_lock);
+}
+
+bool kvs__llama_model_get(const struct llama_model *model, kvs__llama_model_t *out) {
+  bool found = false;
+  if (!model) return false;
+  pthread_mutex_lock(&g_models_lock);
+  for (size_t i = 0; i < g_nmodels && !found; i++)
+    if (g_models[i].model == model) {
+      *out = g_models[i];
+      found = true;
+    }
+  pthread_mutex_unlock(&g_models_lock);
+  return found;
+}
+
+int kvs__llama_model_add(const struct llama_model *model, const char *path,
+                         const kvs_options_t *o) {
+  kvs__llama_model_t m;
+  memset(&m, 0, sizeof m);
+  m.model = model;
+  kvs__llama_fp_info_t fi;
+  int rc = kvs__llama_fingerprint(path, m.fp, &fi);
+  if (rc < 0) {
+    kvs_log_warn("llama.cpp: cannot fingerprint model %s (%s): its states are not cached", path,
+                 strerror(-rc));
+    return rc;
+  }
+  kvs_namespace_t ns;
+  memset(&ns, 0, sizeof ns);
+  memcpy(ns.engine, "llama.cpp", sizeof "llama.cpp");
+  memcpy(ns.model, m.fp, KVS_LLAMA_FP_SIZE);
+  ns.model_len = KVS_LLAMA_FP_SIZE;
+  ns.chunk_tokens = (uint32_t)o->chunk_tokens;
+  ns.world_size = 1;
+  kvs_namespace_set_salt(&ns, o->salt);
+  m.ns = kvs_keys_namespace(&ns);
+  models_put(&m);
+  char hex[KVS_KEY_HEX_LEN + 1];
+  kvs_key_format(m.ns, hex);
+  kvs_log_info("llama.cpp: model %s: %llu bytes, GGUF v%u, %u general.* keys, namespace %s",
+               path, (unsigned long long)fi.size, fi.gguf_version, fi.general_keys, hex);
+  return 0;
+}
+
+void kvs__llama_model_fork_child(void) { pthread_mutex_init(&g_models_lock, NULL); }

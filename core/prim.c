@@ -1,0 +1,68 @@
+/* kvshim prim: memory from the OS (prim.h). Linux. */
+#include "prim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004u
+#endif
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21u << 26)
+#endif
+
+int kvs__prim_alloc(size_t len, void **out) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) return -errno;
+  *out = p;
+  return 0;
+}
+
+int kvs__prim_map_shared(int fd, size_t len, bool writable, void **out) {
+  void *p = mmap(NULL, len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return -errno;
+  *out = p;
+  return 0;
+}
+
+void kvs__prim_unmap(void *p, size_t len) {
+  if (p && len) munmap(p, len);
+}
+
+int kvs__prim_memfd(const char *name, uint64_t size, bool huge) {
+  unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+  if (huge) flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+  int fd = memfd_create(name, flags);
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int rc = -errno;
+    close(fd);
+    return rc;
+  }
+  /* Sealing is best effort: the size is an ABI, but a kernel may refuse seals. */
+  (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  return fd;
+}
+
+int kvs__prim_shm_create(const char *name, uint64_t size) {
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int rc = -errno;
+    close(fd);
+    shm_unlink(name);
+    return rc;
+  }
+  return fd;
+}
+
+void kvs__prim_shm_unlink(const char *name) {
+  if (name) shm_unlink(name);
+}
+
+int kvs__prim_populate(void *p, size_t len, bool write) {
+  return madvise(p, len, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0 ? 0 : -errno;
+}

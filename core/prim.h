@@ -1,0 +1,34 @@
+/* kvshim prim: the thin platform layer through which kvshim reaches the OS for memory (design
+ * §2: "core reaches the OS through a thin platform layer", as mimalloc's src/prim does).
+ * Every mmap, munmap, memfd_create, shm_open and madvise of the library is here; nothing else
+ * includes <sys/mman.h>. Internal (the kvs__ tier); functions return 0 / a file descriptor or a
+ * negative errno, and write out-parameters only on success. */
+#ifndef KVSHIM_CORE_PRIM_H
+#define KVSHIM_CORE_PRIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* len bytes of private, zero-filled memory, backed lazily (no swap reservation: untouched
+ * pages cost nothing). Released with kvs__prim_unmap. */
+int kvs__prim_alloc(size_t len, void **out);
+/* Map the first len bytes of fd shared, read-write or read-only. */
+int kvs__prim_map_shared(int fd, size_t len, bool writable, void **out);
+/* Unmap what kvs__prim_alloc or kvs__prim_map_shared returned (NULL or len 0: nothing). */
+void kvs__prim_unmap(void *p, size_t len);
+
+/* An anonymous memory file (memfd, close-on-exec) of size bytes, in 2 MiB huge pages when huge,
+ * sealed against growing and shrinking when the kernel allows (best effort). Returns the fd. */
+int kvs__prim_memfd(const char *name, uint64_t size, bool huge);
+/* A new POSIX shared memory object /name (O_EXCL, mode 0600) of size bytes. Returns the fd; on
+ * failure nothing is left behind. */
+int kvs__prim_shm_create(const char *name, uint64_t size);
+void kvs__prim_shm_unlink(const char *name);
+
+/* Populate the page tables of [p, p + len) (MADV_POPULATE_WRITE when write, else _READ), as
+ * the faults of touching each page would. -EINVAL: the kernel predates them (5.14); -EINTR and
+ * -EAGAIN: retry; any other negative errno: a real failure. */
+int kvs__prim_populate(void *p, size_t len, bool write);
+
+#endif

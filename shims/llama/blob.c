@@ -1,0 +1,229 @@
+/* shims/llama: the one blob format of both llama adapters, its checker and its flows
+ * (blob.h). */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "blob.h"
+#include "pool.h"
+#include "preload.h"
+
+/* ---- the checker ------------------------------------------------------------------------------ */
+
+kvs__llama_blob_status_t kvs__llama_blob_check(const uint8_t *blob, uint64_t len,
+                                               const kvs__llama_blob_want_t *want,
+                                               kvs__llama_blob_hdr_t *hdr) {
+  kvs__llama_blob_hdr_t h;
+  if (!blob || len < KVS_LLAMA_BLOB_HDR) return KVS_LLAMA_BLOB_SHORT;
+  memcpy(&h, blob, sizeof h);
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
+      h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != want->kind)
+    return KVS_LLAMA_BLOB_FOREIGN;
+  /* n_tokens < 2^32 and state_size is checked against len first: no overflow below. */
+  uint64_t rest = len - KVS_LLAMA_BLOB_HDR;
+  uint64_t tok_bytes = 4 * (uint64_t)h.n_tokens;
+  if (tok_bytes > rest || h.state_size != rest - tok_bytes) return KVS_LLAMA_BLOB_LENGTH;
+  bool keyed_ok = h.kind == KVS_LLAMA_BLOB_KIND_PREFIX
+                      ? h.chunk_tokens == want->chunk && want->chunk != 0 &&
+                            h.keyed_tokens != 0 && h.keyed_tokens % want->chunk == 0 &&
+                            h.keyed_tokens <= h.n_tokens
+                      : h.keyed_tokens == 0 && h.chunk_tokens == 0;
+  if (!keyed_ok || h.reserved != 0) return KVS_LLAMA_BLOB_KEYED;
+  uint32_t state_magic = 0;
+  if (h.state_size >= KVS_LLAMA_STATE_HDR)
+    memcpy(&state_magic, blob + KVS_LLAMA_BLOB_HDR + tok_bytes, sizeof state_magic);
+  if (state_magic != KVS_LLAMA_STATE_MAGIC) return KVS_LLAMA_BLOB_STATE;
+  if (!want->model_fp || memcmp(h.model_fp, want->model_fp, KVS_LLAMA_FP_SIZE) != 0)
+    return KVS_LLAMA_BLOB_MODEL;
+  if (h.ns_lo != want->ns.lo || h.ns_hi != want->ns.hi) return KVS_LLAMA_BLOB_NAMESPACE;
+  if (kvs__llama_blob_checksum(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
+  if (hdr) *hdr = h;
+  return KVS_LLAMA_BLOB_OK;
+}
+
+const char *kvs__llama_blob_status_name(kvs__llama_blob_status_t s) {
+  switch (s) {
+  case KVS_LLAMA_BLOB_OK: return "ok";
+  case KVS_LLAMA_BLOB_SHORT: return "shorter than its header";
+  case KVS_LLAMA_BLOB_FOREIGN: return "foreign magic, version or kind";
+  case KVS_LLAMA_BLOB_LENGTH: return "length does not match its header (truncated?)";
+  case KVS_LLAMA_BLOB_KEYED: return "keyed tokens or chunk size inconsistent";
+  case KVS_LLAMA_BLOB_STATE: return "not a llama.cpp sequence state";
+  case KVS_LLAMA_BLOB_MODEL: return "saved by another model";
+  case KVS_LLAMA_BLOB_NAMESPACE: return "saved by a context with other KV settings";
+  case KVS_LLAMA_BLOB_CHECKSUM: return "checksum mismatch (corrupted)";
+  }
+  return "unknown";
+}
+
+/* ---- the engine's sequence state functions ---------------------------------------------------- */
+
+bool kvs__llama_state_api_ok(const kvs__llama_state_api_t *a) {
+  return (a->get_size || a->get_size_ext) && (a->get_data || a->get_data_ext) &&
+         (a->set_data || a->set_data_ext);
+}
+
+size_t kvs__llama_state_size(const kvs__llama_state_api_t *a, struct llama_context *ctx,
+                             int32_t seq) {
+  if (a->get_size_ext) return a->get_size_ext(ctx, seq, 0);
+  return a->get_size ? a->get_size(ctx, seq) : 0;
+}
+
+static size_t state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
+                        size_t size, int32_t seq) {
+  if (a->get_data_ext) return a->get_data_ext(ctx, dst, size, seq, 0);
+  return a->get_data ? a->get_data(ctx, dst, size, seq) : 0;
+}
+
+size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_context *ctx,
+                            const uint8_t *src, size_t size, int32_t seq) {
+  if (a->set_data_ext) return a->set_data_ext(ctx, src, size, seq, 0);
+  return a->set_data ? a->set_data(ctx, src, size, seq) : 0;
+}
+
+kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt) {
+  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers};
+  return h;
+}
+
+/* ---- save ------------------------------------------------------------------------------------- */
+
+static int outcome_errno(uint8_t oc) {
+  switch (oc) {
+  case KVS_RES_BUSY: return -EBUSY;
+  case KVS_RES_NO_SPACE: return -ENOSPC;
+  case KVS_RES_TOO_LARGE: return -EFBIG;
+  case KVS_RES_PRESENT: return -EEXIST;
+  default: return -EINVAL;
+  }
+}
+
+/* Reserve one object under keys. replace: a READY object under keys[0] is removed first; a
+ * reader's pin can hold it briefly, so try a few times. Caller raised kvs__hook_depth. */
+static int reserve(kvs_store_t *st, const kvs_key_t *keys, size_t nk, uint64_t len, bool replace,
+                   kvs_extent_t *ext, kvs_xfer_t *xfer) {
+  kvs_layout_t l = kvs_layout_blob(len);
+  for (int attempt = 0; attempt < 4; attempt++) {
+    uint8_t oc = 0;
+    int rc = kvs_store_reserve_object(st, KVS_OWNER_LOCAL, keys, nk, &l, 0, &oc, ext, xfer);
+    if (rc == 1) return 0;
+    if (rc < 0) return rc;
+    if (oc != KVS_RES_PRESENT || !replace) return outcome_errno(oc);
+    if (kvs_store_remove(st, &keys[0]) == -EBUSY) {
+      struct timespec ts = {0, 1000000L << attempt};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return -EBUSY;
+}
+
+int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
+                          bool replace, const kvs__llama_state_api_t *api,
+                          struct llama_context *ctx, int32_t seq, const int32_t *tokens,
+                          uint32_t n, kvs__llama_blob_hdr_t *hdr, kvs__llama_blob_save_t *s) {
+  size_t S = kvs__llama_state_size(api, ctx, seq);
+  if (S < KVS_LLAMA_STATE_HDR || S > (1ull << 48)) return -ENODATA;
+  uint64_t tok_bytes = 4 * (uint64_t)n;
+  uint64_t total = KVS_LLAMA_BLOB_HDR + tok_bytes + S;
+  kvs_extent_t ext;
+  kvs_xfer_t xfer = 0;
+  kvs__hook_depth++;
+  int rc = reserve(home->store, keys, nk, total, replace, &ext, &xfer);
+  kvs__hook_depth--;
+  if (rc < 0) return rc;
+  s->blob = home->base + ext.offset;
+  s->len = total;
+  s->xfer = xfer;
+  uint8_t *state = s->blob + KVS_LLAMA_BLOB_HDR + tok_bytes;
+  /* Zero copy: the engine serialises the sequence straight into the pool. */
+  size_t w = state_get(api, ctx, state, S, seq);
+  uint32_t smagic = 0;
+  if (w == S) memcpy(&smagic, state, sizeof smagic);
+  if (w != S || smagic != KVS_LLAMA_STATE_MAGIC) {
+    kvs__llama_blob_abort(home, s);
+    return -EIO;
+  }
+  if (tok_bytes) memcpy(s->blob + KVS_LLAMA_BLOB_HDR, tokens, (size_t)tok_bytes);
+  hdr->magic = KVS_LLAMA_BLOB_MAGIC;
+  hdr->version = KVS_LLAMA_BLOB_VERSION;
+  hdr->hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
+  hdr->n_tokens = n;
+  hdr->state_size = S;
+  hdr->reserved = 0;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME_COARSE, &now); /* the clock file mtimes come from */
+  hdr->saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+  return 0;
+}
+
+int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
+                           kvs__llama_blob_hdr_t *hdr, kvs__llama_blob_save_t *s) {
+  hdr->checksum = 0;
+  memcpy(s->blob, hdr, sizeof *hdr);
+  hdr->checksum = kvs__llama_blob_checksum(s->blob, s->len);
+  memcpy(s->blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
+         sizeof hdr->checksum);
+  kvs__hook_depth++;
+  int rc = kvs_store_commit(home->store, KVS_OWNER_LOCAL, s->xfer);
+  if (rc == 0 && home->peers) kvs_peers_push(home->peers, keys, nk); /* -ENOTSUP: no cache peer */
+  kvs__hook_depth--;
+  return rc;
+}
+
+void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_save_t *s) {
+  kvs__hook_depth++;
+  kvs_store_abort(home->store, KVS_OWNER_LOCAL, s->xfer);
+  kvs__hook_depth--;
+}
+
+/* ---- local restore ---------------------------------------------------------------------------- */
+
+bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, const uint8_t **blob,
+                         uint64_t *len, kvs_xfer_t *xfer) {
+  kvs_xfer_t x = 0;
+  kvs_object_view_t v;
+  kvs__hook_depth++;
+  int found = kvs_store_lookup(home->store, KVS_OWNER_LOCAL, &key, 1, true, &x);
+  if (found == 1 && kvs_store_read_pinned(home->store, KVS_OWNER_LOCAL, x, &v, 1) != 1) {
+    kvs_store_release(home->store, KVS_OWNER_LOCAL, x);
+    found = 0;
+  }
+  kvs__hook_depth--;
+  if (found != 1) return false;
+  *blob = home->base + v.extent.offset;
+  *len = v.extent.length;
+  *xfer = x;
+  return true;
+}
+
+void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kvs_xfer_t xfer,
+                           bool drop) {
+  kvs__hook_depth++;
+  kvs_store_release(home->store, KVS_OWNER_LOCAL, xfer);
+  if (drop) kvs_store_remove(home->store, &key); /* -EBUSY: a reader has it; fine */
+  kvs__hook_depth--;
+}
+
+/* ---- peer restore ----------------------------------------------------------------------------- */
+
+int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance, kvs_key_t key,
+                          kvs_fetch_keys_fn keys_fn, void *ctx, kvs__llama_blob_fetch_t *f) {
+  kvs_fetch_t out;
+  kvs__hook_depth++;
+  kvs_peers_fetch(home->peers, instance, &key, 1, NULL, keys_fn, ctx, &out); /* errors: misses */
+  kvs__hook_depth--;
+  if (out.status == KVS_FETCH_COPIED) {
+    f->blob = home->base + out.extent.offset;
+    f->len = out.extent.length;
+    f->xfer = out.xfer;
+  }
+  return out.status;
+}
+
+void kvs__llama_blob_keep(const kvs__llama_blob_home_t *home, const kvs__llama_blob_fetch_t *f,
+                          bool keep) {
+  kvs__hook_depth++;
+  if (keep) kvs_store_commit(home->store, KVS_OWNER_LOCAL, f->xfer);
+  else kvs_store_abort(home->store, KVS_OWNER_LOCAL, f->xfer);
+  kvs__hook_depth--;
+}
