@@ -17,7 +17,6 @@
 #include "log.h"
 #include "redis.h"
 
-#define FETCH_BATCH 16               /* GETs per pipeline on the read path */
 #define WRITE_BATCH 32               /* objects per pipeline on the write path */
 #define WRITE_BATCH_BYTES (64u << 20) /* ... or this many value bytes */
 #define BREAKER_FAILS 3              /* failures in a row that open the breaker */
@@ -339,34 +338,59 @@ static void write_batch(worker_t *w, job_t **jobs, size_t n_jobs) {
 
 /* ---- read path ----------------------------------------------------------------------------- */
 
-/* Put one checked object into the store under keys[0] (+ aliases keys[1..n)): 1 stored, 0 not. */
+/* Put one checked object into the store under keys[0] (+ aliases keys[1..n)): 1 stored (or
+ * already there with every key bound), 0 not. A primary the pool already holds cannot take new
+ * aliases (the store binds aliases only when it publishes), so the aliases then get their own
+ * copy, primary keys[1]. */
 static int store_object(kvs_remote_t *r, const kvs_key_t *keys, size_t n,
                         const kvs_layout_t *layout, const uint8_t *payload, uint64_t len) {
-  uint8_t outcome = 0;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer = 0;
-  int rc = kvs_store_reserve_object(r->store, r->owner, keys, n, layout, 0, &outcome, &ext, &xfer);
-  if (rc < 1) return outcome == KVS_RES_PRESENT ? 1 : 0;
-  memcpy(kvs_pool_base(kvs_store_pool(r->store)) + ext.offset, payload, len);
-  return kvs_store_commit(r->store, r->owner, xfer) == 0 ? 1 : 0;
+  for (int attempt = 0; attempt < 2 && n > 0; attempt++, keys++, n--) {
+    uint8_t outcome = 0;
+    kvs_extent_t ext;
+    kvs_xfer_t xfer = 0;
+    int rc = kvs_store_reserve_object(r->store, r->owner, keys, n, layout, 0, &outcome, &ext,
+                                      &xfer);
+    if (rc == 1) {
+      memcpy(kvs_pool_base(kvs_store_pool(r->store)) + ext.offset, payload, len);
+      return kvs_store_commit(r->store, r->owner, xfer) == 0 ? 1 : 0;
+    }
+    if (outcome != KVS_RES_PRESENT) return 0;
+    if (n == 1 || kvs_store_lookup(r->store, r->owner, keys + 1, n - 1, false, NULL) == (int)n - 1)
+      return 1; /* every alias is bound already */
+  }
+  return 0;
 }
 
-static bool get_values(worker_t *w, const kvs_key_t *keys, size_t n, kvs_redis_result_t *res,
-                       char (*names)[KVS_REMOTE_KEY_LEN + 1]) {
-  const char *argv[FETCH_BATCH][2];
-  size_t lens[FETCH_BATCH][2];
-  kvs_redis_cmd_t cmds[FETCH_BATCH];
-  for (size_t i = 0; i < n; i++) {
-    kvs_remote_key_name(keys[i], names[i]);
-    argv[i][0] = "GET", lens[i][0] = 3;
-    argv[i][1] = names[i], lens[i][1] = KVS_REMOTE_KEY_LEN;
-    cmds[i] = (kvs_redis_cmd_t){2, argv[i], lens[i], 1};
+/* Pipeline one command per key: argv {verb, name[, extra...]}. */
+static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, size_t n,
+                        const char *a2, const char *a3, kvs_redis_result_t *res) {
+  char (*names)[KVS_REMOTE_KEY_LEN + 1] = malloc(n * sizeof *names);
+  const char **argv = malloc(n * 4 * sizeof *argv);
+  size_t *lens = malloc(n * 4 * sizeof *lens);
+  kvs_redis_cmd_t *cmds = malloc(n * sizeof *cmds);
+  int rc = -ENOMEM;
+  kvs_redis_t *redis = NULL;
+  if (names && argv && lens && cmds && (redis = conn_of(w)) != NULL) {
+    int argc = a2 ? 4 : 2;
+    for (size_t i = 0; i < n; i++) {
+      kvs_remote_key_name(keys[i], names[i]);
+      const char **av = argv + 4 * i;
+      size_t *lv = lens + 4 * i;
+      av[0] = verb, lv[0] = strlen(verb);
+      av[1] = names[i], lv[1] = KVS_REMOTE_KEY_LEN;
+      if (a2) av[2] = a2, lv[2] = strlen(a2), av[3] = a3, lv[3] = strlen(a3);
+      cmds[i] = (kvs_redis_cmd_t){argc, av, lv, 1};
+    }
+    rc = kvs_redis_exec(redis, cmds, n, res);
+    exec_outcome(w, rc, rc < 0 ? NULL : res, n);
+  } else if (names && argv && lens && cmds) {
+    rc = -ENOTCONN;
   }
-  kvs_redis_t *redis = conn_of(w);
-  if (!redis) return false;
-  int rc = kvs_redis_exec(redis, cmds, n, res);
-  exec_outcome(w, rc, rc < 0 ? NULL : res, n);
-  return rc >= 0;
+  free(names);
+  free(argv);
+  free(lens);
+  free(cmds);
+  return rc;
 }
 
 /* A value that failed a check: a miss, deleted, counted. */
@@ -378,34 +402,34 @@ static void bad_value(worker_t *w, kvs_key_t key) {
   del_key(w, key);
 }
 
-/* Fetch keys[found..n) in order until the first miss; returns how many were stored. */
-static size_t fetch(worker_t *w, const job_t *jb) {
+#define PROBE_BATCH 256                      /* header reads per pipeline */
+#define PROBE_LAST (KVS_REMOTE_HDR_SIZE + 15) /* GETRANGE end: header + an alias's payload */
+#define OBJECT_BATCH 16                      /* whole values per pipeline */
+
+/* What phase 1 learnt of one key: the object it names (itself, or an alias's primary). */
+typedef struct probe {
+  kvs_key_t prim;
+  bool done;
+} probe_t;
+
+/* Phase 1: read the header (and an alias's payload) of keys[0..n) until the first key that is
+ * missing or bad. Returns the run length; pr[i] filled for i < run. */
+static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *pr,
+                        uint64_t deadline_ms) {
   kvs_remote_t *r = w->r;
-  size_t i = jb->found, got = 0;
-  kvs_redis_result_t res[FETCH_BATCH];
-  char names[FETCH_BATCH][KVS_REMOTE_KEY_LEN + 1];
-  kvs_stats_inc(r->stats, KVS_STAT_remote_lookups);
-  while (i < jb->n) {
-    if (kvs__now_ms() >= jb->deadline_ms) {
-      kvs_stats_inc(r->stats, KVS_STAT_remote_timeouts);
-      return got;
-    }
-    size_t b = jb->n - i < FETCH_BATCH ? jb->n - i : FETCH_BATCH;
-    /* Skip what the pool already holds (another lookup may have brought it). */
-    int have = kvs_store_lookup(r->store, r->owner, &jb->keys[i], b, false, NULL);
-    if (have > 0) {
-      i += (size_t)have;
-      continue;
-    }
-    if (!get_values(w, &jb->keys[i], b, res, names)) return got;
-    /* Pass 1: check every value of the batch up to the first miss; aliases collect their
-     * primary (one object under the run of alias keys that name it). */
-    size_t run = 0;
-    kvs_key_t prim[FETCH_BATCH];
-    bool alias[FETCH_BATCH];
-    for (; run < b; run++) {
-      const kvs_redis_result_t *x = &res[run];
-      if (x->type == KVS_REDIS_NIL) {
+  kvs_redis_result_t *res = malloc(PROBE_BATCH * sizeof *res);
+  char last[16];
+  snprintf(last, sizeof last, "%u", (unsigned)PROBE_LAST);
+  size_t run = 0;
+  while (res && run < n) {
+    if (kvs__now_ms() >= deadline_ms) break;
+    size_t b = n - run < PROBE_BATCH ? n - run : PROBE_BATCH;
+    if (exec_per_key(w, "GETRANGE", keys + run, b, "0", last, res) < 0) break;
+    size_t i = 0;
+    for (; i < b; i++) {
+      const kvs_redis_result_t *x = &res[i];
+      kvs_key_t key = keys[run + i];
+      if (x->type == KVS_REDIS_STRING && x->len == 0) { /* GETRANGE of a missing key */
         kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
         break;
       }
@@ -413,67 +437,119 @@ static size_t fetch(worker_t *w, const job_t *jb) {
         if (x->type != KVS_REDIS_FAILED) kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
         break;
       }
-      unsigned kind;
+      const uint8_t *h = (const uint8_t *)x->str;
+      bool ok = x->len >= KVS_REMOTE_HDR_SIZE && get32(h) == KVS_REMOTE_MAGIC &&
+                get16(h + 4) == KVS_REMOTE_VERSION && get64(h + 8) == key.lo &&
+                get64(h + 16) == key.hi && get16(h + 6) <= KVS_REMOTE_KIND_ALIAS;
+      unsigned kind = 0;
       kvs_layout_t layout;
-      const uint8_t *payload;
-      uint64_t len;
-      if (kvs_remote_check(x->str, x->len, jb->keys[i + run], &kind, &layout, &payload, &len) < 0) {
-        kvs_redis_results_release(w->redis); /* names/res not needed past here */
-        bad_value(w, jb->keys[i + run]);
-        return got;
+      const uint8_t *payload = NULL;
+      uint64_t plen = 0;
+      if (ok && get16(h + 6) == KVS_REMOTE_KIND_ALIAS)
+        ok = kvs_remote_check(x->str, x->len, key, &kind, &layout, &payload, &plen) == 0;
+      else if (ok) /* an object: the probe holds min(value, PROBE_LAST + 1) bytes */
+        ok = x->len == (get64(h + 24) + KVS_REMOTE_HDR_SIZE < PROBE_LAST + 1
+                            ? get64(h + 24) + KVS_REMOTE_HDR_SIZE : PROBE_LAST + 1);
+      if (!ok) {
+        kvs_redis_results_release(w->redis);
+        bad_value(w, key);
+        return run + i;
       }
       kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
-      alias[run] = kind == KVS_REMOTE_KIND_ALIAS;
-      if (alias[run]) {
-        prim[run] = (kvs_key_t){get64(payload), get64(payload + 8)};
-        continue;
-      }
-      if (!store_object(r, &jb->keys[i + run], 1, &layout, payload, len)) break;
-      kvs_stats_inc(r->stats, KVS_STAT_remote_hits);
-      got++;
+      pr[run + i].prim = kind == KVS_REMOTE_KIND_ALIAS
+                             ? (kvs_key_t){get64(payload), get64(payload + 8)} : key;
+      pr[run + i].done = false;
     }
     kvs_redis_results_release(w->redis);
-    /* Pass 2: each run of aliases naming one primary becomes that object with those aliases. */
-    size_t j = 0;
-    while (j < run) {
-      if (!alias[j]) {
-        j++;
-        continue;
+    run += i;
+    if (i < b) break;
+  }
+  free(res);
+  return run;
+}
+
+/* Fetch keys[found..n) in order until the first miss into the store; returns the keys stored. */
+static size_t fetch(worker_t *w, const job_t *jb) {
+  kvs_remote_t *r = w->r;
+  kvs_stats_inc(r->stats, KVS_STAT_remote_lookups);
+  /* What the pool holds already (another lookup may have brought it) is not asked for. */
+  size_t start = jb->found;
+  int have = kvs_store_lookup(r->store, r->owner, &jb->keys[start], jb->n - start, false, NULL);
+  if (have > 0) start += (size_t)have;
+  size_t n = jb->n - start;
+  if (n == 0) return 0;
+  const kvs_key_t *keys = &jb->keys[start];
+  probe_t *pr = malloc(n * sizeof *pr);
+  kvs_key_t *group = malloc((n + 1) * sizeof *group);
+  kvs_redis_result_t res[OBJECT_BATCH];
+  size_t got = 0, run = pr && group ? probe_run(w, keys, n, pr, jb->deadline_ms) : 0;
+  /* Phase 2: each object of the run, once, with every key of the run that names it. */
+  size_t next = 0;
+  bool stop = false;
+  while (!stop && next < run) {
+    if (kvs__now_ms() >= jb->deadline_ms) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_timeouts);
+      break;
+    }
+    kvs_key_t prims[OBJECT_BATCH];
+    size_t firsts[OBJECT_BATCH], m = 0;
+    for (size_t i = next; i < run && m < OBJECT_BATCH; i++) {
+      if (pr[i].done) continue;
+      bool seen = false;
+      for (size_t k = 0; k < m && !seen; k++) seen = kvs_key_eq(prims[k], pr[i].prim);
+      if (!seen) firsts[m] = i, prims[m++] = pr[i].prim;
+    }
+    if (m == 0) break;
+    if (exec_per_key(w, "GET", prims, m, NULL, NULL, res) < 0) break;
+    bool released = false;
+    for (size_t g = 0; g < m && !stop; g++) {
+      const kvs_redis_result_t *x = &res[g];
+      unsigned kind = 0;
+      kvs_layout_t layout;
+      const uint8_t *payload = NULL;
+      uint64_t plen = 0;
+      bool bad = false, ok = x->type == KVS_REDIS_STRING;
+      if (ok) {
+        ok = kvs_remote_check(x->str, x->len, prims[g], &kind, &layout, &payload, &plen) == 0 &&
+             kind == KVS_REMOTE_KIND_OBJECT;
+        bad = !ok;
+      } else if (x->type == KVS_REDIS_NIL) {
+        kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
+      } else if (x->type != KVS_REDIS_FAILED) {
+        kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
       }
-      size_t e = j + 1;
-      while (e < run && alias[e] && kvs_key_eq(prim[e], prim[j])) e++;
-      kvs_key_t keys[FETCH_BATCH + 1];
-      keys[0] = prim[j];
-      memcpy(keys + 1, &jb->keys[i + j], (e - j) * sizeof(kvs_key_t));
-      kvs_redis_result_t pr;
-      char pname[1][KVS_REMOTE_KEY_LEN + 1];
-      bool stored = false;
-      if (get_values(w, &prim[j], 1, &pr, pname)) {
-        unsigned kind;
-        kvs_layout_t layout;
-        const uint8_t *payload;
-        uint64_t len;
-        if (pr.type == KVS_REDIS_STRING &&
-            kvs_remote_check(pr.str, pr.len, prim[j], &kind, &layout, &payload, &len) == 0 &&
-            kind == KVS_REMOTE_KIND_OBJECT) {
-          kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, pr.len);
-          stored = store_object(r, keys, e - j + 1, &layout, payload, len) == 1;
+      size_t nk = 0;
+      group[nk++] = prims[g];
+      for (size_t i = firsts[g]; i < run; i++)
+        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g])) {
+          pr[i].done = true;
+          if (!kvs_key_eq(keys[i], prims[g])) group[nk++] = keys[i];
+        }
+      if (ok) {
+        kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
+        ok = store_object(r, group, nk, &layout, payload, plen) == 1;
+      }
+      if (ok) {
+        /* every run key of the group is served: the primary itself only if it was asked */
+        size_t served = nk - 1;
+        for (size_t i = firsts[g]; i < run; i++)
+          if (kvs_key_eq(keys[i], prims[g])) served++;
+        kvs_stats_add(r->stats, KVS_STAT_remote_hits, served);
+        got += served;
+      } else {
+        stop = true; /* the run ends at this object's first key */
+        if (bad) {
           kvs_redis_results_release(w->redis);
-        } else {
-          bool bad = pr.type == KVS_REDIS_STRING;
-          if (pr.type == KVS_REDIS_NIL) kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
-          kvs_redis_results_release(w->redis);
-          if (bad) bad_value(w, prim[j]);
+          released = true;
+          bad_value(w, prims[g]);
         }
       }
-      if (!stored) return got;
-      kvs_stats_add(r->stats, KVS_STAT_remote_hits, e - j);
-      got += e - j;
-      j = e;
     }
-    if (run < b) return got;
-    i += b;
+    if (!released) kvs_redis_results_release(w->redis);
+    while (next < run && pr[next].done) next++;
   }
+  free(pr);
+  free(group);
   return got;
 }
 
