@@ -12,19 +12,21 @@ endif()
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
 set(remote_extra "")
+set(remote_asan_arg "")
 if(KVSHIM_SANITIZE MATCHES "address")
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
     OUTPUT_VARIABLE remote_asan OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(IS_ABSOLUTE "${remote_asan}" AND EXISTS "${remote_asan}")
     set(remote_extra --asan-runtime ${remote_asan})
+    set(remote_asan_arg --asan-runtime ${remote_asan})
   endif()
 endif()
 if(TARGET refengine AND TARGET kvshim_preload)
   list(APPEND remote_extra --engine $<TARGET_FILE:refengine>
                            --preload $<TARGET_FILE:kvshim_preload>)
-  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster kvo)
+  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster failover kvo)
 else()
-  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster)
+  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster failover)
 endif()
 foreach(case IN LISTS remote_cases)
   add_test(NAME remote_${case}
@@ -36,3 +38,14 @@ foreach(case IN LISTS remote_cases)
     kvs_fakecuda_env(remote_${case})
   endif()
 endforeach()
+
+# The node-llama-cpp CLI across two nodes (tests/engines/llama's engine; exit 77 = skipped when
+# Node.js or its node_modules cannot be prepared).
+if(TARGET kvshim_preload)
+  add_test(NAME remote_llama_cli
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/remote/remote_llama.py
+            --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
+            ${remote_asan_arg})
+  set_tests_properties(remote_llama_cli PROPERTIES TIMEOUT 600 LABELS "remote"
+    SKIP_RETURN_CODE 77)
+endif()

@@ -25,6 +25,8 @@ Cases:
               from a serve with a remote tier; CAP_REMOTE is offered only with a tier
   cluster     a 6-node cluster (3 masters + 3 replicas): `kvshim remote` sees it whole; blobs
               across slots round-trip from node A to node B
+  failover    the cluster: MOVED after a reshard is followed; a master SIGKILLed while node B
+              reads: misses counted, every byte returned correct, serve keeps running
   kvo         refengine (kvo) on node A computes a 4k-token prefix and exits with A's serve;
               refengine on node B loads every prefix chunk from Redis, --verify passes
 """
@@ -540,6 +542,64 @@ def case_cluster(ctx):
         b.stop()
 
 
+def case_failover(ctx):
+    """MOVED after a reshard is followed; a master SIGKILLed while node B reads: failover,
+    misses counted, every byte returned correct, serve never exits."""
+    with servers.Cluster(masters=3, replicas=1, node_timeout_ms=1000) as cl:
+        a, b = ctx.node("a"), ctx.node("b")
+        a.start(cl.url)
+        blobs = {f"f{i}": payload(30000 + i, 300 + i) for i in range(30)}
+        for name, data in blobs.items():
+            a.put(name, data)
+        wait_for(lambda: a.stats()["remote_writes"] == len(blobs), "A's writes to the cluster")
+        a.stop()
+        names = {}
+        port0 = cl.ports[0]
+        for key in cl.cli(port0, "--scan", "--pattern", "kvshim:v1:*").split():
+            names[key] = cl.keyslot(key)
+        for port in cl.masters():
+            for key in cl.cli(port, "--scan", "--pattern", "kvshim:v1:*").split():
+                names[key] = cl.keyslot(key)
+        check(len(names) == len(blobs), f"{len(names)} keys in the cluster, {len(blobs)} stored")
+        # Reshard the slot of one key to another master: B's first read meets MOVED.
+        key, slot = next(iter(names.items()))
+        src = cl.owner(slot)
+        dst = next(p for p in cl.masters() if p != src)
+        b.start(cl.url)
+        cl.move_slot(slot, dst)
+        check(cl.owner(slot) == dst, "the slot did not move")
+        for name, data in blobs.items():
+            check(b.get(name) == data, f"{name}: wrong bytes after the reshard")
+        b.stop()
+        # Kill a master (not the one B dials first) while B reads everything again.
+        b.start(cl.url, KVSHIM_REMOTE_TIMEOUT_MS=300)
+        victim = next(p for p in cl.masters() if p != dst)
+        slots_of_victim = [s for s in names.values() if cl.owner(s) == victim]
+        cl.kill(victim)
+        hits = misses = 0
+        for name, data in blobs.items():
+            p = b.cli("get", name, KVSHIM_RPC_TIMEOUT_MS=1000)
+            if p.returncode == 0:
+                check(p.stdout == data, f"{name}: wrong bytes during the failover")
+                hits += 1
+            else:
+                check(p.returncode == 1 and p.stdout == b"", f"{name}: exit {p.returncode}")
+                misses += 1
+        check(b.serve.poll() is None, "serve exited during the failover")
+        if slots_of_victim:
+            cl.wait_failover(slots_of_victim[0], victim)
+        st = b.stats()
+        check(misses == 0 or st["remote_errors"] + st["remote_timeouts"] +
+              st["remote_misses"] > 0, f"{misses} misses but nothing counted: {st}")
+        # After the failover the replica serves what it had: every hit is still exact.
+        wait_for(lambda: b.cli("get", "f0", KVSHIM_RPC_TIMEOUT_MS=1000).returncode in (0, 1),
+                 "B answering after the failover")
+        for name, data in blobs.items():
+            p = b.cli("get", name, KVSHIM_RPC_TIMEOUT_MS=2000)
+            check(p.returncode == 1 or p.stdout == data, f"{name}: wrong bytes after failover")
+        b.stop()
+
+
 def case_kvo(ctx):
     check(ctx.engine and ctx.preload, "kvo needs --engine and --preload")
     C = 64
@@ -573,7 +633,8 @@ def case_kvo(ctx):
 CASES = {
     "roundtrip": case_roundtrip, "ttl": case_ttl, "nx": case_nx, "corrupt": case_corrupt,
     "evict": case_evict, "pause": case_pause, "badinput": case_badinput,
-    "interop": case_interop, "cluster": case_cluster, "kvo": case_kvo,
+    "interop": case_interop, "cluster": case_cluster, "failover": case_failover,
+    "kvo": case_kvo,
 }
 
 
