@@ -80,4 +80,13 @@ int kvs_redis_info(kvs_redis_t *r, kvs_redis_info_t *out);
 /* CRC16 key slot as Redis Cluster computes it (hash tags honoured). */
 unsigned kvs_redis_key_slot(const char *key, size_t len);
 
+/* ---- additions beyond the first contract -------------------------------------------------- */
+
+/* The last error of this handle as one line (no password), "" when the last call was clean. */
+const char *kvs_redis_last_error(const kvs_redis_t *r);
+
+/* The URL back as text with the password replaced by "***" (for logs and `kvshim remote`).
+ * 0, -ENOSPC when buf is too small, -EINVAL. */
+int kvs_redis_url_format(const kvs_redis_url_t *url, char *buf, size_t len);
+
 #endif
