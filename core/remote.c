@@ -453,6 +453,7 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
       if (!ok) {
         kvs_redis_results_release(w->redis);
         bad_value(w, key);
+        free(res);
         return run + i;
       }
       kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
