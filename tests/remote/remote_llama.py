@@ -13,6 +13,7 @@ usage: remote_llama.py --preload LIBKVSHIM --kvshim CLI [--asan-runtime LIBASAN]
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
 """
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -24,8 +25,37 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "engines", "llama"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 import check_prefix as cp  # noqa: E402
 import servers  # noqa: E402
+
+# check_prefix's Case before and after the shared harness (tests/lib/harness.py): the
+# constructor gained a work directory, and its errors became harness.Failure.
+if hasattr(cp, "Fatal"):
+    Failure = cp.Fatal
+else:
+    import harness  # noqa: E402
+    Failure = harness.Failure
+SKIP = 77
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def make_case(args, work):
+    args.no_setup = True  # main() ran the setup step already
+    if len(inspect.signature(cp.Case.__init__).parameters) == 4:  # (self, args, tmp, work)
+        return cp.Case(args, work, work)
+    return cp.Case(args, work)
+
+
+def close_case(c):
+    (getattr(c, "close", None) or getattr(c, "cleanup"))()
 
 
 def start_serve(c, remote):
@@ -35,7 +65,7 @@ def start_serve(c, remote):
     c.procs.append(s)
     banner = s.stdout.readline()
     if "remote tier on" not in banner:
-        raise cp.Fatal("kvshim serve did not start with its remote tier: %r" % banner)
+        raise Failure("kvshim serve did not start with its remote tier: %r" % banner)
     return s
 
 
@@ -43,7 +73,7 @@ def stop_serve(s):
     s.send_signal(signal.SIGTERM)
     _, err = s.communicate(timeout=60)
     if s.returncode != 0:
-        raise cp.Fatal("kvshim serve exited %d: %s" % (s.returncode, err))
+        raise Failure("kvshim serve exited %d: %s" % (s.returncode, err))
 
 
 def serve_stats(c):
@@ -54,26 +84,26 @@ def serve_stats(c):
 
 
 def run(c, redis):
-    nodes = tempfile.mkdtemp(prefix="kvs-rl-")
+    nodes = tempfile.mkdtemp(prefix="kvs-rl-n-")
     try:
         c.group = "nodes"
         ref_b = c.cli("B reference", "B", False, 2048)
         c.run_dir = os.path.join(nodes, "a")
         sa = start_serve(c, redis.url)
         a = c.cli("A on node A", "A", True, 2048)
-        cp.check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("push_sent", 0) >= 1,
+        check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("push_sent", 0) >= 1,
                  "A stored its prompt's state and pushed it to node A's serve %s" % cp.show(a))
         stop_serve(sa)
         c.run_dir = os.path.join(nodes, "b")
         sb = start_serve(c, redis.url)
         b = c.cli("B on node B", "B", True, 2048)
-        cp.check(b["completion"] == ref_b["completion"],
+        check(b["completion"] == ref_b["completion"],
                  "B's completion equals B without kvshim:\n     %s\n     %s"
                  % (ref_b["completion"], b["completion"]))
-        cp.check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
+        check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
                  "B restored the shared prefix through node B's serve %s" % cp.show(b))
         st = serve_stats(c)
-        cp.check(st.get("remote_hits", 0) >= 1 and st.get("remote_bad_values", 1) == 0,
+        check(st.get("remote_hits", 0) >= 1 and st.get("remote_bad_values", 1) == 0,
                  "node B's serve fetched A's state from Redis: hits %s bad %s"
                  % (st.get("remote_hits"), st.get("remote_bad_values")))
         stop_serve(sb)
@@ -90,26 +120,26 @@ def main():
     args = ap.parse_args()
     if not args.no_setup:
         rc = subprocess.run([cp.SETUP]).returncode
-        if rc == cp.SKIP:
-            cp.say("SKIP: the node-llama-cpp engine cannot be prepared here")
-            return cp.SKIP
+        if rc == SKIP:
+            print("SKIP: the node-llama-cpp engine cannot be prepared here", flush=True)
+            return SKIP
         if rc != 0:
-            cp.say("FAIL scripts/llama-setup exited %d" % rc)
+            print("FAIL scripts/llama-setup exited %d" % rc, flush=True)
             return 1
-    work = tempfile.mkdtemp(prefix="kvs-remote-llama-")
-    c = cp.Case(args, work)
+    work = tempfile.mkdtemp(prefix="kvs-rl-")  # short: the run directories' sockets live here
+    c = make_case(args, work)
     try:
         with servers.Standalone() as redis:
             run(c, redis)
-    except cp.Fatal as e:
-        cp.check(False, str(e))
+    except Failure as e:
+        check(False, str(e))
     finally:
-        c.close()
+        close_case(c)
         shutil.rmtree(work, ignore_errors=True)
-    if cp.failures:
-        cp.say("%d check(s) failed" % len(cp.failures))
+    if failures:
+        print("%d check(s) failed" % len(failures), flush=True)
         return 1
-    cp.say("all checks passed")
+    print("all checks passed", flush=True)
     return 0
 
 
