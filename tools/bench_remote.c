@@ -329,6 +329,10 @@ static double run_engine(ttft_cfg_t *t, const char *node, int rank, bool verify)
   const char *p = strstr(out, "\"ttft_ms\":");
   if (!p) die("refengine printed no ttft_ms");
   if (verify && strstr(out, "\"verify\":\"ok\"") == NULL) die("refengine --verify failed");
+  const char *ld = strstr(out, "\"loaded\":");
+  if (node && verify && (!ld || atoi(ld + 9) != 16))
+    fprintf(stderr, "kvshim-bench-remote: node B loaded %d of 16 prefix chunks (%.200s)\n",
+            ld ? atoi(ld + 9) : -1, out);
   return strtod(p + 10, NULL);
 }
 
