@@ -3,6 +3,14 @@
 # redis-tools, scripts/lib.sh). remote_test.py runs one case per test; each case starts its own
 # servers and `kvshim serve` nodes (separate KVSHIM_RUN_DIRs) and stops them. Label: remote.
 # Included from tests/CMakeLists.txt.
+# The value format (header encode / check): no server needed.
+add_executable(test_remote_value ${CMAKE_CURRENT_SOURCE_DIR}/remote/test_remote_value.c)
+target_link_libraries(test_remote_value PRIVATE kvshim_core kvshim_flags PkgConfig::CRITERION
+                      Threads::Threads)
+add_test(NAME remote_value COMMAND test_remote_value --jobs 2)
+set_tests_properties(remote_value PROPERTIES TIMEOUT 60 LABELS "unit;remote"
+  ENVIRONMENT "LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/lsan.supp:print_suppressions=0")
+
 find_program(KVSHIM_REDIS_SERVER redis-server)
 find_program(KVSHIM_REDIS_CLI redis-cli)
 if(NOT TARGET kvshim OR NOT KVSHIM_REDIS_SERVER OR NOT KVSHIM_REDIS_CLI)
