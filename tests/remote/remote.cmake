@@ -32,9 +32,9 @@ endif()
 if(TARGET refengine AND TARGET kvshim_preload)
   list(APPEND remote_extra --engine $<TARGET_FILE:refengine>
                            --preload $<TARGET_FILE:kvshim_preload>)
-  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster failover kvo)
+  set(remote_cases roundtrip ttl nx corrupt evict pause breaker badinput interop cluster failover kvo)
 else()
-  set(remote_cases roundtrip ttl nx corrupt evict pause badinput interop cluster failover)
+  set(remote_cases roundtrip ttl nx corrupt evict pause breaker badinput interop cluster failover)
 endif()
 foreach(case IN LISTS remote_cases)
   add_test(NAME remote_${case}

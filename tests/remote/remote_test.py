@@ -19,6 +19,8 @@ Cases:
   corrupt     SETRANGE inside a value's payload: B misses, the value is deleted, counted
   evict       maxmemory with allkeys-lru: evicted values are misses, every hit is exact
   pause       CLIENT PAUSE 3000: B's lookups return within KVSHIM_RPC_TIMEOUT_MS as misses
+  breaker     Redis stopped under a running serve: misses at once, the breaker opens, serve
+              stays up; Redis back: serve reconnects and writes behind again
   badinput    bad URL, wrong password, a server that is not Redis: one clear error line
               without the password; serve keeps serving its node; `kvshim remote` exit codes
   interop     a client of the first protocol v1 (LOOKUP offset 4 = 0) gets pool-only answers
@@ -370,6 +372,36 @@ def case_pause(ctx):
         b.stop()
 
 
+def case_breaker(ctx):
+    """Redis stops under a running serve: lookups miss at once, failures open the breaker;
+    Redis comes back: serve reconnects by itself and writes behind again."""
+    with servers.Standalone() as r:
+        b = ctx.node("b")
+        b.start(r.url, KVSHIM_REMOTE_TIMEOUT_MS=300)
+        b.put("before", payload(5000, 9))
+        wait_for(lambda: b.stats()["remote_writes"] == 1, "the first write")
+        r.server.stop()
+        for i in range(8):
+            t0 = time.monotonic()
+            p = b.cli("get", f"absent-{i}", KVSHIM_RPC_TIMEOUT_MS=1000)
+            took = time.monotonic() - t0
+            check(p.returncode == 1 and took < 1.7, f"get {i} with Redis down: exit "
+                  f"{p.returncode} in {took:.2f} s")
+        st = b.stats()
+        check(st["remote_breaker_opens"] >= 1, f"the breaker never opened: {st}")
+        check(st["remote_errors"] + st["remote_timeouts"] >= 3, f"failures not counted: {st}")
+        check(b.serve.poll() is None, "serve exited with Redis down")
+        b.put("during", payload(5000, 10))  # dropped or failed: counted, never fatal
+        r.server.start()
+        data = payload(7000, 11)
+
+        def written():
+            b.put(f"after-{time.monotonic_ns()}", data)
+            return b.stats()["remote_writes"] >= 2
+        wait_for(written, "a write once Redis is back (reconnect after the back-off)", 40)
+        b.stop()
+
+
 def case_badinput(ctx):
     a = ctx.node("a")
     data = payload(10000, 7)
@@ -632,7 +664,8 @@ def case_kvo(ctx):
 
 CASES = {
     "roundtrip": case_roundtrip, "ttl": case_ttl, "nx": case_nx, "corrupt": case_corrupt,
-    "evict": case_evict, "pause": case_pause, "badinput": case_badinput,
+    "evict": case_evict, "pause": case_pause, "breaker": case_breaker,
+    "badinput": case_badinput,
     "interop": case_interop, "cluster": case_cluster, "failover": case_failover,
     "kvo": case_kvo,
 }
