@@ -137,23 +137,26 @@ static uint64_t writes_done(void) {
          stat_of(KVS_STAT_remote_queue_drops) + stat_of(KVS_STAT_remote_errors);
 }
 
+/* Put len bytes of src into the pool under key, READY (replacing what was there). */
+static void commit_blob(bench_t *b, kvs_key_t key, const void *src, uint64_t len) {
+  kvs_layout_t l = kvs_layout_blob(len);
+  uint8_t outcome;
+  kvs_extent_t ext;
+  kvs_xfer_t x = 0;
+  kvs_store_remove(b->store, &key);
+  if (kvs_store_reserve_write(b->store, KVS_OWNER_LOCAL, &key, 1, &l, 0, &outcome, &ext, &x) != 1)
+    die("cannot reserve in the pool (raise the pool size)");
+  memcpy(kvs_pool_base(b->pool) + ext.offset, src, len);
+  kvs_store_commit(b->store, KVS_OWNER_LOCAL, x);
+}
+
 /* Commit n objects of size si into the store (untimed), hand them to the write-behind, time
  * until every SET answered. */
 static double tier_set(bench_t *b, int si, size_t n, kvs_key_t *keys) {
   uint64_t sz = SIZES[si];
-  kvs_layout_t l = kvs_layout_blob(sz);
-  uint8_t *base = kvs_pool_base(b->pool);
   for (size_t i = 0; i < n; i++) {
     keys[i] = bench_key((uint64_t)si, i);
-    uint8_t outcome;
-    kvs_extent_t ext;
-    kvs_xfer_t x = 0;
-    kvs_store_remove(b->store, &keys[i]);
-    if (kvs_store_reserve_write(b->store, KVS_OWNER_LOCAL, &keys[i], 1, &l, 0, &outcome, &ext,
-                                &x) != 1)
-      die("cannot reserve in the pool (raise the pool size)");
-    memcpy(base + ext.offset, b->region + i * sz, sz);
-    kvs_store_commit(b->store, KVS_OWNER_LOCAL, x);
+    commit_blob(b, keys[i], b->region + i * sz, sz);
   }
   uint64_t before = writes_done();
   const kvs_coord_remote_t *h = kvs_remote_hooks(b->remote);
@@ -194,21 +197,9 @@ static double ping_p50(bench_t *b, int samples) {
  * objects in Redis and not in the pool (each sample removes them from the pool first). */
 static double lookup_p50(bench_t *b, int samples, bool present) {
   kvs_key_t keys[16];
-  kvs_layout_t l = kvs_layout_blob(4096);
   for (int i = 0; i < 16; i++) keys[i] = bench_key(present ? 90 : 91, (uint64_t)i);
   if (present) { /* write them once through the tier */
-    uint8_t *base = kvs_pool_base(b->pool);
-    for (int i = 0; i < 16; i++) {
-      uint8_t outcome;
-      kvs_extent_t ext;
-      kvs_xfer_t x = 0;
-      kvs_store_remove(b->store, &keys[i]);
-      if (kvs_store_reserve_write(b->store, KVS_OWNER_LOCAL, &keys[i], 1, &l, 0, &outcome, &ext,
-                                  &x) != 1)
-        die("cannot reserve 4 KiB");
-      memset(base + ext.offset, i, 4096);
-      kvs_store_commit(b->store, KVS_OWNER_LOCAL, x);
-    }
+    for (int i = 0; i < 16; i++) commit_blob(b, keys[i], b->region + (size_t)i * 4096, 4096);
     uint64_t before = writes_done();
     const kvs_coord_remote_t *h = kvs_remote_hooks(b->remote);
     h->published(h->ctx, keys, 16, false);

@@ -270,7 +270,48 @@ static int matches_peer(const kvs_peer_info_t *pi, const char *sel) {
   return *end == '\0' && pid == pi->pid;
 }
 
-static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
+/* Prometheus text format (version 0.0.4) of the peers' INFO texts: one HELP/TYPE block per
+ * field of the stats table, one sample per peer labelled instance, pid and role; counters get
+ * the conventional _total suffix. A field a peer did not report (an older peer) has no sample
+ * for it. */
+typedef struct prom {
+  int n;
+  kvs_peer_info_t peer[256];
+  uint64_t val[256][KVS_STAT__COUNT];
+  uint8_t have[256][KVS_STAT__COUNT];
+} prom_t;
+
+static void prom_add(prom_t *pr, const kvs_peer_info_t *pi, char *text) {
+  int i = pr->n++;
+  pr->peer[i] = *pi;
+  memset(pr->have[i], 0, sizeof pr->have[i]);
+  for (char *line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
+    char *colon = strchr(line, ':');
+    kvs_stat_id_t id;
+    if (line[0] == '#' || !colon) continue;
+    *colon = '\0';
+    if (kvs_stats_find(line, &id) < 0) continue;
+    pr->val[i][id] = strtoull(colon + 1, NULL, 10);
+    pr->have[i][id] = 1;
+  }
+}
+
+static void prom_print(const prom_t *pr) {
+  for (int id = 0; id < KVS_STAT__COUNT; id++) {
+    bool gauge = kvs_stats_is_gauge((kvs_stat_id_t)id);
+    const char *name = kvs_stats_name((kvs_stat_id_t)id), *suffix = gauge ? "" : "_total";
+    printf("# HELP kvshim_%s%s %s\n# TYPE kvshim_%s%s %s\n", name, suffix,
+           kvs_stats_help((kvs_stat_id_t)id), name, suffix, gauge ? "gauge" : "counter");
+    for (int i = 0; i < pr->n; i++)
+      if (pr->have[i][id])
+        printf("kvshim_%s%s{instance=\"%016" PRIx64 "\",pid=\"%u\",role=\"%s\"} %" PRIu64 "\n",
+               name, suffix, pr->peer[i].instance_id, pr->peer[i].pid,
+               role_name(pr->peer[i].role), pr->val[i][id]);
+  }
+}
+
+/* format: 0 INFO text, 1 JSON, 2 Prometheus. */
+static int cmd_stats(kvs_options_t *o, const char *sel, int format) {
   int live = 0;
   kvs_peers_t *p = open_peers(o, &live);
   if (!p || live == 0) {
@@ -282,6 +323,9 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
   int n = kvs_peers_list(p, info, 256), shown = 0, rc = EXIT_OK;
   if (n > 256) n = 256;
   static char text[65536];
+  static prom_t prom;
+  bool json = format == 1;
+  prom.n = 0;
   if (json && !sel) printf("[");
   for (int i = 0; i < n; i++) {
     if (sel && !matches_peer(&info[i], sel)) continue;
@@ -292,7 +336,9 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
       rc = EXIT_NO_PEER;
       continue;
     }
-    if (json) {
+    if (format == 2) {
+      prom_add(&prom, &info[i], text);
+    } else if (json) {
       printf("%s%s", shown && !sel ? "," : "", text);
     } else {
       printf("# peer %016" PRIx64 " pid %u (%s)\r\n%s", info[i].instance_id, info[i].pid,
@@ -302,70 +348,11 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
   }
   if (json && !sel) printf("]");
   if (json) printf("\n");
+  if (format == 2) prom_print(&prom);
   kvs_peers_destroy(p);
   if (sel && shown == 0) {
     fprintf(stderr, "kvshim stats: no live peer matches '%s'\n", sel);
     return EXIT_MISS;
-  }
-  return rc;
-}
-
-/* Every counter and gauge of every peer in the Prometheus text format (version 0.0.4): one
- * HELP/TYPE block per field of the stats table, one sample per peer, labelled instance, pid
- * and role. Counters get the conventional _total suffix. Fields a peer did not report (an older
- * peer) have no sample for it. */
-static int cmd_stats_prometheus(kvs_options_t *o, const char *sel) {
-  int live = 0;
-  kvs_peers_t *p = open_peers(o, &live);
-  if (!p || live == 0) {
-    fprintf(stderr, "kvshim stats: no live peer in %s/%s\n", o->run_dir, o->group);
-    kvs_peers_destroy(p);
-    return EXIT_NO_PEER;
-  }
-  static kvs_peer_info_t info[256];
-  int n = kvs_peers_list(p, info, 256), rc = EXIT_OK;
-  if (n > 256) n = 256;
-  static uint64_t val[256][KVS_STAT__COUNT];
-  static uint8_t have[256][KVS_STAT__COUNT];
-  static char text[65536];
-  int shown[256], n_shown = 0;
-  for (int i = 0; i < n; i++) {
-    if (sel && !matches_peer(&info[i], sel)) continue;
-    int r = kvs_peers_stats(p, info[i].instance_id, false, text, sizeof text);
-    if (r < 0) {
-      fprintf(stderr, "kvshim stats: peer %016" PRIx64 ": %s\n", info[i].instance_id,
-              kvs_proto_strerror(r));
-      rc = EXIT_NO_PEER;
-      continue;
-    }
-    memset(have[i], 0, sizeof have[i]);
-    for (char *line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
-      char *colon = strchr(line, ':');
-      kvs_stat_id_t id;
-      if (line[0] == '#' || !colon) continue;
-      *colon = '\0';
-      if (kvs_stats_find(line, &id) < 0) continue;
-      val[i][id] = strtoull(colon + 1, NULL, 10);
-      have[i][id] = 1;
-    }
-    shown[n_shown++] = i;
-  }
-  kvs_peers_destroy(p);
-  if (sel && n_shown == 0) {
-    fprintf(stderr, "kvshim stats: no live peer matches '%s'\n", sel);
-    return EXIT_MISS;
-  }
-  for (int id = 0; id < KVS_STAT__COUNT; id++) {
-    bool gauge = kvs_stats_is_gauge((kvs_stat_id_t)id);
-    const char *name = kvs_stats_name((kvs_stat_id_t)id), *suffix = gauge ? "" : "_total";
-    printf("# HELP kvshim_%s%s %s\n# TYPE kvshim_%s%s %s\n", name, suffix,
-           kvs_stats_help((kvs_stat_id_t)id), name, suffix, gauge ? "gauge" : "counter");
-    for (int s = 0; s < n_shown; s++) {
-      int i = shown[s];
-      if (!have[i][id]) continue;
-      printf("kvshim_%s%s{instance=\"%016" PRIx64 "\",pid=\"%u\",role=\"%s\"} %" PRIu64 "\n",
-             name, suffix, info[i].instance_id, info[i].pid, role_name(info[i].role), val[i][id]);
-    }
   }
   return rc;
 }
@@ -590,7 +577,6 @@ int main(int argc, char **argv) {
   }
   if (strcmp(cmd, "stats") == 0) {
     if (n_rest > 1) return usage_error("stats takes at most one PEER, got '%s'", rest[1]);
-    if (json == 2) return cmd_stats_prometheus(&o, n_rest ? rest[0] : NULL);
     return cmd_stats(&o, n_rest ? rest[0] : NULL, json);
   }
   if (strcmp(cmd, "put") == 0) {
