@@ -42,9 +42,7 @@ foreach(case IN LISTS remote_cases)
             --cli $<TARGET_FILE:kvshim> ${remote_extra})
   set_tests_properties(remote_${case} PROPERTIES TIMEOUT 240 LABELS "remote"
     ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
-  if(case STREQUAL "kvo")
-    kvs_fakecuda_env(remote_${case})
-  endif()
+  kvs_fakecuda_env(remote_${case}) # refengine (kvo, pause) runs on the fake CUDA driver
 endforeach()
 
 # The node-llama-cpp CLI across two nodes (tests/engines/llama's engine; exit 77 = skipped when

@@ -18,7 +18,8 @@ Cases:
   nx          a second writer of the same key does not replace the first value (SET NX)
   corrupt     SETRANGE inside a value's payload: B misses, the value is deleted, counted
   evict       maxmemory with allkeys-lru: evicted values are misses, every hit is exact
-  pause       CLIENT PAUSE 3000: B's lookups return within KVSHIM_RPC_TIMEOUT_MS as misses
+  pause       CLIENT PAUSE 3000: B's lookups (kvshim get, then refengine) return within
+              KVSHIM_RPC_TIMEOUT_MS as misses; the engine computes everything, correctly
   breaker     Redis stopped under a running serve: misses at once, the breaker opens, serve
               stays up; Redis back: serve reconnects and writes behind again
   badinput    bad URL, wrong password, a server that is not Redis: one clear error line
@@ -369,6 +370,23 @@ def case_pause(ctx):
         check(b.stats()["remote_timeouts"] >= 1, "the late lookup was not counted")
         # Once the pause is over the same lookup is a hit (the fetch went on behind it).
         wait_for(lambda: b.cli("get", "paused").stdout == data, "a hit after the pause", 10)
+        if ctx.engine and ctx.preload:
+            # An engine's lookups during a pause: each returns within the RPC deadline as a
+            # miss, the engine computes everything itself, correctly.
+            r.pause(3000)
+            t0 = time.monotonic()
+            p = subprocess.run([ctx.engine, "--requests", "1", "--prompt-tokens", "512",
+                                "--prefix-tokens", "256", "--chunk-tokens", "64", "--layers", "2",
+                                "--kv-heads", "2", "--head-dim", "16", "--hidden", "32",
+                                "--kvo-buffer", "host", "--verify"], capture_output=True,
+                               text=True, env=b.env(preload=True, KVSHIM_RPC_TIMEOUT_MS=rpc_ms),
+                               timeout=60)
+            took = (time.monotonic() - t0) * 1000
+            check(p.returncode == 0, f"refengine during the pause: {p.returncode} {p.stderr}")
+            first = json.loads(p.stdout.splitlines()[0])
+            check(first["loaded"] == 0 and first["computed"] == first["chunks"],
+                  f"refengine during the pause: {first}")
+            check(took < 2800, f"refengine took {took:.0f} ms: it waited for the paused Redis")
         b.stop()
 
 
