@@ -63,6 +63,8 @@ typedef struct node {
   qent_t *q; size_t qhead, qlen, qcap;               /* q[qhead .. qlen) pending */
   redisReply *call_reply; /* the reply of a Q_CALL */
   uint64_t failed_epoch;  /* exec epoch of the last failed connect: not retried in that exec */
+  uint64_t down_ns;       /* CLOCK_MONOTONIC of the last failed connect (0: none since the last
+                             success): map refreshes ask such nodes last */
   int err;                /* last error of this node (negative errno), 0 none */
   char errstr[ERRSTR];
 } node_t;
@@ -82,6 +84,7 @@ struct kvs_redis {
   uint16_t *slot;         /* cluster: SLOTS entries of node indexes (NO_NODE uncovered) */
   int map_stale;
   uint64_t epoch;         /* exec counter, for failed_epoch */
+  size_t last_good;       /* the node that answered the last CLUSTER SLOTS: asked first next time */
   /* the current / last exec */
   const kvs_redis_cmd_t *cmds;
   kvs_redis_result_t *res;
@@ -521,6 +524,7 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   if (!n->rd) { node_close(n); return -ENOMEM; }
   n->err = 0;
   n->errstr[0] = 0;
+  n->down_ns = 0;
   /* Handshake, pipelined ahead of the first command. */
   if (r->password[0]) {
     const char *av[3] = {"AUTH", r->url.user, r->password};
@@ -537,6 +541,7 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   return 0;
 fail:
   n->failed_epoch = r->epoch;
+  n->down_ns = kvs__now_ns();
   snprintf(r->err, sizeof r->err, "%s", n->errstr);
   return rc;
 }
@@ -742,31 +747,39 @@ static int apply_slots(kvs_redis_t *r, node_t *asked, const redisReply *rp) {
   return rc;
 }
 
-/* Ask the known nodes in turn (skipping those that failed in this exec) for the slot map. */
+/* Ask the known nodes for the slot map: the last one that answered first, then the others,
+ * those whose last connect failed (a dead master, say) last; those that failed in this exec
+ * not at all. */
 static int refresh_slots(kvs_redis_t *r, uint64_t deadline) {
   static const char *const av[2] = {"CLUSTER", "SLOTS"};
   int rc = -EHOSTUNREACH;
   size_t n_known = r->n_nodes;
-  for (size_t i = 0; i < n_known && kvs__now_ns() < deadline; i++) {
-    node_t *n = r->nodes[i];
-    if (n->fd < 0 && n->failed_epoch == r->epoch && n->err) continue;
-    redisReply *rp = NULL;
-    rc = node_call(r, n, 2, av, deadline, &rp);
-    if (rc < 0) continue;
-    if (rp->type == REDIS_REPLY_ERROR) {
-      snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS refused: %.*s (not a cluster node?)",
-               n->host, (unsigned)n->port, (int)(rp->len > 100 ? 100 : rp->len), rp->str);
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t k = 0; k < n_known && kvs__now_ns() < deadline; k++) {
+      size_t i = (r->last_good + k) % n_known;
+      node_t *n = r->nodes[i];
+      if ((n->down_ns != 0) != (pass == 1)) continue;
+      if (n->fd < 0 && n->failed_epoch == r->epoch && n->err) continue;
+      redisReply *rp = NULL;
+      rc = node_call(r, n, 2, av, deadline, &rp);
+      if (rc < 0) continue;
+      if (rp->type == REDIS_REPLY_ERROR) {
+        snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS refused: %.*s (not a cluster node?)",
+                 n->host, (unsigned)n->port, (int)(rp->len > 100 ? 100 : rp->len), rp->str);
+        freeReplyObject(rp);
+        rc = -EPROTO;
+        continue;
+      }
+      rc = apply_slots(r, n, rp);
       freeReplyObject(rp);
-      rc = -EPROTO;
-      continue;
+      if (rc == -EPROTO)
+        snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS reply of the wrong shape",
+                 n->host, (unsigned)n->port);
+      if (rc == 0) {
+        r->last_good = i;
+        return 0;
+      }
     }
-    rc = apply_slots(r, n, rp);
-    freeReplyObject(rp);
-    if (rc == -EPROTO)
-      snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS reply of the wrong shape",
-               n->host, (unsigned)n->port);
-    if (rc == 0) return 0;
-  }
   return rc;
 }
 

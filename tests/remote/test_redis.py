@@ -261,6 +261,13 @@ def case_standalone_info(probe):
 
 # ---- cluster -------------------------------------------------------------------------------
 
+def slot_owner_other(c, key):
+    """key's slot, the master serving it and another master."""
+    slot = c.keyslot(key)
+    src = c.owner(slot)
+    return slot, src, next(p for p in c.masters() if p != src)
+
+
 def case_cluster_roundtrip(probe):
     with servers.Cluster() as c:
         seed = c.ports[-1]  # one seed is enough (a replica, most likely)
@@ -289,9 +296,7 @@ def case_cluster_moved(probe):
     with servers.Cluster() as c:
         probe.ok(f"create {c.url} 3000")
         probe.ok("fill 50 mv 500")
-        slot = c.keyslot("mv:0")
-        src = c.owner(slot)
-        dst = [p for p in c.masters() if p != src][0]
+        slot, _, dst = slot_owner_other(c, "mv:0")
         c.move_slot(slot, dst)
         check(c.owner(slot) == dst, "reshard did not happen")
         r = probe.ok("check 50 mv 500")  # mv:0 gets MOVED inside this exec
@@ -300,9 +305,8 @@ def case_cluster_moved(probe):
         check(vals(r) == [("STATUS", "OK"), ("STRING", "new")], f"write after reshard: {r}")
         check(c.cli(dst, "GET", "mv:0") == "new", "write did not land on the new owner")
         # a second slot moved: the refreshed map sends it straight there
-        slot2 = c.keyslot("mv:1")
-        src2 = c.owner(slot2)
-        c.move_slot(slot2, [p for p in c.masters() if p != src2][0])
+        slot2, _, dst2 = slot_owner_other(c, "mv:1")
+        c.move_slot(slot2, dst2)
         r = probe.ok("check 50 mv 500")
         check(r["ok"] == 49 and r["wrong"] == 1, f"second reshard (mv:0 was rewritten): {r}")
         probe.close()
@@ -312,9 +316,7 @@ def case_cluster_ask(probe):
     with servers.Cluster() as c:
         probe.ok(f"create {c.url} 3000")
         probe.ok("exec SET {t}a va | SET {t}b vb")
-        slot = c.keyslot("{t}a")
-        src = c.owner(slot)
-        dst = [p for p in c.masters() if p != src][0]
+        slot, src, dst = slot_owner_other(c, "{t}a")
         c.begin_migration(slot, dst)
         c.migrate_key(src, dst, "{t}a")
         check(c.cli(src, "GET", "{t}a").startswith("ASK"), "the old owner should answer ASK")
