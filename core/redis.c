@@ -960,7 +960,9 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
         if (rc == -EHOSTUNREACH && ni < 0)
           snprintf(r->err, sizeof r->err, "redis cluster: no node serves the slot of command %zu", i);
         if (!first_err) first_err = rc;
-        if (ni >= 0 && (rc == -ENOMEM)) node_close(r->nodes[ni]);
+        if (ni >= 0 && rc == -ENOMEM)
+          node_fail(r, r->nodes[ni], rc, "redis %s:%u: out of memory", r->nodes[ni]->host,
+                    (unsigned)r->nodes[ni]->port);
         continue;
       }
       st->node = (uint16_t)ni;

@@ -60,6 +60,10 @@ class ServerError(Exception):
     pass
 
 
+class PortTaken(ServerError):
+    """Another process took the port between free_port() and the server's bind."""
+
+
 def free_port():
     """A loopback TCP port nobody listens on right now (cluster nodes also need port+10000)."""
     for _ in range(200):
@@ -117,13 +121,16 @@ class Server:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise ServerError(f"redis-server on port {self.port} exited: {self.log_tail()}")
+                tail = self.log_tail()
+                kind = PortTaken if "already in use" in tail else ServerError
+                raise kind(f"redis-server on port {self.port} exited: {tail}")
             try:
                 if self.cli("PING", timeout=2) == "PONG":
                     return self
             except ServerError:
                 pass
             time.sleep(0.05)
+        self.kill()
         raise ServerError(f"redis-server on port {self.port} not ready: {self.log_tail()}")
 
     def log_tail(self):
@@ -175,6 +182,17 @@ class _Base:
     def __exit__(self, *exc):
         self.stop()
 
+    def spawn(self, **kw):
+        """A started Server on a free port (another port when one is taken meanwhile)."""
+        for _ in range(5):
+            try:
+                srv = Server(self.dir, free_port(), **kw).start()
+            except PortTaken:
+                continue
+            self.servers.append(srv)
+            return srv
+        raise ServerError("no free port for redis-server after 5 tries")
+
     def stop(self):
         for s in self.servers:
             s.stop()
@@ -189,11 +207,10 @@ class Standalone(_Base):
         super().__init__()
         self.password = password
         try:
-            self.server = Server(self.dir, free_port(), password=password, extra=extra).start()
+            self.server = self.spawn(password=password, extra=extra)
         except BaseException:
             self.stop()
             raise
-        self.servers = [self.server]
         self.port = self.server.port
         auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
         self.url = f"redis://{auth}{HOST}:{self.port}"
@@ -216,8 +233,7 @@ class Cluster(_Base):
         try:
             n = masters * (1 + replicas)
             for _ in range(n):
-                self.servers.append(Server(self.dir, free_port(), cluster=True,
-                                           node_timeout_ms=node_timeout_ms).start())
+                self.spawn(cluster=True, node_timeout_ms=node_timeout_ms)
             self.ports = [s.port for s in self.servers]
             self.by_port = {s.port: s for s in self.servers}
             p = subprocess.run([REDIS_CLI, "--cluster", "create"] +

@@ -111,6 +111,8 @@ def case_standalone_db(probe):
         probe.ok("exec SET dbkey three")
         check(s.cli("-n", "3", "GET", "dbkey") == "three", "value not in database 3")
         check(s.cli("-n", "0", "GET", "dbkey") == "", "value leaked into database 0")
+        probe.ok(f"create redis://localhost:{s.port}/3")  # a name (::1 refused, then 127.0.0.1)
+        check(vals(probe.ok("exec GET dbkey")) == [("STRING", "three")], "GET through localhost")
         r = probe.q(f"create {s.url}/100000")
         check(r["rc"] == -EINVAL and "SELECT" in r["err"], f"database out of range: {r}")
         probe.close()
