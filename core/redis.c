@@ -91,7 +91,6 @@ struct kvs_redis {
   redisReply **rep; size_t rep_cap, n_rep;
   cst_t *st; size_t st_cap;
   int sent_any;
-  char *rbuf;
   char err[ERRSTR];
 };
 
@@ -594,13 +593,73 @@ static void dispatch(kvs_redis_t *r, node_t *n, redisReply *rp) {
   freeReplyObject(rp);
 }
 
-/* Read what is there and dispatch complete replies. 0, or the node failed (closed). */
+/* Give the replies complete in n's reader to their queue entries. 0, or -1: n failed. Done
+ * after every receive, so the reader's buffer holds little more than one reply (it moves what
+ * follows a consumed reply to its front). */
+static int drain(kvs_redis_t *r, node_t *n) {
+  while (n->qhead < n->qlen) {
+    void *rp = NULL;
+    if (redisReaderGetReply(n->rd, &rp) != REDIS_OK) {
+      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (%s)", n->host,
+                (unsigned)n->port, n->rd->errstr);
+      return -1;
+    }
+    if (!rp) return 0;
+    dispatch(r, n, rp);
+    if (n->fd < 0) return -1;
+  }
+  if (n->rd->len > n->rd->pos) { /* bytes nobody asked for (a server that talks first) */
+    node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (unexpected data)", n->host,
+              (unsigned)n->port);
+    return -1;
+  }
+  n->qhead = n->qlen = 0;
+  return 0;
+}
+
+/* How many bytes to make room for before the next receive: when the reader sits at the start
+ * of a top-level bulk string whose length line is in, the rest of it (so a large value is
+ * received straight into one buffer of the right size), else RBUF_SIZE. The reader's fields are
+ * public in hiredis 0.14 (read.h); its parser (redisReaderGetReply) only needs buf/len to be an
+ * sds and its length, which node_read keeps. */
+static size_t room_hint(const redisReader *rd) {
+  size_t p = rd->pos;
+  if (rd->ridx == -1 && p < rd->len && rd->buf[p] == '$') p++;
+  else if (!(rd->ridx == 0 && rd->rstack[0].type == REDIS_REPLY_STRING)) return RBUF_SIZE;
+  unsigned long long blen = 0;
+  size_t q = p;
+  for (; q < rd->len && rd->buf[q] >= '0' && rd->buf[q] <= '9' && q - p < 12; q++)
+    blen = blen * 10 + (unsigned)(rd->buf[q] - '0');
+  if (q == p || q + 1 >= rd->len || rd->buf[q] != '\r' || blen > (1ull << 30)) return RBUF_SIZE;
+  size_t end = q + 2 + (size_t)blen + 2; /* where this reply ends in buf */
+  return end > rd->len + RBUF_SIZE ? end - rd->len : RBUF_SIZE;
+}
+
+/* Between calls, a reader buffer grown for large values is given back. */
+static void node_trim(node_t *n) {
+  redisReader *rd = n->rd;
+  if (rd && rd->len == rd->pos && sdsalloc(rd->buf) > 4 * RBUF_SIZE) {
+    sds e = sdsempty();
+    if (e) { sdsfree(rd->buf); rd->buf = e; rd->pos = rd->len = 0; }
+  }
+}
+
+/* Receive what is there (until the socket would block) straight into the reader's buffer and
+ * dispatch complete replies after every receive. */
 static void node_read(kvs_redis_t *r, node_t *n) {
   for (;;) {
-    ssize_t got = recv(n->fd, r->rbuf, RBUF_SIZE, MSG_DONTWAIT);
+    redisReader *rd = n->rd;
+    size_t room = room_hint(rd);
+    char *nb = sdsMakeRoomFor(rd->buf, room);
+    if (!nb) {
+      node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
+      return;
+    }
+    rd->buf = nb;
+    ssize_t got = recv(n->fd, rd->buf + rd->len, room, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       int e = errno;
       node_fail(r, n, -e, "redis %s:%u: receive: %s", n->host, (unsigned)n->port, strerror(e));
       return;
@@ -610,32 +669,10 @@ static void node_read(kvs_redis_t *r, node_t *n) {
                 (unsigned)n->port);
       return;
     }
-    if (redisReaderFeed(n->rd, r->rbuf, (size_t)got) != REDIS_OK) {
-      node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
-      return;
-    }
-    if ((size_t)got < RBUF_SIZE) break;
-  }
-  while (n->fd >= 0 && n->qhead < n->qlen) {
-    void *rp = NULL;
-    if (redisReaderGetReply(n->rd, &rp) != REDIS_OK) {
-      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (%s)", n->host,
-                (unsigned)n->port, n->rd->errstr);
-      return;
-    }
-    if (!rp) break;
-    dispatch(r, n, rp);
-  }
-  if (n->fd >= 0 && n->qhead == n->qlen) {
-    /* A reply nobody asked for (a server that talks first) is a protocol error too. */
-    void *rp = NULL;
-    if (n->rd->len > n->rd->pos || redisReaderGetReply(n->rd, &rp) != REDIS_OK || rp) {
-      if (rp) freeReplyObject(rp);
-      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (unexpected data)", n->host,
-                (unsigned)n->port);
-      return;
-    }
-    n->qhead = n->qlen = 0;
+    sdsIncrLen(rd->buf, (int)got);
+    rd->len += (size_t)got;
+    if (drain(r, n) < 0) return;
+    if ((size_t)got < room) return;
   }
 }
 
@@ -795,8 +832,7 @@ int kvs_redis_create(const kvs_redis_config_t *cfg, kvs_redis_t **out, char *err
     return -EINVAL;
   }
   kvs_redis_t *r = calloc(1, sizeof *r);
-  if (!r || !(r->rbuf = malloc(RBUF_SIZE))) {
-    free(r);
+  if (!r) {
     seterr(err, errlen, "redis: out of memory");
     return -ENOMEM;
   }
@@ -857,7 +893,6 @@ void kvs_redis_destroy(kvs_redis_t *r) {
   free(r->slot);
   free(r->rep);
   free(r->st);
-  free(r->rbuf);
   explicit_bzero(r->password, sizeof r->password);
   free(r);
 }
@@ -1004,6 +1039,7 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
   }
   r->cmds = NULL;
   r->res = NULL;
+  for (size_t i = 0; i < r->n_nodes; i++) node_trim(r->nodes[i]);
   int ok = 0;
   for (size_t i = 0; i < n; i++) {
     if (results[i].type != KVS_REDIS_FAILED) ok++;

@@ -8,7 +8,7 @@ The probe (test_redis_probe.c) holds one kvs_redis_t and answers one JSON line p
 values are deterministic bytes of the key index, so the probe counts wrong bytes itself.
 
 Cases:
-  standalone-roundtrip  SET/GET/DEL/NX in one pipeline; 200 x 4 KiB and 8 x 1 MiB values back
+  standalone-roundtrip  SET/GET/DEL/NX in one pipeline; 200 x 4 KiB, 8 x 1 MiB, 2 x 9 MiB back
                         byte for byte (the server's own copy checked with redis-cli too)
   standalone-db         redis://.../3 writes into database 3 and nowhere else
   standalone-pause      CLIENT PAUSE 3000: exec returns FAILED/-ETIMEDOUT at its 300 ms deadline,
@@ -92,7 +92,7 @@ def case_standalone_roundtrip(probe):
         check(r["rc"] == 8, f"rc {r['rc']}")
         r = probe.ok("exec HGET a")  # a server error is a reply, not a failure
         check(vals(r)[0][0] == "ERROR" and r["rc"] == 1, f"error reply {r}")
-        for n, size in ((200, 4096), (8, 1 << 20), (50, 100)):
+        for n, size in ((200, 4096), (8, 1 << 20), (2, 9 << 20), (50, 100)):
             r = probe.ok(f"fill {n} k{size} {size}")
             check(r["ok"] == n, f"fill {n}x{size}: {r}")
             r = probe.ok(f"check {n} k{size} {size}")
