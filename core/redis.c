@@ -608,9 +608,21 @@ static int drain(kvs_redis_t *r, node_t *n) {
     dispatch(r, n, rp);
     if (n->fd < 0) return -1;
   }
-  if (n->rd->len > n->rd->pos) { /* bytes nobody asked for (a server that talks first) */
+  if (n->rd->len > n->rd->pos) {
+    /* Bytes nobody asked for: this server does not follow the protocol, so none of what it
+     * answered in this call is trusted. */
     node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (unexpected data)", n->host,
               (unsigned)n->port);
+    for (size_t i = 0; r->res && i < r->n_rep; i++)
+      if (r->st[i].node != NO_NODE && r->nodes[r->st[i].node] == n) {
+        memset(&r->res[i], 0, sizeof r->res[i]);
+        r->res[i].type = KVS_REDIS_FAILED;
+        r->res[i].err = -EPROTO;
+      }
+    if (n->call_reply) {
+      freeReplyObject(n->call_reply);
+      n->call_reply = NULL;
+    }
     return -1;
   }
   n->qhead = n->qlen = 0;
@@ -732,7 +744,11 @@ static int node_call(kvs_redis_t *r, node_t *n, int argc, const char *const *arg
   int rc = node_append(n, argc, argv, NULL, Q_CALL, 0);
   if (rc < 0) { node_close(n); return rc; }
   io_run(r, deadline);
-  if (!n->call_reply) return n->err ? n->err : -EPROTO;
+  if (!n->call_reply || n->fd < 0) { /* no reply, or the node failed after it */
+    if (n->call_reply) freeReplyObject(n->call_reply);
+    n->call_reply = NULL;
+    return n->err ? n->err : -EPROTO;
+  }
   *out = n->call_reply;
   n->call_reply = NULL;
   if ((*out)->type == REDIS_REPLY_ERROR && is_err(*out, "NOAUTH")) {

@@ -16,7 +16,8 @@ Cases:
   standalone-password   requirepass: no password / wrong password -> -EACCES with a clear line
                         that never holds the password; the configured password overrides the URL
   standalone-not-redis  a TCP listener answering garbage -> -EPROTO, a silent one -> -ETIMEDOUT,
-                        one answering +OK to everything -> -EPROTO, nobody -> -ECONNREFUSED
+                        one answering +OK to everything or two replies to one command ->
+                        -EPROTO, nobody -> -ECONNREFUSED, a standalone server as a cluster
   standalone-restart    server restarted: the next exec reconnects; server stopped: exec fails
                         with -ECONNREFUSED and nothing is sent; back again: it works
   standalone-info       version (= INFO server), standalone, 1 node, 16384 slots, an RTT
@@ -207,6 +208,7 @@ class FakeServer:
 def case_standalone_not_redis(probe):
     for reply, want, word in ((b"HTTP/1.0 400 Bad Request\r\n\r\n", -EPROTO, "not a Redis server"),
                               (b"+OK\r\n", -EPROTO, "not a Redis server"),
+                              (b"+PONG\r\n+PONG\r\n", -EPROTO, "unexpected data"),
                               (None, -ETIMEDOUT, "no reply")):
         f = FakeServer(reply)
         try:
