@@ -53,6 +53,8 @@ enum { Q_CMD, Q_AUTH, Q_SELECT, Q_ASKING, Q_CALL };
 typedef struct seg { const char *p; size_t off, len; } seg_t; /* p NULL: bytes at hdr + off */
 typedef struct qent { uint32_t idx; uint8_t kind; } qent_t;
 
+/* One server. Invariants: qhead <= qlen; seg_i <= nseg; rd != NULL iff fd >= 0; between calls
+ * (node_is_idle) nseg == 0 and qhead == qlen == 0, and a closed node has neither. */
 typedef struct node {
   char host[256];
   uint16_t port;
@@ -76,6 +78,9 @@ typedef struct cst {
   uint8_t moved, asked, rerouted, todo, unsent;
 } cst_t;
 
+/* The handle. Invariants: n_rep <= rep_cap, n_rep <= st_cap; res is non-NULL only inside exec
+ * (rep[i] owns the memory results[i].str points into until the next exec or release); slot[s]
+ * is NO_NODE or < n_nodes; nodes are never removed, so indexes stay valid. */
 struct kvs_redis {
   kvs_redis_url_t url;
   char password[128];
@@ -86,7 +91,6 @@ struct kvs_redis {
   uint64_t epoch;         /* exec counter, for failed_epoch */
   size_t last_good;       /* the node that answered the last CLUSTER SLOTS: asked first next time */
   /* the current / last exec */
-  const kvs_redis_cmd_t *cmds;
   kvs_redis_result_t *res;
   redisReply **rep; size_t rep_cap, n_rep;
   cst_t *st; size_t st_cap;
@@ -341,6 +345,13 @@ static void node_close(node_t *n) {
   n->nseg = n->seg_i = n->seg_done = 0;
   n->hdr_len = 0;
   n->qhead = n->qlen = 0;
+}
+
+/* Debug builds: the between-calls invariants of one node. */
+static inline int node_is_idle(const kvs_redis_t *r, const node_t *n) {
+  (void)r;
+  return n->nseg == 0 && n->seg_i == 0 && n->qhead == 0 && n->qlen == 0 && !n->call_reply &&
+         (n->fd >= 0) == (n->rd != NULL) && (!n->rd || n->rd->pos <= n->rd->len);
 }
 
 static void node_free(node_t *n) {
@@ -964,7 +975,6 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
       grow((void **)&r->st, &r->st_cap, n, sizeof *r->st) < 0)
     return -ENOMEM;
   r->epoch++;
-  r->cmds = cmds;
   r->res = results;
   r->n_rep = n;
   r->sent_any = 0;
@@ -1053,9 +1063,11 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
     if (!again || kvs__now_ns() >= deadline) break;
     if (r->map_stale) refresh_slots(r, deadline);
   }
-  r->cmds = NULL;
   r->res = NULL;
-  for (size_t i = 0; i < r->n_nodes; i++) node_trim(r->nodes[i]);
+  for (size_t i = 0; i < r->n_nodes; i++) {
+    node_trim(r->nodes[i]);
+    KVS__DEBUG_CHECK(node_is_idle(r, r->nodes[i]));
+  }
   int ok = 0;
   for (size_t i = 0; i < n; i++) {
     if (results[i].type != KVS_REDIS_FAILED) ok++;
