@@ -243,6 +243,7 @@ class Cluster(_Base):
             if p.returncode != 0:
                 raise ServerError("redis-cli --cluster create: " + p.stdout[-500:] + p.stderr[-500:])
             self.wait_ok()
+            self.wait_replicas(replicas)
         except BaseException:
             self.stop()
             raise
@@ -304,6 +305,19 @@ class Cluster(_Base):
                 last = str(e)
             time.sleep(0.1)
         raise ServerError(f"cluster not ok after {timeout}s: {last}")
+
+    def wait_replicas(self, replicas, timeout=60.0):
+        """Every master has `replicas` replicas online (synced: WAIT can count them)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                infos = [self.cli(p, "INFO", "replication") for p in self.masters()]
+                if all(i.count("state=online") >= replicas for i in infos):
+                    return
+            except ServerError:
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"replicas not online after {timeout}s")
 
     def begin_migration(self, slot, dst):
         src = self.owner(slot)

@@ -344,7 +344,7 @@ def case_cluster_failover(probe):
         r = probe.ok(f"fill {n} fo 2000")
         check(r["ok"] == n, f"fill: {r}")
         for port in c.masters():  # the replicas have every key before the kill
-            check(int(c.cli(port, "WAIT", 1, 5000)) >= 1, f"master {port} has no replica")
+            check(int(c.cli(port, "WAIT", 1, 20000)) >= 1, f"master {port} has no replica")
         slot = c.keyslot("fo:0")
         dead = c.owner(slot)
         c.kill(dead)
