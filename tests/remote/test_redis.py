@@ -17,7 +17,8 @@ Cases:
                         that never holds the password; the configured password overrides the URL
   standalone-not-redis  a TCP listener answering garbage -> -EPROTO, a silent one -> -ETIMEDOUT,
                         one answering +OK to everything or two replies to one command ->
-                        -EPROTO, nobody -> -ECONNREFUSED, a standalone server as a cluster
+                        -EPROTO, CLUSTER SLOTS of the wrong type or shape -> -EPROTO, nobody
+                        -> -ECONNREFUSED, a standalone server as a cluster -> -EPROTO
   standalone-restart    server restarted: the next exec reconnects; server stopped: exec fails
                         with -ECONNREFUSED and nothing is sent; back again: it works
   standalone-info       version (= INFO server), standalone, 1 node, 16384 slots, an RTT
@@ -217,6 +218,15 @@ def case_standalone_not_redis(probe):
             check(r["rc"] == want and word in r["err"], f"fake server {reply!r}: {r}")
             check("\n" not in r["err"], "error is one line")
             check(time.monotonic() - t0 < 2.0, "create not bounded by its deadline")
+        finally:
+            f.close()
+    # cluster seeds whose CLUSTER SLOTS reply has the wrong type or shape
+    for reply in (b":1\r\n", b"*1\r\n*3\r\n:0\r\n:99999\r\n*2\r\n$1\r\nh\r\n:1\r\n",
+                  b"*1\r\n*3\r\n:0\r\n:10\r\n*2\r\n:1\r\n:1\r\n"):
+        f = FakeServer(reply)
+        try:
+            r = probe.q(f"create redis+cluster://127.0.0.1:{f.port} 300")
+            check(r["rc"] == -EPROTO and "wrong shape" in r["err"], f"CLUSTER SLOTS {reply!r}: {r}")
         finally:
             f.close()
     port = servers.free_port()
