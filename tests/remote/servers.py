@@ -27,6 +27,7 @@ Python API (import with sys.path pointing at tests/remote):
         c.begin_migration(slot, dst)       # IMPORTING/MIGRATING only (ASK territory) ...
         c.migrate_key(slot, dst, key)      # ... and move single keys
         c.finish_migration(slot, dst)      # SETSLOT NODE everywhere
+        c.wait_replicated()                # every replica has its master's whole stream
         c.kill(port)                       # SIGKILL one node
         c.wait_failover(slot, dead)        # until a live master serves slot and state is ok
 
@@ -318,6 +319,24 @@ class Cluster(_Base):
                 pass
             time.sleep(0.1)
         raise ServerError(f"replicas not online after {timeout}s")
+
+    def wait_replicated(self, timeout=30.0):
+        """Every replica has acknowledged its master's whole replication stream (what WAIT
+        from a fresh connection cannot tell: it waits only for that connection's writes)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            done = True
+            for p in self.masters():
+                info = dict(l.split(":", 1) for l in self.cli(p, "INFO", "replication").splitlines()
+                            if ":" in l)
+                off = info.get("master_repl_offset")
+                reps = [v for k, v in info.items() if k.startswith("slave")]
+                if not reps or any(f"offset={off}," not in v for v in reps):
+                    done = False
+            if done:
+                return
+            time.sleep(0.05)
+        raise ServerError(f"replicas not caught up after {timeout}s")
 
     def begin_migration(self, slot, dst):
         src = self.owner(slot)

@@ -353,15 +353,18 @@ def case_cluster_failover(probe):
         n = 200
         r = probe.ok(f"fill {n} fo 2000")
         check(r["ok"] == n, f"fill: {r}")
-        for port in c.masters():  # the replicas have every key before the kill
-            check(int(c.cli(port, "WAIT", 1, 20000)) >= 1, f"master {port} has no replica")
+        c.wait_replicated()  # the replicas have every key before the kill
         slot = c.keyslot("fo:0")
         dead = c.owner(slot)
+        keys_before = int(c.cli(dead, "DBSIZE"))
         c.kill(dead)
         failed_calls = 0
         end = time.monotonic() + 40
         r = None
         while time.monotonic() < end:
+            probe.q("fill 30 fw 3000")  # writes during the failover: OK, failed or CLUSTERDOWN
+            w = probe.q("check 30 fw 3000")  # what reads back is right or missing
+            check(w.get("wrong", 0) == 0, f"wrong bytes of a write during failover: {w}")
             r = probe.q(f"check {n} fo 2000")
             check(r.get("wrong", 0) == 0, f"wrong bytes during failover: {r}")
             if r["rc"] >= 0 and r["ok"] == n:
@@ -369,10 +372,18 @@ def case_cluster_failover(probe):
             check(r["rc"] < 0 or r["failed"] + r["nil"] + r["other"] > 0, f"odd result: {r}")
             failed_calls += 1
             time.sleep(0.05)
-        check(r and r["rc"] >= 0 and r["ok"] == n, f"not all keys back after failover: {r}")
+        if not (r and r["rc"] >= 0 and r["ok"] == n):
+            views = {p: c.slots_of(p) for p in c.live_ports()}
+            sizes = {p: c.cli(p, "DBSIZE") for p in c.live_ports()}
+            raise Failure(f"not all keys back after failover: {r}; dead {dead} had {keys_before} "
+                          f"keys; DBSIZE {sizes}; views {views}")
         check(failed_calls > 0, "the kill was not seen at all")
         new = c.wait_failover(slot, dead)
         check(new != dead, "slot still on the dead master")
+        r = probe.ok("fill 30 fw 3000")
+        check(r["ok"] == 30, f"writes after failover: {r}")
+        r = probe.ok("check 30 fw 3000")
+        check(r["ok"] == 30 and r["wrong"] == 0, f"reads of writes after failover: {r}")
         r = probe.ok("exec SET fo:0 after | GET fo:0")
         check(vals(r) == [("STATUS", "OK"), ("STRING", "after")], f"write after failover: {r}")
         r = probe.ok("info")
