@@ -23,7 +23,8 @@ Cases:
                         with -ECONNREFUSED and nothing is sent; back again: it works
   standalone-info       version (= INFO server), standalone, 1 node, 16384 slots, an RTT
   cluster-roundtrip     6-node cluster, one seed: slot map, 300 keys over every master, CRC16
-                        slots (hash tags too) equal to CLUSTER KEYSLOT for 300 keys
+                        slots (hash tags too) equal to CLUSTER KEYSLOT for 300 keys; one master
+                        paused: its keys time out at the deadline, the others are served
   cluster-moved         a slot resharded after the map was read: MOVED refreshes it, one exec
                         still returns the right value; writes land on the new owner
   cluster-ask           a slot half-migrated: a moved key is served through ASK + ASKING, a key
@@ -303,6 +304,16 @@ def case_cluster_roundtrip(probe):
             want = c.keyslot(k) if k else 0
             got = probe.q(f"slot {k}")["slot"] if k else 0
             check(got == want, f"slot of {k!r}: {got} != CLUSTER KEYSLOT {want}")
+        # one paused master costs only its own keys, within the deadline
+        probe.ok(f"create {c.url} 300")
+        paused = c.owner(c.keyslot("ck:0"))
+        c.cli(paused, "CLIENT", "PAUSE", 2500)
+        t0 = time.monotonic()
+        r = probe.ok("check 300 ck 1000")
+        took = time.monotonic() - t0
+        check(r["wrong"] == 0 and r["failed"] > 50 and r["ok"] > 100 and r["ok"] + r["failed"] == 300,
+              f"one master paused: {r}")
+        check(took < 2.0, f"exec took {took:.2f}s against a 300 ms deadline (pause is 2.5 s)")
         probe.close()
 
 
