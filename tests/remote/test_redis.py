@@ -169,6 +169,9 @@ def case_standalone_password(probe):
         s.restart()
         probe.ok("exec SET pw2 ok")
         check(vals(probe.ok("exec GET pw2")) == [("STRING", "ok")], "after reconnect")
+    with servers.Standalone() as s:  # a password for a server that has none: refused too
+        r = probe.q(f"create redis://:wrongpass123@127.0.0.1:{s.port} 2000")
+        check(r["rc"] == -EACCES and "wrongpass123" not in r["err"], f"needless password: {r}")
         probe.close()
 
 
