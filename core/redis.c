@@ -53,6 +53,8 @@ enum { Q_CMD, Q_AUTH, Q_SELECT, Q_ASKING, Q_CALL };
 typedef struct seg { const char *p; size_t off, len; } seg_t; /* p NULL: bytes at hdr + off */
 typedef struct qent { uint32_t idx; uint8_t kind; } qent_t;
 
+/* One server. Invariants: qhead <= qlen; seg_i <= nseg; rd != NULL iff fd >= 0; between calls
+ * (node_is_idle) nseg == 0 and qhead == qlen == 0, and a closed node has neither. */
 typedef struct node {
   char host[256];
   uint16_t port;
@@ -63,6 +65,8 @@ typedef struct node {
   qent_t *q; size_t qhead, qlen, qcap;               /* q[qhead .. qlen) pending */
   redisReply *call_reply; /* the reply of a Q_CALL */
   uint64_t failed_epoch;  /* exec epoch of the last failed connect: not retried in that exec */
+  uint64_t down_ns;       /* CLOCK_MONOTONIC of the last failed connect (0: none since the last
+                             success): map refreshes ask such nodes last */
   int err;                /* last error of this node (negative errno), 0 none */
   char errstr[ERRSTR];
 } node_t;
@@ -74,6 +78,9 @@ typedef struct cst {
   uint8_t moved, asked, rerouted, todo, unsent;
 } cst_t;
 
+/* The handle. Invariants: n_rep <= rep_cap, n_rep <= st_cap; res is non-NULL only inside exec
+ * (rep[i] owns the memory results[i].str points into until the next exec or release); slot[s]
+ * is NO_NODE or < n_nodes; nodes are never removed, so indexes stay valid. */
 struct kvs_redis {
   kvs_redis_url_t url;
   char password[128];
@@ -82,13 +89,12 @@ struct kvs_redis {
   uint16_t *slot;         /* cluster: SLOTS entries of node indexes (NO_NODE uncovered) */
   int map_stale;
   uint64_t epoch;         /* exec counter, for failed_epoch */
+  size_t last_good;       /* the node that answered the last CLUSTER SLOTS: asked first next time */
   /* the current / last exec */
-  const kvs_redis_cmd_t *cmds;
   kvs_redis_result_t *res;
   redisReply **rep; size_t rep_cap, n_rep;
   cst_t *st; size_t st_cap;
   int sent_any;
-  char *rbuf;
   char err[ERRSTR];
 };
 
@@ -341,6 +347,13 @@ static void node_close(node_t *n) {
   n->qhead = n->qlen = 0;
 }
 
+/* Debug builds: the between-calls invariants of one node. */
+static inline int node_is_idle(const kvs_redis_t *r, const node_t *n) {
+  (void)r;
+  return n->nseg == 0 && n->seg_i == 0 && n->qhead == 0 && n->qlen == 0 && !n->call_reply &&
+         (n->fd >= 0) == (n->rd != NULL) && (!n->rd || n->rd->pos <= n->rd->len);
+}
+
 static void node_free(node_t *n) {
   if (!n) return;
   node_close(n);
@@ -521,6 +534,7 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   if (!n->rd) { node_close(n); return -ENOMEM; }
   n->err = 0;
   n->errstr[0] = 0;
+  n->down_ns = 0;
   /* Handshake, pipelined ahead of the first command. */
   if (r->password[0]) {
     const char *av[3] = {"AUTH", r->url.user, r->password};
@@ -537,6 +551,7 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   return 0;
 fail:
   n->failed_epoch = r->epoch;
+  n->down_ns = kvs__now_ns();
   snprintf(r->err, sizeof r->err, "%s", n->errstr);
   return rc;
 }
@@ -589,13 +604,85 @@ static void dispatch(kvs_redis_t *r, node_t *n, redisReply *rp) {
   freeReplyObject(rp);
 }
 
-/* Read what is there and dispatch complete replies. 0, or the node failed (closed). */
+/* Give the replies complete in n's reader to their queue entries. 0, or -1: n failed. Done
+ * after every receive, so the reader's buffer holds little more than one reply (it moves what
+ * follows a consumed reply to its front). */
+static int drain(kvs_redis_t *r, node_t *n) {
+  while (n->qhead < n->qlen) {
+    void *rp = NULL;
+    if (redisReaderGetReply(n->rd, &rp) != REDIS_OK) {
+      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (%s)", n->host,
+                (unsigned)n->port, n->rd->errstr);
+      return -1;
+    }
+    if (!rp) return 0;
+    dispatch(r, n, rp);
+    if (n->fd < 0) return -1;
+  }
+  if (n->rd->len > n->rd->pos) {
+    /* Bytes nobody asked for: this server does not follow the protocol, so none of what it
+     * answered in this call is trusted. */
+    node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (unexpected data)", n->host,
+              (unsigned)n->port);
+    for (size_t i = 0; r->res && i < r->n_rep; i++)
+      if (r->st[i].node != NO_NODE && r->nodes[r->st[i].node] == n) {
+        memset(&r->res[i], 0, sizeof r->res[i]);
+        r->res[i].type = KVS_REDIS_FAILED;
+        r->res[i].err = -EPROTO;
+      }
+    if (n->call_reply) {
+      freeReplyObject(n->call_reply);
+      n->call_reply = NULL;
+    }
+    return -1;
+  }
+  n->qhead = n->qlen = 0;
+  return 0;
+}
+
+/* How many bytes to make room for before the next receive: when the reader sits at the start
+ * of a top-level bulk string whose length line is in, the rest of it (so a large value is
+ * received straight into one buffer of the right size), else RBUF_SIZE. The reader's fields are
+ * public in hiredis 0.14 (read.h); its parser (redisReaderGetReply) only needs buf/len to be an
+ * sds and its length, which node_read keeps. */
+static size_t room_hint(const redisReader *rd) {
+  size_t p = rd->pos;
+  if (rd->ridx == -1 && p < rd->len && rd->buf[p] == '$') p++;
+  else if (!(rd->ridx == 0 && rd->rstack[0].type == REDIS_REPLY_STRING)) return RBUF_SIZE;
+  unsigned long long blen = 0;
+  size_t q = p;
+  for (; q < rd->len && rd->buf[q] >= '0' && rd->buf[q] <= '9' && q - p < 12; q++)
+    blen = blen * 10 + (unsigned)(rd->buf[q] - '0');
+  if (q == p || q + 1 >= rd->len || rd->buf[q] != '\r' || blen > (1ull << 30)) return RBUF_SIZE;
+  size_t end = q + 2 + (size_t)blen + 2; /* where this reply ends in buf */
+  return end > rd->len + RBUF_SIZE ? end - rd->len : RBUF_SIZE;
+}
+
+/* Between calls, a reader buffer grown for large values is given back. */
+static void node_trim(node_t *n) {
+  redisReader *rd = n->rd;
+  if (rd && rd->len == rd->pos && sdsalloc(rd->buf) > 4 * RBUF_SIZE) {
+    sds e = sdsempty();
+    if (e) { sdsfree(rd->buf); rd->buf = e; rd->pos = rd->len = 0; }
+  }
+}
+
+/* Receive what is there (until the socket would block) straight into the reader's buffer and
+ * dispatch complete replies after every receive. */
 static void node_read(kvs_redis_t *r, node_t *n) {
   for (;;) {
-    ssize_t got = recv(n->fd, r->rbuf, RBUF_SIZE, MSG_DONTWAIT);
+    redisReader *rd = n->rd;
+    size_t room = room_hint(rd);
+    char *nb = sdsMakeRoomFor(rd->buf, room);
+    if (!nb) {
+      node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
+      return;
+    }
+    rd->buf = nb;
+    ssize_t got = recv(n->fd, rd->buf + rd->len, room, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       int e = errno;
       node_fail(r, n, -e, "redis %s:%u: receive: %s", n->host, (unsigned)n->port, strerror(e));
       return;
@@ -605,32 +692,10 @@ static void node_read(kvs_redis_t *r, node_t *n) {
                 (unsigned)n->port);
       return;
     }
-    if (redisReaderFeed(n->rd, r->rbuf, (size_t)got) != REDIS_OK) {
-      node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
-      return;
-    }
-    if ((size_t)got < RBUF_SIZE) break;
-  }
-  while (n->fd >= 0 && n->qhead < n->qlen) {
-    void *rp = NULL;
-    if (redisReaderGetReply(n->rd, &rp) != REDIS_OK) {
-      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (%s)", n->host,
-                (unsigned)n->port, n->rd->errstr);
-      return;
-    }
-    if (!rp) break;
-    dispatch(r, n, rp);
-  }
-  if (n->fd >= 0 && n->qhead == n->qlen) {
-    /* A reply nobody asked for (a server that talks first) is a protocol error too. */
-    void *rp = NULL;
-    if (n->rd->len > n->rd->pos || redisReaderGetReply(n->rd, &rp) != REDIS_OK || rp) {
-      if (rp) freeReplyObject(rp);
-      node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (unexpected data)", n->host,
-                (unsigned)n->port);
-      return;
-    }
-    n->qhead = n->qlen = 0;
+    sdsIncrLen(rd->buf, (int)got);
+    rd->len += (size_t)got;
+    if (drain(r, n) < 0) return;
+    if ((size_t)got < room) return;
   }
 }
 
@@ -690,7 +755,11 @@ static int node_call(kvs_redis_t *r, node_t *n, int argc, const char *const *arg
   int rc = node_append(n, argc, argv, NULL, Q_CALL, 0);
   if (rc < 0) { node_close(n); return rc; }
   io_run(r, deadline);
-  if (!n->call_reply) return n->err ? n->err : -EPROTO;
+  if (!n->call_reply || n->fd < 0) { /* no reply, or the node failed after it */
+    if (n->call_reply) freeReplyObject(n->call_reply);
+    n->call_reply = NULL;
+    return n->err ? n->err : -EPROTO;
+  }
   *out = n->call_reply;
   n->call_reply = NULL;
   if ((*out)->type == REDIS_REPLY_ERROR && is_err(*out, "NOAUTH")) {
@@ -742,31 +811,39 @@ static int apply_slots(kvs_redis_t *r, node_t *asked, const redisReply *rp) {
   return rc;
 }
 
-/* Ask the known nodes in turn (skipping those that failed in this exec) for the slot map. */
+/* Ask the known nodes for the slot map: the last one that answered first, then the others,
+ * those whose last connect failed (a dead master, say) last; those that failed in this exec
+ * not at all. */
 static int refresh_slots(kvs_redis_t *r, uint64_t deadline) {
   static const char *const av[2] = {"CLUSTER", "SLOTS"};
   int rc = -EHOSTUNREACH;
   size_t n_known = r->n_nodes;
-  for (size_t i = 0; i < n_known && kvs__now_ns() < deadline; i++) {
-    node_t *n = r->nodes[i];
-    if (n->fd < 0 && n->failed_epoch == r->epoch && n->err) continue;
-    redisReply *rp = NULL;
-    rc = node_call(r, n, 2, av, deadline, &rp);
-    if (rc < 0) continue;
-    if (rp->type == REDIS_REPLY_ERROR) {
-      snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS refused: %.*s (not a cluster node?)",
-               n->host, (unsigned)n->port, (int)(rp->len > 100 ? 100 : rp->len), rp->str);
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t k = 0; k < n_known && kvs__now_ns() < deadline; k++) {
+      size_t i = (r->last_good + k) % n_known;
+      node_t *n = r->nodes[i];
+      if ((n->down_ns != 0) != (pass == 1)) continue;
+      if (n->fd < 0 && n->failed_epoch == r->epoch && n->err) continue;
+      redisReply *rp = NULL;
+      rc = node_call(r, n, 2, av, deadline, &rp);
+      if (rc < 0) continue;
+      if (rp->type == REDIS_REPLY_ERROR) {
+        snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS refused: %.*s (not a cluster node?)",
+                 n->host, (unsigned)n->port, (int)(rp->len > 100 ? 100 : rp->len), rp->str);
+        freeReplyObject(rp);
+        rc = -EPROTO;
+        continue;
+      }
+      rc = apply_slots(r, n, rp);
       freeReplyObject(rp);
-      rc = -EPROTO;
-      continue;
+      if (rc == -EPROTO)
+        snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS reply of the wrong shape",
+                 n->host, (unsigned)n->port);
+      if (rc == 0) {
+        r->last_good = i;
+        return 0;
+      }
     }
-    rc = apply_slots(r, n, rp);
-    freeReplyObject(rp);
-    if (rc == -EPROTO)
-      snprintf(r->err, sizeof r->err, "redis %s:%u: CLUSTER SLOTS reply of the wrong shape",
-               n->host, (unsigned)n->port);
-    if (rc == 0) return 0;
-  }
   return rc;
 }
 
@@ -782,8 +859,7 @@ int kvs_redis_create(const kvs_redis_config_t *cfg, kvs_redis_t **out, char *err
     return -EINVAL;
   }
   kvs_redis_t *r = calloc(1, sizeof *r);
-  if (!r || !(r->rbuf = malloc(RBUF_SIZE))) {
-    free(r);
+  if (!r) {
     seterr(err, errlen, "redis: out of memory");
     return -ENOMEM;
   }
@@ -844,7 +920,6 @@ void kvs_redis_destroy(kvs_redis_t *r) {
   free(r->slot);
   free(r->rep);
   free(r->st);
-  free(r->rbuf);
   explicit_bzero(r->password, sizeof r->password);
   free(r);
 }
@@ -900,7 +975,6 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
       grow((void **)&r->st, &r->st_cap, n, sizeof *r->st) < 0)
     return -ENOMEM;
   r->epoch++;
-  r->cmds = cmds;
   r->res = results;
   r->n_rep = n;
   r->sent_any = 0;
@@ -947,7 +1021,9 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
         if (rc == -EHOSTUNREACH && ni < 0)
           snprintf(r->err, sizeof r->err, "redis cluster: no node serves the slot of command %zu", i);
         if (!first_err) first_err = rc;
-        if (ni >= 0 && (rc == -ENOMEM)) node_close(r->nodes[ni]);
+        if (ni >= 0 && rc == -ENOMEM)
+          node_fail(r, r->nodes[ni], rc, "redis %s:%u: out of memory", r->nodes[ni]->host,
+                    (unsigned)r->nodes[ni]->port);
         continue;
       }
       st->node = (uint16_t)ni;
@@ -987,8 +1063,11 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
     if (!again || kvs__now_ns() >= deadline) break;
     if (r->map_stale) refresh_slots(r, deadline);
   }
-  r->cmds = NULL;
   r->res = NULL;
+  for (size_t i = 0; i < r->n_nodes; i++) {
+    node_trim(r->nodes[i]);
+    KVS__DEBUG_CHECK(node_is_idle(r, r->nodes[i]));
+  }
   int ok = 0;
   for (size_t i = 0; i < n; i++) {
     if (results[i].type != KVS_REDIS_FAILED) ok++;

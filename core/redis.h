@@ -82,6 +82,18 @@ unsigned kvs_redis_key_slot(const char *key, size_t len);
 
 /* ---- additions beyond the first contract -------------------------------------------------- */
 
+/* Notes on the functions above:
+ * - timeout_ms 0 means 1000. Host names are resolved with getaddrinfo, which has no deadline
+ *   (use addresses where that matters).
+ * - exec reconnects a closed or failed connection at once (no back-off here: the caller's
+ *   circuit breaker decides when to call). A connection whose server closed it while idle is
+ *   noticed before sending, so a restarted server costs no failed command.
+ * - A command that was sent and got no reply (timeout, reset) is FAILED and never resent (it
+ *   may have run); only commands never sent (connection refused in a cluster) are re-routed
+ *   after a slot map refresh. A timed-out connection is closed, so no late reply is ever
+ *   matched to another command.
+ * - Large arguments (>= 4 KiB) are sent from the caller's memory (no copy). */
+
 /* The last error of this handle as one line (no password), "" when the last call was clean. */
 const char *kvs_redis_last_error(const kvs_redis_t *r);
 

@@ -27,6 +27,7 @@ Python API (import with sys.path pointing at tests/remote):
         c.begin_migration(slot, dst)       # IMPORTING/MIGRATING only (ASK territory) ...
         c.migrate_key(slot, dst, key)      # ... and move single keys
         c.finish_migration(slot, dst)      # SETSLOT NODE everywhere
+        c.wait_replicated()                # every replica has its master's whole stream
         c.kill(port)                       # SIGKILL one node
         c.wait_failover(slot, dead)        # until a live master serves slot and state is ok
 
@@ -58,6 +59,10 @@ HOST = "127.0.0.1"
 
 class ServerError(Exception):
     pass
+
+
+class PortTaken(ServerError):
+    """Another process took the port between free_port() and the server's bind."""
 
 
 def free_port():
@@ -117,13 +122,16 @@ class Server:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise ServerError(f"redis-server on port {self.port} exited: {self.log_tail()}")
+                tail = self.log_tail()
+                kind = PortTaken if "already in use" in tail else ServerError
+                raise kind(f"redis-server on port {self.port} exited: {tail}")
             try:
                 if self.cli("PING", timeout=2) == "PONG":
                     return self
             except ServerError:
                 pass
             time.sleep(0.05)
+        self.kill()
         raise ServerError(f"redis-server on port {self.port} not ready: {self.log_tail()}")
 
     def log_tail(self):
@@ -175,6 +183,17 @@ class _Base:
     def __exit__(self, *exc):
         self.stop()
 
+    def spawn(self, **kw):
+        """A started Server on a free port (another port when one is taken meanwhile)."""
+        for _ in range(5):
+            try:
+                srv = Server(self.dir, free_port(), **kw).start()
+            except PortTaken:
+                continue
+            self.servers.append(srv)
+            return srv
+        raise ServerError("no free port for redis-server after 5 tries")
+
     def stop(self):
         for s in self.servers:
             s.stop()
@@ -189,11 +208,10 @@ class Standalone(_Base):
         super().__init__()
         self.password = password
         try:
-            self.server = Server(self.dir, free_port(), password=password, extra=extra).start()
+            self.server = self.spawn(password=password, extra=extra)
         except BaseException:
             self.stop()
             raise
-        self.servers = [self.server]
         self.port = self.server.port
         auth = f":{urllib.parse.quote(password, safe='')}@" if password else ""
         self.url = f"redis://{auth}{HOST}:{self.port}"
@@ -216,8 +234,7 @@ class Cluster(_Base):
         try:
             n = masters * (1 + replicas)
             for _ in range(n):
-                self.servers.append(Server(self.dir, free_port(), cluster=True,
-                                           node_timeout_ms=node_timeout_ms).start())
+                self.spawn(cluster=True, node_timeout_ms=node_timeout_ms)
             self.ports = [s.port for s in self.servers]
             self.by_port = {s.port: s for s in self.servers}
             p = subprocess.run([REDIS_CLI, "--cluster", "create"] +
@@ -227,6 +244,7 @@ class Cluster(_Base):
             if p.returncode != 0:
                 raise ServerError("redis-cli --cluster create: " + p.stdout[-500:] + p.stderr[-500:])
             self.wait_ok()
+            self.wait_replicas(replicas)
         except BaseException:
             self.stop()
             raise
@@ -288,6 +306,37 @@ class Cluster(_Base):
                 last = str(e)
             time.sleep(0.1)
         raise ServerError(f"cluster not ok after {timeout}s: {last}")
+
+    def wait_replicas(self, replicas, timeout=60.0):
+        """Every master has `replicas` replicas online (synced: WAIT can count them)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                infos = [self.cli(p, "INFO", "replication") for p in self.masters()]
+                if all(i.count("state=online") >= replicas for i in infos):
+                    return
+            except ServerError:
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"replicas not online after {timeout}s")
+
+    def wait_replicated(self, timeout=30.0):
+        """Every replica has acknowledged its master's whole replication stream (what WAIT
+        from a fresh connection cannot tell: it waits only for that connection's writes)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            done = True
+            for p in self.masters():
+                info = dict(l.split(":", 1) for l in self.cli(p, "INFO", "replication").splitlines()
+                            if ":" in l)
+                off = info.get("master_repl_offset")
+                reps = [v for k, v in info.items() if k.startswith("slave")]
+                if not reps or any(f"offset={off}," not in v for v in reps):
+                    done = False
+            if done:
+                return
+            time.sleep(0.05)
+        raise ServerError(f"replicas not caught up after {timeout}s")
 
     def begin_migration(self, slot, dst):
         src = self.owner(slot)

@@ -8,7 +8,7 @@ The probe (test_redis_probe.c) holds one kvs_redis_t and answers one JSON line p
 values are deterministic bytes of the key index, so the probe counts wrong bytes itself.
 
 Cases:
-  standalone-roundtrip  SET/GET/DEL/NX in one pipeline; 200 x 4 KiB and 8 x 1 MiB values back
+  standalone-roundtrip  SET/GET/DEL/NX in one pipeline; 200 x 4 KiB, 8 x 1 MiB, 2 x 9 MiB back
                         byte for byte (the server's own copy checked with redis-cli too)
   standalone-db         redis://.../3 writes into database 3 and nowhere else
   standalone-pause      CLIENT PAUSE 3000: exec returns FAILED/-ETIMEDOUT at its 300 ms deadline,
@@ -16,12 +16,15 @@ Cases:
   standalone-password   requirepass: no password / wrong password -> -EACCES with a clear line
                         that never holds the password; the configured password overrides the URL
   standalone-not-redis  a TCP listener answering garbage -> -EPROTO, a silent one -> -ETIMEDOUT,
-                        one answering +OK to everything -> -EPROTO, nobody -> -ECONNREFUSED
+                        one answering +OK to everything or two replies to one command ->
+                        -EPROTO, CLUSTER SLOTS of the wrong type or shape -> -EPROTO, nobody
+                        -> -ECONNREFUSED, a standalone server as a cluster -> -EPROTO
   standalone-restart    server restarted: the next exec reconnects; server stopped: exec fails
                         with -ECONNREFUSED and nothing is sent; back again: it works
   standalone-info       version (= INFO server), standalone, 1 node, 16384 slots, an RTT
   cluster-roundtrip     6-node cluster, one seed: slot map, 300 keys over every master, CRC16
-                        slots (hash tags too) equal to CLUSTER KEYSLOT for 300 keys
+                        slots (hash tags too) equal to CLUSTER KEYSLOT for 300 keys; one master
+                        paused: its keys time out at the deadline, the others are served
   cluster-moved         a slot resharded after the map was read: MOVED refreshes it, one exec
                         still returns the right value; writes land on the new owner
   cluster-ask           a slot half-migrated: a moved key is served through ASK + ASKING, a key
@@ -92,7 +95,7 @@ def case_standalone_roundtrip(probe):
         check(r["rc"] == 8, f"rc {r['rc']}")
         r = probe.ok("exec HGET a")  # a server error is a reply, not a failure
         check(vals(r)[0][0] == "ERROR" and r["rc"] == 1, f"error reply {r}")
-        for n, size in ((200, 4096), (8, 1 << 20), (50, 100)):
+        for n, size in ((200, 4096), (8, 1 << 20), (2, 9 << 20), (50, 100)):
             r = probe.ok(f"fill {n} k{size} {size}")
             check(r["ok"] == n, f"fill {n}x{size}: {r}")
             r = probe.ok(f"check {n} k{size} {size}")
@@ -111,6 +114,8 @@ def case_standalone_db(probe):
         probe.ok("exec SET dbkey three")
         check(s.cli("-n", "3", "GET", "dbkey") == "three", "value not in database 3")
         check(s.cli("-n", "0", "GET", "dbkey") == "", "value leaked into database 0")
+        probe.ok(f"create redis://localhost:{s.port}/3")  # a name (::1 refused, then 127.0.0.1)
+        check(vals(probe.ok("exec GET dbkey")) == [("STRING", "three")], "GET through localhost")
         r = probe.q(f"create {s.url}/100000")
         check(r["rc"] == -EINVAL and "SELECT" in r["err"], f"database out of range: {r}")
         probe.close()
@@ -164,6 +169,9 @@ def case_standalone_password(probe):
         s.restart()
         probe.ok("exec SET pw2 ok")
         check(vals(probe.ok("exec GET pw2")) == [("STRING", "ok")], "after reconnect")
+    with servers.Standalone() as s:  # a password for a server that has none: refused too
+        r = probe.q(f"create redis://:wrongpass123@127.0.0.1:{s.port} 2000")
+        check(r["rc"] == -EACCES and "wrongpass123" not in r["err"], f"needless password: {r}")
         probe.close()
 
 
@@ -205,6 +213,7 @@ class FakeServer:
 def case_standalone_not_redis(probe):
     for reply, want, word in ((b"HTTP/1.0 400 Bad Request\r\n\r\n", -EPROTO, "not a Redis server"),
                               (b"+OK\r\n", -EPROTO, "not a Redis server"),
+                              (b"+PONG\r\n+PONG\r\n", -EPROTO, "unexpected data"),
                               (None, -ETIMEDOUT, "no reply")):
         f = FakeServer(reply)
         try:
@@ -213,6 +222,15 @@ def case_standalone_not_redis(probe):
             check(r["rc"] == want and word in r["err"], f"fake server {reply!r}: {r}")
             check("\n" not in r["err"], "error is one line")
             check(time.monotonic() - t0 < 2.0, "create not bounded by its deadline")
+        finally:
+            f.close()
+    # cluster seeds whose CLUSTER SLOTS reply has the wrong type or shape
+    for reply in (b":1\r\n", b"*1\r\n*3\r\n:0\r\n:99999\r\n*2\r\n$1\r\nh\r\n:1\r\n",
+                  b"*1\r\n*3\r\n:0\r\n:10\r\n*2\r\n:1\r\n:1\r\n"):
+        f = FakeServer(reply)
+        try:
+            r = probe.q(f"create redis+cluster://127.0.0.1:{f.port} 300")
+            check(r["rc"] == -EPROTO and "wrong shape" in r["err"], f"CLUSTER SLOTS {reply!r}: {r}")
         finally:
             f.close()
     port = servers.free_port()
@@ -261,6 +279,13 @@ def case_standalone_info(probe):
 
 # ---- cluster -------------------------------------------------------------------------------
 
+def slot_owner_other(c, key):
+    """key's slot, the master serving it and another master."""
+    slot = c.keyslot(key)
+    src = c.owner(slot)
+    return slot, src, next(p for p in c.masters() if p != src)
+
+
 def case_cluster_roundtrip(probe):
     with servers.Cluster() as c:
         seed = c.ports[-1]  # one seed is enough (a replica, most likely)
@@ -282,6 +307,16 @@ def case_cluster_roundtrip(probe):
             want = c.keyslot(k) if k else 0
             got = probe.q(f"slot {k}")["slot"] if k else 0
             check(got == want, f"slot of {k!r}: {got} != CLUSTER KEYSLOT {want}")
+        # one paused master costs only its own keys, within the deadline
+        probe.ok(f"create {c.url} 300")
+        paused = c.owner(c.keyslot("ck:0"))
+        c.cli(paused, "CLIENT", "PAUSE", 2500)
+        t0 = time.monotonic()
+        r = probe.ok("check 300 ck 1000")
+        took = time.monotonic() - t0
+        check(r["wrong"] == 0 and r["failed"] > 50 and r["ok"] > 100 and r["ok"] + r["failed"] == 300,
+              f"one master paused: {r}")
+        check(took < 2.0, f"exec took {took:.2f}s against a 300 ms deadline (pause is 2.5 s)")
         probe.close()
 
 
@@ -289,9 +324,7 @@ def case_cluster_moved(probe):
     with servers.Cluster() as c:
         probe.ok(f"create {c.url} 3000")
         probe.ok("fill 50 mv 500")
-        slot = c.keyslot("mv:0")
-        src = c.owner(slot)
-        dst = [p for p in c.masters() if p != src][0]
+        slot, _, dst = slot_owner_other(c, "mv:0")
         c.move_slot(slot, dst)
         check(c.owner(slot) == dst, "reshard did not happen")
         r = probe.ok("check 50 mv 500")  # mv:0 gets MOVED inside this exec
@@ -300,9 +333,8 @@ def case_cluster_moved(probe):
         check(vals(r) == [("STATUS", "OK"), ("STRING", "new")], f"write after reshard: {r}")
         check(c.cli(dst, "GET", "mv:0") == "new", "write did not land on the new owner")
         # a second slot moved: the refreshed map sends it straight there
-        slot2 = c.keyslot("mv:1")
-        src2 = c.owner(slot2)
-        c.move_slot(slot2, [p for p in c.masters() if p != src2][0])
+        slot2, _, dst2 = slot_owner_other(c, "mv:1")
+        c.move_slot(slot2, dst2)
         r = probe.ok("check 50 mv 500")
         check(r["ok"] == 49 and r["wrong"] == 1, f"second reshard (mv:0 was rewritten): {r}")
         probe.close()
@@ -312,9 +344,7 @@ def case_cluster_ask(probe):
     with servers.Cluster() as c:
         probe.ok(f"create {c.url} 3000")
         probe.ok("exec SET {t}a va | SET {t}b vb")
-        slot = c.keyslot("{t}a")
-        src = c.owner(slot)
-        dst = [p for p in c.masters() if p != src][0]
+        slot, src, dst = slot_owner_other(c, "{t}a")
         c.begin_migration(slot, dst)
         c.migrate_key(src, dst, "{t}a")
         check(c.cli(src, "GET", "{t}a").startswith("ASK"), "the old owner should answer ASK")
@@ -337,15 +367,18 @@ def case_cluster_failover(probe):
         n = 200
         r = probe.ok(f"fill {n} fo 2000")
         check(r["ok"] == n, f"fill: {r}")
-        for port in c.masters():  # the replicas have every key before the kill
-            check(int(c.cli(port, "WAIT", 1, 5000)) >= 1, f"master {port} has no replica")
+        c.wait_replicated()  # the replicas have every key before the kill
         slot = c.keyslot("fo:0")
         dead = c.owner(slot)
+        keys_before = int(c.cli(dead, "DBSIZE"))
         c.kill(dead)
         failed_calls = 0
         end = time.monotonic() + 40
         r = None
         while time.monotonic() < end:
+            probe.q("fill 30 fw 3000")  # writes during the failover: OK, failed or CLUSTERDOWN
+            w = probe.q("check 30 fw 3000")  # what reads back is right or missing
+            check(w.get("wrong", 0) == 0, f"wrong bytes of a write during failover: {w}")
             r = probe.q(f"check {n} fo 2000")
             check(r.get("wrong", 0) == 0, f"wrong bytes during failover: {r}")
             if r["rc"] >= 0 and r["ok"] == n:
@@ -353,10 +386,18 @@ def case_cluster_failover(probe):
             check(r["rc"] < 0 or r["failed"] + r["nil"] + r["other"] > 0, f"odd result: {r}")
             failed_calls += 1
             time.sleep(0.05)
-        check(r and r["rc"] >= 0 and r["ok"] == n, f"not all keys back after failover: {r}")
+        if not (r and r["rc"] >= 0 and r["ok"] == n):
+            views = {p: c.slots_of(p) for p in c.live_ports()}
+            sizes = {p: c.cli(p, "DBSIZE") for p in c.live_ports()}
+            raise Failure(f"not all keys back after failover: {r}; dead {dead} had {keys_before} "
+                          f"keys; DBSIZE {sizes}; views {views}")
         check(failed_calls > 0, "the kill was not seen at all")
         new = c.wait_failover(slot, dead)
         check(new != dead, "slot still on the dead master")
+        r = probe.ok("fill 30 fw 3000")
+        check(r["ok"] == 30, f"writes after failover: {r}")
+        r = probe.ok("check 30 fw 3000")
+        check(r["ok"] == 30 and r["wrong"] == 0, f"reads of writes after failover: {r}")
         r = probe.ok("exec SET fo:0 after | GET fo:0")
         check(vals(r) == [("STATUS", "OK"), ("STRING", "after")], f"write after failover: {r}")
         r = probe.ok("info")

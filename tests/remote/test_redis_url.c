@@ -30,20 +30,23 @@ static void parse_bad(const char *s, const char *word) {
   cr_assert(!memcmp(&u, &before, sizeof u), "%s: output written on failure", s);
 }
 
+static void expect(const kvs_redis_url_t *u, int cluster, int n_seeds, int db, int i,
+                   const char *host, unsigned port) {
+  cr_assert_eq(u->cluster, cluster);
+  cr_assert_eq(u->n_seeds, n_seeds);
+  cr_assert_eq(u->db, db);
+  cr_assert_str_eq(u->seeds[i].host, host);
+  cr_assert_eq(u->seeds[i].port, port);
+}
+
 Test(redis_url, standalone) {
   kvs_redis_url_t u = parse_ok("redis://127.0.0.1:6380");
-  cr_assert_eq(u.cluster, 0);
-  cr_assert_eq(u.n_seeds, 1);
-  cr_assert_str_eq(u.seeds[0].host, "127.0.0.1");
-  cr_assert_eq(u.seeds[0].port, 6380);
-  cr_assert_eq(u.db, 0);
+  expect(&u, 0, 1, 0, 0, "127.0.0.1", 6380);
   cr_assert_str_eq(u.user, "");
   cr_assert_str_eq(u.password, "");
 
   u = parse_ok("redis://cache-1.example.com:7000/5");
-  cr_assert_str_eq(u.seeds[0].host, "cache-1.example.com");
-  cr_assert_eq(u.seeds[0].port, 7000);
-  cr_assert_eq(u.db, 5);
+  expect(&u, 0, 1, 5, 0, "cache-1.example.com", 7000);
 
   u = parse_ok("redis://localhost");
   cr_assert_eq(u.seeds[0].port, 6379, "default port");
@@ -51,12 +54,9 @@ Test(redis_url, standalone) {
   cr_assert_eq(u.db, 0);
 
   u = parse_ok("redis://[::1]:6390/2");
-  cr_assert_str_eq(u.seeds[0].host, "::1");
-  cr_assert_eq(u.seeds[0].port, 6390);
-  cr_assert_eq(u.db, 2);
+  expect(&u, 0, 1, 2, 0, "::1", 6390);
   u = parse_ok("redis://[fe80::1]");
-  cr_assert_str_eq(u.seeds[0].host, "fe80::1");
-  cr_assert_eq(u.seeds[0].port, 6379);
+  expect(&u, 0, 1, 0, 0, "fe80::1", 6379);
 }
 
 Test(redis_url, credentials) {
@@ -80,12 +80,8 @@ Test(redis_url, credentials) {
 
 Test(redis_url, cluster) {
   kvs_redis_url_t u = parse_ok("redis+cluster://10.0.0.1:7000,10.0.0.2:7001,[::1]:7002");
-  cr_assert_eq(u.cluster, 1);
-  cr_assert_eq(u.n_seeds, 3);
-  cr_assert_str_eq(u.seeds[1].host, "10.0.0.2");
-  cr_assert_eq(u.seeds[1].port, 7001);
-  cr_assert_str_eq(u.seeds[2].host, "::1");
-  cr_assert_eq(u.db, 0);
+  expect(&u, 1, 3, 0, 1, "10.0.0.2", 7001);
+  expect(&u, 1, 3, 0, 2, "::1", 7002);
   u = parse_ok("redis+cluster://:hunter2@n1:7000,n2:7000/0");
   cr_assert_str_eq(u.password, "hunter2");
   cr_assert_eq(u.n_seeds, 2);
