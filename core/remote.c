@@ -470,6 +470,61 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
 }
 
 /* Fetch keys[found..n) in order until the first miss into the store; returns the keys stored. */
+/* The common case, a run of plain objects (chunks): GET them whole, OBJECT_BATCH at a time,
+ * and store each as it checks. Stops at the first key that is not a plain object. Returns the
+ * keys stored; *alias_at gets the index of the first alias met (n when none), *end whether the
+ * run ended (a miss, a bad value, a failure, the deadline). */
+static size_t fetch_objects(worker_t *w, const kvs_key_t *keys, size_t n, uint64_t deadline_ms,
+                            size_t *alias_at, bool *end) {
+  kvs_remote_t *r = w->r;
+  kvs_redis_result_t res[OBJECT_BATCH];
+  size_t i = 0;
+  *alias_at = n;
+  *end = true;
+  while (i < n) {
+    if (kvs__now_ms() >= deadline_ms) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_timeouts);
+      return i;
+    }
+    size_t b = n - i < OBJECT_BATCH ? n - i : OBJECT_BATCH, j = 0;
+    if (exec_per_key(w, "GET", keys + i, b, NULL, NULL, res) < 0) return i;
+    bool stop = false;
+    for (; j < b && !stop; j++) {
+      const kvs_redis_result_t *x = &res[j];
+      unsigned kind = 0;
+      kvs_layout_t layout;
+      const uint8_t *payload = NULL;
+      uint64_t plen = 0;
+      if (x->type == KVS_REDIS_NIL) {
+        kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
+        break;
+      }
+      if (x->type != KVS_REDIS_STRING) {
+        if (x->type != KVS_REDIS_FAILED) kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
+        break;
+      }
+      if (kvs_remote_check(x->str, x->len, keys[i + j], &kind, &layout, &payload, &plen) < 0) {
+        kvs_redis_results_release(w->redis);
+        bad_value(w, keys[i + j]);
+        return i + j;
+      }
+      if (kind == KVS_REMOTE_KIND_ALIAS) { /* the grouping path takes it from here */
+        *alias_at = i + j;
+        *end = false;
+        break;
+      }
+      kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
+      stop = store_object(r, &keys[i + j], 1, &layout, payload, plen) != 1;
+      if (!stop) kvs_stats_inc(r->stats, KVS_STAT_remote_hits);
+      else j--; /* not stored: the run ends before it */
+    }
+    kvs_redis_results_release(w->redis);
+    if (j < b || stop) return i + j;
+    i += b;
+  }
+  return i;
+}
+
 static size_t fetch(worker_t *w, const job_t *jb) {
   kvs_remote_t *r = w->r;
   kvs_stats_inc(r->stats, KVS_STAT_remote_lookups);
@@ -477,8 +532,16 @@ static size_t fetch(worker_t *w, const job_t *jb) {
   size_t start = jb->found;
   int have = kvs_store_lookup(r->store, r->owner, &jb->keys[start], jb->n - start, false, NULL);
   if (have > 0) start += (size_t)have;
+  if (start >= jb->n) return 0;
+  size_t alias_at = 0;
+  bool end = true;
+  size_t direct = fetch_objects(w, &jb->keys[start], jb->n - start, jb->deadline_ms, &alias_at,
+                                &end);
+  if (end) return direct;
+  /* Aliases: read every header of the rest of the run first, then each object once with every
+   * key that names it (an alias is bound only when its object is published). */
+  start += alias_at;
   size_t n = jb->n - start;
-  if (n == 0) return 0;
   const kvs_key_t *keys = &jb->keys[start];
   probe_t *pr = malloc(n * sizeof *pr);
   kvs_key_t *group = malloc((n + 1) * sizeof *group);
@@ -551,7 +614,7 @@ static size_t fetch(worker_t *w, const job_t *jb) {
   }
   free(pr);
   free(group);
-  return got;
+  return direct + got;
 }
 
 /* ---- threads ------------------------------------------------------------------------------- */
