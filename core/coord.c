@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +44,22 @@ typedef struct wxfer {
   struct wxfer *next;
   kvs_xfer_t xfer;
   uint32_t n_slots;
+  uint32_t n_keys;          /* the request's keys, for the remote tier's write-behind */
+  bool object;              /* kind OBJECT: keys[0] primary, the rest aliases */
+  kvs_key_t *keys;          /* after slots[], in the same allocation */
   kvs_proto_slot_t slots[]; /* as sent in the PREPARE_STORE reply */
 } wxfer_t;
+
+/* A LOOKUP whose reply waits for the remote tier (kvs_coord_remote_t.fetch). */
+typedef struct deferred {
+  struct deferred *next;
+  uint64_t token;       /* unique per coordinator */
+  struct conn *conn;
+  uint64_t request_id;
+  uint64_t deadline_ms; /* kvs__now_ms clock */
+  uint32_t n_keys;
+  kvs_key_t keys[];
+} deferred_t;
 
 typedef enum { CONN_AWAIT_HELLO, CONN_READY } conn_state_t;
 
@@ -73,6 +88,7 @@ typedef struct conn {
   bool reading;             /* EPOLLIN armed */
   uint32_t armed;           /* epoll events registered now (epoll_ctl only when they change) */
   wxfer_t *wxfers;
+  bool deferred;            /* a LOOKUP reply waits for the remote tier: read nothing */
 } conn_t;
 
 struct kvs_coord {
@@ -94,6 +110,16 @@ struct kvs_coord {
   conn_t *conns;
   unsigned n_conns; /* read by other threads: atomic */
   uint64_t next_sweep_ms;
+  /* remote tier (kvshim serve): deferred LOOKUPs are owned by the coordinator thread; done
+   * tokens arrive from the tier's threads under done_lock and wake the loop through done_fd. */
+  bool has_remote;
+  kvs_coord_remote_t remote;
+  deferred_t *deferred;
+  uint64_t next_token;
+  int done_fd;
+  pthread_mutex_t done_lock;
+  uint64_t *done; /* tokens finished, not yet handled (done_cap entries) */
+  size_t n_done, done_cap;
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -123,7 +149,7 @@ size_t kvs_coord_render_stats(kvs_store_t *store, kvs_stats_t *st, int json, cha
 
 static void arm(kvs_coord_t *c, conn_t *k) {
   struct epoll_event ev = {.data.ptr = k};
-  k->reading = !k->closing && k->tx_head == NULL;
+  k->reading = !k->closing && k->tx_head == NULL && !k->deferred;
   ev.events = (k->reading ? EPOLLIN : 0) | (k->tx_head ? EPOLLOUT : 0) | EPOLLRDHUP;
   if (ev.events == k->armed) return; /* the usual case: a reply went out at once */
   if (epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev) == 0) k->armed = ev.events;
@@ -204,6 +230,8 @@ static wxfer_t *find_wxfer(conn_t *k, kvs_xfer_t xfer) {
   return NULL;
 }
 
+static void service(kvs_coord_t *c, conn_t *k, uint32_t events);
+
 /* ---- request handlers (each queues exactly one reply or ERROR) ---------------------------- */
 
 static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
@@ -243,7 +271,8 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.strategy_chosen = strategy;
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
-  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0);
+  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) |
+            (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
   me.instance_id = c->instance_id;
   me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
   me.pool_arena_size = info.arena_bytes;
@@ -261,12 +290,45 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
             strategy == KVS_PROTO_STRATEGY_SHM ? kvs_pool_fd(c->pool) : -1);
 }
 
+static void reply_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_key_t *keys,
+                         uint32_t n) {
+  int rc = kvs_store_lookup(c->store, k->owner, keys, n, false, NULL);
+  if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
+  QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
+}
+
+/* Ask the remote tier for what the pool lacks; true when the reply is deferred. */
+static bool defer_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_lookup_t *req,
+                         int found) {
+  if (!c->has_remote || req->remote_wait_ms == 0 || found < 0 || (uint32_t)found >= req->n_keys)
+    return false;
+  deferred_t *d = malloc(sizeof *d + sizeof(kvs_key_t) * req->n_keys);
+  if (!d) return false;
+  d->token = ++c->next_token;
+  d->conn = k;
+  d->request_id = rid;
+  d->deadline_ms = kvs__now_ms() + req->remote_wait_ms;
+  d->n_keys = req->n_keys;
+  memcpy(d->keys, req->keys, sizeof(kvs_key_t) * req->n_keys);
+  if (c->remote.fetch(c->remote.ctx, d->keys, (size_t)found, d->n_keys, d->deadline_ms,
+                      d->token) < 0) {
+    free(d);
+    return false;
+  }
+  d->next = c->deferred;
+  c->deferred = d;
+  k->deferred = true;
+  return true;
+}
+
 static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_lookup_t req;
   int rc = kvs_proto_lookup_decode(p, len, &req);
   if (rc < 0) return protocol_error(c, k, rid, rc, "bad LOOKUP");
   rc = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, false, NULL);
   if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  if (defer_lookup(c, k, rid, &req, rc)) return;
   kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
 }
@@ -296,7 +358,8 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
     return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
 
   kvs_extent_t *ext = malloc(sizeof *ext * n_out);
-  wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out);
+  wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out +
+                      (c->has_remote ? sizeof(kvs_key_t) * req.n_keys : 0));
   if (!ext || !w) {
     free(ext);
     free(w);
@@ -325,6 +388,10 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
   if (xfer) {
     w->xfer = xfer;
     w->n_slots = n_slots;
+    w->object = object;
+    w->n_keys = c->has_remote ? req.n_keys : 0;
+    w->keys = (kvs_key_t *)(void *)(w->slots + n_out);
+    if (w->n_keys) memcpy(w->keys, req.keys, sizeof(kvs_key_t) * w->n_keys);
     w->next = k->wxfers;
     k->wxfers = w;
   }
@@ -348,6 +415,27 @@ static int check_commit_slots(kvs_coord_t *c, const wxfer_t *w, const kvs_proto_
     if (!ok) return -EFAULT;
   }
   return n == w->n_slots ? 0 : -EINVAL;
+}
+
+/* Hand what a commit published to the remote tier: an object with its aliases, or the chunks
+ * whose outcome[i] (or slot) says they were written by this commit. */
+static void publish_remote(kvs_coord_t *c, const kvs_key_t *keys, uint32_t n, bool object,
+                           const uint8_t *outcomes, const kvs_proto_slot_t *slots,
+                           uint32_t n_slots) {
+  if (!c->has_remote || n == 0) return;
+  if (object) return c->remote.published(c->remote.ctx, keys, n, true);
+  kvs_key_t *pick = malloc(sizeof *pick * n);
+  if (!pick) return;
+  uint32_t m = 0;
+  if (slots) {
+    for (uint32_t i = 0; i < n_slots; i++)
+      if (slots[i].key_index < n) pick[m++] = keys[slots[i].key_index];
+  } else {
+    for (uint32_t i = 0; i < n; i++)
+      if (outcomes[i] == KVS_RES_RESERVED) pick[m++] = keys[i];
+  }
+  if (m) c->remote.published(c->remote.ctx, pick, m, false);
+  free(pick);
 }
 
 /* Inline commit: reserve, copy the bytes from the message into the extents, commit. */
@@ -379,8 +467,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
                                              outcomes, ext, &xfer)
                   : kvs_store_reserve_write(c->store, k->owner, keys, n, &req->layout, req->mode,
                                             outcomes, ext, &xfer);
-  free(keys);
   if (rc < 0) {
+    free(keys);
     free(ext);
     return queue_error(c, k, rid, rc, "reservation failed");
   }
@@ -395,8 +483,14 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   free(ext);
   if (xfer) {
     rc = kvs_store_commit(c->store, k->owner, xfer);
-    if (rc < 0) return queue_error(c, k, rid, rc, "commit failed");
+    if (rc < 0) {
+      free(keys);
+      return queue_error(c, k, rid, rc, "commit failed");
+    }
+    if (!object || outcomes[0] == KVS_RES_RESERVED)
+      publish_remote(c, keys, n, object, outcomes, NULL, 0);
   }
+  free(keys);
   kvs_proto_commit_store_reply_t rep = {reserved, n_out, outcomes};
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
 }
@@ -427,6 +521,7 @@ static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8
   }
   rc = kvs_store_commit(c->store, k->owner, req.xfer);
   if (rc < 0) return queue_error(c, k, rid, rc, "commit refused");
+  if (w) publish_remote(c, w->keys, w->n_keys, w->object, NULL, w->slots, w->n_slots);
   kvs_proto_commit_store_reply_t rep = {w ? w->n_slots : 0, 0, NULL};
   forget_wxfer(k, req.xfer);
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
@@ -599,6 +694,15 @@ static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const
 /* ---- connection I/O ------------------------------------------------------------------------ */
 
 static void close_conn(kvs_coord_t *c, conn_t *k) {
+  for (deferred_t **pp = &c->deferred; *pp;) {
+    deferred_t *d = *pp;
+    if (d->conn != k) {
+      pp = &d->next;
+      continue;
+    }
+    *pp = d->next; /* the tier's late done is ignored */
+    free(d);
+  }
   epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, k->fd, NULL);
   close(k->fd);
   if (k->owner) kvs_store_owner_release(c->store, k->owner); /* every lease ends here */
@@ -681,7 +785,7 @@ static int rx_gone(kvs_coord_t *c, conn_t *k, int rc) {
 
 /* Read and dispatch until the socket is empty or a reply is pending. 0, or negative: close. */
 static int pump_rx(kvs_coord_t *c, conn_t *k) {
-  while (!k->closing && !k->tx_head) {
+  while (!k->closing && !k->tx_head && !k->deferred) {
     if (!k->reading_payload) {
       ssize_t r = kvs_sock_recv_some(k->fd, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got, NULL);
       if (r == -EAGAIN) return 0;
@@ -800,11 +904,62 @@ static void accept_all(kvs_coord_t *c) {
   }
 }
 
+/* Answer a deferred LOOKUP from the pool as it is now, and read the connection again. */
+static void finish_deferred(kvs_coord_t *c, deferred_t *d, bool timed_out) {
+  for (deferred_t **pp = &c->deferred; *pp; pp = &(*pp)->next)
+    if (*pp == d) {
+      *pp = d->next;
+      break;
+    }
+  conn_t *k = d->conn;
+  if (timed_out) kvs_stats_inc(c->stats, KVS_STAT_remote_timeouts);
+  k->deferred = false;
+  reply_lookup(c, k, d->request_id, d->keys, d->n_keys);
+  free(d);
+  service(c, k, EPOLLOUT); /* send it, then read what the peer pipelined meanwhile */
+}
+
+static void handle_done(kvs_coord_t *c) {
+  uint64_t v;
+  ssize_t r = read(c->done_fd, &v, sizeof v);
+  (void)r;
+  for (;;) {
+    uint64_t token = 0;
+    pthread_mutex_lock(&c->done_lock);
+    if (c->n_done) token = c->done[--c->n_done];
+    pthread_mutex_unlock(&c->done_lock);
+    if (!token) return;
+    for (deferred_t *d = c->deferred; d; d = d->next)
+      if (d->token == token) {
+        finish_deferred(c, d, false);
+        break;
+      }
+  }
+}
+
+/* Milliseconds epoll may sleep: the sweep interval, or less when a deferred LOOKUP is due. */
+static int wait_ms(kvs_coord_t *c) {
+  uint64_t now = kvs__now_ms(), due = now + SWEEP_INTERVAL_MS;
+  for (deferred_t *d = c->deferred; d; d = d->next)
+    if (d->deadline_ms < due) due = d->deadline_ms;
+  return due <= now ? 0 : (int)(due - now);
+}
+
+static void expire_deferred(kvs_coord_t *c, uint64_t now) {
+  for (;;) {
+    deferred_t *due = NULL;
+    for (deferred_t *d = c->deferred; d && !due; d = d->next)
+      if (d->deadline_ms <= now) due = d;
+    if (!due) return;
+    finish_deferred(c, due, true);
+  }
+}
+
 static void *coord_main(void *arg) {
   kvs_coord_t *c = arg;
   struct epoll_event evs[64];
   for (;;) {
-    int n = epoll_wait(c->epoll_fd, evs, 64, SWEEP_INTERVAL_MS);
+    int n = epoll_wait(c->epoll_fd, evs, 64, wait_ms(c));
     uint64_t now = kvs__now_ms();
     if (now >= c->next_sweep_ms) {
       kvs_store_sweep(c->store, now);
@@ -814,8 +969,29 @@ static void *coord_main(void *arg) {
       void *p = evs[i].data.ptr;
       if (p == &c->stop_fd) return NULL;
       if (p == &c->listen_fd) accept_all(c);
+      else if (p == &c->done_fd) handle_done(c);
       else service(c, p, evs[i].events);
     }
+    if (c->deferred) expire_deferred(c, kvs__now_ms());
+  }
+}
+
+void kvs_coord_remote_done(kvs_coord_t *c, uint64_t token) {
+  if (!c || !token) return;
+  pthread_mutex_lock(&c->done_lock);
+  if (c->n_done == c->done_cap) { /* grow outside the hot path: tokens are few */
+    size_t cap = c->done_cap ? c->done_cap * 2 : 64;
+    uint64_t *d = realloc(c->done, cap * sizeof *d);
+    if (d) c->done = d, c->done_cap = cap;
+  }
+  bool queued = c->n_done < c->done_cap;
+  if (queued) c->done[c->n_done++] = token;
+  pthread_mutex_unlock(&c->done_lock);
+  /* A token that could not be queued is answered at its deadline instead. */
+  uint64_t one = 1;
+  if (queued) {
+    ssize_t w = write(c->done_fd, &one, sizeof one);
+    (void)w;
   }
 }
 
@@ -839,7 +1015,12 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
   snprintf(c->group, sizeof c->group, "%s", o->group);
   kvs_options_defaults(&c->uid_opts);
   memcpy(c->uid_opts.allow_uids, o->allow_uids, sizeof o->allow_uids);
-  c->listen_fd = c->epoll_fd = c->stop_fd = -1;
+  c->listen_fd = c->epoll_fd = c->stop_fd = c->done_fd = -1;
+  if (cfg->remote && cfg->remote->fetch && cfg->remote->published) {
+    c->remote = *cfg->remote;
+    c->has_remote = true;
+  }
+  pthread_mutex_init(&c->done_lock, NULL);
 
   char dir[4096];
   int rc = -ENAMETOOLONG;
@@ -863,7 +1044,8 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
   }
   c->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   c->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (c->epoll_fd < 0 || c->stop_fd < 0) {
+  c->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->epoll_fd < 0 || c->stop_fd < 0 || c->done_fd < 0) {
     rc = -errno;
     goto fail_unlink;
   }
@@ -871,6 +1053,8 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
   epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->listen_fd, &ev);
   ev.data.ptr = &c->stop_fd;
   epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->stop_fd, &ev);
+  ev.data.ptr = &c->done_fd;
+  epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->done_fd, &ev);
   /* The coordinator thread must not take signals meant for the engine. */
   sigset_t all, old;
   sigfillset(&all);
@@ -886,6 +1070,8 @@ fail:
   if (c->listen_fd >= 0) close(c->listen_fd);
   if (c->epoll_fd >= 0) close(c->epoll_fd);
   if (c->stop_fd >= 0) close(c->stop_fd);
+  if (c->done_fd >= 0) close(c->done_fd);
+  pthread_mutex_destroy(&c->done_lock);
   free(c);
   return rc;
 }
@@ -910,6 +1096,9 @@ void kvs_coord_stop(kvs_coord_t *c) {
   while (c->conns) close_conn(c, c->conns);
   close(c->epoll_fd);
   close(c->stop_fd);
+  close(c->done_fd);
+  pthread_mutex_destroy(&c->done_lock);
+  free(c->done);
 #ifdef KVSHIM_DEBUG
   memset(c, 0xdd, sizeof *c);
 #endif

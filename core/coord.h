@@ -37,6 +37,24 @@ extern "C" {
 
 typedef struct kvs_coord kvs_coord_t;
 
+/* The remote tier as the coordinator sees it (`kvshim serve` with KVSHIM_REMOTE; design §17).
+ * Both callbacks run on the coordinator thread and must not block (no network, no waiting on
+ * the tier's threads): they take the store lock at most and hand work to the tier's threads.
+ *   fetch      a LOOKUP with remote_wait_ms > 0 found only keys[0..found) in the pool: bring
+ *              what the tier holds of keys[found..n) into the store (committed READY under the
+ *              tier's own owner), then call kvs_coord_remote_done(coord, token) from any thread.
+ *              keys is borrowed for the call only. Return 0 when started: the LOOKUP reply is
+ *              deferred until done or deadline_ms (kvs__now_ms clock), whichever comes first,
+ *              and the connection reads nothing meanwhile; a negative return answers at once.
+ *   published  a peer's commit published objects: chunks (object false: one object per key) or
+ *              one object under keys[0] with aliases keys[1..n). Queue them for write-behind. */
+typedef struct kvs_coord_remote {
+  void *ctx;
+  int (*fetch)(void *ctx, const kvs_key_t *keys, size_t found, size_t n, uint64_t deadline_ms,
+               uint64_t token);
+  void (*published)(void *ctx, const kvs_key_t *keys, size_t n, bool object);
+} kvs_coord_remote_t;
+
 typedef struct kvs_coord_config {
   kvs_store_t *store;              /* borrowed, required */
   kvs_pool_t *pool;                /* borrowed: the store's pool, offered to SHM peers */
@@ -46,6 +64,7 @@ typedef struct kvs_coord_config {
   uint64_t instance_id;            /* non-zero; names the socket */
   kvs_tensor_registry_t *tensors;  /* borrowed, may be NULL: EXPORT_TENSORS answers none */
   kvs_stats_t *stats;              /* borrowed; NULL = kvs_stats_global() */
+  const kvs_coord_remote_t *remote;/* copied; NULL = no remote tier (HELLO without CAP_REMOTE) */
 } kvs_coord_config_t;
 
 /* Create the run directory, bind the socket and start the thread. Errors: -EINVAL (config),
@@ -57,6 +76,9 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out);
 void kvs_coord_stop(kvs_coord_t *coord);
 
 const char *kvs_coord_socket_path(const kvs_coord_t *coord);
+/* The remote tier finished the fetch started with `token` (any thread; never blocks; a token
+ * whose LOOKUP was already answered or whose connection closed is ignored). */
+void kvs_coord_remote_done(kvs_coord_t *coord, uint64_t token);
 /* Connections currently open (for tests and `kvshim stats`). */
 unsigned kvs_coord_connections(kvs_coord_t *coord);
 

@@ -65,7 +65,19 @@ extern "C" {
   X(log, "KVSHIM_LOG", ENUM, "warn", 0, 0, "off|error|warn|info|debug|trace", "",             \
     "log level")                                                                              \
   X(log_file, "KVSHIM_LOG_FILE", STR, "", 0, 0, "", "", "log destination (default stderr)")    \
-  X(stats, "KVSHIM_STATS", STR, "", 0, 0, "", "", "path: JSON stats written at exit")
+  X(stats, "KVSHIM_STATS", STR, "", 0, 0, "", "", "path: JSON stats written at exit")        \
+  X(remote, "KVSHIM_REMOTE", STR, "", 0, 0, "", "",                                           \
+    "kvshim serve only: redis://[user:pass@]host:port[/db] or redis+cluster://host:port[,...]") \
+  X(remote_password_file, "KVSHIM_REMOTE_PASSWORD_FILE", STR, "", 0, 0, "", "",               \
+    "file holding the remote store's password (overrides one in the URL)")                    \
+  X(remote_ttl, "KVSHIM_REMOTE_TTL", INT, "86400000", 1000, 31536000000, "", "ms",            \
+    "expiry of values written to the remote store (SET ... PX)")                              \
+  X(remote_timeout_ms, "KVSHIM_REMOTE_TIMEOUT_MS", INT, "1000", 1, 600000, "", "ms",          \
+    "deadline of each remote call (connect, pipeline)")                                       \
+  X(remote_threads, "KVSHIM_REMOTE_THREADS", INT, "2", 1, 64, "", "threads",                  \
+    "remote I/O threads (each with its own connection)")                                      \
+  X(remote_queue, "KVSHIM_REMOTE_QUEUE", INT, "1024", 1, 1048576, "", "objects",              \
+    "write-behind queue to the remote store (a full queue drops and counts)")
 
 /* ENUM values, in the order of their choices strings. */
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;

@@ -34,6 +34,7 @@ typedef struct pconn {
   uint32_t peer_max_frame;
   kvs_peer_info_t info;
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
+  bool remote;          /* its HELLO offered KVS_PROTO_CAP_REMOTE (a serve with a remote tier) */
   uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
   uint16_t unread_op;
   unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
@@ -329,6 +330,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   c->info.arena_size = h.pool_arena_size;
   c->info.arena_used = h.pool_arena_used;
   c->info.strategy = KVS_PROTO_STRATEGY_INLINE;
+  c->remote = (h.caps & KVS_PROTO_CAP_REMOTE) != 0;
   if (h.strategy_chosen == KVS_PROTO_STRATEGY_SHM && pool_fd >= 0) {
     if (kvs_pool_attach(pool_fd, true, &c->pool) == 0)
       c->info.strategy = KVS_PROTO_STRATEGY_SHM;
@@ -470,7 +472,11 @@ static pconn_t *grab(kvs_peers_t *p, uint64_t instance, bool prefer_cache) {
 }
 
 static int lookup_one(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n) {
-  kvs_proto_lookup_t m = {(uint32_t)n, keys};
+  /* A serve with a remote tier may fetch what it lacks: leave it a quarter of our deadline to
+   * send the reply (docs/protocol.md 4.3). Other peers get 0, as protocol v1 requires. */
+  uint32_t wait = (uint32_t)(p->opts.rpc_timeout_ms - p->opts.rpc_timeout_ms / 4);
+  kvs_proto_lookup_t m = {.n_keys = (uint32_t)n, .keys = keys,
+                          .remote_wait_ms = c->remote ? (wait ? wait : 1) : 0};
   uint8_t *rep = NULL;
   size_t rn = 0;
   pthread_mutex_lock(&c->lock);

@@ -484,7 +484,7 @@ int kvs_proto_lookup_encode(const kvs_proto_lookup_t *m, void *buf, size_t cap, 
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
   kvs_proto_write_u32(&w, m->n_keys);
-  kvs_proto_write_u32(&w, 0);
+  kvs_proto_write_u32(&w, m->remote_wait_ms);
   kvs_proto_write_bytes(&w, m->keys, (size_t)m->n_keys * sizeof(kvs_key_t));
   return finish(&w, len);
 }
@@ -495,7 +495,7 @@ int kvs_proto_lookup_decode(const void *p, size_t len, kvs_proto_lookup_t *out) 
   kvs_proto_reader_init(&r, p, len);
   kvs_proto_lookup_t m;
   m.n_keys = kvs_proto_read_u32(&r);
-  zero32(&r);
+  m.remote_wait_ms = kvs_proto_read_u32(&r);
   require(&r, keys_count_ok(m.n_keys));
   m.keys = kvs_proto_read_array(&r, m.n_keys, sizeof(kvs_key_t));
   KVS_TRY(kvs_proto_reader_end(&r));

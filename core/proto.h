@@ -166,6 +166,8 @@ const char *kvs_proto_strerror(int code);
 #define KVS_PROTO_ROLE_TOOL 3u          /* the kvshim CLI */
 #define KVS_PROTO_CAP_SHM 0x1u          /* can map a peer pool and use SHM transfers */
 #define KVS_PROTO_CAP_INLINE 0x2u       /* can use inline transfers (every peer should) */
+#define KVS_PROTO_CAP_REMOTE 0x4u       /* server: a LOOKUP may ask it to consult its remote tier
+                                           (remote_wait_ms); clients send 0 to others */
 #define KVS_PROTO_HELLO_POOL_FD 0x1u    /* HELLO flag: the pool memfd travels with this frame */
 #define KVS_PROTO_HELLO_F_ALL KVS_PROTO_HELLO_POOL_FD
 
@@ -354,7 +356,10 @@ void kvs_proto_error_init(kvs_proto_error_t *m, int code, const char *msg);
 /* LOOKUP request: 1 <= n_keys <= KVS_PROTO_MAX_KEYS. Also the PREPARE_RETRIEVE key list. */
 typedef struct kvs_proto_lookup {
   uint32_t n_keys;
-  const kvs_key_t *keys; /* into the payload */
+  const kvs_key_t *keys;   /* into the payload */
+  uint32_t remote_wait_ms; /* 0: the pool only (protocol v1 as first published); > 0: a server
+                              that announced KVS_PROTO_CAP_REMOTE may fetch the keys it lacks
+                              from its remote tier, replying within this many ms */
 } kvs_proto_lookup_t;
 /* LOOKUP reply: the leading run of READY keys (nothing is pinned). found <= MAX_KEYS. */
 typedef struct kvs_proto_lookup_reply {

@@ -91,7 +91,19 @@ extern "C" {
   X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
   X(llama_prefix_passthrough, C,                                                              \
     "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
-  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")
+  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")       \
+  X(remote_lookups, C, "remote tier: lookups that consulted the remote store")                 \
+  X(remote_hits, C, "remote tier: keys fetched from the remote store into the pool")          \
+  X(remote_misses, C, "remote tier: lookups that stopped at a key the remote store lacks")     \
+  X(remote_bytes_in, C, "remote tier: value bytes read from the remote store")                \
+  X(remote_bytes_out, C, "remote tier: value bytes written to the remote store")              \
+  X(remote_writes, C, "remote tier: values written (SET NX accepted)")                        \
+  X(remote_write_present, C, "remote tier: values already in the remote store (NX kept it)")  \
+  X(remote_errors, C, "remote tier: calls that failed (connection, error reply, wrong type)") \
+  X(remote_timeouts, C, "remote tier: calls or lookups that ran past their deadline")         \
+  X(remote_breaker_opens, C, "remote tier: circuit breaker openings (tier skipped a while)")  \
+  X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
+  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

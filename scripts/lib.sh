@@ -9,9 +9,11 @@ kvs_say() { printf '==> %s\n' "$*" >&2; }
 kvs_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages each feature needs. Core build and tests:
-KVS_PKGS_BUILD="cmake make gcc pkg-config libcriterion-dev libelf-dev libxxhash-dev python3"
+KVS_PKGS_BUILD="cmake make gcc pkg-config libcriterion-dev libelf-dev libxxhash-dev libhiredis-dev python3"
 # Fuzz leg (libFuzzer lives in libclang-rt-14-dev), benchmarks (valgrind for callgrind counts).
 KVS_PKGS_EXTRA="clang libclang-rt-14-dev valgrind python3-matplotlib"
+# Remote tier tests and demo (ctest label remote): a real Redis server and redis-cli.
+KVS_PKGS_REMOTE="redis-server redis-tools"
 
 kvs_pkg_missing() { # prints the packages of "$@" that are not installed
   local p

@@ -6,6 +6,7 @@
  *   kvshim put NAME FILE                store a named blob in the group (FILE '-' = stdin)
  *   kvshim get NAME [OUT]               fetch a named blob (OUT '-' or absent = stdout)
  *   kvshim inspect BINARY [--json]      hook families in BINARY and whether LD_PRELOAD reaches them
+ *   kvshim remote                       check the remote store (KVSHIM_REMOTE) serve would use
  *
  * Every KVSHIM_* variable can also be given as a flag: --pool-size 2G is KVSHIM_POOL_SIZE=2G.
  * Exit codes: 0 ok, 1 not found / miss / refused, 2 usage, 3 no peer reachable. */
@@ -26,6 +27,8 @@
 #include "kvshim.h"
 #include "peer.h"
 #include "proto.h"
+#include "redis.h"
+#include "remote.h"
 
 enum { EXIT_OK = 0, EXIT_MISS = 1, EXIT_USAGE = 2, EXIT_NO_PEER = 3 };
 
@@ -35,13 +38,14 @@ static const char *const usage_text =
     "commands:\n"
     "  serve               run a standalone node cache (coordinator + pool) until SIGINT/SIGTERM\n"
     "  peers [--json]      list the live peers of the group\n"
-    "  stats [PEER] [--json]\n"
+    "  stats [PEER] [--json|--prometheus]\n"
     "                      counters of PEER (instance id prefix or pid), or of every peer\n"
     "  put NAME FILE       store FILE ('-' = stdin) under NAME in the group's cache\n"
     "  get NAME [OUT]      fetch NAME into OUT ('-' or absent = stdout)\n"
     "  inspect BINARY [--json]\n"
     "                      hook families in BINARY's libraries and whether LD_PRELOAD can\n"
     "                      interpose them (exit 1: unreadable or not ELF)\n"
+    "  remote              connect to the remote store (KVSHIM_REMOTE) and describe it\n"
     "  help [COMMAND]      this text, or a command's\n"
     "\n"
     "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
@@ -53,15 +57,24 @@ static const char *const help_serve =
     "                    [--pool-name NAME] [--hugepages 0|1] [--lease-ms MS] [--log LEVEL]\n"
     "Runs a coordinator and a pool as the group's cache peer: engines push what they commit\n"
     "to it (KVSHIM_PUSH=auto), so cached state outlives the engine that computed it.\n"
-    "Prints the socket path, then serves until SIGINT or SIGTERM and stops cleanly.\n";
+    "Prints the socket path, then serves until SIGINT or SIGTERM and stops cleanly.\n"
+    "With --remote URL (KVSHIM_REMOTE) it also writes what it holds behind to Redis and fetches\n"
+    "what its peers ask for and it lacks from there (README \"Several nodes\").\n";
 static const char *const help_peers =
     "usage: kvshim peers [--json]\n"
     "Lists the live peers of the group: instance id, pid, role, strategy, pool size and use.\n"
     "Stale sockets (nobody listening) are removed. Exit 3 when there is no peer.\n";
 static const char *const help_stats =
-    "usage: kvshim stats [PEER] [--json]\n"
-    "Prints the INFO-style counters (or JSON) of PEER, given as an instance id prefix or a pid;\n"
-    "without PEER, of every live peer.\n";
+    "usage: kvshim stats [PEER] [--json|--prometheus]\n"
+    "Prints the INFO-style counters (or JSON, or the Prometheus text format with labels\n"
+    "instance and pid) of PEER, given as an instance id prefix or a pid; without PEER, of every\n"
+    "live peer.\n";
+static const char *const help_remote =
+    "usage: kvshim remote [--remote URL] [--remote-password-file FILE] [--remote-timeout-ms MS]\n"
+    "Connects to the remote store `kvshim serve` would use and prints its version, mode\n"
+    "(standalone or cluster), nodes, slot coverage and round-trip time.\n"
+    "Exit 0 reachable, 1 refused (password, not Redis, wrong reply), 2 no or bad URL,\n"
+    "3 unreachable.\n";
 static const char *const help_put =
     "usage: kvshim put NAME FILE\n"
     "Stores FILE ('-' = stdin) under NAME (salted with KVSHIM_SALT) in the cache peer, or in\n"
@@ -86,9 +99,9 @@ static int parse_args(int argc, char **argv, kvs_options_t *o, char **rest, int 
   *n_rest = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--json") == 0) {
-      if (!json) return usage_error("--json is not an option of this command%s", "");
-      *json = 1;
+    if (strcmp(a, "--json") == 0 || strcmp(a, "--prometheus") == 0) {
+      if (!json) return usage_error("%s is not an option of this command", a);
+      *json = a[2] == 'j' ? 1 : 2;
       continue;
     }
     if (strcmp(a, "-") == 0 || strncmp(a, "--", 2) != 0) {
@@ -174,25 +187,43 @@ static int cmd_serve(kvs_options_t *o) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  /* The remote tier: any problem with it is one line, and serve goes on without it. */
+  kvs_remote_t *remote = NULL;
+  if (o->remote[0]) {
+    kvs_remote_config_t rcfg = {.opts = o, .store = store, .producer = id};
+    char err[512] = "";
+    rc = kvs_remote_create(&rcfg, &remote, err, sizeof err);
+    if (rc < 0)
+      fprintf(stderr, "kvshim serve: remote tier off: %s\n", err[0] ? err : strerror(-rc));
+    else if (err[0])
+      fprintf(stderr, "kvshim serve: remote tier: %s\n", err);
+  }
   kvs_coord_config_t ccfg = {.store = store, .pool = pool, .opts = o,
-                             .role = KVS_PROTO_ROLE_CACHE, .instance_id = id};
+                             .role = KVS_PROTO_ROLE_CACHE, .instance_id = id,
+                             .remote = remote ? kvs_remote_hooks(remote) : NULL};
   kvs_coord_t *coord = NULL;
   rc = kvs_coord_start(&ccfg, &coord);
   if (rc < 0) {
     fprintf(stderr, "kvshim serve: cannot start the coordinator: %s\n", strerror(-rc));
+    kvs_remote_destroy(remote, 0);
     kvs_store_destroy(store, true);
     kvs_pool_destroy(pool, true);
     return EXIT_MISS;
   }
   char size[32];
   kvs_options_format_value(o, KVS_OPT_pool_size, size, sizeof size);
-  printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s\n",
-         (long)getpid(), id, o->group, size, kvs_coord_socket_path(coord));
+  kvs_remote_attach(remote, coord);
+  printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s%s\n",
+         (long)getpid(), id, o->group, size, kvs_coord_socket_path(coord),
+         remote ? ", remote tier on" : "");
   fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
   fprintf(stderr, "kvshim serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  kvs_remote_attach(remote, NULL);
   kvs_coord_stop(coord);
+  /* What was pushed before the signal is written behind first (bounded). */
+  kvs_remote_destroy(remote, (uint32_t)o->remote_timeout_ms * 2 + 3000);
   kvs_store_destroy(store, true);
   kvs_pool_destroy(pool, true);
   return EXIT_OK;
@@ -239,7 +270,48 @@ static int matches_peer(const kvs_peer_info_t *pi, const char *sel) {
   return *end == '\0' && pid == pi->pid;
 }
 
-static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
+/* Prometheus text format (version 0.0.4) of the peers' INFO texts: one HELP/TYPE block per
+ * field of the stats table, one sample per peer labelled instance, pid and role; counters get
+ * the conventional _total suffix. A field a peer did not report (an older peer) has no sample
+ * for it. */
+typedef struct prom {
+  int n;
+  kvs_peer_info_t peer[256];
+  uint64_t val[256][KVS_STAT__COUNT];
+  uint8_t have[256][KVS_STAT__COUNT];
+} prom_t;
+
+static void prom_add(prom_t *pr, const kvs_peer_info_t *pi, char *text) {
+  int i = pr->n++;
+  pr->peer[i] = *pi;
+  memset(pr->have[i], 0, sizeof pr->have[i]);
+  for (char *line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
+    char *colon = strchr(line, ':');
+    kvs_stat_id_t id;
+    if (line[0] == '#' || !colon) continue;
+    *colon = '\0';
+    if (kvs_stats_find(line, &id) < 0) continue;
+    pr->val[i][id] = strtoull(colon + 1, NULL, 10);
+    pr->have[i][id] = 1;
+  }
+}
+
+static void prom_print(const prom_t *pr) {
+  for (int id = 0; id < KVS_STAT__COUNT; id++) {
+    bool gauge = kvs_stats_is_gauge((kvs_stat_id_t)id);
+    const char *name = kvs_stats_name((kvs_stat_id_t)id), *suffix = gauge ? "" : "_total";
+    printf("# HELP kvshim_%s%s %s\n# TYPE kvshim_%s%s %s\n", name, suffix,
+           kvs_stats_help((kvs_stat_id_t)id), name, suffix, gauge ? "gauge" : "counter");
+    for (int i = 0; i < pr->n; i++)
+      if (pr->have[i][id])
+        printf("kvshim_%s%s{instance=\"%016" PRIx64 "\",pid=\"%u\",role=\"%s\"} %" PRIu64 "\n",
+               name, suffix, pr->peer[i].instance_id, pr->peer[i].pid,
+               role_name(pr->peer[i].role), pr->val[i][id]);
+  }
+}
+
+/* format: 0 INFO text, 1 JSON, 2 Prometheus. */
+static int cmd_stats(kvs_options_t *o, const char *sel, int format) {
   int live = 0;
   kvs_peers_t *p = open_peers(o, &live);
   if (!p || live == 0) {
@@ -251,6 +323,9 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
   int n = kvs_peers_list(p, info, 256), shown = 0, rc = EXIT_OK;
   if (n > 256) n = 256;
   static char text[65536];
+  static prom_t prom;
+  bool json = format == 1;
+  prom.n = 0;
   if (json && !sel) printf("[");
   for (int i = 0; i < n; i++) {
     if (sel && !matches_peer(&info[i], sel)) continue;
@@ -261,7 +336,9 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
       rc = EXIT_NO_PEER;
       continue;
     }
-    if (json) {
+    if (format == 2) {
+      prom_add(&prom, &info[i], text);
+    } else if (json) {
       printf("%s%s", shown && !sel ? "," : "", text);
     } else {
       printf("# peer %016" PRIx64 " pid %u (%s)\r\n%s", info[i].instance_id, info[i].pid,
@@ -271,12 +348,51 @@ static int cmd_stats(kvs_options_t *o, const char *sel, int json) {
   }
   if (json && !sel) printf("]");
   if (json) printf("\n");
+  if (format == 2) prom_print(&prom);
   kvs_peers_destroy(p);
   if (sel && shown == 0) {
     fprintf(stderr, "kvshim stats: no live peer matches '%s'\n", sel);
     return EXIT_MISS;
   }
   return rc;
+}
+
+/* ---- remote -------------------------------------------------------------------------------- */
+
+static int cmd_remote(kvs_options_t *o) {
+  kvs_redis_config_t cfg;
+  char pw[256], err[512] = "";
+  if (kvs_remote_redis_config(o, &cfg, pw, sizeof pw, err, sizeof err) < 0) {
+    fprintf(stderr, "kvshim remote: %s\n", err);
+    memset(pw, 0, sizeof pw);
+    return EXIT_USAGE;
+  }
+  kvs_redis_t *r = NULL;
+  int rc = kvs_redis_create(&cfg, &r, err, sizeof err);
+  memset(pw, 0, sizeof pw);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim remote: %s\n", err[0] ? err : strerror(-rc));
+    return rc == -EACCES || rc == -EPROTO ? EXIT_MISS : rc == -EINVAL ? EXIT_USAGE : EXIT_NO_PEER;
+  }
+  kvs_redis_info_t info;
+  memset(&info, 0, sizeof info);
+  rc = kvs_redis_info(r, &info);
+  kvs_redis_destroy(r);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim remote: connected, but the server did not describe itself: %s\n",
+            strerror(-rc));
+    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET ? EXIT_NO_PEER
+                                                                       : EXIT_MISS;
+  }
+  printf("server: redis %s\nmode: %s\nnodes: %d\nslots: %d/16384\nrtt_us: %.1f\n",
+         info.version, info.cluster ? "cluster" : "standalone", info.n_nodes,
+         info.slots_covered, info.rtt_us);
+  if (info.slots_covered < 16384) {
+    fprintf(stderr, "kvshim remote: only %d of 16384 slots are served: writes to the others "
+            "fail\n", info.slots_covered);
+    return EXIT_MISS;
+  }
+  return EXIT_OK;
 }
 
 /* ---- put, get ------------------------------------------------------------------------------ */
@@ -410,7 +526,7 @@ static int cmd_get(kvs_options_t *o, const char *name, const char *out) {
 static const char *command_help(const char *cmd) {
   static const struct { const char *name, *help; } table[] = {
       {"serve", help_serve}, {"peers", help_peers}, {"stats", help_stats},
-      {"put", help_put},     {"get", help_get}};
+      {"put", help_put},     {"get", help_get},   {"remote", help_remote}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (strcmp(cmd, table[i].name) == 0) return table[i].help;
   return NULL;
@@ -441,6 +557,12 @@ int main(int argc, char **argv) {
   char *rest[64];
   int n_rest = 0, json = 0;
   bool takes_json = strcmp(cmd, "peers") == 0 || strcmp(cmd, "stats") == 0;
+  if (strcmp(cmd, "remote") == 0) {
+    int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
+    if (r) return r;
+    if (n_rest) return usage_error("remote takes no argument '%s'", rest[0]);
+    return cmd_remote(&o);
+  }
   if (argc - 2 > 64) return usage_error("too many arguments%s", "");
   int rc = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, takes_json ? &json : NULL);
   if (rc) return rc;
@@ -450,6 +572,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(cmd, "peers") == 0) {
     if (n_rest) return usage_error("peers takes no argument '%s'", rest[0]);
+    if (json == 2) return usage_error("%s is not an option of peers", "--prometheus");
     return cmd_peers(&o, json);
   }
   if (strcmp(cmd, "stats") == 0) {

@@ -299,7 +299,7 @@ int cc_open(cc_t *c, const char *path, uint8_t strategy) {
   })
 
 int cc_lookup(cc_t *c, const kvs_key_t *keys, uint32_t n, uint32_t *found) {
-  kvs_proto_lookup_t m = {n, keys};
+  kvs_proto_lookup_t m = {.n_keys = n, .keys = keys};
   cc_msg_t r;
   int rc = CC_CALL_ENCODED(c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &r);
   kvs_proto_lookup_reply_t lr;

@@ -73,7 +73,10 @@ Test(options, every_row_is_read_from_the_environment) {
       "KVSHIM_SALT=s3cret", "KVSHIM_LEASE_MS=500", "KVSHIM_RPC_TIMEOUT_MS=75",
       "KVSHIM_MAX_FRAME=1GB", "KVSHIM_ALLOW_UIDS=1000,65534", "KVSHIM_LLAMA_WRITE_THROUGH=false",
       "KVSHIM_LLAMA_PREFIX=0", "KVSHIM_LLAMA_MIN_TOKENS=512", "KVSHIM_LOG=debug",
-      "KVSHIM_LOG_FILE=/tmp/kvs.log", "KVSHIM_STATS=/tmp/s.json", NULL};
+      "KVSHIM_LOG_FILE=/tmp/kvs.log", "KVSHIM_STATS=/tmp/s.json",
+      "KVSHIM_REMOTE=redis://h:6379/2", "KVSHIM_REMOTE_PASSWORD_FILE=/etc/kvs.pw",
+      "KVSHIM_REMOTE_TTL=60000", "KVSHIM_REMOTE_TIMEOUT_MS=250", "KVSHIM_REMOTE_THREADS=3",
+      "KVSHIM_REMOTE_QUEUE=64", NULL};
   kvs_options_t o;
   cr_assert_eq(kvs_options_load(&o, env, 0), 0, "no problems expected");
   cr_expect_eq(o.enable, 0);
@@ -95,6 +98,12 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_expect_eq(o.max_frame, 1ull << 30);
   cr_expect_str_eq(o.allow_uids, "1000,65534");
   cr_expect_eq(o.llama_write_through, 0);
+  cr_expect_str_eq(o.remote, "redis://h:6379/2");
+  cr_expect_str_eq(o.remote_password_file, "/etc/kvs.pw");
+  cr_expect_eq(o.remote_ttl, 60000);
+  cr_expect_eq(o.remote_timeout_ms, 250);
+  cr_expect_eq(o.remote_threads, 3);
+  cr_expect_eq(o.remote_queue, 64);
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
   cr_expect_eq(o.log, KVS_LOG_DEBUG);

@@ -1071,7 +1071,7 @@ T(reserved_fields_and_ranges_are_checked) {
   const sample_t *e = find_sample(s, n, "error");
   expect_bad_patch(e, 3, 0);     /* code becomes positive */
   const sample_t *lk = find_sample(s, n, "lookup");
-  expect_bad_patch(lk, 4, 1);
+  (void)lk; /* LOOKUP byte 4 is remote_wait_ms now (lookup_remote_wait_round_trips) */
   const sample_t *lr = find_sample(s, n, "lookup_reply");
   expect_bad_patch(lr, 7, 1);
   expect_bad_patch(lr, 1, 0x10); /* found 4098 > limit */
@@ -1317,4 +1317,26 @@ T(hello_negotiation_helpers) {
   cr_assert_eq(kvs_proto_hello_check(&rep, true), -EPROTO, "pool fd only with SHM");
   rep.strategy_chosen = KVS_PROTO_STRATEGY_SHM;
   cr_assert_eq(kvs_proto_hello_check(&rep, true), 0);
+}
+
+/* LOOKUP offset 4: remote_wait_ms (docs/protocol.md 4.3): 0 is the first v1 form byte for byte;
+ * any other value round-trips. */
+T(lookup_remote_wait_round_trips) {
+  kvs_key_t keys[2] = {key_n(1), key_n(2)};
+  kvs_proto_lookup_t m = {.n_keys = 2, .keys = keys, .remote_wait_ms = 1500}, d;
+  size_t len;
+  uint8_t *b = ENCODE(kvs_proto_lookup_encode, &m, &len);
+  cr_assert_eq(len, 8 + 32);
+  uint32_t w;
+  memcpy(&w, b + 4, 4);
+  cr_assert_eq(w, 1500u);
+  cr_assert_eq(kvs_proto_lookup_decode(b, len, &d), 0);
+  cr_assert_eq(d.remote_wait_ms, 1500u);
+  cr_assert_eq(d.n_keys, 2u);
+  free(b);
+  m.remote_wait_ms = 0;
+  b = ENCODE(kvs_proto_lookup_encode, &m, &len);
+  memcpy(&w, b + 4, 4);
+  cr_assert_eq(w, 0u, "a client without a remote peer sends what v1 always sent");
+  free(b);
 }
