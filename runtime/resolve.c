@@ -1,4 +1,4 @@
-/* preload: finding real functions (design §9.2). The private real dlsym, a reader of loaded
+/* runtime: finding real functions (design §9.2). The private real dlsym, a reader of loaded
  * objects' dynamic symbol tables, the RTLD_NEXT emulation the dlsym hook needs for hooked
  * names, and the engine-symbol resolver that also finds objects opened RTLD_LOCAL. */
 #include <dlfcn.h>
@@ -11,14 +11,15 @@
 #include <string.h>
 
 #include "internal.h"
-#include "preload.h"
+#include "resolve.h"
+#include "runtime.h"
 
 #if defined(__x86_64__)
 #define KVS__GLIBC_BASE_VERSION "GLIBC_2.2.5"
 #elif defined(__aarch64__)
 #define KVS__GLIBC_BASE_VERSION "GLIBC_2.17"
 #else
-#error "kvshim preload: add this architecture's oldest glibc symbol version (and dlsym.c's trampoline)"
+#error "kvshim runtime: add this architecture's oldest glibc symbol version (and preload/dlsym.c's trampoline)"
 #endif
 
 /* ---- the private real dlsym ------------------------------------------------------------------ */
@@ -154,7 +155,7 @@ static bool obj_contains(const struct dl_phdr_info *info, uintptr_t a) {
 
 bool kvs__addr_in_self(const void *addr) {
   Dl_info a, b;
-  if (!dladdr(addr, &a) || !dladdr((const void *)&kvs__addr_in_self, &b)) return false;
+  if (!dladdr(addr, &a) || !dladdr((const void *)&g_real_dlsym, &b)) return false;
   return a.dli_fbase == b.dli_fbase;
 }
 
