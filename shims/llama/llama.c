@@ -267,10 +267,9 @@ static int ll_reserve(kvs_store_t *st, const kvs_key_t *keys, size_t nk, uint64_
 }
 
 static void ll_end(kvs_store_t *st, kvs_xfer_t xfer, bool commit) {
-  kvs__hook_depth++;
+  KVS__REENTRY_GUARD();
   if (commit) kvs_store_commit(st, KVS_OWNER_LOCAL, xfer);
   else kvs_store_abort(st, KVS_OWNER_LOCAL, xfer);
-  kvs__hook_depth--;
 }
 
 static inline int64_t ll_ns(struct timespec ts) {
@@ -353,9 +352,11 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
   uint64_t total = KVS_LLAMA_BLOB_HDR + tok_bytes + S;
   kvs_extent_t ext;
   kvs_xfer_t xfer;
-  kvs__hook_depth++;
-  int rc = ll_reserve(rt->store, keys, nk, total, true, &ext, &xfer);
-  kvs__hook_depth--;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = ll_reserve(rt->store, keys, nk, total, true, &ext, &xfer);
+  }
   if (rc < 0) {
     why = rc == -ENOSPC ? "the pool is full" : rc == -EFBIG ? "larger than the pool"
                                               : "the path is being written or read";
@@ -410,10 +411,11 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
   memcpy(blob, &h, sizeof h);
   h.checksum = kvs__llama_blob_checksum(blob, total);
   memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
-  kvs__hook_depth++;
-  rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, keys, nk); /* -ENOTSUP: no cache peer */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
+    if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, keys, nk); /* -ENOTSUP: no cache peer */
+  }
   if (rc < 0) {
     kvs_log_warn("llama.cpp: %s: commit failed (%s)", path, strerror(-rc));
     kvs_stats_inc(stats, KVS_STAT_hook_store_failures);
@@ -498,20 +500,23 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
                               size_t *ret) {
   kvs_xfer_t xfer = 0;
   kvs_object_view_t v;
-  kvs__hook_depth++;
-  int found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-  if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    found = 0;
+  int found;
+  {
+    KVS__REENTRY_GUARD();
+    found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
+    if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
+      kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+      found = 0;
+    }
   }
-  kvs__hook_depth--;
   if (found != 1) return LL_MISS;
   /* Restored straight from the pool while the pin keeps the extent. */
   ll_res_t res = ll_restore(q, kvs_pool_base(rt->pool) + v.extent.offset, v.extent.length, ret);
-  kvs__hook_depth++;
-  kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (res == LL_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+    if (res == LL_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
+  }
   return res;
 }
 
@@ -564,9 +569,10 @@ static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key
   s.m = q->m;
   s.keys[0] = key;
   s.nk = 1;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
+  }
   if (s.state == SINK_LOCAL) return LL_LOCAL_NOW;
   if (s.state != SINK_COPIED) return LL_MISS;
   const uint8_t *blob = s.base + s.ext.offset;
@@ -723,9 +729,8 @@ struct llama_model *llama_model_load_from_file(const char *path_model,
   kvs__hook_count();
   struct llama_model *model = real(path_model, params);
   if (model && path_model) {
-    kvs__hook_depth++; /* file reads and hashing only: kvshim's own work */
+    KVS__REENTRY_GUARD(); /* file reads and hashing only: kvshim's own work */
     ll_fingerprint_model(model, path_model);
-    kvs__hook_depth--;
   }
   ll_depth--;
   return model;

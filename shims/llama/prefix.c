@@ -316,10 +316,12 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   size_t off_rseq = px_align16(off_rnseq + (size_t)ub * sizeof(int32_t));
   size_t off_rlog = px_align16(off_rseq + (size_t)ub * sizeof(int32_t *));
   size_t len = px_align16(off_rlog + (size_t)ub);
-  kvs__hook_depth++;
-  void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-  kvs__hook_depth--;
+  void *map;
+  {
+    KVS__REENTRY_GUARD();
+    map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+  }
   if (map == MAP_FAILED) return "no memory for its shadow";
   uint8_t *b = map;
   c->map = map;
@@ -563,20 +565,23 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
   kvs_xfer_t xfer = 0;
   kvs_object_view_t v;
-  kvs__hook_depth++;
-  int found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-  if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    found = 0;
+  int found;
+  {
+    KVS__REENTRY_GUARD();
+    found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
+    if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
+      kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+      found = 0;
+    }
   }
-  kvs__hook_depth--;
   if (found != 1) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, s, n, k, kvs_pool_base(rt->pool) + v.extent.offset,
                                  v.extent.length);
-  kvs__hook_depth++;
-  kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (res == PX_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
+    if (res == PX_BAD) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
+  }
   return res;
 }
 
@@ -644,16 +649,18 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   sk.base = kvs_pool_base(rt->pool);
   sk.want = keys[j - 1];
   sk.j = j;
-  kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
+  }
   if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
   if (sk.state != SINK_COPIED) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, s, n, k, sk.base + sk.ext.offset, sk.ext.length);
-  kvs__hook_depth++;
-  if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
-  else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
+    else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
+  }
   if (res == PX_OK) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
   return res;
 }
@@ -677,16 +684,19 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
   /* The prompt so far: shadow + batch (positions beyond n become real only if the decode
    * succeeds), and its chunk keys. */
   memcpy(kvs__px_tok(&c->sh, (uint32_t)s) + n, b->token, (size_t)m * 4);
-  kvs__hook_depth++;
-  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
+  }
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   for (uint32_t j = jmax; j > n / C; j--) {
     if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
       continue;
-    kvs__hook_depth++;
-    int here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
-    kvs__hook_depth--;
+    int here;
+    {
+      KVS__REENTRY_GUARD();
+      here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
+    }
     if (here != 1) continue;
     px_res_t r = px_restore_local(c, rt, ctx, s, n, j * C);
     if (r == PX_OK) return j * C;
@@ -694,9 +704,11 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
   }
   if (!rt->peers) return 0;
   uint64_t best = 0;
-  kvs__hook_depth++;
-  int run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
-  kvs__hook_depth--;
+  int run;
+  {
+    KVS__REENTRY_GUARD();
+    run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
+  }
   for (uint32_t j = run > 0 ? (uint32_t)run : 0; j > n / C && best; j--) {
     if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
       continue;
@@ -716,14 +728,17 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return;
   kvs_stats_t *st = px_stats();
-  kvs__hook_depth++;
-  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
-  q->nkeys = J;
-  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  uint64_t best = 0;
-  bool cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
-                (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
-  kvs__hook_depth--;
+  const kvs_key_t *keys;
+  bool cached;
+  {
+    KVS__REENTRY_GUARD();
+    kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
+    q->nkeys = J;
+    keys = kvs__px_keys(&c->sh, (uint32_t)s);
+    uint64_t best = 0;
+    cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
+             (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
+  }
   if (cached) {
     q->snap = J * C;
     return;
@@ -741,10 +756,12 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   kvs_extent_t ext;
   kvs_xfer_t xfer = 0;
   uint8_t oc = 0;
-  kvs__hook_depth++;
-  int rc = kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc, &ext,
-                                    &xfer);
-  kvs__hook_depth--;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, c->kscratch, J, &l, 0, &oc, &ext,
+                                  &xfer);
+  }
   if (rc != 1) {
     if (rc == 0 && oc == KVS_RES_PRESENT) {
       q->snap = J * C;
@@ -759,9 +776,10 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   uint32_t smagic = 0;
   if (w == S) memcpy(&smagic, state, sizeof smagic);
   if (w != S || smagic != KVS_PX_STATE_MAGIC) {
-    kvs__hook_depth++;
-    kvs_store_abort(rt->store, KVS_OWNER_LOCAL, xfer);
-    kvs__hook_depth--;
+    {
+      KVS__REENTRY_GUARD();
+      kvs_store_abort(rt->store, KVS_OWNER_LOCAL, xfer);
+    }
     why = "llama_state_seq_get_data did not write the size get_size announced";
     goto failed;
   }
@@ -780,14 +798,16 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME_COARSE, &now);
   h.saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-  kvs__hook_depth++;
-  memcpy(blob + KVS_PX_BLOB_HDR, kvs__px_tok(&c->sh, (uint32_t)s), (size_t)N * 4);
-  memcpy(blob, &h, sizeof h);
-  h.checksum = kvs__px_blob_checksum(blob, total);
-  memcpy(blob + offsetof(kvs__px_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
-  rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
-  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, c->kscratch, J); /* -ENOTSUP: no cache peer */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    memcpy(blob + KVS_PX_BLOB_HDR, kvs__px_tok(&c->sh, (uint32_t)s), (size_t)N * 4);
+    memcpy(blob, &h, sizeof h);
+    h.checksum = kvs__px_blob_checksum(blob, total);
+    memcpy(blob + offsetof(kvs__px_blob_hdr_t, checksum), &h.checksum, sizeof h.checksum);
+    rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer);
+    if (rc == 0 && rt->peers)
+      kvs_peers_push(rt->peers, c->kscratch, J); /* -ENOTSUP: no cache peer */
+  }
   if (rc < 0) {
     why = "commit failed";
     goto failed;
