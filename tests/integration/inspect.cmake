@@ -141,3 +141,10 @@ foreach(case IN LISTS inspect_cases)
     kvs_fakecuda_env(${name}) # after ENVIRONMENT: older CMake appends to that property
   endif()
 endforeach()
+
+# The hooks inspect checks == the library's exports (nm -D) == preload/exports.txt (the oracle).
+get_property(inspect_exports_txt GLOBAL PROPERTY KVSHIM_PRELOAD_EXPORTS)
+add_test(NAME inspect_exports COMMAND ${Python3_EXECUTABLE}
+  ${CMAKE_CURRENT_LIST_DIR}/inspect_exports.py --kvshim $<TARGET_FILE:kvshim>
+  --lib $<TARGET_FILE:kvshim_preload> --exports ${inspect_exports_txt} --nm ${CMAKE_NM})
+set_tests_properties(inspect_exports PROPERTIES TIMEOUT 120 LABELS "integration;inspect")
