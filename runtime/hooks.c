@@ -2,6 +2,7 @@
 #include "hooks.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 
 #include "internal.h"
@@ -107,15 +108,112 @@ void *kvs__family_substitute(const kvs__family_t *f, size_t row, void *found) {
 
 /* ---- configuration, init, fork ----------------------------------------------------------------- */
 
-bool kvs__family_enabled(const kvs__family_t *f) {
+/* ---- KVSHIM_HOOKS=auto: is the family's library in the process? ------------------------------ */
+
+#define SCAN_HOOKS_MAX 64 /* hooks of one family counted by the scan */
+#define SCAN_PATH_MAX 256
+
+typedef struct scan {
+  const kvs__family_t *f;
+  uintptr_t self;                  /* an address inside libkvshim.so: never counted */
+  unsigned long long adds;         /* dlpi_adds seen */
+  bool seen[SCAN_HOOKS_MAX];       /* hook defined by some object */
+  bool shared[SCAN_HOOKS_MAX];     /* ... by a shared object (not the executable) */
+  unsigned best;                   /* most hooks one object defines */
+  char definer[SCAN_PATH_MAX];     /* that object ("" for the executable) */
+} scan_t;
+
+static int adds_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+  if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof info->dlpi_adds)
+    *(unsigned long long *)arg = info->dlpi_adds;
+  return 1; /* one object is enough: the counter is the process's */
+}
+
+static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+  scan_t *sc = arg;
+  adds_cb(info, size, &sc->adds);
+  if (kvs__addr_in_object(info, sc->self)) return 0;
+  /* The first object of the walk is the executable (dlpi_name ""), which precedes LD_PRELOAD
+   * in the lookup order: what it defines is not interposable. */
+  bool exe = !info->dlpi_name || !info->dlpi_name[0];
+  unsigned here = 0;
+  kvs__elf_sym_t sym;
+  for (size_t i = 0; i < sc->f->n_hooks && i < SCAN_HOOKS_MAX; i++) {
+    if (kvs__elf_lookup(info->dlpi_addr, info->dlpi_phdr, info->dlpi_phnum, sc->f->names[i],
+                        &sym) != 0)
+      continue;
+    here++;
+    sc->seen[i] = true;
+    if (!exe) sc->shared[i] = true;
+  }
+  if (here > sc->best) {
+    sc->best = here;
+    const char *n = exe ? "" : info->dlpi_name;
+    size_t len = strnlen(n, sizeof sc->definer - 1);
+    memcpy(sc->definer, n, len);
+    sc->definer[len] = '\0';
+  }
+  return 0;
+}
+
+static void present_log(const kvs__family_t *f, const scan_t *sc) {
+  unsigned m = 0, n = 0;
+  for (size_t i = 0; i < SCAN_HOOKS_MAX; i++) {
+    m += sc->seen[i];
+    n += sc->shared[i];
+  }
+  const char *base = strrchr(sc->definer, '/');
+  base = base ? base + 1 : sc->definer[0] ? sc->definer : "the executable";
+  kvs_log_info("%s: %s, %u/%u hooks interposable", f->name, base, n, m);
+}
+
+bool kvs__family_present(const kvs__family_t *f) {
+  kvs__family_state_t *st = f->state;
+  if (__builtin_expect(__atomic_load_n(&st->present, __ATOMIC_ACQUIRE), 1)) return true;
+  unsigned long long adds = 0;
+  dl_iterate_phdr(adds_cb, &adds);
+  if (adds && adds == __atomic_load_n(&st->scanned_adds, __ATOMIC_RELAXED)) return false;
+  scan_t sc;
+  memset(&sc, 0, sizeof sc);
+  sc.f = f;
+  sc.self = (uintptr_t)&kvs__family_present;
+  dl_iterate_phdr(scan_cb, &sc);
+  if (sc.best == 0) {
+    __atomic_store_n(&st->scanned_adds, sc.adds, __ATOMIC_RELAXED);
+    return false;
+  }
+  int expected = 0;
+  if (__atomic_compare_exchange_n(&st->present, &expected, 1, false, __ATOMIC_RELEASE,
+                                  __ATOMIC_RELAXED))
+    present_log(f, &sc);
+  return true;
+}
+
+/* ---- configuration, init, fork ------------------------------------------------------------------ */
+
+bool kvs__family_configured(const kvs__family_t *f) {
   const kvs_options_t *o = kvs__runtime_options();
   return o->enable && ((o->hooks & KVS_HOOKS_AUTO) || (o->hooks & f->flag));
 }
 
+bool kvs__family_enabled(const kvs__family_t *f) {
+  const kvs_options_t *o = kvs__runtime_options();
+  if (!o->enable) return false;
+  if (o->hooks & f->flag) return true;
+  return (o->hooks & KVS_HOOKS_AUTO) && kvs__family_present(f);
+}
+
 int kvs__families_init(kvs__runtime_t *rt) {
+  const kvs_options_t *o = &rt->opts;
   for (size_t i = 0; i < kvs__n_families; i++) {
     const kvs__family_t *f = kvs__families[i];
-    if (!kvs__family_enabled(f)) continue;
+    /* Every configured family is initialised, present or not: with KVSHIM_HOOKS=auto one
+     * whose library is loaded later (a plugin) is enabled from then on. */
+    if (!kvs__family_configured(f)) continue;
+    if (o->hooks & f->flag)
+      kvs_log_info("%s: enabled by KVSHIM_HOOKS", f->name);
+    else if (!kvs__family_present(f))
+      kvs_log_info("%s: not in the process: its hooks pass through until it is loaded", f->name);
     int rc = f->init ? f->init(rt) : 0;
     if (rc < 0) {
       kvs_log_warn("%s hooks: init failed: %s", f->name, strerror(-rc));

@@ -39,6 +39,9 @@ enum { KVS__LIB_NONE = 0, KVS__LIB_OK = 1, KVS__LIB_MISSING = 2 };
 typedef struct kvs__family_state {
   int lib; /* atomic KVS__LIB_*: families with .open; real[] is complete once it is not NONE */
   int on;  /* atomic bool: init ran in this process's runtime; cleared in a fork child */
+  int present; /* atomic bool, KVSHIM_HOOKS=auto: a loaded object defines one of its hooks */
+  unsigned long long scanned_adds; /* atomic: objects ever loaded (dlpi_adds) at the last scan
+                                      that found it absent; no rescan until this changes */
 } kvs__family_state_t;
 
 typedef struct kvs__family {
@@ -109,8 +112,19 @@ int kvs__family_lib(const kvs__family_t *f);
  * found (another definition the caller chose on purpose). */
 void *kvs__family_substitute(const kvs__family_t *f, size_t row, void *found);
 
-/* KVSHIM_ENABLE and KVSHIM_HOOKS allow the family. */
+/* KVSHIM_ENABLE and KVSHIM_HOOKS allow the family: named in KVSHIM_HOOKS, or KVSHIM_HOOKS=auto
+ * (the default) and the family's library is in the process (kvs__family_present). */
 bool kvs__family_enabled(const kvs__family_t *f);
+/* KVSHIM_ENABLE and KVSHIM_HOOKS let the family be enabled at all (named, or auto). */
+bool kvs__family_configured(const kvs__family_t *f);
+/* Whether a loaded object other than libkvshim.so defines one of the family's hooks in its
+ * dynamic symbol table (dl_iterate_phdr, in memory: no libelf, no allocation). Once true it
+ * stays true (objects defining hooks are not unloaded by the engines kvshim serves: even if
+ * one were, its wrappers find no real function and report it); a negative answer is kept
+ * until another object is loaded. The first positive answer logs the family's line (info):
+ * "<family>: <object>, <n>/<m> hooks interposable" (m: hooks defined by some object, n: those
+ * defined by a shared object, not by the executable, which precedes LD_PRELOAD). */
+bool kvs__family_present(const kvs__family_t *f);
 /* The family's init ran in this process's runtime and it is enabled. */
 static inline bool kvs__family_on(const kvs__family_t *f) {
   return __atomic_load_n(&f->state->on, __ATOMIC_ACQUIRE) && kvs__family_enabled(f);

@@ -144,7 +144,7 @@ int kvs__elf_lookup(uintptr_t bias, const ElfW(Phdr) *phdr, unsigned phnum, cons
   return 0;
 }
 
-static bool obj_contains(const struct dl_phdr_info *info, uintptr_t a) {
+bool kvs__addr_in_object(const struct dl_phdr_info *info, uintptr_t a) {
   for (unsigned i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *p = &info->dlpi_phdr[i];
     uintptr_t lo = info->dlpi_addr + p->p_vaddr;
@@ -176,10 +176,10 @@ static int walk_cb(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
   walk_t *w = arg;
   if (w->after && !w->seen) {
-    if (obj_contains(info, w->after)) w->seen = true;
+    if (kvs__addr_in_object(info, w->after)) w->seen = true;
     return 0;
   }
-  if (w->skip && obj_contains(info, w->skip)) return 0;
+  if (w->skip && kvs__addr_in_object(info, w->skip)) return 0;
   if (kvs__elf_lookup(info->dlpi_addr, info->dlpi_phdr, info->dlpi_phnum, w->name, &w->sym) != 0)
     return 0;
   const char *p = info->dlpi_name ? info->dlpi_name : "";

@@ -52,6 +52,9 @@ void kvs__resolve_cache_reset(void);
 /* Fork handlers of the resolver's lock: 0 prepare, 1 parent, 2 child. */
 void kvs__resolve_atfork(int phase);
 
+/* True when addr lies in a PT_LOAD segment of the object dl_iterate_phdr describes. */
+bool kvs__addr_in_object(const struct dl_phdr_info *info, uintptr_t addr);
+
 /* True when addr lies in the object holding the runtime (libkvshim.so itself). */
 bool kvs__addr_in_self(const void *addr);
 

@@ -206,6 +206,15 @@ kvs__runtime_t *kvs__runtime_get(void) {
   return NULL;
 }
 
+int kvs__runtime_pin_local(kvs__runtime_t *rt, kvs_key_t key, kvs_xfer_t *xfer,
+                           kvs_object_view_t *view) {
+  KVS__REENTRY_GUARD();
+  if (kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, xfer) != 1) return 0;
+  if (kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, *xfer, view, 1) == 1) return 1;
+  kvs_store_release(rt->store, KVS_OWNER_LOCAL, *xfer);
+  return 0;
+}
+
 /* ---- exit ------------------------------------------------------------------------------------ */
 
 /* KVSHIM_STATS with "%p" replaced by the pid; a fork child without "%p" in the path writes

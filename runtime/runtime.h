@@ -112,6 +112,12 @@ static inline void kvs__hook_fallback(void) {
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_hook_fallbacks);
 }
 
+/* Pin the READY object of the local store under key for reading, with the re-entry guard
+ * raised: 1 with *xfer and *view filled (the caller releases with kvs_store_release), 0 when
+ * there is none (nothing to release). */
+int kvs__runtime_pin_local(kvs__runtime_t *rt, kvs_key_t key, kvs_xfer_t *xfer,
+                           kvs_object_view_t *view);
+
 /* For the assembly (preload/): the constructor calls kvs__runtime_loaded once; the destructor
  * kvs__runtime_exit; the fork handlers kvs__runtime_fork(0 prepare, 1 parent, 2 child). The
  * child phase is async-signal-safe and also resets every hook family (runtime/hooks.h). */

@@ -500,16 +500,7 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
                               size_t *ret) {
   kvs_xfer_t xfer = 0;
   kvs_object_view_t v;
-  int found;
-  {
-    KVS__REENTRY_GUARD();
-    found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-    if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-      kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-      found = 0;
-    }
-  }
-  if (found != 1) return LL_MISS;
+  if (kvs__runtime_pin_local(rt, key, &xfer, &v) != 1) return LL_MISS;
   /* Restored straight from the pool while the pin keeps the extent. */
   ll_res_t res = ll_restore(q, kvs_pool_base(rt->pool) + v.extent.offset, v.extent.length, ret);
   {

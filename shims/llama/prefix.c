@@ -565,16 +565,7 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
   kvs_xfer_t xfer = 0;
   kvs_object_view_t v;
-  int found;
-  {
-    KVS__REENTRY_GUARD();
-    found = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-    if (found == 1 && kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1) != 1) {
-      kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-      found = 0;
-    }
-  }
-  if (found != 1) return PX_SKIP;
+  if (kvs__runtime_pin_local(rt, key, &xfer, &v) != 1) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, s, n, k, kvs_pool_base(rt->pool) + v.extent.offset,
                                  v.extent.length);
   {
