@@ -196,11 +196,13 @@ bool kvs__family_configured(const kvs__family_t *f) {
   return o->enable && ((o->hooks & KVS_HOOKS_AUTO) || (o->hooks & f->flag));
 }
 
-bool kvs__family_enabled(const kvs__family_t *f) {
+bool kvs__family_enabled_slow(const kvs__family_t *f) {
   const kvs_options_t *o = kvs__runtime_options();
-  if (!o->enable) return false;
-  if (o->hooks & f->flag) return true;
-  return (o->hooks & KVS_HOOKS_AUTO) && kvs__family_present(f);
+  bool on = o->enable && ((o->hooks & f->flag) ||
+                          ((o->hooks & KVS_HOOKS_AUTO) && kvs__family_present(f)));
+  /* The configuration never changes and presence is sticky: remember a yes. */
+  if (on) __atomic_store_n(&f->state->enabled, 1, __ATOMIC_RELEASE);
+  return on;
 }
 
 int kvs__families_init(kvs__runtime_t *rt) {

@@ -40,6 +40,7 @@ typedef struct kvs__family_state {
   int lib; /* atomic KVS__LIB_*: families with .open; real[] is complete once it is not NONE */
   int on;  /* atomic bool: init ran in this process's runtime; cleared in a fork child */
   int present; /* atomic bool, KVSHIM_HOOKS=auto: a loaded object defines one of its hooks */
+  int enabled; /* atomic bool: kvs__family_enabled answered true (it never turns false) */
   unsigned long long scanned_adds; /* atomic: objects ever loaded (dlpi_adds) at the last scan
                                       that found it absent; no rescan until this changes */
 } kvs__family_state_t;
@@ -114,7 +115,11 @@ void *kvs__family_substitute(const kvs__family_t *f, size_t row, void *found);
 
 /* KVSHIM_ENABLE and KVSHIM_HOOKS allow the family: named in KVSHIM_HOOKS, or KVSHIM_HOOKS=auto
  * (the default) and the family's library is in the process (kvs__family_present). */
-bool kvs__family_enabled(const kvs__family_t *f);
+bool kvs__family_enabled_slow(const kvs__family_t *f);
+static inline bool kvs__family_enabled(const kvs__family_t *f) {
+  return __builtin_expect(__atomic_load_n(&f->state->enabled, __ATOMIC_ACQUIRE), 1) ||
+         kvs__family_enabled_slow(f);
+}
 /* KVSHIM_ENABLE and KVSHIM_HOOKS let the family be enabled at all (named, or auto). */
 bool kvs__family_configured(const kvs__family_t *f);
 /* Whether a loaded object other than libkvshim.so defines one of the family's hooks in its

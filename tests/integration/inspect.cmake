@@ -106,7 +106,7 @@ target_link_libraries(fx_host PRIVATE ${CMAKE_DL_LIBS})
 kvs_fx(fx_probe SHARED probe.c)
 target_link_libraries(fx_probe PRIVATE ${CMAKE_DL_LIBS})
 
-# the run-time scan, linked into a program (kvshim_elfscan as the preload links it)
+# the run-time scan, linked into a program (kvshim_elfscan; libkvshim.so has its own, runtime/hooks.c)
 foreach(t fx_rt_main fx_rt_exe)
   kvs_fx(${t} EXEC fx_rt_main.c)
   target_link_libraries(${t} PRIVATE kvshim_elfscan kvshim_flags fx_kvo ${CMAKE_DL_LIBS})
