@@ -3,8 +3,9 @@
  * KVS_CUDA_HOOKS: the hooked entry points, under their exact ELF names (cuda.h renames base
  * names by macro: cuMemAlloc is cuMemAlloc_v2 there; the legacy cuMemAlloc is another ABI and
  * is never hooked). Each row generates, in cuda.c:
- *     - the exported wrapper `CUresult <name> <params>` (and, from it, the version script
- *       preload/exports.map.c and the resolver table),
+ *     - the exported wrapper `CUresult <name> <params>` (and, from the rows, the version
+ *       script preload/exports.map.c, the resolver table of runtime/family_tables.h and the
+ *       hooks `kvshim inspect` checks, tools/inspect),
  *     - the typed pointer to the real function (kvs__cu_pfn_<name>),
  *     - the row of the substitution table used by dlsym and cuGetProcAddress[_v2]: a real
  *       pointer identifies exactly one row, so each variant (_v2, _ptsz, _ptds) gets its own

@@ -1,9 +1,10 @@
 /* shims/kvo: the one list of kvo entry points kvshim hooks (style rule 5).
  *
  * KVS_KVO_HOOKS: the functions of the kvo ABI (<kvshim/kvo.h>), exported from libkvshim.so
- * under these exact ELF names. Each row generates, in kvo.c, the name table, the slot of the
- * resolved real function and the dlsym substitution row, and (through preload/exports.map.c)
- * the version script line. The signatures are those of kvo.h (kvo_*_fn).
+ * under these exact ELF names. Each row generates, in kvo.c (runtime/family_tables.h), the
+ * name table, the slot of the resolved real function and the dlsym substitution row; through
+ * preload/exports.map.c the version script line; through tools/inspect the hooks `kvshim
+ * inspect` checks.
  *
  * X(ret, name, params, args): the signatures of kvo.h (kvo_*_fn). This header has no includes
  * so the preprocessor can turn it into the version script. */
