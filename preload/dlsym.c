@@ -29,14 +29,14 @@
  * opened RTLD_LOCAL after the caller's object (searched here, skipped by glibc), and a miss
  * leaves dlerror() unset.
  *
- * The library itself never calls the public dlsym (it would land here); see resolve.c. */
+ * The library itself never calls the public dlsym (it would land here); see runtime/resolve.c. */
 #include <dlfcn.h>
 #include <stddef.h>
 
+#include "hooks.h"
 #include "internal.h"
-#include "preload.h"
-
-typedef void (*kvs__code_t)(void);
+#include "resolve.h"
+#include "runtime.h"
 
 void *kvs__dlsym_hooked(void *handle, const char *name, void *caller)
     __attribute__((visibility("hidden"), used));
@@ -57,18 +57,20 @@ KVS__DLSYM_PATH kvs__code_t kvs__dlsym_route(void *handle, const char *name) {
   kvs__dlsym_fn real = kvs__real_dlsym_fn();
   if (kvs__unlikely(!real)) return (kvs__code_t)dlsym_missing;
   if (handle == RTLD_DEFAULT || !name || kvs__hook_depth != 0) return (kvs__code_t)real;
-  const kvs__family_t *f = kvs__family_for_name(name);
-  if (kvs__likely(!f) || !f->dlsym_substitute || !kvs__preload_family_enabled(f->flag))
-    return (kvs__code_t)real;
+  size_t row;
+  const kvs__family_t *f = kvs__family_for_name(name, &row);
+  if (kvs__likely(!f) || !kvs__family_enabled(f)) return (kvs__code_t)real;
   return (kvs__code_t)kvs__dlsym_hooked;
 }
 
 void *kvs__dlsym_hooked(void *handle, const char *name, void *caller) {
-  const kvs__family_t *f = kvs__family_for_name(name);
+  size_t row = 0;
+  const kvs__family_t *f = kvs__family_for_name(name, &row);
   void *found = handle == RTLD_NEXT ? kvs__next_symbol(caller, name)
                                     : kvs__real_dlsym(handle, name);
   if (!found || !f) return found;
-  return f->dlsym_substitute(name, found);
+  return f->dlsym_substitute ? f->dlsym_substitute(f, row, found)
+                             : kvs__family_substitute(f, row, found);
 }
 
 #if defined(__x86_64__)

@@ -4,16 +4,14 @@
 #include "cuda_hooks.h"
 #include "llama_hooks.h"
 #include "kvo_hooks.h"
-#define KVS__EXPORT(name, params, args) name;
-#define KVS__EXPORT_RET(ret, name, params, args) name;
-#define KVS__EXPORT_NAME(name) name;
+#define KVS__EXPORT(ret, name, params, args) name;
 {
   global:
     dlsym;
     KVS_CUDA_HOOKS(KVS__EXPORT)
-    KVS_LLAMA_HOOKS(KVS__EXPORT_RET)
-    KVS_LLAMA_PREFIX_HOOKS(KVS__EXPORT_RET)
-    KVS_KVO_HOOKS(KVS__EXPORT_NAME)
+    KVS_LLAMA_HOOKS(KVS__EXPORT)
+    KVS_LLAMA_PREFIX_HOOKS(KVS__EXPORT)
+    KVS_KVO_HOOKS(KVS__EXPORT)
   local:
     *;
 };

@@ -32,7 +32,7 @@
  * getenv, no stdio and no heap allocation (the registry and the pool are preallocated).
  *
  * Threads: the real-function table is filled once without holding a lock across dlopen/dlsym
- * (racing resolvers each build a private copy; the first publishes it). g_ipc_lock guards the
+ * (runtime/hooks.c: racing fills publish each row with a CAS; the first library state wins). g_ipc_lock guards the
  * table of opened IPC handles (held across cuIpcOpenMemHandle: opening one handle twice in a
  * process must be serialised). */
 #include <cuda.h>
@@ -50,7 +50,7 @@
 #include "internal.h"
 #include "log.h"
 #include "pool.h"
-#include "preload.h"
+#include "runtime.h"
 #include "stats.h"
 #include "tensor.h"
 
@@ -68,92 +68,41 @@
 
 /* ---- typed real functions ------------------------------------------------------------------ */
 
-#define CU_PFN(name, params, args) typedef CUresult (*kvs__cu_pfn_##name) params;
-KVS_CUDA_HOOKS(CU_PFN)
-KVS_CUDA_USES(CU_PFN)
-#undef CU_PFN
+/* The tables of the family (runtime/family_tables.h): kvs__cu_pfn_<name>, the wrapper
+ * declarations, and g_real, whose fields are the typed real functions. The family opens the
+ * driver itself (cu_open): the whole table is filled at once, so g_real.<name> of every row is
+ * final once cu_real() returned. */
+#define KVS_FAMILY_OF(X)                                                                      \
+  X(kvs__family_cuda, "cuda", KVS_HOOK_CUDA, "cu", KVS_CUDA_HOOKS, KVS_CUDA_USES, kvs__cu_pfn_, \
+    cu_real_)
+#include "family_tables.h"
+typedef kvs__family_real_t cu_real_t;
 
 /* A row name must be the ELF name as written: a cuda.h macro renaming it would make the
  * wrapper, the table and the string disagree. */
-#define CU_NOT_RENAMED(name, params, args)                                                    \
+#define CU_NOT_RENAMED(ret, name, params, args)                                               \
   _Static_assert(sizeof(#name) == sizeof(KVS__XSTR(name)), #name " is renamed by cuda.h");
 KVS_CUDA_HOOKS(CU_NOT_RENAMED)
 KVS_CUDA_USES(CU_NOT_RENAMED)
 #undef CU_NOT_RENAMED
 
-typedef struct cu_real {
-#define CU_FIELD(name, params, args) kvs__cu_pfn_##name name;
-  KVS_CUDA_HOOKS(CU_FIELD)
-  KVS_CUDA_USES(CU_FIELD)
-#undef CU_FIELD
-} cu_real_t;
-
-typedef void (*cu_code_t)(void);
-
-/* Every row of both lists: ELF name and where its pointer lives in cu_real_t. */
-static const struct cu_row {
-  const char *name;
-  size_t off;
-} cu_rows[] = {
-#define CU_ROW(name, params, args) {#name, offsetof(cu_real_t, name)},
-    KVS_CUDA_HOOKS(CU_ROW) KVS_CUDA_USES(CU_ROW)
-#undef CU_ROW
-};
-
-/* Resolution state: 0 = not tried, 1 = resolved (fields may still be NULL when the driver lacks
- * an entry point), 2 = no driver could be loaded. g_real is written before the release store. */
-enum { CU_RES_NONE = 0, CU_RES_OK = 1, CU_RES_NO_DRIVER = 2 };
-static cu_real_t g_real;
-static atomic_int g_res_state;
-static pthread_mutex_t g_res_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Fill a private table from one driver object and publish it unless another thread did. */
-static void cu_publish_from(void *handle) {
-  cu_real_t t;
-  memset(&t, 0, sizeof t);
-  if (handle) {
-    for (size_t i = 0; i < KVS__ARRAY_LEN(cu_rows); i++) {
-      void *p = kvs__real_dlsym(handle, cu_rows[i].name);
-      memcpy((char *)&t + cu_rows[i].off, &p, sizeof p);
-    }
-  }
-  bool won = false;
-  pthread_mutex_lock(&g_res_lock);
-  if (atomic_load_explicit(&g_res_state, memory_order_relaxed) == CU_RES_NONE) {
-    g_real = t;
-    atomic_store_explicit(&g_res_state, handle ? CU_RES_OK : CU_RES_NO_DRIVER,
-                          memory_order_release);
-    won = true;
-  }
-  pthread_mutex_unlock(&g_res_lock);
-  /* The winner's handle keeps the driver referenced for the life of the process. */
-  if (!won && handle) dlclose(handle);
-}
-
-static __attribute__((noinline)) const cu_real_t *cu_real_slow(void) {
+static void cu_open(const kvs__family_t *f) {
   void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  cu_publish_from(h);
-  return &g_real;
+  kvs__family_fill(f, h);
 }
 
 static inline const cu_real_t *cu_real(void) {
-  if (kvs__likely(atomic_load_explicit(&g_res_state, memory_order_acquire) != CU_RES_NONE))
-    return &g_real;
-  return cu_real_slow();
+  if (kvs__unlikely(__atomic_load_n(&kvs__family_state.lib, __ATOMIC_ACQUIRE) == KVS__LIB_NONE))
+    kvs__family_lib(&kvs__family_cuda);
+  return &g_real;
 }
 
 /* The result of a hook whose real function is missing. */
 static CUresult cu_missing(void) {
-  return atomic_load_explicit(&g_res_state, memory_order_acquire) == CU_RES_NO_DRIVER
+  return __atomic_load_n(&kvs__family_state.lib, __ATOMIC_ACQUIRE) == KVS__LIB_MISSING
              ? CUDA_ERROR_NOT_INITIALIZED
              : CUDA_ERROR_NOT_FOUND;
-}
-
-static void *cu_row_ptr(size_t row) {
-  void *p;
-  memcpy(&p, (const char *)&g_real + cu_rows[row].off, sizeof p);
-  return p;
 }
 
 /* CUresult -> negative errno, for the kvs_accel interface (the one translation point). */
@@ -178,7 +127,6 @@ static int cu_errno(CUresult r) {
 
 /* ---- shim state ----------------------------------------------------------------------------- */
 
-static atomic_bool g_cuda_on;          /* family initialised in this process (runtime ACTIVE) */
 static atomic_bool g_accel_installed;  /* kvs_accel_set done */
 static _Atomic(CUcontext) g_ctx;       /* the context current at the first intercepted alloc */
 static atomic_uint_fast64_t g_host_used; /* bytes of the host arena handed out */
@@ -191,8 +139,8 @@ static const kvs_accel_ops_t g_cuda_ops; /* defined below */
 /* The runtime for a hook that may start it, when the cuda family is on. Installs the accel
  * table on first use (the process uses CUDA from here on). */
 static inline kvs__runtime_t *cu_rt(void) {
-  kvs__runtime_t *rt = kvs__preload_ensure_init();
-  if (!rt || !atomic_load_explicit(&g_cuda_on, memory_order_relaxed)) return NULL;
+  kvs__runtime_t *rt = kvs__runtime_get();
+  if (!rt || !kvs__family_on(&kvs__family_cuda)) return NULL;
   if (kvs__unlikely(!atomic_load_explicit(&g_accel_installed, memory_order_relaxed))) {
     if (!atomic_exchange(&g_accel_installed, true)) kvs_accel_set(&g_cuda_ops, NULL);
   }
@@ -200,8 +148,8 @@ static inline kvs__runtime_t *cu_rt(void) {
 }
 /* The runtime for a hook that only concerns memory kvshim handed out: never starts it. */
 static inline kvs__runtime_t *cu_rt_if_active(void) {
-  kvs__runtime_t *rt = kvs__preload_active();
-  return rt && atomic_load_explicit(&g_cuda_on, memory_order_relaxed) ? rt : NULL;
+  kvs__runtime_t *rt = kvs__runtime_active();
+  return rt && kvs__family_on(&kvs__family_cuda) ? rt : NULL;
 }
 static inline bool cu_in_host_arena(const kvs__runtime_t *rt, const void *p) {
   uintptr_t a = (uintptr_t)p;
@@ -348,41 +296,24 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
 
 /* ---- substitution: real pointer -> wrapper of exactly that variant ------------------------- */
 
-#define CU_WRAPPER_DECL(name, params, args) CUresult name params __attribute__((visibility("default")));
-KVS_CUDA_HOOKS(CU_WRAPPER_DECL)
-#undef CU_WRAPPER_DECL
-
-enum {
-#define CU_HOOK_ENUM(name, params, args) CU_HOOK_##name,
-  KVS_CUDA_HOOKS(CU_HOOK_ENUM)
-#undef CU_HOOK_ENUM
-  CU_HOOK__COUNT
-};
-/* Hook rows come first in cu_rows, in the same order. */
-static const cu_code_t cu_wrappers[CU_HOOK__COUNT] = {
-#define CU_WRAPPER_PTR(name, params, args) (cu_code_t)&name,
-    KVS_CUDA_HOOKS(CU_WRAPPER_PTR)
-#undef CU_WRAPPER_PTR
-};
-
 /* One debug line the first time each row is routed to kvshim by each route, so an operator
  * (and the cudart test) can see which hooks a program reaches. Never on a later call. */
 enum { CU_ROUTE_DLSYM = 0, CU_ROUTE_GPA = 1 };
-static atomic_bool g_routed[2][CU_HOOK__COUNT];
+static atomic_bool g_routed[2][KVS__NHOOKS];
 static void cu_note_route(int route, size_t row) {
   if (!atomic_load_explicit(&g_routed[route][row], memory_order_relaxed) &&
       !atomic_exchange(&g_routed[route][row], true))
     kvs_log_debug("%s: %s -> kvshim", route == CU_ROUTE_DLSYM ? "dlsym" : "cuGetProcAddress",
-                  cu_rows[row].name);
+                  kvs__row_names[row]);
 }
 
 /* The wrapper for a real pointer, or NULL when it is no hooked variant. */
 static void *cu_wrapper_for(void *real) {
   if (!real) return NULL;
-  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
-    if (cu_row_ptr(i) == real) {
+  for (size_t i = 0; i < KVS__NHOOKS; i++)
+    if (kvs__family_peek(&kvs__family_cuda, i) == real) {
       cu_note_route(CU_ROUTE_GPA, i);
-      return (void *)cu_wrappers[i];
+      return kvs__family_wrapper(&kvs__family_cuda, i);
     }
   return NULL;
 }
@@ -390,14 +321,7 @@ static void *cu_wrapper_for(void *real) {
 /* Substitution happens while the family is enabled by configuration (the runtime may not be
  * built yet: wrappers handle that) and never for kvshim's own lookups. */
 static inline bool cu_substituting(void) {
-  return kvs__hook_depth == 0 && kvs__preload_family_enabled(KVS_HOOK_CUDA);
-}
-
-KVS__DLSYM_PATH static bool cu_hooks_name(const char *name) {
-  if (name[0] != 'c' || name[1] != 'u') return false;
-  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
-    if (strcmp(cu_rows[i].name, name) == 0) return true;
-  return false;
+  return kvs__hook_depth == 0 && kvs__family_enabled(&kvs__family_cuda);
 }
 
 /* True when addr lies in an object whose file name starts with "libcuda.so". */
@@ -413,22 +337,21 @@ static bool cu_in_libcuda(void *addr, char *path, size_t cap) {
   return true;
 }
 
-static void *cu_dlsym_substitute(const char *name, void *found) {
-  size_t row = CU_HOOK__COUNT;
-  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
-    if (strcmp(cu_rows[i].name, name) == 0) row = i;
-  if (row == CU_HOOK__COUNT || !found || kvs__hook_depth) return found;
-  if (atomic_load_explicit(&g_res_state, memory_order_acquire) == CU_RES_NONE) {
+/* dlsym routing: the wrapper of exactly the variant `found` is, resolved from the very driver
+ * object the caller looked into. */
+static void *cu_dlsym_substitute(const kvs__family_t *f, size_t row, void *found) {
+  if (!found || kvs__hook_depth) return found;
+  if (__atomic_load_n(&kvs__family_state.lib, __ATOMIC_ACQUIRE) == KVS__LIB_NONE) {
     /* Resolve from the very driver object the caller looked into. */
     char path[4096];
     if (!cu_in_libcuda(found, path, sizeof path)) return found;
     void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
     if (!h) return found;
-    cu_publish_from(h);
+    kvs__family_fill(f, h);
   }
-  if (cu_row_ptr(row) != found) return found;
+  if (kvs__family_peek(f, row) != found) return found;
   cu_note_route(CU_ROUTE_DLSYM, row);
-  return (void *)cu_wrappers[row];
+  return kvs__family_wrapper(f, row);
 }
 
 /* ---- the wrappers -------------------------------------------------------------------------
@@ -436,7 +359,7 @@ static void *cu_dlsym_substitute(const char *name, void *found) {
  * (a tail call) when re-entered or when KVSHIM_ENABLE=0, else run the hook body
  * hk_<name>(real, args...). The pass-through is a dozen instructions: keep it that way
  * (kvshim-bench-hooks measures it). */
-#define CU_WRAPPER(name, params, args)                                                        \
+#define CU_WRAPPER(ret, name, params, args)                                                   \
   static CUresult hk_##name(kvs__cu_pfn_##name real, KVS__UNPAREN params)                    \
       __attribute__((noinline));                                                              \
   CUresult name params {                                                                      \
@@ -881,29 +804,21 @@ static const kvs_accel_ops_t g_cuda_ops = {
 static int cu_family_init(kvs__runtime_t *rt) {
   (void)rt;
   atomic_store(&g_host_used, 0);
-  atomic_store(&g_cuda_on, true);
   return 0;
 }
 
 static void cu_fork_child(void) {
   /* The child's runtime starts afresh; handles the parent opened are the parent's business.
    * The resolved driver table stays valid (same mappings). */
-  atomic_store(&g_cuda_on, false);
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
-  pthread_mutex_init(&g_res_lock, NULL);
   memset(g_ipc, 0, sizeof g_ipc);
   memset(g_big_pins, 0, sizeof g_big_pins);
 }
 
-const kvs__family_t kvs__family_cuda = {
-    .name = "cuda",
-    .flag = KVS_HOOK_CUDA,
-    .hooks_name = cu_hooks_name,
-    .dlsym_substitute = cu_dlsym_substitute,
-    .init = cu_family_init,
-    .fork_child = cu_fork_child,
-};
+const kvs__family_t kvs__family_cuda = {KVS__FAMILY_HEAD, .open = cu_open,
+                                         .dlsym_substitute = cu_dlsym_substitute,
+                                         .init = cu_family_init, .fork_child = cu_fork_child};
 
 /* For tests that link the shim without preloading it (the IPC reader). */
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void) { return &g_cuda_ops; }

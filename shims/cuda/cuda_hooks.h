@@ -3,72 +3,78 @@
  * KVS_CUDA_HOOKS: the hooked entry points, under their exact ELF names (cuda.h renames base
  * names by macro: cuMemAlloc is cuMemAlloc_v2 there; the legacy cuMemAlloc is another ABI and
  * is never hooked). Each row generates, in cuda.c:
- *     - the exported wrapper `CUresult <name> <params>` (and, from it, the version script
- *       preload/exports.map.c and the resolver table),
+ *     - the exported wrapper `CUresult <name> <params>` (and, from the rows, the version
+ *       script preload/exports.map.c, the resolver table of runtime/family_tables.h and the
+ *       hooks `kvshim inspect` checks, tools/inspect),
  *     - the typed pointer to the real function (kvs__cu_pfn_<name>),
  *     - the row of the substitution table used by dlsym and cuGetProcAddress[_v2]: a real
  *       pointer identifies exactly one row, so each variant (_v2, _ptsz, _ptds) gets its own
  *       wrapper and nothing is ever picked by base name.
  * KVS_CUDA_USES: driver functions kvshim calls itself (never hooked): typed pointers only.
  *
- * X(name, params, args). This header has no includes so the preprocessor can turn it into the
- * version script without cuda.h; the parameter types are those of cuda.h. */
+ * X(ret, name, params, args), ret always CUresult (the rows of every family have one shape,
+ * runtime/family_tables.h). This header has no includes so the preprocessor can turn it into
+ * the version script without cuda.h; the parameter types are those of cuda.h. */
 #ifndef KVSHIM_CUDA_HOOKS_H
 #define KVSHIM_CUDA_HOOKS_H
 
 #define KVS_CUDA_HOOKS(X)                                                                     \
-  X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize))                   \
-  X(cuMemAllocPitch_v2,                                                                       \
+  X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize))          \
+  X(CUresult, cuMemAllocPitch_v2,                                                              \
     (CUdeviceptr * dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,                  \
      unsigned int ElementSizeBytes),                                                          \
     (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes))                                   \
-  X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                 \
-  X(cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                          \
-  X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags))  \
-  X(cuMemFreeHost, (void *p), (p))                                                            \
-  X(cuMemHostGetDevicePointer_v2, (CUdeviceptr * pdptr, void *p, unsigned int Flags),         \
+  X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                        \
+  X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                 \
+  X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags),                \
+    (pp, bytesize, Flags))                                                                     \
+  X(CUresult, cuMemFreeHost, (void *p), (p))                                                   \
+  X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr * pdptr, void *p, unsigned int Flags), \
     (pdptr, p, Flags))                                                                        \
-  X(cuMemcpyHtoDAsync_v2,                                                                     \
+  X(CUresult, cuMemcpyHtoDAsync_v2,                                                            \
     (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),         \
     (dstDevice, srcHost, ByteCount, hStream))                                                 \
-  X(cuMemcpyHtoDAsync_v2_ptsz,                                                                \
+  X(CUresult, cuMemcpyHtoDAsync_v2_ptsz,                                                       \
     (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),         \
     (dstDevice, srcHost, ByteCount, hStream))                                                 \
-  X(cuMemcpyDtoHAsync_v2,                                                                     \
+  X(CUresult, cuMemcpyDtoHAsync_v2,                                                            \
     (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),               \
     (dstHost, srcDevice, ByteCount, hStream))                                                 \
-  X(cuMemcpyDtoHAsync_v2_ptsz,                                                                \
+  X(CUresult, cuMemcpyDtoHAsync_v2_ptsz,                                                       \
     (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),               \
     (dstHost, srcDevice, ByteCount, hStream))                                                 \
-  X(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),    \
+  X(CUresult, cuGetProcAddress,                                                                \
+    (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),                       \
     (symbol, pfn, cudaVersion, flags))                                                        \
-  X(cuGetProcAddress_v2,                                                                      \
+  X(CUresult, cuGetProcAddress_v2,                                                             \
     (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,                       \
      CUdriverProcAddressQueryResult *symbolStatus),                                           \
     (symbol, pfn, cudaVersion, flags, symbolStatus))
 
 #define KVS_CUDA_USES(X)                                                                      \
-  X(cuInit, (unsigned int Flags), (Flags))                                                    \
-  X(cuCtxGetCurrent, (CUcontext * pctx), (pctx))                                              \
-  X(cuCtxGetDevice, (CUdevice * device), (device))                                            \
-  X(cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                              \
-  X(cuCtxPopCurrent_v2, (CUcontext * pctx), (pctx))                                           \
-  X(cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                         \
-  X(cuDeviceGetCount, (int *count), (count))                                                  \
-  X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev), (uuid, dev))                           \
-  X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev))                  \
-  X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                      \
-  X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \
-  X(cuMemHostUnregister, (void *p), (p))                                                      \
-  X(cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr))         \
-  X(cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags),  \
+  X(CUresult, cuInit, (unsigned int Flags), (Flags))                                           \
+  X(CUresult, cuCtxGetCurrent, (CUcontext * pctx), (pctx))                                     \
+  X(CUresult, cuCtxGetDevice, (CUdevice * device), (device))                                   \
+  X(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                     \
+  X(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx), (pctx))                                  \
+  X(CUresult, cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                \
+  X(CUresult, cuDeviceGetCount, (int *count), (count))                                         \
+  X(CUresult, cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev), (uuid, dev))                  \
+  X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev))         \
+  X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                             \
+  X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags),            \
+    (p, bytesize, Flags))                                                                      \
+  X(CUresult, cuMemHostUnregister, (void *p), (p))                                             \
+  X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr)) \
+  X(CUresult, cuIpcOpenMemHandle_v2,                                                           \
+    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags),                          \
     (pdptr, handle, Flags))                                                                   \
-  X(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                          \
-  X(cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount),          \
+  X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                 \
+  X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \
     (dstDevice, srcHost, ByteCount))                                                          \
-  X(cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),                \
+  X(CUresult, cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),       \
     (dstHost, srcDevice, ByteCount))                                                          \
-  X(cuMemcpyDtoD_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount),        \
+  X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), \
     (dstDevice, srcDevice, ByteCount))
 
 #endif

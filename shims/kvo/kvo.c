@@ -53,8 +53,8 @@
 #include "kvo_hooks.h"
 #include "log.h"
 #include "peer.h"
-#include "preload.h"
 #include "proto.h"
+#include "runtime.h"
 #include "stats.h"
 #include "store.h"
 #include "tensor.h"
@@ -62,44 +62,19 @@
 /* Keys chained per batch on the stack by kvo_lookup (16 bytes each). */
 #define KVO_KEY_BATCH 256
 
-/* The hooked names come from kvo_hooks.h (KVS_KVO_HOOKS); the wrappers below are written out
- * by hand, their signatures being the ABI's. */
-enum {
-#define KVO_ENUM(name) KVO_H_##name,
-  KVS_KVO_HOOKS(KVO_ENUM)
-#undef KVO_ENUM
-  KVO_H__COUNT
-};
-
-static const char *const kvo_names[KVO_H__COUNT] = {
-#define KVO_NAME(name) #name,
-    KVS_KVO_HOOKS(KVO_NAME)
-#undef KVO_NAME
-};
-
-/* The engine's functions, resolved once each (a miss is retried: the module may be loaded
- * later). Never a libkvshim address. */
-static _Atomic(void *) g_real[KVO_H__COUNT];
-/* Set by the family init when the runtime is ACTIVE and the kvo family enabled. */
-static atomic_bool g_kvo_on;
-
-static void *kvo_real(int which) {
-  void *f = atomic_load_explicit(&g_real[which], memory_order_acquire);
-  if (kvs__likely(f != NULL)) return f;
-  kvs__hook_depth++;
-  f = kvs__resolve_engine_symbol(kvo_names[which]);
-  kvs__hook_depth--;
-  if (f && kvs__addr_in_self(f)) f = NULL;
-  if (f) atomic_store_explicit(&g_real[which], f, memory_order_release);
-  return f;
-}
+/* The tables of the family (runtime/family_tables.h) from kvo_hooks.h: the engine's functions
+ * (kvo_real_<name>(), never a libkvshim address; a miss is retried: the module may be loaded
+ * later). The wrappers below are written out by hand, their signatures being the ABI's. */
+#define KVS_FAMILY_OF(X)                                                                      \
+  X(kvs__family_kvo, "kvo", KVS_HOOK_KVO, "kvo_", KVS_KVO_HOOKS, KVS__NO_ROWS, kvs__kvo_pfn_, \
+    kvo_real_)
+#include "family_tables.h"
 
 /* The runtime when kvshim may serve kvo calls now (may start it), else NULL. */
 static inline kvs__runtime_t *kvo_rt(void) {
   if (kvs__unlikely(kvs__hook_depth != 0)) return NULL;
-  kvs__runtime_t *rt = kvs__preload_ensure_init();
-  if (!rt || !atomic_load_explicit(&g_kvo_on, memory_order_relaxed)) return NULL;
-  return rt;
+  kvs__runtime_t *rt = kvs__runtime_get();
+  return rt && kvs__family_on(&kvs__family_kvo) ? rt : NULL;
 }
 
 /* The kvshim part of each hook runs with the re-entry guard raised. */
@@ -256,7 +231,7 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
 }
 
 KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens) {
-  kvo_lookup_fn real = (kvo_lookup_fn)kvo_real(KVO_H_kvo_lookup);
+  kvo_lookup_fn real = kvo_real_kvo_lookup();
   kvs__runtime_t *rt = kvo_rt();
   if (!rt || !kvo_desc_ok(desc) || (!tokens && n_tokens > 0))
     return real ? real(desc, tokens, n_tokens) : -ENOSYS;
@@ -332,7 +307,7 @@ static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *toke
 
 KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  kvo_load_chunk_fn real = (kvo_load_chunk_fn)kvo_real(KVO_H_kvo_load_chunk);
+  kvo_load_chunk_fn real = kvo_real_kvo_load_chunk();
   kvs_key_t key;
   kvs__runtime_t *rt =
       kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
@@ -386,7 +361,7 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
 
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  kvo_store_chunk_fn real = (kvo_store_chunk_fn)kvo_real(KVO_H_kvo_store_chunk);
+  kvo_store_chunk_fn real = kvo_real_kvo_store_chunk();
   kvs_key_t key;
   kvs__runtime_t *rt =
       kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
@@ -401,47 +376,7 @@ KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size
 
 /* ---- family ---------------------------------------------------------------------------------- */
 
-/* On the path of every dlsym with the "kvo_" prefix (preload.c checks it first). */
-KVS__DLSYM_PATH static bool kvo_hooks_name(const char *name) {
-  if (name[0] != 'k' || name[1] != 'v' || name[2] != 'o' || name[3] != '_') return false;
-  for (size_t i = 0; i < KVO_H__COUNT; i++)
-    if (strcmp(kvo_names[i], name) == 0) return true;
-  return false;
-}
-
-typedef void (*kvo_code_t)(void);
-static const kvo_code_t kvo_wrappers[KVO_H__COUNT] = {
-#define KVO_WRAPPER_PTR(name) (kvo_code_t)&name,
-    KVS_KVO_HOOKS(KVO_WRAPPER_PTR)
-#undef KVO_WRAPPER_PTR
-};
-
-/* A dlsym(handle or RTLD_NEXT, "kvo_...") that found the engine's function gets the wrapper;
- * any other definition (another module the engine chose on purpose) is left alone. */
-static void *kvo_dlsym_substitute(const char *name, void *found) {
-  if (!found || kvs__hook_depth != 0) return found;
-  for (size_t i = 0; i < KVO_H__COUNT; i++)
-    if (strcmp(kvo_names[i], name) == 0)
-      return kvo_real((int)i) == found ? (void *)kvo_wrappers[i] : found;
-  return found;
-}
-
-static int kvo_family_init(kvs__runtime_t *rt) {
-  (void)rt;
-  atomic_store(&g_kvo_on, true);
-  return 0;
-}
-
-static void kvo_fork_child(void) {
-  /* The child builds its own runtime (and sets this again); resolved pointers stay valid. */
-  atomic_store(&g_kvo_on, false);
-}
-
-const kvs__family_t kvs__family_kvo = {
-    .name = "kvo",
-    .flag = KVS_HOOK_KVO,
-    .hooks_name = kvo_hooks_name,
-    .dlsym_substitute = kvo_dlsym_substitute,
-    .init = kvo_family_init,
-    .fork_child = kvo_fork_child,
-};
+/* dlsym(handle or RTLD_NEXT, "kvo_...") that found the engine's function gets the wrapper; any
+ * other definition (another module the engine chose on purpose) is left alone: the generic
+ * rule. The child of a fork builds its own runtime (and turns the family on again). */
+const kvs__family_t kvs__family_kvo = {KVS__FAMILY_HEAD};

@@ -6,7 +6,7 @@
 
 #include "blob.h"
 #include "pool.h"
-#include "preload.h"
+#include "runtime.h"
 
 /* ---- the checker ------------------------------------------------------------------------------ */
 
@@ -127,9 +127,11 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   uint64_t total = KVS_LLAMA_BLOB_HDR + tok_bytes + S;
   kvs_extent_t ext;
   kvs_xfer_t xfer = 0;
-  kvs__hook_depth++;
-  int rc = reserve(home->store, keys, nk, total, replace, &ext, &xfer);
-  kvs__hook_depth--;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = reserve(home->store, keys, nk, total, replace, &ext, &xfer);
+  }
   if (rc < 0) return rc;
   s->blob = home->base + ext.offset;
   s->len = total;
@@ -163,17 +165,18 @@ int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *
   hdr->checksum = kvs__llama_blob_checksum(s->blob, s->len);
   memcpy(s->blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
          sizeof hdr->checksum);
-  kvs__hook_depth++;
-  int rc = kvs_store_commit(home->store, KVS_OWNER_LOCAL, s->xfer);
-  if (rc == 0 && home->peers) kvs_peers_push(home->peers, keys, nk); /* -ENOTSUP: no cache peer */
-  kvs__hook_depth--;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs_store_commit(home->store, KVS_OWNER_LOCAL, s->xfer);
+    if (rc == 0 && home->peers) kvs_peers_push(home->peers, keys, nk); /* -ENOTSUP: no cache peer */
+  }
   return rc;
 }
 
 void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_save_t *s) {
-  kvs__hook_depth++;
+  KVS__REENTRY_GUARD();
   kvs_store_abort(home->store, KVS_OWNER_LOCAL, s->xfer);
-  kvs__hook_depth--;
 }
 
 /* ---- local restore ---------------------------------------------------------------------------- */
@@ -182,13 +185,15 @@ bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, cons
                          uint64_t *len, kvs_xfer_t *xfer) {
   kvs_xfer_t x = 0;
   kvs_object_view_t v;
-  kvs__hook_depth++;
-  int found = kvs_store_lookup(home->store, KVS_OWNER_LOCAL, &key, 1, true, &x);
-  if (found == 1 && kvs_store_read_pinned(home->store, KVS_OWNER_LOCAL, x, &v, 1) != 1) {
-    kvs_store_release(home->store, KVS_OWNER_LOCAL, x);
-    found = 0;
+  int found;
+  {
+    KVS__REENTRY_GUARD();
+    found = kvs_store_lookup(home->store, KVS_OWNER_LOCAL, &key, 1, true, &x);
+    if (found == 1 && kvs_store_read_pinned(home->store, KVS_OWNER_LOCAL, x, &v, 1) != 1) {
+      kvs_store_release(home->store, KVS_OWNER_LOCAL, x);
+      found = 0;
+    }
   }
-  kvs__hook_depth--;
   if (found != 1) return false;
   *blob = home->base + v.extent.offset;
   *len = v.extent.length;
@@ -198,10 +203,9 @@ bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, cons
 
 void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kvs_xfer_t xfer,
                            bool drop) {
-  kvs__hook_depth++;
+  KVS__REENTRY_GUARD();
   kvs_store_release(home->store, KVS_OWNER_LOCAL, xfer);
   if (drop) kvs_store_remove(home->store, &key); /* -EBUSY: a reader has it; fine */
-  kvs__hook_depth--;
 }
 
 /* ---- peer restore ----------------------------------------------------------------------------- */
@@ -209,9 +213,10 @@ void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kv
 int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance, kvs_key_t key,
                           kvs_fetch_keys_fn keys_fn, void *ctx, kvs__llama_blob_fetch_t *f) {
   kvs_fetch_t out;
-  kvs__hook_depth++;
-  kvs_peers_fetch(home->peers, instance, &key, 1, NULL, keys_fn, ctx, &out); /* errors: misses */
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs_peers_fetch(home->peers, instance, &key, 1, NULL, keys_fn, ctx, &out); /* errors: misses */
+  }
   if (out.status == KVS_FETCH_COPIED) {
     f->blob = home->base + out.extent.offset;
     f->len = out.extent.length;
@@ -222,8 +227,7 @@ int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance,
 
 void kvs__llama_blob_keep(const kvs__llama_blob_home_t *home, const kvs__llama_blob_fetch_t *f,
                           bool keep) {
-  kvs__hook_depth++;
+  KVS__REENTRY_GUARD();
   if (keep) kvs_store_commit(home->store, KVS_OWNER_LOCAL, f->xfer);
   else kvs_store_abort(home->store, KVS_OWNER_LOCAL, f->xfer);
-  kvs__hook_depth--;
 }

@@ -78,7 +78,7 @@
 #include "peer.h"
 #include "pool.h"
 #include "prefix.h"
-#include "preload.h"
+#include "runtime.h"
 #include "stats.h"
 #include "store.h"
 
@@ -101,90 +101,21 @@ typedef struct kvs__llama_model_params {
 
 #include "llama_hooks.h"
 
-#define LL_PFN(ret, name, params, args) typedef ret(*kvs__llama_pfn_##name) params;
-KVS_LLAMA_HOOKS(LL_PFN)
-KVS_LLAMA_USES(LL_PFN)
-#undef LL_PFN
-
-#define LL_WRAPPER_DECL(ret, name, params, args) \
-  ret name params __attribute__((visibility("default")));
-KVS_LLAMA_HOOKS(LL_WRAPPER_DECL)
-#undef LL_WRAPPER_DECL
-
-/* Rows: hooks first, then the functions kvshim only uses. */
-enum ll_row {
-#define LL_ROW_ENUM(ret, name, params, args) LL_##name,
-  KVS_LLAMA_HOOKS(LL_ROW_ENUM) LL__NHOOKS,
-  LL__USES_START = LL__NHOOKS - 1,
-  KVS_LLAMA_USES(LL_ROW_ENUM) LL__NROWS
-#undef LL_ROW_ENUM
-};
-
-static const char *const ll_names[LL__NROWS] = {
-#define LL_ROW_NAME(ret, name, params, args) [LL_##name] = #name,
-    KVS_LLAMA_HOOKS(LL_ROW_NAME) KVS_LLAMA_USES(LL_ROW_NAME)
-#undef LL_ROW_NAME
-};
-
-typedef void (*ll_code_t)(void);
-static const ll_code_t ll_wrappers[LL__NHOOKS] = {
-#define LL_WRAPPER_PTR(ret, name, params, args) [LL_##name] = (ll_code_t)&name,
-    KVS_LLAMA_HOOKS(LL_WRAPPER_PTR)
-#undef LL_WRAPPER_PTR
-};
-
-/* ---- real functions ------------------------------------------------------------------------- */
-
-static _Atomic(ll_code_t) g_real[LL__NROWS]; /* NULL until found; misses are retried */
-
-static __attribute__((noinline)) ll_code_t ll_resolve_slow(enum ll_row row) {
-  kvs__preload_options(); /* the log level, before the line below */
-  kvs__hook_depth++;
-  void *p = kvs__resolve_engine_symbol(ll_names[row]);
-  if (p && kvs__addr_in_self(p)) p = NULL; /* never our own wrapper */
-  ll_code_t fn = NULL;
-  if (p) {
-    memcpy(&fn, &p, sizeof fn);
-    ll_code_t expected = NULL;
-    if (atomic_compare_exchange_strong(&g_real[row], &expected, fn)) {
-      /* Once per row: where the engine's function lives, and whether the loader's own
-       * RTLD_NEXT search (what a plain interposer relies on) would have seen it. */
-      Dl_info di;
-      const char *where = dladdr(p, &di) && di.dli_fname ? di.dli_fname : "?";
-      bool next = kvs__real_dlsym(RTLD_NEXT, ll_names[row]) != NULL;
-      kvs_log_info("llama.cpp: %s resolved in %s%s", ll_names[row], where,
-                   next ? ""
-                        : " (not visible to dlsym(RTLD_NEXT): found by scanning loaded objects)");
-    } else {
-      fn = expected;
-    }
-  }
-  kvs__hook_depth--;
-  return fn;
-}
-
-static inline ll_code_t ll_resolve(enum ll_row row) {
-  ll_code_t fn = atomic_load_explicit(&g_real[row], memory_order_acquire);
-  return kvs__likely(fn != NULL) ? fn : ll_resolve_slow(row);
-}
-
-/* Typed getters: ll_real_<name>() is the engine's function or NULL. */
-#define LL_GETTER(ret, name, params, args)                                                    \
-  static inline kvs__llama_pfn_##name ll_real_##name(void) {                                  \
-    return (kvs__llama_pfn_##name)ll_resolve(LL_##name);                                      \
-  }
-KVS_LLAMA_HOOKS(LL_GETTER)
-KVS_LLAMA_USES(LL_GETTER)
-#undef LL_GETTER
+/* The tables of the family (runtime/family_tables.h): typed pointers kvs__llama_pfn_<name>,
+ * getters ll_real_<name>() (the engine's function or NULL; misses are retried), the exported
+ * wrapper declarations. Rows: hooks first, then the functions kvshim only uses. */
+#define KVS_FAMILY_OF(X)                                                                      \
+  X(kvs__family_llama, "llama.cpp", KVS_HOOK_LLAMA, "llama_", KVS_LLAMA_HOOKS, KVS_LLAMA_USES,  \
+    kvs__llama_pfn_, ll_real_)
+#include "family_tables.h"
 
 /* ---- family state --------------------------------------------------------------------------- */
 
-static atomic_bool g_on; /* family initialised in this process's runtime */
 static __thread int ll_depth __attribute__((tls_model("initial-exec")));
 
 /* A hook may do more than pass through: not re-entered, family enabled by configuration. */
 static inline bool ll_observe(void) {
-  return kvs__hook_depth == 0 && ll_depth == 0 && kvs__preload_family_enabled(KVS_HOOK_LLAMA);
+  return kvs__hook_depth == 0 && ll_depth == 0 && kvs__family_enabled(&kvs__family_llama);
 }
 
 /* ---- models ---------------------------------------------------------------------------------- */
@@ -209,7 +140,7 @@ static int ll_path_key(const kvs__llama_model_t *m, const char *path, kvs_key_t 
 /* The prefix key of all n tokens: the chunk chain of design §6 over the full chunks, then the
  * partial tail chained the same way (a chunk-aligned n gives exactly the last chunk's key). */
 static kvs_key_t ll_prefix_key(const kvs__llama_model_t *m, const int32_t *tokens, size_t n) {
-  const kvs_options_t *o = kvs__preload_options();
+  const kvs_options_t *o = kvs__runtime_options();
   size_t c = (size_t)o->chunk_tokens;
   kvs_key_t k = m->ns;
   const uint32_t *t = (const uint32_t *)(const void *)tokens;
@@ -542,8 +473,8 @@ LL_PASSTHROUGH_LOAD(bool, llama_state_load_file,
 
 /* The runtime for a caching hook (NULL: pass through; a FAILED runtime was counted). */
 static kvs__runtime_t *ll_rt(void) {
-  kvs__runtime_t *rt = kvs__preload_ensure_init();
-  return rt && atomic_load_explicit(&g_on, memory_order_acquire) ? rt : NULL;
+  kvs__runtime_t *rt = kvs__runtime_get();
+  return rt && kvs__family_on(&kvs__family_llama) ? rt : NULL;
 }
 
 size_t llama_state_seq_save_file(struct llama_context *ctx, const char *filepath, int32_t seq_id,
@@ -587,9 +518,8 @@ struct llama_model *llama_model_load_from_file(const char *path_model,
   kvs__hook_count();
   struct llama_model *model = real(path_model, params);
   if (model && path_model) {
-    kvs__hook_depth++; /* file reads and hashing only: kvshim's own work */
-    kvs__llama_model_add(model, path_model, kvs__preload_options());
-    kvs__hook_depth--;
+    KVS__REENTRY_GUARD(); /* file reads and hashing only: kvshim's own work */
+    kvs__llama_model_add(model, path_model, kvs__runtime_options());
   }
   ll_depth--;
   return model;
@@ -613,49 +543,11 @@ void llama_model_free(struct llama_model *model) {
 
 /* ---- family ---------------------------------------------------------------------------------- */
 
-/* On the path of every dlsym of a "llama_" name: no libc call, not instrumented. */
-KVS__DLSYM_PATH static bool ll_hooks_name(const char *name) {
-  for (size_t i = 0; i < LL__NHOOKS; i++) {
-    const char *a = ll_names[i], *b = name;
-    while (*a && *a == *b) a++, b++;
-    if (*a == *b) return true;
-  }
-  return false;
-}
-
-/* dlsym(handle, "llama_...") finding the engine's function (ctypes-style engines look their
- * functions up this way) gets the wrapper, so those calls are served too. A lookup that found
- * anything else (another copy of libllama, our own wrapper) is left alone. */
-static void *ll_dlsym_substitute(const char *name, void *found) {
-  if (!found || kvs__hook_depth) return found;
-  for (size_t i = 0; i < LL__NHOOKS; i++) {
-    if (strcmp(ll_names[i], name) != 0) continue;
-    ll_code_t real = ll_resolve((enum ll_row)i);
-    void *rp;
-    memcpy(&rp, &real, sizeof rp);
-    return rp == found ? (void *)ll_wrappers[i] : found;
-  }
-  return found;
-}
-
-static int ll_family_init(kvs__runtime_t *rt) {
-  (void)rt;
-  atomic_store_explicit(&g_on, true, memory_order_release);
-  return 0;
-}
-
 static void ll_fork_child(void) {
-  /* The child builds its own runtime (init sets g_on again). Models stay loaded in the child,
-   * so the table stays valid; only its lock is reset. */
-  atomic_store_explicit(&g_on, false, memory_order_relaxed);
+  /* Models stay loaded in the child, so the table stays valid; only its lock is reset. */
   kvs__llama_model_fork_child();
 }
 
-const kvs__family_t kvs__family_llama = {
-    .name = "llama.cpp",
-    .flag = KVS_HOOK_LLAMA,
-    .hooks_name = ll_hooks_name,
-    .dlsym_substitute = ll_dlsym_substitute,
-    .init = ll_family_init,
-    .fork_child = ll_fork_child,
-};
+/* dlsym(handle, "llama_...") finding the engine's function (ctypes-style engines look their
+ * functions up this way) gets the wrapper, so those calls are served too: the generic rule. */
+const kvs__family_t kvs__family_llama = {KVS__FAMILY_HEAD, .fork_child = ll_fork_child};

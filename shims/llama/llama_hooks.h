@@ -3,7 +3,8 @@
  * KVS_LLAMA_HOOKS: the hooked entry points (exported from libkvshim.so under these exact ELF
  * names). Each row generates, in llama.c, the typed pointer to the real function
  * (kvs__llama_pfn_<name>), the row of the real-function table and of the dlsym substitution
- * table, and (through preload/exports.map.c) the version script line.
+ * table (runtime/family_tables.h), through preload/exports.map.c the version script line, and
+ * through tools/inspect the hooks `kvshim inspect` checks (with KVS_LLAMA_PREFIX_HOOKS).
  * KVS_LLAMA_USES: functions of libllama kvshim calls itself (never hooked): typed pointers only.
  *
  * X(ret, name, params, args). The types are kvshim's own declarations of llama.h's ABI

@@ -76,84 +76,26 @@
 #include "pool.h"
 #include "prefix.h"
 #include "prefix_shadow.h"
-#include "preload.h"
+#include "runtime.h"
 #include "prim.h"
 #include "stats.h"
 #include "store.h"
 
 #include "llama_hooks.h"
 
-#define PX_PFN(ret, name, params, args) typedef ret(*kvs__px_pfn_##name) params;
-KVS_LLAMA_PREFIX_HOOKS(PX_PFN)
-KVS_LLAMA_PREFIX_USES(PX_PFN)
-#undef PX_PFN
-
-#define PX_WRAPPER_DECL(ret, name, params, args) \
-  ret name params __attribute__((visibility("default")));
-KVS_LLAMA_PREFIX_HOOKS(PX_WRAPPER_DECL)
-#undef PX_WRAPPER_DECL
-
-enum px_row {
-#define PX_ROW_ENUM(ret, name, params, args) PX_##name,
-  KVS_LLAMA_PREFIX_HOOKS(PX_ROW_ENUM) PX__NHOOKS,
-  PX__USES_START = PX__NHOOKS - 1,
-  KVS_LLAMA_PREFIX_USES(PX_ROW_ENUM) PX__NROWS
-#undef PX_ROW_ENUM
-};
-
-static const char *const px_names[PX__NROWS] = {
-#define PX_ROW_NAME(ret, name, params, args) [PX_##name] = #name,
-    KVS_LLAMA_PREFIX_HOOKS(PX_ROW_NAME) KVS_LLAMA_PREFIX_USES(PX_ROW_NAME)
-#undef PX_ROW_NAME
-};
-
-typedef void (*px_code_t)(void);
-static const px_code_t px_wrappers[PX__NHOOKS] = {
-#define PX_WRAPPER_PTR(ret, name, params, args) [PX_##name] = (px_code_t)&name,
-    KVS_LLAMA_PREFIX_HOOKS(PX_WRAPPER_PTR)
-#undef PX_WRAPPER_PTR
-};
-
-/* ---- real functions ------------------------------------------------------------------------- */
-
-static _Atomic(px_code_t) g_real[PX__NROWS]; /* NULL until found; misses are retried */
-
-static __attribute__((noinline)) px_code_t px_resolve_slow(enum px_row row) {
-  kvs__preload_options();
-  kvs__hook_depth++;
-  void *p = kvs__resolve_engine_symbol(px_names[row]);
-  if (p && kvs__addr_in_self(p)) p = NULL; /* never our own wrapper */
-  px_code_t fn = NULL;
-  if (p) {
-    memcpy(&fn, &p, sizeof fn);
-    px_code_t expected = NULL;
-    if (!atomic_compare_exchange_strong(&g_real[row], &expected, fn)) fn = expected;
-  }
-  kvs__hook_depth--;
-  return fn;
-}
-
-static inline px_code_t px_resolve(enum px_row row) {
-  px_code_t fn = atomic_load_explicit(&g_real[row], memory_order_acquire);
-  return kvs__likely(fn != NULL) ? fn : px_resolve_slow(row);
-}
-
-#define PX_GETTER(ret, name, params, args)                                                    \
-  static inline kvs__px_pfn_##name px_real_##name(void) {                                     \
-    return (kvs__px_pfn_##name)px_resolve(PX_##name);                                         \
-  }
-KVS_LLAMA_PREFIX_HOOKS(PX_GETTER)
-KVS_LLAMA_PREFIX_USES(PX_GETTER)
-#undef PX_GETTER
+/* The tables of the family (runtime/family_tables.h): typed pointers kvs__px_pfn_<name>,
+ * getters px_real_<name>(), the exported wrapper declarations. */
+#define KVS_FAMILY_OF(X)                                                                      \
+  X(kvs__family_llama_prefix, "llama.cpp prefix cache", KVS_HOOK_LLAMA, "llama_",             \
+    KVS_LLAMA_PREFIX_HOOKS, KVS_LLAMA_PREFIX_USES, kvs__px_pfn_, px_real_)
+#include "family_tables.h"
 
 /* ---- family state ----------------------------------------------------------------------------- */
 
-static atomic_bool g_px_on; /* runtime built and KVSHIM_LLAMA_PREFIX=1 */
 static __thread int px_depth __attribute__((tls_model("initial-exec")));
 
 static inline bool px_observe(void) {
-  return kvs__hook_depth == 0 && px_depth == 0 &&
-         atomic_load_explicit(&g_px_on, memory_order_acquire);
+  return kvs__hook_depth == 0 && px_depth == 0 && kvs__family_on(&kvs__family_llama_prefix);
 }
 
 /* ---- struct llama_context_params of the pinned llama.h (kvshim's own declaration) ------------ */
@@ -318,7 +260,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   uint32_t n_seq = n_seq_max(ctx), cap = n_ctx_seq(ctx), ub = n_ubatch(ctx);
   if (!c->mem || n_seq == 0 || n_seq > KVS_PX_MAX_SEQ || cap == 0 || ub == 0)
     return "unusual context sizes";
-  const kvs_options_t *o = kvs__preload_options();
+  const kvs_options_t *o = kvs__runtime_options();
   c->chunk = (uint32_t)o->chunk_tokens;
   c->min_tokens = (uint32_t)o->llama_min_tokens;
   kvs__px_pfn_llama_supports_gpu_offload gpu_fn = px_real_llama_supports_gpu_offload();
@@ -365,10 +307,13 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   size_t off_rseq = px_align16(off_rnseq + (size_t)ub * sizeof(int32_t));
   size_t off_rlog = px_align16(off_rseq + (size_t)ub * sizeof(int32_t *));
   size_t len = px_align16(off_rlog + (size_t)ub);
-  kvs__hook_depth++;
   void *map = NULL;
-  int rc = kvs__prim_alloc(len, &map);
-  kvs__hook_depth--;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    map = NULL;
+    rc = kvs__prim_alloc(len, &map);
+  }
   if (rc < 0) return "no memory for its shadow";
   uint8_t *b = map;
   c->map = map;
@@ -516,7 +461,7 @@ static void px_disable(struct llama_context *ctx, const char *why) {
 }
 
 void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
-  if (px_depth || !atomic_load_explicit(&g_px_on, memory_order_acquire)) return;
+  if (px_depth || !kvs__family_on(&kvs__family_llama_prefix)) return;
   px_ctx_t *c = px_find(ctx);
   if (!c) return;
   pthread_mutex_lock(&c->lock);
@@ -688,22 +633,25 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
     if (kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
       jmax = j;
   if (!jmax) return 0;
-  kvs__runtime_t *rt = kvs__preload_ensure_init();
+  kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
   /* The prompt so far: shadow + batch (positions beyond n become real only if the decode
    * succeeds), and its chunk keys. */
   memcpy(kvs__px_tok(&c->sh, (uint32_t)s) + n, b->token, (size_t)m * 4);
-  kvs__hook_depth++;
-  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
-  kvs__hook_depth--;
+  {
+    KVS__REENTRY_GUARD();
+    kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
+  }
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   for (uint32_t j = jmax; j > n / C; j--) {
     if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
       continue;
-    kvs__hook_depth++;
-    int here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
-    kvs__hook_depth--;
+    int here;
+    {
+      KVS__REENTRY_GUARD();
+      here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
+    }
     if (here != 1) continue;
     px_res_t r = px_restore_local(c, rt, ctx, s, n, j * C);
     if (r == PX_OK) return j * C;
@@ -711,9 +659,11 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
   }
   if (!rt->peers) return 0;
   uint64_t best = 0;
-  kvs__hook_depth++;
-  int run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
-  kvs__hook_depth--;
+  int run;
+  {
+    KVS__REENTRY_GUARD();
+    run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
+  }
   for (uint32_t j = run > 0 ? (uint32_t)run : 0; j > n / C && best; j--) {
     if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
       continue;
@@ -730,17 +680,20 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   if (q->tainted) return;
   uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
   if (J == 0 || J * C < c->min_tokens || J * C < q->snap + C) return;
-  kvs__runtime_t *rt = kvs__preload_ensure_init();
+  kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return;
   kvs_stats_t *st = px_stats();
-  kvs__hook_depth++;
-  kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
-  q->nkeys = J;
-  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  uint64_t best = 0;
-  bool cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
-                (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
-  kvs__hook_depth--;
+  const kvs_key_t *keys;
+  bool cached;
+  {
+    KVS__REENTRY_GUARD();
+    kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
+    q->nkeys = J;
+    keys = kvs__px_keys(&c->sh, (uint32_t)s);
+    uint64_t best = 0;
+    cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
+             (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
+  }
   if (cached) {
     q->snap = J * C;
     return;
@@ -914,10 +867,10 @@ struct llama_context *llama_init_from_model(struct llama_model *model,
   kvs__px_pfn_llama_init_from_model real = px_real_llama_init_from_model();
   if (kvs__unlikely(!real)) return NULL;
   struct llama_context *ctx = real(model, params);
-  if (!ctx || kvs__hook_depth || px_depth || !kvs__preload_family_enabled(KVS_HOOK_LLAMA) ||
-      !kvs__preload_options()->llama_prefix)
+  if (!ctx || kvs__hook_depth || px_depth || !kvs__family_enabled(&kvs__family_llama_prefix) ||
+      !kvs__runtime_options()->llama_prefix)
     return ctx;
-  if (!kvs__preload_ensure_init() || !atomic_load(&g_px_on)) return ctx;
+  if (!kvs__runtime_get() || !kvs__family_on(&kvs__family_llama_prefix)) return ctx;
   px_depth++;
   kvs__hook_count();
   px_register(ctx, model, &params);
@@ -1056,47 +1009,18 @@ size_t llama_state_set_data(struct llama_context *ctx, const uint8_t *src, size_
 
 /* ---- family ------------------------------------------------------------------------------------ */
 
-KVS__DLSYM_PATH static bool px_hooks_name(const char *name) {
-  for (size_t i = 0; i < PX__NHOOKS; i++) {
-    const char *a = px_names[i], *b = name;
-    while (*a && *a == *b) a++, b++;
-    if (*a == *b) return true;
-  }
-  return false;
-}
-
-static void *px_dlsym_substitute(const char *name, void *found) {
-  if (!found || kvs__hook_depth) return found;
-  for (size_t i = 0; i < PX__NHOOKS; i++) {
-    if (strcmp(px_names[i], name) != 0) continue;
-    px_code_t real = px_resolve((enum px_row)i);
-    void *rp;
-    memcpy(&rp, &real, sizeof rp);
-    return rp == found ? (void *)px_wrappers[i] : found;
-  }
-  return found;
-}
-
 static int px_family_init(kvs__runtime_t *rt) {
-  if (rt->opts.llama_prefix) atomic_store_explicit(&g_px_on, true, memory_order_release);
-  return 0;
+  return rt->opts.llama_prefix ? 0 : KVS__FAMILY_OFF;
 }
 
 static void px_fork_child(void) {
   /* The child keeps the parent's contexts (copied memory, shadows included) and builds its own
    * runtime, whose init turns the cache on again. Locks a parent thread held are reset. */
-  atomic_store_explicit(&g_px_on, false, memory_order_relaxed);
   pthread_mutex_init(&g_table_lock, NULL);
   for (size_t i = 0; i < PX_CTX_MAX; i++)
     if (atomic_load_explicit(&g_ctx[i].ctx, memory_order_relaxed))
       pthread_mutex_init(&g_ctx[i].lock, NULL);
 }
 
-const kvs__family_t kvs__family_llama_prefix = {
-    .name = "llama.cpp prefix cache",
-    .flag = KVS_HOOK_LLAMA,
-    .hooks_name = px_hooks_name,
-    .dlsym_substitute = px_dlsym_substitute,
-    .init = px_family_init,
-    .fork_child = px_fork_child,
-};
+const kvs__family_t kvs__family_llama_prefix = {KVS__FAMILY_HEAD, .init = px_family_init,
+                                                  .fork_child = px_fork_child};

@@ -105,7 +105,7 @@ target_link_libraries(fx_host PRIVATE ${CMAKE_DL_LIBS})
 kvs_fx(fx_probe SHARED probe.c)
 target_link_libraries(fx_probe PRIVATE ${CMAKE_DL_LIBS})
 
-# the run-time scan, linked into a program (kvshim_elfscan as the preload links it)
+# the run-time scan, linked into a program (kvshim_elfscan; libkvshim.so has its own, runtime/hooks.c)
 foreach(t fx_rt_main fx_rt_exe)
   kvs_fx(${t} EXEC fx_rt_main.c)
   target_link_libraries(${t} PRIVATE kvshim_elfscan kvshim_flags fx_kvo ${CMAKE_DL_LIBS})
@@ -129,3 +129,10 @@ if(TARGET refengine)
     LABELS integration inspect TIMEOUT 120 ENVIRONMENT ${inspect_env}
     ARGS ${inspect_args} --refengine $<TARGET_FILE:refengine>)
 endif()
+
+# The hooks inspect checks == the library's exports (nm -D) == preload/exports.txt (the oracle).
+get_property(inspect_exports_txt GLOBAL PROPERTY KVSHIM_PRELOAD_EXPORTS)
+add_test(NAME inspect_exports COMMAND ${Python3_EXECUTABLE}
+  ${CMAKE_CURRENT_LIST_DIR}/inspect_exports.py --kvshim $<TARGET_FILE:kvshim>
+  --lib $<TARGET_FILE:kvshim_preload> --exports ${inspect_exports_txt} --nm ${CMAKE_NM})
+set_tests_properties(inspect_exports PROPERTIES TIMEOUT 120 LABELS "integration;inspect")

@@ -70,7 +70,7 @@ kvs_fakecuda_env(preload_dlsym)
 # The runtime's resolvers, linked directly.
 add_executable(preload_resolve_test preload_resolve_test.c ${pt_rt_objects})
 target_link_libraries(preload_resolve_test PRIVATE preload_testutil)
-target_include_directories(preload_resolve_test PRIVATE ${PROJECT_SOURCE_DIR}/preload)
+target_include_directories(preload_resolve_test PRIVATE ${PROJECT_SOURCE_DIR}/runtime)
 set_target_properties(preload_resolve_test PROPERTIES INSTALL_RPATH "$ORIGIN"
   BUILD_WITH_INSTALL_RPATH ON)
 add_test(NAME preload_resolve COMMAND preload_resolve_test)

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "preload.h"
+#include "resolve.h"
 #include "preload_testutil.h"
 
 typedef void *(*lookup_fn)(const char *);

@@ -7,7 +7,7 @@
  *   kvs_elf_inspect()       offline, for `kvshim inspect`: opens a binary with libelf, resolves
  *                           its DT_NEEDED closure as the dynamic loader would and reads every
  *                           object's symbols, dynamic relocations and code.
- *   kvs_elf_scan_process()  at run time, for the preload's init: walks the objects mapped in
+ *   kvs_elf_scan_process()  at run time, in a process that links it: walks the objects mapped in
  *                           this process (dl_iterate_phdr) and reads their dynamic sections in
  *                           memory. No allocation, no dlsym, no libelf, no stdio.
  *
@@ -33,8 +33,8 @@
  * kvs_elf_report_destroy(); every pointer inside it lives as long as the report. Hook and
  * family names are static strings. Thread safety: the offline functions share no state; the
  * run-time scan takes the loader's lock (dl_iterate_phdr) and writes only *out. */
-#ifndef KVSHIM_PRELOAD_ELFSCAN_H
-#define KVSHIM_PRELOAD_ELFSCAN_H
+#ifndef KVSHIM_INSPECT_ELFSCAN_H
+#define KVSHIM_INSPECT_ELFSCAN_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -44,45 +44,35 @@
 extern "C" {
 #endif
 
-/* ---- hook tables: one list per family (the only place the names are written) -------------- */
+/* ---- hook tables: generated from the families' rows (shims/<family>/<family>_hooks.h, the
+ * lists libkvshim.so's exports are generated from), never retyped ------------------------- */
 
-#define KVS_ELF_CUDA_HOOKS(X)                                                                 \
-  X(CUDA, cuMemAlloc_v2) X(CUDA, cuMemFree_v2) X(CUDA, cuMemAllocHost_v2)                     \
-  X(CUDA, cuMemHostAlloc) X(CUDA, cuMemFreeHost) X(CUDA, cuMemHostGetDevicePointer_v2)        \
-  X(CUDA, cuMemAllocPitch_v2) X(CUDA, cuGetProcAddress) X(CUDA, cuGetProcAddress_v2)
+#include "cuda_hooks.h"
+#include "kvo_hooks.h"
+#include "llama_hooks.h"
 
-#define KVS_ELF_LLAMA_HOOKS(X)                                                                \
-  X(LLAMA, llama_state_seq_save_file) X(LLAMA, llama_state_seq_load_file)                     \
-  X(LLAMA, llama_state_seq_get_size) X(LLAMA, llama_state_seq_get_size_ext)                   \
-  X(LLAMA, llama_state_seq_get_data) X(LLAMA, llama_state_seq_get_data_ext)                   \
-  X(LLAMA, llama_state_seq_set_data) X(LLAMA, llama_state_seq_set_data_ext)                   \
-  X(LLAMA, llama_state_save_file) X(LLAMA, llama_state_load_file)                             \
-  X(LLAMA, llama_model_load_from_file) X(LLAMA, llama_decode) X(LLAMA, llama_get_logits_ith)  \
-  X(LLAMA, llama_get_embeddings_ith) X(LLAMA, llama_memory_seq_rm)                            \
-  X(LLAMA, llama_memory_seq_cp) X(LLAMA, llama_memory_seq_keep) X(LLAMA, llama_memory_seq_add) \
-  X(LLAMA, llama_memory_seq_div) X(LLAMA, llama_memory_clear)
+/* inspect's llama.cpp family: the state API adapter's hooks and the prefix cache's. */
+#define KVS__ELF_LLAMA_ROWS(X) KVS_LLAMA_HOOKS(X) KVS_LLAMA_PREFIX_HOOKS(X)
 
-#define KVS_ELF_KVO_HOOKS(X) X(KVO, kvo_lookup) X(KVO, kvo_load_chunk) X(KVO, kvo_store_chunk)
-
-/* Families: X(ID, short name used in JSON, title used in lines like "llama.cpp: ..."). */
+/* Families: X(ID, short name used in JSON, title used in lines like "llama.cpp: ...", rows). */
 #define KVS_ELF_FAMILIES(X)                                                                   \
-  X(CUDA, "cuda", "CUDA driver")                                                              \
-  X(LLAMA, "llama", "llama.cpp")                                                              \
-  X(KVO, "kvo", "kvo")
-
-/* Every hook, families in KVS_ELF_FAMILIES order, so a family's hooks are contiguous. */
-#define KVS_ELF_HOOKS(X) KVS_ELF_CUDA_HOOKS(X) KVS_ELF_LLAMA_HOOKS(X) KVS_ELF_KVO_HOOKS(X)
+  X(CUDA, "cuda", "CUDA driver", KVS_CUDA_HOOKS)                                              \
+  X(LLAMA, "llama", "llama.cpp", KVS__ELF_LLAMA_ROWS)                                         \
+  X(KVO, "kvo", "kvo", KVS_KVO_HOOKS)
 
 typedef enum kvs_elf_family {
-#define KVS__ELF_FAM_ENUM(id, name, title) KVS_ELF_FAMILY_##id,
+#define KVS__ELF_FAM_ENUM(id, name, title, rows) KVS_ELF_FAMILY_##id,
   KVS_ELF_FAMILIES(KVS__ELF_FAM_ENUM)
 #undef KVS__ELF_FAM_ENUM
   KVS_ELF_FAMILY_COUNT
 } kvs_elf_family_t;
 
+/* Every hook, families in KVS_ELF_FAMILIES order, so a family's hooks are contiguous. */
 typedef enum kvs_elf_hook {
-#define KVS__ELF_HOOK_ENUM(fam, sym) KVS_ELF_HOOK_##sym,
-  KVS_ELF_HOOKS(KVS__ELF_HOOK_ENUM)
+#define KVS__ELF_HOOK_ENUM(ret, name, params, args) KVS_ELF_HOOK_##name,
+#define KVS__ELF_FAM_HOOKS(id, name, title, rows) rows(KVS__ELF_HOOK_ENUM)
+  KVS_ELF_FAMILIES(KVS__ELF_FAM_HOOKS)
+#undef KVS__ELF_FAM_HOOKS
 #undef KVS__ELF_HOOK_ENUM
   KVS_ELF_HOOK_COUNT
 } kvs_elf_hook_t;
@@ -143,7 +133,7 @@ const char *kvs_elf_verdict_name(kvs_elf_verdict_t v); /* "absent", "yes", "part
 
 /* "<title>: <definer>, <yes>/<present> hooks interposable" into buf (always NUL-terminated
  * when n > 0; cut when too long). definer NULL or "" prints "no definition". The one format
- * of the per-family line, shared by inspect and the preload's init log.
+ * of the per-family line, shared by inspect and the run-time scan.
  * Returns the length it wanted (as snprintf), or -EINVAL (buf NULL with n > 0). */
 int kvs_elf_summary_line(char *buf, size_t n, const char *title, const char *definer,
                          unsigned yes, unsigned present);

@@ -1,7 +1,7 @@
 /* kvshim inspect: the `kvshim inspect BINARY [--json]` command (design.md §11), on top of
- * preload/elfscan. Kept apart from kvshim.c so the CLI's main only dispatches to it. */
-#ifndef KVSHIM_TOOLS_INSPECT_CMD_H
-#define KVSHIM_TOOLS_INSPECT_CMD_H
+ * tools/inspect/elfscan. Kept apart from kvshim.c so the CLI's main only dispatches to it. */
+#ifndef KVSHIM_INSPECT_CMD_H
+#define KVSHIM_INSPECT_CMD_H
 
 /* The command's help text (`kvshim help inspect`, `kvshim inspect --help`). */
 extern const char kvs_inspect_help[];

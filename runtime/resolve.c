@@ -1,4 +1,4 @@
-/* preload: finding real functions (design §9.2). The private real dlsym, a reader of loaded
+/* runtime: finding real functions (design §9.2). The private real dlsym, a reader of loaded
  * objects' dynamic symbol tables, the RTLD_NEXT emulation the dlsym hook needs for hooked
  * names, and the engine-symbol resolver that also finds objects opened RTLD_LOCAL. */
 #include <dlfcn.h>
@@ -11,14 +11,15 @@
 #include <string.h>
 
 #include "internal.h"
-#include "preload.h"
+#include "resolve.h"
+#include "runtime.h"
 
 #if defined(__x86_64__)
 #define KVS__GLIBC_BASE_VERSION "GLIBC_2.2.5"
 #elif defined(__aarch64__)
 #define KVS__GLIBC_BASE_VERSION "GLIBC_2.17"
 #else
-#error "kvshim preload: add this architecture's oldest glibc symbol version (and dlsym.c's trampoline)"
+#error "kvshim runtime: add this architecture's oldest glibc symbol version (and preload/dlsym.c's trampoline)"
 #endif
 
 /* ---- the private real dlsym ------------------------------------------------------------------ */
@@ -143,7 +144,7 @@ int kvs__elf_lookup(uintptr_t bias, const ElfW(Phdr) *phdr, unsigned phnum, cons
   return 0;
 }
 
-static bool obj_contains(const struct dl_phdr_info *info, uintptr_t a) {
+bool kvs__addr_in_object(const struct dl_phdr_info *info, uintptr_t a) {
   for (unsigned i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *p = &info->dlpi_phdr[i];
     uintptr_t lo = info->dlpi_addr + p->p_vaddr;
@@ -154,7 +155,7 @@ static bool obj_contains(const struct dl_phdr_info *info, uintptr_t a) {
 
 bool kvs__addr_in_self(const void *addr) {
   Dl_info a, b;
-  if (!dladdr(addr, &a) || !dladdr((const void *)&kvs__addr_in_self, &b)) return false;
+  if (!dladdr(addr, &a) || !dladdr((const void *)&g_real_dlsym, &b)) return false;
   return a.dli_fbase == b.dli_fbase;
 }
 
@@ -175,10 +176,10 @@ static int walk_cb(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
   walk_t *w = arg;
   if (w->after && !w->seen) {
-    if (obj_contains(info, w->after)) w->seen = true;
+    if (kvs__addr_in_object(info, w->after)) w->seen = true;
     return 0;
   }
-  if (w->skip && obj_contains(info, w->skip)) return 0;
+  if (w->skip && kvs__addr_in_object(info, w->skip)) return 0;
   if (kvs__elf_lookup(info->dlpi_addr, info->dlpi_phdr, info->dlpi_phnum, w->name, &w->sym) != 0)
     return 0;
   const char *p = info->dlpi_name ? info->dlpi_name : "";

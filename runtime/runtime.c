@@ -1,0 +1,337 @@
+/* runtime: configuration snapshot, lazy runtime init, fork and exit (see runtime.h for the
+ * life of the process). */
+#include "runtime.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "hooks.h"
+#include "internal.h"
+#include "log.h"
+#include "proto.h"
+#include "resolve.h"
+
+/* ---- process state -------------------------------------------------------------------------- */
+
+kvs__runtime_t kvs__rt;
+int kvs__rt_state;
+__thread int kvs__hook_depth __attribute__((tls_model("initial-exec")));
+
+static pid_t g_pid;                 /* this process (constructor, then the fork child handler) */
+static int g_forked;                /* this image is a fork child of the one that loaded us */
+
+static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
+static kvs_options_t g_opts;        /* written once under g_cfg_once */
+
+static pthread_once_t g_rt_once = PTHREAD_ONCE_INIT;
+/* Fork child: the runtime inherited from the parent and never used. Extern (hidden), so the
+ * copy made in the fork handler is not optimised away: it keeps those objects reachable. */
+kvs__runtime_t kvs__forgotten_rt;
+static int g_tried;                 /* this process built (or tried to build) a runtime */
+
+/* Kept for the fork child, which must close the sockets it inherited from the coordinator
+ * (listening + accepted: their local address is the socket path) and from the peer client
+ * (their remote address lies in the group directory). Plain char arrays: read from the fork
+ * handler. */
+static char g_sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static char g_group_dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+/* ---- configuration -------------------------------------------------------------------------- */
+
+static void cfg_load(void) {
+  KVS__REENTRY_GUARD();
+  kvs_options_load(&g_opts, NULL, KVS_OPTIONS_APPLY_LOG);
+  if (kvs_log_get_level() >= KVS_LOG_DEBUG) {
+    char table[8192];
+    kvs_options_render(&g_opts, table, sizeof table);
+    kvs_log_debug("configuration (pid %ld):", (long)getpid());
+    for (char *line = table, *nl; *line; line = nl + 1) {
+      nl = strchr(line, '\n');
+      if (nl) *nl = '\0';
+      kvs_log_debug("  %s", line);
+      if (!nl) break;
+    }
+  }
+  if (!g_opts.enable) {
+    int expected = KVS__RT_UNINIT;
+    __atomic_compare_exchange_n(&kvs__rt_state, &expected, KVS__RT_DISABLED, false,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  }
+}
+
+const kvs_options_t *kvs__runtime_options(void) {
+  pthread_once(&g_cfg_once, cfg_load);
+  return &g_opts;
+}
+
+/* ---- runtime ---------------------------------------------------------------------------------- */
+
+static void *prefault_main(void *arg) {
+  /* Idle priority: pre-faulting must never take CPU from the engine (on a small machine a
+   * normal-priority prefault of a 1 GiB pool slowed the engine's first requests 2-3x). Pages
+   * the engine touches before this thread gets to them are simply faulted by the engine. */
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  int rc = kvs_pool_prefault(arg);
+  if (rc < 0 && rc != -ECANCELED) kvs_log_info("pool prefault stopped: %s", strerror(-rc));
+  return NULL;
+}
+
+/* Threads kvshim starts must not take the engine's signals: they are created with every
+ * signal blocked (the mask is inherited from the creating thread). */
+static void block_signals(sigset_t *old) {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, old);
+}
+static void restore_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
+static void rt_teardown(kvs__runtime_t *rt) {
+  kvs_peers_destroy(rt->peers);
+  kvs_coord_stop(rt->coord);
+  kvs_tensor_registry_destroy(rt->tensors);
+  kvs_store_destroy(rt->store, true);
+  kvs_pool_destroy(rt->pool, true);
+  memset(rt, 0, sizeof *rt);
+}
+
+static int rt_build_parts(kvs__runtime_t *rt, const kvs_options_t *o) {
+  memset(rt, 0, sizeof *rt);
+  rt->opts = *o;
+  rt->pid = g_pid;
+  kvs_pool_config_t pc = {.cache_size = o->pool_size, .host_size = o->host_pool_size,
+                          .hugepages = o->hugepages != 0};
+  int rc = kvs_pool_create(&pc, &rt->pool);
+  if (rc < 0) {
+    kvs_log_warn("cannot create the pool (%llu + %llu bytes): %s",
+                 (unsigned long long)o->pool_size, (unsigned long long)o->host_pool_size,
+                 strerror(-rc));
+    return rc;
+  }
+  const kvs_pool_header_t *h = kvs_pool_header(rt->pool);
+  rt->instance_id = h->instance_id;
+  if (h->host_size) {
+    rt->host_off = h->host_off;
+    rt->host_lo = (uintptr_t)kvs_pool_base(rt->pool) + h->host_off;
+    rt->host_hi = rt->host_lo + h->host_size;
+  }
+  kvs_store_config_t sc = {.pool = rt->pool, .lease_ms = (uint32_t)o->lease_ms};
+  if ((rc = kvs_store_create(&sc, &rt->store)) < 0) {
+    kvs_log_warn("cannot create the store: %s", strerror(-rc));
+    return rc;
+  }
+  if ((rc = kvs_tensor_registry_create(0, &rt->tensors)) < 0) {
+    kvs_log_warn("cannot create the tensor registry: %s", strerror(-rc));
+    return rc;
+  }
+  if (o->peers) {
+    kvs_coord_config_t cc = {.store = rt->store, .pool = rt->pool, .opts = o,
+                             .role = KVS_PROTO_ROLE_ENGINE, .instance_id = rt->instance_id,
+                             .tensors = rt->tensors};
+    if ((rc = kvs_coord_start(&cc, &rt->coord)) < 0) {
+      kvs_log_warn("cannot start the coordinator in %s: %s", o->run_dir, strerror(-rc));
+      return rc;
+    }
+    kvs_peers_config_t pcfg = {.opts = o, .instance_id = rt->instance_id,
+                               .role = KVS_PROTO_ROLE_ENGINE, .local = rt->store};
+    if ((rc = kvs_peers_create(&pcfg, &rt->peers)) < 0) {
+      kvs_log_warn("cannot create the peer client: %s", strerror(-rc));
+      return rc;
+    }
+  }
+  if ((rc = kvs__families_init(rt)) < 0) return rc;
+  return 0;
+}
+
+static void rt_build(void) {
+  KVS__REENTRY_GUARD();
+  const kvs_options_t *o = kvs__runtime_options();
+  if (!o->enable) return; /* DISABLED was set by cfg_load */
+  g_tried = 1;
+  sigset_t old;
+  block_signals(&old);
+  int rc = rt_build_parts(&kvs__rt, o);
+  if (rc == 0) {
+    if (kvs__rt.coord) {
+      int n1 = snprintf(g_sock_path, sizeof g_sock_path, "%s",
+                        kvs_coord_socket_path(kvs__rt.coord));
+      int n2 = snprintf(g_group_dir, sizeof g_group_dir, "%s/%s/", o->run_dir, o->group);
+      if (n1 < 0 || (size_t)n1 >= sizeof g_sock_path) g_sock_path[0] = '\0';
+      if (n2 < 0 || (size_t)n2 >= sizeof g_group_dir) g_group_dir[0] = '\0';
+    }
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) == 0) {
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      if (pthread_create(&t, &attr, prefault_main, kvs__rt.pool) != 0)
+        kvs_log_info("no prefault thread: the pool is backed on first touch");
+      pthread_attr_destroy(&attr);
+    }
+  }
+  restore_signals(&old);
+  if (rc < 0) {
+    rt_teardown(&kvs__rt);
+    kvs_log_warn("kvshim is off in this process (%s): every hook passes through",
+                 strerror(-rc));
+    __atomic_store_n(&kvs__rt_state, KVS__RT_FAILED, __ATOMIC_RELEASE);
+  } else {
+    kvs_log_info("ready: pool %llu + %llu bytes, instance %016llx%s%s",
+                 (unsigned long long)o->pool_size, (unsigned long long)o->host_pool_size,
+                 (unsigned long long)kvs__rt.instance_id, kvs__rt.coord ? ", socket " : "",
+                 kvs__rt.coord ? kvs_coord_socket_path(kvs__rt.coord) : "");
+    __atomic_store_n(&kvs__rt_state, KVS__RT_ACTIVE, __ATOMIC_RELEASE);
+  }
+}
+
+kvs__runtime_t *kvs__runtime_get(void) {
+  if (kvs__unlikely(kvs__hook_depth != 0)) return NULL;
+  int s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
+  if (kvs__likely(s == KVS__RT_ACTIVE)) return &kvs__rt;
+  if (s == KVS__RT_UNINIT) {
+    pthread_once(&g_rt_once, rt_build);
+    s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
+    if (s == KVS__RT_ACTIVE) return &kvs__rt;
+  }
+  if (s == KVS__RT_FAILED) kvs__hook_fallback();
+  return NULL;
+}
+
+/* ---- exit ------------------------------------------------------------------------------------ */
+
+/* KVSHIM_STATS with "%p" replaced by the pid; a fork child without "%p" in the path writes
+ * "<path>.<pid>" so it never replaces its parent's file. */
+static int stats_path(const char *tmpl, char *out, size_t cap) {
+  size_t n = 0;
+  bool had_pid = false;
+  for (const char *s = tmpl; *s; s++) {
+    int w;
+    if (s[0] == '%' && s[1] == 'p') {
+      w = snprintf(out + n, cap - n, "%ld", (long)g_pid);
+      s++;
+      had_pid = true;
+    } else {
+      w = snprintf(out + n, cap - n, "%c", *s);
+    }
+    if (w < 0 || (size_t)w >= cap - n) return -ENAMETOOLONG;
+    n += (size_t)w;
+  }
+  if (g_forked && !had_pid) {
+    int w = snprintf(out + n, cap - n, ".%ld", (long)g_pid);
+    if (w < 0 || (size_t)w >= cap - n) return -ENAMETOOLONG;
+  }
+  return 0;
+}
+
+void kvs__runtime_exit(void) {
+  if (!g_tried) return;
+  /* Hooks called by what follows (and by later destructors) pass through. */
+  KVS__REENTRY_GUARD();
+  kvs_stats_t *st = kvs_stats_global();
+  if (__atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE) == KVS__RT_ACTIVE) {
+    char scratch[16];
+    kvs_coord_render_stats(kvs__rt.store, st, 1, scratch, sizeof scratch); /* gauges only */
+  }
+  /* Write-behind first (bounded), so the stats count what reached the cache peer. */
+  if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
+  if (g_opts.stats[0]) {
+    char path[KVS_OPT_STR_MAX + 32];
+    int rc = stats_path(g_opts.stats, path, sizeof path);
+    if (rc == 0) rc = kvs_stats_write_json(st, path);
+    if (rc < 0) kvs_log_warn("cannot write stats to %s: %s", g_opts.stats, strerror(-rc));
+  }
+  /* Stop serving (the socket file goes away); pool and store stay for late hooks. */
+  kvs_peers_t *peers = kvs__rt.peers;
+  kvs_coord_t *coord = kvs__rt.coord;
+  kvs__rt.peers = NULL;
+  kvs__rt.coord = NULL;
+  kvs_peers_destroy(peers);
+  kvs_coord_stop(coord);
+}
+
+/* ---- fork --------------------------------------------------------------------------------- */
+
+static bool str_starts(const char *s, size_t n, const char *prefix) {
+  size_t k = strlen(prefix);
+  return k > 0 && n >= k && memcmp(s, prefix, k) == 0;
+}
+
+/* Close the sockets inherited from the parent's coordinator and peer client, so the parent's
+ * listening socket and connections do not outlive it in this child. Async-signal-safe: raw
+ * getdents64 over /proc/self/fd, getsockname/getpeername, close. */
+static void close_inherited_sockets(void) {
+  if (!g_sock_path[0]) return;
+  int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  char buf[4096];
+  for (;;) {
+    long n = syscall(SYS_getdents64, dfd, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long pos = 0; pos < n;) {
+      struct {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+      } *de = (void *)(buf + pos);
+      pos += de->reclen;
+      int fd = 0;
+      const char *c = de->name;
+      if (*c < '0' || *c > '9') continue;
+      for (; *c >= '0' && *c <= '9'; c++) fd = fd * 10 + (*c - '0');
+      if (fd == dfd) continue;
+      struct sockaddr_un a;
+      socklen_t len = sizeof a;
+      memset(&a, 0, sizeof a);
+      if (getsockname(fd, (struct sockaddr *)&a, &len) != 0 || a.sun_family != AF_UNIX) continue;
+      size_t plen = len > offsetof(struct sockaddr_un, sun_path)
+                        ? strnlen(a.sun_path, len - offsetof(struct sockaddr_un, sun_path))
+                        : 0;
+      bool ours = plen == strlen(g_sock_path) && memcmp(a.sun_path, g_sock_path, plen) == 0;
+      if (!ours) {
+        len = sizeof a;
+        memset(&a, 0, sizeof a);
+        if (getpeername(fd, (struct sockaddr *)&a, &len) == 0 && a.sun_family == AF_UNIX) {
+          plen = len > offsetof(struct sockaddr_un, sun_path)
+                     ? strnlen(a.sun_path, len - offsetof(struct sockaddr_un, sun_path))
+                     : 0;
+          ours = str_starts(a.sun_path, plen, g_group_dir);
+        }
+      }
+      if (ours) close(fd);
+    }
+  }
+  close(dfd);
+}
+
+void kvs__runtime_fork(int phase) {
+  kvs__resolve_atfork(phase);
+  if (phase != 2) return;
+  g_pid = (pid_t)syscall(SYS_getpid);
+  g_forked = 1;
+  close_inherited_sockets();
+  g_sock_path[0] = '\0';
+  g_group_dir[0] = '\0';
+  /* Forget the parent's runtime: its pool stays mapped (buffers it handed out stay valid here)
+   * but this process never allocates from it; the first hooked call builds our own. */
+  if (__atomic_load_n(&kvs__rt_state, __ATOMIC_RELAXED) != KVS__RT_DISABLED)
+    __atomic_store_n(&kvs__rt_state, KVS__RT_UNINIT, __ATOMIC_RELAXED);
+  kvs__forgotten_rt = kvs__rt; /* its objects stay reachable: forgotten on purpose, not leaked */
+  memset(&kvs__rt, 0, sizeof kvs__rt);
+  g_rt_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+  g_tried = 0;
+  kvs_stats_init(kvs_stats_global());
+  kvs__families_fork_child();
+}
+
+void kvs__runtime_loaded(void) { g_pid = getpid(); }
