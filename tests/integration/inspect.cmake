@@ -131,6 +131,7 @@ if(TARGET refengine)
 endif()
 
 # The hooks inspect checks == the library's exports (nm -D) == preload/exports.txt (the oracle).
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
 get_property(inspect_exports_txt GLOBAL PROPERTY KVSHIM_PRELOAD_EXPORTS)
 add_test(NAME inspect_exports COMMAND ${Python3_EXECUTABLE}
   ${CMAKE_CURRENT_LIST_DIR}/inspect_exports.py --kvshim $<TARGET_FILE:kvshim>
