@@ -16,14 +16,19 @@
  *                                        the driver gives one); frees forget the record
  *   async copies                         forwarded; bytes touching the host arena are counted
  *
- * Flag mapping for host allocations (cuMemHostAlloc flags -> cuMemHostRegister flags):
- *   PORTABLE       always (registered memory is then pinned for every context)
- *   DEVICEMAP      when requested (cuMemHostGetDevicePointer_v2 then works on the buffer)
- *   WRITECOMBINED  no register equivalent: the buffer is ordinary cached memory. Semantics are
- *                  kept (WC only changes speed: CPU reads get faster, CPU->GPU streaming may be
- *                  slower); the request is still served from the arena.
- * cuMemAllocHost_v2 (no flags) registers PORTABLE only, as the driver's own allocation. Unknown
- * flag bits are forwarded untouched so the driver reports them.
+ * Host allocations must behave as the driver's own pinned memory (design §9.6): that memory is
+ * usable by kernels at its host address whatever the flags (cuda.h, "Automatic Mapping of Host
+ * Allocated Host Memory", on unified addressing), while registered memory is only when
+ * registered with DEVICEMAP on devices with CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM. So:
+ *   - the arena serves host allocations only when every device has unified addressing and that
+ *     attribute (checked once, at the first host allocation, when the driver works);
+ *   - every pooled buffer is registered PORTABLE|DEVICEMAP whatever was asked, and used only
+ *     when cuMemHostGetDevicePointer_v2 then answers its host address (else unregistered and
+ *     the request forwarded);
+ *   - cuMemHostGetFlags on a pooled buffer answers the flags the caller asked for (0 for
+ *     cuMemAllocHost_v2). WRITECOMBINED has no register equivalent: the buffer is ordinary
+ *     cached memory (WC only changes speed, not semantics).
+ * Unknown flag bits are forwarded untouched so the driver reports them.
  *
  * Fail open (§9.5): every internal failure forwards the call to the real driver; only real
  * CUresult values are returned (a missing real function gives CUDA_ERROR_NOT_INITIALIZED when
@@ -63,6 +68,7 @@
 #define CU_REGISTER_PIECE (64ull << 30)
 #define CU_IPC_MAX 256        /* IPC handles open at once in this process */
 #define CU_BIG_PINS 16        /* kvs_accel pins larger than one piece, open at once */
+#define CU_HOST_BUFS 4096     /* pooled host buffers alive at once (their asked flags) */
 #define CU_HOSTALLOC_KNOWN \
   (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
 
@@ -271,10 +277,97 @@ static void cu_host_gauge(int64_t delta) {
   kvs_stats_set(kvs_stats_global(), KVS_STAT_host_arena_used_bytes, v);
 }
 
+/* The flags each live pooled buffer was asked with (cuMemHostGetFlags answers them). Open
+ * addressing by pointer, linear probing, deletion by backward shift; g_host_flags_lock. */
+static struct { uintptr_t p; unsigned flags; } g_host_flags[CU_HOST_BUFS];
+static pthread_mutex_t g_host_flags_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t cu_hf_slot(uintptr_t p) { return (size_t)((p >> 12) * 0x9E3779B97F4A7C15ull >> 52); }
+_Static_assert(CU_HOST_BUFS == 1u << 12, "cu_hf_slot gives 12 bits");
+
+/* -ENOSPC when the table is full (the request is then forwarded). */
+static int cu_hf_put(uintptr_t p, unsigned flags) {
+  int rc = -ENOSPC;
+  pthread_mutex_lock(&g_host_flags_lock);
+  for (size_t n = 0, i = cu_hf_slot(p); n < CU_HOST_BUFS - 1; n++, i = (i + 1) % CU_HOST_BUFS)
+    if (!g_host_flags[i].p) {
+      g_host_flags[i].p = p;
+      g_host_flags[i].flags = flags;
+      rc = 0;
+      break;
+    }
+  pthread_mutex_unlock(&g_host_flags_lock);
+  return rc;
+}
+/* The flags of buffer p (and forget them when drop): -ENOENT when p is no pooled buffer. */
+static int cu_hf_get(uintptr_t p, unsigned *flags, bool drop) {
+  int rc = -ENOENT;
+  pthread_mutex_lock(&g_host_flags_lock);
+  size_t i = cu_hf_slot(p);
+  for (size_t n = 0; n < CU_HOST_BUFS && g_host_flags[i].p; n++, i = (i + 1) % CU_HOST_BUFS)
+    if (g_host_flags[i].p == p) {
+      *flags = g_host_flags[i].flags;
+      rc = 0;
+      break;
+    }
+  if (rc == 0 && drop) {
+    /* Backward shift: move later entries of the run into the hole when their home allows. */
+    size_t hole = i;
+    for (size_t j = (i + 1) % CU_HOST_BUFS; g_host_flags[j].p; j = (j + 1) % CU_HOST_BUFS) {
+      size_t home = cu_hf_slot(g_host_flags[j].p);
+      if ((j - home) % CU_HOST_BUFS >= (j - hole) % CU_HOST_BUFS) {
+        g_host_flags[hole] = g_host_flags[j];
+        hole = j;
+      }
+    }
+    g_host_flags[hole].p = 0;
+  }
+  pthread_mutex_unlock(&g_host_flags_lock);
+  return rc;
+}
+
+/* Do pooled buffers reach every device at their host address? Every device must have unified
+ * addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (cuda.h, cuMemHostRegister: "If all
+ * devices visible to the application have a non-zero value for the device attribute, the
+ * device pointer returned by cuMemHostGetDevicePointer() will match the original pointer").
+ * Asked once the driver answers; while it does not (not initialised), the answer is no and
+ * asked again next time. */
+static atomic_int g_host_devs; /* 0 not known, 1 yes, -1 no */
+static bool cu_host_devices_ok(void) {
+  int v = atomic_load_explicit(&g_host_devs, memory_order_acquire);
+  if (v) return v > 0;
+  int n = 0;
+  if (!g_real.cuDeviceGetCount || !g_real.cuDeviceGetAttribute || !g_real.cuDeviceGet ||
+      g_real.cuDeviceGetCount(&n) != CUDA_SUCCESS || n <= 0)
+    return false;
+  v = 1;
+  for (int i = 0; i < n && v > 0; i++) {
+    CUdevice d;
+    int uva = 0, hp = 0;
+    if (g_real.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
+        g_real.cuDeviceGetAttribute(&uva, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, d) !=
+            CUDA_SUCCESS ||
+        g_real.cuDeviceGetAttribute(
+            &hp, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, d) != CUDA_SUCCESS)
+      return false; /* not known yet */
+    if (!uva || !hp) {
+      kvs_log_info("device %d: unified addressing %d, host pointer for registered memory %d: "
+                   "host allocations are left to the driver", i, uva, hp);
+      v = -1;
+    }
+  }
+  atomic_store_explicit(&g_host_devs, v, memory_order_release);
+  return v > 0;
+}
+
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
- * forwards the request to the real allocator, untouched). */
-static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned regflags) {
+ * forwards the request to the real allocator, untouched). asked: the caller's cuMemHostAlloc
+ * flags (0 for cuMemAllocHost_v2), answered by cuMemHostGetFlags. */
+static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned asked) {
   kvs_stats_t *st = kvs_stats_global();
+  if (!cu_host_devices_ok()) {
+    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    return -ENOTSUP;
+  }
   uint64_t off;
   int rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
   if (rc < 0) {
@@ -283,13 +376,26 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   }
   uint64_t len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
   void *p = kvs_pool_base(rt->pool) + off;
-  CUresult r = cu_register(p, len, regflags);
+  CUresult r = cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r == CUDA_SUCCESS) {
+    /* Usable only where the driver's own buffer would be: at its host address. */
+    CUdeviceptr dp = 0;
+    if (!g_real.cuMemHostGetDevicePointer_v2 ||
+        g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
+        dp != (CUdeviceptr)(uintptr_t)p) {
+      cu_unregister(p, len);
+      r = CUDA_ERROR_NOT_SUPPORTED;
+    } else if (cu_hf_put((uintptr_t)p, asked) < 0) {
+      cu_unregister(p, len);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   if (r != CUDA_SUCCESS) {
     /* Typically CUDA not initialised or no current context: the driver's own allocator will
      * report exactly that to the caller. */
     kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
-    kvs_log_debug("cuMemHostRegister_v2 of a host-arena buffer failed (%d): forwarded", (int)r);
+    kvs_log_debug("host-arena buffer not usable (%d): forwarded", (int)r);
     return -EIO;
   }
   kvs_tensor_desc_t tmpl;
@@ -498,8 +604,7 @@ static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **
   if (!rt) return real(pp, bytesize);
   CU_ENTER();
   CUresult r;
-  if (cu_host_eligible(rt, pp, bytesize) &&
-      cu_host_take(rt, pp, bytesize, CU_MEMHOSTREGISTER_PORTABLE) == 0)
+  if (cu_host_eligible(rt, pp, bytesize) && cu_host_take(rt, pp, bytesize, 0) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize);
@@ -512,11 +617,9 @@ static CUresult hk_cuMemHostAlloc(kvs__cu_pfn_cuMemHostAlloc real, void **pp, si
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize, Flags);
   CU_ENTER();
-  unsigned reg = CU_MEMHOSTREGISTER_PORTABLE |
-                 ((Flags & CU_MEMHOSTALLOC_DEVICEMAP) ? CU_MEMHOSTREGISTER_DEVICEMAP : 0u);
   CUresult r;
   if (!(Flags & ~(unsigned)CU_HOSTALLOC_KNOWN) && cu_host_eligible(rt, pp, bytesize) &&
-      cu_host_take(rt, pp, bytesize, reg) == 0)
+      cu_host_take(rt, pp, bytesize, Flags) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize, Flags);
@@ -542,6 +645,8 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
     cu_ctx_leave(&g_real, pushed);
     if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
+    unsigned asked;
+    cu_hf_get((uintptr_t)p, &asked, true);
     int64_t freed = kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
     if (freed > 0) cu_host_gauge(-freed);
     r = CUDA_SUCCESS;
@@ -556,6 +661,25 @@ static CUresult hk_cuMemHostGetDevicePointer_v2(kvs__cu_pfn_cuMemHostGetDevicePo
   kvs__runtime_t *rt = cu_rt_if_active();
   if (rt && cu_in_host_arena(rt, p)) kvs__hook_count();
   return real(pdptr, p, Flags);
+}
+
+static CUresult hk_cuMemHostGetFlags(kvs__cu_pfn_cuMemHostGetFlags real, unsigned int *pFlags,
+                                     void *p) {
+  /* A pooled buffer answers what its caller asked for, not kvshim's registration flags. */
+  kvs__runtime_t *rt = cu_rt_if_active();
+  unsigned asked;
+  if (!rt || !pFlags || !cu_in_host_arena(rt, p)) return real(pFlags, p);
+  CU_ENTER();
+  CUresult r = real(pFlags, p); /* the driver validates p (and the context) first */
+  if (r == CUDA_SUCCESS) {
+    kvs_tensor_record_t rec; /* an interior pointer: the buffer's start from its record */
+    uintptr_t base = kvs_tensor_registry_lookup(rt->tensors, (uint64_t)(uintptr_t)p, &rec) == 0
+                         ? (uintptr_t)rec.base
+                         : (uintptr_t)p;
+    if (cu_hf_get(base, &asked, false) == 0) *pFlags = asked;
+  }
+  CU_LEAVE();
+  return r;
 }
 
 static inline CUresult cu_copy_h2d(CUresult r, const void *src, size_t n) {
@@ -891,6 +1015,8 @@ static void cu_fork_child(void) {
   atomic_store(&g_cuda_on, false);
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
+  pthread_mutex_init(&g_host_flags_lock, NULL);
+  memset(g_host_flags, 0, sizeof g_host_flags);
   pthread_mutex_init(&g_res_lock, NULL);
   memset(g_ipc, 0, sizeof g_ipc);
   memset(g_big_pins, 0, sizeof g_big_pins);

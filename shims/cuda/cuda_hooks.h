@@ -28,6 +28,7 @@
   X(cuMemFreeHost, (void *p), (p))                                                            \
   X(cuMemHostGetDevicePointer_v2, (CUdeviceptr * pdptr, void *p, unsigned int Flags),         \
     (pdptr, p, Flags))                                                                        \
+  X(cuMemHostGetFlags, (unsigned int *pFlags, void *p), (pFlags, p))                          \
   X(cuMemcpyHtoDAsync_v2,                                                                     \
     (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),         \
     (dstDevice, srcHost, ByteCount, hStream))                                                 \
@@ -56,6 +57,7 @@
   X(cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                         \
   X(cuDeviceGetCount, (int *count), (count))                                                  \
   X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev), (uuid, dev))                           \
+  X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev), (pi, attrib, dev)) \
   X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev))                  \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                      \
   X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \

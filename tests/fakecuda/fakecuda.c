@@ -22,6 +22,14 @@
  *   FAKECUDA_MEM_LIMIT  device memory per process in bytes, suffixes K/M/G/T (default 1G)
  *   FAKECUDA_LOG        append one line per driver call to this file (O_APPEND, one write(2)
  *                       per line, so several processes may share it)
+ *   FAKECUDA_NO_UVA     1: no device has unified addressing (CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+ *                       0), so driver-allocated pinned memory is device-accessible only with
+ *                       DEVICEMAP (default 0: every device has it, as every 64-bit GPU since
+ *                       CUDA 4)
+ *   FAKECUDA_NO_HOSTPTR bitmask of device ordinals whose
+ *                       CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0 (default
+ *                       0: all have it); then registered memory is reached from kernels only
+ *                       through a device pointer that differs from the host pointer
  *
  * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
  * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
@@ -62,6 +70,7 @@
 #define FK_PT_VERSION     7000 /* first CUDA version with _ptds/_ptsz entry points */
 #define FK_LINE_MAX       512
 #define FK_LABEL_MAX      48
+#define FK_ALIAS_BIT      (1ull << 62) /* device alias of registered memory (no host pointer) */
 
 /* ---- configuration (written once under cfg_once, read-only afterwards) ------------------- */
 
@@ -69,6 +78,8 @@ static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 static int cfg_devices = 1;
 static uint64_t cfg_mem_limit = 1ull << 30;
 static int cfg_log_fd = -1;
+static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING of every device */
+static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
 static atomic_int initialized; /* cuInit succeeded in this process */
 
 static void cfg_warn(const char *var, const char *val, const char *why) {
@@ -131,6 +142,23 @@ static void cfg_load(void) {
   if (v && *v) {
     cfg_log_fd = open(v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (cfg_log_fd < 0) cfg_warn("FAKECUDA_LOG", v, strerror(errno));
+  }
+  v = getenv("FAKECUDA_NO_UVA");
+  if (v && *v) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      cfg_warn("FAKECUDA_NO_UVA", v, "expected 0 or 1, using 0");
+    else
+      cfg_uva = !strcmp(v, "0");
+  }
+  v = getenv("FAKECUDA_NO_HOSTPTR");
+  if (v && *v) {
+    char *end;
+    errno = 0;
+    unsigned long m = strtoul(v, &end, 0);
+    if (errno || *end || m >> FK_MAX_DEVICES)
+      cfg_warn("FAKECUDA_NO_HOSTPTR", v, "expected a bitmask of device ordinals, using 0");
+    else
+      cfg_no_hostptr = m;
   }
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
@@ -469,9 +497,29 @@ static void range_remove(fk_range_t *r) {
   ranges[i] = ranges[--n_ranges];
 }
 
+/* 1 when every visible device can use the host pointer of registered memory. cuda.h (13.0,
+ * cuMemHostRegister): "If all devices visible to the application have a non-zero value for the
+ * device attribute, the device pointer returned by cuMemHostGetDevicePointer() will match the
+ * original pointer p. If any device visible to the application has a zero value for the device
+ * attribute, the device pointer returned by cuMemHostGetDevicePointer() will not match". */
+static int hostptr_all(void) {
+  unsigned long all = cfg_devices >= 64 ? ~0ul : (1ul << cfg_devices) - 1;
+  return (cfg_no_hostptr & all) == 0;
+}
+
+/* Can a kernel (here: the device side of a copy) reach r at its host address?
+ * - driver-allocated pinned memory: yes on unified addressing whatever the flags. cuda.h (13.0,
+ *   "Automatic Mapping of Host Allocated Host Memory"): "All host memory allocated in all
+ *   contexts using cuMemAllocHost() and cuMemHostAlloc() is always directly accessible from all
+ *   contexts on all devices that support unified addressing. This is the case regardless of
+ *   whether or not the flags CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP are
+ *   specified." Without unified addressing only with DEVICEMAP;
+ * - registered memory: only when registered with CU_MEMHOSTREGISTER_DEVICEMAP and every device
+ *   has CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (cuMemHostRegister, quoted at hostptr_all). */
 static int dev_accessible(const fk_range_t *r) {
   if (r->kind == FK_DEV || r->kind == FK_IPC) return 1;
-  return (r->flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0; /* == CU_MEMHOSTREGISTER_DEVICEMAP */
+  if (r->kind == FK_HOST) return cfg_uva || (r->flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0;
+  return (r->flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0 && hostptr_all();
 }
 
 /* Log label of an address: "null", "<kind><ord>[+offset]" or "unknown". Never the address. */
@@ -632,6 +680,32 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
   if (r == CUDA_SUCCESS) r = check_dev(dev);
   if (r == CUDA_SUCCESS) snprintf(name, (size_t)len, "kvshim fakecuda device %d", dev);
   fk_log("cuDeviceGetName len=%d dev=%d -> %d", len, dev, (int)r);
+  return r;
+}
+
+/* The attributes kvshim reads; every other valid attribute answers 0. */
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!pi || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  int v = 0;
+  if (r == CUDA_SUCCESS) {
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = cfg_uva; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+      v = !((cfg_no_hostptr >> dev) & 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 1; break;
+    default: v = 0; break;
+    }
+    *pi = v;
+  }
+  if (r == CUDA_SUCCESS)
+    fk_log("cuDeviceGetAttribute attrib=%d dev=%d -> 0 value=%d", (int)attrib, dev, v);
+  else
+    fk_log("cuDeviceGetAttribute attrib=%d dev=%d -> %d", (int)attrib, dev, (int)r);
   return r;
 }
 
@@ -1252,16 +1326,22 @@ CUresult cuMemHostUnregister(void *p) {
 static CUresult host_dev_ptr(const char *name, CUdeviceptr *pdptr, void *p, unsigned flags,
                              int fits32) {
   CUresult r = need_ctx(NULL);
+  int alias = 0;
   if (r == CUDA_SUCCESS && (!pdptr || flags != 0)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     lock();
     const fk_range_t *rg = range_find((uintptr_t)p);
-    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG) || !dev_accessible(rg))
+    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG))
+      r = CUDA_ERROR_INVALID_VALUE;
+    else if (rg->kind == FK_REG && (rg->flags & CU_MEMHOSTREGISTER_DEVICEMAP) && !hostptr_all())
+      alias = 1; /* mapped, but at another address (cuMemHostRegister, quoted at hostptr_all) */
+    else if (!dev_accessible(rg))
       r = CUDA_ERROR_INVALID_VALUE;
     unlock();
   }
   if (r == CUDA_SUCCESS && fits32 && (uintptr_t)p > UINT32_MAX) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)(uintptr_t)p;
+  /* The alias is a value the fake never hands out as memory: copies through it fail. */
+  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)(uintptr_t)p ^ (alias ? FK_ALIAS_BIT : 0);
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   fk_log("%s p=%s flags=0x%x -> %d%s%s", name, lb, flags, (int)r, r ? "" : " dptr=",
@@ -1615,6 +1695,7 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuDeviceGet, 2000, cuDeviceGet)                                                 \
   X(cuDeviceGetCount, 2000, cuDeviceGetCount)                                       \
   X(cuDeviceGetName, 2000, cuDeviceGetName)                                         \
+  X(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)                               \
   X(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                         \
   X(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                     \
   X(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                       \

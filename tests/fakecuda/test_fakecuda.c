@@ -563,13 +563,17 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemcpyHtoD(dp, src, sizeof src), OK);
   CHECK(is_filled((unsigned char *)p + 10, sizeof src, 4), "HtoD into mapped host memory");
 
+  /* Driver-allocated pinned memory is device-accessible at its host address whatever the
+   * flags (unified addressing: the default). */
   CHECK_CU(cuMemHostAlloc(&q, 100, 0), OK);
   CUdeviceptr keep = 0x31;
-  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), CUDA_ERROR_INVALID_VALUE);
-  CHECK(keep == 0x31, "out-parameter written on failure");
-  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)q, src, 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), OK);
+  CHECK(keep == (CUdeviceptr)(uintptr_t)q, "pinned memory without DEVICEMAP: device pointer");
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)q, src, 16), OK);
   CHECK_CU(cuMemAllocHost(&a, 100), OK); /* cuda.h: cuMemAllocHost_v2, no flags */
-  CHECK_CU(cuMemHostGetDevicePointer(&keep, a, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, a, 0), OK);
+  CHECK(keep == (CUdeviceptr)(uintptr_t)a, "cuMemAllocHost memory: device pointer");
+  keep = 0x31;
   CHECK_CU(cuMemHostGetFlags(&flags, a), OK);
   CHECK(flags == 0, "cuMemAllocHost recorded flags 0x%x", flags);
   void *keepp = (void *)0x1;
@@ -592,7 +596,11 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemHostRegister(buf + pg, 2 * pg, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
   CHECK_CU(cuMemHostRegister(p, 100, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
   CHECK_CU(cuMemHostRegister(buf + 2 * pg, pg, 0), OK); /* adjacent, not overlapping */
+  /* Registered without DEVICEMAP: not device-accessible, unlike allocated pinned memory. */
   CHECK_CU(cuMemHostGetDevicePointer(&keep, buf + 2 * pg, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(keep == 0x31, "out-parameter written on failure");
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(buf + 2 * pg), src, 16),
+           CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemHostRegister(buf + 3 * pg, pg, 0x40), CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemHostRegister(buf + 3 * pg + 100, 100, 0), OK); /* unaligned is fine */
   CHECK_CU(cuMemHostRegister(buf + 3 * pg + 300, 100, 0), /* but pages are pinned whole */
@@ -616,6 +624,55 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemFreeHost(p), CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemFreeHost(q), OK);
   CHECK_CU(cuMemFreeHost(a), OK);
+}
+
+/* FAKECUDA_NO_UVA / FAKECUDA_NO_HOSTPTR: the device attributes and what they change. */
+static void t_host_attrs(void) {
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  setenv("FAKECUDA_NO_HOSTPTR", "2", 1); /* device 1 lacks the attribute */
+  setup();
+  int v = -1;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CHECK(v == 1, "unified addressing %d", v);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0),
+           OK);
+  CHECK(v == 1, "device 0 host pointer attribute %d", v);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 1),
+           OK);
+  CHECK(v == 0, "device 1 host pointer attribute %d", v);
+  v = 7;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 2),
+           CUDA_ERROR_INVALID_DEVICE);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(v == 7, "out-parameter written on failure");
+  /* One device without the attribute: registered DEVICEMAP memory gets a device pointer that
+   * is not its host address, and the host address is not usable on the device. */
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *buf = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(buf != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister(buf, pg, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
+           OK);
+  CUdeviceptr dp = 0;
+  CHECK_CU(cuMemHostGetDevicePointer(&dp, buf, 0), OK);
+  CHECK(dp != (CUdeviceptr)(uintptr_t)buf, "device pointer equals the host pointer");
+  unsigned char src[16] = {1};
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)buf, src, 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+  munmap(buf, pg);
+}
+
+static void t_host_no_uva(void) {
+  setenv("FAKECUDA_NO_UVA", "1", 1);
+  setup();
+  int v = -1;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CHECK(v == 0, "unified addressing %d", v);
+  void *q = NULL;
+  CUdeviceptr keep = 0x31;
+  CHECK_CU(cuMemHostAlloc(&q, 100, 0), OK);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(keep == 0x31, "out-parameter written on failure");
+  CHECK_CU(cuMemFreeHost(q), OK);
 }
 
 static void t_streams_async(void) {
@@ -1262,6 +1319,7 @@ static const struct {
     {"resolver", t_resolver},           {"errors", t_errors},
     {"ipc", t_ipc},                     {"call_log", t_call_log},
     {"threads", t_threads},
+    {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
 };
 
 int main(int argc, char **argv) {
@@ -1277,6 +1335,8 @@ int main(int argc, char **argv) {
   unsetenv("FAKECUDA_LOG");
   unsetenv("FAKECUDA_DEVICES");
   unsetenv("FAKECUDA_MEM_LIMIT");
+  unsetenv("FAKECUDA_NO_UVA");
+  unsetenv("FAKECUDA_NO_HOSTPTR");
   const char *only = argc >= 2 ? argv[1] : NULL;
   int failed = 0, ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

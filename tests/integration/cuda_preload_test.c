@@ -10,6 +10,9 @@
  *                   through a CPU_SHM descriptor (EXPORT_TENSORS + the pool fd from HELLO), and
  *                   are freed back; small ones go to the driver
  *   arena_full      a full host arena passes the allocation to the real allocator
+ *   host_devaccess  pooled buffers answer device pointer == host pointer, the asked flags
+ *                   (interior pointers too) and are read by the device at their host address;
+ *                   a device without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: nothing pooled
  *   device_ipc      a second process opens an exported device allocation (EXPORT_TENSORS +
  *                   CUDA_IPC, with shims/cuda's open_ipc) and reads what the first wrote;
  *                   frees remove the record
@@ -99,16 +102,28 @@ static int w_host(void) {
   fill(a, 4 * MiB, 7);
   fill(b, 2 * MiB, 11);
   fill(s, 64 * KiB, 13);
-  CUdeviceptr da = 0, db = 0xdeadull;
-  PT_CHECK(cuMemHostGetDevicePointer(&da, a, 0) == 0 &&
-               (g_real_driver || da == (CUdeviceptr)(uintptr_t)a),
-           "device pointer of a DEVICEMAP buffer");
-  /* No DEVICEMAP: the fake refuses, exactly as for its own allocation, and leaves db alone (a
-   * real driver with unified addressing maps every pinned buffer). */
-  CUresult rb = cuMemHostGetDevicePointer(&db, b, 0);
-  PT_CHECK(g_real_driver ? (rb == 0 || (rb != 0 && db == 0xdeadull))
-                         : (rb == CUDA_ERROR_INVALID_VALUE && db == 0xdeadull),
-           "device pointer of a buffer without DEVICEMAP: %d", (int)rb);
+  /* Pinned memory is device-accessible at its host address whatever the flags (design §9.6):
+   * pooled buffers must be too, and keep answering the flags the caller asked for. */
+  void *bufs[] = {a, b, s};
+  unsigned want[] = {CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP, 0, 0};
+  size_t lens[] = {4 * MiB, 2 * MiB, 64 * KiB};
+  CUdeviceptr scratch = 0;
+  PT_CHECK(cuMemAlloc(&scratch, 4096) == 0, "scratch device buffer");
+  for (int i = 0; i < 3; i++) {
+    CUdeviceptr dp = 0;
+    CUresult r = cuMemHostGetDevicePointer(&dp, bufs[i], 0);
+    PT_CHECK(r == 0 && dp == (CUdeviceptr)(uintptr_t)bufs[i],
+             "buffer %d: device pointer %d, %s the host pointer", i, (int)r,
+             dp == (CUdeviceptr)(uintptr_t)bufs[i] ? "equal to" : "not");
+    unsigned fl = 0xdead;
+    r = cuMemHostGetFlags(&fl, bufs[i]);
+    PT_CHECK(r == 0 && (g_real_driver ? (fl & want[i]) == want[i] : fl == want[i]),
+             "buffer %d: cuMemHostGetFlags %d flags 0x%x, asked 0x%x", i, (int)r, fl, want[i]);
+    /* The device reads the buffer at its host address (what a zero-copy kernel does). */
+    r = cuMemcpyDtoD(scratch, (CUdeviceptr)(uintptr_t)bufs[i] + lens[i] - 4096, 4096);
+    PT_CHECK(r == 0, "buffer %d: device access at the host address: %d", i, (int)r);
+  }
+  PT_CHECK(cuMemFree(scratch) == 0, "free scratch");
   say("ready %" PRIxPTR " %" PRIxPTR " %" PRIxPTR, (uintptr_t)a, (uintptr_t)b, (uintptr_t)s);
   wait_for("go");
   PT_CHECK(check(a, 4 * MiB, 0, 7) && check(b, 2 * MiB, 0, 11), "buffers changed");
@@ -126,6 +141,38 @@ static int w_arena(void) {
   fill(b, 3 * MiB, 2);
   PT_CHECK(check(a, 3 * MiB, 0, 1) && check(b, 3 * MiB, 0, 2), "buffers overlap");
   PT_CHECK(cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0, "frees");
+  say("done");
+  return 0;
+}
+
+/* Pinned buffers as an engine uses them: device pointer, flags (an interior pointer too) and
+ * device access at the host address, whether or not they come from the host arena. */
+static int w_hostdev(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL;
+  PT_CHECK(cuMemAllocHost(&a, 2 * MiB) == 0, "cuMemAllocHost 2M");
+  PT_CHECK(cuMemHostAlloc(&b, 2 * MiB, CU_MEMHOSTALLOC_WRITECOMBINED) == 0, "cuMemHostAlloc WC");
+  void *bufs[] = {a, b};
+  unsigned want[] = {0, CU_MEMHOSTALLOC_WRITECOMBINED};
+  CUdeviceptr scratch = 0;
+  PT_CHECK(cuMemAlloc(&scratch, 4096) == 0, "scratch device buffer");
+  for (int i = 0; i < 2; i++) {
+    fill(bufs[i], 2 * MiB, (unsigned)i + 3);
+    CUdeviceptr dp = 0;
+    CUresult r = cuMemHostGetDevicePointer(&dp, (char *)bufs[i] + 8192, 0);
+    PT_CHECK(r == 0 && dp == (CUdeviceptr)(uintptr_t)bufs[i] + 8192,
+             "buffer %d: interior device pointer %d", i, (int)r);
+    unsigned fl = 0xdead;
+    r = cuMemHostGetFlags(&fl, (char *)bufs[i] + 8192);
+    PT_CHECK(r == 0 && (g_real_driver ? (fl & want[i]) == want[i] : fl == want[i]),
+             "buffer %d: interior cuMemHostGetFlags %d flags 0x%x, asked 0x%x", i, (int)r, fl,
+             want[i]);
+    uint8_t back[4096];
+    PT_CHECK(cuMemcpyDtoD(scratch, dp, 4096) == 0 && cuMemcpyDtoH(back, scratch, 4096) == 0 &&
+                 check(back, 4096, 8192, (unsigned)i + 3),
+             "buffer %d: device read at the host address", i);
+  }
+  PT_CHECK(cuMemFree(scratch) == 0 && cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0, "frees");
   say("done");
   return 0;
 }
@@ -396,6 +443,7 @@ static int w_gpa(void) {
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
+  if (!strcmp(w, "hostdev")) return w_hostdev();
   if (!strcmp(w, "device")) return w_device();
   if (!strcmp(w, "mix")) return w_mix();
   if (!strcmp(w, "errors")) return w_errors();
@@ -530,7 +578,7 @@ static int case_host_pool(void) {
   expect_stat(st, "hook_fallbacks", 0);
   if (log) {
   expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
-  expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x1 -> 0", 1);
+  expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
   expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
   expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
   expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
@@ -546,6 +594,36 @@ static int case_host_pool(void) {
   return 0;
 }
 
+/* Pooled buffers are device-accessible like the driver's own; where a device cannot use the
+ * host pointer of registered memory (FAKECUDA_NO_HOSTPTR), nothing is pooled and the program
+ * behaves the same. */
+static int case_host_devaccess(void) {
+  tcase_t c = {0};
+  tc_init(&c, "hostdev", true);
+  PT_CHECK(run_child(&c, "hostdev", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(st);
+  if (!g_real_driver) {
+    pt_env_set(&c.env, "FAKECUDA_DEVICES", "2");
+    pt_env_set(&c.env, "FAKECUDA_NO_HOSTPTR", "2");
+    tc_next(&c, "nohostptr");
+    PT_CHECK(run_child(&c, "hostdev", 0) == 0, "child failed without the attribute (see %s)",
+             c.err);
+    char *log = must_read(c.log);
+    st = must_read(c.stats);
+    expect_stat(st, "host_arena_allocs", 0);
+    expect_stat(st, "host_arena_fallbacks", 2);
+    expect_count(log, "cuMemHostRegister", 0);
+    expect_count(log, "cuMemAllocHost_v2 bytesize=2097152 -> 0", 1);
+    free(st), free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
 static int case_arena_full(void) {
   tcase_t c = {0};
   tc_init(&c, "arena", true);
@@ -556,7 +634,7 @@ static int case_arena_full(void) {
   expect_stat(st, "host_arena_fallbacks", 1);
   expect_stat(st, "host_arena_used_bytes", 0);
   if (log) {
-    expect_count(log, "cuMemHostRegister_v2 bytesize=3145728 flags=0x1 -> 0", 1);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=3145728 flags=0x3 -> 0", 1);
     expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
     expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
     expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
@@ -863,8 +941,9 @@ static bool is_hooked(const char *sym) {
   static const char *const hooked[] = {
       "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemAllocHost_v2",
       "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostGetDevicePointer_v2",
-      "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2",
-      "cuMemcpyDtoHAsync_v2_ptsz", "cuGetProcAddress", "cuGetProcAddress_v2"};
+      "cuMemHostGetFlags", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz",
+      "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", "cuGetProcAddress",
+      "cuGetProcAddress_v2"};
   for (size_t i = 0; i < sizeof hooked / sizeof hooked[0]; i++)
     if (!strcmp(sym, hooked[i])) return true;
   return false;
@@ -1002,6 +1081,7 @@ int main(int argc, char **argv) {
   int rc;
   if (!strcmp(k, "host_pool")) rc = case_host_pool();
   else if (!strcmp(k, "arena_full")) rc = case_arena_full();
+  else if (!strcmp(k, "host_devaccess")) rc = case_host_devaccess();
   else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
   else if (!strcmp(k, "enable0")) rc = case_enable0();
   else if (!strcmp(k, "failopen")) rc = case_failopen();
