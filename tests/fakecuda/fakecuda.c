@@ -1682,6 +1682,25 @@ CUresult cuGetErrorName(CUresult error, const char **pStr) {
   return error_text("cuGetErrorName", error, pStr, 1);
 }
 
+/* ---- export tables ----------------------------------------------------------------------
+ * cuGetExportTable (cuda.h declares it, documents nothing) hands the CUDA runtime private
+ * tables identified by UUID. The fake has none: every request is refused and logged with the
+ * UUID. Without the entry point libcudart 13 stops with cudaErrorCallRequiresNewerDriver;
+ * with it, it asks for f8cff951-2146-8b4e-b9e2-fb469e7c0dd9 (optional) and then
+ * 6bd5fb6c-5bf4-e74a-8987-d93912fd9df9, whose refusal stops it (cudaErrorNotSupported):
+ * the layout of that table is not public, so cudart does not initialise on the fake. */
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+  boot();
+  CUresult r = (!ppExportTable || !pExportTableId) ? CUDA_ERROR_INVALID_VALUE
+                                                   : CUDA_ERROR_NOT_SUPPORTED;
+  char id[33] = "null";
+  if (pExportTableId)
+    for (int i = 0; i < 16; i++)
+      snprintf(id + 2 * i, 3, "%02x", (unsigned char)pExportTableId->bytes[i]);
+  fk_log("cuGetExportTable id=%s -> %d", id, (int)r);
+  return r;
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------------
  * One row per (base name, first CUDA version of an ABI): the entry point for that ABI and, when
  * the driver has one, its per-thread-default-stream twin (_ptds / _ptsz, from CUDA 7.0). A
@@ -1761,6 +1780,7 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)                               \
   X(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                 \
   X(cuGetErrorString, 6000, cuGetErrorString)                                       \
+  X(cuGetExportTable, 3000, cuGetExportTable)                                       \
   X(cuGetErrorName, 6000, cuGetErrorName)                                           \
   X(cuGetProcAddress, 11030, cuGetProcAddress)                                      \
   X(cuGetProcAddress, 12000, cuGetProcAddress_v2)
