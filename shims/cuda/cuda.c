@@ -46,6 +46,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -482,15 +483,110 @@ static void cu_note_route(int route, size_t row) {
                   cu_rows[row].name);
 }
 
-/* The wrapper for a real pointer, or NULL when it is no hooked variant. */
+/* What the real resolver itself answers for each hooked row: the driver may hand out entry
+ * points at other addresses than its exported symbols, and a wrapper chosen by dlsym's answer
+ * alone would then never be substituted (interception silently lost). Learned once by asking for each row's base name at the newest version (the row must
+ * be the newest ABI of its base: cuMemAlloc -> cuMemAlloc_v2) with the default or per-thread
+ * flag (_ptsz/_ptds rows), the first time an answer matches no dlsym pointer (cu_gpa_wrapper).
+ * g_gpa_ptr is written before the release store of g_gpa_state. */
+static void *g_gpa_ptr[CU_HOOK__COUNT];
+static atomic_int g_gpa_state; /* 0 not learned, 1 learning, 2 learned */
+static int g_gpa_version;      /* the version asked with */
+
+/* Base name (into out) of an ELF name, whether it is a per-thread twin, and its ABI number
+ * (1 for no _v suffix). */
+static int cu_row_base(const char *name, char *out, size_t cap, bool *pt) {
+  size_t n = strlen(name);
+  *pt = n > 5 && (!strcmp(name + n - 5, "_ptsz") || !strcmp(name + n - 5, "_ptds"));
+  if (*pt) n -= 5;
+  int abi = 1;
+  size_t d = n;
+  while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') d--;
+  if (d < n && d >= 2 && name[d - 1] == 'v' && name[d - 2] == '_') {
+    abi = 0;
+    for (size_t i = d; i < n; i++) abi = abi * 10 + (name[i] - '0');
+    n = d - 2;
+  }
+  if (n >= cap) n = cap - 1;
+  memcpy(out, name, n);
+  out[n] = '\0';
+  return abi;
+}
+
+static void cu_gpa_learn(void) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&g_gpa_state, &expected, 1)) {
+    /* Another thread is asking the driver (a dozen lookups, no lock held): wait for it. */
+    while (atomic_load_explicit(&g_gpa_state, memory_order_acquire) == 1) sched_yield();
+    return;
+  }
+  int ver = CUDA_VERSION;
+  if (g_real.cuDriverGetVersion) {
+    int dv = 0;
+    if (g_real.cuDriverGetVersion(&dv) == CUDA_SUCCESS && dv > 0 && dv < ver) ver = dv;
+  }
+  g_gpa_version = ver;
+  for (size_t i = 0; i < CU_HOOK__COUNT && g_real.cuGetProcAddress_v2; i++) {
+    char base[64], other[64];
+    bool pt, opt;
+    int abi = cu_row_base(cu_rows[i].name, base, sizeof base, &pt), newest = 1;
+    for (size_t j = 0; j < CU_HOOK__COUNT; j++)
+      if (j != i && cu_row_base(cu_rows[j].name, other, sizeof other, &opt) > abi &&
+          opt == pt && !strcmp(base, other))
+        newest = 0;
+    if (!newest) continue;
+    void *p = NULL;
+    CUdriverProcAddressQueryResult qs;
+    cuuint64_t fl =
+        pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+    if (g_real.cuGetProcAddress_v2(base, &p, ver, fl, &qs) == CUDA_SUCCESS && p &&
+        p != cu_row_ptr(i))
+      g_gpa_ptr[i] = p;
+  }
+  atomic_store_explicit(&g_gpa_state, 2, memory_order_release);
+}
+
+/* The wrapper for a real pointer (dlsym's or the resolver's answer for a hooked row), or NULL
+ * when it is no hooked variant. */
 static void *cu_wrapper_for(void *real) {
   if (!real) return NULL;
+  bool learned = atomic_load_explicit(&g_gpa_state, memory_order_acquire) == 2;
   for (size_t i = 0; i < CU_HOOK__COUNT; i++)
-    if (cu_row_ptr(i) == real) {
+    if (cu_row_ptr(i) == real || (learned && g_gpa_ptr[i] == real)) {
       cu_note_route(CU_ROUTE_GPA, i);
       return (void *)cu_wrappers[i];
     }
   return NULL;
+}
+
+/* Does a lookup name the base of a hooked row (with that row's stream flavour)? */
+static bool cu_hooked_base(const char *symbol, cuuint64_t flags) {
+  bool want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+                 !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+  for (size_t i = 0; i < CU_HOOK__COUNT; i++) {
+    char base[64];
+    bool pt;
+    cu_row_base(cu_rows[i].name, base, sizeof base, &pt);
+    if (pt == want_pt && !strcmp(base, symbol)) return true;
+  }
+  return false;
+}
+
+/* The wrapper for the resolver's answer to a lookup. An answer matching no dlsym pointer for a
+ * hooked base makes kvshim learn the resolver's own answers (once: a driver whose answers are
+ * its exported symbols is never asked anything more). One still unknown at the version learned
+ * with (or newer) bypasses kvshim: warned once. */
+static atomic_bool g_gpa_warned;
+static void *cu_gpa_wrapper(const char *symbol, void *found, int version, cuuint64_t flags) {
+  void *w = cu_wrapper_for(found);
+  if (w || !symbol || !cu_hooked_base(symbol, flags)) return w;
+  cu_gpa_learn();
+  w = cu_wrapper_for(found);
+  if (!w && version >= g_gpa_version && !atomic_exchange(&g_gpa_warned, true))
+    kvs_log_warn("cuGetProcAddress(%s, %d, 0x%llx) returned an entry point kvshim does not "
+                 "know: calls through it bypass kvshim", symbol, version,
+                 (unsigned long long)flags);
+  return w;
 }
 
 /* Substitution happens while the family is enabled by configuration (the runtime may not be
@@ -719,8 +815,10 @@ static CUresult hk_cuGetProcAddress(kvs__cu_pfn_cuGetProcAddress real, const cha
                                     void **pfn, int cudaVersion, cuuint64_t flags) {
   CUresult r = real(symbol, pfn, cudaVersion, flags);
   if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
-    void *w = cu_wrapper_for(*pfn);
+    kvs__hook_depth++;
+    void *w = cu_gpa_wrapper(symbol, *pfn, cudaVersion, flags);
     if (w) *pfn = w;
+    kvs__hook_depth--;
   }
   return r;
 }
@@ -729,8 +827,10 @@ static CUresult hk_cuGetProcAddress_v2(kvs__cu_pfn_cuGetProcAddress_v2 real, con
                                        CUdriverProcAddressQueryResult *symbolStatus) {
   CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
-    void *w = cu_wrapper_for(*pfn);
+    kvs__hook_depth++;
+    void *w = cu_gpa_wrapper(symbol, *pfn, cudaVersion, flags);
     if (w) *pfn = w;
+    kvs__hook_depth--;
   }
   return r;
 }

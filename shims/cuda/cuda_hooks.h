@@ -50,6 +50,7 @@
 
 #define KVS_CUDA_USES(X)                                                                      \
   X(cuInit, (unsigned int Flags), (Flags))                                                    \
+  X(cuDriverGetVersion, (int *driverVersion), (driverVersion))                                \
   X(cuCtxGetCurrent, (CUcontext * pctx), (pctx))                                              \
   X(cuCtxGetDevice, (CUdevice * device), (device))                                            \
   X(cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                              \

@@ -30,6 +30,9 @@
  *                       CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0 (default
  *                       0: all have it); then registered memory is reached from kernels only
  *                       through a device pointer that differs from the host pointer
+ *   FAKECUDA_GPA_ALIAS  1: cuGetProcAddress[_v2] hands out entry points at other addresses than
+ *                       the exported symbols (x86-64 only: a jump stub per entry point), as the
+ *                       real driver may: dlsym and the resolver then disagree on every pointer
  *
  * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
  * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
@@ -80,6 +83,7 @@ static uint64_t cfg_mem_limit = 1ull << 30;
 static int cfg_log_fd = -1;
 static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING of every device */
 static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+static int cfg_gpa_alias;            /* FAKECUDA_GPA_ALIAS */
 static atomic_int initialized; /* cuInit succeeded in this process */
 
 static void cfg_warn(const char *var, const char *val, const char *why) {
@@ -149,6 +153,18 @@ static void cfg_load(void) {
       cfg_warn("FAKECUDA_NO_UVA", v, "expected 0 or 1, using 0");
     else
       cfg_uva = !strcmp(v, "0");
+  }
+  v = getenv("FAKECUDA_GPA_ALIAS");
+  if (v && *v) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      cfg_warn("FAKECUDA_GPA_ALIAS", v, "expected 0 or 1, using 0");
+#if defined(__x86_64__)
+    else
+      cfg_gpa_alias = !strcmp(v, "1");
+#else
+    else if (!strcmp(v, "1"))
+      cfg_warn("FAKECUDA_GPA_ALIAS", v, "jump stubs exist on x86-64 only, using 0");
+#endif
   }
   v = getenv("FAKECUDA_NO_HOSTPTR");
   if (v && *v) {
@@ -1800,6 +1816,34 @@ static const fk_proc_t fk_procs[] = {FK_PROCS(FK_PROC_X, FK_PROC_P)};
 #undef FK_PROC_X
 #undef FK_PROC_P
 
+/* FAKECUDA_GPA_ALIAS: one 16-byte jump stub per entry point of fk_procs (fn, then pt_fn),
+ * built once: movabs r11, <entry>; jmp r11. Same behaviour, another address. */
+#define FK_NPROCS (sizeof fk_procs / sizeof fk_procs[0])
+static pthread_once_t alias_once = PTHREAD_ONCE_INIT;
+static unsigned char *alias_page;
+static void alias_build(void) {
+  size_t len = (2 * FK_NPROCS * 16 + page_size() - 1) & ~(page_size() - 1);
+  void *pg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pg == MAP_FAILED) return;
+  unsigned char *c = pg;
+  for (size_t i = 0; i < 2 * FK_NPROCS; i++, c += 16) {
+    fk_fn_t f = i % 2 ? fk_procs[i / 2].pt_fn : fk_procs[i / 2].fn;
+    uint64_t a = (uint64_t)(uintptr_t)f;
+    static const unsigned char jmp[3] = {0x41, 0xff, 0xe3};
+    c[0] = 0x49, c[1] = 0xbb;
+    memcpy(c + 2, &a, 8);
+    memcpy(c + 10, jmp, 3);
+  }
+  if (mprotect(pg, len, PROT_READ | PROT_EXEC) == 0) alias_page = pg;
+}
+/* The address handed out for entry i (pt: its per-thread twin). */
+static void *proc_ptr(size_t i, int pt) {
+  fk_fn_t f = pt ? fk_procs[i].pt_fn : fk_procs[i].fn;
+  if (!cfg_gpa_alias) return (void *)f;
+  pthread_once(&alias_once, alias_build);
+  return alias_page ? (void *)(alias_page + (2 * i + (pt ? 1 : 0)) * 16) : (void *)f;
+}
+
 #define FK_GPA_FLAGS \
   (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
 
@@ -1828,7 +1872,7 @@ static CUresult resolve(const char *name, const char *symbol, void **pfn, int ve
       int pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
                !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) && best->pt_fn &&
                version >= FK_PT_VERSION;
-      *pfn = (void *)(pt ? best->pt_fn : best->fn);
+      *pfn = proc_ptr((size_t)(best - fk_procs), pt);
       hit = pt ? best->pt_name : best->name;
       st = CU_GET_PROC_ADDRESS_SUCCESS;
     } else {

@@ -768,6 +768,26 @@ static void t_legacy(void) {
 
 /* The resolver must return exactly the entry point that dlsym finds under the versioned ELF
  * name the real driver uses for (base name, version, flags). */
+/* FAKECUDA_GPA_ALIAS=1: the resolver's entry points work but are not the exported symbols. */
+static void t_gpa_alias(void) {
+#if defined(__x86_64__)
+  setenv("FAKECUDA_GPA_ALIAS", "1", 1);
+  setup();
+  void *fn = NULL, *pt = NULL;
+  CHECK_CU(cuGetProcAddress("cuMemAlloc", &fn, 12000, 0, NULL), OK);
+  CHECK(fn && fn != sym("cuMemAlloc_v2"), "cuMemAlloc: no alias");
+  CHECK_CU(cuGetProcAddress("cuMemcpyHtoDAsync", &pt, 12000,
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL),
+           OK);
+  CHECK(pt && pt != sym("cuMemcpyHtoDAsync_v2_ptsz") && pt != sym("cuMemcpyHtoDAsync_v2"),
+        "per-thread twin: no alias");
+  CUdeviceptr d = 0;
+  CHECK_CU(((PFN_cuMemAlloc_v3020)fn)(&d, 4096), OK);
+  CHECK(d != 0, "the alias did not allocate");
+  CHECK_CU(cuMemFree(d), OK);
+#endif
+}
+
 static void t_resolver(void) {
   /* Works before cuInit: the CUDA runtime resolves cuInit itself this way. */
   static const struct {
@@ -1320,6 +1340,7 @@ static const struct {
     {"ipc", t_ipc},                     {"call_log", t_call_log},
     {"threads", t_threads},
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
+    {"gpa_alias", t_gpa_alias},
 };
 
 int main(int argc, char **argv) {
@@ -1337,6 +1358,7 @@ int main(int argc, char **argv) {
   unsetenv("FAKECUDA_MEM_LIMIT");
   unsetenv("FAKECUDA_NO_UVA");
   unsetenv("FAKECUDA_NO_HOSTPTR");
+  unsetenv("FAKECUDA_GPA_ALIAS");
   const char *only = argc >= 2 ? argv[1] : NULL;
   int failed = 0, ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -30,6 +30,8 @@
  *                   no pool, no thread, no output
  *   gpa             cuGetProcAddress_v2 (with and without the per-thread flag) and dlopen+dlsym
  *                   return the wrapper of exactly the variant the driver returned
+ *   gpa_alias       the driver's resolver answers are not its exported symbols
+ *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
  *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
@@ -440,6 +442,44 @@ static int w_gpa(void) {
   return 0;
 }
 
+/* Every hooked entry point fetched through cuGetProcAddress_v2 at the newest version (default
+ * and per-thread flags) and used: with FAKECUDA_GPA_ALIAS=1 the driver's answers are not its
+ * exported symbols, and the calls must still reach kvshim. */
+static int w_gpa_alias(void) {
+  pt_cuda_setup();
+  CUdriverProcAddressQueryResult st;
+  CUresult (*dalloc)(CUdeviceptr *, size_t) = NULL;
+  CUresult (*dfree)(CUdeviceptr) = NULL;
+  CUresult (*halloc)(void **, size_t, unsigned) = NULL;
+  CUresult (*hallochost)(void **, size_t) = NULL;
+  CUresult (*hfree)(void *) = NULL;
+  CUresult (*h2d_pt)(CUdeviceptr, const void *, size_t, CUstream) = NULL;
+  PT_CHECK(cuGetProcAddress("cuMemAlloc", (void **)&dalloc, CUDA_VERSION, 0, &st) == 0 &&
+               cuGetProcAddress("cuMemFree", (void **)&dfree, CUDA_VERSION, 0, &st) == 0 &&
+               cuGetProcAddress("cuMemHostAlloc", (void **)&halloc, CUDA_VERSION, 0, &st) == 0 &&
+               cuGetProcAddress("cuMemAllocHost", (void **)&hallochost, CUDA_VERSION, 0, &st) ==
+                   0 &&
+               cuGetProcAddress("cuMemFreeHost", (void **)&hfree, CUDA_VERSION, 0, &st) == 0 &&
+               cuGetProcAddress("cuMemcpyHtoDAsync", (void **)&h2d_pt, CUDA_VERSION,
+                                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == 0,
+           "lookups");
+  void *fns[] = {(void *)dalloc, (void *)dfree, (void *)halloc, (void *)hallochost,
+                 (void *)hfree, (void *)h2d_pt};
+  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+    const char *sym, *obj = obj_name(fns[i], &sym);
+    say("entry %zu obj=%s", i, obj);
+  }
+  void *a = NULL, *b = NULL;
+  CUdeviceptr d = 0;
+  PT_CHECK(dalloc(&d, MiB) == 0 && halloc(&a, 2 * MiB, 0) == 0 && hallochost(&b, 2 * MiB) == 0,
+           "allocations");
+  fill(a, 4096, 5);
+  PT_CHECK(h2d_pt(d, a, 4096, 0) == 0 && cuStreamSynchronize(0) == 0, "ptsz copy");
+  PT_CHECK(dfree(d) == 0 && hfree(a) == 0 && hfree(b) == 0, "frees");
+  say("used");
+  return 0;
+}
+
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
@@ -451,6 +491,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "threads")) return w_threads();
   if (!strcmp(w, "idle")) return w_idle();
   if (!strcmp(w, "gpa")) return w_gpa();
+  if (!strcmp(w, "gpa_alias")) return w_gpa_alias();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
 }
@@ -1004,6 +1045,32 @@ static int case_gpa(void) {
   return 0;
 }
 
+/* The resolver hands out entry points other than the exported symbols (FAKECUDA_GPA_ALIAS):
+ * kvshim learns its answers and substitutes them too. */
+static int case_gpa_alias(void) {
+  if (g_real_driver) return 0;
+#if !defined(__x86_64__)
+  printf("SKIP: the fake's resolver aliases exist on x86-64 only\n");
+  return 0;
+#endif
+  tcase_t c = {0};
+  tc_init(&c, "gpa_alias", true);
+  pt_env_set(&c.env, "FAKECUDA_GPA_ALIAS", "1");
+  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
+  PT_CHECK(run_child(&c, "gpa_alias", 0) == 0, "child failed (see %s)", c.err);
+  char *out = must_read(c.out), *st = must_read(c.stats), *err = must_read(c.err);
+  expect_count(out, "obj=libkvshim.so", 6);
+  expect_stat(st, "cuda_device_allocs", 1);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  expect_stat(st, "host_arena_h2d_bytes", 4096); /* counted by the _ptsz wrapper */
+  expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
+  expect_count(err, "bypass kvshim", 0);
+  free(out), free(st), free(err);
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1092,6 +1159,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "threads")) rc = case_threads();
   else if (!strcmp(k, "notouch")) rc = case_notouch();
   else if (!strcmp(k, "gpa")) rc = case_gpa();
+  else if (!strcmp(k, "gpa_alias")) rc = case_gpa_alias();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
   else {
