@@ -30,6 +30,9 @@
  *     cached memory (WC only changes speed, not semantics).
  * Unknown flag bits are forwarded untouched so the driver reports them.
  *
+ * Stream capture (§9.6): kvshim's own driver calls run in RELAXED capture mode (cu_relax), so
+ * they never prohibit or invalidate an engine's capture, from any thread.
+ *
  * Fail open (§9.5): every internal failure forwards the call to the real driver; only real
  * CUresult values are returned (a missing real function gives CUDA_ERROR_NOT_INITIALIZED when
  * no driver could be loaded, CUDA_ERROR_NOT_FOUND when the driver lacks the entry point; NULL is
@@ -242,6 +245,26 @@ static int cu_current_uuid(uint8_t out[KVS_TENSOR_UUID_SIZE]) {
   return 0;
 }
 
+/* kvshim's own driver calls (registration, IPC handles, copies, pins) run in RELAXED stream
+ * capture mode: in the default GLOBAL mode one of them, from any thread, while an engine
+ * captures a stream in GLOBAL mode would fail and invalidate the engine's capture (cuda.h,
+ * cuThreadExchangeStreamCaptureMode; design §9.6). The thread's own mode is restored after.
+ * Before the driver is initialised there is no capture: nothing to exchange. */
+typedef struct cu_relax {
+  CUstreamCaptureMode prev;
+  bool set;
+} cu_relax_t;
+static cu_relax_t cu_relax(void) {
+  cu_relax_t x = {.prev = CU_STREAM_CAPTURE_MODE_RELAXED, .set = false};
+  if (g_real.cuThreadExchangeStreamCaptureMode &&
+      g_real.cuThreadExchangeStreamCaptureMode(&x.prev) == CUDA_SUCCESS)
+    x.set = true;
+  return x;
+}
+static void cu_unrelax(cu_relax_t x) {
+  if (x.set) g_real.cuThreadExchangeStreamCaptureMode(&x.prev);
+}
+
 static int cu_ctx_enter(const cu_real_t *R, bool *pushed);
 static void cu_ctx_leave(const cu_real_t *R, bool pushed);
 
@@ -377,6 +400,7 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   }
   uint64_t len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
   void *p = kvs_pool_base(rt->pool) + off;
+  cu_relax_t rx = cu_relax();
   CUresult r = cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r == CUDA_SUCCESS) {
     /* Usable only where the driver's own buffer would be: at its host address. */
@@ -391,6 +415,7 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
+  cu_unrelax(rx);
   if (r != CUDA_SUCCESS) {
     /* Typically CUDA not initialised or no current context: the driver's own allocator will
      * report exactly that to the caller. */
@@ -428,12 +453,14 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
   tmpl.ipc.alloc_len = len;
   bool exportable = false;
   CUipcMemHandle h;
+  cu_relax_t rx = cu_relax();
   if (cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
       g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
     _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
     memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
     exportable = true;
   }
+  cu_unrelax(rx);
   int rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
   if (rc == -EEXIST) {
     /* Records of allocations freed behind our back (a destroyed context frees everything it
@@ -736,9 +763,11 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
     /* Unregister before the extent can be handed out again (from a thread without a current
      * context, in the context recorded at the first allocation). */
     bool pushed = false;
+    cu_relax_t rx = cu_relax();
     cu_ctx_enter(&g_real, &pushed);
     CUresult u = cu_unregister(p, (uint64_t)len);
     cu_ctx_leave(&g_real, pushed);
+    cu_unrelax(rx);
     if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
     unsigned asked;
@@ -873,6 +902,7 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
   bool pushed;
   int rc = cu_ctx_enter(R, &pushed);
   if (rc < 0) return rc;
+  cu_relax_t rx = cu_relax();
   CUresult r;
   switch (dir) {
   case KVS_COPY_H2D:
@@ -888,6 +918,7 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
     break;
   default: r = CUDA_ERROR_INVALID_VALUE; break;
   }
+  cu_unrelax(rx);
   cu_ctx_leave(R, pushed);
   return cu_errno(r);
 }
@@ -915,7 +946,9 @@ static int cu_accel_pin(void *ptr, size_t len) {
   bool pushed;
   int rc = cu_ctx_enter(&g_real, &pushed);
   if (rc == 0) {
+    cu_relax_t rx = cu_relax();
     rc = cu_errno(cu_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE));
+    cu_unrelax(rx);
     cu_ctx_leave(&g_real, pushed);
   }
   if (rc < 0 && slot >= 0) {
@@ -940,7 +973,9 @@ static int cu_accel_unpin(void *ptr) {
   bool pushed;
   int rc = cu_ctx_enter(&g_real, &pushed);
   if (rc < 0) return rc;
+  cu_relax_t rx = cu_relax();
   rc = cu_errno(cu_unregister(ptr, len));
+  cu_unrelax(rx);
   cu_ctx_leave(&g_real, pushed);
   return rc;
 }
@@ -1031,7 +1066,9 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
   if (r == CUDA_SUCCESS) {
     CUipcMemHandle h;
     memcpy(h.reserved, d->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
+    cu_relax_t rx = cu_relax();
     r = R->cuIpcOpenMemHandle_v2(&base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    cu_unrelax(rx);
     if (pctx && retained >= 0) {
       CUcontext popped;
       R->cuCtxPopCurrent_v2(&popped);
@@ -1075,7 +1112,9 @@ static int cu_accel_close_ipc(void *devptr) {
       r = cu_missing();
     } else {
       bool pushed = R->cuCtxPushCurrent_v2(e->ctx) == CUDA_SUCCESS;
+      cu_relax_t rx = cu_relax();
       r = R->cuIpcCloseMemHandle(e->base);
+      cu_unrelax(rx);
       if (pushed) {
         CUcontext popped;
         R->cuCtxPopCurrent_v2(&popped);

@@ -63,6 +63,7 @@
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                      \
   X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \
   X(cuMemHostUnregister, (void *p), (p))                                                      \
+  X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode), (mode))                 \
   X(cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr))         \
   X(cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags),  \
     (pdptr, handle, Flags))                                                                   \

@@ -362,6 +362,10 @@ struct CUstream_st {
   unsigned flags;
   int alive;
   struct CUctx_st *ctx;
+  int capturing;  /* between cuStreamBeginCapture_v2 and cuStreamEndCapture */
+  int cap_mode;   /* CUstreamCaptureMode given to cuStreamBeginCapture_v2 */
+  int cap_invalid;/* a prohibited call invalidated the capture */
+  const void *cap_thread; /* the capturing thread (address of its tls_cap_mode) */
 };
 
 /* Guarded by reg_lock: everything below down to the thread-locals. */
@@ -371,6 +375,9 @@ static size_t ctx_n, ctx_cap;
 static struct CUstream_st **stream_list;
 static size_t stream_n, stream_cap;
 static unsigned ord_ctx, ord_stream;
+
+/* Each thread's stream capture mode (cuThreadExchangeStreamCaptureMode). */
+static __thread int tls_cap_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* Each thread's context stack; its top is the current context. */
 static __thread struct CUctx_st *tls_ctx[FK_CTX_STACK];
@@ -451,6 +458,38 @@ static void stream_label(CUstream s, char *out, size_t cap) {
     if (ord) snprintf(out, cap, "S%u", ord);
     else snprintf(out, cap, "unknown");
   }
+}
+
+/* ---- stream capture ------------------------------------------------------------------------
+ * cuda.h (13.0, cuThreadExchangeStreamCaptureMode): "CU_STREAM_CAPTURE_MODE_GLOBAL: This is
+ * the default mode. If the local thread has an ongoing capture sequence that was not initiated
+ * with CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture, or if any other thread has a
+ * concurrent capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is
+ * prohibited from potentially unsafe API calls. [...] THREAD_LOCAL: If the local thread has an
+ * ongoing capture sequence not initiated with RELAXED, it is prohibited [...]. RELAXED: The
+ * local thread is not prohibited from potentially unsafe API calls."
+ * A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * captures that prohibited it (their cuStreamEndCapture then fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). The driver publishes no list of unsafe calls (cuda.h
+ * names cudaMalloc); the fake treats as unsafe: allocation, free, host registration, IPC
+ * handles and synchronous copies. Device and context queries are safe. */
+static CUresult capture_guard(void) {
+  if (tls_cap_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  lock();
+  for (size_t i = 0; i < stream_n; i++) {
+    struct CUstream_st *st = stream_list[i];
+    if (!st->alive || !st->capturing) continue;
+    int mine = st->cap_thread == (const void *)&tls_cap_mode;
+    if ((mine && st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+        (!mine && tls_cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+         st->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+      st->cap_invalid = 1;
+      r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  unlock();
+  return r;
 }
 
 /* ---- memory ranges -----------------------------------------------------------------------
@@ -625,6 +664,7 @@ static CUresult span_ok(uintptr_t p, size_t n, int side) {
 static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
                           int src_side, size_t n, int async, CUstream s) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !async) r = capture_guard();
   if (r == CUDA_SUCCESS) {
     lock();
     if (async && !stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
@@ -1053,11 +1093,117 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return stream_sync("cuStreamSynchronize_ptsz", hStream);
 }
 
+/* The graph a capture produces: the fake records nothing in it. */
+struct CUgraph_st {
+  uint32_t magic;
+};
+static struct CUgraph_st fk_graph = {0x4b475248u};
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  CUresult r = need_init();
+  int old = tls_cap_mode;
+  if (r == CUDA_SUCCESS && (!mode || (int)*mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                            (int)*mode > CU_STREAM_CAPTURE_MODE_RELAXED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    tls_cap_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+  }
+  fk_log("cuThreadExchangeStreamCaptureMode mode=%d -> %d", r ? -1 : tls_cap_mode, (int)r);
+  return r;
+}
+
+/* Caller holds reg_lock. A live created stream (only those are captured here). */
+static struct CUstream_st *stream_find_locked(CUstream s) {
+  for (size_t i = 0; i < stream_n; i++)
+    if (stream_list[i] == s && s->alive) return s;
+  return NULL;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && ((int)mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                            (int)mode > CU_STREAM_CAPTURE_MODE_RELAXED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (!st) {
+      r = hStream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (st->capturing) {
+      r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+      st->capturing = 1;
+      st->cap_mode = (int)mode;
+      st->cap_invalid = 0;
+      st->cap_thread = &tls_cap_mode;
+    }
+    unlock();
+  }
+  char ls[FK_LABEL_MAX];
+  stream_label(hStream, ls, sizeof ls);
+  fk_log("cuStreamBeginCapture_v2 stream=%s mode=%d -> %d", ls, (int)mode, (int)r);
+  return r;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !phGraph) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (!st) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!st->capturing) {
+      r = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (st->cap_thread != &tls_cap_mode &&
+               st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    } else {
+      r = st->cap_invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+      st->capturing = 0;
+    }
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) *phGraph = &fk_graph;
+  else if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) *phGraph = NULL;
+  char ls[FK_LABEL_MAX];
+  stream_label(hStream, ls, sizeof ls);
+  fk_log("cuStreamEndCapture stream=%s -> %d", ls, (int)r);
+  return r;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !captureStatus) r = CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureStatus v = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (st && st->capturing)
+      v = st->cap_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    else if (!st && !stream_ok_locked(hStream))
+      r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) *captureStatus = v;
+  fk_log("cuStreamIsCapturing -> %d%s%d", (int)r, r ? "" : " status=", r ? 0 : (int)v);
+  return r;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && hGraph != &fk_graph) r = CUDA_ERROR_INVALID_VALUE;
+  fk_log("cuGraphDestroy -> %d", (int)r);
+  return r;
+}
+
 /* ---- device memory ------------------------------------------------------------------------ */
 
 static CUresult mem_alloc(const char *name, CUdeviceptr *dptr, size_t bytesize, int low32) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && (!dptr || bytesize == 0)) r = CUDA_ERROR_INVALID_VALUE;
   uintptr_t base = 0;
   if (r == CUDA_SUCCESS) r = dev_create(bytesize, low32, c, &base);
@@ -1082,6 +1228,7 @@ static CUresult mem_alloc_pitch(const char *name, CUdeviceptr *dptr, size_t *pPi
                                 size_t width, size_t height, unsigned elem, int low32) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   size_t pitch = (width + FK_PITCH_ALIGN - 1) / FK_PITCH_ALIGN * FK_PITCH_ALIGN;
   if (r == CUDA_SUCCESS &&
       (!dptr || !pPitch || width == 0 || height == 0 || pitch < width ||
@@ -1123,6 +1270,7 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
 
 static CUresult mem_free(const char *name, CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
   if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
@@ -1217,6 +1365,7 @@ static CUresult host_alloc(const char *name, void **pp, size_t bytesize, unsigne
                            int log_flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && (!pp || bytesize == 0 || (flags & ~(unsigned)FK_HOSTALLOC_FLAGS)))
     r = CUDA_ERROR_INVALID_VALUE;
   void *p = MAP_FAILED;
@@ -1256,6 +1405,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
 
 CUresult cuMemFreeHost(void *p) {
   CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   fk_range_t copy = {0};
@@ -1278,6 +1428,7 @@ CUresult cuMemFreeHost(void *p) {
 static CUresult host_register(const char *name, void *p, size_t bytesize, unsigned flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   uintptr_t a = (uintptr_t)p;
   if (r == CUDA_SUCCESS &&
       (!p || bytesize == 0 || a + bytesize < a || (flags & ~(unsigned)FK_HOSTREGISTER_FLAGS)))
@@ -1324,6 +1475,7 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
 
 CUresult cuMemHostUnregister(void *p) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   if (r == CUDA_SUCCESS) {
@@ -1550,6 +1702,7 @@ _Static_assert(sizeof(CUipcMemHandle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && !pHandle) r = CUDA_ERROR_INVALID_VALUE;
   fk_ipc_wire_t w = {0};
   if (r == CUDA_SUCCESS) {
@@ -1591,6 +1744,7 @@ static CUresult ipc_open(const char *name, CUdeviceptr *pdptr, CUipcMemHandle ha
                          unsigned flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   fk_ipc_wire_t w;
   memcpy(&w, handle.reserved, sizeof w);
   int decodable = w.magic == FK_IPC_MAGIC && w.version == FK_IPC_VERSION &&
@@ -1653,6 +1807,7 @@ CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned 
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
   fk_range_t copy = {0};
@@ -1755,6 +1910,11 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuStreamCreate, 2000, cuStreamCreate)                                           \
   X(cuStreamDestroy, 2000, cuStreamDestroy)                                         \
   X(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                      \
+  X(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)                           \
+  X(cuStreamEndCapture, 10000, cuStreamEndCapture)                                  \
+  X(cuStreamIsCapturing, 10000, cuStreamIsCapturing)                                \
+  X(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode)    \
+  X(cuGraphDestroy, 10000, cuGraphDestroy)                                          \
   P(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)       \
   X(cuMemGetInfo, 2000, cuMemGetInfo)                                               \
   X(cuMemGetInfo, 3020, cuMemGetInfo_v2)                                            \

@@ -675,6 +675,92 @@ static void t_host_no_uva(void) {
   CHECK_CU(cuMemFreeHost(q), OK);
 }
 
+/* Stream capture: a capture in another thread prohibits this thread's unsafe calls by mode. */
+struct cap_arg {
+  CUcontext ctx;
+  CUstreamCaptureMode mode;
+  pthread_barrier_t *bar;
+  CUresult begin, end;
+};
+static void *capture_thread(void *p) {
+  struct cap_arg *a = p;
+  CUstream s = NULL;
+  CUgraph g = NULL;
+  a->begin = cuCtxSetCurrent(a->ctx);
+  if (a->begin == OK) a->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (a->begin == OK) a->begin = cuStreamBeginCapture(s, a->mode); /* cuda.h: _v2 */
+  pthread_barrier_wait(a->bar); /* capturing */
+  pthread_barrier_wait(a->bar); /* the other thread is done */
+  a->end = a->begin == OK ? cuStreamEndCapture(s, &g) : a->begin;
+  if (g) cuGraphDestroy(g);
+  if (s) cuStreamDestroy(s);
+  return NULL;
+}
+/* The other thread's unsafe call under my_mode, while a capture in mode cap runs: returns the
+ * call's result and the capture's end result. */
+static void capture_case(CUcontext ctx, CUstreamCaptureMode cap, CUstreamCaptureMode my_mode,
+                         CUresult *call, CUresult *end) {
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  struct cap_arg a = {.ctx = ctx, .mode = cap, .bar = &bar};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, capture_thread, &a) == 0, "pthread_create");
+  pthread_barrier_wait(&bar);
+  CUstreamCaptureMode m = my_mode;
+  CHECK_CU(cuThreadExchangeStreamCaptureMode(&m), OK);
+  CUdeviceptr d = 0;
+  *call = cuMemAlloc(&d, 4096);
+  if (*call == OK) cuMemFree(d);
+  CHECK_CU(cuThreadExchangeStreamCaptureMode(&m), OK); /* back */
+  CHECK(m == my_mode, "exchange gave back mode %d, expected %d", (int)m, (int)my_mode);
+  pthread_barrier_wait(&bar);
+  pthread_join(th, NULL);
+  pthread_barrier_destroy(&bar);
+  CHECK(a.begin == OK, "begin capture: %s", err_name(a.begin));
+  *end = a.end;
+}
+
+static void t_capture(void) {
+  setup();
+  CUcontext ctx = NULL;
+  CHECK_CU(cuCtxGetCurrent(&ctx), OK);
+  CUresult call, end;
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL, &call, &end);
+  CHECK(call == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+            end == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        "global/global: call %s, end %s", err_name(call), err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED, &call, &end);
+  CHECK(call == OK && end == OK, "global/relaxed: call %s, end %s", err_name(call), err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, &call,
+               &end);
+  CHECK(call == OK && end == OK, "global/thread-local: call %s, end %s", err_name(call),
+        err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL, &call,
+               &end);
+  CHECK(call == OK && end == OK, "thread-local/global: call %s, end %s", err_name(call),
+        err_name(end));
+  /* The capturing thread itself; queries stay allowed. */
+  CUstream s = NULL;
+  CUgraph g = NULL;
+  CUstreamCaptureStatus cs;
+  CHECK_CU(cuStreamCreate(&s, 0), OK);
+  CHECK_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), OK);
+  CHECK_CU(cuStreamIsCapturing(s, &cs), OK);
+  CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE, "status %d", (int)cs);
+  int v;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CUdeviceptr d = 0;
+  CHECK_CU(cuMemAlloc(&d, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_CU(cuStreamIsCapturing(s, &cs), OK);
+  CHECK(cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED, "status %d", (int)cs);
+  CHECK_CU(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), OK);
+  CHECK_CU(cuStreamEndCapture(s, &g), OK);
+  CHECK(g != NULL, "no graph");
+  CHECK_CU(cuGraphDestroy(g), OK);
+  CHECK_CU(cuStreamDestroy(s), OK);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1340,7 +1426,7 @@ static const struct {
     {"ipc", t_ipc},                     {"call_log", t_call_log},
     {"threads", t_threads},
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
-    {"gpa_alias", t_gpa_alias},
+    {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
 };
 
 int main(int argc, char **argv) {

@@ -9,3 +9,12 @@ foreach(c IN LISTS kc_cases)
   set_tests_properties(cuda_preload_${c} PROPERTIES TIMEOUT 120 LABELS "integration")
   kvs_fakecuda_env(cuda_preload_${c})
 endforeach()
+
+# kvs_accel calls during another thread's global stream capture (shims/cuda linked in).
+add_executable(cuda_capture_test cuda_capture_test.c ${pt_rt_objects})
+target_link_libraries(cuda_capture_test PRIVATE preload_testutil)
+set_target_properties(cuda_capture_test PROPERTIES INSTALL_RPATH "$ORIGIN"
+  BUILD_WITH_INSTALL_RPATH ON)
+add_test(NAME cuda_capture COMMAND cuda_capture_test)
+set_tests_properties(cuda_capture PROPERTIES TIMEOUT 60 LABELS "integration")
+kvs_fakecuda_env(cuda_capture)
