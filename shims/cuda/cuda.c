@@ -190,7 +190,6 @@ static int cu_errno(CUresult r) {
 
 static atomic_bool g_cuda_on;          /* family initialised in this process (runtime ACTIVE) */
 static atomic_bool g_accel_installed;  /* kvs_accel_set done */
-static _Atomic(CUcontext) g_ctx;       /* the context current at the first intercepted alloc */
 static atomic_uint_fast64_t g_host_used; /* bytes of the host arena handed out */
 
 static uint8_t g_uuid[KVS_TENSOR_MAX_DEVICES][KVS_TENSOR_UUID_SIZE];
@@ -216,15 +215,6 @@ static inline kvs__runtime_t *cu_rt_if_active(void) {
 static inline bool cu_in_host_arena(const kvs__runtime_t *rt, const void *p) {
   uintptr_t a = (uintptr_t)p;
   return a >= rt->host_lo && a < rt->host_hi;
-}
-
-static void cu_note_context(void) {
-  if (atomic_load_explicit(&g_ctx, memory_order_relaxed)) return;
-  CUcontext c = NULL;
-  if (g_real.cuCtxGetCurrent && g_real.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) {
-    CUcontext expected = NULL;
-    atomic_compare_exchange_strong(&g_ctx, &expected, c);
-  }
 }
 
 /* UUID of the device of the calling thread's current context. */
@@ -265,8 +255,12 @@ static void cu_unrelax(cu_relax_t x) {
   if (x.set) g_real.cuThreadExchangeStreamCaptureMode(&x.prev);
 }
 
-static int cu_ctx_enter(const cu_real_t *R, bool *pushed);
-static void cu_ctx_leave(const cu_real_t *R, bool pushed);
+typedef struct cu_ctx_scope {
+  bool pushed;       /* a context was pushed for the call */
+  CUdevice retained; /* primary context retained for the call, or -1 */
+} cu_ctx_scope_t;
+static int cu_ctx_enter(const cu_real_t *R, const void *ptr, cu_ctx_scope_t *sc);
+static void cu_ctx_leave(const cu_real_t *R, const cu_ctx_scope_t *sc);
 
 /* ---- registration in pieces ------------------------------------------------------------------ */
 
@@ -431,7 +425,6 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   tmpl.cpu.offset = off;
   rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)(uintptr_t)p, len, &tmpl, true);
   if (rc < 0) kvs_log_debug("host-arena buffer not recorded for export: %s", strerror(-rc));
-  cu_note_context();
   cu_host_gauge((int64_t)len);
   kvs_stats_inc(st, KVS_STAT_host_arena_allocs);
   *pp = p;
@@ -475,7 +468,6 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
     kvs_log_debug("device allocation not recorded: %s", strerror(-rc));
     return;
   }
-  cu_note_context();
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
   if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
 }
@@ -761,12 +753,13 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
     r = real(p); /* not the start of a live extent: let the driver judge it */
   } else {
     /* Unregister before the extent can be handed out again (from a thread without a current
-     * context, in the context recorded at the first allocation). */
-    bool pushed = false;
+     * context: in one of the buffer's device, when the engine still holds it; when it does
+     * not, the driver dropped the registration with the context). */
+    cu_ctx_scope_t sc;
     cu_relax_t rx = cu_relax();
-    cu_ctx_enter(&g_real, &pushed);
-    CUresult u = cu_unregister(p, (uint64_t)len);
-    cu_ctx_leave(&g_real, pushed);
+    CUresult u = cu_ctx_enter(&g_real, p, &sc) == 0 ? cu_unregister(p, (uint64_t)len)
+                                                    : CUDA_ERROR_INVALID_CONTEXT;
+    cu_ctx_leave(&g_real, &sc);
     cu_unrelax(rx);
     if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
@@ -866,31 +859,57 @@ static CUresult hk_cuGetProcAddress_v2(kvs__cu_pfn_cuGetProcAddress_v2 real, con
 
 /* ---- kvs_accel: copies, pins, IPC ---------------------------------------------------------- */
 
-/* Make sure the calling thread has a context: push the one recorded at the first intercepted
- * allocation (or device 0's primary context) when it has none. *pushed tells cu_ctx_leave. */
-static int cu_ctx_enter(const cu_real_t *R, bool *pushed) {
-  *pushed = false;
-  if (!R->cuCtxGetCurrent || !R->cuCtxPushCurrent_v2 || !R->cuCtxPopCurrent_v2) return -ENOSYS;
+/* The context for one of kvshim's own calls about ptr (device memory, registered host memory,
+ * or NULL / memory the driver does not know):
+ *   - the thread's current context, when it has one on ptr's device (any, for unknown ptr);
+ *   - else the primary context of ptr's device (for unknown ptr: of the lowest device whose
+ *     primary context is active), only while the engine holds it (active), retained for the
+ *     call and released by cu_ctx_leave.
+ * kvshim never creates a context, never picks device 0 by default and keeps no context handle
+ * between calls (cudaDeviceReset destroys it). -ENODEV when there is no such context; sc is
+ * always valid for cu_ctx_leave. */
+static int cu_ctx_enter(const cu_real_t *R, const void *ptr, cu_ctx_scope_t *sc) {
+  sc->pushed = false;
+  sc->retained = -1;
+  if (!R->cuCtxGetCurrent || !R->cuCtxGetDevice || !R->cuCtxPushCurrent_v2 ||
+      !R->cuCtxPopCurrent_v2 || !R->cuDeviceGet || !R->cuDevicePrimaryCtxGetState ||
+      !R->cuDevicePrimaryCtxRetain || !R->cuDevicePrimaryCtxRelease_v2)
+    return -ENOSYS;
+  int want = -1;
+  if (ptr && R->cuPointerGetAttribute &&
+      R->cuPointerGetAttribute(&want, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+    want = -1;
   CUcontext cur = NULL;
-  if (R->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur) return 0;
-  CUcontext c = atomic_load(&g_ctx);
-  if (!c) {
+  CUdevice cd;
+  if (R->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
+      (want < 0 || (R->cuCtxGetDevice(&cd) == CUDA_SUCCESS && cd == want)))
+    return 0;
+  int n = want + 1;
+  if (want < 0 && (!R->cuDeviceGetCount || R->cuDeviceGetCount(&n) != CUDA_SUCCESS)) n = 0;
+  for (int i = want < 0 ? 0 : want; i < n; i++) {
     CUdevice dev;
-    CUresult r = R->cuInit ? R->cuInit(0) : CUDA_ERROR_NOT_FOUND;
-    if (r == CUDA_SUCCESS && R->cuDeviceGet) r = R->cuDeviceGet(&dev, 0);
-    if (r == CUDA_SUCCESS && R->cuDevicePrimaryCtxRetain) r = R->cuDevicePrimaryCtxRetain(&c, dev);
-    if (r != CUDA_SUCCESS || !c) return r != CUDA_SUCCESS ? cu_errno(r) : -ENODEV;
-    CUcontext expected = NULL;
-    if (!atomic_compare_exchange_strong(&g_ctx, &expected, c)) c = expected;
+    CUcontext c;
+    unsigned fl;
+    int active = 0;
+    if (R->cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+        R->cuDevicePrimaryCtxGetState(dev, &fl, &active) != CUDA_SUCCESS || !active ||
+        R->cuDevicePrimaryCtxRetain(&c, dev) != CUDA_SUCCESS)
+      continue;
+    if (R->cuCtxPushCurrent_v2(c) != CUDA_SUCCESS) {
+      R->cuDevicePrimaryCtxRelease_v2(dev);
+      continue;
+    }
+    sc->pushed = true;
+    sc->retained = dev;
+    return 0;
   }
-  CUresult r = R->cuCtxPushCurrent_v2(c);
-  if (r != CUDA_SUCCESS) return cu_errno(r);
-  *pushed = true;
-  return 0;
+  return -ENODEV;
 }
-static void cu_ctx_leave(const cu_real_t *R, bool pushed) {
+static void cu_ctx_leave(const cu_real_t *R, const cu_ctx_scope_t *sc) {
   CUcontext c;
-  if (pushed) R->cuCtxPopCurrent_v2(&c);
+  if (sc->pushed) R->cuCtxPopCurrent_v2(&c);
+  if (sc->retained >= 0) R->cuDevicePrimaryCtxRelease_v2(sc->retained);
 }
 
 static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t dir) {
@@ -899,8 +918,8 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
     return 0;
   }
   const cu_real_t *R = cu_real();
-  bool pushed;
-  int rc = cu_ctx_enter(R, &pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(R, dir == KVS_COPY_D2H ? src : dst, &sc);
   if (rc < 0) return rc;
   cu_relax_t rx = cu_relax();
   CUresult r;
@@ -919,7 +938,7 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
   default: r = CUDA_ERROR_INVALID_VALUE; break;
   }
   cu_unrelax(rx);
-  cu_ctx_leave(R, pushed);
+  cu_ctx_leave(R, &sc);
   return cu_errno(r);
 }
 
@@ -943,14 +962,14 @@ static int cu_accel_pin(void *ptr, size_t len) {
     pthread_mutex_unlock(&g_pin_lock);
     if (slot < 0) return -ENOSPC;
   }
-  bool pushed;
-  int rc = cu_ctx_enter(&g_real, &pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(&g_real, NULL, &sc);
   if (rc == 0) {
     cu_relax_t rx = cu_relax();
     rc = cu_errno(cu_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE));
     cu_unrelax(rx);
-    cu_ctx_leave(&g_real, pushed);
   }
+  cu_ctx_leave(&g_real, &sc);
   if (rc < 0 && slot >= 0) {
     pthread_mutex_lock(&g_pin_lock);
     g_big_pins[slot].ptr = NULL;
@@ -970,13 +989,14 @@ static int cu_accel_unpin(void *ptr) {
       g_big_pins[i].ptr = NULL;
     }
   pthread_mutex_unlock(&g_pin_lock);
-  bool pushed;
-  int rc = cu_ctx_enter(&g_real, &pushed);
-  if (rc < 0) return rc;
-  cu_relax_t rx = cu_relax();
-  rc = cu_errno(cu_unregister(ptr, len));
-  cu_unrelax(rx);
-  cu_ctx_leave(&g_real, pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(&g_real, ptr, &sc);
+  if (rc == 0) {
+    cu_relax_t rx = cu_relax();
+    rc = cu_errno(cu_unregister(ptr, len));
+    cu_unrelax(rx);
+  }
+  cu_ctx_leave(&g_real, &sc);
   return rc;
 }
 
@@ -1046,10 +1066,14 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     pthread_mutex_unlock(&g_ipc_lock);
     return -ENOSPC;
   }
-  /* Open in the caller's context, or in the device's primary context when it has none. */
+  /* Open in a context of the exporting device: the caller's when it is on that device, else
+   * the device's primary context, retained until the last close (the import asks for it). */
   CUcontext cur = NULL, pctx = NULL;
-  CUdevice dev = -1, retained = -1;
+  CUdevice dev = -1, retained = -1, cd;
   CUresult r = R->cuCtxGetCurrent(&cur);
+  if (r == CUDA_SUCCESS && cur &&
+      (!R->cuCtxGetDevice || R->cuCtxGetDevice(&cd) != CUDA_SUCCESS || cd != ord))
+    cur = NULL;
   if (r == CUDA_SUCCESS && !cur) {
     r = R->cuDeviceGet(&dev, ord);
     if (r == CUDA_SUCCESS) r = R->cuDevicePrimaryCtxRetain(&pctx, dev);
@@ -1083,10 +1107,6 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     free_slot->retained = retained;
     *devptr = (void *)(uintptr_t)(base + d->ipc.offset);
     kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_ipc_opens);
-    if (!cur && pctx) {
-      CUcontext expected = NULL;
-      atomic_compare_exchange_strong(&g_ctx, &expected, pctx);
-    }
   } else if (retained >= 0) {
     R->cuDevicePrimaryCtxRelease_v2(retained);
   }
@@ -1120,10 +1140,8 @@ static int cu_accel_close_ipc(void *devptr) {
         R->cuCtxPopCurrent_v2(&popped);
       }
     }
-    if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2) {
-      /* The context recorded for copies may be this one: keep it referenced if so. */
-      if (atomic_load(&g_ctx) != e->ctx) R->cuDevicePrimaryCtxRelease_v2(e->retained);
-    }
+    if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2)
+      R->cuDevicePrimaryCtxRelease_v2(e->retained);
     memset(e, 0, sizeof *e);
   }
   pthread_mutex_unlock(&g_ipc_lock);

@@ -58,9 +58,14 @@
   X(cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                         \
   X(cuDeviceGetCount, (int *count), (count))                                                  \
   X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev), (uuid, dev))                           \
-  X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev), (pi, attrib, dev)) \
+  X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev),                \
+    (pi, attrib, dev))                                                                        \
   X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev))                  \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                      \
+  X(cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active),             \
+    (dev, flags, active))                                                                     \
+  X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr),      \
+    (data, attribute, ptr))                                                                   \
   X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \
   X(cuMemHostUnregister, (void *p), (p))                                                      \
   X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode), (mode))                 \

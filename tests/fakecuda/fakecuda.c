@@ -829,6 +829,56 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_release("cuDevicePrimaryCtxRelease_v2", dev);
 }
 
+/* cuda.h (13.0): "active - Returned context state; 0 = inactive, 1 = active". The primary
+ * context is active while retained. */
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!flags || !active)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  int a = 0;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    a = primaries[dev].refs > 0;
+    *flags = primaries[dev].flags;
+    unlock();
+    *active = a;
+  }
+  fk_log("cuDevicePrimaryCtxGetState dev=%d -> %d%s%d", dev, (int)r, r ? "" : " active=",
+         r ? 0 : a);
+  return r;
+}
+
+/* cuda.h (13.0, cuDevicePrimaryCtxReset): "Destroys all allocations and resets all state on
+ * the primary context [...] it is the responsibility of the calling function to ensure that no
+ * other module in the process is using the device any more". The handle stays known; it is
+ * unusable (CONTEXT_IS_DESTROYED) until retained again. Everything the context owned goes:
+ * device and host allocations and host registrations. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUctx_st *c = &primaries[dev];
+    c->refs = 0;
+    for (size_t i = 0; i < n_ranges;) {
+      fk_range_t rg = ranges[i];
+      if (rg.ctx != c || rg.kind == FK_IPC) {
+        i++;
+        continue;
+      }
+      range_remove(&ranges[i]);
+      if (rg.kind == FK_DEV) {
+        dev_used -= rg.size;
+        close(rg.fd);
+      }
+      if (rg.map_len) munmap((void *)rg.base, rg.map_len);
+    }
+    unlock();
+  }
+  fk_log("cuDevicePrimaryCtxReset_v2 dev=%d -> %d", dev, (int)r);
+  return r;
+}
+
 static CUresult ctx_create(const char *name, CUcontext *pctx, unsigned flags, CUdevice dev,
                            CUresult early) {
   CUresult r = need_init();
@@ -1891,6 +1941,8 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                       \
   X(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)                     \
   X(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2)                 \
+  X(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState)                   \
+  X(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2)                     \
   X(cuCtxCreate, 2000, cuCtxCreate)                                                 \
   X(cuCtxCreate, 3020, cuCtxCreate_v2)                                              \
   X(cuCtxCreate, 11040, cuCtxCreate_v3)                                             \

@@ -761,6 +761,31 @@ static void t_capture(void) {
   CHECK_CU(cuStreamDestroy(s), OK);
 }
 
+static void t_primary_reset(void) {
+  CHECK_CU(cuInit(0), OK);
+  unsigned fl = 0;
+  int active = -1;
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 0, "primary active before any retain");
+  CUcontext p = NULL;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&p, 0), OK);
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 1, "retained primary inactive");
+  CHECK_CU(cuCtxSetCurrent(p), OK);
+  CUdeviceptr d = 0;
+  void *h = NULL;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuMemAllocHost(&h, 4096), OK);
+  CHECK_CU(cuDevicePrimaryCtxReset(0), OK); /* cuda.h: _v2 */
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 0, "primary active after reset");
+  CHECK_CU(cuMemAlloc(&d, 4096), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  CHECK_CU(cuDevicePrimaryCtxRetain(&p, 0), OK);
+  CHECK_CU(cuMemFree(d), CUDA_ERROR_INVALID_VALUE); /* freed by the reset */
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuMemFree(d), OK);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1427,6 +1452,7 @@ static const struct {
     {"threads", t_threads},
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
     {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
+    {"primary_reset", t_primary_reset},
 };
 
 int main(int argc, char **argv) {

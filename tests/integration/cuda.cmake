@@ -18,3 +18,13 @@ set_target_properties(cuda_capture_test PROPERTIES INSTALL_RPATH "$ORIGIN"
 add_test(NAME cuda_capture COMMAND cuda_capture_test)
 set_tests_properties(cuda_capture PROPERTIES TIMEOUT 60 LABELS "integration")
 kvs_fakecuda_env(cuda_capture)
+
+# Contexts of kvshim's own calls: the pointer's device, never device 0 by default, nothing
+# after the engine reset its device (shims/cuda linked in).
+add_executable(cuda_ctx_test cuda_ctx_test.c ${pt_rt_objects})
+target_link_libraries(cuda_ctx_test PRIVATE preload_testutil)
+set_target_properties(cuda_ctx_test PROPERTIES INSTALL_RPATH "$ORIGIN"
+  BUILD_WITH_INSTALL_RPATH ON)
+add_test(NAME cuda_ctx COMMAND cuda_ctx_test)
+set_tests_properties(cuda_ctx PROPERTIES TIMEOUT 60 LABELS "integration")
+kvs_fakecuda_env(cuda_ctx)
