@@ -197,9 +197,22 @@ static atomic_bool g_uuid_ok[KVS_TENSOR_MAX_DEVICES];
 
 static const kvs_accel_ops_t g_cuda_ops; /* defined below */
 
+/* Set in a fork child: the driver may not work there (CUDA keeps no state across fork; the
+ * real driver refuses a child of a process that initialised it). Until cuInit succeeds in the
+ * child, CUDA hooks build no runtime and pass every call through. */
+static atomic_bool g_forked;
+static __attribute__((noinline)) bool cu_driver_works_after_fork(void) {
+  if (!g_real.cuInit || g_real.cuInit(0) != CUDA_SUCCESS) return false;
+  atomic_store(&g_forked, false);
+  return true;
+}
+
 /* The runtime for a hook that may start it, when the cuda family is on. Installs the accel
  * table on first use (the process uses CUDA from here on). */
 static inline kvs__runtime_t *cu_rt(void) {
+  if (kvs__unlikely(atomic_load_explicit(&g_forked, memory_order_relaxed)) &&
+      !cu_driver_works_after_fork())
+    return NULL;
   kvs__runtime_t *rt = kvs__preload_ensure_init();
   if (!rt || !atomic_load_explicit(&g_cuda_on, memory_order_relaxed)) return NULL;
   if (kvs__unlikely(!atomic_load_explicit(&g_accel_installed, memory_order_relaxed))) {
@@ -1170,6 +1183,7 @@ static void cu_fork_child(void) {
   /* The child's runtime starts afresh; handles the parent opened are the parent's business.
    * The resolved driver table stays valid (same mappings). */
   atomic_store(&g_cuda_on, false);
+  atomic_store(&g_forked, true);
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);

@@ -121,7 +121,20 @@ static int parse_bytes(const char *s, uint64_t *out) {
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static void fork_prepare(void) { pthread_mutex_lock(&reg_lock); }
 static void fork_parent(void) { pthread_mutex_unlock(&reg_lock); }
-static void fork_child(void) { pthread_mutex_unlock(&reg_lock); }
+/* A fork child of a process that initialised the driver cannot use CUDA. NVIDIA CUDA C++
+ * Guidelines 3.0.1, rule 1.6: "CUDA does not duplicate any of its internal data structures or
+ * threads to other processes upon a call to fork. Any use of CUDA after a call to fork and
+ * before a subsequent call to exec has undefined behavior." The fake makes that a definite
+ * refusal: cuInit fails with CUDA_ERROR_NOT_INITIALIZED ("initialization has failed", cuda.h)
+ * and so does every call needing it. */
+static int fork_broken;
+static void fork_child(void) {
+  pthread_mutex_unlock(&reg_lock);
+  if (atomic_load(&initialized)) {
+    fork_broken = 1;
+    atomic_store(&initialized, 0);
+  }
+}
 
 static void cfg_load(void) {
   const char *v = getenv("FAKECUDA_DEVICES");
@@ -693,6 +706,7 @@ CUresult cuInit(unsigned int Flags) {
   boot();
   CUresult r = CUDA_SUCCESS;
   if (Flags != 0) r = CUDA_ERROR_INVALID_VALUE;
+  else if (fork_broken) r = CUDA_ERROR_NOT_INITIALIZED;
   else if (cfg_devices == 0) r = CUDA_ERROR_NO_DEVICE;
   else atomic_store(&initialized, 1);
   fk_log("cuInit flags=%u -> %d", Flags, (int)r);

@@ -786,6 +786,27 @@ static void t_primary_reset(void) {
   CHECK_CU(cuMemFree(d), OK);
 }
 
+/* A fork child of a process that initialised the driver cannot use it; one of a process that
+ * had not can (every test of this runner is such a child). */
+static void t_fork_child(void) {
+  setup();
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    CUdeviceptr d = 0x77;
+    int bad = cuInit(0) != CUDA_ERROR_NOT_INITIALIZED || cuMemAlloc(&d, 64) !=
+                                                              CUDA_ERROR_NOT_INITIALIZED;
+    _exit(bad || d != 0x77);
+  }
+  int st = 0;
+  CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+        "the fork child could use CUDA (status 0x%x)", st);
+  CUdeviceptr d = 0;
+  CHECK_CU(cuMemAlloc(&d, 64), OK); /* the parent still can */
+  CHECK_CU(cuMemFree(d), OK);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1127,25 +1148,15 @@ static void t_ipc(void) {
   st = run_self(stale_args, NULL, NULL, 0);
   CHECK(st == 0, "stale-handle child failed with status %d", st);
 
-  /* owner gone: a forked child exports, exits; opening afterwards fails */
-  int pfd[2];
-  CHECK(pipe(pfd) == 0, "pipe");
-  pid_t pid = fork();
-  CHECK(pid >= 0, "fork");
-  if (pid == 0) {
-    CUdeviceptr cd = 0;
-    CUipcMemHandle ch;
-    if (cuMemAlloc(&cd, 4096) != OK || cuIpcGetMemHandle(&ch, cd) != OK) _exit(2);
-    _exit(write(pfd[1], &ch, sizeof ch) == (ssize_t)sizeof ch ? 0 : 3);
-  }
-  close(pfd[1]);
+  /* owner gone: another process (exec'd: CUDA does not work in a fork child of this one)
+   * exports, prints the handle and exits; opening afterwards fails */
+  char out[2 * CU_IPC_HANDLE_SIZE + 8] = "";
+  const char *gone_args[] = {"ipc-export-exit", NULL};
+  st = run_self(gone_args, NULL, out, sizeof out);
+  out[strcspn(out, "\n")] = '\0';
   CUipcMemHandle gone;
-  ssize_t k = read(pfd[0], &gone, sizeof gone);
-  close(pfd[0]);
-  int cst = 0;
-  waitpid(pid, &cst, 0);
-  CHECK(k == (ssize_t)sizeof gone && WIFEXITED(cst) && WEXITSTATUS(cst) == 0,
-        "exporting child failed (status 0x%x)", cst);
+  CHECK(st == 0 && hex_handle(out, &gone) == 0, "exporting child failed (status %d, '%s')", st,
+        out);
   keep = 0x66;
   CHECK_CU(cuIpcOpenMemHandle(&keep, gone, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
            CUDA_ERROR_INVALID_HANDLE);
@@ -1219,6 +1230,20 @@ static int child_ipc_open(const char *hex, const char *size_arg) {
   for (int i = 0; i < N; i++) CHECK_CU(cuIpcCloseMemHandle(o[0].d), OK);
   CHECK_CU(cuIpcCloseMemHandle(o[0].d), CUDA_ERROR_INVALID_VALUE);
   free(buf);
+  return 0;
+}
+
+/* Allocates, prints the IPC handle of the allocation, exits without freeing. */
+static int child_ipc_export_exit(void) {
+  test_name = "ipc-export-exit child";
+  setup();
+  CUdeviceptr d = 0;
+  CUipcMemHandle h;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
+  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+  handle_hex(&h, hex);
+  printf("%s\n", hex);
   return 0;
 }
 
@@ -1452,7 +1477,7 @@ static const struct {
     {"threads", t_threads},
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
     {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
-    {"primary_reset", t_primary_reset},
+    {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
 };
 
 int main(int argc, char **argv) {
@@ -1460,6 +1485,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[2], "ipc-open") == 0 && argc == 5) return child_ipc_open(argv[3], argv[4]);
     if (strcmp(argv[2], "ipc-expect") == 0 && argc == 5) return child_ipc_expect(argv[3], argv[4]);
     if (strcmp(argv[2], "log-scenario") == 0) return child_log_scenario();
+    if (strcmp(argv[2], "ipc-export-exit") == 0) return child_ipc_export_exit();
     if (strcmp(argv[2], "log-spam") == 0) return child_log_spam();
     fprintf(stderr, "test_fakecuda: unknown child mode %s\n", argv[2]);
     return 2;

@@ -23,8 +23,9 @@
  *   initfail_rundir unwritable run directory: the program works, nothing is intercepted,
  *   initfail_pool   pool too large: same
  *   peers0          KVSHIM_PEERS=0: the pool works without a coordinator or run directory
- *   fork            a fork child builds its own pool and coordinator (own socket, own stats)
- *                   and has closed the parent's sockets
+ *   fork            the driver refuses CUDA in a fork child: the child's allocation fails
+ *                   with the driver's error, it builds no pool or coordinator and has closed
+ *                   the parent's sockets
  *   threads         8 threads' concurrent first calls initialise once
  *   notouch         processes that call no hook (sh, true, an idle CUDA program): no socket,
  *                   no pool, no thread, no output
@@ -892,37 +893,28 @@ static int case_fork(void) {
   int g, inherited, seen;
   char status[32];
   PT_CHECK(sscanf(line, "both %d %31s %d %d", &g, status, &inherited, &seen) == 4, "'%s'", line);
-  PT_CHECK(strcmp(status, "ok") == 0, "the fork child could not allocate");
+  /* The driver refuses CUDA in the fork child (as the real one does): the child's allocation
+   * fails with the driver's error and no kvshim runtime (pool, coordinator) is built there. */
+  PT_CHECK(strcmp(status, "allocfail") == 0, "the fork child allocated: '%s'", line);
   PT_CHECK(inherited == 0, "the fork child still holds %d sockets of its parent", inherited);
-  PT_CHECK(seen == 2, "the fork child saw %d sockets", seen);
+  PT_CHECK(seen == 1, "the fork child saw %d sockets (it started a coordinator)", seen);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 2, "two coordinators");
-  uint64_t ids[2];
-  bool saw_parent = false, saw_child = false;
-  for (int i = 0; i < 2; i++) {
-    pt_peer_t peer;
-    pt_peer_connect(&peer, socks[i]);
-    char json[8192];
-    pt_peer_stats(&peer, json, sizeof json);
-    expect_stat(json, "host_arena_allocs", 1); /* each its own: the child's counters restarted */
-    ids[i] = peer.instance_id;
-    saw_parent |= peer.pid == (uint32_t)p.pid;
-    saw_child |= peer.pid == (uint32_t)g;
-    pt_peer_close(&peer);
-  }
-  PT_CHECK(saw_parent && saw_child && ids[0] != ids[1], "one coordinator per process");
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator, the parent's");
+  pt_peer_t peer;
+  pt_peer_connect(&peer, socks[0]);
+  PT_CHECK(peer.pid == (uint32_t)p.pid, "the coordinator is not the parent's");
+  pt_peer_close(&peer);
   pt_writeline(&p, "go");
   pt_readline(&p, line, sizeof line);
   PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
   PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
   char gstats[1100];
   snprintf(gstats, sizeof gstats, "%s.%d", c.stats, g);
-  char *ps = must_read(c.stats), *gs = must_read(gstats);
+  char *ps = must_read(c.stats);
   expect_stat(ps, "host_arena_allocs", 1);
-  expect_stat(gs, "host_arena_allocs", 1);
-  expect_stat(gs, "host_arena_used_bytes", 0);
+  PT_CHECK(!pt_exists(gstats), "the fork child wrote stats: it built a runtime");
   PT_CHECK(pt_list_sockets(c.run, socks, 4) == 0, "sockets removed at exit");
-  free(ps), free(gs);
+  free(ps);
   tc_done(&c);
   return 0;
 }
