@@ -14,6 +14,8 @@
  *                                        everything else is forwarded
  *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
  *                                        the driver gives one); frees forget the record
+ *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
+ *                                        (cuda_device_unexportable)
  *   async copies                         forwarded; bytes touching the host arena are counted
  *
  * Host allocations must behave as the driver's own pinned memory (design §9.6): that memory is
@@ -450,7 +452,9 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
 
 /* ---- device records -------------------------------------------------------------------------- */
 
-static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len) {
+/* Record a device allocation in the tensor registry; want_ipc: one cuIpcGetMemHandle can
+ * export (cuMemAlloc memory), else it is listed as not exportable (design §9.4). */
+static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len, bool want_ipc) {
   if (!len) return;
   kvs_tensor_desc_t tmpl;
   memset(&tmpl, 0, sizeof tmpl);
@@ -460,7 +464,7 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
   bool exportable = false;
   CUipcMemHandle h;
   cu_relax_t rx = cu_relax();
-  if (cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
+  if (want_ipc && cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
       g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
     _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
     memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
@@ -483,6 +487,7 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
   }
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
   if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
+  if (!want_ipc) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_unexportable);
 }
 
 /* ---- substitution: real pointer -> wrapper of exactly that variant ------------------------- */
@@ -694,7 +699,7 @@ static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dp
   if (!rt) return real(dptr, bytesize);
   CU_ENTER();
   CUresult r = real(dptr, bytesize);
-  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize);
+  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, true);
   CU_LEAVE();
   return r;
 }
@@ -709,19 +714,79 @@ static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdev
   if (r == CUDA_SUCCESS && dptr && pPitch) {
     uint64_t len;
     if (!__builtin_mul_overflow((uint64_t)*pPitch, (uint64_t)Height, &len))
-      cu_record_device(rt, *dptr, len);
+      cu_record_device(rt, *dptr, len, true);
   }
   CU_LEAVE();
   return r;
+}
+
+/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
+static inline void cu_forget_device(kvs__runtime_t *rt, CUdeviceptr dptr) {
+  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
 }
 
 static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
   kvs__runtime_t *rt = cu_rt_if_active();
   if (!rt) return real(dptr);
   CU_ENTER();
-  /* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
-  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
+  cu_forget_device(rt, dptr);
   CUresult r = real(dptr);
+  CU_LEAVE();
+  return r;
+}
+
+/* Stream-ordered and managed allocations: forwarded, then recorded as not exportable (no
+ * CUDA IPC handle exists for them), so the stats tell why they are never exported. */
+static inline CUresult cu_alloc_unexportable(CUresult r, kvs__runtime_t *rt, CUdeviceptr *dptr,
+                                             size_t bytesize) {
+  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, false);
+  return r;
+}
+static CUresult hk_cuMemAllocAsync(kvs__cu_pfn_cuMemAllocAsync real, CUdeviceptr *dptr,
+                                   size_t bytesize, CUstream hStream) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(dptr, bytesize, hStream);
+  CU_ENTER();
+  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, hStream), rt, dptr, bytesize);
+  CU_LEAVE();
+  return r;
+}
+static CUresult hk_cuMemAllocAsync_ptsz(kvs__cu_pfn_cuMemAllocAsync_ptsz real, CUdeviceptr *dptr,
+                                        size_t bytesize, CUstream hStream) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(dptr, bytesize, hStream);
+  CU_ENTER();
+  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, hStream), rt, dptr, bytesize);
+  CU_LEAVE();
+  return r;
+}
+static CUresult hk_cuMemAllocManaged(kvs__cu_pfn_cuMemAllocManaged real, CUdeviceptr *dptr,
+                                     size_t bytesize, unsigned int flags) {
+  kvs__runtime_t *rt = cu_rt();
+  if (!rt) return real(dptr, bytesize, flags);
+  CU_ENTER();
+  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, flags), rt, dptr, bytesize);
+  CU_LEAVE();
+  return r;
+}
+/* Stream-ordered frees forget the record first, as cuMemFree_v2 does. */
+static CUresult hk_cuMemFreeAsync(kvs__cu_pfn_cuMemFreeAsync real, CUdeviceptr dptr,
+                                  CUstream hStream) {
+  kvs__runtime_t *rt = cu_rt_if_active();
+  if (!rt) return real(dptr, hStream);
+  CU_ENTER();
+  cu_forget_device(rt, dptr);
+  CUresult r = real(dptr, hStream);
+  CU_LEAVE();
+  return r;
+}
+static CUresult hk_cuMemFreeAsync_ptsz(kvs__cu_pfn_cuMemFreeAsync_ptsz real, CUdeviceptr dptr,
+                                       CUstream hStream) {
+  kvs__runtime_t *rt = cu_rt_if_active();
+  if (!rt) return real(dptr, hStream);
+  CU_ENTER();
+  cu_forget_device(rt, dptr);
+  CUresult r = real(dptr, hStream);
   CU_LEAVE();
   return r;
 }

@@ -23,6 +23,14 @@
      unsigned int ElementSizeBytes),                                                          \
     (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes))                                   \
   X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                 \
+  X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),                 \
+    (dptr, bytesize, hStream))                                                                \
+  X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),            \
+    (dptr, bytesize, hStream))                                                                \
+  X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))                    \
+  X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))               \
+  X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),             \
+    (dptr, bytesize, flags))                                                                  \
   X(cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                          \
   X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags))  \
   X(cuMemFreeHost, (void *p), (p))                                                            \

@@ -513,6 +513,8 @@ static CUresult capture_guard(void) {
  *   FK_IPC: refs >= 1, base is a MAP_SHARED mapping of another process's memfd. */
 
 enum fk_kind { FK_DEV = 'd', FK_HOST = 'h', FK_REG = 'r', FK_IPC = 'i' };
+/* Device memory not from cuMemAlloc has no CUDA IPC handle (cuIpcGetMemHandle). */
+enum fk_origin { FK_FROM_ALLOC = 0, FK_FROM_ASYNC = 1, FK_FROM_MANAGED = 2 };
 
 typedef struct fk_range {
   uintptr_t base;
@@ -525,6 +527,7 @@ typedef struct fk_range {
   unsigned flags;    /* FK_HOST: CU_MEMHOSTALLOC_*; FK_REG: CU_MEMHOSTREGISTER_* */
   struct CUctx_st *ctx;
   int refs;          /* FK_IPC: opens of the same handle in this process */
+  int origin;        /* FK_DEV: enum fk_origin (what allocated it) */
   int32_t src_pid;   /* FK_IPC: the exporting process and its allocation */
   uint64_t src_id, src_ino, src_dev;
 } fk_range_t;
@@ -1278,6 +1281,64 @@ static CUresult mem_alloc(const char *name, CUdeviceptr *dptr, size_t bytesize, 
   return r;
 }
 
+/* cuMemAllocAsync (stream-ordered: allowed during capture, no capture_guard) and managed
+ * memory: device memory of another origin, freed by cuMemFree or cuMemFreeAsync. */
+static CUresult mem_alloc_origin(const char *name, CUdeviceptr *dptr, size_t bytesize,
+                                 int origin, int stream_arg, CUstream s, unsigned flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS && origin == FK_FROM_MANAGED) r = capture_guard();
+  if (r == CUDA_SUCCESS && (!dptr || bytesize == 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && origin == FK_FROM_MANAGED &&
+      flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && stream_arg) {
+    lock();
+    if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  uintptr_t base = 0;
+  if (r == CUDA_SUCCESS) r = dev_create(bytesize, 0, c, &base);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    range_find(base)->origin = origin;
+    unlock();
+    *dptr = (CUdeviceptr)base;
+  }
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
+  fk_log("%s bytesize=%zu -> %d%s%s", name, bytesize, (int)r, r ? "" : " dptr=", lb);
+  return r;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return mem_alloc_origin("cuMemAllocAsync", dptr, bytesize, FK_FROM_ASYNC, 1, hStream, 0);
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return mem_alloc_origin("cuMemAllocAsync_ptsz", dptr, bytesize, FK_FROM_ASYNC, 1, hStream, 0);
+}
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  return mem_alloc_origin("cuMemAllocManaged", dptr, bytesize, FK_FROM_MANAGED, 0, NULL, flags);
+}
+static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
+  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
+  return r;
+}
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async("cuMemFreeAsync", dptr, hStream);
+}
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async("cuMemFreeAsync_ptsz", dptr, hStream);
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
   return mem_alloc("cuMemAlloc_v2", dptr, bytesize, 0);
 }
@@ -1773,7 +1834,10 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     lock();
     const fk_range_t *rg = range_find((uintptr_t)dptr);
     struct stat st;
-    if (!rg || rg->kind != FK_DEV || fstat(rg->fd, &st) != 0) {
+    /* cuda.h (13.0, cuIpcGetMemHandle): "Takes a pointer to the base of an existing device
+     * memory allocation created with cuMemAlloc": stream-ordered and managed memory have no
+     * such handle. */
+    if (!rg || rg->kind != FK_DEV || rg->origin != FK_FROM_ALLOC || fstat(rg->fd, &st) != 0) {
       r = CUDA_ERROR_INVALID_VALUE;
     } else {
       w = (fk_ipc_wire_t){.magic = FK_IPC_MAGIC, .version = FK_IPC_VERSION,
@@ -1990,6 +2054,9 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                      \
   X(cuMemFree, 2000, cuMemFree)                                                     \
   X(cuMemFree, 3020, cuMemFree_v2)                                                  \
+  P(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                  \
+  P(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
+  X(cuMemAllocManaged, 6000, cuMemAllocManaged)                                     \
   X(cuMemGetAddressRange, 2000, cuMemGetAddressRange)                               \
   X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                            \
   X(cuMemAllocHost, 2000, cuMemAllocHost)                                           \

@@ -807,6 +807,26 @@ static void t_fork_child(void) {
   CHECK_CU(cuMemFree(d), OK);
 }
 
+/* Stream-ordered and managed memory: usable, freed either way, no IPC handle. */
+static void t_alloc_origins(void) {
+  setup();
+  CUdeviceptr a = 0, m = 0;
+  CUipcMemHandle h;
+  unsigned char src[64], back[64];
+  fill(src, sizeof src, 21);
+  CHECK_CU(cuMemAllocAsync(&a, 4096, NULL), OK); /* cuda.h: no rename without per-thread */
+  CHECK_CU(cuMemcpyHtoD(a, src, sizeof src), OK);
+  CHECK_CU(cuMemcpyDtoH(back, a, sizeof back), OK);
+  CHECK(memcmp(src, back, sizeof src) == 0, "async memory round trip");
+  CHECK_CU(cuIpcGetMemHandle(&h, a), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemFreeAsync(a, NULL), OK);
+  CHECK_CU(cuMemFreeAsync(a, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemAllocManaged(&m, 4096, 0), CUDA_ERROR_INVALID_VALUE); /* flags required */
+  CHECK_CU(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, m), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemFree(m), OK);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1478,6 +1498,7 @@ static const struct {
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
     {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
     {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
+    {"alloc_origins", t_alloc_origins},
 };
 
 int main(int argc, char **argv) {

@@ -33,6 +33,8 @@
  *                   return the wrapper of exactly the variant the driver returned
  *   gpa_alias       the driver's resolver answers are not its exported symbols
  *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim
+ *   unexportable    cuMemAllocAsync and managed memory are recorded as not exportable
+ *                   (cuda_device_unexportable), never in an EXPORT_TENSORS answer
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
  *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
@@ -263,6 +265,18 @@ static int w_errors(void) {
   say("11 freehost-again r=%d", (int)r);
   r = cuMemAllocHost(NULL, 4 * MiB);
   say("12 allochost-null r=%d", (int)r);
+  d = (CUdeviceptr)SENT;
+  r = cuMemAllocAsync(&d, MiB, (CUstream)&local); /* not a stream */
+  say("13 allocasync-bad-stream r=%d out=%s", (int)r,
+      d == (CUdeviceptr)SENT ? "kept" : "changed");
+  r = cuMemFreeAsync((CUdeviceptr)0x1234000, NULL);
+  say("14 freeasync-unknown r=%d", (int)r);
+  r = cuMemAllocManaged(&d, MiB, 0x10);
+  say("15 allocmanaged-bad-flags r=%d out=%s", (int)r,
+      d == (CUdeviceptr)SENT ? "kept" : "changed");
+  unsigned fl = 0x77;
+  r = cuMemHostGetFlags(&fl, &local);
+  say("16 hostgetflags-unknown r=%d out=%s", (int)r, fl == 0x77 ? "kept" : "changed");
   return 0;
 }
 
@@ -481,6 +495,21 @@ static int w_gpa_alias(void) {
   return 0;
 }
 
+/* Device memory kvshim cannot export (design §9.4): stream-ordered and managed. */
+static int w_origins(void) {
+  pt_cuda_setup();
+  CUdeviceptr a = 0, m = 0, d = 0;
+  PT_CHECK(cuMemAllocAsync(&a, MiB, NULL) == 0, "cuMemAllocAsync");
+  PT_CHECK(cuMemAllocManaged(&m, MiB, CU_MEM_ATTACH_GLOBAL) == 0, "cuMemAllocManaged");
+  PT_CHECK(cuMemAlloc(&d, MiB) == 0, "cuMemAlloc");
+  say("ready %llx %llx %llx", (unsigned long long)a, (unsigned long long)m,
+      (unsigned long long)d);
+  wait_for("go");
+  PT_CHECK(cuMemFreeAsync(a, NULL) == 0 && cuMemFree(m) == 0 && cuMemFree(d) == 0, "frees");
+  say("done");
+  return 0;
+}
+
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
@@ -493,6 +522,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "idle")) return w_idle();
   if (!strcmp(w, "gpa")) return w_gpa();
   if (!strcmp(w, "gpa_alias")) return w_gpa_alias();
+  if (!strcmp(w, "origins")) return w_origins();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
 }
@@ -808,7 +838,7 @@ static int case_failopen(void) {
   PT_CHECK(strcmp(plain, pre) == 0, "results differ under the preload:\n%s---\n%s", plain, pre);
   /* The transcript shows real failures, not a run of successes. */
   if (!g_real_driver) {
-    expect_count(plain, "out=kept", 4);
+    expect_count(plain, "out=kept", 7);
     expect_count(plain, "r=0", 2);
   }
   char *st = must_read(c.stats);
@@ -821,6 +851,8 @@ static int case_failopen(void) {
     expect_count(log, "cuMemFreeHost p=unknown -> 1", 2); /* the stack pointer, the double free */
     expect_count(log, "cuMemFreeHost p=r1+4096 -> 1", 1); /* interior pointer: forwarded */
     expect_count(log, "cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1);
+    expect_count(log, "cuMemAllocAsync bytesize=1048576 -> 400", 1);
+    expect_count(log, "cuMemFreeAsync dptr=unknown -> 1", 1);
     free(log);
   }
   free(plain), free(pre), free(st);
@@ -1063,6 +1095,42 @@ static int case_gpa_alias(void) {
   return 0;
 }
 
+/* Stream-ordered and managed allocations are recorded as not exportable: counted in the
+ * stats, listed by no EXPORT_TENSORS answer, forgotten when freed. */
+static int case_unexportable(void) {
+  tcase_t c = {0};
+  tc_init(&c, "origins", true);
+  pt_proc_t p;
+  spawn_child(&p, &c, "origins");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  unsigned long long a, m, d;
+  PT_CHECK(sscanf(line, "ready %llx %llx %llx", &a, &m, &d) == 3, "'%s'", line);
+  char socks[4][256];
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+  pt_peer_t peer;
+  pt_peer_connect(&peer, socks[0]);
+  char json[8192];
+  pt_peer_stats(&peer, json, sizeof json);
+  expect_stat(json, "cuda_device_allocs", 3);
+  expect_stat(json, "cuda_device_exportable", 1);
+  expect_stat(json, "cuda_device_unexportable", 2);
+  kvs_tensor_desc_t desc[4];
+  PT_CHECK(pt_peer_export(&peer, a, MiB, desc, 4) == 0, "stream-ordered memory exported");
+  PT_CHECK(pt_peer_export(&peer, m, MiB, desc, 4) == 0, "managed memory exported");
+  PT_CHECK(pt_peer_export(&peer, d, MiB, desc, 4) == 1, "cuMemAlloc memory not exported");
+  pt_peer_close(&peer);
+  pt_writeline(&p, "go");
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "cuda_device_unexportable", 2);
+  free(st);
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1152,6 +1220,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "notouch")) rc = case_notouch();
   else if (!strcmp(k, "gpa")) rc = case_gpa();
   else if (!strcmp(k, "gpa_alias")) rc = case_gpa_alias();
+  else if (!strcmp(k, "unexportable")) rc = case_unexportable();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
   else {
