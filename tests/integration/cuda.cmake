@@ -28,3 +28,17 @@ set_target_properties(cuda_ctx_test PROPERTIES INSTALL_RPATH "$ORIGIN"
 add_test(NAME cuda_ctx COMMAND cuda_ctx_test)
 set_tests_properties(cuda_ctx PROPERTIES TIMEOUT 60 LABELS "integration")
 kvs_fakecuda_env(cuda_ctx)
+
+# Driver facts as strict verdicts (scripts/gpu-check step "facts"): on the fake here.
+add_executable(cuda_facts cuda_facts.c)
+target_include_directories(cuda_facts PRIVATE ${PROJECT_SOURCE_DIR}/shims/cuda)
+target_link_libraries(cuda_facts PRIVATE kvshim_fakecuda kvshim_flags kvshim_cuda_headers
+  ${CMAKE_DL_LIBS})
+set_target_properties(cuda_facts PROPERTIES INSTALL_RPATH "$ORIGIN" BUILD_WITH_INSTALL_RPATH ON)
+add_test(NAME cuda_facts COMMAND cuda_facts)
+set_tests_properties(cuda_facts PROPERTIES TIMEOUT 60 LABELS "integration")
+kvs_fakecuda_env(cuda_facts)
+add_test(NAME cuda_facts_alias COMMAND cuda_facts)
+set_tests_properties(cuda_facts_alias PROPERTIES TIMEOUT 60 LABELS "integration" WILL_FAIL ON
+  ENVIRONMENT "FAKECUDA_GPA_ALIAS=1")
+kvs_fakecuda_env(cuda_facts_alias)
