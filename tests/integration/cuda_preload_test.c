@@ -1157,6 +1157,9 @@ static int case_cudart(const char *prog) {
     char *st = must_read(c.stats);
     PT_CHECK(pt_stat(st, "host_arena_allocs") >= 1, "cudaMallocHost did not reach the pool");
     PT_CHECK(pt_stat(st, "cuda_device_allocs") >= 1, "cudaMalloc was not recorded");
+    PT_CHECK(pt_stat(st, "host_arena_used_bytes") == 0, "cudaFreeHost did not return the pool");
+    PT_CHECK(pt_stat(st, "host_arena_fallbacks") == 0, "host allocations fell back: %lld",
+             pt_stat(st, "host_arena_fallbacks"));
     free(st);
   } else {
     printf("NOTE: the CUDA runtime does not initialise on this driver (%s); checked: identical "
