@@ -520,6 +520,41 @@ static void cu_note_route(int route, size_t row) {
                   cu_rows[row].name);
 }
 
+/* Interception proven at exit: when the resolver handed out kvshim's allocation wrappers (the
+ * CUDA runtime fetches every entry point that way), the runtime initialised (a primary context
+ * is active) and yet no allocation ever reached a hook, the process allocates through a route
+ * kvshim does not see: warned once. */
+static atomic_bool g_alloc_reached; /* an allocation hook body ran */
+static inline void cu_alloc_seen(void) {
+  if (!atomic_load_explicit(&g_alloc_reached, memory_order_relaxed))
+    atomic_store_explicit(&g_alloc_reached, true, memory_order_relaxed);
+}
+static bool cu_is_alloc_row(size_t row) {
+  return row == CU_HOOK_cuMemAlloc_v2 || row == CU_HOOK_cuMemAllocPitch_v2 ||
+         row == CU_HOOK_cuMemAllocHost_v2 || row == CU_HOOK_cuMemHostAlloc ||
+         row == CU_HOOK_cuMemAllocAsync || row == CU_HOOK_cuMemAllocAsync_ptsz ||
+         row == CU_HOOK_cuMemAllocManaged;
+}
+__attribute__((destructor)) static void cu_check_interception(void) {
+  bool handed = false;
+  for (size_t i = 0; i < CU_HOOK__COUNT; i++)
+    handed |= cu_is_alloc_row(i) && atomic_load(&g_routed[CU_ROUTE_GPA][i]);
+  if (!handed || atomic_load(&g_alloc_reached) || !g_real.cuDeviceGetCount ||
+      !g_real.cuDevicePrimaryCtxGetState)
+    return;
+  kvs__hook_depth++;
+  int n = 0, active = 0;
+  unsigned fl;
+  if (g_real.cuDeviceGetCount(&n) == CUDA_SUCCESS)
+    for (int d = 0; d < n && !active; d++)
+      if (g_real.cuDevicePrimaryCtxGetState(d, &fl, &active) != CUDA_SUCCESS) active = 0;
+  if (active)
+    kvs_log_warn("the CUDA runtime was given kvshim's allocation entry points and initialised, "
+                 "but no allocation reached kvshim: it allocates through a route kvshim does "
+                 "not hook");
+  kvs__hook_depth--;
+}
+
 /* What the real resolver itself answers for each hooked row: the driver may hand out entry
  * points at other addresses than its exported symbols, and a wrapper chosen by dlsym's answer
  * alone would then never be substituted (interception silently lost). Learned once by asking for each row's base name at the newest version (the row must
@@ -695,6 +730,7 @@ KVS_CUDA_HOOKS(CU_WRAPPER)
 
 static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dptr,
                                  size_t bytesize) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize);
   CU_ENTER();
@@ -707,6 +743,7 @@ static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dp
 static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr,
                                       size_t *pPitch, size_t WidthInBytes, size_t Height,
                                       unsigned int ElementSizeBytes) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   CU_ENTER();
@@ -744,6 +781,7 @@ static inline CUresult cu_alloc_unexportable(CUresult r, kvs__runtime_t *rt, CUd
 }
 static CUresult hk_cuMemAllocAsync(kvs__cu_pfn_cuMemAllocAsync real, CUdeviceptr *dptr,
                                    size_t bytesize, CUstream hStream) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize, hStream);
   CU_ENTER();
@@ -753,6 +791,7 @@ static CUresult hk_cuMemAllocAsync(kvs__cu_pfn_cuMemAllocAsync real, CUdeviceptr
 }
 static CUresult hk_cuMemAllocAsync_ptsz(kvs__cu_pfn_cuMemAllocAsync_ptsz real, CUdeviceptr *dptr,
                                         size_t bytesize, CUstream hStream) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize, hStream);
   CU_ENTER();
@@ -762,6 +801,7 @@ static CUresult hk_cuMemAllocAsync_ptsz(kvs__cu_pfn_cuMemAllocAsync_ptsz real, C
 }
 static CUresult hk_cuMemAllocManaged(kvs__cu_pfn_cuMemAllocManaged real, CUdeviceptr *dptr,
                                      size_t bytesize, unsigned int flags) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize, flags);
   CU_ENTER();
@@ -793,6 +833,7 @@ static CUresult hk_cuMemFreeAsync_ptsz(kvs__cu_pfn_cuMemFreeAsync_ptsz real, CUd
 
 static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
                                      size_t bytesize) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize);
   CU_ENTER();
@@ -807,6 +848,7 @@ static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **
 
 static CUresult hk_cuMemHostAlloc(kvs__cu_pfn_cuMemHostAlloc real, void **pp, size_t bytesize,
                                   unsigned int Flags) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize, Flags);
   CU_ENTER();

@@ -35,6 +35,8 @@
  *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim
  *   unexportable    cuMemAllocAsync and managed memory are recorded as not exportable
  *                   (cuda_device_unexportable), never in an EXPORT_TENSORS answer
+ *   bypass          allocation wrappers handed out by the resolver, driver in use, and no
+ *                   allocation reached kvshim: warned once at exit (and not when they did)
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
  *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
@@ -510,6 +512,23 @@ static int w_origins(void) {
   return 0;
 }
 
+/* Fetches cuMemAlloc through the resolver (kvshim's wrapper), then allocates through the
+ * legacy 32-bit cuMemAlloc, which kvshim does not hook: nothing reaches kvshim. */
+static int w_bypass(void) {
+  pt_cuda_setup();
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  PT_CHECK(cuGetProcAddress("cuMemAlloc", &fn, CUDA_VERSION, 0, &st) == 0 && fn, "lookup");
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  CUresult (*legacy)(unsigned int *, unsigned int) =
+      (CUresult(*)(unsigned int *, unsigned int))dlsym(h, "cuMemAlloc");
+  unsigned int d = 0;
+  PT_CHECK(legacy && legacy(&d, 4096) == 0 && d, "legacy cuMemAlloc");
+  PT_CHECK(cuMemFree((CUdeviceptr)d) == 0, "free");
+  say("done");
+  return 0;
+}
+
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
@@ -523,6 +542,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "gpa")) return w_gpa();
   if (!strcmp(w, "gpa_alias")) return w_gpa_alias();
   if (!strcmp(w, "origins")) return w_origins();
+  if (!strcmp(w, "bypass")) return w_bypass();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
 }
@@ -1131,6 +1151,26 @@ static int case_unexportable(void) {
   return 0;
 }
 
+/* The resolver handed out kvshim's allocation wrappers, the driver is in use, yet no
+ * allocation reached kvshim: one warning at exit. A program whose allocations do reach kvshim
+ * (the gpa workload) gets none. */
+static int case_bypass(void) {
+  if (g_real_driver) return 0; /* the legacy 32-bit entry point may be absent */
+  tcase_t c = {0};
+  tc_init(&c, "bypass", true);
+  PT_CHECK(run_child(&c, "bypass", 0) == 0, "child failed (see %s)", c.err);
+  char *err = must_read(c.err);
+  expect_count(err, "no allocation reached kvshim", 1);
+  free(err);
+  tc_next(&c, "gpa");
+  PT_CHECK(run_child(&c, "gpa", 0) == 0, "gpa child failed (see %s)", c.err);
+  err = must_read(c.err);
+  expect_count(err, "no allocation reached kvshim", 0);
+  free(err);
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1236,6 +1276,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "gpa")) rc = case_gpa();
   else if (!strcmp(k, "gpa_alias")) rc = case_gpa_alias();
   else if (!strcmp(k, "unexportable")) rc = case_unexportable();
+  else if (!strcmp(k, "bypass")) rc = case_bypass();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
   else {
