@@ -773,63 +773,40 @@ static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr)
 }
 
 /* Stream-ordered and managed allocations: forwarded, then recorded as not exportable (no
- * CUDA IPC handle exists for them), so the stats tell why they are never exported. */
-static inline CUresult cu_alloc_unexportable(CUresult r, kvs__runtime_t *rt, CUdeviceptr *dptr,
-                                             size_t bytesize) {
-  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, false);
-  return r;
-}
-static CUresult hk_cuMemAllocAsync(kvs__cu_pfn_cuMemAllocAsync real, CUdeviceptr *dptr,
-                                   size_t bytesize, CUstream hStream) {
-  cu_alloc_seen();
-  kvs__runtime_t *rt = cu_rt();
-  if (!rt) return real(dptr, bytesize, hStream);
-  CU_ENTER();
-  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, hStream), rt, dptr, bytesize);
-  CU_LEAVE();
-  return r;
-}
-static CUresult hk_cuMemAllocAsync_ptsz(kvs__cu_pfn_cuMemAllocAsync_ptsz real, CUdeviceptr *dptr,
-                                        size_t bytesize, CUstream hStream) {
-  cu_alloc_seen();
-  kvs__runtime_t *rt = cu_rt();
-  if (!rt) return real(dptr, bytesize, hStream);
-  CU_ENTER();
-  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, hStream), rt, dptr, bytesize);
-  CU_LEAVE();
-  return r;
-}
-static CUresult hk_cuMemAllocManaged(kvs__cu_pfn_cuMemAllocManaged real, CUdeviceptr *dptr,
-                                     size_t bytesize, unsigned int flags) {
-  cu_alloc_seen();
-  kvs__runtime_t *rt = cu_rt();
-  if (!rt) return real(dptr, bytesize, flags);
-  CU_ENTER();
-  CUresult r = cu_alloc_unexportable(real(dptr, bytesize, flags), rt, dptr, bytesize);
-  CU_LEAVE();
-  return r;
-}
-/* Stream-ordered frees forget the record first, as cuMemFree_v2 does. */
-static CUresult hk_cuMemFreeAsync(kvs__cu_pfn_cuMemFreeAsync real, CUdeviceptr dptr,
-                                  CUstream hStream) {
-  kvs__runtime_t *rt = cu_rt_if_active();
-  if (!rt) return real(dptr, hStream);
-  CU_ENTER();
-  cu_forget_device(rt, dptr);
-  CUresult r = real(dptr, hStream);
-  CU_LEAVE();
-  return r;
-}
-static CUresult hk_cuMemFreeAsync_ptsz(kvs__cu_pfn_cuMemFreeAsync_ptsz real, CUdeviceptr dptr,
-                                       CUstream hStream) {
-  kvs__runtime_t *rt = cu_rt_if_active();
-  if (!rt) return real(dptr, hStream);
-  CU_ENTER();
-  cu_forget_device(rt, dptr);
-  CUresult r = real(dptr, hStream);
-  CU_LEAVE();
-  return r;
-}
+ * CUDA IPC handle exists for them), so the stats tell why they are never exported. Their
+ * frees forget the record first, as cuMemFree_v2 does. One body each, generated. */
+#define CU_HOOK_UNEXPORTABLE(name, params, args)                                              \
+  static CUresult hk_##name(kvs__cu_pfn_##name real, KVS__UNPAREN params) {                   \
+    cu_alloc_seen();                                                                          \
+    kvs__runtime_t *rt = cu_rt();                                                             \
+    if (!rt) return real args;                                                                \
+    CU_ENTER();                                                                               \
+    CUresult r = real args;                                                                   \
+    if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, false);              \
+    CU_LEAVE();                                                                               \
+    return r;                                                                                 \
+  }
+#define CU_HOOK_FREE_ASYNC(name)                                                              \
+  static CUresult hk_##name(kvs__cu_pfn_##name real, CUdeviceptr dptr, CUstream hStream) {   \
+    kvs__runtime_t *rt = cu_rt_if_active();                                                   \
+    if (!rt) return real(dptr, hStream);                                                      \
+    CU_ENTER();                                                                               \
+    cu_forget_device(rt, dptr);                                                               \
+    CUresult r = real(dptr, hStream);                                                         \
+    CU_LEAVE();                                                                               \
+    return r;                                                                                 \
+  }
+CU_HOOK_UNEXPORTABLE(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
+                     (dptr, bytesize, hStream))
+CU_HOOK_UNEXPORTABLE(cuMemAllocAsync_ptsz,
+                     (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
+                     (dptr, bytesize, hStream))
+CU_HOOK_UNEXPORTABLE(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),
+                     (dptr, bytesize, flags))
+CU_HOOK_FREE_ASYNC(cuMemFreeAsync)
+CU_HOOK_FREE_ASYNC(cuMemFreeAsync_ptsz)
+#undef CU_HOOK_UNEXPORTABLE
+#undef CU_HOOK_FREE_ASYNC
 
 static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
                                      size_t bytesize) {

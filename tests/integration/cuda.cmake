@@ -10,24 +10,19 @@ foreach(c IN LISTS kc_cases)
   kvs_fakecuda_env(cuda_preload_${c})
 endforeach()
 
-# kvs_accel calls during another thread's global stream capture (shims/cuda linked in).
-add_executable(cuda_capture_test cuda_capture_test.c ${pt_rt_objects})
-target_link_libraries(cuda_capture_test PRIVATE preload_testutil)
-set_target_properties(cuda_capture_test PROPERTIES INSTALL_RPATH "$ORIGIN"
-  BUILD_WITH_INSTALL_RPATH ON)
-add_test(NAME cuda_capture COMMAND cuda_capture_test)
-set_tests_properties(cuda_capture PROPERTIES TIMEOUT 60 LABELS "integration")
-kvs_fakecuda_env(cuda_capture)
-
-# Contexts of kvshim's own calls: the pointer's device, never device 0 by default, nothing
-# after the engine reset its device (shims/cuda linked in).
-add_executable(cuda_ctx_test cuda_ctx_test.c ${pt_rt_objects})
-target_link_libraries(cuda_ctx_test PRIVATE preload_testutil)
-set_target_properties(cuda_ctx_test PROPERTIES INSTALL_RPATH "$ORIGIN"
-  BUILD_WITH_INSTALL_RPATH ON)
-add_test(NAME cuda_ctx COMMAND cuda_ctx_test)
-set_tests_properties(cuda_ctx PROPERTIES TIMEOUT 60 LABELS "integration")
-kvs_fakecuda_env(cuda_ctx)
+# Programs that link shims/cuda (not preloaded) and use the kvs_accel table:
+#   cuda_capture  kvs_accel calls during another thread's global stream capture
+#   cuda_ctx      contexts of kvshim's own calls: the pointer's device, never device 0 by
+#                 default, nothing after the engine reset its device
+foreach(t capture ctx)
+  add_executable(cuda_${t}_test cuda_${t}_test.c ${pt_rt_objects})
+  target_link_libraries(cuda_${t}_test PRIVATE preload_testutil)
+  set_target_properties(cuda_${t}_test PROPERTIES INSTALL_RPATH "$ORIGIN"
+    BUILD_WITH_INSTALL_RPATH ON)
+  add_test(NAME cuda_${t} COMMAND cuda_${t}_test)
+  set_tests_properties(cuda_${t} PROPERTIES TIMEOUT 60 LABELS "integration")
+  kvs_fakecuda_env(cuda_${t})
+endforeach()
 
 # Driver facts as strict verdicts (scripts/gpu-check step "facts"): on the fake here.
 add_executable(cuda_facts cuda_facts.c)
