@@ -10,8 +10,9 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
- *   cuMemFreeHost                        arena pointers: unregister, forget, free the extent;
- *                                        everything else is forwarded
+ *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
+ *                                        the next request that fits (or unregister and free
+ *                                        it); everything else is forwarded
  *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
  *                                        the driver gives one); frees forget the record
  *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
@@ -392,6 +393,73 @@ static bool cu_host_devices_ok(void) {
   return v > 0;
 }
 
+/* Freed pooled buffers stay registered (and allocated in the pool) for the next host
+ * allocation that fits: pinning costs ~0.1 s/GB (design §9.6: keep extents registered across
+ * free and alloc). At most CU_KEEP extents; a request takes the smallest kept extent of at
+ * least its size and at most twice it; when the arena is full every kept extent is
+ * unregistered and returned to the pool. Entries with len 0 are empty; g_keep_lock. */
+#define CU_KEEP 16
+static struct { uint64_t off, len; } g_keep[CU_KEEP];
+static pthread_mutex_t g_keep_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool cu_keep_take(uint64_t need, uint64_t *off, uint64_t *len) {
+  int best = -1;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP; i++)
+    if (g_keep[i].len >= need && g_keep[i].len / 2 <= need &&
+        (best < 0 || g_keep[i].len < g_keep[best].len))
+      best = i;
+  if (best >= 0) {
+    *off = g_keep[best].off;
+    *len = g_keep[best].len;
+    g_keep[best].len = 0;
+  }
+  pthread_mutex_unlock(&g_keep_lock);
+  return best >= 0;
+}
+static bool cu_keep_put(uint64_t off, uint64_t len) {
+  bool kept = false;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP && !kept; i++)
+    if (!g_keep[i].len) {
+      g_keep[i].off = off;
+      g_keep[i].len = len;
+      kept = true;
+    }
+  pthread_mutex_unlock(&g_keep_lock);
+  return kept;
+}
+/* Unregister a pooled extent (in a context of its device, from any thread) and return it. */
+static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
+  void *p = kvs_pool_base(rt->pool) + off;
+  cu_ctx_scope_t sc;
+  cu_relax_t rx = cu_relax();
+  CUresult u = cu_ctx_enter(&g_real, p, &sc) == 0 ? cu_unregister(p, len)
+                                                  : CUDA_ERROR_INVALID_CONTEXT;
+  cu_ctx_leave(&g_real, &sc);
+  cu_unrelax(rx);
+  if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+  kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+}
+/* Release every kept extent; true when there was one. */
+static bool cu_keep_release_all(kvs__runtime_t *rt) {
+  bool any = false;
+  for (;;) {
+    uint64_t off = 0, len = 0;
+    pthread_mutex_lock(&g_keep_lock);
+    for (int i = 0; i < CU_KEEP && !len; i++)
+      if (g_keep[i].len) {
+        off = g_keep[i].off;
+        len = g_keep[i].len;
+        g_keep[i].len = 0;
+      }
+    pthread_mutex_unlock(&g_keep_lock);
+    if (!len) return any;
+    cu_host_release(rt, off, len);
+    any = true;
+  }
+}
+
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
  * forwards the request to the real allocator, untouched). asked: the caller's cuMemHostAlloc
  * flags (0 for cuMemAllocHost_v2), answered by cuMemHostGetFlags. */
@@ -401,18 +469,25 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return -ENOTSUP;
   }
-  uint64_t off;
-  int rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+  uint64_t off, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
+  bool kept = cu_keep_take(len, &off, &len);
+  int rc = 0;
+  if (!kept) {
+    rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+    if (rc < 0 && cu_keep_release_all(rt))
+      rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+  }
   if (rc < 0) {
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return rc;
   }
-  uint64_t len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
   void *p = kvs_pool_base(rt->pool) + off;
   cu_relax_t rx = cu_relax();
-  CUresult r = cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  const unsigned regflags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+  CUresult r = kept ? CUDA_SUCCESS : cu_register(p, len, regflags);
   if (r == CUDA_SUCCESS) {
-    /* Usable only where the driver's own buffer would be: at its host address. */
+    /* Usable only where the driver's own buffer would be: at its host address (a kept extent
+     * too: its registration went away if the engine reset its device). */
     CUdeviceptr dp = 0;
     if (!g_real.cuMemHostGetDevicePointer_v2 ||
         g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
@@ -846,24 +921,19 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
   CUresult r;
   uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off;
   int64_t len = kvs_pool_extent_len(rt->pool, KVS_ARENA_HOST, off);
-  if (len <= 0) {
-    r = real(p); /* not the start of a live extent: let the driver judge it */
+  unsigned asked;
+  /* Not the start of a buffer handed to the engine (an interior pointer, a double free: kept
+   * extents are still allocated in the pool): let the driver judge it. */
+  if (len <= 0 || cu_hf_get((uintptr_t)p, &asked, true) < 0) {
+    r = real(p);
   } else {
-    /* Unregister before the extent can be handed out again (from a thread without a current
-     * context: in one of the buffer's device, when the engine still holds it; when it does
-     * not, the driver dropped the registration with the context). */
-    cu_ctx_scope_t sc;
-    cu_relax_t rx = cu_relax();
-    CUresult u = cu_ctx_enter(&g_real, p, &sc) == 0 ? cu_unregister(p, (uint64_t)len)
-                                                    : CUDA_ERROR_INVALID_CONTEXT;
-    cu_ctx_leave(&g_real, &sc);
-    cu_unrelax(rx);
-    if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+    /* Forget it, then keep it registered for the next allocation that fits, or unregister
+     * it before the extent can be handed out again (cu_host_release: from a thread without a
+     * current context, in one of the buffer's device while the engine still holds it; when it
+     * does not, the driver dropped the registration with the context). */
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
-    unsigned asked;
-    cu_hf_get((uintptr_t)p, &asked, true);
-    int64_t freed = kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
-    if (freed > 0) cu_host_gauge(-freed);
+    if (!cu_keep_put(off, (uint64_t)len)) cu_host_release(rt, off, (uint64_t)len);
+    cu_host_gauge(-len);
     r = CUDA_SUCCESS;
   }
   CU_LEAVE();
@@ -1272,6 +1342,8 @@ static void cu_fork_child(void) {
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);
   memset(g_host_flags, 0, sizeof g_host_flags);
+  pthread_mutex_init(&g_keep_lock, NULL);
+  memset(g_keep, 0, sizeof g_keep); /* the parent's extents: not this process's pool */
   pthread_mutex_init(&g_res_lock, NULL);
   memset(g_ipc, 0, sizeof g_ipc);
   memset(g_big_pins, 0, sizeof g_big_pins);

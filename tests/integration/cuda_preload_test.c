@@ -37,6 +37,8 @@
  *                   (cuda_device_unexportable), never in an EXPORT_TENSORS answer
  *   bypass          allocation wrappers handed out by the resolver, driver in use, and no
  *                   allocation reached kvshim: warned once at exit (and not when they did)
+ *   keep            freed pooled buffers stay registered: reused by a request that fits,
+ *                   released when the arena is full; a double free still reaches the driver
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
  *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
@@ -529,6 +531,30 @@ static int w_bypass(void) {
   return 0;
 }
 
+/* Freed pooled buffers stay registered: reused by a request that fits (at least its size, at
+ * most twice), released when the arena is full (KVSHIM_HOST_POOL_SIZE=8M). */
+static int w_keep(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 6 * MiB, 0) == 0, "6M");
+  fill(a, 6 * MiB, 1);
+  PT_CHECK(cuMemFreeHost(a) == 0, "free 6M");        /* kept: 6M */
+  PT_CHECK(cuMemAllocHost(&b, 2 * MiB) == 0, "2M");  /* 6M is more than twice: new extent */
+  PT_CHECK(cuMemFreeHost(b) == 0, "free 2M");        /* kept: 6M, 2M */
+  PT_CHECK(cuMemHostAlloc(&c, 5 * MiB, CU_MEMHOSTALLOC_DEVICEMAP) == 0, "5M");
+  PT_CHECK(c == a, "the kept 6M extent was not reused");
+  unsigned fl = 0;
+  CUdeviceptr dp = 0;
+  PT_CHECK(cuMemHostGetFlags(&fl, c) == 0 && fl == CU_MEMHOSTALLOC_DEVICEMAP, "flags 0x%x", fl);
+  PT_CHECK(cuMemHostGetDevicePointer(&dp, c, 0) == 0 && dp == (CUdeviceptr)(uintptr_t)c,
+           "device pointer of a reused buffer");
+  PT_CHECK(cuMemFreeHost(c) == 0, "free 5M");        /* kept: 6M, 2M */
+  PT_CHECK(cuMemHostAlloc(&d, 7 * MiB, 0) == 0, "7M"); /* no fit, arena full: release, retry */
+  PT_CHECK(cuMemFreeHost(d) == 0 && cuMemFreeHost(d) != 0, "free 7M, then a double free");
+  say("done");
+  return 0;
+}
+
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
@@ -543,6 +569,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "gpa_alias")) return w_gpa_alias();
   if (!strcmp(w, "origins")) return w_origins();
   if (!strcmp(w, "bypass")) return w_bypass();
+  if (!strcmp(w, "keep")) return w_keep();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
 }
@@ -671,8 +698,8 @@ static int case_host_pool(void) {
   if (log) {
   expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
   expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
-  expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
-  expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
+  /* Freed pooled buffers stay registered for the next allocation that fits. */
+  expect_count(log, "cuMemHostUnregister", 0);
   expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
   expect_count(log, "cuMemHostAlloc bytesize=4194304", 0);
   expect_count(log, "cuMemAllocHost", 0);
@@ -729,7 +756,7 @@ static int case_arena_full(void) {
     expect_count(log, "cuMemHostRegister_v2 bytesize=3145728 flags=0x3 -> 0", 1);
     expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
     expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
+    expect_count(log, "cuMemHostUnregister", 0); /* kept registered */
   }
   free(st);
   free(log);
@@ -868,7 +895,8 @@ static int case_failopen(void) {
   if (!g_real_driver) {
     char *log = must_read(c.log);
     expect_count(log, "cuMemFree_v2 dptr=unknown -> 1", 1);
-    expect_count(log, "cuMemFreeHost p=unknown -> 1", 2); /* the stack pointer, the double free */
+    expect_count(log, "cuMemFreeHost p=unknown -> 1", 1); /* the stack pointer */
+    expect_count(log, "cuMemFreeHost p=r1 -> 1", 1);      /* the double free (kept registered) */
     expect_count(log, "cuMemFreeHost p=r1+4096 -> 1", 1); /* interior pointer: forwarded */
     expect_count(log, "cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1);
     expect_count(log, "cuMemAllocAsync bytesize=1048576 -> 400", 1);
@@ -1171,6 +1199,32 @@ static int case_bypass(void) {
   return 0;
 }
 
+static int case_keep(void) {
+  tcase_t c = {0};
+  tc_init(&c, "keep", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "8M");
+  PT_CHECK(run_child(&c, "keep", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 4);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(st);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=7340032 flags=0x3 -> 0", 1);
+    expect_count(log, "cuMemHostRegister_v2", 3);  /* the 5M request reused the 6M extent */
+    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1); /* released for the 7M one */
+    expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
+    expect_count(log, "cuMemHostUnregister", 2);
+    expect_count(log, "cuMemFreeHost p=r3 -> 1", 1); /* the double free went to the driver */
+    free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1277,6 +1331,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "gpa_alias")) rc = case_gpa_alias();
   else if (!strcmp(k, "unexportable")) rc = case_unexportable();
   else if (!strcmp(k, "bypass")) rc = case_bypass();
+  else if (!strcmp(k, "keep")) rc = case_keep();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
   else {
