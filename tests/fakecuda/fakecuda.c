@@ -1981,6 +1981,76 @@ CUresult cuGetErrorName(CUresult error, const char **pStr) {
   return error_text("cuGetErrorName", error, pStr, 1);
 }
 
+/* ---- modules and kernels ------------------------------------------------------------------
+ * The fake runs one kernel: "kvs_touch(u8 *buf, u64 n)", buf[i] += 1 for every i < n (one
+ * thread per byte). Any PTX or cubin image that defines the entry ".entry kvs_touch" loads; the
+ * kernel dereferences buf on the device, so buf must be device-accessible there (span_ok
+ * SIDE_DEV: device memory, driver-allocated pinned memory, registered DEVICEMAP memory on
+ * devices that can use the host pointer), else the launch fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS as a kernel touching an unmapped address does on a real GPU. */
+struct CUmod_st {
+  uint32_t magic;
+};
+struct CUfunc_st {
+  uint32_t magic;
+};
+static struct CUmod_st fk_module = {0x4b4d4f44u};
+static struct CUfunc_st fk_touch = {0x4b46554eu};
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && (!module || !image)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && !strstr((const char *)image, ".entry kvs_touch"))
+    r = CUDA_ERROR_INVALID_IMAGE;
+  if (r == CUDA_SUCCESS) *module = &fk_module;
+  fk_log("cuModuleLoadData -> %d", (int)r);
+  return r;
+}
+CUresult cuModuleUnload(CUmodule hmod) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && hmod != &fk_module) r = CUDA_ERROR_INVALID_HANDLE;
+  fk_log("cuModuleUnload -> %d", (int)r);
+  return r;
+}
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!hfunc || !name)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && hmod != &fk_module) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && strcmp(name, "kvs_touch") != 0) r = CUDA_ERROR_NOT_FOUND;
+  if (r == CUDA_SUCCESS) *hfunc = &fk_touch;
+  fk_log("cuModuleGetFunction -> %d", (int)r);
+  return r;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra) {
+  (void)sharedMemBytes;
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && f != &fk_touch) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && (!kernelParams || extra || !gridDimX || !blockDimX ||
+                            gridDimY != 1 || gridDimZ != 1 || blockDimY != 1 || blockDimZ != 1))
+    r = CUDA_ERROR_INVALID_VALUE;
+  uintptr_t buf = 0;
+  uint64_t n = 0;
+  if (r == CUDA_SUCCESS) {
+    memcpy(&buf, kernelParams[0], sizeof buf);
+    memcpy(&n, kernelParams[1], sizeof n);
+    uint64_t threads = (uint64_t)gridDimX * blockDimX;
+    if (n > threads) n = threads;
+    lock();
+    if (!stream_ok_locked(hStream)) r = CUDA_ERROR_INVALID_HANDLE;
+    else if (n && span_ok(buf, n, SIDE_DEV) != CUDA_SUCCESS) r = CUDA_ERROR_ILLEGAL_ADDRESS;
+    else
+      for (uint64_t i = 0; i < n; i++) ((volatile uint8_t *)buf)[i]++;
+    unlock();
+  }
+  char lb[FK_LABEL_MAX];
+  ptr_label(buf, lb, sizeof lb);
+  fk_log("cuLaunchKernel kvs_touch buf=%s bytes=%llu -> %d", lb, (unsigned long long)n, (int)r);
+  return r;
+}
+
 /* ---- export tables ----------------------------------------------------------------------
  * cuGetExportTable (cuda.h declares it, documents nothing) hands the CUDA runtime private
  * tables identified by UUID. The fake has none: every request is refused and logged with the
@@ -2090,6 +2160,10 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                 \
   X(cuGetErrorString, 6000, cuGetErrorString)                                       \
   X(cuGetExportTable, 3000, cuGetExportTable)                                       \
+  X(cuModuleLoadData, 2000, cuModuleLoadData)                                       \
+  X(cuModuleUnload, 2000, cuModuleUnload)                                           \
+  X(cuModuleGetFunction, 2000, cuModuleGetFunction)                                 \
+  X(cuLaunchKernel, 4000, cuLaunchKernel)                                           \
   X(cuGetErrorName, 6000, cuGetErrorName)                                           \
   X(cuGetProcAddress, 11030, cuGetProcAddress)                                      \
   X(cuGetProcAddress, 12000, cuGetProcAddress_v2)

@@ -39,6 +39,8 @@
  *                   allocation reached kvshim: warned once at exit (and not when they did)
  *   keep            freed pooled buffers stay registered: reused by a request that fits,
  *                   released when the arena is full; a double free still reaches the driver
+ *   zerocopy        a PTX kernel (cuModuleLoadData, no nvcc) reads and writes pooled buffers
+ *                   through their host pointers
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
  *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
@@ -555,6 +557,68 @@ static int w_keep(void) {
   return 0;
 }
 
+/* kvs_touch(u8 *buf, u64 n): buf[i] += 1 for i < n, one thread per byte. PTX, JIT-compiled by
+ * the driver (no nvcc needed); the fake driver runs the same kernel in C. */
+static const char k_touch_ptx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry kvs_touch(.param .u64 buf, .param .u64 n)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b16 %rs<3>;\n"
+    "  .reg .b32 %r<5>;\n"
+    "  .reg .b64 %rd<6>;\n"
+    "  ld.param.u64 %rd1, [buf];\n"
+    "  ld.param.u64 %rd2, [n];\n"
+    "  mov.u32 %r1, %ctaid.x;\n"
+    "  mov.u32 %r2, %ntid.x;\n"
+    "  mov.u32 %r3, %tid.x;\n"
+    "  mad.lo.s32 %r4, %r1, %r2, %r3;\n"
+    "  cvt.u64.u32 %rd3, %r4;\n"
+    "  setp.ge.u64 %p1, %rd3, %rd2;\n"
+    "  @%p1 bra DONE;\n"
+    "  cvta.to.global.u64 %rd4, %rd1;\n"
+    "  add.s64 %rd5, %rd4, %rd3;\n"
+    "  ld.global.u8 %rs1, [%rd5];\n"
+    "  add.s16 %rs2, %rs1, 1;\n"
+    "  st.global.u8 [%rd5], %rs2;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
+/* A zero-copy kernel reads and writes pooled buffers through their host pointers. */
+static int w_zerocopy(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL, *s = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 4 * MiB, 0) == 0, "cuMemHostAlloc 4M");
+  PT_CHECK(cuMemAllocHost(&b, 2 * MiB) == 0, "cuMemAllocHost 2M");
+  PT_CHECK(cuMemHostAlloc(&s, 64 * KiB, 0) == 0, "cuMemHostAlloc 64K (the driver's)");
+  CUmodule mod;
+  CUfunction fn;
+  CUresult r = cuModuleLoadData(&mod, k_touch_ptx);
+  PT_CHECK(r == 0, "cuModuleLoadData: %d", (int)r);
+  PT_CHECK(cuModuleGetFunction(&fn, mod, "kvs_touch") == 0, "cuModuleGetFunction");
+  void *bufs[] = {a, b, s};
+  size_t lens[] = {4 * MiB, 2 * MiB, 64 * KiB};
+  for (int i = 0; i < 3; i++) {
+    fill(bufs[i], lens[i], (unsigned)i + 40);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)bufs[i];
+    uint64_t n = lens[i];
+    void *params[] = {&p, &n};
+    r = cuLaunchKernel(fn, (unsigned)((n + 255) / 256), 1, 1, 256, 1, 1, 0, NULL, params, NULL);
+    if (r == 0) r = cuCtxSynchronize();
+    PT_CHECK(r == 0, "buffer %d: kernel through the host pointer: %d", i, (int)r);
+    for (size_t k = 0; k < lens[i]; k++)
+      PT_CHECK(((uint8_t *)bufs[i])[k] == (uint8_t)(pat(k, (unsigned)i + 40) + 1),
+               "buffer %d: byte %zu not written by the kernel", i, k);
+  }
+  PT_CHECK(cuModuleUnload(mod) == 0, "unload");
+  PT_CHECK(cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0 && cuMemFreeHost(s) == 0, "frees");
+  say("done");
+  return 0;
+}
+
 static int child_main(const char *w) {
   if (!strcmp(w, "host")) return w_host();
   if (!strcmp(w, "arena")) return w_arena();
@@ -570,6 +634,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "origins")) return w_origins();
   if (!strcmp(w, "bypass")) return w_bypass();
   if (!strcmp(w, "keep")) return w_keep();
+  if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
 }
@@ -1199,6 +1264,18 @@ static int case_bypass(void) {
   return 0;
 }
 
+static int case_zerocopy(void) {
+  tcase_t c = {0};
+  tc_init(&c, "zerocopy", true);
+  PT_CHECK(run_child(&c, "zerocopy", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  free(st);
+  tc_done(&c);
+  return 0;
+}
+
 static int case_keep(void) {
   tcase_t c = {0};
   tc_init(&c, "keep", true);
@@ -1332,6 +1409,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "unexportable")) rc = case_unexportable();
   else if (!strcmp(k, "bypass")) rc = case_bypass();
   else if (!strcmp(k, "keep")) rc = case_keep();
+  else if (!strcmp(k, "zerocopy")) rc = case_zerocopy();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
   else {
