@@ -827,6 +827,40 @@ static void t_alloc_origins(void) {
   CHECK_CU(cuMemFree(m), OK);
 }
 
+/* The one kernel the fake runs: kvs_touch adds 1 to every byte, where the device can reach. */
+static void t_kernel(void) {
+  setup();
+  CUmodule mod = NULL;
+  CUfunction fn = NULL;
+  CHECK_CU(cuModuleLoadData(&mod, "// no kernel here\n"), CUDA_ERROR_INVALID_IMAGE);
+  CHECK_CU(cuModuleLoadData(&mod, ".visible .entry kvs_touch(.param .u64 b, .param .u64 n)"), OK);
+  CHECK_CU(cuModuleGetFunction(&fn, mod, "other"), CUDA_ERROR_NOT_FOUND);
+  CHECK_CU(cuModuleGetFunction(&fn, mod, "kvs_touch"), OK);
+  void *h = NULL;
+  CHECK_CU(cuMemAllocHost(&h, 4096), OK);
+  memset(h, 7, 4096);
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)h;
+  uint64_t n = 4096;
+  void *params[] = {&p, &n};
+  CHECK_CU(cuLaunchKernel(fn, 16, 1, 1, 256, 1, 1, 0, NULL, params, NULL), OK);
+  CHECK(((unsigned char *)h)[0] == 8 && ((unsigned char *)h)[4095] == 8,
+        "the kernel did not add 1");
+  /* registered without DEVICEMAP: the device cannot reach it at the host address */
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *buf = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(buf != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister(buf, pg, CU_MEMHOSTREGISTER_PORTABLE), OK);
+  p = (CUdeviceptr)(uintptr_t)buf;
+  n = pg;
+  CHECK_CU(cuLaunchKernel(fn, 1, 1, 1, (unsigned)pg, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_ILLEGAL_ADDRESS);
+  CHECK(buf[0] == 0, "the kernel wrote memory it cannot reach");
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+  munmap(buf, pg);
+  CHECK_CU(cuMemFreeHost(h), OK);
+  CHECK_CU(cuModuleUnload(mod), OK);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1498,7 +1532,7 @@ static const struct {
     {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
     {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
     {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
-    {"alloc_origins", t_alloc_origins},
+    {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
 };
 
 int main(int argc, char **argv) {
