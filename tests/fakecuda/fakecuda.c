@@ -52,6 +52,7 @@
 #include <cuda.h>
 #pragma GCC visibility pop
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -524,6 +525,7 @@ typedef struct fk_range {
   unsigned ord;      /* per-kind ordinal in this process: the log label <kind><ord> */
   uint64_t buffer_id;/* process-wide unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
   int fd;            /* FK_DEV: the memfd; -1 otherwise */
+  int exported;      /* FK_DEV: cuIpcGetMemHandle gave a handle for it */
   unsigned flags;    /* FK_HOST: CU_MEMHOSTALLOC_*; FK_REG: CU_MEMHOSTREGISTER_* */
   struct CUctx_st *ctx;
   int refs;          /* FK_IPC: opens of the same handle in this process */
@@ -646,12 +648,58 @@ static CUresult dev_create(size_t size, int low32, struct CUctx_st *ctx, uintptr
 }
 
 /* Frees the FK_DEV range starting exactly at p; INVALID_VALUE for anything else. */
+/* 1 when another live process maps the memfd with inode ino (it opened an IPC handle of it and
+ * has not closed it): scans /proc/<pid>/maps of this uid's processes. */
+static int mapped_elsewhere(uint64_t ino) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int found = 0;
+  struct dirent *e;
+  char path[64], line[512];
+  while (!found && (e = readdir(d))) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid()) continue;
+    snprintf(path, sizeof path, "/proc/%ld/maps", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    while (!found && fgets(line, sizeof line, f)) {
+      unsigned long long inode = 0;
+      if (strstr(line, "fakecuda-dev") && sscanf(line, "%*s %*s %*s %*s %llu", &inode) == 1 &&
+          inode == ino)
+        found = 1;
+    }
+    fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+/* cuda.h (13.0, cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before
+ * calling cuIpcCloseMemHandle in the importing context will result in undefined behavior."
+ * The fake makes that a crash: freeing an exported allocation that another process still maps
+ * aborts the exporting process with a message, so the test that did it fails. */
 static CUresult dev_destroy(uintptr_t p) {
   lock();
   fk_range_t *r = range_find(p);
   if (!r || r->kind != FK_DEV || r->base != p) {
     unlock();
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct stat st;
+  if (r->exported && fstat(r->fd, &st) == 0 && mapped_elsewhere((uint64_t)st.st_ino)) {
+    char lb[FK_LABEL_MAX];
+    unlock();
+    ptr_label(p, lb, sizeof lb);
+    fk_log("cuMemFree dptr=%s -> abort open_elsewhere=1", lb);
+    char msg[200];
+    int n = snprintf(msg, sizeof msg, "fakecuda: device allocation %s freed while another process "
+                     "has it open through cuIpcOpenMemHandle (undefined behaviour)\n", lb);
+    if (n > 0) {
+      ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+      (void)w;
+    }
+    abort();
   }
   fk_range_t copy = *r;
   dev_used -= copy.size;
@@ -1832,7 +1880,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   fk_ipc_wire_t w = {0};
   if (r == CUDA_SUCCESS) {
     lock();
-    const fk_range_t *rg = range_find((uintptr_t)dptr);
+    fk_range_t *rg = range_find((uintptr_t)dptr);
     struct stat st;
     /* cuda.h (13.0, cuIpcGetMemHandle): "Takes a pointer to the base of an existing device
      * memory allocation created with cuMemAlloc": stream-ordered and managed memory have no
@@ -1840,6 +1888,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     if (!rg || rg->kind != FK_DEV || rg->origin != FK_FROM_ALLOC || fstat(rg->fd, &st) != 0) {
       r = CUDA_ERROR_INVALID_VALUE;
     } else {
+      rg->exported = 1;
       w = (fk_ipc_wire_t){.magic = FK_IPC_MAGIC, .version = FK_IPC_VERSION,
                           .hdr_size = sizeof w, .pid = (int32_t)getpid(), .fd = rg->fd,
                           .size = rg->size, .id = rg->buffer_id, .ino = (uint64_t)st.st_ino,

@@ -861,6 +861,16 @@ static void t_kernel(void) {
   CHECK_CU(cuModuleUnload(mod), OK);
 }
 
+/* Freeing an exported allocation that another process still has open is undefined behaviour
+ * on a real driver: the fake aborts the exporter. After the importer closed it, it is fine. */
+static void t_ipc_free_open(void) {
+  const char *held[] = {"ipc-free", "held", NULL}, *closed[] = {"ipc-free", "closed", NULL};
+  int st = run_self(held, NULL, NULL, 0);
+  CHECK(st == 128 + SIGABRT, "freeing memory open elsewhere did not abort (status %d)", st);
+  st = run_self(closed, NULL, NULL, 0);
+  CHECK(st == 0, "freeing after the importer closed it failed (status %d)", st);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -1287,6 +1297,63 @@ static int child_ipc_open(const char *hex, const char *size_arg) {
   return 0;
 }
 
+/* Opens the handle, says "open", holds it until its stdin closes, then closes it. */
+static int child_ipc_hold(const char *hex) {
+  test_name = "ipc-hold child";
+  CUipcMemHandle h;
+  CHECK(hex_handle(hex, &h) == 0, "bad handle argument");
+  setup();
+  CUdeviceptr d = 0;
+  CHECK_CU(cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), OK);
+  printf("open\n");
+  fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  CHECK_CU(cuIpcCloseMemHandle(d), OK);
+  return 0;
+}
+
+/* Exports an allocation, lets an exec'd holder open it, then frees it: argv "held" frees while
+ * the holder has it open (the fake must abort), "closed" after the holder closed it. */
+static int child_ipc_free(const char *when) {
+  test_name = "ipc-free child";
+  setup();
+  CUdeviceptr d = 0;
+  CUipcMemHandle h;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
+  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+  handle_hex(&h, hex);
+  int in[2], out[2];
+  CHECK(pipe(in) == 0 && pipe(out) == 0, "pipe");
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    execl("/proc/self/exe", "test_fakecuda", "--child", "ipc-hold", hex, (char *)NULL);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  char buf[8] = "";
+  CHECK(read(out[0], buf, 4) == 4 && !memcmp(buf, "open", 4), "the holder did not open");
+  if (strcmp(when, "closed") == 0) {
+    close(in[1]); /* the holder closes the handle and exits */
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "holder");
+    CHECK_CU(cuMemFree(d), OK);
+    return 0;
+  }
+  cuMemFree(d); /* the fake aborts here */
+  close(in[1]);
+  waitpid(pid, NULL, 0);
+  return 0;
+}
+
 /* Allocates, prints the IPC handle of the allocation, exits without freeing. */
 static int child_ipc_export_exit(void) {
   test_name = "ipc-export-exit child";
@@ -1533,6 +1600,7 @@ static const struct {
     {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
     {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
     {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
+    {"ipc_free_open", t_ipc_free_open},
 };
 
 int main(int argc, char **argv) {
@@ -1541,6 +1609,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[2], "ipc-expect") == 0 && argc == 5) return child_ipc_expect(argv[3], argv[4]);
     if (strcmp(argv[2], "log-scenario") == 0) return child_log_scenario();
     if (strcmp(argv[2], "ipc-export-exit") == 0) return child_ipc_export_exit();
+    if (strcmp(argv[2], "ipc-hold") == 0 && argc == 4) return child_ipc_hold(argv[3]);
+    if (strcmp(argv[2], "ipc-free") == 0 && argc == 4) return child_ipc_free(argv[3]);
     if (strcmp(argv[2], "log-spam") == 0) return child_log_spam();
     fprintf(stderr, "test_fakecuda: unknown child mode %s\n", argv[2]);
     return 2;
