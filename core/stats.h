@@ -77,6 +77,8 @@ extern "C" {
   X(hook_store_failures, C, "hooked stores the cache could not keep")                       \
   X(cuda_device_allocs, C, "device allocations recorded in the tensor registry")              \
   X(cuda_device_exportable, C, "recorded device allocations given a CUDA IPC handle")         \
+  X(cuda_device_unexportable, C,                                                              \
+    "recorded device allocations that cannot be exported (cuMemAllocAsync, managed)")          \
   X(cuda_ipc_opens, C, "peer CUDA IPC handles opened in this process (first reference)")      \
   X(host_arena_h2d_bytes, C, "bytes copied host arena -> device by hooked async copies")      \
   X(host_arena_d2h_bytes, C, "bytes copied device -> host arena by hooked async copies")    \

@@ -10,20 +10,31 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
- *   cuMemFreeHost                        arena pointers: unregister, forget, free the extent;
- *                                        everything else is forwarded
+ *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
+ *                                        the next request that fits (or unregister and free
+ *                                        it); everything else is forwarded
  *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
  *                                        the driver gives one); frees forget the record
+ *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
+ *                                        (cuda_device_unexportable)
  *   async copies                         forwarded; bytes touching the host arena are counted
  *
- * Flag mapping for host allocations (cuMemHostAlloc flags -> cuMemHostRegister flags):
- *   PORTABLE       always (registered memory is then pinned for every context)
- *   DEVICEMAP      when requested (cuMemHostGetDevicePointer_v2 then works on the buffer)
- *   WRITECOMBINED  no register equivalent: the buffer is ordinary cached memory. Semantics are
- *                  kept (WC only changes speed: CPU reads get faster, CPU->GPU streaming may be
- *                  slower); the request is still served from the arena.
- * cuMemAllocHost_v2 (no flags) registers PORTABLE only, as the driver's own allocation. Unknown
- * flag bits are forwarded untouched so the driver reports them.
+ * Host allocations must behave as the driver's own pinned memory (design §9.6): that memory is
+ * usable by kernels at its host address whatever the flags (cuda.h, "Automatic Mapping of Host
+ * Allocated Host Memory", on unified addressing), while registered memory is only when
+ * registered with DEVICEMAP on devices with CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM. So:
+ *   - the arena serves host allocations only when every device has unified addressing and that
+ *     attribute (checked once, at the first host allocation, when the driver works);
+ *   - every pooled buffer is registered PORTABLE|DEVICEMAP whatever was asked, and used only
+ *     when cuMemHostGetDevicePointer_v2 then answers its host address (else unregistered and
+ *     the request forwarded);
+ *   - cuMemHostGetFlags on a pooled buffer answers the flags the caller asked for (0 for
+ *     cuMemAllocHost_v2). WRITECOMBINED has no register equivalent: the buffer is ordinary
+ *     cached memory (WC only changes speed, not semantics).
+ * Unknown flag bits are forwarded untouched so the driver reports them.
+ *
+ * Stream capture (§9.6): kvshim's own driver calls run in RELAXED capture mode (cu_relax), so
+ * they never prohibit or invalidate an engine's capture, from any thread.
  *
  * Fail open (§9.5): every internal failure forwards the call to the real driver; only real
  * CUresult values are returned (a missing real function gives CUDA_ERROR_NOT_INITIALIZED when
@@ -41,6 +52,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -63,6 +75,7 @@
 #define CU_REGISTER_PIECE (64ull << 30)
 #define CU_IPC_MAX 256        /* IPC handles open at once in this process */
 #define CU_BIG_PINS 16        /* kvs_accel pins larger than one piece, open at once */
+#define CU_HOST_BUFS 4096     /* pooled host buffers alive at once (their asked flags) */
 #define CU_HOSTALLOC_KNOWN \
   (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
 
@@ -128,7 +141,6 @@ static int cu_errno(CUresult r) {
 /* ---- shim state ----------------------------------------------------------------------------- */
 
 static atomic_bool g_accel_installed;  /* kvs_accel_set done */
-static _Atomic(CUcontext) g_ctx;       /* the context current at the first intercepted alloc */
 static atomic_uint_fast64_t g_host_used; /* bytes of the host arena handed out */
 
 static uint8_t g_uuid[KVS_TENSOR_MAX_DEVICES][KVS_TENSOR_UUID_SIZE];
@@ -136,9 +148,22 @@ static atomic_bool g_uuid_ok[KVS_TENSOR_MAX_DEVICES];
 
 static const kvs_accel_ops_t g_cuda_ops; /* defined below */
 
+/* Set in a fork child: the driver may not work there (CUDA keeps no state across fork; the
+ * real driver refuses a child of a process that initialised it). Until cuInit succeeds in the
+ * child, CUDA hooks build no runtime and pass every call through. */
+static atomic_bool g_forked;
+static __attribute__((noinline)) bool cu_driver_works_after_fork(void) {
+  if (!g_real.cuInit || g_real.cuInit(0) != CUDA_SUCCESS) return false;
+  atomic_store(&g_forked, false);
+  return true;
+}
+
 /* The runtime for a hook that may start it, when the cuda family is on. Installs the accel
  * table on first use (the process uses CUDA from here on). */
 static inline kvs__runtime_t *cu_rt(void) {
+  if (kvs__unlikely(atomic_load_explicit(&g_forked, memory_order_relaxed)) &&
+      !cu_driver_works_after_fork())
+    return NULL;
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt || !kvs__family_on(&kvs__family_cuda)) return NULL;
   if (kvs__unlikely(!atomic_load_explicit(&g_accel_installed, memory_order_relaxed))) {
@@ -154,15 +179,6 @@ static inline kvs__runtime_t *cu_rt_if_active(void) {
 static inline bool cu_in_host_arena(const kvs__runtime_t *rt, const void *p) {
   uintptr_t a = (uintptr_t)p;
   return a >= rt->host_lo && a < rt->host_hi;
-}
-
-static void cu_note_context(void) {
-  if (atomic_load_explicit(&g_ctx, memory_order_relaxed)) return;
-  CUcontext c = NULL;
-  if (g_real.cuCtxGetCurrent && g_real.cuCtxGetCurrent(&c) == CUDA_SUCCESS && c) {
-    CUcontext expected = NULL;
-    atomic_compare_exchange_strong(&g_ctx, &expected, c);
-  }
 }
 
 /* UUID of the device of the calling thread's current context. */
@@ -183,8 +199,32 @@ static int cu_current_uuid(uint8_t out[KVS_TENSOR_UUID_SIZE]) {
   return 0;
 }
 
-static int cu_ctx_enter(const cu_real_t *R, bool *pushed);
-static void cu_ctx_leave(const cu_real_t *R, bool pushed);
+/* kvshim's own driver calls (registration, IPC handles, copies, pins) run in RELAXED stream
+ * capture mode: in the default GLOBAL mode one of them, from any thread, while an engine
+ * captures a stream in GLOBAL mode would fail and invalidate the engine's capture (cuda.h,
+ * cuThreadExchangeStreamCaptureMode; design §9.6). The thread's own mode is restored after.
+ * Before the driver is initialised there is no capture: nothing to exchange. */
+typedef struct cu_relax {
+  CUstreamCaptureMode prev;
+  bool set;
+} cu_relax_t;
+static cu_relax_t cu_relax(void) {
+  cu_relax_t x = {.prev = CU_STREAM_CAPTURE_MODE_RELAXED, .set = false};
+  if (g_real.cuThreadExchangeStreamCaptureMode &&
+      g_real.cuThreadExchangeStreamCaptureMode(&x.prev) == CUDA_SUCCESS)
+    x.set = true;
+  return x;
+}
+static void cu_unrelax(cu_relax_t x) {
+  if (x.set) g_real.cuThreadExchangeStreamCaptureMode(&x.prev);
+}
+
+typedef struct cu_ctx_scope {
+  bool pushed;       /* a context was pushed for the call */
+  CUdevice retained; /* primary context retained for the call, or -1 */
+} cu_ctx_scope_t;
+static int cu_ctx_enter(const cu_real_t *R, const void *ptr, cu_ctx_scope_t *sc);
+static void cu_ctx_leave(const cu_real_t *R, const cu_ctx_scope_t *sc);
 
 /* ---- registration in pieces ------------------------------------------------------------------ */
 
@@ -219,25 +259,201 @@ static void cu_host_gauge(int64_t delta) {
   kvs_stats_set(kvs_stats_global(), KVS_STAT_host_arena_used_bytes, v);
 }
 
+/* The flags each live pooled buffer was asked with (cuMemHostGetFlags answers them). Open
+ * addressing by pointer, linear probing, deletion by backward shift; g_host_flags_lock. */
+static struct { uintptr_t p; unsigned flags; } g_host_flags[CU_HOST_BUFS];
+static pthread_mutex_t g_host_flags_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t cu_hf_slot(uintptr_t p) { return (size_t)((p >> 12) * 0x9E3779B97F4A7C15ull >> 52); }
+_Static_assert(CU_HOST_BUFS == 1u << 12, "cu_hf_slot gives 12 bits");
+
+/* -ENOSPC when the table is full (the request is then forwarded). */
+static int cu_hf_put(uintptr_t p, unsigned flags) {
+  int rc = -ENOSPC;
+  pthread_mutex_lock(&g_host_flags_lock);
+  for (size_t n = 0, i = cu_hf_slot(p); n < CU_HOST_BUFS - 1; n++, i = (i + 1) % CU_HOST_BUFS)
+    if (!g_host_flags[i].p) {
+      g_host_flags[i].p = p;
+      g_host_flags[i].flags = flags;
+      rc = 0;
+      break;
+    }
+  pthread_mutex_unlock(&g_host_flags_lock);
+  return rc;
+}
+/* The flags of buffer p (and forget them when drop): -ENOENT when p is no pooled buffer. */
+static int cu_hf_get(uintptr_t p, unsigned *flags, bool drop) {
+  int rc = -ENOENT;
+  pthread_mutex_lock(&g_host_flags_lock);
+  size_t i = cu_hf_slot(p);
+  for (size_t n = 0; n < CU_HOST_BUFS && g_host_flags[i].p; n++, i = (i + 1) % CU_HOST_BUFS)
+    if (g_host_flags[i].p == p) {
+      *flags = g_host_flags[i].flags;
+      rc = 0;
+      break;
+    }
+  if (rc == 0 && drop) {
+    /* Backward shift: move later entries of the run into the hole when their home allows. */
+    size_t hole = i;
+    for (size_t j = (i + 1) % CU_HOST_BUFS; g_host_flags[j].p; j = (j + 1) % CU_HOST_BUFS) {
+      size_t home = cu_hf_slot(g_host_flags[j].p);
+      if ((j - home) % CU_HOST_BUFS >= (j - hole) % CU_HOST_BUFS) {
+        g_host_flags[hole] = g_host_flags[j];
+        hole = j;
+      }
+    }
+    g_host_flags[hole].p = 0;
+  }
+  pthread_mutex_unlock(&g_host_flags_lock);
+  return rc;
+}
+
+/* Do pooled buffers reach every device at their host address? Every device must have unified
+ * addressing and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (cuda.h, cuMemHostRegister: "If all
+ * devices visible to the application have a non-zero value for the device attribute, the
+ * device pointer returned by cuMemHostGetDevicePointer() will match the original pointer").
+ * Asked once the driver answers; while it does not (not initialised), the answer is no and
+ * asked again next time. */
+static atomic_int g_host_devs; /* 0 not known, 1 yes, -1 no */
+static bool cu_host_devices_ok(void) {
+  int v = atomic_load_explicit(&g_host_devs, memory_order_acquire);
+  if (v) return v > 0;
+  int n = 0;
+  if (!g_real.cuDeviceGetCount || !g_real.cuDeviceGetAttribute || !g_real.cuDeviceGet ||
+      g_real.cuDeviceGetCount(&n) != CUDA_SUCCESS || n <= 0)
+    return false;
+  v = 1;
+  for (int i = 0; i < n && v > 0; i++) {
+    CUdevice d;
+    int uva = 0, hp = 0;
+    if (g_real.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
+        g_real.cuDeviceGetAttribute(&uva, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, d) !=
+            CUDA_SUCCESS ||
+        g_real.cuDeviceGetAttribute(
+            &hp, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, d) != CUDA_SUCCESS)
+      return false; /* not known yet */
+    if (!uva || !hp) {
+      kvs_log_info("device %d: unified addressing %d, host pointer for registered memory %d: "
+                   "host allocations are left to the driver", i, uva, hp);
+      v = -1;
+    }
+  }
+  atomic_store_explicit(&g_host_devs, v, memory_order_release);
+  return v > 0;
+}
+
+/* Freed pooled buffers stay registered (and allocated in the pool) for the next host
+ * allocation that fits: pinning costs ~0.1 s/GB (design §9.6: keep extents registered across
+ * free and alloc). At most CU_KEEP extents; a request takes the smallest kept extent of at
+ * least its size and at most twice it; when the arena is full every kept extent is
+ * unregistered and returned to the pool. Entries with len 0 are empty; g_keep_lock. */
+#define CU_KEEP 16
+static struct { uint64_t off, len; } g_keep[CU_KEEP];
+static pthread_mutex_t g_keep_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool cu_keep_take(uint64_t need, uint64_t *off, uint64_t *len) {
+  int best = -1;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP; i++)
+    if (g_keep[i].len >= need && g_keep[i].len / 2 <= need &&
+        (best < 0 || g_keep[i].len < g_keep[best].len))
+      best = i;
+  if (best >= 0) {
+    *off = g_keep[best].off;
+    *len = g_keep[best].len;
+    g_keep[best].len = 0;
+  }
+  pthread_mutex_unlock(&g_keep_lock);
+  return best >= 0;
+}
+static bool cu_keep_put(uint64_t off, uint64_t len) {
+  bool kept = false;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP && !kept; i++)
+    if (!g_keep[i].len) {
+      g_keep[i].off = off;
+      g_keep[i].len = len;
+      kept = true;
+    }
+  pthread_mutex_unlock(&g_keep_lock);
+  return kept;
+}
+/* Unregister a pooled extent (in a context of its device, from any thread) and return it. */
+static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
+  void *p = kvs_pool_base(rt->pool) + off;
+  cu_ctx_scope_t sc;
+  cu_relax_t rx = cu_relax();
+  CUresult u = cu_ctx_enter(&g_real, p, &sc) == 0 ? cu_unregister(p, len)
+                                                  : CUDA_ERROR_INVALID_CONTEXT;
+  cu_ctx_leave(&g_real, &sc);
+  cu_unrelax(rx);
+  if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+  kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+}
+/* Release every kept extent; true when there was one. */
+static bool cu_keep_release_all(kvs__runtime_t *rt) {
+  bool any = false;
+  for (;;) {
+    uint64_t off = 0, len = 0;
+    pthread_mutex_lock(&g_keep_lock);
+    for (int i = 0; i < CU_KEEP && !len; i++)
+      if (g_keep[i].len) {
+        off = g_keep[i].off;
+        len = g_keep[i].len;
+        g_keep[i].len = 0;
+      }
+    pthread_mutex_unlock(&g_keep_lock);
+    if (!len) return any;
+    cu_host_release(rt, off, len);
+    any = true;
+  }
+}
+
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
- * forwards the request to the real allocator, untouched). */
-static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned regflags) {
+ * forwards the request to the real allocator, untouched). asked: the caller's cuMemHostAlloc
+ * flags (0 for cuMemAllocHost_v2), answered by cuMemHostGetFlags. */
+static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned asked) {
   kvs_stats_t *st = kvs_stats_global();
-  uint64_t off;
-  int rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+  if (!cu_host_devices_ok()) {
+    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    return -ENOTSUP;
+  }
+  uint64_t off, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
+  bool kept = cu_keep_take(len, &off, &len);
+  int rc = 0;
+  if (!kept) {
+    rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+    if (rc < 0 && cu_keep_release_all(rt))
+      rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
+  }
   if (rc < 0) {
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return rc;
   }
-  uint64_t len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
   void *p = kvs_pool_base(rt->pool) + off;
-  CUresult r = cu_register(p, len, regflags);
+  cu_relax_t rx = cu_relax();
+  const unsigned regflags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+  CUresult r = kept ? CUDA_SUCCESS : cu_register(p, len, regflags);
+  if (r == CUDA_SUCCESS) {
+    /* Usable only where the driver's own buffer would be: at its host address (a kept extent
+     * too: its registration went away if the engine reset its device). */
+    CUdeviceptr dp = 0;
+    if (!g_real.cuMemHostGetDevicePointer_v2 ||
+        g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
+        dp != (CUdeviceptr)(uintptr_t)p) {
+      cu_unregister(p, len);
+      r = CUDA_ERROR_NOT_SUPPORTED;
+    } else if (cu_hf_put((uintptr_t)p, asked) < 0) {
+      cu_unregister(p, len);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  cu_unrelax(rx);
   if (r != CUDA_SUCCESS) {
     /* Typically CUDA not initialised or no current context: the driver's own allocator will
      * report exactly that to the caller. */
     kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
-    kvs_log_debug("cuMemHostRegister_v2 of a host-arena buffer failed (%d): forwarded", (int)r);
+    kvs_log_debug("host-arena buffer not usable (%d): forwarded", (int)r);
     return -EIO;
   }
   kvs_tensor_desc_t tmpl;
@@ -247,7 +463,6 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   tmpl.cpu.offset = off;
   rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)(uintptr_t)p, len, &tmpl, true);
   if (rc < 0) kvs_log_debug("host-arena buffer not recorded for export: %s", strerror(-rc));
-  cu_note_context();
   cu_host_gauge((int64_t)len);
   kvs_stats_inc(st, KVS_STAT_host_arena_allocs);
   *pp = p;
@@ -260,7 +475,9 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
 
 /* ---- device records -------------------------------------------------------------------------- */
 
-static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len) {
+/* Record a device allocation in the tensor registry; want_ipc: one cuIpcGetMemHandle can
+ * export (cuMemAlloc memory), else it is listed as not exportable (design §9.4). */
+static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len, bool want_ipc) {
   if (!len) return;
   kvs_tensor_desc_t tmpl;
   memset(&tmpl, 0, sizeof tmpl);
@@ -269,12 +486,14 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
   tmpl.ipc.alloc_len = len;
   bool exportable = false;
   CUipcMemHandle h;
-  if (cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
+  cu_relax_t rx = cu_relax();
+  if (want_ipc && cu_current_uuid(tmpl.device_uuid) == 0 && g_real.cuIpcGetMemHandle &&
       g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
     _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
     memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
     exportable = true;
   }
+  cu_unrelax(rx);
   int rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
   if (rc == -EEXIST) {
     /* Records of allocations freed behind our back (a destroyed context frees everything it
@@ -289,9 +508,9 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len)
     kvs_log_debug("device allocation not recorded: %s", strerror(-rc));
     return;
   }
-  cu_note_context();
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
   if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
+  if (!want_ipc) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_unexportable);
 }
 
 /* ---- substitution: real pointer -> wrapper of exactly that variant ------------------------- */
@@ -307,15 +526,144 @@ static void cu_note_route(int route, size_t row) {
                   kvs__row_names[row]);
 }
 
-/* The wrapper for a real pointer, or NULL when it is no hooked variant. */
+/* Interception proven at exit: when the resolver handed out kvshim's allocation wrappers (the
+ * CUDA runtime fetches every entry point that way), the runtime initialised (a primary context
+ * is active) and yet no allocation ever reached a hook, the process allocates through a route
+ * kvshim does not see: warned once. */
+static atomic_bool g_alloc_reached; /* an allocation hook body ran */
+static inline void cu_alloc_seen(void) {
+  if (!atomic_load_explicit(&g_alloc_reached, memory_order_relaxed))
+    atomic_store_explicit(&g_alloc_reached, true, memory_order_relaxed);
+}
+static bool cu_is_alloc_row(size_t row) {
+  return row == kvs__row_cuMemAlloc_v2 || row == kvs__row_cuMemAllocPitch_v2 ||
+         row == kvs__row_cuMemAllocHost_v2 || row == kvs__row_cuMemHostAlloc ||
+         row == kvs__row_cuMemAllocAsync || row == kvs__row_cuMemAllocAsync_ptsz ||
+         row == kvs__row_cuMemAllocManaged;
+}
+__attribute__((destructor)) static void cu_check_interception(void) {
+  bool handed = false;
+  for (size_t i = 0; i < KVS__NHOOKS; i++)
+    handed |= cu_is_alloc_row(i) && atomic_load(&g_routed[CU_ROUTE_GPA][i]);
+  if (!handed || atomic_load(&g_alloc_reached) || !g_real.cuDeviceGetCount ||
+      !g_real.cuDevicePrimaryCtxGetState)
+    return;
+  KVS__REENTRY_GUARD();
+  int n = 0, active = 0;
+  unsigned fl;
+  if (g_real.cuDeviceGetCount(&n) == CUDA_SUCCESS)
+    for (int d = 0; d < n && !active; d++)
+      if (g_real.cuDevicePrimaryCtxGetState(d, &fl, &active) != CUDA_SUCCESS) active = 0;
+  if (active)
+    kvs_log_warn("the CUDA runtime was given kvshim's allocation entry points and initialised, "
+                 "but no allocation reached kvshim: it allocates through a route kvshim does "
+                 "not hook");
+}
+
+/* What the real resolver itself answers for each hooked row: the driver may hand out entry
+ * points at other addresses than its exported symbols, and a wrapper chosen by dlsym's answer
+ * alone would then never be substituted (interception silently lost). Learned once by asking for each row's base name at the newest version (the row must
+ * be the newest ABI of its base: cuMemAlloc -> cuMemAlloc_v2) with the default or per-thread
+ * flag (_ptsz/_ptds rows), the first time an answer matches no dlsym pointer (cu_gpa_wrapper).
+ * g_gpa_ptr is written before the release store of g_gpa_state. */
+static void *g_gpa_ptr[KVS__NHOOKS];
+static atomic_int g_gpa_state; /* 0 not learned, 1 learning, 2 learned */
+static int g_gpa_version;      /* the version asked with */
+
+/* Base name (into out) of an ELF name, whether it is a per-thread twin, and its ABI number
+ * (1 for no _v suffix). */
+static int cu_row_base(const char *name, char *out, size_t cap, bool *pt) {
+  size_t n = strlen(name);
+  *pt = n > 5 && (!strcmp(name + n - 5, "_ptsz") || !strcmp(name + n - 5, "_ptds"));
+  if (*pt) n -= 5;
+  int abi = 1;
+  size_t d = n;
+  while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') d--;
+  if (d < n && d >= 2 && name[d - 1] == 'v' && name[d - 2] == '_') {
+    abi = 0;
+    for (size_t i = d; i < n; i++) abi = abi * 10 + (name[i] - '0');
+    n = d - 2;
+  }
+  if (n >= cap) n = cap - 1;
+  memcpy(out, name, n);
+  out[n] = '\0';
+  return abi;
+}
+
+static void cu_gpa_learn(void) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&g_gpa_state, &expected, 1)) {
+    /* Another thread is asking the driver (a dozen lookups, no lock held): wait for it. */
+    while (atomic_load_explicit(&g_gpa_state, memory_order_acquire) == 1) sched_yield();
+    return;
+  }
+  int ver = CUDA_VERSION;
+  if (g_real.cuDriverGetVersion) {
+    int dv = 0;
+    if (g_real.cuDriverGetVersion(&dv) == CUDA_SUCCESS && dv > 0 && dv < ver) ver = dv;
+  }
+  g_gpa_version = ver;
+  for (size_t i = 0; i < KVS__NHOOKS && g_real.cuGetProcAddress_v2; i++) {
+    char base[64], other[64];
+    bool pt, opt;
+    int abi = cu_row_base(kvs__row_names[i], base, sizeof base, &pt), newest = 1;
+    for (size_t j = 0; j < KVS__NHOOKS; j++)
+      if (j != i && cu_row_base(kvs__row_names[j], other, sizeof other, &opt) > abi &&
+          opt == pt && !strcmp(base, other))
+        newest = 0;
+    if (!newest) continue;
+    void *p = NULL;
+    CUdriverProcAddressQueryResult qs;
+    cuuint64_t fl =
+        pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+    if (g_real.cuGetProcAddress_v2(base, &p, ver, fl, &qs) == CUDA_SUCCESS && p &&
+        p != kvs__family_peek(&kvs__family_cuda, i))
+      g_gpa_ptr[i] = p;
+  }
+  atomic_store_explicit(&g_gpa_state, 2, memory_order_release);
+}
+
+/* The wrapper for a real pointer (dlsym's or the resolver's answer for a hooked row), or NULL
+ * when it is no hooked variant. */
 static void *cu_wrapper_for(void *real) {
   if (!real) return NULL;
+  bool learned = atomic_load_explicit(&g_gpa_state, memory_order_acquire) == 2;
   for (size_t i = 0; i < KVS__NHOOKS; i++)
-    if (kvs__family_peek(&kvs__family_cuda, i) == real) {
+    if (kvs__family_peek(&kvs__family_cuda, i) == real || (learned && g_gpa_ptr[i] == real)) {
       cu_note_route(CU_ROUTE_GPA, i);
       return kvs__family_wrapper(&kvs__family_cuda, i);
     }
   return NULL;
+}
+
+/* Does a lookup name the base of a hooked row (with that row's stream flavour)? */
+static bool cu_hooked_base(const char *symbol, cuuint64_t flags) {
+  bool want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+                 !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+  for (size_t i = 0; i < KVS__NHOOKS; i++) {
+    char base[64];
+    bool pt;
+    cu_row_base(kvs__row_names[i], base, sizeof base, &pt);
+    if (pt == want_pt && !strcmp(base, symbol)) return true;
+  }
+  return false;
+}
+
+/* The wrapper for the resolver's answer to a lookup. An answer matching no dlsym pointer for a
+ * hooked base makes kvshim learn the resolver's own answers (once: a driver whose answers are
+ * its exported symbols is never asked anything more). One still unknown at the version learned
+ * with (or newer) bypasses kvshim: warned once. */
+static atomic_bool g_gpa_warned;
+static void *cu_gpa_wrapper(const char *symbol, void *found, int version, cuuint64_t flags) {
+  void *w = cu_wrapper_for(found);
+  if (w || !symbol || !cu_hooked_base(symbol, flags)) return w;
+  cu_gpa_learn();
+  w = cu_wrapper_for(found);
+  if (!w && version >= g_gpa_version && !atomic_exchange(&g_gpa_warned, true))
+    kvs_log_warn("cuGetProcAddress(%s, %d, 0x%llx) returned an entry point kvshim does not "
+                 "know: calls through it bypass kvshim", symbol, version,
+                 (unsigned long long)flags);
+  return w;
 }
 
 /* Substitution happens while the family is enabled by configuration (the runtime may not be
@@ -379,11 +727,12 @@ KVS_CUDA_HOOKS(CU_WRAPPER)
 
 static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dptr,
                                  size_t bytesize) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize);
   CU_ENTER();
   CUresult r = real(dptr, bytesize);
-  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize);
+  if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, true);
   CU_LEAVE();
   return r;
 }
@@ -391,6 +740,7 @@ static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dp
 static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr,
                                       size_t *pPitch, size_t WidthInBytes, size_t Height,
                                       unsigned int ElementSizeBytes) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   CU_ENTER();
@@ -398,31 +748,71 @@ static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdev
   if (r == CUDA_SUCCESS && dptr && pPitch) {
     uint64_t len;
     if (!__builtin_mul_overflow((uint64_t)*pPitch, (uint64_t)Height, &len))
-      cu_record_device(rt, *dptr, len);
+      cu_record_device(rt, *dptr, len, true);
   }
   CU_LEAVE();
   return r;
+}
+
+/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
+static inline void cu_forget_device(kvs__runtime_t *rt, CUdeviceptr dptr) {
+  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
 }
 
 static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
   kvs__runtime_t *rt = cu_rt_if_active();
   if (!rt) return real(dptr);
   CU_ENTER();
-  /* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
-  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
+  cu_forget_device(rt, dptr);
   CUresult r = real(dptr);
   CU_LEAVE();
   return r;
 }
 
+/* Stream-ordered and managed allocations: forwarded, then recorded as not exportable (no
+ * CUDA IPC handle exists for them), so the stats tell why they are never exported. Their
+ * frees forget the record first, as cuMemFree_v2 does. One body each, generated. */
+#define CU_HOOK_UNEXPORTABLE(name, params, args)                                              \
+  static CUresult hk_##name(kvs__cu_pfn_##name real, KVS__UNPAREN params) {                   \
+    cu_alloc_seen();                                                                          \
+    kvs__runtime_t *rt = cu_rt();                                                             \
+    if (!rt) return real args;                                                                \
+    CU_ENTER();                                                                               \
+    CUresult r = real args;                                                                   \
+    if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, false);              \
+    CU_LEAVE();                                                                               \
+    return r;                                                                                 \
+  }
+#define CU_HOOK_FREE_ASYNC(name)                                                              \
+  static CUresult hk_##name(kvs__cu_pfn_##name real, CUdeviceptr dptr, CUstream hStream) {   \
+    kvs__runtime_t *rt = cu_rt_if_active();                                                   \
+    if (!rt) return real(dptr, hStream);                                                      \
+    CU_ENTER();                                                                               \
+    cu_forget_device(rt, dptr);                                                               \
+    CUresult r = real(dptr, hStream);                                                         \
+    CU_LEAVE();                                                                               \
+    return r;                                                                                 \
+  }
+CU_HOOK_UNEXPORTABLE(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
+                     (dptr, bytesize, hStream))
+CU_HOOK_UNEXPORTABLE(cuMemAllocAsync_ptsz,
+                     (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
+                     (dptr, bytesize, hStream))
+CU_HOOK_UNEXPORTABLE(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),
+                     (dptr, bytesize, flags))
+CU_HOOK_FREE_ASYNC(cuMemFreeAsync)
+CU_HOOK_FREE_ASYNC(cuMemFreeAsync_ptsz)
+#undef CU_HOOK_UNEXPORTABLE
+#undef CU_HOOK_FREE_ASYNC
+
 static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
                                      size_t bytesize) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize);
   CU_ENTER();
   CUresult r;
-  if (cu_host_eligible(rt, pp, bytesize) &&
-      cu_host_take(rt, pp, bytesize, CU_MEMHOSTREGISTER_PORTABLE) == 0)
+  if (cu_host_eligible(rt, pp, bytesize) && cu_host_take(rt, pp, bytesize, 0) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize);
@@ -432,14 +822,13 @@ static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **
 
 static CUresult hk_cuMemHostAlloc(kvs__cu_pfn_cuMemHostAlloc real, void **pp, size_t bytesize,
                                   unsigned int Flags) {
+  cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize, Flags);
   CU_ENTER();
-  unsigned reg = CU_MEMHOSTREGISTER_PORTABLE |
-                 ((Flags & CU_MEMHOSTALLOC_DEVICEMAP) ? CU_MEMHOSTREGISTER_DEVICEMAP : 0u);
   CUresult r;
   if (!(Flags & ~(unsigned)CU_HOSTALLOC_KNOWN) && cu_host_eligible(rt, pp, bytesize) &&
-      cu_host_take(rt, pp, bytesize, reg) == 0)
+      cu_host_take(rt, pp, bytesize, Flags) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize, Flags);
@@ -454,19 +843,19 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
   CUresult r;
   uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off;
   int64_t len = kvs_pool_extent_len(rt->pool, KVS_ARENA_HOST, off);
-  if (len <= 0) {
-    r = real(p); /* not the start of a live extent: let the driver judge it */
+  unsigned asked;
+  /* Not the start of a buffer handed to the engine (an interior pointer, a double free: kept
+   * extents are still allocated in the pool): let the driver judge it. */
+  if (len <= 0 || cu_hf_get((uintptr_t)p, &asked, true) < 0) {
+    r = real(p);
   } else {
-    /* Unregister before the extent can be handed out again (from a thread without a current
-     * context, in the context recorded at the first allocation). */
-    bool pushed = false;
-    cu_ctx_enter(&g_real, &pushed);
-    CUresult u = cu_unregister(p, (uint64_t)len);
-    cu_ctx_leave(&g_real, pushed);
-    if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+    /* Forget it, then keep it registered for the next allocation that fits, or unregister
+     * it before the extent can be handed out again (cu_host_release: from a thread without a
+     * current context, in one of the buffer's device while the engine still holds it; when it
+     * does not, the driver dropped the registration with the context). */
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
-    int64_t freed = kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
-    if (freed > 0) cu_host_gauge(-freed);
+    if (!cu_keep_put(off, (uint64_t)len)) cu_host_release(rt, off, (uint64_t)len);
+    cu_host_gauge(-len);
     r = CUDA_SUCCESS;
   }
   CU_LEAVE();
@@ -479,6 +868,25 @@ static CUresult hk_cuMemHostGetDevicePointer_v2(kvs__cu_pfn_cuMemHostGetDevicePo
   kvs__runtime_t *rt = cu_rt_if_active();
   if (rt && cu_in_host_arena(rt, p)) kvs__hook_count();
   return real(pdptr, p, Flags);
+}
+
+static CUresult hk_cuMemHostGetFlags(kvs__cu_pfn_cuMemHostGetFlags real, unsigned int *pFlags,
+                                     void *p) {
+  /* A pooled buffer answers what its caller asked for, not kvshim's registration flags. */
+  kvs__runtime_t *rt = cu_rt_if_active();
+  unsigned asked;
+  if (!rt || !pFlags || !cu_in_host_arena(rt, p)) return real(pFlags, p);
+  CU_ENTER();
+  CUresult r = real(pFlags, p); /* the driver validates p (and the context) first */
+  if (r == CUDA_SUCCESS) {
+    kvs_tensor_record_t rec; /* an interior pointer: the buffer's start from its record */
+    uintptr_t base = kvs_tensor_registry_lookup(rt->tensors, (uint64_t)(uintptr_t)p, &rec) == 0
+                         ? (uintptr_t)rec.base
+                         : (uintptr_t)p;
+    if (cu_hf_get(base, &asked, false) == 0) *pFlags = asked;
+  }
+  CU_LEAVE();
+  return r;
 }
 
 static inline CUresult cu_copy_h2d(CUresult r, const void *src, size_t n) {
@@ -518,7 +926,8 @@ static CUresult hk_cuGetProcAddress(kvs__cu_pfn_cuGetProcAddress real, const cha
                                     void **pfn, int cudaVersion, cuuint64_t flags) {
   CUresult r = real(symbol, pfn, cudaVersion, flags);
   if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
-    void *w = cu_wrapper_for(*pfn);
+    KVS__REENTRY_GUARD();
+    void *w = cu_gpa_wrapper(symbol, *pfn, cudaVersion, flags);
     if (w) *pfn = w;
   }
   return r;
@@ -528,7 +937,8 @@ static CUresult hk_cuGetProcAddress_v2(kvs__cu_pfn_cuGetProcAddress_v2 real, con
                                        CUdriverProcAddressQueryResult *symbolStatus) {
   CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (r == CUDA_SUCCESS && pfn && *pfn && cu_substituting()) {
-    void *w = cu_wrapper_for(*pfn);
+    KVS__REENTRY_GUARD();
+    void *w = cu_gpa_wrapper(symbol, *pfn, cudaVersion, flags);
     if (w) *pfn = w;
   }
   return r;
@@ -536,31 +946,57 @@ static CUresult hk_cuGetProcAddress_v2(kvs__cu_pfn_cuGetProcAddress_v2 real, con
 
 /* ---- kvs_accel: copies, pins, IPC ---------------------------------------------------------- */
 
-/* Make sure the calling thread has a context: push the one recorded at the first intercepted
- * allocation (or device 0's primary context) when it has none. *pushed tells cu_ctx_leave. */
-static int cu_ctx_enter(const cu_real_t *R, bool *pushed) {
-  *pushed = false;
-  if (!R->cuCtxGetCurrent || !R->cuCtxPushCurrent_v2 || !R->cuCtxPopCurrent_v2) return -ENOSYS;
+/* The context for one of kvshim's own calls about ptr (device memory, registered host memory,
+ * or NULL / memory the driver does not know):
+ *   - the thread's current context, when it has one on ptr's device (any, for unknown ptr);
+ *   - else the primary context of ptr's device (for unknown ptr: of the lowest device whose
+ *     primary context is active), only while the engine holds it (active), retained for the
+ *     call and released by cu_ctx_leave.
+ * kvshim never creates a context, never picks device 0 by default and keeps no context handle
+ * between calls (cudaDeviceReset destroys it). -ENODEV when there is no such context; sc is
+ * always valid for cu_ctx_leave. */
+static int cu_ctx_enter(const cu_real_t *R, const void *ptr, cu_ctx_scope_t *sc) {
+  sc->pushed = false;
+  sc->retained = -1;
+  if (!R->cuCtxGetCurrent || !R->cuCtxGetDevice || !R->cuCtxPushCurrent_v2 ||
+      !R->cuCtxPopCurrent_v2 || !R->cuDeviceGet || !R->cuDevicePrimaryCtxGetState ||
+      !R->cuDevicePrimaryCtxRetain || !R->cuDevicePrimaryCtxRelease_v2)
+    return -ENOSYS;
+  int want = -1;
+  if (ptr && R->cuPointerGetAttribute &&
+      R->cuPointerGetAttribute(&want, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+    want = -1;
   CUcontext cur = NULL;
-  if (R->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur) return 0;
-  CUcontext c = atomic_load(&g_ctx);
-  if (!c) {
+  CUdevice cd;
+  if (R->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
+      (want < 0 || (R->cuCtxGetDevice(&cd) == CUDA_SUCCESS && cd == want)))
+    return 0;
+  int n = want + 1;
+  if (want < 0 && (!R->cuDeviceGetCount || R->cuDeviceGetCount(&n) != CUDA_SUCCESS)) n = 0;
+  for (int i = want < 0 ? 0 : want; i < n; i++) {
     CUdevice dev;
-    CUresult r = R->cuInit ? R->cuInit(0) : CUDA_ERROR_NOT_FOUND;
-    if (r == CUDA_SUCCESS && R->cuDeviceGet) r = R->cuDeviceGet(&dev, 0);
-    if (r == CUDA_SUCCESS && R->cuDevicePrimaryCtxRetain) r = R->cuDevicePrimaryCtxRetain(&c, dev);
-    if (r != CUDA_SUCCESS || !c) return r != CUDA_SUCCESS ? cu_errno(r) : -ENODEV;
-    CUcontext expected = NULL;
-    if (!atomic_compare_exchange_strong(&g_ctx, &expected, c)) c = expected;
+    CUcontext c;
+    unsigned fl;
+    int active = 0;
+    if (R->cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+        R->cuDevicePrimaryCtxGetState(dev, &fl, &active) != CUDA_SUCCESS || !active ||
+        R->cuDevicePrimaryCtxRetain(&c, dev) != CUDA_SUCCESS)
+      continue;
+    if (R->cuCtxPushCurrent_v2(c) != CUDA_SUCCESS) {
+      R->cuDevicePrimaryCtxRelease_v2(dev);
+      continue;
+    }
+    sc->pushed = true;
+    sc->retained = dev;
+    return 0;
   }
-  CUresult r = R->cuCtxPushCurrent_v2(c);
-  if (r != CUDA_SUCCESS) return cu_errno(r);
-  *pushed = true;
-  return 0;
+  return -ENODEV;
 }
-static void cu_ctx_leave(const cu_real_t *R, bool pushed) {
+static void cu_ctx_leave(const cu_real_t *R, const cu_ctx_scope_t *sc) {
   CUcontext c;
-  if (pushed) R->cuCtxPopCurrent_v2(&c);
+  if (sc->pushed) R->cuCtxPopCurrent_v2(&c);
+  if (sc->retained >= 0) R->cuDevicePrimaryCtxRelease_v2(sc->retained);
 }
 
 static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t dir) {
@@ -569,9 +1005,10 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
     return 0;
   }
   const cu_real_t *R = cu_real();
-  bool pushed;
-  int rc = cu_ctx_enter(R, &pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(R, dir == KVS_COPY_D2H ? src : dst, &sc);
   if (rc < 0) return rc;
+  cu_relax_t rx = cu_relax();
   CUresult r;
   switch (dir) {
   case KVS_COPY_H2D:
@@ -587,7 +1024,8 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
     break;
   default: r = CUDA_ERROR_INVALID_VALUE; break;
   }
-  cu_ctx_leave(R, pushed);
+  cu_unrelax(rx);
+  cu_ctx_leave(R, &sc);
   return cu_errno(r);
 }
 
@@ -611,12 +1049,14 @@ static int cu_accel_pin(void *ptr, size_t len) {
     pthread_mutex_unlock(&g_pin_lock);
     if (slot < 0) return -ENOSPC;
   }
-  bool pushed;
-  int rc = cu_ctx_enter(&g_real, &pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(&g_real, NULL, &sc);
   if (rc == 0) {
+    cu_relax_t rx = cu_relax();
     rc = cu_errno(cu_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE));
-    cu_ctx_leave(&g_real, pushed);
+    cu_unrelax(rx);
   }
+  cu_ctx_leave(&g_real, &sc);
   if (rc < 0 && slot >= 0) {
     pthread_mutex_lock(&g_pin_lock);
     g_big_pins[slot].ptr = NULL;
@@ -636,11 +1076,14 @@ static int cu_accel_unpin(void *ptr) {
       g_big_pins[i].ptr = NULL;
     }
   pthread_mutex_unlock(&g_pin_lock);
-  bool pushed;
-  int rc = cu_ctx_enter(&g_real, &pushed);
-  if (rc < 0) return rc;
-  rc = cu_errno(cu_unregister(ptr, len));
-  cu_ctx_leave(&g_real, pushed);
+  cu_ctx_scope_t sc;
+  int rc = cu_ctx_enter(&g_real, ptr, &sc);
+  if (rc == 0) {
+    cu_relax_t rx = cu_relax();
+    rc = cu_errno(cu_unregister(ptr, len));
+    cu_unrelax(rx);
+  }
+  cu_ctx_leave(&g_real, &sc);
   return rc;
 }
 
@@ -710,10 +1153,14 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     pthread_mutex_unlock(&g_ipc_lock);
     return -ENOSPC;
   }
-  /* Open in the caller's context, or in the device's primary context when it has none. */
+  /* Open in a context of the exporting device: the caller's when it is on that device, else
+   * the device's primary context, retained until the last close (the import asks for it). */
   CUcontext cur = NULL, pctx = NULL;
-  CUdevice dev = -1, retained = -1;
+  CUdevice dev = -1, retained = -1, cd;
   CUresult r = R->cuCtxGetCurrent(&cur);
+  if (r == CUDA_SUCCESS && cur &&
+      (!R->cuCtxGetDevice || R->cuCtxGetDevice(&cd) != CUDA_SUCCESS || cd != ord))
+    cur = NULL;
   if (r == CUDA_SUCCESS && !cur) {
     r = R->cuDeviceGet(&dev, ord);
     if (r == CUDA_SUCCESS) r = R->cuDevicePrimaryCtxRetain(&pctx, dev);
@@ -730,7 +1177,9 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
   if (r == CUDA_SUCCESS) {
     CUipcMemHandle h;
     memcpy(h.reserved, d->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
+    cu_relax_t rx = cu_relax();
     r = R->cuIpcOpenMemHandle_v2(&base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    cu_unrelax(rx);
     if (pctx && retained >= 0) {
       CUcontext popped;
       R->cuCtxPopCurrent_v2(&popped);
@@ -745,10 +1194,6 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     free_slot->retained = retained;
     *devptr = (void *)(uintptr_t)(base + d->ipc.offset);
     kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_ipc_opens);
-    if (!cur && pctx) {
-      CUcontext expected = NULL;
-      atomic_compare_exchange_strong(&g_ctx, &expected, pctx);
-    }
   } else if (retained >= 0) {
     R->cuDevicePrimaryCtxRelease_v2(retained);
   }
@@ -774,16 +1219,16 @@ static int cu_accel_close_ipc(void *devptr) {
       r = cu_missing();
     } else {
       bool pushed = R->cuCtxPushCurrent_v2(e->ctx) == CUDA_SUCCESS;
+      cu_relax_t rx = cu_relax();
       r = R->cuIpcCloseMemHandle(e->base);
+      cu_unrelax(rx);
       if (pushed) {
         CUcontext popped;
         R->cuCtxPopCurrent_v2(&popped);
       }
     }
-    if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2) {
-      /* The context recorded for copies may be this one: keep it referenced if so. */
-      if (atomic_load(&g_ctx) != e->ctx) R->cuDevicePrimaryCtxRelease_v2(e->retained);
-    }
+    if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2)
+      R->cuDevicePrimaryCtxRelease_v2(e->retained);
     memset(e, 0, sizeof *e);
   }
   pthread_mutex_unlock(&g_ipc_lock);
@@ -810,8 +1255,13 @@ static int cu_family_init(kvs__runtime_t *rt) {
 static void cu_fork_child(void) {
   /* The child's runtime starts afresh; handles the parent opened are the parent's business.
    * The resolved driver table stays valid (same mappings). */
+  atomic_store(&g_forked, true);
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
+  pthread_mutex_init(&g_host_flags_lock, NULL);
+  memset(g_host_flags, 0, sizeof g_host_flags);
+  pthread_mutex_init(&g_keep_lock, NULL);
+  memset(g_keep, 0, sizeof g_keep); /* the parent's extents: not this process's pool */
   memset(g_ipc, 0, sizeof g_ipc);
   memset(g_big_pins, 0, sizeof g_big_pins);
 }

@@ -25,12 +25,20 @@
      unsigned int ElementSizeBytes),                                                          \
     (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes))                                   \
   X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                        \
+  X(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),        \
+    (dptr, bytesize, hStream))                                                                 \
+  X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),   \
+    (dptr, bytesize, hStream))                                                                 \
+  X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))           \
+  X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))      \
+  X(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),    \
+    (dptr, bytesize, flags))                                                                   \
   X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                 \
-  X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags),                \
-    (pp, bytesize, Flags))                                                                     \
+  X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags)) \
   X(CUresult, cuMemFreeHost, (void *p), (p))                                                   \
   X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr * pdptr, void *p, unsigned int Flags), \
-    (pdptr, p, Flags))                                                                        \
+    (pdptr, p, Flags))                                                                         \
+  X(CUresult, cuMemHostGetFlags, (unsigned int *pFlags, void *p), (pFlags, p))                 \
   X(CUresult, cuMemcpyHtoDAsync_v2,                                                            \
     (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream),         \
     (dstDevice, srcHost, ByteCount, hStream))                                                 \
@@ -53,6 +61,7 @@
 
 #define KVS_CUDA_USES(X)                                                                      \
   X(CUresult, cuInit, (unsigned int Flags), (Flags))                                           \
+  X(CUresult, cuDriverGetVersion, (int *driverVersion), (driverVersion))                       \
   X(CUresult, cuCtxGetCurrent, (CUcontext * pctx), (pctx))                                     \
   X(CUresult, cuCtxGetDevice, (CUdevice * device), (device))                                   \
   X(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                     \
@@ -60,14 +69,19 @@
   X(CUresult, cuDeviceGet, (CUdevice * device, int ordinal), (device, ordinal))                \
   X(CUresult, cuDeviceGetCount, (int *count), (count))                                         \
   X(CUresult, cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev), (uuid, dev))                  \
+  X(CUresult, cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev),        \
+    (pi, attrib, dev))                                                                         \
   X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev))         \
   X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                             \
-  X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags),            \
-    (p, bytesize, Flags))                                                                      \
+  X(CUresult, cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active),    \
+    (dev, flags, active))                                                                      \
+  X(CUresult, cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr), \
+    (data, attribute, ptr))                                                                    \
+  X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \
   X(CUresult, cuMemHostUnregister, (void *p), (p))                                             \
+  X(CUresult, cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode), (mode))         \
   X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * pHandle, CUdeviceptr dptr), (pHandle, dptr)) \
-  X(CUresult, cuIpcOpenMemHandle_v2,                                                           \
-    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags),                          \
+  X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), \
     (pdptr, handle, Flags))                                                                   \
   X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                 \
   X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \

@@ -22,6 +22,17 @@
  *   FAKECUDA_MEM_LIMIT  device memory per process in bytes, suffixes K/M/G/T (default 1G)
  *   FAKECUDA_LOG        append one line per driver call to this file (O_APPEND, one write(2)
  *                       per line, so several processes may share it)
+ *   FAKECUDA_NO_UVA     1: no device has unified addressing (CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+ *                       0), so driver-allocated pinned memory is device-accessible only with
+ *                       DEVICEMAP (default 0: every device has it, as every 64-bit GPU since
+ *                       CUDA 4)
+ *   FAKECUDA_NO_HOSTPTR bitmask of device ordinals whose
+ *                       CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0 (default
+ *                       0: all have it); then registered memory is reached from kernels only
+ *                       through a device pointer that differs from the host pointer
+ *   FAKECUDA_GPA_ALIAS  1: cuGetProcAddress[_v2] hands out entry points at other addresses than
+ *                       the exported symbols (x86-64 only: a jump stub per entry point), as the
+ *                       real driver may: dlsym and the resolver then disagree on every pointer
  *
  * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
  * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
@@ -41,6 +52,7 @@
 #include <cuda.h>
 #pragma GCC visibility pop
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -62,6 +74,7 @@
 #define FK_PT_VERSION     7000 /* first CUDA version with _ptds/_ptsz entry points */
 #define FK_LINE_MAX       512
 #define FK_LABEL_MAX      48
+#define FK_ALIAS_BIT      (1ull << 62) /* device alias of registered memory (no host pointer) */
 
 /* ---- configuration (written once under cfg_once, read-only afterwards) ------------------- */
 
@@ -69,6 +82,9 @@ static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 static int cfg_devices = 1;
 static uint64_t cfg_mem_limit = 1ull << 30;
 static int cfg_log_fd = -1;
+static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING of every device */
+static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+static int cfg_gpa_alias;            /* FAKECUDA_GPA_ALIAS */
 static atomic_int initialized; /* cuInit succeeded in this process */
 
 static void cfg_warn(const char *var, const char *val, const char *why) {
@@ -106,7 +122,20 @@ static int parse_bytes(const char *s, uint64_t *out) {
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static void fork_prepare(void) { pthread_mutex_lock(&reg_lock); }
 static void fork_parent(void) { pthread_mutex_unlock(&reg_lock); }
-static void fork_child(void) { pthread_mutex_unlock(&reg_lock); }
+/* A fork child of a process that initialised the driver cannot use CUDA. NVIDIA CUDA C++
+ * Guidelines 3.0.1, rule 1.6: "CUDA does not duplicate any of its internal data structures or
+ * threads to other processes upon a call to fork. Any use of CUDA after a call to fork and
+ * before a subsequent call to exec has undefined behavior." The fake makes that a definite
+ * refusal: cuInit fails with CUDA_ERROR_NOT_INITIALIZED ("initialization has failed", cuda.h)
+ * and so does every call needing it. */
+static int fork_broken;
+static void fork_child(void) {
+  pthread_mutex_unlock(&reg_lock);
+  if (atomic_load(&initialized)) {
+    fork_broken = 1;
+    atomic_store(&initialized, 0);
+  }
+}
 
 static void cfg_load(void) {
   const char *v = getenv("FAKECUDA_DEVICES");
@@ -131,6 +160,35 @@ static void cfg_load(void) {
   if (v && *v) {
     cfg_log_fd = open(v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (cfg_log_fd < 0) cfg_warn("FAKECUDA_LOG", v, strerror(errno));
+  }
+  v = getenv("FAKECUDA_NO_UVA");
+  if (v && *v) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      cfg_warn("FAKECUDA_NO_UVA", v, "expected 0 or 1, using 0");
+    else
+      cfg_uva = !strcmp(v, "0");
+  }
+  v = getenv("FAKECUDA_GPA_ALIAS");
+  if (v && *v) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      cfg_warn("FAKECUDA_GPA_ALIAS", v, "expected 0 or 1, using 0");
+#if defined(__x86_64__)
+    else
+      cfg_gpa_alias = !strcmp(v, "1");
+#else
+    else if (!strcmp(v, "1"))
+      cfg_warn("FAKECUDA_GPA_ALIAS", v, "jump stubs exist on x86-64 only, using 0");
+#endif
+  }
+  v = getenv("FAKECUDA_NO_HOSTPTR");
+  if (v && *v) {
+    char *end;
+    errno = 0;
+    unsigned long m = strtoul(v, &end, 0);
+    if (errno || *end || m >> FK_MAX_DEVICES)
+      cfg_warn("FAKECUDA_NO_HOSTPTR", v, "expected a bitmask of device ordinals, using 0");
+    else
+      cfg_no_hostptr = m;
   }
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
@@ -318,6 +376,10 @@ struct CUstream_st {
   unsigned flags;
   int alive;
   struct CUctx_st *ctx;
+  int capturing;  /* between cuStreamBeginCapture_v2 and cuStreamEndCapture */
+  int cap_mode;   /* CUstreamCaptureMode given to cuStreamBeginCapture_v2 */
+  int cap_invalid;/* a prohibited call invalidated the capture */
+  const void *cap_thread; /* the capturing thread (address of its tls_cap_mode) */
 };
 
 /* Guarded by reg_lock: everything below down to the thread-locals. */
@@ -327,6 +389,9 @@ static size_t ctx_n, ctx_cap;
 static struct CUstream_st **stream_list;
 static size_t stream_n, stream_cap;
 static unsigned ord_ctx, ord_stream;
+
+/* Each thread's stream capture mode (cuThreadExchangeStreamCaptureMode). */
+static __thread int tls_cap_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* Each thread's context stack; its top is the current context. */
 static __thread struct CUctx_st *tls_ctx[FK_CTX_STACK];
@@ -409,6 +474,38 @@ static void stream_label(CUstream s, char *out, size_t cap) {
   }
 }
 
+/* ---- stream capture ------------------------------------------------------------------------
+ * cuda.h (13.0, cuThreadExchangeStreamCaptureMode): "CU_STREAM_CAPTURE_MODE_GLOBAL: This is
+ * the default mode. If the local thread has an ongoing capture sequence that was not initiated
+ * with CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture, or if any other thread has a
+ * concurrent capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is
+ * prohibited from potentially unsafe API calls. [...] THREAD_LOCAL: If the local thread has an
+ * ongoing capture sequence not initiated with RELAXED, it is prohibited [...]. RELAXED: The
+ * local thread is not prohibited from potentially unsafe API calls."
+ * A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * captures that prohibited it (their cuStreamEndCapture then fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). The driver publishes no list of unsafe calls (cuda.h
+ * names cudaMalloc); the fake treats as unsafe: allocation, free, host registration, IPC
+ * handles and synchronous copies. Device and context queries are safe. */
+static CUresult capture_guard(void) {
+  if (tls_cap_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  lock();
+  for (size_t i = 0; i < stream_n; i++) {
+    struct CUstream_st *st = stream_list[i];
+    if (!st->alive || !st->capturing) continue;
+    int mine = st->cap_thread == (const void *)&tls_cap_mode;
+    if ((mine && st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+        (!mine && tls_cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+         st->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+      st->cap_invalid = 1;
+      r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  unlock();
+  return r;
+}
+
 /* ---- memory ranges -----------------------------------------------------------------------
  * One registry of every range the fake knows. Invariants (under reg_lock):
  *   ranges do not overlap, every size > 0;
@@ -417,6 +514,8 @@ static void stream_label(CUstream s, char *out, size_t cap) {
  *   FK_IPC: refs >= 1, base is a MAP_SHARED mapping of another process's memfd. */
 
 enum fk_kind { FK_DEV = 'd', FK_HOST = 'h', FK_REG = 'r', FK_IPC = 'i' };
+/* Device memory not from cuMemAlloc has no CUDA IPC handle (cuIpcGetMemHandle). */
+enum fk_origin { FK_FROM_ALLOC = 0, FK_FROM_ASYNC = 1, FK_FROM_MANAGED = 2 };
 
 typedef struct fk_range {
   uintptr_t base;
@@ -426,9 +525,11 @@ typedef struct fk_range {
   unsigned ord;      /* per-kind ordinal in this process: the log label <kind><ord> */
   uint64_t buffer_id;/* process-wide unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
   int fd;            /* FK_DEV: the memfd; -1 otherwise */
+  int exported;      /* FK_DEV: cuIpcGetMemHandle gave a handle for it */
   unsigned flags;    /* FK_HOST: CU_MEMHOSTALLOC_*; FK_REG: CU_MEMHOSTREGISTER_* */
   struct CUctx_st *ctx;
   int refs;          /* FK_IPC: opens of the same handle in this process */
+  int origin;        /* FK_DEV: enum fk_origin (what allocated it) */
   int32_t src_pid;   /* FK_IPC: the exporting process and its allocation */
   uint64_t src_id, src_ino, src_dev;
 } fk_range_t;
@@ -469,9 +570,29 @@ static void range_remove(fk_range_t *r) {
   ranges[i] = ranges[--n_ranges];
 }
 
+/* 1 when every visible device can use the host pointer of registered memory. cuda.h (13.0,
+ * cuMemHostRegister): "If all devices visible to the application have a non-zero value for the
+ * device attribute, the device pointer returned by cuMemHostGetDevicePointer() will match the
+ * original pointer p. If any device visible to the application has a zero value for the device
+ * attribute, the device pointer returned by cuMemHostGetDevicePointer() will not match". */
+static int hostptr_all(void) {
+  unsigned long all = cfg_devices >= 64 ? ~0ul : (1ul << cfg_devices) - 1;
+  return (cfg_no_hostptr & all) == 0;
+}
+
+/* Can a kernel (here: the device side of a copy) reach r at its host address?
+ * - driver-allocated pinned memory: yes on unified addressing whatever the flags. cuda.h (13.0,
+ *   "Automatic Mapping of Host Allocated Host Memory"): "All host memory allocated in all
+ *   contexts using cuMemAllocHost() and cuMemHostAlloc() is always directly accessible from all
+ *   contexts on all devices that support unified addressing. This is the case regardless of
+ *   whether or not the flags CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP are
+ *   specified." Without unified addressing only with DEVICEMAP;
+ * - registered memory: only when registered with CU_MEMHOSTREGISTER_DEVICEMAP and every device
+ *   has CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (cuMemHostRegister, quoted at hostptr_all). */
 static int dev_accessible(const fk_range_t *r) {
   if (r->kind == FK_DEV || r->kind == FK_IPC) return 1;
-  return (r->flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0; /* == CU_MEMHOSTREGISTER_DEVICEMAP */
+  if (r->kind == FK_HOST) return cfg_uva || (r->flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0;
+  return (r->flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0 && hostptr_all();
 }
 
 /* Log label of an address: "null", "<kind><ord>[+offset]" or "unknown". Never the address. */
@@ -527,12 +648,58 @@ static CUresult dev_create(size_t size, int low32, struct CUctx_st *ctx, uintptr
 }
 
 /* Frees the FK_DEV range starting exactly at p; INVALID_VALUE for anything else. */
+/* 1 when another live process maps the memfd with inode ino (it opened an IPC handle of it and
+ * has not closed it): scans /proc/<pid>/maps of this uid's processes. */
+static int mapped_elsewhere(uint64_t ino) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int found = 0;
+  struct dirent *e;
+  char path[64], line[512];
+  while (!found && (e = readdir(d))) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid()) continue;
+    snprintf(path, sizeof path, "/proc/%ld/maps", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    while (!found && fgets(line, sizeof line, f)) {
+      unsigned long long inode = 0;
+      if (strstr(line, "fakecuda-dev") && sscanf(line, "%*s %*s %*s %*s %llu", &inode) == 1 &&
+          inode == ino)
+        found = 1;
+    }
+    fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+/* cuda.h (13.0, cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before
+ * calling cuIpcCloseMemHandle in the importing context will result in undefined behavior."
+ * The fake makes that a crash: freeing an exported allocation that another process still maps
+ * aborts the exporting process with a message, so the test that did it fails. */
 static CUresult dev_destroy(uintptr_t p) {
   lock();
   fk_range_t *r = range_find(p);
   if (!r || r->kind != FK_DEV || r->base != p) {
     unlock();
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct stat st;
+  if (r->exported && fstat(r->fd, &st) == 0 && mapped_elsewhere((uint64_t)st.st_ino)) {
+    char lb[FK_LABEL_MAX];
+    unlock();
+    ptr_label(p, lb, sizeof lb);
+    fk_log("cuMemFree dptr=%s -> abort open_elsewhere=1", lb);
+    char msg[200];
+    int n = snprintf(msg, sizeof msg, "fakecuda: device allocation %s freed while another process "
+                     "has it open through cuIpcOpenMemHandle (undefined behaviour)\n", lb);
+    if (n > 0) {
+      ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+      (void)w;
+    }
+    abort();
   }
   fk_range_t copy = *r;
   dev_used -= copy.size;
@@ -561,6 +728,7 @@ static CUresult span_ok(uintptr_t p, size_t n, int side) {
 static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
                           int src_side, size_t n, int async, CUstream s) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !async) r = capture_guard();
   if (r == CUDA_SUCCESS) {
     lock();
     if (async && !stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
@@ -589,6 +757,7 @@ CUresult cuInit(unsigned int Flags) {
   boot();
   CUresult r = CUDA_SUCCESS;
   if (Flags != 0) r = CUDA_ERROR_INVALID_VALUE;
+  else if (fork_broken) r = CUDA_ERROR_NOT_INITIALIZED;
   else if (cfg_devices == 0) r = CUDA_ERROR_NO_DEVICE;
   else atomic_store(&initialized, 1);
   fk_log("cuInit flags=%u -> %d", Flags, (int)r);
@@ -632,6 +801,32 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
   if (r == CUDA_SUCCESS) r = check_dev(dev);
   if (r == CUDA_SUCCESS) snprintf(name, (size_t)len, "kvshim fakecuda device %d", dev);
   fk_log("cuDeviceGetName len=%d dev=%d -> %d", len, dev, (int)r);
+  return r;
+}
+
+/* The attributes kvshim reads; every other valid attribute answers 0. */
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!pi || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  int v = 0;
+  if (r == CUDA_SUCCESS) {
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = cfg_uva; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+      v = !((cfg_no_hostptr >> dev) & 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 1; break;
+    default: v = 0; break;
+    }
+    *pi = v;
+  }
+  if (r == CUDA_SUCCESS)
+    fk_log("cuDeviceGetAttribute attrib=%d dev=%d -> 0 value=%d", (int)attrib, dev, v);
+  else
+    fk_log("cuDeviceGetAttribute attrib=%d dev=%d -> %d", (int)attrib, dev, (int)r);
   return r;
 }
 
@@ -697,6 +892,56 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_release("cuDevicePrimaryCtxRelease_v2", dev);
+}
+
+/* cuda.h (13.0): "active - Returned context state; 0 = inactive, 1 = active". The primary
+ * context is active while retained. */
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!flags || !active)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  int a = 0;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    a = primaries[dev].refs > 0;
+    *flags = primaries[dev].flags;
+    unlock();
+    *active = a;
+  }
+  fk_log("cuDevicePrimaryCtxGetState dev=%d -> %d%s%d", dev, (int)r, r ? "" : " active=",
+         r ? 0 : a);
+  return r;
+}
+
+/* cuda.h (13.0, cuDevicePrimaryCtxReset): "Destroys all allocations and resets all state on
+ * the primary context [...] it is the responsibility of the calling function to ensure that no
+ * other module in the process is using the device any more". The handle stays known; it is
+ * unusable (CONTEXT_IS_DESTROYED) until retained again. Everything the context owned goes:
+ * device and host allocations and host registrations. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUctx_st *c = &primaries[dev];
+    c->refs = 0;
+    for (size_t i = 0; i < n_ranges;) {
+      fk_range_t rg = ranges[i];
+      if (rg.ctx != c || rg.kind == FK_IPC) {
+        i++;
+        continue;
+      }
+      range_remove(&ranges[i]);
+      if (rg.kind == FK_DEV) {
+        dev_used -= rg.size;
+        close(rg.fd);
+      }
+      if (rg.map_len) munmap((void *)rg.base, rg.map_len);
+    }
+    unlock();
+  }
+  fk_log("cuDevicePrimaryCtxReset_v2 dev=%d -> %d", dev, (int)r);
+  return r;
 }
 
 static CUresult ctx_create(const char *name, CUcontext *pctx, unsigned flags, CUdevice dev,
@@ -963,11 +1208,117 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return stream_sync("cuStreamSynchronize_ptsz", hStream);
 }
 
+/* The graph a capture produces: the fake records nothing in it. */
+struct CUgraph_st {
+  uint32_t magic;
+};
+static struct CUgraph_st fk_graph = {0x4b475248u};
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  CUresult r = need_init();
+  int old = tls_cap_mode;
+  if (r == CUDA_SUCCESS && (!mode || (int)*mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                            (int)*mode > CU_STREAM_CAPTURE_MODE_RELAXED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    tls_cap_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+  }
+  fk_log("cuThreadExchangeStreamCaptureMode mode=%d -> %d", r ? -1 : tls_cap_mode, (int)r);
+  return r;
+}
+
+/* Caller holds reg_lock. A live created stream (only those are captured here). */
+static struct CUstream_st *stream_find_locked(CUstream s) {
+  for (size_t i = 0; i < stream_n; i++)
+    if (stream_list[i] == s && s->alive) return s;
+  return NULL;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && ((int)mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                            (int)mode > CU_STREAM_CAPTURE_MODE_RELAXED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (!st) {
+      r = hStream ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (st->capturing) {
+      r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+      st->capturing = 1;
+      st->cap_mode = (int)mode;
+      st->cap_invalid = 0;
+      st->cap_thread = &tls_cap_mode;
+    }
+    unlock();
+  }
+  char ls[FK_LABEL_MAX];
+  stream_label(hStream, ls, sizeof ls);
+  fk_log("cuStreamBeginCapture_v2 stream=%s mode=%d -> %d", ls, (int)mode, (int)r);
+  return r;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !phGraph) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (!st) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!st->capturing) {
+      r = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (st->cap_thread != &tls_cap_mode &&
+               st->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    } else {
+      r = st->cap_invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+      st->capturing = 0;
+    }
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) *phGraph = &fk_graph;
+  else if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) *phGraph = NULL;
+  char ls[FK_LABEL_MAX];
+  stream_label(hStream, ls, sizeof ls);
+  fk_log("cuStreamEndCapture stream=%s -> %d", ls, (int)r);
+  return r;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && !captureStatus) r = CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureStatus v = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (r == CUDA_SUCCESS) {
+    lock();
+    struct CUstream_st *st = stream_find_locked(hStream);
+    if (st && st->capturing)
+      v = st->cap_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    else if (!st && !stream_ok_locked(hStream))
+      r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  if (r == CUDA_SUCCESS) *captureStatus = v;
+  fk_log("cuStreamIsCapturing -> %d%s%d", (int)r, r ? "" : " status=", r ? 0 : (int)v);
+  return r;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && hGraph != &fk_graph) r = CUDA_ERROR_INVALID_VALUE;
+  fk_log("cuGraphDestroy -> %d", (int)r);
+  return r;
+}
+
 /* ---- device memory ------------------------------------------------------------------------ */
 
 static CUresult mem_alloc(const char *name, CUdeviceptr *dptr, size_t bytesize, int low32) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && (!dptr || bytesize == 0)) r = CUDA_ERROR_INVALID_VALUE;
   uintptr_t base = 0;
   if (r == CUDA_SUCCESS) r = dev_create(bytesize, low32, c, &base);
@@ -976,6 +1327,64 @@ static CUresult mem_alloc(const char *name, CUdeviceptr *dptr, size_t bytesize, 
   if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
   fk_log("%s bytesize=%zu -> %d%s%s", name, bytesize, (int)r, r ? "" : " dptr=", lb);
   return r;
+}
+
+/* cuMemAllocAsync (stream-ordered: allowed during capture, no capture_guard) and managed
+ * memory: device memory of another origin, freed by cuMemFree or cuMemFreeAsync. */
+static CUresult mem_alloc_origin(const char *name, CUdeviceptr *dptr, size_t bytesize,
+                                 int origin, int stream_arg, CUstream s, unsigned flags) {
+  struct CUctx_st *c = NULL;
+  CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS && origin == FK_FROM_MANAGED) r = capture_guard();
+  if (r == CUDA_SUCCESS && (!dptr || bytesize == 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && origin == FK_FROM_MANAGED &&
+      flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && stream_arg) {
+    lock();
+    if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  uintptr_t base = 0;
+  if (r == CUDA_SUCCESS) r = dev_create(bytesize, 0, c, &base);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    range_find(base)->origin = origin;
+    unlock();
+    *dptr = (CUdeviceptr)base;
+  }
+  char lb[FK_LABEL_MAX] = "";
+  if (r == CUDA_SUCCESS) ptr_label(base, lb, sizeof lb);
+  fk_log("%s bytesize=%zu -> %d%s%s", name, bytesize, (int)r, r ? "" : " dptr=", lb);
+  return r;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return mem_alloc_origin("cuMemAllocAsync", dptr, bytesize, FK_FROM_ASYNC, 1, hStream, 0);
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return mem_alloc_origin("cuMemAllocAsync_ptsz", dptr, bytesize, FK_FROM_ASYNC, 1, hStream, 0);
+}
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  return mem_alloc_origin("cuMemAllocManaged", dptr, bytesize, FK_FROM_MANAGED, 0, NULL, flags);
+}
+static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) {
+    lock();
+    if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+  }
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
+  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
+  return r;
+}
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async("cuMemFreeAsync", dptr, hStream);
+}
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async("cuMemFreeAsync_ptsz", dptr, hStream);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
@@ -992,6 +1401,7 @@ static CUresult mem_alloc_pitch(const char *name, CUdeviceptr *dptr, size_t *pPi
                                 size_t width, size_t height, unsigned elem, int low32) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   size_t pitch = (width + FK_PITCH_ALIGN - 1) / FK_PITCH_ALIGN * FK_PITCH_ALIGN;
   if (r == CUDA_SUCCESS &&
       (!dptr || !pPitch || width == 0 || height == 0 || pitch < width ||
@@ -1033,6 +1443,7 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
 
 static CUresult mem_free(const char *name, CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
   if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
@@ -1127,6 +1538,7 @@ static CUresult host_alloc(const char *name, void **pp, size_t bytesize, unsigne
                            int log_flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && (!pp || bytesize == 0 || (flags & ~(unsigned)FK_HOSTALLOC_FLAGS)))
     r = CUDA_ERROR_INVALID_VALUE;
   void *p = MAP_FAILED;
@@ -1166,6 +1578,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
 
 CUresult cuMemFreeHost(void *p) {
   CUresult r = need_init();
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   fk_range_t copy = {0};
@@ -1188,6 +1601,7 @@ CUresult cuMemFreeHost(void *p) {
 static CUresult host_register(const char *name, void *p, size_t bytesize, unsigned flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   uintptr_t a = (uintptr_t)p;
   if (r == CUDA_SUCCESS &&
       (!p || bytesize == 0 || a + bytesize < a || (flags & ~(unsigned)FK_HOSTREGISTER_FLAGS)))
@@ -1234,6 +1648,7 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
 
 CUresult cuMemHostUnregister(void *p) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   if (r == CUDA_SUCCESS) {
@@ -1252,16 +1667,22 @@ CUresult cuMemHostUnregister(void *p) {
 static CUresult host_dev_ptr(const char *name, CUdeviceptr *pdptr, void *p, unsigned flags,
                              int fits32) {
   CUresult r = need_ctx(NULL);
+  int alias = 0;
   if (r == CUDA_SUCCESS && (!pdptr || flags != 0)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     lock();
     const fk_range_t *rg = range_find((uintptr_t)p);
-    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG) || !dev_accessible(rg))
+    if (!rg || (rg->kind != FK_HOST && rg->kind != FK_REG))
+      r = CUDA_ERROR_INVALID_VALUE;
+    else if (rg->kind == FK_REG && (rg->flags & CU_MEMHOSTREGISTER_DEVICEMAP) && !hostptr_all())
+      alias = 1; /* mapped, but at another address (cuMemHostRegister, quoted at hostptr_all) */
+    else if (!dev_accessible(rg))
       r = CUDA_ERROR_INVALID_VALUE;
     unlock();
   }
   if (r == CUDA_SUCCESS && fits32 && (uintptr_t)p > UINT32_MAX) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)(uintptr_t)p;
+  /* The alias is a value the fake never hands out as memory: copies through it fail. */
+  if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)(uintptr_t)p ^ (alias ? FK_ALIAS_BIT : 0);
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   fk_log("%s p=%s flags=0x%x -> %d%s%s", name, lb, flags, (int)r, r ? "" : " dptr=",
@@ -1454,15 +1875,20 @@ _Static_assert(sizeof(CUipcMemHandle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   if (r == CUDA_SUCCESS && !pHandle) r = CUDA_ERROR_INVALID_VALUE;
   fk_ipc_wire_t w = {0};
   if (r == CUDA_SUCCESS) {
     lock();
-    const fk_range_t *rg = range_find((uintptr_t)dptr);
+    fk_range_t *rg = range_find((uintptr_t)dptr);
     struct stat st;
-    if (!rg || rg->kind != FK_DEV || fstat(rg->fd, &st) != 0) {
+    /* cuda.h (13.0, cuIpcGetMemHandle): "Takes a pointer to the base of an existing device
+     * memory allocation created with cuMemAlloc": stream-ordered and managed memory have no
+     * such handle. */
+    if (!rg || rg->kind != FK_DEV || rg->origin != FK_FROM_ALLOC || fstat(rg->fd, &st) != 0) {
       r = CUDA_ERROR_INVALID_VALUE;
     } else {
+      rg->exported = 1;
       w = (fk_ipc_wire_t){.magic = FK_IPC_MAGIC, .version = FK_IPC_VERSION,
                           .hdr_size = sizeof w, .pid = (int32_t)getpid(), .fd = rg->fd,
                           .size = rg->size, .id = rg->buffer_id, .ino = (uint64_t)st.st_ino,
@@ -1495,6 +1921,7 @@ static CUresult ipc_open(const char *name, CUdeviceptr *pdptr, CUipcMemHandle ha
                          unsigned flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   fk_ipc_wire_t w;
   memcpy(&w, handle.reserved, sizeof w);
   int decodable = w.magic == FK_IPC_MAGIC && w.version == FK_IPC_VERSION &&
@@ -1557,6 +1984,7 @@ CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned 
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
   fk_range_t copy = {0};
@@ -1602,6 +2030,95 @@ CUresult cuGetErrorName(CUresult error, const char **pStr) {
   return error_text("cuGetErrorName", error, pStr, 1);
 }
 
+/* ---- modules and kernels ------------------------------------------------------------------
+ * The fake runs one kernel: "kvs_touch(u8 *buf, u64 n)", buf[i] += 1 for every i < n (one
+ * thread per byte). Any PTX or cubin image that defines the entry ".entry kvs_touch" loads; the
+ * kernel dereferences buf on the device, so buf must be device-accessible there (span_ok
+ * SIDE_DEV: device memory, driver-allocated pinned memory, registered DEVICEMAP memory on
+ * devices that can use the host pointer), else the launch fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS as a kernel touching an unmapped address does on a real GPU. */
+struct CUmod_st {
+  uint32_t magic;
+};
+struct CUfunc_st {
+  uint32_t magic;
+};
+static struct CUmod_st fk_module = {0x4b4d4f44u};
+static struct CUfunc_st fk_touch = {0x4b46554eu};
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && (!module || !image)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && !strstr((const char *)image, ".entry kvs_touch"))
+    r = CUDA_ERROR_INVALID_IMAGE;
+  if (r == CUDA_SUCCESS) *module = &fk_module;
+  fk_log("cuModuleLoadData -> %d", (int)r);
+  return r;
+}
+CUresult cuModuleUnload(CUmodule hmod) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && hmod != &fk_module) r = CUDA_ERROR_INVALID_HANDLE;
+  fk_log("cuModuleUnload -> %d", (int)r);
+  return r;
+}
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!hfunc || !name)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && hmod != &fk_module) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && strcmp(name, "kvs_touch") != 0) r = CUDA_ERROR_NOT_FOUND;
+  if (r == CUDA_SUCCESS) *hfunc = &fk_touch;
+  fk_log("cuModuleGetFunction -> %d", (int)r);
+  return r;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra) {
+  (void)sharedMemBytes;
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS && f != &fk_touch) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && (!kernelParams || extra || !gridDimX || !blockDimX ||
+                            gridDimY != 1 || gridDimZ != 1 || blockDimY != 1 || blockDimZ != 1))
+    r = CUDA_ERROR_INVALID_VALUE;
+  uintptr_t buf = 0;
+  uint64_t n = 0;
+  if (r == CUDA_SUCCESS) {
+    memcpy(&buf, kernelParams[0], sizeof buf);
+    memcpy(&n, kernelParams[1], sizeof n);
+    uint64_t threads = (uint64_t)gridDimX * blockDimX;
+    if (n > threads) n = threads;
+    lock();
+    if (!stream_ok_locked(hStream)) r = CUDA_ERROR_INVALID_HANDLE;
+    else if (n && span_ok(buf, n, SIDE_DEV) != CUDA_SUCCESS) r = CUDA_ERROR_ILLEGAL_ADDRESS;
+    else
+      for (uint64_t i = 0; i < n; i++) ((volatile uint8_t *)buf)[i]++;
+    unlock();
+  }
+  char lb[FK_LABEL_MAX];
+  ptr_label(buf, lb, sizeof lb);
+  fk_log("cuLaunchKernel kvs_touch buf=%s bytes=%llu -> %d", lb, (unsigned long long)n, (int)r);
+  return r;
+}
+
+/* ---- export tables ----------------------------------------------------------------------
+ * cuGetExportTable (cuda.h declares it, documents nothing) hands the CUDA runtime private
+ * tables identified by UUID. The fake has none: every request is refused and logged with the
+ * UUID. Without the entry point libcudart 13 stops with cudaErrorCallRequiresNewerDriver;
+ * with it, it asks for f8cff951-2146-8b4e-b9e2-fb469e7c0dd9 (optional) and then
+ * 6bd5fb6c-5bf4-e74a-8987-d93912fd9df9, whose refusal stops it (cudaErrorNotSupported):
+ * the layout of that table is not public, so cudart does not initialise on the fake. */
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+  boot();
+  CUresult r = (!ppExportTable || !pExportTableId) ? CUDA_ERROR_INVALID_VALUE
+                                                   : CUDA_ERROR_NOT_SUPPORTED;
+  char id[33] = "null";
+  if (pExportTableId)
+    for (int i = 0; i < 16; i++)
+      snprintf(id + 2 * i, 3, "%02x", (unsigned char)pExportTableId->bytes[i]);
+  fk_log("cuGetExportTable id=%s -> %d", id, (int)r);
+  return r;
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------------
  * One row per (base name, first CUDA version of an ABI): the entry point for that ABI and, when
  * the driver has one, its per-thread-default-stream twin (_ptds / _ptsz, from CUDA 7.0). A
@@ -1615,11 +2132,14 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuDeviceGet, 2000, cuDeviceGet)                                                 \
   X(cuDeviceGetCount, 2000, cuDeviceGetCount)                                       \
   X(cuDeviceGetName, 2000, cuDeviceGetName)                                         \
+  X(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)                               \
   X(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                         \
   X(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                     \
   X(cuDevicePrimaryCtxRetain, 7000, cuDevicePrimaryCtxRetain)                       \
   X(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)                     \
   X(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2)                 \
+  X(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState)                   \
+  X(cuDevicePrimaryCtxReset, 11000, cuDevicePrimaryCtxReset_v2)                     \
   X(cuCtxCreate, 2000, cuCtxCreate)                                                 \
   X(cuCtxCreate, 3020, cuCtxCreate_v2)                                              \
   X(cuCtxCreate, 11040, cuCtxCreate_v3)                                             \
@@ -1639,6 +2159,11 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuStreamCreate, 2000, cuStreamCreate)                                           \
   X(cuStreamDestroy, 2000, cuStreamDestroy)                                         \
   X(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                      \
+  X(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)                           \
+  X(cuStreamEndCapture, 10000, cuStreamEndCapture)                                  \
+  X(cuStreamIsCapturing, 10000, cuStreamIsCapturing)                                \
+  X(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode)    \
+  X(cuGraphDestroy, 10000, cuGraphDestroy)                                          \
   P(cuStreamSynchronize, 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)       \
   X(cuMemGetInfo, 2000, cuMemGetInfo)                                               \
   X(cuMemGetInfo, 3020, cuMemGetInfo_v2)                                            \
@@ -1648,6 +2173,9 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuMemAllocPitch, 3020, cuMemAllocPitch_v2)                                      \
   X(cuMemFree, 2000, cuMemFree)                                                     \
   X(cuMemFree, 3020, cuMemFree_v2)                                                  \
+  P(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                  \
+  P(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
+  X(cuMemAllocManaged, 6000, cuMemAllocManaged)                                     \
   X(cuMemGetAddressRange, 2000, cuMemGetAddressRange)                               \
   X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                            \
   X(cuMemAllocHost, 2000, cuMemAllocHost)                                           \
@@ -1680,6 +2208,11 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)                               \
   X(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)                                 \
   X(cuGetErrorString, 6000, cuGetErrorString)                                       \
+  X(cuGetExportTable, 3000, cuGetExportTable)                                       \
+  X(cuModuleLoadData, 2000, cuModuleLoadData)                                       \
+  X(cuModuleUnload, 2000, cuModuleUnload)                                           \
+  X(cuModuleGetFunction, 2000, cuModuleGetFunction)                                 \
+  X(cuLaunchKernel, 4000, cuLaunchKernel)                                           \
   X(cuGetErrorName, 6000, cuGetErrorName)                                           \
   X(cuGetProcAddress, 11030, cuGetProcAddress)                                      \
   X(cuGetProcAddress, 12000, cuGetProcAddress_v2)
@@ -1698,6 +2231,34 @@ typedef struct fk_proc {
 static const fk_proc_t fk_procs[] = {FK_PROCS(FK_PROC_X, FK_PROC_P)};
 #undef FK_PROC_X
 #undef FK_PROC_P
+
+/* FAKECUDA_GPA_ALIAS: one 16-byte jump stub per entry point of fk_procs (fn, then pt_fn),
+ * built once: movabs r11, <entry>; jmp r11. Same behaviour, another address. */
+#define FK_NPROCS (sizeof fk_procs / sizeof fk_procs[0])
+static pthread_once_t alias_once = PTHREAD_ONCE_INIT;
+static unsigned char *alias_page;
+static void alias_build(void) {
+  size_t len = (2 * FK_NPROCS * 16 + page_size() - 1) & ~(page_size() - 1);
+  void *pg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pg == MAP_FAILED) return;
+  unsigned char *c = pg;
+  for (size_t i = 0; i < 2 * FK_NPROCS; i++, c += 16) {
+    fk_fn_t f = i % 2 ? fk_procs[i / 2].pt_fn : fk_procs[i / 2].fn;
+    uint64_t a = (uint64_t)(uintptr_t)f;
+    static const unsigned char jmp[3] = {0x41, 0xff, 0xe3};
+    c[0] = 0x49, c[1] = 0xbb;
+    memcpy(c + 2, &a, 8);
+    memcpy(c + 10, jmp, 3);
+  }
+  if (mprotect(pg, len, PROT_READ | PROT_EXEC) == 0) alias_page = pg;
+}
+/* The address handed out for entry i (pt: its per-thread twin). */
+static void *proc_ptr(size_t i, int pt) {
+  fk_fn_t f = pt ? fk_procs[i].pt_fn : fk_procs[i].fn;
+  if (!cfg_gpa_alias) return (void *)f;
+  pthread_once(&alias_once, alias_build);
+  return alias_page ? (void *)(alias_page + (2 * i + (pt ? 1 : 0)) * 16) : (void *)f;
+}
 
 #define FK_GPA_FLAGS \
   (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
@@ -1727,7 +2288,7 @@ static CUresult resolve(const char *name, const char *symbol, void **pfn, int ve
       int pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
                !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) && best->pt_fn &&
                version >= FK_PT_VERSION;
-      *pfn = (void *)(pt ? best->pt_fn : best->fn);
+      *pfn = proc_ptr((size_t)(best - fk_procs), pt);
       hit = pt ? best->pt_name : best->name;
       st = CU_GET_PROC_ADDRESS_SUCCESS;
     } else {

@@ -563,13 +563,17 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemcpyHtoD(dp, src, sizeof src), OK);
   CHECK(is_filled((unsigned char *)p + 10, sizeof src, 4), "HtoD into mapped host memory");
 
+  /* Driver-allocated pinned memory is device-accessible at its host address whatever the
+   * flags (unified addressing: the default). */
   CHECK_CU(cuMemHostAlloc(&q, 100, 0), OK);
   CUdeviceptr keep = 0x31;
-  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), CUDA_ERROR_INVALID_VALUE);
-  CHECK(keep == 0x31, "out-parameter written on failure");
-  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)q, src, 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), OK);
+  CHECK(keep == (CUdeviceptr)(uintptr_t)q, "pinned memory without DEVICEMAP: device pointer");
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)q, src, 16), OK);
   CHECK_CU(cuMemAllocHost(&a, 100), OK); /* cuda.h: cuMemAllocHost_v2, no flags */
-  CHECK_CU(cuMemHostGetDevicePointer(&keep, a, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, a, 0), OK);
+  CHECK(keep == (CUdeviceptr)(uintptr_t)a, "cuMemAllocHost memory: device pointer");
+  keep = 0x31;
   CHECK_CU(cuMemHostGetFlags(&flags, a), OK);
   CHECK(flags == 0, "cuMemAllocHost recorded flags 0x%x", flags);
   void *keepp = (void *)0x1;
@@ -592,7 +596,11 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemHostRegister(buf + pg, 2 * pg, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
   CHECK_CU(cuMemHostRegister(p, 100, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
   CHECK_CU(cuMemHostRegister(buf + 2 * pg, pg, 0), OK); /* adjacent, not overlapping */
+  /* Registered without DEVICEMAP: not device-accessible, unlike allocated pinned memory. */
   CHECK_CU(cuMemHostGetDevicePointer(&keep, buf + 2 * pg, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(keep == 0x31, "out-parameter written on failure");
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(buf + 2 * pg), src, 16),
+           CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemHostRegister(buf + 3 * pg, pg, 0x40), CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemHostRegister(buf + 3 * pg + 100, 100, 0), OK); /* unaligned is fine */
   CHECK_CU(cuMemHostRegister(buf + 3 * pg + 300, 100, 0), /* but pages are pinned whole */
@@ -616,6 +624,251 @@ static void t_host_memory(void) {
   CHECK_CU(cuMemFreeHost(p), CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuMemFreeHost(q), OK);
   CHECK_CU(cuMemFreeHost(a), OK);
+}
+
+/* FAKECUDA_NO_UVA / FAKECUDA_NO_HOSTPTR: the device attributes and what they change. */
+static void t_host_attrs(void) {
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  setenv("FAKECUDA_NO_HOSTPTR", "2", 1); /* device 1 lacks the attribute */
+  setup();
+  int v = -1;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CHECK(v == 1, "unified addressing %d", v);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0),
+           OK);
+  CHECK(v == 1, "device 0 host pointer attribute %d", v);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 1),
+           OK);
+  CHECK(v == 0, "device 1 host pointer attribute %d", v);
+  v = 7;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 2),
+           CUDA_ERROR_INVALID_DEVICE);
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(v == 7, "out-parameter written on failure");
+  /* One device without the attribute: registered DEVICEMAP memory gets a device pointer that
+   * is not its host address, and the host address is not usable on the device. */
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *buf = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(buf != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister(buf, pg, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
+           OK);
+  CUdeviceptr dp = 0;
+  CHECK_CU(cuMemHostGetDevicePointer(&dp, buf, 0), OK);
+  CHECK(dp != (CUdeviceptr)(uintptr_t)buf, "device pointer equals the host pointer");
+  unsigned char src[16] = {1};
+  CHECK_CU(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)buf, src, 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+  munmap(buf, pg);
+}
+
+static void t_host_no_uva(void) {
+  setenv("FAKECUDA_NO_UVA", "1", 1);
+  setup();
+  int v = -1;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CHECK(v == 0, "unified addressing %d", v);
+  void *q = NULL;
+  CUdeviceptr keep = 0x31;
+  CHECK_CU(cuMemHostAlloc(&q, 100, 0), OK);
+  CHECK_CU(cuMemHostGetDevicePointer(&keep, q, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(keep == 0x31, "out-parameter written on failure");
+  CHECK_CU(cuMemFreeHost(q), OK);
+}
+
+/* Stream capture: a capture in another thread prohibits this thread's unsafe calls by mode. */
+struct cap_arg {
+  CUcontext ctx;
+  CUstreamCaptureMode mode;
+  pthread_barrier_t *bar;
+  CUresult begin, end;
+};
+static void *capture_thread(void *p) {
+  struct cap_arg *a = p;
+  CUstream s = NULL;
+  CUgraph g = NULL;
+  a->begin = cuCtxSetCurrent(a->ctx);
+  if (a->begin == OK) a->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (a->begin == OK) a->begin = cuStreamBeginCapture(s, a->mode); /* cuda.h: _v2 */
+  pthread_barrier_wait(a->bar); /* capturing */
+  pthread_barrier_wait(a->bar); /* the other thread is done */
+  a->end = a->begin == OK ? cuStreamEndCapture(s, &g) : a->begin;
+  if (g) cuGraphDestroy(g);
+  if (s) cuStreamDestroy(s);
+  return NULL;
+}
+/* The other thread's unsafe call under my_mode, while a capture in mode cap runs: returns the
+ * call's result and the capture's end result. */
+static void capture_case(CUcontext ctx, CUstreamCaptureMode cap, CUstreamCaptureMode my_mode,
+                         CUresult *call, CUresult *end) {
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  struct cap_arg a = {.ctx = ctx, .mode = cap, .bar = &bar};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, capture_thread, &a) == 0, "pthread_create");
+  pthread_barrier_wait(&bar);
+  CUstreamCaptureMode m = my_mode;
+  CHECK_CU(cuThreadExchangeStreamCaptureMode(&m), OK);
+  CUdeviceptr d = 0;
+  *call = cuMemAlloc(&d, 4096);
+  if (*call == OK) cuMemFree(d);
+  CHECK_CU(cuThreadExchangeStreamCaptureMode(&m), OK); /* back */
+  CHECK(m == my_mode, "exchange gave back mode %d, expected %d", (int)m, (int)my_mode);
+  pthread_barrier_wait(&bar);
+  pthread_join(th, NULL);
+  pthread_barrier_destroy(&bar);
+  CHECK(a.begin == OK, "begin capture: %s", err_name(a.begin));
+  *end = a.end;
+}
+
+static void t_capture(void) {
+  setup();
+  CUcontext ctx = NULL;
+  CHECK_CU(cuCtxGetCurrent(&ctx), OK);
+  CUresult call, end;
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL, &call, &end);
+  CHECK(call == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+            end == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        "global/global: call %s, end %s", err_name(call), err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED, &call, &end);
+  CHECK(call == OK && end == OK, "global/relaxed: call %s, end %s", err_name(call), err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, &call,
+               &end);
+  CHECK(call == OK && end == OK, "global/thread-local: call %s, end %s", err_name(call),
+        err_name(end));
+  capture_case(ctx, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL, &call,
+               &end);
+  CHECK(call == OK && end == OK, "thread-local/global: call %s, end %s", err_name(call),
+        err_name(end));
+  /* The capturing thread itself; queries stay allowed. */
+  CUstream s = NULL;
+  CUgraph g = NULL;
+  CUstreamCaptureStatus cs;
+  CHECK_CU(cuStreamCreate(&s, 0), OK);
+  CHECK_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), OK);
+  CHECK_CU(cuStreamIsCapturing(s, &cs), OK);
+  CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE, "status %d", (int)cs);
+  int v;
+  CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0), OK);
+  CUdeviceptr d = 0;
+  CHECK_CU(cuMemAlloc(&d, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_CU(cuStreamIsCapturing(s, &cs), OK);
+  CHECK(cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED, "status %d", (int)cs);
+  CHECK_CU(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), OK);
+  CHECK_CU(cuStreamEndCapture(s, &g), OK);
+  CHECK(g != NULL, "no graph");
+  CHECK_CU(cuGraphDestroy(g), OK);
+  CHECK_CU(cuStreamDestroy(s), OK);
+}
+
+static void t_primary_reset(void) {
+  CHECK_CU(cuInit(0), OK);
+  unsigned fl = 0;
+  int active = -1;
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 0, "primary active before any retain");
+  CUcontext p = NULL;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&p, 0), OK);
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 1, "retained primary inactive");
+  CHECK_CU(cuCtxSetCurrent(p), OK);
+  CUdeviceptr d = 0;
+  void *h = NULL;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuMemAllocHost(&h, 4096), OK);
+  CHECK_CU(cuDevicePrimaryCtxReset(0), OK); /* cuda.h: _v2 */
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 0, "primary active after reset");
+  CHECK_CU(cuMemAlloc(&d, 4096), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  CHECK_CU(cuDevicePrimaryCtxRetain(&p, 0), OK);
+  CHECK_CU(cuMemFree(d), CUDA_ERROR_INVALID_VALUE); /* freed by the reset */
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuMemFree(d), OK);
+}
+
+/* A fork child of a process that initialised the driver cannot use it; one of a process that
+ * had not can (every test of this runner is such a child). */
+static void t_fork_child(void) {
+  setup();
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    CUdeviceptr d = 0x77;
+    int bad = cuInit(0) != CUDA_ERROR_NOT_INITIALIZED || cuMemAlloc(&d, 64) !=
+                                                              CUDA_ERROR_NOT_INITIALIZED;
+    _exit(bad || d != 0x77);
+  }
+  int st = 0;
+  CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+        "the fork child could use CUDA (status 0x%x)", st);
+  CUdeviceptr d = 0;
+  CHECK_CU(cuMemAlloc(&d, 64), OK); /* the parent still can */
+  CHECK_CU(cuMemFree(d), OK);
+}
+
+/* Stream-ordered and managed memory: usable, freed either way, no IPC handle. */
+static void t_alloc_origins(void) {
+  setup();
+  CUdeviceptr a = 0, m = 0;
+  CUipcMemHandle h;
+  unsigned char src[64], back[64];
+  fill(src, sizeof src, 21);
+  CHECK_CU(cuMemAllocAsync(&a, 4096, NULL), OK); /* cuda.h: no rename without per-thread */
+  CHECK_CU(cuMemcpyHtoD(a, src, sizeof src), OK);
+  CHECK_CU(cuMemcpyDtoH(back, a, sizeof back), OK);
+  CHECK(memcmp(src, back, sizeof src) == 0, "async memory round trip");
+  CHECK_CU(cuIpcGetMemHandle(&h, a), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemFreeAsync(a, NULL), OK);
+  CHECK_CU(cuMemFreeAsync(a, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemAllocManaged(&m, 4096, 0), CUDA_ERROR_INVALID_VALUE); /* flags required */
+  CHECK_CU(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, m), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemFree(m), OK);
+}
+
+/* The one kernel the fake runs: kvs_touch adds 1 to every byte, where the device can reach. */
+static void t_kernel(void) {
+  setup();
+  CUmodule mod = NULL;
+  CUfunction fn = NULL;
+  CHECK_CU(cuModuleLoadData(&mod, "// no kernel here\n"), CUDA_ERROR_INVALID_IMAGE);
+  CHECK_CU(cuModuleLoadData(&mod, ".visible .entry kvs_touch(.param .u64 b, .param .u64 n)"), OK);
+  CHECK_CU(cuModuleGetFunction(&fn, mod, "other"), CUDA_ERROR_NOT_FOUND);
+  CHECK_CU(cuModuleGetFunction(&fn, mod, "kvs_touch"), OK);
+  void *h = NULL;
+  CHECK_CU(cuMemAllocHost(&h, 4096), OK);
+  memset(h, 7, 4096);
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)h;
+  uint64_t n = 4096;
+  void *params[] = {&p, &n};
+  CHECK_CU(cuLaunchKernel(fn, 16, 1, 1, 256, 1, 1, 0, NULL, params, NULL), OK);
+  CHECK(((unsigned char *)h)[0] == 8 && ((unsigned char *)h)[4095] == 8,
+        "the kernel did not add 1");
+  /* registered without DEVICEMAP: the device cannot reach it at the host address */
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *buf = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(buf != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister(buf, pg, CU_MEMHOSTREGISTER_PORTABLE), OK);
+  p = (CUdeviceptr)(uintptr_t)buf;
+  n = pg;
+  CHECK_CU(cuLaunchKernel(fn, 1, 1, 1, (unsigned)pg, 1, 1, 0, NULL, params, NULL),
+           CUDA_ERROR_ILLEGAL_ADDRESS);
+  CHECK(buf[0] == 0, "the kernel wrote memory it cannot reach");
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+  munmap(buf, pg);
+  CHECK_CU(cuMemFreeHost(h), OK);
+  CHECK_CU(cuModuleUnload(mod), OK);
+}
+
+/* Freeing an exported allocation that another process still has open is undefined behaviour
+ * on a real driver: the fake aborts the exporter. After the importer closed it, it is fine. */
+static void t_ipc_free_open(void) {
+  const char *held[] = {"ipc-free", "held", NULL}, *closed[] = {"ipc-free", "closed", NULL};
+  int st = run_self(held, NULL, NULL, 0);
+  CHECK(st == 128 + SIGABRT, "freeing memory open elsewhere did not abort (status %d)", st);
+  st = run_self(closed, NULL, NULL, 0);
+  CHECK(st == 0, "freeing after the importer closed it failed (status %d)", st);
 }
 
 static void t_streams_async(void) {
@@ -711,6 +964,26 @@ static void t_legacy(void) {
 
 /* The resolver must return exactly the entry point that dlsym finds under the versioned ELF
  * name the real driver uses for (base name, version, flags). */
+/* FAKECUDA_GPA_ALIAS=1: the resolver's entry points work but are not the exported symbols. */
+static void t_gpa_alias(void) {
+#if defined(__x86_64__)
+  setenv("FAKECUDA_GPA_ALIAS", "1", 1);
+  setup();
+  void *fn = NULL, *pt = NULL;
+  CHECK_CU(cuGetProcAddress("cuMemAlloc", &fn, 12000, 0, NULL), OK);
+  CHECK(fn && fn != sym("cuMemAlloc_v2"), "cuMemAlloc: no alias");
+  CHECK_CU(cuGetProcAddress("cuMemcpyHtoDAsync", &pt, 12000,
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL),
+           OK);
+  CHECK(pt && pt != sym("cuMemcpyHtoDAsync_v2_ptsz") && pt != sym("cuMemcpyHtoDAsync_v2"),
+        "per-thread twin: no alias");
+  CUdeviceptr d = 0;
+  CHECK_CU(((PFN_cuMemAlloc_v3020)fn)(&d, 4096), OK);
+  CHECK(d != 0, "the alias did not allocate");
+  CHECK_CU(cuMemFree(d), OK);
+#endif
+}
+
 static void t_resolver(void) {
   /* Works before cuInit: the CUDA runtime resolves cuInit itself this way. */
   static const struct {
@@ -939,25 +1212,15 @@ static void t_ipc(void) {
   st = run_self(stale_args, NULL, NULL, 0);
   CHECK(st == 0, "stale-handle child failed with status %d", st);
 
-  /* owner gone: a forked child exports, exits; opening afterwards fails */
-  int pfd[2];
-  CHECK(pipe(pfd) == 0, "pipe");
-  pid_t pid = fork();
-  CHECK(pid >= 0, "fork");
-  if (pid == 0) {
-    CUdeviceptr cd = 0;
-    CUipcMemHandle ch;
-    if (cuMemAlloc(&cd, 4096) != OK || cuIpcGetMemHandle(&ch, cd) != OK) _exit(2);
-    _exit(write(pfd[1], &ch, sizeof ch) == (ssize_t)sizeof ch ? 0 : 3);
-  }
-  close(pfd[1]);
+  /* owner gone: another process (exec'd: CUDA does not work in a fork child of this one)
+   * exports, prints the handle and exits; opening afterwards fails */
+  char out[2 * CU_IPC_HANDLE_SIZE + 8] = "";
+  const char *gone_args[] = {"ipc-export-exit", NULL};
+  st = run_self(gone_args, NULL, out, sizeof out);
+  out[strcspn(out, "\n")] = '\0';
   CUipcMemHandle gone;
-  ssize_t k = read(pfd[0], &gone, sizeof gone);
-  close(pfd[0]);
-  int cst = 0;
-  waitpid(pid, &cst, 0);
-  CHECK(k == (ssize_t)sizeof gone && WIFEXITED(cst) && WEXITSTATUS(cst) == 0,
-        "exporting child failed (status 0x%x)", cst);
+  CHECK(st == 0 && hex_handle(out, &gone) == 0, "exporting child failed (status %d, '%s')", st,
+        out);
   keep = 0x66;
   CHECK_CU(cuIpcOpenMemHandle(&keep, gone, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
            CUDA_ERROR_INVALID_HANDLE);
@@ -1031,6 +1294,77 @@ static int child_ipc_open(const char *hex, const char *size_arg) {
   for (int i = 0; i < N; i++) CHECK_CU(cuIpcCloseMemHandle(o[0].d), OK);
   CHECK_CU(cuIpcCloseMemHandle(o[0].d), CUDA_ERROR_INVALID_VALUE);
   free(buf);
+  return 0;
+}
+
+/* Opens the handle, says "open", holds it until its stdin closes, then closes it. */
+static int child_ipc_hold(const char *hex) {
+  test_name = "ipc-hold child";
+  CUipcMemHandle h;
+  CHECK(hex_handle(hex, &h) == 0, "bad handle argument");
+  setup();
+  CUdeviceptr d = 0;
+  CHECK_CU(cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), OK);
+  printf("open\n");
+  fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  CHECK_CU(cuIpcCloseMemHandle(d), OK);
+  return 0;
+}
+
+/* Exports an allocation, lets an exec'd holder open it, then frees it: argv "held" frees while
+ * the holder has it open (the fake must abort), "closed" after the holder closed it. */
+static int child_ipc_free(const char *when) {
+  test_name = "ipc-free child";
+  setup();
+  CUdeviceptr d = 0;
+  CUipcMemHandle h;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
+  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+  handle_hex(&h, hex);
+  int in[2], out[2];
+  CHECK(pipe(in) == 0 && pipe(out) == 0, "pipe");
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    execl("/proc/self/exe", "test_fakecuda", "--child", "ipc-hold", hex, (char *)NULL);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  char buf[8] = "";
+  CHECK(read(out[0], buf, 4) == 4 && !memcmp(buf, "open", 4), "the holder did not open");
+  if (strcmp(when, "closed") == 0) {
+    close(in[1]); /* the holder closes the handle and exits */
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "holder");
+    CHECK_CU(cuMemFree(d), OK);
+    return 0;
+  }
+  cuMemFree(d); /* the fake aborts here */
+  close(in[1]);
+  waitpid(pid, NULL, 0);
+  return 0;
+}
+
+/* Allocates, prints the IPC handle of the allocation, exits without freeing. */
+static int child_ipc_export_exit(void) {
+  test_name = "ipc-export-exit child";
+  setup();
+  CUdeviceptr d = 0;
+  CUipcMemHandle h;
+  CHECK_CU(cuMemAlloc(&d, 4096), OK);
+  CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
+  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+  handle_hex(&h, hex);
+  printf("%s\n", hex);
   return 0;
 }
 
@@ -1262,6 +1596,11 @@ static const struct {
     {"resolver", t_resolver},           {"errors", t_errors},
     {"ipc", t_ipc},                     {"call_log", t_call_log},
     {"threads", t_threads},
+    {"host_attrs", t_host_attrs},       {"host_no_uva", t_host_no_uva},
+    {"gpa_alias", t_gpa_alias},         {"capture", t_capture},
+    {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
+    {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
+    {"ipc_free_open", t_ipc_free_open},
 };
 
 int main(int argc, char **argv) {
@@ -1269,6 +1608,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[2], "ipc-open") == 0 && argc == 5) return child_ipc_open(argv[3], argv[4]);
     if (strcmp(argv[2], "ipc-expect") == 0 && argc == 5) return child_ipc_expect(argv[3], argv[4]);
     if (strcmp(argv[2], "log-scenario") == 0) return child_log_scenario();
+    if (strcmp(argv[2], "ipc-export-exit") == 0) return child_ipc_export_exit();
+    if (strcmp(argv[2], "ipc-hold") == 0 && argc == 4) return child_ipc_hold(argv[3]);
+    if (strcmp(argv[2], "ipc-free") == 0 && argc == 4) return child_ipc_free(argv[3]);
     if (strcmp(argv[2], "log-spam") == 0) return child_log_spam();
     fprintf(stderr, "test_fakecuda: unknown child mode %s\n", argv[2]);
     return 2;
@@ -1277,6 +1619,9 @@ int main(int argc, char **argv) {
   unsetenv("FAKECUDA_LOG");
   unsetenv("FAKECUDA_DEVICES");
   unsetenv("FAKECUDA_MEM_LIMIT");
+  unsetenv("FAKECUDA_NO_UVA");
+  unsetenv("FAKECUDA_NO_HOSTPTR");
+  unsetenv("FAKECUDA_GPA_ALIAS");
   const char *only = argc >= 2 ? argv[1] : NULL;
   int failed = 0, ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -41,6 +41,13 @@ static bool drop_var(const char *kv) {
          strncmp(kv, "FAKECUDA_LOG=", 13) == 0;
 }
 
+/* libkvshim.so: PT_PRELOAD_LIB from the environment (scripts/gpu-check runs a carried build
+ * from another directory), else the build's own. */
+static const char *pt_preload_lib(void) {
+  const char *v = getenv("PT_PRELOAD_LIB");
+  return v && *v ? v : PT_PRELOAD_LIB;
+}
+
 void pt_env_init(pt_env_t *e, bool preload) {
   memset(e, 0, sizeof *e);
   for (char **v = environ; *v; v++) {
@@ -51,11 +58,11 @@ void pt_env_init(pt_env_t *e, bool preload) {
 #ifdef PT_ASAN_RUNTIME
   /* Instrumented libraries (the fake driver) may be loaded by programs that are not. */
   if (preload)
-    pt_env_set(e, "LD_PRELOAD", "%s:%s", PT_ASAN_RUNTIME, PT_PRELOAD_LIB);
+    pt_env_set(e, "LD_PRELOAD", "%s:%s", PT_ASAN_RUNTIME, pt_preload_lib());
   else
     pt_env_set(e, "LD_PRELOAD", "%s", PT_ASAN_RUNTIME);
 #else
-  if (preload) pt_env_set(e, "LD_PRELOAD", "%s", PT_PRELOAD_LIB);
+  if (preload) pt_env_set(e, "LD_PRELOAD", "%s", pt_preload_lib());
 #endif
 }
 

@@ -1,0 +1,39 @@
+# tests/integration: CUDA cases added by issue 14 (real-driver rules, design §9.6). Same
+# program and conventions as the cuda_preload_* cases of preload.cmake.
+if(NOT TARGET cuda_preload_test)
+  return()
+endif()
+set(kc_cases host_devaccess gpa_alias unexportable bypass keep zerocopy)
+foreach(c IN LISTS kc_cases)
+  add_test(NAME cuda_preload_${c} COMMAND cuda_preload_test ${c})
+  set_tests_properties(cuda_preload_${c} PROPERTIES TIMEOUT 120 LABELS "integration")
+  kvs_fakecuda_env(cuda_preload_${c})
+endforeach()
+
+# Programs that link shims/cuda (not preloaded) and use the kvs_accel table:
+#   cuda_capture  kvs_accel calls during another thread's global stream capture
+#   cuda_ctx      contexts of kvshim's own calls: the pointer's device, never device 0 by
+#                 default, nothing after the engine reset its device
+foreach(t capture ctx)
+  add_executable(cuda_${t}_test cuda_${t}_test.c ${pt_rt_objects})
+  target_link_libraries(cuda_${t}_test PRIVATE preload_testutil)
+  set_target_properties(cuda_${t}_test PROPERTIES INSTALL_RPATH "$ORIGIN"
+    BUILD_WITH_INSTALL_RPATH ON)
+  add_test(NAME cuda_${t} COMMAND cuda_${t}_test)
+  set_tests_properties(cuda_${t} PROPERTIES TIMEOUT 60 LABELS "integration")
+  kvs_fakecuda_env(cuda_${t})
+endforeach()
+
+# Driver facts as strict verdicts (scripts/gpu-check step "facts"): on the fake here.
+add_executable(cuda_facts cuda_facts.c)
+target_include_directories(cuda_facts PRIVATE ${PROJECT_SOURCE_DIR}/shims/cuda)
+target_link_libraries(cuda_facts PRIVATE kvshim_fakecuda kvshim_flags kvshim_cuda_headers
+  ${CMAKE_DL_LIBS})
+set_target_properties(cuda_facts PROPERTIES INSTALL_RPATH "$ORIGIN" BUILD_WITH_INSTALL_RPATH ON)
+add_test(NAME cuda_facts COMMAND cuda_facts)
+set_tests_properties(cuda_facts PROPERTIES TIMEOUT 60 LABELS "integration")
+kvs_fakecuda_env(cuda_facts)
+add_test(NAME cuda_facts_alias COMMAND cuda_facts)
+set_tests_properties(cuda_facts_alias PROPERTIES TIMEOUT 60 LABELS "integration" WILL_FAIL ON
+  ENVIRONMENT "FAKECUDA_GPA_ALIAS=1")
+kvs_fakecuda_env(cuda_facts_alias)
