@@ -20,6 +20,11 @@
 #define SWEEP_INTERVAL_MS 500
 #define STOP_FLUSH_MS 200
 #define MSG_KEEP_BYTES (1u << 20) /* a receive buffer larger than this is freed after use */
+/* Out of file descriptors (EMFILE/ENFILE): the listener leaves epoll for a back-off that
+ * starts here and doubles up to ACCEPT_BACKOFF_MAX_MS, and comes back at once when one of our
+ * connections closes. Without this a readable listener and a failing accept4 spin a core. */
+#define ACCEPT_BACKOFF_MIN_MS 10
+#define ACCEPT_BACKOFF_MAX_MS 1000
 
 /* One reply (or ERROR) being sent, split into frames of at most frame_max payload bytes. */
 typedef struct outmsg {
@@ -94,6 +99,11 @@ struct kvs_coord {
   conn_t *conns;
   unsigned n_conns; /* read by other threads: atomic */
   uint64_t next_sweep_ms;
+  /* accept back-off (coordinator thread only): listener out of epoll while accept_paused */
+  bool accept_paused;
+  bool accept_episode;      /* an fd-exhaustion episode is on: logged and counted once */
+  uint32_t accept_backoff_ms;
+  uint64_t accept_resume_ms; /* kvs__now_ms() at which the listener is tried again */
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -621,6 +631,7 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
     }
   __atomic_fetch_sub(&c->n_conns, 1, __ATOMIC_RELAXED);
   free(k);
+  if (c->accept_paused) c->accept_resume_ms = 0; /* a descriptor came free: try again now */
 }
 
 /* Send what the socket takes. Returns 0, or a negative errno (connection dead). */
@@ -770,10 +781,44 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
   }
 }
 
+static void listener_arm(kvs_coord_t *c, bool on) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->listen_fd};
+  if (on == !c->accept_paused) return;
+  epoll_ctl(c->epoll_fd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, c->listen_fd, &ev);
+  c->accept_paused = !on;
+}
+
+/* accept4 failed for want of a descriptor (or kernel memory): stop listening for a while.
+ * Clients wait in the backlog (their RPC deadline bounds it); our connections are served. */
+static void accept_pause(kvs_coord_t *c, int err) {
+  if (!c->accept_episode) {
+    c->accept_episode = true;
+    c->accept_backoff_ms = ACCEPT_BACKOFF_MIN_MS;
+    kvs_stats_inc(c->stats, KVS_STAT_coord_accept_paused);
+    kvs_log_warn("cannot accept connections: %s (%u open): pausing the listener, serving the "
+                 "connections we have (raise `ulimit -n`)", strerror(-err),
+                 __atomic_load_n(&c->n_conns, __ATOMIC_RELAXED));
+  } else if (c->accept_backoff_ms < ACCEPT_BACKOFF_MAX_MS) {
+    c->accept_backoff_ms *= 2;
+    if (c->accept_backoff_ms > ACCEPT_BACKOFF_MAX_MS) c->accept_backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+  }
+  c->accept_resume_ms = kvs__now_ms() + c->accept_backoff_ms;
+  listener_arm(c, false);
+}
+
 static void accept_all(kvs_coord_t *c) {
   for (;;) {
     int fd;
-    if (kvs_sock_accept(c->listen_fd, &fd) < 0) return;
+    int rc = kvs_sock_accept(c->listen_fd, &fd);
+    if (rc == -EMFILE || rc == -ENFILE || rc == -ENOBUFS || rc == -ENOMEM) {
+      accept_pause(c, rc);
+      return;
+    }
+    if (rc < 0) return;
+    if (c->accept_episode) {
+      c->accept_episode = false;
+      kvs_log_info("accepting connections again");
+    }
     conn_t *k = calloc(1, sizeof *k);
     if (!k) {
       close(fd);
@@ -804,8 +849,18 @@ static void *coord_main(void *arg) {
   kvs_coord_t *c = arg;
   struct epoll_event evs[64];
   for (;;) {
-    int n = epoll_wait(c->epoll_fd, evs, 64, SWEEP_INTERVAL_MS);
+    int timeout = SWEEP_INTERVAL_MS;
+    if (c->accept_paused) {
+      uint64_t t = kvs__now_ms();
+      timeout = c->accept_resume_ms <= t ? 0
+                : (int)(c->accept_resume_ms - t < SWEEP_INTERVAL_MS ? c->accept_resume_ms - t
+                                                                    : SWEEP_INTERVAL_MS);
+    }
+    int n = epoll_wait(c->epoll_fd, evs, 64, timeout);
     uint64_t now = kvs__now_ms();
+    if (c->accept_paused && now >= c->accept_resume_ms) {
+      listener_arm(c, true); /* level-triggered: a waiting client wakes us next round */
+    }
     if (now >= c->next_sweep_ms) {
       kvs_store_sweep(c->store, now);
       c->next_sweep_ms = now + SWEEP_INTERVAL_MS;

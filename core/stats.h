@@ -91,7 +91,11 @@ extern "C" {
   X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
   X(llama_prefix_passthrough, C,                                                              \
     "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
-  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")
+  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")        \
+  X(coord_accept_paused, C,                                                                   \
+    "times the coordinator stopped accepting: out of file descriptors (EMFILE/ENFILE)")       \
+  X(store_live_pins, G, "read pins held now (returns to 0 when every reader is gone)")        \
+  X(peer_stale_reads, C, "peer SHM copies thrown away: the pin had expired (COMMIT_RETRIEVE ENOENT)")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

