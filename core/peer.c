@@ -527,6 +527,7 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   size_t rn = 0;
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
   pthread_mutex_lock(&c->lock);
+  uint64_t asked_ms = kvs__now_ms(); /* the peer's pins cannot be older than this */
   int rc = objs ? RPC_ENCODED(p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode,
                               &m, &rep, &rn)
                 : -ENOMEM;
@@ -553,12 +554,31 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
       kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
       delivered++;
     }
-    if (r.xfer) { /* unpin at the peer; an error here only costs the peer a lease */
+    if (r.xfer) { /* unpin at the peer */
       kvs_proto_xfer_t x = {r.xfer};
       uint8_t b[16];
       size_t n2 = 0;
-      if (kvs_proto_xfer_encode(&x, b, sizeof b, &n2) == 0)
-        rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+      if (kvs_proto_xfer_encode(&x, b, sizeof b, &n2) == 0) {
+        /* docs/protocol.md §6: a pin that outlived its lease may have had its extent reused
+         * while we copied; the only signal is ENOENT on COMMIT_RETRIEVE. No lease is shorter
+         * than KVS_LEASE_MIN_MS, so a copy done within that of the request is certainly good
+         * and the unpin is posted (no round trip); a slower one waits for the verdict. */
+        if (kvs__now_ms() - asked_ms < KVS_LEASE_MIN_MS) {
+          rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+        } else {
+          uint8_t *cr = NULL;
+          size_t crn = 0;
+          int v = rpc(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2, &cr, &crn, NULL);
+          free(cr);
+          if (v == -ENOENT && delivered > 0) {
+            kvs_stats_inc(p->stats, KVS_STAT_peer_stale_reads);
+            kvs_log_debug("peer %016" PRIx64 ": pins expired during the copy: %d objects "
+                          "thrown away", c->info.instance_id, delivered);
+            delivered = 0;
+            rc = -ESTALE;
+          }
+        }
+      }
     }
   }
   pthread_mutex_unlock(&c->lock);

@@ -74,7 +74,10 @@ typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t 
 
 /* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
- * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss). */
+ * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss).
+ * -ESTALE: the peer's pins expired while sink copied (COMMIT_RETRIEVE answered ENOENT), so the
+ * extents may have been rewritten under the copy: whatever sink made of the bytes must be
+ * thrown away (counted in peer_stale_reads). */
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx);
 

@@ -472,6 +472,7 @@ static void publish_gauges(kvs_store_t *s) {
   kvs_stats_set(s->stats, KVS_STAT_store_reserved_bytes, s->reserved);
   kvs_stats_set(s->stats, KVS_STAT_store_free_bytes, free_bytes(s));
   kvs_stats_set(s->stats, KVS_STAT_store_arena_bytes, s->arena_bytes);
+  kvs_stats_set(s->stats, KVS_STAT_store_live_pins, s->npins);
 }
 
 /* Publish the gauges, check the whole store in debug builds, unlock, then report any pool

@@ -204,16 +204,27 @@ static int kvo_copy_in(void *dst, int buf_kind, uint64_t buf, size_t len) {
 
 /* ---- lookup --------------------------------------------------------------------------------- */
 
-/* Prefetch sink: each object a peer delivers is written into the local store (reserve, copy,
- * commit). An object that cannot be kept locally is skipped (the load falls back to a peer
- * retrieve); one of the wrong size stops the delivery. */
+/* Prefetch sink: each object a peer delivers is written into the local store (reserve, copy)
+ * and committed once the retrieve confirms the copy (kvo_prefetch_end: a peer whose pins
+ * expired under the copy gets it thrown away). An object that cannot be kept locally is
+ * skipped (the load falls back to a peer retrieve); one of the wrong size stops the delivery. */
 typedef struct kvo_prefetch {
   kvs__runtime_t *rt;
   const kvs_key_t *keys;
   const kvs_layout_t *layout;
   uint64_t chunk_bytes;
   size_t kept;
+  size_t n_xfers;
+  kvs_xfer_t xfers[KVO_KEY_BATCH]; /* copied, not yet committed */
 } kvo_prefetch_t;
+
+static void kvo_prefetch_end(kvo_prefetch_t *p, bool keep) {
+  for (size_t i = 0; i < p->n_xfers; i++) {
+    if (keep && kvs_store_commit(p->rt->store, KVS_OWNER_LOCAL, p->xfers[i]) == 0) p->kept++;
+    else if (!keep) kvs_store_abort(p->rt->store, KVS_OWNER_LOCAL, p->xfers[i]);
+  }
+  p->n_xfers = 0;
+}
 
 static int kvo_prefetch_sink(void *ctx, size_t key_index, const kvs_layout_t *layout,
                              const void *bytes, uint64_t len) {
@@ -228,7 +239,8 @@ static int kvo_prefetch_sink(void *ctx, size_t key_index, const kvs_layout_t *la
                                    &outcome, &ext, &xfer);
   if (rc == 1) {
     memcpy(kvs_pool_base(p->rt->pool) + ext.offset, bytes, (size_t)len);
-    if (kvs_store_commit(st, KVS_OWNER_LOCAL, xfer) == 0) p->kept++;
+    if (p->n_xfers < KVO_KEY_BATCH) p->xfers[p->n_xfers++] = xfer;
+    else kvs_store_abort(st, KVS_OWNER_LOCAL, xfer);
   } else if (rc == 0 && outcome == KVS_RES_PRESENT) {
     p->kept++;
   }
@@ -258,6 +270,7 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
                              .chunk_bytes = d->chunk_bytes};
         int delivered = kvs_peers_retrieve(rt->peers, best, keys + got, (size_t)pr,
                                            kvo_prefetch_sink, &pf);
+        kvo_prefetch_end(&pf, delivered > 0);
         if (delivered > 0) got += (size_t)delivered;
         if (delivered > 0 && pf.kept < (size_t)delivered)
           kvs_log_debug("kvo: prefetched %d chunks from a peer, %zu kept locally", delivered,

@@ -634,10 +634,14 @@ static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key
   s.keys[0] = key;
   s.nk = 1;
   kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
+  int got = kvs_peers_retrieve(rt->peers, 0, &key, 1, ll_sink, &s); /* errors are misses */
   kvs__hook_depth--;
   if (s.state == SINK_LOCAL) return LL_LOCAL_NOW;
   if (s.state != SINK_COPIED) return LL_MISS;
+  if (got == -ESTALE) { /* the peer's pin expired under the copy: never use those bytes */
+    ll_end(rt->store, s.xfer, false);
+    return LL_MISS;
+  }
   const uint8_t *blob = s.base + s.ext.offset;
   ll_res_t res = ll_restore(q, blob, s.ext.length, ret);
   /* The alias was computed from the peer's bytes: it must name the tokens we now hold, or the

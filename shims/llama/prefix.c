@@ -703,7 +703,9 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   sk.want = keys[j - 1];
   sk.j = j;
   kvs__hook_depth++;
-  kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
+  int got = kvs_peers_retrieve(rt->peers, instance, &keys[j - 1], 1, px_sink, &sk); /* errors: misses */
+  if (got == -ESTALE && sk.state == SINK_COPIED) /* the pin expired under the copy: drop it */
+    kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer), sk.state = SINK_NONE;
   kvs__hook_depth--;
   if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
   if (sk.state != SINK_COPIED) return PX_SKIP;

@@ -18,6 +18,7 @@
 #include "coord_client.h"
 #include "internal.h"
 #include "log.h"
+#include "peer.h"
 
 #define T_TIMEOUT .timeout = 90
 
@@ -31,7 +32,7 @@ static void down(void) {
   memset(&W, 0, sizeof W);
 }
 
-__attribute__((unused)) static void start(void) {
+static void start(void) {
   cr_assert_eq(ts_server_init(&S, 8u << 20), 0);
   cr_assert_eq(ts_server_start(&S), 0);
   cr_assert_eq(cc_open(&W, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
@@ -178,4 +179,124 @@ Test(fd, emfile_pauses_accept_without_spinning, T_TIMEOUT) {
   cr_assert_eq(ts_wait_child(pid, 10000), 0);
   close(f.ready[0]);
   ts_rmtree(dir);
+}
+
+/* ---- stale SHM reads ------------------------------------------------------------------------ */
+
+typedef struct slow_sink {
+  kvs_key_t key, other;
+  uint64_t len;
+  uint32_t sleep_ms;
+  bool rewrite;   /* expire the pin and reuse the extent while "copying" */
+  uint8_t *copy;
+  int calls;
+} slow_sink_t;
+
+static int slow_sink(void *ctx, size_t i, const kvs_layout_t *l, const void *b, uint64_t len) {
+  (void)i, (void)l;
+  slow_sink_t *s = ctx;
+  s->calls++;
+  usleep(s->sleep_ms * 1000u);
+  if (s->rewrite) {
+    /* The server's sweep reclaims the expired pin; the object goes and another takes its
+     * extent: exactly what a slow reader races against. */
+    kvs_store_sweep(S.store, kvs__now_ms());
+    cr_assert_eq(kvs_store_remove(S.store, &s->key), 0);
+    kvs_layout_t bl = kvs_layout_blob(s->len);
+    cr_assert_eq(ts_local_put(S.store, &s->other, 1, &bl), 1);
+  }
+  memcpy(s->copy, b, len);
+  return 0;
+}
+
+static kvs_peers_t *peer_client(kvs_stats_t *st) {
+  kvs_stats_init(st);
+  kvs_peers_config_t pc = {.opts = &S.opts, .role = KVS_PROTO_ROLE_ENGINE, .stats = st};
+  kvs_peers_t *p = NULL;
+  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  cr_assert_eq(kvs_peers_discover(p, true), 1);
+  return p;
+}
+
+TestSuite(stale, .fini = down);
+
+/* KVSHIM_LEASE_MS=20 and a reader that takes 100 ms: its pin expires, the extent is reused under
+ * the copy, COMMIT_RETRIEVE answers ENOENT and kvs_peers_retrieve throws the copy away. */
+Test(stale, expired_pin_throws_the_copy_away, T_TIMEOUT) {
+  cr_assert_eq(ts_server_init(&S, 4u << 20), 0);
+  S.opts.lease_ms = 20;
+  cr_assert_eq(ts_server_start(&S), 0);
+  const uint64_t LEN = 64u << 10;
+  kvs_layout_t bl = kvs_layout_blob(LEN);
+  slow_sink_t s = {tk(70, 1), tk(70, 2), LEN, 100, true, malloc(LEN), 0};
+  cr_assert_eq(ts_local_put(S.store, &s.key, 1, &bl), 1);
+  kvs_stats_t st;
+  kvs_peers_t *p = peer_client(&st);
+  int rc = kvs_peers_retrieve(p, S.instance_id, &s.key, 1, slow_sink, &s);
+  cr_assert_eq(s.calls, 1);
+  cr_assert_eq(rc, -ESTALE, "a copy made under an expired pin was delivered (rc %d)", rc);
+  cr_assert_eq(kvs_stats_get(&st, KVS_STAT_peer_stale_reads), 1);
+  cr_assert_eq(kvs_stats_get(&st, KVS_STAT_peer_hits), 0);
+  /* The bytes really were rewritten: what the reader copied is not the object it asked for. */
+  cr_assert_neq(pat_check(s.copy, LEN, s.key), 0);
+  free(s.copy);
+  kvs_peers_destroy(p);
+}
+
+/* The same slow reader with the default lease keeps its copy (the unpin is waited for). */
+Test(stale, slow_copy_within_the_lease_is_kept, T_TIMEOUT) {
+  cr_assert_eq(ts_server_init(&S, 4u << 20), 0);
+  cr_assert_eq(ts_server_start(&S), 0);
+  const uint64_t LEN = 64u << 10;
+  kvs_layout_t bl = kvs_layout_blob(LEN);
+  slow_sink_t s = {tk(71, 1), tk(71, 2), LEN, 30, false, malloc(LEN), 0};
+  cr_assert_eq(ts_local_put(S.store, &s.key, 1, &bl), 1);
+  kvs_stats_t st;
+  kvs_peers_t *p = peer_client(&st);
+  cr_assert_eq(kvs_peers_retrieve(p, S.instance_id, &s.key, 1, slow_sink, &s), 1);
+  cr_assert_eq(pat_check(s.copy, LEN, s.key), 0);
+  cr_assert_eq(kvs_stats_get(&st, KVS_STAT_peer_stale_reads), 0);
+  free(s.copy);
+  kvs_peers_destroy(p);
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, NULL, 0, 3000), 0, "pins left");
+}
+
+/* ---- live pins gauge ------------------------------------------------------------------------ */
+
+static int pin_and_wait(void *arg) {
+  const kvs_key_t *k = arg;
+  cc_t c;
+  if (cc_open(&c, S.path, KVS_PROTO_STRATEGY_AUTO) < 0) return 10;
+  cc_pretr_t r;
+  if (cc_prepare_retrieve(&c, KVS_PROTO_STRATEGY_SHM, k, 4, &r) < 0 || r.n_found != 4) return 11;
+  printf("pinned\n");
+  fflush(stdout);
+  pause(); /* SIGKILLed here, holding its pins */
+  return 0;
+}
+
+TestSuite(pins, .fini = down);
+
+/* store_live_pins counts the pins held now: readers SIGKILLed while holding pins take it back to
+ * 0 (store_pins - store_releases does not: an owner's release on close is counted elsewhere). */
+Test(pins, live_pins_gauge_returns_to_zero_after_killed_readers, T_TIMEOUT) {
+  start();
+  kvs_key_t k[4];
+  for (int i = 0; i < 4; i++) k[i] = tk(80, (uint64_t)i);
+  kvs_layout_t bl = kvs_layout_blob(8192);
+  cr_assert_eq(ts_local_put(S.store, k, 4, &bl), 4);
+  pid_t kids[3];
+  for (int i = 0; i < 3; i++) kids[i] = ts_fork(pin_and_wait, k);
+  for (int t = 0; t < 500 && stat_of(&W, "store_live_pins") < 12; t++) usleep(10000);
+  cr_assert_eq(stat_of(&W, "store_live_pins"), 12);
+  for (int i = 0; i < 3; i++) {
+    kill(kids[i], SIGKILL);
+    ts_wait_child(kids[i], 5000);
+  }
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, S.coord, 1, 5000), 0);
+  cr_assert_eq(stat_of(&W, "store_live_pins"), 0);
+  cr_assert_neq(stat_of(&W, "store_pins"), stat_of(&W, "store_releases"),
+                "the old formula would do: this test no longer shows the gauge is needed");
 }
