@@ -61,6 +61,7 @@ typedef struct conn {
   uint8_t strategy;       /* KVS_PROTO_STRATEGY_SHM or _INLINE after HELLO */
   uint8_t peer_role;
   uint32_t peer_max_frame;
+  uint32_t peer_caps;     /* the client's HELLO caps (KVS_PROTO_CAP_*) */
   uid_t uid;
   pid_t pid;
   /* receive side */
@@ -216,6 +217,21 @@ static wxfer_t *find_wxfer(conn_t *k, kvs_xfer_t xfer) {
 
 /* ---- request handlers (each queues exactly one reply or ERROR) ---------------------------- */
 
+/* A client that predates the SKIPPED outcome (no KVS_PROTO_CAP_SKIPPED in its HELLO) gets, for
+ * each SKIPPED key, the outcome of the key that blocked the ALL_OR_NOTHING request, as version
+ * 1 first had it (docs/protocol.md §5.1). */
+static void outcomes_for(const conn_t *k, uint8_t *o, uint32_t n) {
+  if (k->peer_caps & KVS_PROTO_CAP_SKIPPED) return;
+  uint8_t blocker = KVS_RES_BUSY;
+  for (uint32_t i = 0; i < n; i++)
+    if (o[i] != KVS_RES_RESERVED && o[i] != KVS_RES_PRESENT && o[i] != KVS_RES_SKIPPED) {
+      blocker = o[i];
+      break;
+    }
+  for (uint32_t i = 0; i < n; i++)
+    if (o[i] == KVS_RES_SKIPPED) o[i] = blocker;
+}
+
 static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_hello_t req;
   int rc = kvs_proto_hello_decode(p, len, &req);
@@ -230,6 +246,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   if (kvs_proto_negotiate_version(&req, &me, &version) < 0)
     return protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
   if (strcmp(req.group, c->group) != 0 && req.group[0]) {
+    /* docs/protocol.md §5: informational; the socket directory is what separates groups. */
     kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req.group, c->group);
   }
   kvs_owner_t owner;
@@ -246,6 +263,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   k->strategy = strategy;
   k->peer_role = req.role;
   k->peer_max_frame = req.max_frame;
+  k->peer_caps = req.caps;
   kvs_store_info_t info;
   kvs_store_info(c->store, &info);
   me.role = c->role;
@@ -253,7 +271,9 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.strategy_chosen = strategy;
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
-  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0);
+  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
+            KVS_PROTO_CAP_MAX_MESSAGE;
+  if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
   me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
   me.pool_arena_size = info.arena_bytes;
@@ -329,6 +349,7 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
     if (outcomes[i] == KVS_RES_RESERVED)
       w->slots[n_slots++] = (kvs_proto_slot_t){i, 0, ext[i].offset, ext[i].length};
   free(ext);
+  outcomes_for(k, outcomes, n_out);
   rep.xfer = xfer;
   rep.n_slots = n_slots;
   rep.slots = w->slots;
@@ -407,6 +428,7 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
     rc = kvs_store_commit(c->store, k->owner, xfer);
     if (rc < 0) return queue_error(c, k, rid, rc, "commit failed");
   }
+  outcomes_for(k, outcomes, n_out);
   kvs_proto_commit_store_reply_t rep = {reserved, n_out, outcomes};
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
 }
@@ -479,18 +501,25 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   }
   kvs_proto_prepare_retrieve_reply_t rep = {0};
   rep.n_found = (uint32_t)found;
-  rep.n_objects = (uint32_t)found;
   rep.objects = objs;
   rep.is_inline = !shm;
   rep.xfer = shm ? xfer : 0;
+  /* One record per object: keys in a row that name the same object (a primary and its
+   * aliases) share the record of the first of them (docs/protocol.md §4.7), so its bytes
+   * travel once. views[] is compacted to the objects as they go out. */
+  uint32_t no = 0;
   for (int i = 0; i < found; i++) {
-    objs[i].key_index = (uint32_t)i;
-    objs[i].offset = shm ? views[i].extent.offset : 0;
-    objs[i].length = views[i].extent.length;
-    objs[i].layout = views[i].layout;
-    objs[i].data = NULL; /* inline: filled below straight from the pool */
+    if (no && views[i].extent.offset == views[no - 1].extent.offset) continue;
+    views[no] = views[i];
+    objs[no].key_index = (uint32_t)i;
+    objs[no].offset = shm ? views[i].extent.offset : 0;
+    objs[no].length = views[i].extent.length;
+    objs[no].layout = views[i].layout;
+    objs[no].data = NULL; /* inline: filled below straight from the pool */
     rep.data_len += shm ? 0 : views[i].extent.length;
+    no++;
   }
+  rep.n_objects = no;
   size_t n = 0;
   rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
   uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
@@ -498,7 +527,7 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   if (rc == 0 && out && !shm) {
     /* The bytes are the payload's tail, in object order; copy them while the pins hold. */
     uint8_t *dst = out + n - rep.data_len, *base = kvs_pool_base(c->pool);
-    for (int i = 0; i < found; i++) {
+    for (uint32_t i = 0; i < no; i++) {
       memcpy(dst, base + views[i].extent.offset, views[i].extent.length);
       dst += views[i].extent.length;
     }
@@ -702,9 +731,9 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
       k->hdr_got = 0;
       kvs_proto_header_t h;
       kvs_proto_header_parse(k->hdr, sizeof k->hdr, &h);
-      /* docs/protocol.md §8: the ERROR carries the request id when the magic was right. */
-      uint64_t rid =
-          (h.magic != KVS_PROTO_MAGIC || (h.flags & KVS_PROTO_F_REPLY)) ? 0 : h.request_id;
+      /* docs/protocol.md §8: the ERROR carries the request id when the magic was right (also
+       * for a frame marked REPLY or an ERROR: the id is the sender's, whatever it meant). */
+      uint64_t rid = h.magic != KVS_PROTO_MAGIC ? 0 : h.request_id;
       uint32_t limit = k->state == CONN_READY ? c->max_frame : KVS_PROTO_MIN_MAX_FRAME;
       int rc = kvs_proto_header_validate(&h, limit);
       if (rc < 0) {
@@ -712,7 +741,7 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
         return 0;
       }
       if (h.flags & KVS_PROTO_F_REPLY) {
-        protocol_error(c, k, 0, -EPROTO, "a reply sent to the server");
+        protocol_error(c, k, rid, -EPROTO, "a reply sent to the server");
         return 0;
       }
       if (k->in_message) {

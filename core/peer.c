@@ -300,7 +300,8 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   me.strategy_requested = (uint8_t)p->opts.strategy;
   me.strategy_chosen = KVS_PROTO_STRATEGY_AUTO;
   me.pid = (uint32_t)getpid();
-  me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE;
+  me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_SKIPPED |
+            KVS_PROTO_CAP_MAX_MESSAGE;
   me.instance_id = p->instance_id;
   me.max_frame = (uint32_t)p->opts.max_frame;
   snprintf(me.group, sizeof me.group, "%.64s", p->opts.group);
@@ -552,7 +553,8 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
       }
       if (sink(ctx, o->key_index, &o->layout, bytes, o->length) < 0) break;
       kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
-      delivered++;
+      /* an object covers the keys up to the next record's (aliases of one object) */
+      delivered = (int)(i + 1 < r.n_objects ? objs[i + 1].key_index : r.n_found);
     }
     if (r.xfer) { /* unpin at the peer */
       kvs_proto_xfer_t x = {r.xfer};

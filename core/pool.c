@@ -360,6 +360,11 @@ static int make_segment(const kvs_pool_config_t *cfg, bool huge, unsigned shift,
   }
   if (fd < 0) return -errno;
   int rc = 0;
+  /* design §14: the pool is 0600 (a memfd is born 0777; /proc/<pid>/fd would show it so). */
+  if (!named && fchmod(fd, 0600) != 0) {
+    rc = -errno;
+    goto fail;
+  }
   if (ftruncate(fd, (off_t)seg) != 0) {
     rc = -errno;
     goto fail;

@@ -300,3 +300,201 @@ Test(pins, live_pins_gauge_returns_to_zero_after_killed_readers, T_TIMEOUT) {
   cr_assert_neq(stat_of(&W, "store_pins"), stat_of(&W, "store_releases"),
                 "the old formula would do: this test no longer shows the gauge is needed");
 }
+
+/* ---- protocol corners (docs/protocol.md) ---------------------------------------------------- */
+
+static kvs_proto_header_t hdr(uint16_t op, uint64_t rid, uint32_t len) {
+  return (kvs_proto_header_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION, op, 0, rid, len};
+}
+
+/* ERROR with code and request id, then the connection closes; the witness is still served. */
+static void expect_closed_with(cc_t *c, int code, uint64_t rid) {
+  cc_msg_t m;
+  cr_assert_eq(cc_recv(c, &m, 3000), 0, "no ERROR before the close");
+  cr_assert_eq(m.h.opcode, KVS_OP_ERROR);
+  cr_assert_eq(cc_error_code(&m, NULL, 0), code);
+  cr_assert_eq(m.h.request_id, rid, "ERROR request id %llu, wanted %llu",
+               (unsigned long long)m.h.request_id, (unsigned long long)rid);
+  cc_msg_free(&m);
+  cr_assert(cc_wait_closed(c, 3000));
+  cc_close(c);
+  cr_assert_eq(cc_ping(&W, 5, "ok", 2), 0);
+}
+
+TestSuite(corners, .fini = down);
+
+/* §8: an ERROR frame sent by a client (with REPLY, so the header itself is valid) is answered
+ * with -EPROTO echoing its request id. */
+Test(corners, error_frame_from_client_echoes_its_id, T_TIMEOUT) {
+  start();
+  cc_t c;
+  cr_assert_eq(cc_open(&c, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+  uint8_t p[64];
+  size_t n = 0;
+  kvs_proto_error_t e;
+  kvs_proto_error_init(&e, -EIO, "from a client");
+  cr_assert_eq(kvs_proto_error_encode(&e, p, sizeof p, &n), 0);
+  kvs_proto_header_t h = hdr(KVS_OP_ERROR, 4242, (uint32_t)n);
+  h.flags = KVS_PROTO_F_REPLY;
+  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
+  expect_closed_with(&c, -EPROTO, 4242);
+}
+
+/* §5: a HELLO request with strategy_chosen set (or a pool fd flag) is a field violation. */
+Test(corners, hello_request_with_strategy_chosen_is_ebadmsg, T_TIMEOUT) {
+  start();
+  cc_t c;
+  cr_assert_eq(cc_connect(&c, S.path), 0);
+  kvs_proto_hello_t me;
+  memset(&me, 0, sizeof me);
+  me.version_min = me.version_max = 1;
+  me.role = KVS_PROTO_ROLE_TOOL;
+  me.strategy_chosen = KVS_PROTO_STRATEGY_SHM;
+  me.caps = KVS_PROTO_CAP_INLINE;
+  me.max_frame = KVS_PROTO_MIN_MAX_FRAME;
+  uint8_t buf[256];
+  size_t n = 0;
+  cr_assert_eq(kvs_proto_hello_encode(&me, buf, sizeof buf, &n), 0);
+  kvs_proto_header_t h = hdr(KVS_OP_HELLO, 31, (uint32_t)n);
+  cr_assert_eq(cc_send_frame(&c, &h, buf), 0);
+  expect_closed_with(&c, -EBADMSG, 31);
+}
+
+/* §4.5: an alias entry (kind OBJECT, entry > 0) that carries bytes is malformed: -EBADMSG and
+ * the connection closes; nothing is stored. */
+Test(corners, alias_entry_with_bytes_is_ebadmsg, T_TIMEOUT) {
+  start();
+  cc_t c;
+  cr_assert_eq(cc_open(&c, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
+  const uint64_t LEN = 4096;
+  kvs_layout_t l = kvs_layout_blob(LEN);
+  kvs_proto_entry_t ent[2] = {{tk(90, 0), LEN}, {tk(90, 1), LEN}};
+  uint8_t *data = calloc(1, 2 * LEN);
+  kvs_proto_commit_store_t m = {.is_inline = 1, .kind = KVS_PROTO_KIND_CHUNKS, .layout = l,
+                                .n_entries = 2, .entries = ent, .data = data,
+                                .data_len = 2 * LEN};
+  size_t n = 0;
+  cr_assert_eq(kvs_proto_commit_store_encode(&m, NULL, 0, &n), 0);
+  uint8_t *p = malloc(n);
+  cr_assert_eq(kvs_proto_commit_store_encode(&m, p, n, &n), 0);
+  p[9] = KVS_PROTO_KIND_OBJECT; /* now entry 1 is an alias with 4096 bytes */
+  kvs_proto_header_t h = hdr(KVS_OP_COMMIT_STORE, 55, (uint32_t)n);
+  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
+  expect_closed_with(&c, -EBADMSG, 55);
+  cr_assert_eq(ts_info(S.store).objects_ready, 0);
+  free(p);
+  free(data);
+}
+
+static int prepare_mode(cc_t *c, const kvs_key_t *keys, uint32_t n, uint32_t mode, uint64_t len,
+                        uint8_t *oc, uint64_t *xfer) {
+  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_CHUNKS, mode,
+                                 kvs_layout_blob(len), n, keys};
+  uint8_t buf[1024];
+  size_t bn = 0;
+  cr_assert_eq(kvs_proto_prepare_store_encode(&m, buf, sizeof buf, &bn), 0);
+  cc_msg_t r;
+  int rc = cc_call(c, KVS_OP_PREPARE_STORE, buf, bn, &r);
+  if (rc < 0) return rc;
+  kvs_proto_prepare_store_reply_t d;
+  cr_assert_eq(kvs_proto_prepare_store_reply_decode(r.payload, r.len, &d), 0);
+  memcpy(oc, d.outcomes, d.n_outcomes);
+  *xfer = d.xfer;
+  cc_msg_free(&r);
+  return (int)d.n_outcomes;
+}
+
+/* §4.4: ALL_OR_NOTHING names the key that blocked it (BUSY: being written by another
+ * connection) and SKIPPED for the others, to a client that announced CAP_SKIPPED; a client that
+ * did not gets the blocker's outcome for every key, as before. Nothing is reserved. */
+Test(corners, all_or_nothing_reports_the_blocking_key, T_TIMEOUT) {
+  start();
+  kvs_key_t k[3] = {tk(91, 0), tk(91, 1), tk(91, 2)};
+  cc_t a, b, old;
+  cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+  uint8_t oc[4];
+  uint64_t xa = 0, x = 0;
+  cr_assert_eq(prepare_mode(&a, &k[2], 1, 0, 4096, oc, &xa), 1); /* a writes k2 */
+  cr_assert_eq(oc[0], KVS_RES_RESERVED);
+  cr_assert_eq(cc_connect(&b, S.path), 0);
+  cr_assert_eq(cc_hello(&b, KVS_PROTO_STRATEGY_AUTO,
+                        KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_SKIPPED, 0), 0);
+  cr_assert(b.server.caps & KVS_PROTO_CAP_SKIPPED, "the server does not announce SKIPPED");
+  kvs_store_info_t before = ts_info(S.store);
+  cr_assert_eq(prepare_mode(&b, k, 3, KVS_RESERVE_ALL_OR_NOTHING, 4096, oc, &x), 3);
+  cr_assert_eq(x, 0);
+  cr_assert_eq(oc[0], KVS_RES_SKIPPED, "k0 did not block: %u", oc[0]);
+  cr_assert_eq(oc[1], KVS_RES_SKIPPED, "k1 did not block: %u", oc[1]);
+  cr_assert_eq(oc[2], KVS_RES_BUSY, "k2 blocked: %u", oc[2]);
+  cr_assert_eq(ts_info(S.store).reserved_bytes, before.reserved_bytes, "something was reserved");
+  cr_assert_eq(cc_open(&old, S.path, KVS_PROTO_STRATEGY_AUTO), 0); /* no CAP_SKIPPED */
+  cr_assert_eq(prepare_mode(&old, k, 3, KVS_RESERVE_ALL_OR_NOTHING, 4096, oc, &x), 3);
+  for (int i = 0; i < 3; i++) cr_assert_eq(oc[i], KVS_RES_BUSY, "old client, key %d: %u", i, oc[i]);
+  cc_close(&a), cc_close(&b), cc_close(&old);
+}
+
+/* §4.7: retrieving a primary and its aliases in one request returns the object once. */
+Test(corners, primary_and_aliases_retrieved_once, T_TIMEOUT) {
+  start();
+  const uint64_t LEN = 12288;
+  kvs_layout_t l = kvs_layout_blob(LEN);
+  kvs_key_t k[3] = {tk(92, 0), tk(92, 1), tk(92, 2)};
+  uint8_t *buf = malloc(LEN);
+  pat_fill(buf, LEN, k[0]);
+  const void *bufs[1] = {buf};
+  cc_t a;
+  cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+  uint32_t committed = 0;
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_OBJECT, &l, k, 3, bufs, &committed, NULL), 0);
+  cr_assert_eq(committed, 1);
+  for (int shm = 0; shm < 2; shm++) {
+    cc_pretr_t r;
+    cr_assert_eq(cc_prepare_retrieve(&a, shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE,
+                                     k, 3, &r), 0);
+    cr_assert_eq(r.n_found, 3);
+    cr_assert_eq(r.n_objects, 1, "%s: %u object records for one object", shm ? "shm" : "inline",
+                 r.n_objects);
+    cr_assert_eq(r.objects[0].key_index, 0);
+    cr_assert_eq(r.objects[0].length, LEN);
+    if (!shm) cr_assert_eq(r.msg.len, 24 + 32 + 8 + LEN, "inline bytes sent more than once");
+    cr_assert_eq(pat_check(cc_object_bytes(&a, &r, 0), LEN, k[0]), 0);
+    if (shm) cr_assert_eq(cc_commit_retrieve(&a, r.xfer), 0);
+    cc_pretr_free(&r);
+  }
+  /* kvshim's own client delivers the leading run: all three keys, one sink call. */
+  kvs_stats_t st;
+  kvs_peers_t *p = peer_client(&st);
+  slow_sink_t s = {k[0], k[0], LEN, 0, false, malloc(LEN), 0};
+  cr_assert_eq(kvs_peers_retrieve(p, S.instance_id, k, 3, slow_sink, &s), 3);
+  cr_assert_eq(s.calls, 1);
+  cr_assert_eq(pat_check(s.copy, LEN, k[0]), 0);
+  kvs_peers_destroy(p);
+  free(s.copy);
+  free(buf);
+  cc_close(&a);
+}
+
+/* §5.1: HELLO announces max_message to a client that asks (CAP_MAX_MESSAGE); to one that does
+ * not, the reply is the version-1 body byte for byte (an old decoder rejects trailing bytes). */
+Test(corners, hello_announces_max_message, T_TIMEOUT) {
+  start();
+  cr_assert_eq(W.server.max_message, 0, "sent to a client that did not ask");
+  cc_t c;
+  cr_assert_eq(cc_connect(&c, S.path), 0);
+  cr_assert_eq(cc_hello(&c, KVS_PROTO_STRATEGY_AUTO,
+                        KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_MAX_MESSAGE, 0), 0);
+  uint64_t want = kvs_pool_header(S.pool)->cache_size + (1u << 20);
+  if (want < S.opts.max_frame) want = S.opts.max_frame;
+  cr_assert_eq(c.server.max_message, want, "max_message %llu, wanted %llu",
+               (unsigned long long)c.server.max_message, (unsigned long long)want);
+  cr_assert(c.server.caps & KVS_PROTO_CAP_MAX_MESSAGE);
+  cc_close(&c);
+}
+
+/* design §14: the pool memfd is 0600 (memfd_create makes it 0777). */
+Test(corners, pool_memfd_is_0600, T_TIMEOUT) {
+  start();
+  struct stat sb;
+  cr_assert_eq(fstat(kvs_pool_fd(S.pool), &sb), 0);
+  cr_assert_eq(sb.st_mode & 07777, 0600, "pool mode %o", sb.st_mode & 07777);
+}

@@ -509,7 +509,7 @@ T(hello_round_trip) {
   cr_assert(memcmp(&d, &h, offsetof(kvs_proto_hello_t, group)) == 0);
   cr_assert_str_eq(d.group, h.group);
   cr_assert_eq(kvs_proto_hello_check(&d, true), 0);
-  cr_assert_eq(kvs_proto_hello_check(&d, false), -EPROTO);
+  cr_assert_eq(kvs_proto_hello_check(&d, false), -EBADMSG);
   free(b);
 }
 
@@ -1083,7 +1083,7 @@ T(reserved_fields_and_ranges_are_checked) {
   expect_bad_patch(ps, 4, 4);    /* unknown mode bit */
   expect_bad_patch(ps, 12, 1);   /* reserved */
   const sample_t *psr = find_sample(s, n, "prepare_store_reply");
-  expect_bad_patch(psr, 16 + 1, 6);        /* outcome out of range */
+  expect_bad_patch(psr, 16 + 1, 7);        /* outcome out of range (6 is SKIPPED) */
   expect_bad_patch(psr, 16 + 5, 1);        /* padding after outcomes */
   expect_bad_patch(psr, 24 + 4, 1);        /* slot reserved */
   expect_bad_patch(psr, 24, 5);            /* slot key index >= n_outcomes */
@@ -1310,11 +1310,11 @@ T(hello_negotiation_helpers) {
 
   kvs_proto_hello_t req = {.strategy_chosen = KVS_PROTO_STRATEGY_AUTO};
   cr_assert_eq(kvs_proto_hello_check(&req, false), 0);
-  cr_assert_eq(kvs_proto_hello_check(&req, true), -EPROTO, "a reply must choose");
+  cr_assert_eq(kvs_proto_hello_check(&req, true), -EBADMSG, "a reply must choose");
   req.flags = KVS_PROTO_HELLO_POOL_FD;
-  cr_assert_eq(kvs_proto_hello_check(&req, false), -EPROTO, "requests carry no pool fd");
+  cr_assert_eq(kvs_proto_hello_check(&req, false), -EBADMSG, "requests carry no pool fd");
   kvs_proto_hello_t rep = {.strategy_chosen = KVS_PROTO_STRATEGY_INLINE, .flags = KVS_PROTO_HELLO_POOL_FD};
-  cr_assert_eq(kvs_proto_hello_check(&rep, true), -EPROTO, "pool fd only with SHM");
+  cr_assert_eq(kvs_proto_hello_check(&rep, true), -EBADMSG, "pool fd only with SHM");
   rep.strategy_chosen = KVS_PROTO_STRATEGY_SHM;
   cr_assert_eq(kvs_proto_hello_check(&rep, true), 0);
 }
