@@ -236,15 +236,23 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   kvs_proto_hello_t req;
   int rc = kvs_proto_hello_decode(p, len, &req);
   if (rc == 0) rc = kvs_proto_hello_check(&req, false);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad HELLO");
-  if (k->state != CONN_AWAIT_HELLO) return protocol_error(c, k, rid, -EPROTO, "second HELLO");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad HELLO");
+    return;
+  }
+  if (k->state != CONN_AWAIT_HELLO) {
+    protocol_error(c, k, rid, -EPROTO, "second HELLO");
+    return;
+  }
   kvs_proto_hello_t me;
   memset(&me, 0, sizeof me);
   me.version_min = KVS_PROTO_VERSION_MIN;
   me.version_max = KVS_PROTO_VERSION_MAX;
   uint16_t version;
-  if (kvs_proto_negotiate_version(&req, &me, &version) < 0)
-    return protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
+  if (kvs_proto_negotiate_version(&req, &me, &version) < 0) {
+    protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
+    return;
+  }
   if (strcmp(req.group, c->group) != 0 && req.group[0]) {
     /* docs/protocol.md §5: informational; the socket directory is what separates groups. */
     kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req.group, c->group);
@@ -285,7 +293,8 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   uint8_t *out = malloc(n);
   if (!out || kvs_proto_hello_encode(&me, out, n, &n) < 0) {
     free(out);
-    return protocol_error(c, k, rid, -ENOMEM, "cannot encode HELLO");
+    protocol_error(c, k, rid, -ENOMEM, "cannot encode HELLO");
+    return;
   }
   queue_msg(k, KVS_OP_HELLO, rid, out, n,
             strategy == KVS_PROTO_STRATEGY_SHM ? kvs_pool_fd(c->pool) : -1);
@@ -294,9 +303,15 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
 static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_lookup_t req;
   int rc = kvs_proto_lookup_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad LOOKUP");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad LOOKUP");
+    return;
+  }
   rc = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, false, NULL);
-  if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "lookup failed");
+    return;
+  }
   kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
 }
@@ -305,7 +320,10 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
                              size_t len) {
   kvs_proto_prepare_store_t req;
   int rc = kvs_proto_prepare_store_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
+    return;
+  }
   bool object = req.kind == KVS_PROTO_KIND_OBJECT;
   uint32_t n_out = object ? 1 : req.n_keys;
   uint8_t outcomes[KVS_PROTO_MAX_KEYS];
@@ -322,15 +340,18 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
     QUEUE_ENCODED(c, k, KVS_OP_PREPARE_STORE, rid, kvs_proto_prepare_store_reply_encode, &rep);
     return;
   }
-  if (k->strategy != KVS_PROTO_STRATEGY_SHM)
-    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+  if (k->strategy != KVS_PROTO_STRATEGY_SHM) {
+    queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+    return;
+  }
 
   kvs_extent_t *ext = malloc(sizeof *ext * n_out);
   wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out);
   if (!ext || !w) {
     free(ext);
     free(w);
-    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+    queue_error(c, k, rid, -ENOMEM, "out of memory");
+    return;
   }
   kvs_xfer_t xfer = 0;
   if (object)
@@ -342,7 +363,8 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
   if (rc < 0) {
     free(ext);
     free(w);
-    return queue_error(c, k, rid, rc, "reservation failed");
+    queue_error(c, k, rid, rc, "reservation failed");
+    return;
   }
   uint32_t n_slots = 0;
   for (uint32_t i = 0; i < n_out; i++)
@@ -394,7 +416,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   if (!keys || !ext) {
     free(keys);
     free(ext);
-    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+    queue_error(c, k, rid, -ENOMEM, "out of memory");
+    return;
   }
   for (uint32_t i = 0; i < n; i++) {
     keys[i] = req->entries[i].key;
@@ -402,7 +425,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
     if (req->entries[i].length != expect) {
       free(keys);
       free(ext);
-      return queue_error(c, k, rid, -EINVAL, "entry length disagrees with the layout");
+      queue_error(c, k, rid, -EINVAL, "entry length disagrees with the layout");
+      return;
     }
   }
   kvs_xfer_t xfer = 0;
@@ -413,7 +437,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   free(keys);
   if (rc < 0) {
     free(ext);
-    return queue_error(c, k, rid, rc, "reservation failed");
+    queue_error(c, k, rid, rc, "reservation failed");
+    return;
   }
   uint8_t *base = kvs_pool_base(c->pool);
   uint32_t reserved = 0;
@@ -426,7 +451,10 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   free(ext);
   if (xfer) {
     rc = kvs_store_commit(c->store, k->owner, xfer);
-    if (rc < 0) return queue_error(c, k, rid, rc, "commit failed");
+    if (rc < 0) {
+      queue_error(c, k, rid, rc, "commit failed");
+      return;
+    }
   }
   outcomes_for(k, outcomes, n_out);
   kvs_proto_commit_store_reply_t rep = {reserved, n_out, outcomes};
@@ -437,28 +465,40 @@ static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8
                             size_t len) {
   kvs_proto_commit_store_t req;
   int rc = kvs_proto_commit_store_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
+    return;
+  }
   if (req.is_inline) {
     if (req.xfer) { /* the SHM reservation this inline commit replaces: abort it, never leak */
       rc = kvs_store_abort(c->store, k->owner, req.xfer);
       forget_wxfer(k, req.xfer);
-      if (rc < 0 && rc != -ENOENT) return queue_error(c, k, rid, rc, "cannot abort that transfer");
+      if (rc < 0 && rc != -ENOENT) {
+        queue_error(c, k, rid, rc, "cannot abort that transfer");
+        return;
+      }
     }
-    return commit_inline(c, k, rid, &req);
+    commit_inline(c, k, rid, &req);
+    return;
   }
   wxfer_t *w = find_wxfer(k, req.xfer);
   rc = check_commit_slots(c, w, req.slots, req.n_slots);
   if (rc == -EFAULT) {
     if (w) kvs_store_abort(c->store, k->owner, req.xfer), forget_wxfer(k, req.xfer);
-    return protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
+    protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
+    return;
   }
   if (rc < 0) {
     kvs_store_abort(c->store, k->owner, req.xfer);
     forget_wxfer(k, req.xfer);
-    return queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
+    queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
+    return;
   }
   rc = kvs_store_commit(c->store, k->owner, req.xfer);
-  if (rc < 0) return queue_error(c, k, rid, rc, "commit refused");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "commit refused");
+    return;
+  }
   kvs_proto_commit_store_reply_t rep = {w ? w->n_slots : 0, 0, NULL};
   forget_wxfer(k, req.xfer);
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
@@ -467,9 +507,15 @@ static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8
 static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_xfer_t req;
   int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad ABORT");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad ABORT");
+    return;
+  }
   rc = kvs_store_abort(c->store, k->owner, req.xfer);
-  if (rc < 0) return queue_error(c, k, rid, rc, "abort refused");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "abort refused");
+    return;
+  }
   forget_wxfer(k, req.xfer);
   queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
 }
@@ -478,13 +524,21 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
                                 size_t len) {
   kvs_proto_prepare_retrieve_t req;
   int rc = kvs_proto_prepare_retrieve_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
+    return;
+  }
   bool shm = req.strategy == KVS_PROTO_STRATEGY_SHM;
-  if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM)
-    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+  if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM) {
+    queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+    return;
+  }
   kvs_xfer_t xfer = 0;
   int found = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, true, &xfer);
-  if (found < 0) return queue_error(c, k, rid, found, "lookup failed");
+  if (found < 0) {
+    queue_error(c, k, rid, found, "lookup failed");
+    return;
+  }
   kvs_proto_object_t *objs = NULL;
   kvs_object_view_t *views = NULL;
   if (found > 0) {
@@ -496,7 +550,8 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
       free(objs);
       free(views);
       kvs_store_release(c->store, k->owner, xfer);
-      return queue_error(c, k, rid, nv < 0 ? nv : -EIO, "cannot read the pinned objects");
+      queue_error(c, k, rid, nv < 0 ? nv : -EIO, "cannot read the pinned objects");
+      return;
     }
   }
   kvs_proto_prepare_retrieve_reply_t rep = {0};
@@ -539,7 +594,8 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   if (rc < 0 || !out) {
     free(out);
     if (shm && xfer) kvs_store_release(c->store, k->owner, xfer);
-    return queue_error(c, k, rid, out ? rc : -ENOMEM, "cannot encode the reply");
+    queue_error(c, k, rid, out ? rc : -ENOMEM, "cannot encode the reply");
+    return;
   }
   queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
 }
@@ -548,10 +604,16 @@ static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const ui
                                size_t len) {
   kvs_proto_xfer_t req;
   int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
+    return;
+  }
   if (req.xfer) {
     rc = kvs_store_release(c->store, k->owner, req.xfer);
-    if (rc < 0) return queue_error(c, k, rid, rc, "release refused");
+    if (rc < 0) {
+      queue_error(c, k, rid, rc, "release refused");
+      return;
+    }
   }
   queue_msg(k, KVS_OP_COMMIT_RETRIEVE, rid, malloc(1), 0, -1);
 }
@@ -559,7 +621,10 @@ static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const ui
 static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_stats_t req;
   int rc = kvs_proto_stats_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad STATS");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad STATS");
+    return;
+  }
   char text[16384];
   size_t n = kvs_coord_render_stats(c->store, c->stats, req.format == KVS_PROTO_STATS_JSON, text,
                                     sizeof text);
@@ -571,14 +636,20 @@ static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
 static void on_ping(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_ping_t req;
   int rc = kvs_proto_ping_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PING");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PING");
+    return;
+  }
   QUEUE_ENCODED(c, k, KVS_OP_PING, rid, kvs_proto_ping_encode, &req);
 }
 
 static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_export_t req;
   int rc = kvs_proto_export_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
+    return;
+  }
   kvs_proto_export_reply_t rep = {0};
   kvs_tensor_desc_t *descs = NULL;
   kvs_proto_blob_t *blobs = NULL;
@@ -586,7 +657,10 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
   int n = 0;
   if (c->tensors) {
     n = kvs_tensor_registry_query(c->tensors, req.address, req.length, NULL, 0, NULL);
-    if (n < 0) return queue_error(c, k, rid, n, "bad address range");
+    if (n < 0) {
+      queue_error(c, k, rid, n, "bad address range");
+      return;
+    }
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
   }
   if (n > 0) {
@@ -595,7 +669,8 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
     enc = malloc((size_t)n * KVS_PROTO_MAX_DESC_BYTES);
     if (!descs || !blobs || !enc) {
       free(descs), free(blobs), free(enc);
-      return queue_error(c, k, rid, -ENOMEM, "out of memory");
+      queue_error(c, k, rid, -ENOMEM, "out of memory");
+      return;
     }
     n = kvs_tensor_registry_query(c->tensors, req.address, req.length, descs, (size_t)n, NULL);
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
@@ -604,7 +679,8 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
       int w = kvs_tensor_encode(&descs[i], dst, KVS_PROTO_MAX_DESC_BYTES);
       if (w <= 0) {
         free(descs), free(blobs), free(enc);
-        return queue_error(c, k, rid, w < 0 ? w : -EIO, "cannot encode a descriptor");
+        queue_error(c, k, rid, w < 0 ? w : -EIO, "cannot encode a descriptor");
+        return;
       }
       blobs[i] = (kvs_proto_blob_t){(uint32_t)w, dst};
     }
@@ -618,20 +694,22 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
-  if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO)
-    return protocol_error(c, k, rid, -EPROTO, "request before HELLO");
+  if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO) {
+    protocol_error(c, k, rid, -EPROTO, "request before HELLO");
+    return;
+  }
   switch (op) {
-    case KVS_OP_HELLO: return on_hello(c, k, rid, p, len);
-    case KVS_OP_LOOKUP: return on_lookup(c, k, rid, p, len);
-    case KVS_OP_PREPARE_STORE: return on_prepare_store(c, k, rid, p, len);
-    case KVS_OP_COMMIT_STORE: return on_commit_store(c, k, rid, p, len);
-    case KVS_OP_ABORT: return on_abort(c, k, rid, p, len);
-    case KVS_OP_PREPARE_RETRIEVE: return on_prepare_retrieve(c, k, rid, p, len);
-    case KVS_OP_COMMIT_RETRIEVE: return on_commit_retrieve(c, k, rid, p, len);
-    case KVS_OP_STATS: return on_stats(c, k, rid, p, len);
-    case KVS_OP_PING: return on_ping(c, k, rid, p, len);
-    case KVS_OP_EXPORT_TENSORS: return on_export(c, k, rid, p, len);
-    default: return protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode");
+    case KVS_OP_HELLO: on_hello(c, k, rid, p, len); break;
+    case KVS_OP_LOOKUP: on_lookup(c, k, rid, p, len); break;
+    case KVS_OP_PREPARE_STORE: on_prepare_store(c, k, rid, p, len); break;
+    case KVS_OP_COMMIT_STORE: on_commit_store(c, k, rid, p, len); break;
+    case KVS_OP_ABORT: on_abort(c, k, rid, p, len); break;
+    case KVS_OP_PREPARE_RETRIEVE: on_prepare_retrieve(c, k, rid, p, len); break;
+    case KVS_OP_COMMIT_RETRIEVE: on_commit_retrieve(c, k, rid, p, len); break;
+    case KVS_OP_STATS: on_stats(c, k, rid, p, len); break;
+    case KVS_OP_PING: on_ping(c, k, rid, p, len); break;
+    case KVS_OP_EXPORT_TENSORS: on_export(c, k, rid, p, len); break;
+    default: protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode"); break;
   }
 }
 
@@ -799,13 +877,19 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
   if (rc == 0 && !k->tx_head && !k->closing && (events & (EPOLLRDHUP | EPOLLHUP)) &&
       !(events & EPOLLIN))
     rc = -ECONNRESET;
-  if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+  if (rc < 0 || (k->closing && !k->tx_head)) {
+    close_conn(c, k);
+    return;
+  }
   arm(c, k);
   /* A reply just went out and the peer may have pipelined more: read it now. */
   if (!k->tx_head && (events & EPOLLOUT)) {
     rc = pump_rx(c, k);
     if (rc == 0) rc = flush_tx(k);
-    if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+    if (rc < 0 || (k->closing && !k->tx_head)) {
+      close_conn(c, k);
+      return;
+    }
     arm(c, k);
   }
 }

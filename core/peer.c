@@ -257,17 +257,17 @@ static int rpc_post(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, si
   return 0;
 }
 
-/* Encode with a size query and call. */
-#define RPC_ENCODED(p, c, op, encfn, msgp, reply, reply_len)                                  \
-  ({                                                                                          \
+/* Encode with a size query and call; the result goes to rc (an int lvalue). */
+#define RPC_ENCODED(rc, p, c, op, encfn, msgp, reply, reply_len)                              \
+  do {                                                                                        \
     size_t n_ = 0;                                                                            \
     int r_ = encfn((msgp), NULL, 0, &n_);                                                     \
     uint8_t *b_ = r_ == 0 ? malloc(n_ ? n_ : 1) : NULL;                                       \
     if (r_ == 0) r_ = b_ ? encfn((msgp), b_, n_, &n_) : -ENOMEM;                              \
     if (r_ == 0) r_ = rpc((p), (c), (op), b_, n_, (reply), (reply_len), NULL);                \
     free(b_);                                                                                 \
-    r_;                                                                                       \
-  })
+    (rc) = r_;                                                                                \
+  } while (0)
 
 /* Connect and HELLO. Returns a new connection (not in the table) or NULL. */
 static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
@@ -476,7 +476,8 @@ static int lookup_one(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t 
   size_t rn = 0;
   pthread_mutex_lock(&c->lock);
   kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
-  int rc = RPC_ENCODED(p, c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &rep, &rn);
   pthread_mutex_unlock(&c->lock);
   kvs_proto_lookup_reply_t r;
   if (rc == 0) rc = kvs_proto_lookup_reply_decode(rep, rn, &r);
@@ -529,9 +530,10 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
   pthread_mutex_lock(&c->lock);
   uint64_t asked_ms = kvs__now_ms(); /* the peer's pins cannot be older than this */
-  int rc = objs ? RPC_ENCODED(p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode,
-                              &m, &rep, &rn)
-                : -ENOMEM;
+  int rc = -ENOMEM;
+  if (objs)
+    RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
+                &rn);
   kvs_proto_prepare_retrieve_reply_t r;
   if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
   int delivered = 0;
@@ -600,7 +602,8 @@ static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs
                                  0, *layout, (uint32_t)n, keys};
   size_t rn = 0;
   *rep = NULL;
-  int rc = RPC_ENCODED(p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_STORE, kvs_proto_prepare_store_encode, &m, rep, &rn);
   if (rc == 0) rc = kvs_proto_prepare_store_reply_decode(*rep, rn, r);
   if (rc < 0) {
     free(*rep);
@@ -640,11 +643,13 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n
       cm.xfer = r.xfer;
       cm.n_slots = r.n_slots;
       cm.slots = r.slots;
-      rc = RPC_ENCODED(p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
+      RPC_ENCODED(rc, p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
       if (rc == 0) kept += (int)r.n_slots;
     } else {
       kvs_proto_xfer_t x = {r.xfer};
-      RPC_ENCODED(p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
+      int ignored;
+      RPC_ENCODED(ignored, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
+      (void)ignored; /* an abort that fails only costs the peer a lease */
     }
     free(r2);
   }
@@ -738,7 +743,8 @@ int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, siz
   uint8_t *rep = NULL;
   size_t rn = 0;
   pthread_mutex_lock(&c->lock);
-  int rc = RPC_ENCODED(p, c, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
   pthread_mutex_unlock(&c->lock);
   unref(p, c);
   kvs_proto_text_t t;
@@ -761,7 +767,8 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
   uint8_t *rep = NULL;
   size_t rn = 0;
   pthread_mutex_lock(&c->lock);
-  int rc = RPC_ENCODED(p, c, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
   pthread_mutex_unlock(&c->lock);
   unref(p, c);
   kvs_proto_ping_t r;
