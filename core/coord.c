@@ -280,7 +280,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE;
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD;
   if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
   me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
@@ -691,6 +691,37 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
   free(descs), free(blobs), free(enc);
 }
 
+/* REPORT_BAD (docs/protocol.md 4.11): drop the object under key when its bytes are exactly the
+ * ones the reporter judged bad (same length and XXH3-64): a report about an object rewritten
+ * since it was read is ignored. Hashing happens under our own pin, outside the store lock. */
+static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                          size_t len) {
+  kvs_proto_report_t req;
+  int rc = kvs_proto_report_decode(p, len, &req);
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad REPORT_BAD");
+    return;
+  }
+  kvs_stats_inc(c->stats, KVS_STAT_coord_bad_reports);
+  kvs_proto_report_reply_t rep = {0};
+  kvs_xfer_t xfer = 0;
+  kvs_object_view_t v;
+  if (kvs_store_lookup(c->store, k->owner, &req.key, 1, true, &xfer) == 1) {
+    bool same = kvs_store_read_pinned(c->store, k->owner, xfer, &v, 1) == 1 &&
+                v.extent.length == req.length &&
+                kvs_checksum64(kvs_pool_base(c->pool) + v.extent.offset, v.extent.length) ==
+                    req.checksum;
+    kvs_store_release(c->store, k->owner, xfer);
+    if (same && kvs_store_remove(c->store, &req.key) == 0) rep.dropped = 1;
+  }
+  if (rep.dropped) {
+    kvs_stats_inc(c->stats, KVS_STAT_coord_bad_dropped);
+    kvs_log_info("peer pid %ld reported a bad object (%" PRIu64 " bytes): dropped", (long)k->pid,
+                 req.length);
+  }
+  QUEUE_ENCODED(c, k, KVS_OP_REPORT_BAD, rid, kvs_proto_report_reply_encode, &rep);
+}
+
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
@@ -709,6 +740,7 @@ static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const
     case KVS_OP_STATS: on_stats(c, k, rid, p, len); break;
     case KVS_OP_PING: on_ping(c, k, rid, p, len); break;
     case KVS_OP_EXPORT_TENSORS: on_export(c, k, rid, p, len); break;
+    case KVS_OP_REPORT_BAD: on_report_bad(c, k, rid, p, len); break;
     default: protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode"); break;
   }
 }

@@ -32,6 +32,7 @@ typedef struct pconn {
   int fd;               /* -1 when dead */
   uint64_t next_rid;
   uint32_t peer_max_frame;
+  uint32_t peer_caps;   /* the server's HELLO caps */
   kvs_peer_info_t info;
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
   uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
@@ -323,6 +324,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
     return NULL;
   }
   c->peer_max_frame = h.max_frame;
+  c->peer_caps = h.caps;
   c->info.pid = h.pid;
   c->info.role = h.role;
   c->info.instance_id = h.instance_id;
@@ -776,6 +778,28 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
   if (rc == 0 && r.nonce != nonce) rc = -EPROTO;
   free(rep);
   return rc;
+}
+
+int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
+                         uint64_t checksum) {
+  if (!p || !instance || !len) return -EINVAL;
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  int rc = -EOPNOTSUPP; /* a peer that predates REPORT_BAD would close the connection on it */
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  if (c->peer_caps & KVS_PROTO_CAP_REPORT_BAD) {
+    kvs_proto_report_t m = {key, len, checksum};
+    kvs_stats_inc(p->stats, KVS_STAT_peer_bad_reports);
+    pthread_mutex_lock(&c->lock);
+    RPC_ENCODED(rc, p, c, KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m, &rep, &rn);
+    pthread_mutex_unlock(&c->lock);
+  }
+  unref(p, c);
+  kvs_proto_report_reply_t r;
+  if (rc == 0) rc = kvs_proto_report_reply_decode(rep, rn, &r);
+  free(rep);
+  return rc < 0 ? rc : (int)r.dropped;
 }
 
 /* ---- write-behind ---------------------------------------------------------------------------- */

@@ -1087,3 +1087,54 @@ int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *d
   *out = m;
   return 0;
 }
+
+/* ---- REPORT_BAD ---------------------------------------------------------------------------- */
+
+int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len) {
+  if (m->length == 0) return -EINVAL;
+  kvs_proto_writer_t w;
+  kvs_proto_writer_init(&w, buf, cap);
+  kvs_proto_write_u64(&w, m->key.lo);
+  kvs_proto_write_u64(&w, m->key.hi);
+  kvs_proto_write_u64(&w, m->length);
+  kvs_proto_write_u64(&w, m->checksum);
+  return finish(&w, len);
+}
+
+int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out) {
+  KVS_TRY(payload_ok(p, len));
+  kvs_proto_reader_t r;
+  kvs_proto_reader_init(&r, p, len);
+  kvs_proto_report_t m;
+  m.key.lo = kvs_proto_read_u64(&r);
+  m.key.hi = kvs_proto_read_u64(&r);
+  m.length = kvs_proto_read_u64(&r);
+  m.checksum = kvs_proto_read_u64(&r);
+  require(&r, m.length != 0);
+  KVS_TRY(kvs_proto_reader_end(&r));
+  *out = m;
+  return 0;
+}
+
+int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
+                                  size_t *len) {
+  if (m->dropped > 1) return -EINVAL;
+  kvs_proto_writer_t w;
+  kvs_proto_writer_init(&w, buf, cap);
+  kvs_proto_write_u32(&w, m->dropped);
+  kvs_proto_write_u32(&w, 0);
+  return finish(&w, len);
+}
+
+int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out) {
+  KVS_TRY(payload_ok(p, len));
+  kvs_proto_reader_t r;
+  kvs_proto_reader_init(&r, p, len);
+  kvs_proto_report_reply_t m;
+  m.dropped = kvs_proto_read_u32(&r);
+  zero32(&r);
+  require(&r, m.dropped <= 1);
+  KVS_TRY(kvs_proto_reader_end(&r));
+  *out = m;
+  return 0;
+}

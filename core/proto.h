@@ -112,6 +112,7 @@ extern "C" {
   X(STATS, 8, "STATS")                                                                        \
   X(PING, 9, "PING")                                                                          \
   X(EXPORT_TENSORS, 10, "EXPORT_TENSORS")                                                     \
+  X(REPORT_BAD, 11, "REPORT_BAD")                                                             \
   X(ERROR, 255, "ERROR")
 
 typedef enum kvs_proto_opcode {
@@ -170,6 +171,7 @@ const char *kvs_proto_strerror(int code);
  * announced it, so a peer that predates it sees version 1 exactly as it was. */
 #define KVS_PROTO_CAP_SKIPPED 0x4u      /* reads the SKIPPED reservation outcome (6) */
 #define KVS_PROTO_CAP_MAX_MESSAGE 0x8u  /* reads max_message at the end of a HELLO reply */
+#define KVS_PROTO_CAP_REPORT_BAD 0x10u  /* server: takes REPORT_BAD (a client sends it only then) */
 #define KVS_PROTO_HELLO_POOL_FD 0x1u    /* HELLO flag: the pool memfd travels with this frame */
 #define KVS_PROTO_HELLO_F_ALL KVS_PROTO_HELLO_POOL_FD
 
@@ -563,6 +565,25 @@ int kvs_proto_export_reply_encode(const kvs_proto_export_reply_t *m, void *buf, 
                                   size_t *len);
 int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *descs,
                                   size_t cap, kvs_proto_export_reply_t *out);
+
+/* REPORT_BAD request: "the object I read under key failed my format check". length and
+ * checksum (XXH3-64 of the object's bytes, seed 0) describe what the reporter read; the holder
+ * drops the object only when its current bytes are exactly those (an object rewritten since is
+ * left alone). Reply: dropped 0 or 1. reserved fields zero. */
+typedef struct kvs_proto_report {
+  kvs_key_t key;
+  uint64_t length;
+  uint64_t checksum;
+} kvs_proto_report_t;
+typedef struct kvs_proto_report_reply {
+  uint32_t dropped; /* 0 or 1 */
+} kvs_proto_report_reply_t;
+
+int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len);
+int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out);
+int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
+                                  size_t *len);
+int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out);
 
 #ifdef __cplusplus
 }

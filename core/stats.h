@@ -95,7 +95,10 @@ extern "C" {
   X(coord_accept_paused, C,                                                                   \
     "times the coordinator stopped accepting: out of file descriptors (EMFILE/ENFILE)")       \
   X(store_live_pins, G, "read pins held now (returns to 0 when every reader is gone)")        \
-  X(peer_stale_reads, C, "peer SHM copies thrown away: the pin had expired (COMMIT_RETRIEVE ENOENT)")
+  X(peer_stale_reads, C, "peer SHM copies thrown away: the pin had expired (COMMIT_RETRIEVE ENOENT)") \
+  X(peer_bad_reports, C, "REPORT_BAD sent: an object a peer delivered failed a format check")  \
+  X(coord_bad_reports, C, "REPORT_BAD requests received")                                    \
+  X(coord_bad_dropped, C, "objects dropped after a REPORT_BAD whose bytes matched ours")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

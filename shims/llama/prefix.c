@@ -650,6 +650,7 @@ typedef struct px_sink {
   kvs_extent_t ext;
   kvs_xfer_t xfer;
   enum { SINK_NONE, SINK_COPIED, SINK_LOCAL, SINK_FAILED } state;
+  uint64_t bad_len, bad_sum; /* a delivered object that failed a check (REPORT_BAD) */
 } px_sink_t;
 
 static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, const void *bytes,
@@ -659,7 +660,7 @@ static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, cons
   k->state = SINK_FAILED;
   if (layout->dtype != KVS_DTYPE_U8 || layout->ndim != 1 || layout->shape[0] != len ||
       len < KVS_PX_BLOB_HDR)
-    return -1;
+    goto bad;
   kvs__px_blob_hdr_t h;
   memcpy(&h, bytes, sizeof h);
   const px_ctx_t *c = k->c;
@@ -667,14 +668,14 @@ static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, cons
       h.chunk_tokens != c->chunk || h.keyed_tokens % c->chunk != 0 ||
       h.keyed_tokens > h.n_tokens || h.keyed_tokens > c->sh.cap ||
       h.keyed_tokens < k->j * c->chunk || 4 * (uint64_t)h.n_tokens > len - KVS_PX_BLOB_HDR)
-    return -1;
+    goto bad;
   /* kscratch: [h(J-1), h(0) .. h(J-2)] over the blob's own tokens */
   uint32_t J = h.keyed_tokens / c->chunk;
   const uint32_t *tok = (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_PX_BLOB_HDR);
   kvs_key_t prev = c->ns;
   for (uint32_t i = 0; i < J; i++) {
     prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
-    if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) return -1; /* not the state asked for */
+    if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) goto bad; /* not the state asked for */
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
   kvs_layout_t l = kvs_layout_blob(len);
@@ -689,6 +690,21 @@ static int px_sink(void *ctx, size_t key_index, const kvs_layout_t *layout, cons
   memcpy(k->base + k->ext.offset, bytes, (size_t)len);
   k->state = SINK_COPIED;
   return 0;
+bad: /* delivered under our key but not a state we can use: the peer is told (REPORT_BAD) */
+  k->bad_len = len;
+  k->bad_sum = kvs_checksum64(bytes, (size_t)len);
+  return -1;
+}
+
+/* A peer delivered a cached state that failed a check: a bad blob, not a plain miss. Tell the
+ * peer (REPORT_BAD), which drops it if it still holds exactly those bytes. */
+static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, uint64_t len,
+                          uint64_t sum, bool counted) {
+  if (!counted) {
+    kvs_log_warn("llama.cpp prefix cache: a peer's cached state refused: malformed header");
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+  }
+  if (instance) kvs_peers_report_bad(rt->peers, instance, key, len, sum);
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
@@ -708,9 +724,17 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
     kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer), sk.state = SINK_NONE;
   kvs__hook_depth--;
   if (sk.state == SINK_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (sk.state == SINK_FAILED && sk.bad_len && got != -ESTALE) {
+    kvs__hook_depth++;
+    px_report_bad(rt, instance, keys[j - 1], sk.bad_len, sk.bad_sum, false);
+    kvs__hook_depth--;
+  }
   if (sk.state != SINK_COPIED) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, s, n, k, sk.base + sk.ext.offset, sk.ext.length);
   kvs__hook_depth++;
+  if (res == PX_BAD)
+    px_report_bad(rt, instance, keys[j - 1], sk.ext.length,
+                  kvs_checksum64(sk.base + sk.ext.offset, (size_t)sk.ext.length), true);
   if (res == PX_BAD) kvs_store_abort(rt->store, KVS_OWNER_LOCAL, sk.xfer);
   else kvs_store_commit(rt->store, KVS_OWNER_LOCAL, sk.xfer); /* a good copy is kept */
   kvs__hook_depth--;

@@ -141,7 +141,7 @@ Test(bad, unknown_opcode, T_TIMEOUT) {
   cc_t c;
   open_bad(&c, true);
   counters_t b = counters();
-  kvs_proto_header_t h = hdr(11, 9, 0);
+  kvs_proto_header_t h = hdr(12, 9, 0);
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
   expect_refused(&c, -EOPNOTSUPP, 9, &b, 1, 1);
 }

@@ -498,3 +498,53 @@ Test(corners, pool_memfd_is_0600, T_TIMEOUT) {
   cr_assert_eq(fstat(kvs_pool_fd(S.pool), &sb), 0);
   cr_assert_eq(sb.st_mode & 07777, 0600, "pool mode %o", sb.st_mode & 07777);
 }
+
+/* ---- REPORT_BAD (docs/protocol.md 4.11) ------------------------------------------------------ */
+
+TestSuite(report, .fini = down);
+
+/* A verified report drops the object; a report whose bytes are not the holder's (the object was
+ * rewritten since the reporter read it) changes nothing; a peer that predates REPORT_BAD is
+ * never sent one (its caps lack the bit). */
+Test(report, verified_report_drops_a_rewritten_one_does_not, T_TIMEOUT) {
+  start();
+  const uint64_t LEN = 20000;
+  kvs_layout_t bl = kvs_layout_blob(LEN);
+  kvs_key_t k = tk(95, 1);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &bl), 1);
+  kvs_stats_t st;
+  kvs_peers_t *p = peer_client(&st);
+  uint8_t *mine = malloc(LEN);
+  pat_fill(mine, LEN, k);
+  /* The reporter read other bytes (the object was rewritten since): kept. */
+  mine[7] ^= 1;
+  cr_assert_eq(kvs_peers_report_bad(p, S.instance_id, k, LEN, kvs_checksum64(mine, LEN)), 0);
+  cr_assert_eq(ts_local_count(S.store, &k, 1), 1, "dropped on an unverified report");
+  cr_assert_eq(kvs_peers_report_bad(p, S.instance_id, k, LEN - 1, kvs_checksum64(mine, LEN - 1)), 0);
+  cr_assert_eq(ts_local_count(S.store, &k, 1), 1);
+  /* The reporter read exactly what the holder has: dropped. */
+  mine[7] ^= 1;
+  cr_assert_eq(kvs_peers_report_bad(p, S.instance_id, k, LEN, kvs_checksum64(mine, LEN)), 1);
+  cr_assert_eq(ts_local_count(S.store, &k, 1), 0, "a verified report did not drop the object");
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_bad_reports), 3);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_bad_dropped), 1);
+  cr_assert_eq(kvs_stats_get(&st, KVS_STAT_peer_bad_reports), 3);
+  /* Gone: a second report finds nothing. */
+  cr_assert_eq(kvs_peers_report_bad(p, S.instance_id, k, LEN, kvs_checksum64(mine, LEN)), 0);
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, NULL, 0, 3000), 0, "pins left");
+  cr_assert(W.server.caps & KVS_PROTO_CAP_REPORT_BAD);
+  free(mine);
+  kvs_peers_destroy(p);
+}
+
+/* A malformed REPORT_BAD (length 0) is -EBADMSG and closes, like every malformed payload. */
+Test(report, malformed_report_is_ebadmsg, T_TIMEOUT) {
+  start();
+  cc_t c;
+  cr_assert_eq(cc_open(&c, S.path, KVS_PROTO_STRATEGY_AUTO), 0);
+  uint8_t pl[32] = {0};
+  kvs_proto_header_t h = hdr(KVS_OP_REPORT_BAD, 61, sizeof pl);
+  cr_assert_eq(cc_send_frame(&c, &h, pl), 0);
+  expect_closed_with(&c, -EBADMSG, 61);
+}

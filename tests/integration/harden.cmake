@@ -6,3 +6,17 @@ kvs_coordtest_criterion(coord_harden)
 # retrieved byte checked). Not a ctest test: scripts/soak is its driver.
 add_executable(soak_client ${kvs_coordtest_dir}/soak_client.c)
 target_link_libraries(soak_client PRIVATE kvs_coord_client kvshim_core kvshim_flags Threads::Threads)
+
+# harden_llama.py: the prefix cache under faults in the cache peer (fakellama prefixhost).
+if(TARGET kvshim_preload AND TARGET fakellama_prefixhost AND TARGET kvshim)
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  foreach(case IN ITEMS corrupt-serve)
+    string(REPLACE "-" "_" name "harden_llama_${case}")
+    add_test(NAME ${name}
+      COMMAND ${Python3_EXECUTABLE} ${kvs_coordtest_dir}/harden_llama.py ${case}
+              --host $<TARGET_FILE:fakellama_prefixhost> --preload $<TARGET_FILE:kvshim_preload>
+              --cli $<TARGET_FILE:kvshim> ${llama_prefix_extra})
+    set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "integration"
+      ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
+  endforeach()
+endif()

@@ -217,14 +217,15 @@ T(opcode_numbers_are_pinned) {
   cr_assert_eq(KVS_OP_STATS, 8);
   cr_assert_eq(KVS_OP_PING, 9);
   cr_assert_eq(KVS_OP_EXPORT_TENSORS, 10);
+  cr_assert_eq(KVS_OP_REPORT_BAD, 11);
   cr_assert_eq(KVS_OP_ERROR, 255);
   cr_assert_str_eq(kvs_proto_opcode_name(2), "LOOKUP");
   cr_assert_str_eq(kvs_proto_opcode_name(255), "ERROR");
   unsigned valid = 0;
   for (unsigned op = 0; op < 65536; op++) valid += kvs_proto_opcode_valid(op);
-  cr_assert_eq(valid, 11, "exactly the 11 pinned opcodes are valid, got %u", valid);
+  cr_assert_eq(valid, 12, "exactly the 12 pinned opcodes are valid, got %u", valid);
   cr_assert_null(kvs_proto_opcode_name(0));
-  cr_assert_null(kvs_proto_opcode_name(11));
+  cr_assert_null(kvs_proto_opcode_name(12));
   cr_assert_null(kvs_proto_opcode_name(254));
 }
 
@@ -343,7 +344,7 @@ T(header_validation) {
       {"version 0", KVS_PROTO_MAGIC, 0, 16, 0, KVS_OP_PING, 5, -EPROTONOSUPPORT},
       {"version 2", KVS_PROTO_MAGIC, 0, 16, 2, KVS_OP_PING, 5, -EPROTONOSUPPORT},
       {"opcode 0", KVS_PROTO_MAGIC, 0, 16, 1, 0, 5, -EOPNOTSUPP},
-      {"opcode 11", KVS_PROTO_MAGIC, 0, 16, 1, 11, 5, -EOPNOTSUPP},
+      {"opcode 12", KVS_PROTO_MAGIC, 0, 16, 1, 12, 5, -EOPNOTSUPP},
       {"opcode 254", KVS_PROTO_MAGIC, 0, 16, 1, 254, 5, -EOPNOTSUPP},
       {"opcode 0xffff", KVS_PROTO_MAGIC, 0, 16, 1, 0xffff, 5, -EOPNOTSUPP},
       {"oversize", KVS_PROTO_MAGIC, 0, KVS_PROTO_MIN_MAX_FRAME + 1, 1, KVS_OP_PING, 5, -EMSGSIZE},
