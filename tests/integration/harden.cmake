@@ -20,3 +20,16 @@ if(TARGET kvshim_preload AND TARGET fakellama_prefixhost AND TARGET kvshim)
       ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
   endforeach()
 endif()
+
+# harden_prefix.py: the same faults on the unmodified node-llama-cpp CLI (label e2e; exit 77 =
+# skipped without Node.js >= 20 or the npm registry).
+if(TARGET kvshim_preload AND TARGET kvshim)
+  foreach(case IN ITEMS corrupt killed)
+    add_test(NAME harden_prefix_e2e_${case}
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/engines/llama/harden_prefix.py
+              --case ${case} --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
+              --work-dir ${CMAKE_CURRENT_BINARY_DIR}/harden-prefix-${case})
+    set_tests_properties(harden_prefix_e2e_${case} PROPERTIES TIMEOUT 900 LABELS "e2e"
+      SKIP_RETURN_CODE 77 RUN_SERIAL ON)
+  endforeach()
+endif()
