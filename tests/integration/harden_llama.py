@@ -13,15 +13,12 @@ Cases:
                  reports it (peer_bad_reports) and serve drops it (coord_bad_dropped); a second
                  B is never handed the same corrupt object again.
 """
-import argparse
 import json
 import mmap
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_prefix as lp  # noqa: E402
@@ -86,31 +83,7 @@ def case_corrupt_serve(ctx):
           f"dropped {after['coord_bad_dropped']}; B2 bad_blobs 0")
 
 
-CASES = {"corrupt-serve": case_corrupt_serve}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    ap.add_argument("--host", required=True)
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--asan-runtime", default="")
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvs-harden-")
-    ctx = lp.Ctx(args, tmp)
-    try:
-        CASES[args.case](ctx)
-    except lp.Failure as e:
-        print(f"FAIL {args.case}: {e}", file=sys.stderr)
-        print(f"(files kept in {tmp})", file=sys.stderr)
-        ctx.cleanup()
-        return 1
-    ctx.cleanup()
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {args.case}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # llama_prefix.py's runner (arguments, temp dir, cleanup) with this file's case added.
+    lp.CASES["corrupt-serve"] = case_corrupt_serve
+    sys.exit(lp.main())

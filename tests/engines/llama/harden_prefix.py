@@ -15,16 +15,13 @@ Usage: harden_prefix.py --case CASE --preload LIBKVSHIM --kvshim CLI [--work-dir
                         [--no-setup] [--asan-runtime LIBASAN]
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry).
 """
-import argparse
 import json
 import mmap
 import os
-import shutil
 import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -100,43 +97,8 @@ def case_killed(c):
                     cp.show(b)))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", required=True, choices=("corrupt", "killed"))
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--work-dir")
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--no-setup", action="store_true")
-    ap.add_argument("--asan-runtime", default="")
-    args = ap.parse_args()
-    if not args.no_setup:
-        rc = subprocess.run([cp.SETUP]).returncode
-        if rc == cp.SKIP:
-            cp.say("SKIP: the node-llama-cpp engine cannot be prepared here")
-            return cp.SKIP
-        if rc != 0:
-            cp.say("FAIL scripts/llama-setup exited %d" % rc)
-            return 1
-    work = args.work_dir or tempfile.mkdtemp(prefix="kvs-harden-e2e-")
-    if os.path.isdir(work):
-        shutil.rmtree(work)
-    os.makedirs(work)
-    c = cp.Case(args, work)
-    try:
-        {"corrupt": case_corrupt, "killed": case_killed}[args.case](c)
-    except cp.Fatal as e:
-        cp.check(False, str(e))
-    finally:
-        c.close()
-    if cp.failures:
-        cp.say("%d check(s) failed; files kept in %s" % (len(cp.failures), work))
-        return 1
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    cp.say("all checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # check_prefix.py's runner (llama-setup, work dir, cleanup) with this file's cases added.
+    cp.CASES = ("corrupt", "killed")
+    cp.case_corrupt, cp.case_killed = case_corrupt, case_killed
+    sys.exit(cp.main())
