@@ -24,7 +24,7 @@ endif()
 # harden_prefix.py: the same faults on the unmodified node-llama-cpp CLI (label e2e; exit 77 =
 # skipped without Node.js >= 20 or the npm registry).
 if(TARGET kvshim_preload AND TARGET kvshim)
-  foreach(case IN ITEMS corrupt killed)
+  foreach(case IN ITEMS corrupt full killed)
     add_test(NAME harden_prefix_e2e_${case}
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/engines/llama/harden_prefix.py
               --case ${case} --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>

@@ -9,7 +9,10 @@
  * line per second on stdout:
  *   {"ops":N,"stores":N,"kept":N,"lookups":N,"retrieves":N,"objects":N,"verified_bytes":N,
  *    "misses":N,"errors":N,"bad":0}
- * usage: soak_client [--seed N] [--seconds N] [--keys N] */
+ * usage: soak_client [--seed N] [--seconds N] [--keys N]
+ *        soak_client --hold-pins BYTES   (fault tests: fill the group's cache peer with objects
+ *        of 256 KiB, pin them all over SHM, print "held N" and wait to be killed: a pool that
+ *        eviction cannot free) */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -54,7 +57,44 @@ static int verify_sink(void *ctx, size_t i, const kvs_layout_t *l, const void *b
   return 0;
 }
 
+/* Store objects into the first peer found until it refuses one, pin them all, hold. */
+static int hold_pins(uint64_t bytes) {
+  const uint64_t LEN = 256u << 10;
+  kvs_options_t o;
+  kvs_options_load(&o, environ, 0);
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  kvs_peers_t *p = NULL;
+  kvs_peer_info_t info;
+  if (kvs_peers_create(&pc, &p) < 0 || kvs_peers_discover(p, true) < 1 ||
+      kvs_peers_list(p, &info, 1) < 1)
+    return 1;
+  cc_t c;
+  if (cc_open(&c, info.path, KVS_PROTO_STRATEGY_SHM) < 0) return 1;
+  uint8_t *buf = malloc(LEN);
+  kvs_layout_t l = kvs_layout_blob(LEN);
+  uint32_t n = 0;
+  for (; (uint64_t)n * LEN < bytes && n < CC_MAX; n++) {
+    kvs_key_t k = tk(0xf111, n);
+    pat_fill(buf, LEN, k);
+    const void *bufs[1] = {buf};
+    uint32_t committed = 0;
+    if (cc_commit_inline(&c, 0, KVS_PROTO_KIND_CHUNKS, &l, &k, 1, bufs, &committed, NULL) < 0 ||
+        committed != 1)
+      break;
+  }
+  uint32_t held = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    kvs_key_t k = tk(0xf111, i);
+    static cc_pretr_t r; /* pins stay until the connection closes (the process is killed) */
+    if (cc_prepare_retrieve(&c, KVS_PROTO_STRATEGY_SHM, &k, 1, &r) == 0 && r.n_found == 1) held++;
+  }
+  printf("held %u\n", held);
+  fflush(stdout);
+  for (;;) pause();
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--hold-pins")) return hold_pins(strtoull(argv[2], NULL, 0));
   uint64_t seed = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull, seconds = 0, nkeys = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 0) | 1;
