@@ -21,6 +21,11 @@
 #define SWEEP_INTERVAL_MS 500
 #define STOP_FLUSH_MS 200
 #define MSG_KEEP_BYTES (1u << 20) /* a receive buffer larger than this is freed after use */
+/* Out of file descriptors (EMFILE/ENFILE): the listener leaves epoll for a back-off that
+ * starts here and doubles up to ACCEPT_BACKOFF_MAX_MS, and comes back at once when one of our
+ * connections closes. Without this a readable listener and a failing accept4 spin a core. */
+#define ACCEPT_BACKOFF_MIN_MS 10
+#define ACCEPT_BACKOFF_MAX_MS 1000
 
 /* One reply (or ERROR) being sent, split into frames of at most frame_max payload bytes. */
 typedef struct outmsg {
@@ -71,6 +76,7 @@ typedef struct conn {
   uint8_t strategy;       /* KVS_PROTO_STRATEGY_SHM or _INLINE after HELLO */
   uint8_t peer_role;
   uint32_t peer_max_frame;
+  uint32_t peer_caps;     /* the client's HELLO caps (KVS_PROTO_CAP_*) */
   uid_t uid;
   pid_t pid;
   /* receive side */
@@ -120,6 +126,11 @@ struct kvs_coord {
   pthread_mutex_t done_lock;
   uint64_t *done; /* tokens finished, not yet handled (done_cap entries) */
   size_t n_done, done_cap;
+  /* accept back-off (coordinator thread only): listener out of epoll while accept_paused */
+  bool accept_paused;
+  bool accept_episode;      /* an fd-exhaustion episode is on: logged and counted once */
+  uint32_t accept_backoff_ms;
+  uint64_t accept_resume_ms; /* kvs__now_ms() at which the listener is tried again */
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -234,20 +245,44 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events);
 
 /* ---- request handlers (each queues exactly one reply or ERROR) ---------------------------- */
 
+/* A client that predates the SKIPPED outcome (no KVS_PROTO_CAP_SKIPPED in its HELLO) gets, for
+ * each SKIPPED key, the outcome of the key that blocked the ALL_OR_NOTHING request, as version
+ * 1 first had it (docs/protocol.md §5.1). */
+static void outcomes_for(const conn_t *k, uint8_t *o, uint32_t n) {
+  if (k->peer_caps & KVS_PROTO_CAP_SKIPPED) return;
+  uint8_t blocker = KVS_RES_BUSY;
+  for (uint32_t i = 0; i < n; i++)
+    if (o[i] != KVS_RES_RESERVED && o[i] != KVS_RES_PRESENT && o[i] != KVS_RES_SKIPPED) {
+      blocker = o[i];
+      break;
+    }
+  for (uint32_t i = 0; i < n; i++)
+    if (o[i] == KVS_RES_SKIPPED) o[i] = blocker;
+}
+
 static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_hello_t req;
   int rc = kvs_proto_hello_decode(p, len, &req);
   if (rc == 0) rc = kvs_proto_hello_check(&req, false);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad HELLO");
-  if (k->state != CONN_AWAIT_HELLO) return protocol_error(c, k, rid, -EPROTO, "second HELLO");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad HELLO");
+    return;
+  }
+  if (k->state != CONN_AWAIT_HELLO) {
+    protocol_error(c, k, rid, -EPROTO, "second HELLO");
+    return;
+  }
   kvs_proto_hello_t me;
   memset(&me, 0, sizeof me);
   me.version_min = KVS_PROTO_VERSION_MIN;
   me.version_max = KVS_PROTO_VERSION_MAX;
   uint16_t version;
-  if (kvs_proto_negotiate_version(&req, &me, &version) < 0)
-    return protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
+  if (kvs_proto_negotiate_version(&req, &me, &version) < 0) {
+    protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
+    return;
+  }
   if (strcmp(req.group, c->group) != 0 && req.group[0]) {
+    /* docs/protocol.md §5: informational; the socket directory is what separates groups. */
     kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req.group, c->group);
   }
   kvs_owner_t owner;
@@ -264,6 +299,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   k->strategy = strategy;
   k->peer_role = req.role;
   k->peer_max_frame = req.max_frame;
+  k->peer_caps = req.caps;
   kvs_store_info_t info;
   kvs_store_info(c->store, &info);
   me.role = c->role;
@@ -271,8 +307,10 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.strategy_chosen = strategy;
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
-  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) |
+  me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD |
             (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
+  if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
   me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
   me.pool_arena_size = info.arena_bytes;
@@ -284,7 +322,8 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   uint8_t *out = malloc(n);
   if (!out || kvs_proto_hello_encode(&me, out, n, &n) < 0) {
     free(out);
-    return protocol_error(c, k, rid, -ENOMEM, "cannot encode HELLO");
+    protocol_error(c, k, rid, -ENOMEM, "cannot encode HELLO");
+    return;
   }
   queue_msg(k, KVS_OP_HELLO, rid, out, n,
             strategy == KVS_PROTO_STRATEGY_SHM ? kvs_pool_fd(c->pool) : -1);
@@ -293,7 +332,10 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
 static void reply_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_key_t *keys,
                          uint32_t n) {
   int rc = kvs_store_lookup(c->store, k->owner, keys, n, false, NULL);
-  if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "lookup failed");
+    return;
+  }
   kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
 }
@@ -325,9 +367,15 @@ static bool defer_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_prot
 static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_lookup_t req;
   int rc = kvs_proto_lookup_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad LOOKUP");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad LOOKUP");
+    return;
+  }
   rc = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, false, NULL);
-  if (rc < 0) return queue_error(c, k, rid, rc, "lookup failed");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "lookup failed");
+    return;
+  }
   if (defer_lookup(c, k, rid, &req, rc)) return;
   kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
@@ -337,7 +385,10 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
                              size_t len) {
   kvs_proto_prepare_store_t req;
   int rc = kvs_proto_prepare_store_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
+    return;
+  }
   bool object = req.kind == KVS_PROTO_KIND_OBJECT;
   uint32_t n_out = object ? 1 : req.n_keys;
   uint8_t outcomes[KVS_PROTO_MAX_KEYS];
@@ -354,8 +405,10 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
     QUEUE_ENCODED(c, k, KVS_OP_PREPARE_STORE, rid, kvs_proto_prepare_store_reply_encode, &rep);
     return;
   }
-  if (k->strategy != KVS_PROTO_STRATEGY_SHM)
-    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+  if (k->strategy != KVS_PROTO_STRATEGY_SHM) {
+    queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+    return;
+  }
 
   kvs_extent_t *ext = malloc(sizeof *ext * n_out);
   wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out +
@@ -363,7 +416,8 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
   if (!ext || !w) {
     free(ext);
     free(w);
-    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+    queue_error(c, k, rid, -ENOMEM, "out of memory");
+    return;
   }
   kvs_xfer_t xfer = 0;
   if (object)
@@ -375,13 +429,15 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
   if (rc < 0) {
     free(ext);
     free(w);
-    return queue_error(c, k, rid, rc, "reservation failed");
+    queue_error(c, k, rid, rc, "reservation failed");
+    return;
   }
   uint32_t n_slots = 0;
   for (uint32_t i = 0; i < n_out; i++)
     if (outcomes[i] == KVS_RES_RESERVED)
       w->slots[n_slots++] = (kvs_proto_slot_t){i, 0, ext[i].offset, ext[i].length};
   free(ext);
+  outcomes_for(k, outcomes, n_out);
   rep.xfer = xfer;
   rep.n_slots = n_slots;
   rep.slots = w->slots;
@@ -423,7 +479,10 @@ static void publish_remote(kvs_coord_t *c, const kvs_key_t *keys, uint32_t n, bo
                            const uint8_t *outcomes, const kvs_proto_slot_t *slots,
                            uint32_t n_slots) {
   if (!c->has_remote || n == 0) return;
-  if (object) return c->remote.published(c->remote.ctx, keys, n, true);
+  if (object) {
+    c->remote.published(c->remote.ctx, keys, n, true);
+    return;
+  }
   kvs_key_t *pick = malloc(sizeof *pick * n);
   if (!pick) return;
   uint32_t m = 0;
@@ -451,7 +510,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   if (!keys || !ext) {
     free(keys);
     free(ext);
-    return queue_error(c, k, rid, -ENOMEM, "out of memory");
+    queue_error(c, k, rid, -ENOMEM, "out of memory");
+    return;
   }
   for (uint32_t i = 0; i < n; i++) {
     keys[i] = req->entries[i].key;
@@ -459,7 +519,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
     if (req->entries[i].length != expect) {
       free(keys);
       free(ext);
-      return queue_error(c, k, rid, -EINVAL, "entry length disagrees with the layout");
+      queue_error(c, k, rid, -EINVAL, "entry length disagrees with the layout");
+      return;
     }
   }
   kvs_xfer_t xfer = 0;
@@ -470,7 +531,8 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   if (rc < 0) {
     free(keys);
     free(ext);
-    return queue_error(c, k, rid, rc, "reservation failed");
+    queue_error(c, k, rid, rc, "reservation failed");
+    return;
   }
   uint8_t *base = kvs_pool_base(c->pool);
   uint32_t reserved = 0;
@@ -485,12 +547,14 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
     rc = kvs_store_commit(c->store, k->owner, xfer);
     if (rc < 0) {
       free(keys);
-      return queue_error(c, k, rid, rc, "commit failed");
+      queue_error(c, k, rid, rc, "commit failed");
+      return;
     }
     if (!object || outcomes[0] == KVS_RES_RESERVED)
       publish_remote(c, keys, n, object, outcomes, NULL, 0);
   }
   free(keys);
+  outcomes_for(k, outcomes, n_out);
   kvs_proto_commit_store_reply_t rep = {reserved, n_out, outcomes};
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
 }
@@ -499,28 +563,40 @@ static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8
                             size_t len) {
   kvs_proto_commit_store_t req;
   int rc = kvs_proto_commit_store_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
+    return;
+  }
   if (req.is_inline) {
     if (req.xfer) { /* the SHM reservation this inline commit replaces: abort it, never leak */
       rc = kvs_store_abort(c->store, k->owner, req.xfer);
       forget_wxfer(k, req.xfer);
-      if (rc < 0 && rc != -ENOENT) return queue_error(c, k, rid, rc, "cannot abort that transfer");
+      if (rc < 0 && rc != -ENOENT) {
+        queue_error(c, k, rid, rc, "cannot abort that transfer");
+        return;
+      }
     }
-    return commit_inline(c, k, rid, &req);
+    commit_inline(c, k, rid, &req);
+    return;
   }
   wxfer_t *w = find_wxfer(k, req.xfer);
   rc = check_commit_slots(c, w, req.slots, req.n_slots);
   if (rc == -EFAULT) {
     if (w) kvs_store_abort(c->store, k->owner, req.xfer), forget_wxfer(k, req.xfer);
-    return protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
+    protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
+    return;
   }
   if (rc < 0) {
     kvs_store_abort(c->store, k->owner, req.xfer);
     forget_wxfer(k, req.xfer);
-    return queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
+    queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
+    return;
   }
   rc = kvs_store_commit(c->store, k->owner, req.xfer);
-  if (rc < 0) return queue_error(c, k, rid, rc, "commit refused");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "commit refused");
+    return;
+  }
   if (w) publish_remote(c, w->keys, w->n_keys, w->object, NULL, w->slots, w->n_slots);
   kvs_proto_commit_store_reply_t rep = {w ? w->n_slots : 0, 0, NULL};
   forget_wxfer(k, req.xfer);
@@ -530,9 +606,15 @@ static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8
 static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_xfer_t req;
   int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad ABORT");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad ABORT");
+    return;
+  }
   rc = kvs_store_abort(c->store, k->owner, req.xfer);
-  if (rc < 0) return queue_error(c, k, rid, rc, "abort refused");
+  if (rc < 0) {
+    queue_error(c, k, rid, rc, "abort refused");
+    return;
+  }
   forget_wxfer(k, req.xfer);
   queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
 }
@@ -541,13 +623,21 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
                                 size_t len) {
   kvs_proto_prepare_retrieve_t req;
   int rc = kvs_proto_prepare_retrieve_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
+    return;
+  }
   bool shm = req.strategy == KVS_PROTO_STRATEGY_SHM;
-  if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM)
-    return queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+  if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM) {
+    queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
+    return;
+  }
   kvs_xfer_t xfer = 0;
   int found = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, true, &xfer);
-  if (found < 0) return queue_error(c, k, rid, found, "lookup failed");
+  if (found < 0) {
+    queue_error(c, k, rid, found, "lookup failed");
+    return;
+  }
   kvs_proto_object_t *objs = NULL;
   kvs_object_view_t *views = NULL;
   if (found > 0) {
@@ -559,23 +649,31 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
       free(objs);
       free(views);
       kvs_store_release(c->store, k->owner, xfer);
-      return queue_error(c, k, rid, nv < 0 ? nv : -EIO, "cannot read the pinned objects");
+      queue_error(c, k, rid, nv < 0 ? nv : -EIO, "cannot read the pinned objects");
+      return;
     }
   }
   kvs_proto_prepare_retrieve_reply_t rep = {0};
   rep.n_found = (uint32_t)found;
-  rep.n_objects = (uint32_t)found;
   rep.objects = objs;
   rep.is_inline = !shm;
   rep.xfer = shm ? xfer : 0;
+  /* One record per object: keys in a row that name the same object (a primary and its
+   * aliases) share the record of the first of them (docs/protocol.md §4.7), so its bytes
+   * travel once. views[] is compacted to the objects as they go out. */
+  uint32_t no = 0;
   for (int i = 0; i < found; i++) {
-    objs[i].key_index = (uint32_t)i;
-    objs[i].offset = shm ? views[i].extent.offset : 0;
-    objs[i].length = views[i].extent.length;
-    objs[i].layout = views[i].layout;
-    objs[i].data = NULL; /* inline: filled below straight from the pool */
+    if (no && views[i].extent.offset == views[no - 1].extent.offset) continue;
+    views[no] = views[i];
+    objs[no].key_index = (uint32_t)i;
+    objs[no].offset = shm ? views[i].extent.offset : 0;
+    objs[no].length = views[i].extent.length;
+    objs[no].layout = views[i].layout;
+    objs[no].data = NULL; /* inline: filled below straight from the pool */
     rep.data_len += shm ? 0 : views[i].extent.length;
+    no++;
   }
+  rep.n_objects = no;
   size_t n = 0;
   rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
   uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
@@ -583,7 +681,7 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   if (rc == 0 && out && !shm) {
     /* The bytes are the payload's tail, in object order; copy them while the pins hold. */
     uint8_t *dst = out + n - rep.data_len, *base = kvs_pool_base(c->pool);
-    for (int i = 0; i < found; i++) {
+    for (uint32_t i = 0; i < no; i++) {
       memcpy(dst, base + views[i].extent.offset, views[i].extent.length);
       dst += views[i].extent.length;
     }
@@ -595,7 +693,8 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   if (rc < 0 || !out) {
     free(out);
     if (shm && xfer) kvs_store_release(c->store, k->owner, xfer);
-    return queue_error(c, k, rid, out ? rc : -ENOMEM, "cannot encode the reply");
+    queue_error(c, k, rid, out ? rc : -ENOMEM, "cannot encode the reply");
+    return;
   }
   queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
 }
@@ -604,10 +703,16 @@ static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const ui
                                size_t len) {
   kvs_proto_xfer_t req;
   int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
+    return;
+  }
   if (req.xfer) {
     rc = kvs_store_release(c->store, k->owner, req.xfer);
-    if (rc < 0) return queue_error(c, k, rid, rc, "release refused");
+    if (rc < 0) {
+      queue_error(c, k, rid, rc, "release refused");
+      return;
+    }
   }
   queue_msg(k, KVS_OP_COMMIT_RETRIEVE, rid, malloc(1), 0, -1);
 }
@@ -615,7 +720,10 @@ static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const ui
 static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_stats_t req;
   int rc = kvs_proto_stats_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad STATS");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad STATS");
+    return;
+  }
   char text[16384];
   size_t n = kvs_coord_render_stats(c->store, c->stats, req.format == KVS_PROTO_STATS_JSON, text,
                                     sizeof text);
@@ -627,14 +735,20 @@ static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
 static void on_ping(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_ping_t req;
   int rc = kvs_proto_ping_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad PING");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad PING");
+    return;
+  }
   QUEUE_ENCODED(c, k, KVS_OP_PING, rid, kvs_proto_ping_encode, &req);
 }
 
 static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
   kvs_proto_export_t req;
   int rc = kvs_proto_export_decode(p, len, &req);
-  if (rc < 0) return protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
+    return;
+  }
   kvs_proto_export_reply_t rep = {0};
   kvs_tensor_desc_t *descs = NULL;
   kvs_proto_blob_t *blobs = NULL;
@@ -642,7 +756,10 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
   int n = 0;
   if (c->tensors) {
     n = kvs_tensor_registry_query(c->tensors, req.address, req.length, NULL, 0, NULL);
-    if (n < 0) return queue_error(c, k, rid, n, "bad address range");
+    if (n < 0) {
+      queue_error(c, k, rid, n, "bad address range");
+      return;
+    }
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
   }
   if (n > 0) {
@@ -651,7 +768,8 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
     enc = malloc((size_t)n * KVS_PROTO_MAX_DESC_BYTES);
     if (!descs || !blobs || !enc) {
       free(descs), free(blobs), free(enc);
-      return queue_error(c, k, rid, -ENOMEM, "out of memory");
+      queue_error(c, k, rid, -ENOMEM, "out of memory");
+      return;
     }
     n = kvs_tensor_registry_query(c->tensors, req.address, req.length, descs, (size_t)n, NULL);
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
@@ -660,7 +778,8 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
       int w = kvs_tensor_encode(&descs[i], dst, KVS_PROTO_MAX_DESC_BYTES);
       if (w <= 0) {
         free(descs), free(blobs), free(enc);
-        return queue_error(c, k, rid, w < 0 ? w : -EIO, "cannot encode a descriptor");
+        queue_error(c, k, rid, w < 0 ? w : -EIO, "cannot encode a descriptor");
+        return;
       }
       blobs[i] = (kvs_proto_blob_t){(uint32_t)w, dst};
     }
@@ -671,23 +790,57 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
   free(descs), free(blobs), free(enc);
 }
 
+/* REPORT_BAD (docs/protocol.md 4.11): drop the object under key when its bytes are exactly the
+ * ones the reporter judged bad (same length and XXH3-64): a report about an object rewritten
+ * since it was read is ignored. Hashing happens under our own pin, outside the store lock. */
+static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
+                          size_t len) {
+  kvs_proto_report_t req;
+  int rc = kvs_proto_report_decode(p, len, &req);
+  if (rc < 0) {
+    protocol_error(c, k, rid, rc, "bad REPORT_BAD");
+    return;
+  }
+  kvs_stats_inc(c->stats, KVS_STAT_coord_bad_reports);
+  kvs_proto_report_reply_t rep = {0};
+  kvs_xfer_t xfer = 0;
+  kvs_object_view_t v;
+  if (kvs_store_lookup(c->store, k->owner, &req.key, 1, true, &xfer) == 1) {
+    bool same = kvs_store_read_pinned(c->store, k->owner, xfer, &v, 1) == 1 &&
+                v.extent.length == req.length &&
+                kvs_checksum64(kvs_pool_base(c->pool) + v.extent.offset, v.extent.length) ==
+                    req.checksum;
+    kvs_store_release(c->store, k->owner, xfer);
+    if (same && kvs_store_remove(c->store, &req.key) == 0) rep.dropped = 1;
+  }
+  if (rep.dropped) {
+    kvs_stats_inc(c->stats, KVS_STAT_coord_bad_dropped);
+    kvs_log_info("peer pid %ld reported a bad object (%" PRIu64 " bytes): dropped", (long)k->pid,
+                 req.length);
+  }
+  QUEUE_ENCODED(c, k, KVS_OP_REPORT_BAD, rid, kvs_proto_report_reply_encode, &rep);
+}
+
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
-  if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO)
-    return protocol_error(c, k, rid, -EPROTO, "request before HELLO");
+  if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO) {
+    protocol_error(c, k, rid, -EPROTO, "request before HELLO");
+    return;
+  }
   switch (op) {
-    case KVS_OP_HELLO: return on_hello(c, k, rid, p, len);
-    case KVS_OP_LOOKUP: return on_lookup(c, k, rid, p, len);
-    case KVS_OP_PREPARE_STORE: return on_prepare_store(c, k, rid, p, len);
-    case KVS_OP_COMMIT_STORE: return on_commit_store(c, k, rid, p, len);
-    case KVS_OP_ABORT: return on_abort(c, k, rid, p, len);
-    case KVS_OP_PREPARE_RETRIEVE: return on_prepare_retrieve(c, k, rid, p, len);
-    case KVS_OP_COMMIT_RETRIEVE: return on_commit_retrieve(c, k, rid, p, len);
-    case KVS_OP_STATS: return on_stats(c, k, rid, p, len);
-    case KVS_OP_PING: return on_ping(c, k, rid, p, len);
-    case KVS_OP_EXPORT_TENSORS: return on_export(c, k, rid, p, len);
-    default: return protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode");
+    case KVS_OP_HELLO: on_hello(c, k, rid, p, len); break;
+    case KVS_OP_LOOKUP: on_lookup(c, k, rid, p, len); break;
+    case KVS_OP_PREPARE_STORE: on_prepare_store(c, k, rid, p, len); break;
+    case KVS_OP_COMMIT_STORE: on_commit_store(c, k, rid, p, len); break;
+    case KVS_OP_ABORT: on_abort(c, k, rid, p, len); break;
+    case KVS_OP_PREPARE_RETRIEVE: on_prepare_retrieve(c, k, rid, p, len); break;
+    case KVS_OP_COMMIT_RETRIEVE: on_commit_retrieve(c, k, rid, p, len); break;
+    case KVS_OP_STATS: on_stats(c, k, rid, p, len); break;
+    case KVS_OP_PING: on_ping(c, k, rid, p, len); break;
+    case KVS_OP_EXPORT_TENSORS: on_export(c, k, rid, p, len); break;
+    case KVS_OP_REPORT_BAD: on_report_bad(c, k, rid, p, len); break;
+    default: protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode"); break;
   }
 }
 
@@ -725,6 +878,7 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
     }
   __atomic_fetch_sub(&c->n_conns, 1, __ATOMIC_RELAXED);
   free(k);
+  if (c->accept_paused) c->accept_resume_ms = 0; /* a descriptor came free: try again now */
 }
 
 /* Send what the socket takes. Returns 0, or a negative errno (connection dead). */
@@ -795,9 +949,9 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
       k->hdr_got = 0;
       kvs_proto_header_t h;
       kvs_proto_header_parse(k->hdr, sizeof k->hdr, &h);
-      /* docs/protocol.md §8: the ERROR carries the request id when the magic was right. */
-      uint64_t rid =
-          (h.magic != KVS_PROTO_MAGIC || (h.flags & KVS_PROTO_F_REPLY)) ? 0 : h.request_id;
+      /* docs/protocol.md §8: the ERROR carries the request id when the magic was right (also
+       * for a frame marked REPLY or an ERROR: the id is the sender's, whatever it meant). */
+      uint64_t rid = h.magic != KVS_PROTO_MAGIC ? 0 : h.request_id;
       uint32_t limit = k->state == CONN_READY ? c->max_frame : KVS_PROTO_MIN_MAX_FRAME;
       int rc = kvs_proto_header_validate(&h, limit);
       if (rc < 0) {
@@ -805,7 +959,7 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
         return 0;
       }
       if (h.flags & KVS_PROTO_F_REPLY) {
-        protocol_error(c, k, 0, -EPROTO, "a reply sent to the server");
+        protocol_error(c, k, rid, -EPROTO, "a reply sent to the server");
         return 0;
       }
       if (k->in_message) {
@@ -863,21 +1017,61 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
   if (rc == 0 && !k->tx_head && !k->closing && (events & (EPOLLRDHUP | EPOLLHUP)) &&
       !(events & EPOLLIN))
     rc = -ECONNRESET;
-  if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+  if (rc < 0 || (k->closing && !k->tx_head)) {
+    close_conn(c, k);
+    return;
+  }
   arm(c, k);
   /* A reply just went out and the peer may have pipelined more: read it now. */
   if (!k->tx_head && (events & EPOLLOUT)) {
     rc = pump_rx(c, k);
     if (rc == 0) rc = flush_tx(k);
-    if (rc < 0 || (k->closing && !k->tx_head)) return close_conn(c, k);
+    if (rc < 0 || (k->closing && !k->tx_head)) {
+      close_conn(c, k);
+      return;
+    }
     arm(c, k);
   }
+}
+
+static void listener_arm(kvs_coord_t *c, bool on) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->listen_fd};
+  if (on == !c->accept_paused) return;
+  epoll_ctl(c->epoll_fd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, c->listen_fd, &ev);
+  c->accept_paused = !on;
+}
+
+/* accept4 failed for want of a descriptor (or kernel memory): stop listening for a while.
+ * Clients wait in the backlog (their RPC deadline bounds it); our connections are served. */
+static void accept_pause(kvs_coord_t *c, int err) {
+  if (!c->accept_episode) {
+    c->accept_episode = true;
+    c->accept_backoff_ms = ACCEPT_BACKOFF_MIN_MS;
+    kvs_stats_inc(c->stats, KVS_STAT_coord_accept_paused);
+    kvs_log_warn("cannot accept connections: %s (%u open): pausing the listener, serving the "
+                 "connections we have (raise `ulimit -n`)", strerror(-err),
+                 __atomic_load_n(&c->n_conns, __ATOMIC_RELAXED));
+  } else if (c->accept_backoff_ms < ACCEPT_BACKOFF_MAX_MS) {
+    c->accept_backoff_ms *= 2;
+    if (c->accept_backoff_ms > ACCEPT_BACKOFF_MAX_MS) c->accept_backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+  }
+  c->accept_resume_ms = kvs__now_ms() + c->accept_backoff_ms;
+  listener_arm(c, false);
 }
 
 static void accept_all(kvs_coord_t *c) {
   for (;;) {
     int fd;
-    if (kvs_sock_accept(c->listen_fd, &fd) < 0) return;
+    int rc = kvs_sock_accept(c->listen_fd, &fd);
+    if (rc == -EMFILE || rc == -ENFILE || rc == -ENOBUFS || rc == -ENOMEM) {
+      accept_pause(c, rc);
+      return;
+    }
+    if (rc < 0) return;
+    if (c->accept_episode) {
+      c->accept_episode = false;
+      kvs_log_info("accepting connections again");
+    }
     conn_t *k = calloc(1, sizeof *k);
     if (!k) {
       close(fd);
@@ -959,8 +1153,17 @@ static void *coord_main(void *arg) {
   kvs_coord_t *c = arg;
   struct epoll_event evs[64];
   for (;;) {
-    int n = epoll_wait(c->epoll_fd, evs, 64, wait_ms(c));
+    int timeout = wait_ms(c);
+    if (c->accept_paused) {
+      uint64_t t = kvs__now_ms();
+      int until = c->accept_resume_ms <= t ? 0 : (int)(c->accept_resume_ms - t);
+      if (until < timeout) timeout = until;
+    }
+    int n = epoll_wait(c->epoll_fd, evs, 64, timeout);
     uint64_t now = kvs__now_ms();
+    if (c->accept_paused && now >= c->accept_resume_ms) {
+      listener_arm(c, true); /* level-triggered: a waiting client wakes us next round */
+    }
     if (now >= c->next_sweep_ms) {
       kvs_store_sweep(c->store, now);
       c->next_sweep_ms = now + SWEEP_INTERVAL_MS;

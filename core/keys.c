@@ -133,3 +133,5 @@ int kvs_key_parse(const char *s, kvs_key_t *out) {
   *out = (kvs_key_t){v[1], v[0]};
   return 0;
 }
+
+uint64_t kvs_checksum64(const void *p, size_t n) { return XXH3_64bits(p, n); }

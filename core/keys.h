@@ -67,6 +67,9 @@ void kvs_key_format(kvs_key_t k, char *buf);
 /* Parse 32 hex digits; returns 0 or -EINVAL. */
 int kvs_key_parse(const char *s, kvs_key_t *out);
 
+/* XXH3-64 (seed 0) of n bytes: the content checksum of REPORT_BAD (docs/protocol.md 4.11). */
+uint64_t kvs_checksum64(const void *p, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

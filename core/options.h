@@ -24,6 +24,9 @@ extern "C" {
 
 #define KVS_OPT_STR_MAX 256
 
+/* The shortest lease any kvshim grants (KVSHIM_LEASE_MS's lower bound): a peer's copy done
+ * within this of its PREPARE_RETRIEVE cannot have outlived its pins. */
+#define KVS_LEASE_MIN_MS 10
 /* X(field, ENV, TYPE, default, min, max, choices, unit, help) */
 #define KVS_OPTION_TABLE(X)                                                                   \
   X(enable, "KVSHIM_ENABLE", BOOL, "1", 0, 1, "", "", "0 = every hook passes straight through") \
@@ -49,7 +52,7 @@ extern "C" {
   X(chunk_tokens, "KVSHIM_CHUNK_TOKENS", INT, "256", 1, 1 << 20, "", "tokens",                \
     "tokens per chunk")                                                                       \
   X(salt, "KVSHIM_SALT", STR, "", 0, 0, "", "", "isolates tenants sharing a group")            \
-  X(lease_ms, "KVSHIM_LEASE_MS", INT, "30000", 10, 86400000, "", "ms",                        \
+  X(lease_ms, "KVSHIM_LEASE_MS", INT, "30000", KVS_LEASE_MIN_MS, 86400000, "", "ms",                        \
     "lease deadline backstop")                                                                \
   X(rpc_timeout_ms, "KVSHIM_RPC_TIMEOUT_MS", INT, "2000", 1, 600000, "", "ms",                \
     "per-call deadline to a peer")                                                            \

@@ -32,6 +32,7 @@ typedef struct pconn {
   int fd;               /* -1 when dead */
   uint64_t next_rid;
   uint32_t peer_max_frame;
+  uint32_t peer_caps;   /* the server's HELLO caps */
   kvs_peer_info_t info;
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
   bool remote;          /* its HELLO offered KVS_PROTO_CAP_REMOTE (a serve with a remote tier) */
@@ -301,7 +302,8 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   me.strategy_requested = (uint8_t)p->opts.strategy;
   me.strategy_chosen = KVS_PROTO_STRATEGY_AUTO;
   me.pid = (uint32_t)getpid();
-  me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE;
+  me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_SKIPPED |
+            KVS_PROTO_CAP_MAX_MESSAGE;
   me.instance_id = p->instance_id;
   me.max_frame = (uint32_t)p->opts.max_frame;
   snprintf(me.group, sizeof me.group, "%.64s", p->opts.group);
@@ -323,6 +325,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
     return NULL;
   }
   c->peer_max_frame = h.max_frame;
+  c->peer_caps = h.caps;
   c->info.pid = h.pid;
   c->info.role = h.role;
   c->info.instance_id = h.instance_id;
@@ -534,6 +537,7 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   size_t rn = 0;
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
   pthread_mutex_lock(&c->lock);
+  uint64_t asked_ms = kvs__now_ms(); /* the peer's pins cannot be older than this */
   int rc = -ENOMEM;
   if (objs)
     RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
@@ -559,14 +563,34 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
       }
       if (sink(ctx, o->key_index, &o->layout, bytes, o->length) < 0) break;
       kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
-      delivered++;
+      /* an object covers the keys up to the next record's (aliases of one object) */
+      delivered = (int)(i + 1 < r.n_objects ? objs[i + 1].key_index : r.n_found);
     }
-    if (r.xfer) { /* unpin at the peer; an error here only costs the peer a lease */
+    if (r.xfer) { /* unpin at the peer */
       kvs_proto_xfer_t x = {r.xfer};
       uint8_t b[16];
       size_t n2 = 0;
-      if (kvs_proto_xfer_encode(&x, b, sizeof b, &n2) == 0)
-        rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+      if (kvs_proto_xfer_encode(&x, b, sizeof b, &n2) == 0) {
+        /* docs/protocol.md §6: a pin that outlived its lease may have had its extent reused
+         * while we copied; the only signal is ENOENT on COMMIT_RETRIEVE. No lease is shorter
+         * than KVS_LEASE_MIN_MS, so a copy done within that of the request is certainly good
+         * and the unpin is posted (no round trip); a slower one waits for the verdict. */
+        if (kvs__now_ms() - asked_ms < KVS_LEASE_MIN_MS) {
+          rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+        } else {
+          uint8_t *cr = NULL;
+          size_t crn = 0;
+          int v = rpc(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2, &cr, &crn, NULL);
+          free(cr);
+          if (v == -ENOENT && delivered > 0) {
+            kvs_stats_inc(p->stats, KVS_STAT_peer_stale_reads);
+            kvs_log_debug("peer %016" PRIx64 ": pins expired during the copy: %d objects "
+                          "thrown away", c->info.instance_id, delivered);
+            delivered = 0;
+            rc = -ESTALE;
+          }
+        }
+      }
     }
   }
   pthread_mutex_unlock(&c->lock);
@@ -627,7 +651,14 @@ int kvs_peers_fetch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   if (!p->local) return -ENOTSUP;
   fetch_ctx_t f = {p->local, kvs_pool_base(kvs_store_pool(p->local)), keys, layout, keys_fn, ctx,
                    out};
-  return kvs_peers_retrieve(p, instance, keys, n, fetch_sink, &f);
+  int rc = kvs_peers_retrieve(p, instance, keys, n, fetch_sink, &f);
+  if (rc == -ESTALE) /* the peer's pins expired during the copy: no copy may be kept */
+    for (size_t i = 0; i < n; i++)
+      if (out[i].status == KVS_FETCH_COPIED) {
+        kvs_store_abort(p->local, KVS_OWNER_LOCAL, out[i].xfer);
+        out[i].status = KVS_FETCH_MISS;
+      }
+  return rc;
 }
 
 /* PREPARE_STORE with a strategy: on success *r points into *rep (the caller frees *rep). */
@@ -820,6 +851,28 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
   if (rc == 0 && r.nonce != nonce) rc = -EPROTO;
   free(rep);
   return rc;
+}
+
+int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
+                         uint64_t checksum) {
+  if (!p || !instance || !len) return -EINVAL;
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  int rc = -EOPNOTSUPP; /* a peer that predates REPORT_BAD would close the connection on it */
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  if (c->peer_caps & KVS_PROTO_CAP_REPORT_BAD) {
+    kvs_proto_report_t m = {key, len, checksum};
+    kvs_stats_inc(p->stats, KVS_STAT_peer_bad_reports);
+    pthread_mutex_lock(&c->lock);
+    RPC_ENCODED(rc, p, c, KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m, &rep, &rn);
+    pthread_mutex_unlock(&c->lock);
+  }
+  unref(p, c);
+  kvs_proto_report_reply_t r;
+  if (rc == 0) rc = kvs_proto_report_reply_decode(rep, rn, &r);
+  free(rep);
+  return rc < 0 ? rc : (int)r.dropped;
 }
 
 /* ---- write-behind ---------------------------------------------------------------------------- */

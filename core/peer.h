@@ -74,7 +74,10 @@ typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t 
 
 /* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
- * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss). */
+ * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss).
+ * -ESTALE: the peer's pins expired while sink copied (COMMIT_RETRIEVE answered ENOENT), so the
+ * extents may have been rewritten under the copy: whatever sink made of the bytes must be
+ * thrown away (counted in peer_stale_reads). */
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx);
 
@@ -129,6 +132,13 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
 int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap);
 /* Round trip to a peer; 0 or a negative errno. */
 int kvs_peers_ping(kvs_peers_t *p, uint64_t instance);
+/* Tell peer `instance` that the object it delivered under key failed our format check: len and
+ * checksum (kvs_checksum64) describe the object exactly as we read it. The peer drops it when
+ * its own bytes are still those (docs/protocol.md 4.11). Returns 1 dropped, 0 kept (rewritten
+ * since, pinned by a reader, or gone), -EOPNOTSUPP (the peer predates REPORT_BAD: nothing
+ * sent), or another negative errno. Never call it from inside a retrieve's sink. */
+int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
+                         uint64_t checksum);
 
 /* Queue an object of the local store (found under keys[0]; keys[1..n) are its aliases to bind
  * at the cache peer too) for write-behind. Never blocks: returns 0 when queued, -ENOSPC when the

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef MFD_HUGETLB
@@ -37,7 +38,9 @@ int kvs__prim_memfd(const char *name, uint64_t size, bool huge) {
   if (huge) flags |= MFD_HUGETLB | MFD_HUGE_2MB;
   int fd = memfd_create(name, flags);
   if (fd < 0) return -errno;
-  if (ftruncate(fd, (off_t)size) != 0) {
+  /* design §14: kvshim's segments are 0600 (a memfd is born 0777, and /proc/<pid>/fd shows it
+   * so to anyone who can look). */
+  if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {
     int rc = -errno;
     close(fd);
     return rc;

@@ -35,7 +35,7 @@ _Static_assert(KVS_PROTO_MAX_KEYS <= UINT32_MAX / 4, "counts fit u32 with room")
 KVS_PROTO_ERRORS(KVS__PROTO_ERR_CHECK)
 #undef KVS__PROTO_ERR_CHECK
 
-#define OUTCOME_MAX ((uint8_t)KVS_RES_BAD_LAYOUT)
+#define OUTCOME_MAX ((uint8_t)KVS_RES_SKIPPED)
 #define ERRNO_MAX 4095
 
 /* ---- names ------------------------------------------------------------------------------------ */
@@ -355,7 +355,7 @@ static bool hello_ok(const kvs_proto_hello_t *m, size_t group_len) {
          !(m->flags & ~KVS_PROTO_HELLO_F_ALL) &&
          (!(m->flags & KVS_PROTO_HELLO_POOL_FD) || m->pool_segment_size > 0) &&
          m->max_frame >= KVS_PROTO_MIN_MAX_FRAME && m->max_frame <= KVS_PROTO_MAX_MAX_FRAME &&
-         group_len <= KVS_PROTO_MAX_GROUP;
+         group_len <= KVS_PROTO_MAX_GROUP && (m->max_message == 0 || m->max_message >= m->max_frame);
 }
 
 int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, size_t *len) {
@@ -379,6 +379,10 @@ int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, si
   kvs_proto_write_u16(&w, (uint16_t)glen);
   kvs_proto_write_u16(&w, 0);
   kvs_proto_write_bytes(&w, m->group, glen);
+  if (m->max_message) { /* the version-1 addition: padding to 8, then max_message */
+    kvs_proto_write_pad(&w, 8);
+    kvs_proto_write_u64(&w, m->max_message);
+  }
   return finish(&w, len);
 }
 
@@ -405,6 +409,11 @@ int kvs_proto_hello_decode(const void *p, size_t len, kvs_proto_hello_t *out) {
   zero16(&r);
   require(&r, glen <= KVS_PROTO_MAX_GROUP);
   const uint8_t *g = kvs_proto_read_bytes(&r, r.err ? 0 : glen);
+  if (!r.err && kvs_proto_reader_remaining(&r)) { /* max_message follows */
+    kvs_proto_read_pad(&r, 8);
+    m.max_message = kvs_proto_read_u64(&r);
+    require(&r, m.max_message != 0);
+  }
   KVS_TRY(kvs_proto_reader_end(&r));
   if (!hello_ok(&m, glen) || (glen && memchr(g, 0, glen))) return -EBADMSG;
   if (glen) memcpy(m.group, g, glen);
@@ -415,10 +424,10 @@ int kvs_proto_hello_decode(const void *p, size_t len, kvs_proto_hello_t *out) {
 int kvs_proto_hello_check(const kvs_proto_hello_t *m, bool reply) {
   if (!reply)
     return (m->strategy_chosen == KVS_PROTO_STRATEGY_AUTO &&
-            !(m->flags & KVS_PROTO_HELLO_POOL_FD)) ? 0 : -EPROTO;
-  if (!strategy_explicit(m->strategy_chosen)) return -EPROTO;
+            !(m->flags & KVS_PROTO_HELLO_POOL_FD) && m->max_message == 0) ? 0 : -EBADMSG;
+  if (!strategy_explicit(m->strategy_chosen)) return -EBADMSG;
   if ((m->flags & KVS_PROTO_HELLO_POOL_FD) && m->strategy_chosen != KVS_PROTO_STRATEGY_SHM)
-    return -EPROTO;
+    return -EBADMSG;
   return 0;
 }
 
@@ -1075,6 +1084,57 @@ int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *d
   r.pos = table;
   read_blobs(&r, m.n_descs, descs);
   m.descs = descs;
+  *out = m;
+  return 0;
+}
+
+/* ---- REPORT_BAD ---------------------------------------------------------------------------- */
+
+int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len) {
+  if (m->length == 0) return -EINVAL;
+  kvs_proto_writer_t w;
+  kvs_proto_writer_init(&w, buf, cap);
+  kvs_proto_write_u64(&w, m->key.lo);
+  kvs_proto_write_u64(&w, m->key.hi);
+  kvs_proto_write_u64(&w, m->length);
+  kvs_proto_write_u64(&w, m->checksum);
+  return finish(&w, len);
+}
+
+int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out) {
+  KVS_TRY(payload_ok(p, len));
+  kvs_proto_reader_t r;
+  kvs_proto_reader_init(&r, p, len);
+  kvs_proto_report_t m;
+  m.key.lo = kvs_proto_read_u64(&r);
+  m.key.hi = kvs_proto_read_u64(&r);
+  m.length = kvs_proto_read_u64(&r);
+  m.checksum = kvs_proto_read_u64(&r);
+  require(&r, m.length != 0);
+  KVS_TRY(kvs_proto_reader_end(&r));
+  *out = m;
+  return 0;
+}
+
+int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
+                                  size_t *len) {
+  if (m->dropped > 1) return -EINVAL;
+  kvs_proto_writer_t w;
+  kvs_proto_writer_init(&w, buf, cap);
+  kvs_proto_write_u32(&w, m->dropped);
+  kvs_proto_write_u32(&w, 0);
+  return finish(&w, len);
+}
+
+int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out) {
+  KVS_TRY(payload_ok(p, len));
+  kvs_proto_reader_t r;
+  kvs_proto_reader_init(&r, p, len);
+  kvs_proto_report_reply_t m;
+  m.dropped = kvs_proto_read_u32(&r);
+  zero32(&r);
+  require(&r, m.dropped <= 1);
+  KVS_TRY(kvs_proto_reader_end(&r));
   *out = m;
   return 0;
 }

@@ -112,6 +112,7 @@ extern "C" {
   X(STATS, 8, "STATS")                                                                        \
   X(PING, 9, "PING")                                                                          \
   X(EXPORT_TENSORS, 10, "EXPORT_TENSORS")                                                     \
+  X(REPORT_BAD, 11, "REPORT_BAD")                                                             \
   X(ERROR, 255, "ERROR")
 
 typedef enum kvs_proto_opcode {
@@ -166,7 +167,12 @@ const char *kvs_proto_strerror(int code);
 #define KVS_PROTO_ROLE_TOOL 3u          /* the kvshim CLI */
 #define KVS_PROTO_CAP_SHM 0x1u          /* can map a peer pool and use SHM transfers */
 #define KVS_PROTO_CAP_INLINE 0x2u       /* can use inline transfers (every peer should) */
-#define KVS_PROTO_CAP_REMOTE 0x4u       /* server: a LOOKUP may ask it to consult its remote tier
+/* Additions to version 1 (docs/protocol.md §5.1): a server uses one only with a client that
+ * announced it, so a peer that predates it sees version 1 exactly as it was. */
+#define KVS_PROTO_CAP_SKIPPED 0x4u      /* reads the SKIPPED reservation outcome (6) */
+#define KVS_PROTO_CAP_MAX_MESSAGE 0x8u  /* reads max_message at the end of a HELLO reply */
+#define KVS_PROTO_CAP_REPORT_BAD 0x10u  /* server: takes REPORT_BAD (a client sends it only then) */
+#define KVS_PROTO_CAP_REMOTE 0x20u      /* server: a LOOKUP may ask it to consult its remote tier
                                            (remote_wait_ms); clients send 0 to others */
 #define KVS_PROTO_HELLO_POOL_FD 0x1u    /* HELLO flag: the pool memfd travels with this frame */
 #define KVS_PROTO_HELLO_F_ALL KVS_PROTO_HELLO_POOL_FD
@@ -307,7 +313,7 @@ typedef struct kvs_proto_slot {
  * strategies 0..2; flags only KVS_PROTO_HELLO_F_ALL; POOL_FD implies pool_segment_size > 0;
  * KVS_PROTO_MIN_MAX_FRAME <= max_frame <= KVS_PROTO_MAX_MAX_FRAME; group <= 64 bytes, no NUL.
  * In a request strategy_chosen is AUTO; in a reply it is SHM or INLINE (the coordinator checks
- * these direction rules: kvs_proto_hello_check). */
+ * these direction rules: kvs_proto_hello_check). max_message is 0 or >= max_frame. */
 typedef struct kvs_proto_hello {
   uint16_t version_min, version_max; /* protocol versions the sender speaks */
   uint8_t role;                      /* KVS_PROTO_ROLE_* */
@@ -322,12 +328,17 @@ typedef struct kvs_proto_hello {
   uint64_t pool_arena_used;          /* cache arena bytes in use */
   uint32_t max_frame;                /* largest frame payload the sender accepts */
   char group[KVS_PROTO_MAX_GROUP + 1]; /* NUL-terminated copy (not a pointer) */
+  /* Largest assembled message the sender accepts (0: not announced; then the HELLO ends after
+   * the group). When set, the body goes on with zero padding to a multiple of 8 and this u64:
+   * sent only in replies to a client with KVS_PROTO_CAP_MAX_MESSAGE. >= max_frame. */
+  uint64_t max_message;
 } kvs_proto_hello_t;
 
 int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, size_t *len);
 int kvs_proto_hello_decode(const void *p, size_t len, kvs_proto_hello_t *out);
-/* Direction rules on a decoded HELLO: a request has strategy_chosen AUTO and no POOL_FD; a
- * reply has strategy_chosen SHM or INLINE, and POOL_FD only with SHM. 0 or -EPROTO. */
+/* Direction rules on a decoded HELLO: a request has strategy_chosen AUTO, no POOL_FD and no
+ * max_message; a reply has strategy_chosen SHM or INLINE, and POOL_FD only with SHM. 0 or
+ * -EBADMSG (a field violation, like the decoder's). */
 int kvs_proto_hello_check(const kvs_proto_hello_t *m, bool reply);
 /* The version both speak: min(a.max, b.max) when >= max(a.min, b.min), else -EPROTONOSUPPORT. */
 int kvs_proto_negotiate_version(const kvs_proto_hello_t *a, const kvs_proto_hello_t *b,
@@ -559,6 +570,25 @@ int kvs_proto_export_reply_encode(const kvs_proto_export_reply_t *m, void *buf, 
                                   size_t *len);
 int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *descs,
                                   size_t cap, kvs_proto_export_reply_t *out);
+
+/* REPORT_BAD request: "the object I read under key failed my format check". length and
+ * checksum (XXH3-64 of the object's bytes, seed 0) describe what the reporter read; the holder
+ * drops the object only when its current bytes are exactly those (an object rewritten since is
+ * left alone). Reply: dropped 0 or 1. reserved fields zero. */
+typedef struct kvs_proto_report {
+  kvs_key_t key;
+  uint64_t length;
+  uint64_t checksum;
+} kvs_proto_report_t;
+typedef struct kvs_proto_report_reply {
+  uint32_t dropped; /* 0 or 1 */
+} kvs_proto_report_reply_t;
+
+int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len);
+int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out);
+int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
+                                  size_t *len);
+int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out);
 
 #ifdef __cplusplus
 }

@@ -739,7 +739,10 @@ static void queue_write(kvs_remote_t *r, const kvs_key_t *keys, size_t n) {
 
 static void hook_published(void *ctx, const kvs_key_t *keys, size_t n, bool object) {
   kvs_remote_t *r = ctx;
-  if (object) return queue_write(r, keys, n);
+  if (object) {
+    queue_write(r, keys, n);
+    return;
+  }
   for (size_t i = 0; i < n; i++) queue_write(r, &keys[i], 1);
 }
 

@@ -93,7 +93,14 @@ extern "C" {
   X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
   X(llama_prefix_passthrough, C,                                                              \
     "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
-  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")       \
+  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")        \
+  X(coord_accept_paused, C,                                                                   \
+    "times the coordinator stopped accepting: out of file descriptors (EMFILE/ENFILE)")       \
+  X(store_live_pins, G, "read pins held now (returns to 0 when every reader is gone)")        \
+  X(peer_stale_reads, C, "peer SHM copies thrown away: the pin had expired (COMMIT_RETRIEVE ENOENT)") \
+  X(peer_bad_reports, C, "REPORT_BAD sent: an object a peer delivered failed a format check")  \
+  X(coord_bad_reports, C, "REPORT_BAD requests received")                                    \
+  X(coord_bad_dropped, C, "objects dropped after a REPORT_BAD whose bytes matched ours")       \
   X(remote_lookups, C, "remote tier: lookups that consulted the remote store")                 \
   X(remote_hits, C, "remote tier: keys fetched from the remote store into the pool")          \
   X(remote_misses, C, "remote tier: lookups that stopped at a key the remote store lacks")     \

@@ -472,6 +472,7 @@ static void publish_gauges(kvs_store_t *s) {
   kvs_stats_set(s->stats, KVS_STAT_store_reserved_bytes, s->reserved);
   kvs_stats_set(s->stats, KVS_STAT_store_free_bytes, free_bytes(s));
   kvs_stats_set(s->stats, KVS_STAT_store_arena_bytes, s->arena_bytes);
+  kvs_stats_set(s->stats, KVS_STAT_store_live_pins, s->npins);
 }
 
 /* Publish the gauges, check the whole store in debug builds, unlock, then report any pool
@@ -706,8 +707,8 @@ static void count_outcomes(kvs_store_t *s, const uint8_t *outcomes, size_t n) {
       [KVS_RES_BUSY] = KVS_STAT_store_busy,           [KVS_RES_NO_SPACE] = KVS_STAT_store_no_space,
       [KVS_RES_TOO_LARGE] = KVS_STAT_store_too_large, [KVS_RES_BAD_LAYOUT] = KVS_STAT_store_bad_layout,
   };
-  for (size_t k = 0; k < N_OUTCOMES; k++)
-    if (c[k]) kvs_stats_add(s->stats, ids[k], c[k]);
+  for (size_t k = 0; k < N_OUTCOMES; k++) /* SKIPPED is not counted: its blocker is */
+    if (c[k] && k != KVS_RES_SKIPPED) kvs_stats_add(s->stats, ids[k], c[k]);
 }
 
 /* ALL_OR_NOTHING pre-check, before anything is evicted: the first failing outcome, or
@@ -752,6 +753,7 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
   uint8_t fail = KVS_RES_RESERVED;
   if (fixed == KVS_RES_RESERVED && (mode & KVS_RESERVE_ALL_OR_NOTHING))
     fail = all_or_nothing_precheck(s, keys, n, rounded, mode);
+  bool pre = fail != KVS_RES_RESERVED; /* failed before reserving anything */
   for (size_t i = 0; i < n; i++) {
     memset(&extents[i], 0, sizeof extents[i]);
     if (fixed != KVS_RES_RESERVED) {
@@ -761,7 +763,9 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
     if (fail != KVS_RES_RESERVED) { /* pre-check failed: classify without reserving */
       uint32_t e = key_find(s, keys[i]);
       bool ready = e != NIL && s->objs[s->kents[e].obj].state == OBJ_READY;
-      outcomes[i] = ready ? KVS_RES_PRESENT : (e != NIL ? KVS_RES_BUSY : fail);
+      outcomes[i] = ready ? KVS_RES_PRESENT
+                    : e != NIL ? KVS_RES_BUSY
+                    : fail == KVS_RES_NO_SPACE && pre ? KVS_RES_NO_SPACE : KVS_RES_SKIPPED;
       continue;
     }
     uint32_t oi;
@@ -772,7 +776,7 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
     xfer_drop_objects(s, x);
     for (size_t i = 0; i < n; i++)
       if (outcomes[i] == KVS_RES_RESERVED) {
-        outcomes[i] = fail;
+        outcomes[i] = KVS_RES_SKIPPED;
         memset(&extents[i], 0, sizeof extents[i]);
       }
   }

@@ -58,7 +58,8 @@ typedef uint64_t kvs_xfer_t;  /* 0 is never a valid transfer */
   X(BUSY, 2, "another owner is writing this key")                                             \
   X(NO_SPACE, 3, "eviction could not make room")                                              \
   X(TOO_LARGE, 4, "larger than the cache arena")                                              \
-  X(BAD_LAYOUT, 5, "invalid layout")
+  X(BAD_LAYOUT, 5, "invalid layout")                                                          \
+  X(SKIPPED, 6, "not reserved: ALL_OR_NOTHING and another key failed")
 
 typedef enum kvs_reserve_outcome {
 #define KVS__RES_ENUM(name, val, help) KVS_RES_##name = val,
@@ -117,9 +118,10 @@ typedef struct kvs_store_config {
 /* Mode flags for reservations. */
 #define KVS_RESERVE_ALL_OR_NOTHING 1u /* if any key is not RESERVED or PRESENT, reserve none */
 #define KVS_RESERVE_NO_EVICT       2u /* report NO_SPACE instead of evicting */
-/* ALL_OR_NOTHING failures: PRESENT keys stay PRESENT, every other key gets the outcome of the
- * first key that could not be reserved (so each outcome still names a real cause), and the
- * call returns 0 with *xfer = 0. Keys that are already being written or cannot fit even after
+/* ALL_OR_NOTHING failures: PRESENT keys stay PRESENT, the key that blocked the request gets
+ * its own outcome (BUSY for a key another owner is writing, NO_SPACE, ...), every other key
+ * gets SKIPPED, and the call returns 0 with *xfer = 0. When the keys do not fit together (the
+ * pre-check), no single key is to blame: each key not READY gets NO_SPACE. Keys that are already being written or cannot fit even after
  * evicting every unpinned READY object fail before anything is evicted; a failure found later
  * (a duplicate key in the call, fragmentation) may leave earlier evictions done.
  *

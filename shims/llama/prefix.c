@@ -575,8 +575,9 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
  * it is kept. */
 typedef struct px_fetch_keys {
   px_ctx_t *c;
-  kvs_key_t want; /* the key asked for: h(j - 1) */
-  uint32_t j;     /* its chunk count */
+  kvs_key_t want;            /* the key asked for: h(j - 1) */
+  uint32_t j;                /* its chunk count */
+  uint64_t bad_len, bad_sum; /* a delivered object that failed a check (REPORT_BAD) */
 } px_fetch_keys_t;
 
 static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_t len,
@@ -584,37 +585,59 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
   px_fetch_keys_t *k = ctx;
   const px_ctx_t *c = k->c;
   kvs__llama_blob_hdr_t h;
-  if (key_index != 0 || len < KVS_LLAMA_BLOB_HDR) return -1;
+  if (key_index != 0) return -1;
+  if (len < KVS_LLAMA_BLOB_HDR) goto bad;
   memcpy(&h, bytes, sizeof h);
   if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX ||
       h.ns_lo != c->ns.lo || h.ns_hi != c->ns.hi || h.chunk_tokens != c->chunk ||
       h.keyed_tokens % c->chunk != 0 || h.keyed_tokens > h.n_tokens ||
       h.keyed_tokens > c->sh.cap || h.keyed_tokens < k->j * c->chunk ||
       4 * (uint64_t)h.n_tokens > len - KVS_LLAMA_BLOB_HDR)
-    return -1;
+    goto bad;
   uint32_t J = h.keyed_tokens / c->chunk;
   const uint32_t *tok =
       (const uint32_t *)(const void *)((const uint8_t *)bytes + KVS_LLAMA_BLOB_HDR);
   kvs_key_t prev = c->ns;
   for (uint32_t i = 0; i < J; i++) {
     prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
-    if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) return -1; /* not the state asked for */
+    if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) goto bad; /* not the state asked for */
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
   *keys = c->kscratch;
   return (int)J;
+bad: /* delivered under our key but not a state we can use: the peer is told (REPORT_BAD) */
+  k->bad_len = len;
+  k->bad_sum = kvs_checksum64(bytes, (size_t)len);
+  return -1;
+}
+
+/* A peer delivered a cached state that failed a check: a bad blob, not a plain miss. Tell the
+ * peer (REPORT_BAD), which drops it if it still holds exactly those bytes. */
+static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, uint64_t len,
+                          uint64_t sum, bool counted) {
+  KVS__REENTRY_GUARD();
+  if (!counted) {
+    kvs_log_warn("llama.cpp prefix cache: a peer's cached state refused: malformed header");
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+  }
+  if (instance) kvs_peers_report_bad(rt->peers, instance, key, len, sum);
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                 int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   uint32_t j = k / c->chunk;
-  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j};
+  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j, 0, 0};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
   if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
-  if (st != KVS_FETCH_COPIED) return PX_SKIP;
+  if (st != KVS_FETCH_COPIED) {
+    if (fk.bad_len) px_report_bad(rt, instance, fk.want, fk.bad_len, fk.bad_sum, false);
+    return PX_SKIP;
+  }
   px_res_t res = px_restore_blob(c, ctx, s, n, k, f.blob, f.len);
+  if (res == PX_BAD)
+    px_report_bad(rt, instance, fk.want, f.len, kvs_checksum64(f.blob, (size_t)f.len), true);
   kvs__llama_blob_keep(&home, &f, res != PX_BAD); /* a good copy is kept */
   if (res == PX_OK) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
   return res;

@@ -58,7 +58,8 @@ static bool hello_eq(const kvs_proto_hello_t *a, const kvs_proto_hello_t *b) {
          a->caps == b->caps && a->instance_id == b->instance_id &&
          a->pool_segment_size == b->pool_segment_size &&
          a->pool_arena_size == b->pool_arena_size && a->pool_arena_used == b->pool_arena_used &&
-         a->max_frame == b->max_frame && strcmp(a->group, b->group) == 0;
+         a->max_frame == b->max_frame && strcmp(a->group, b->group) == 0 &&
+         a->max_message == b->max_message;
 }
 
 static void fuzz_payload(const uint8_t *p, size_t n) {
@@ -93,6 +94,23 @@ static void fuzz_payload(const uint8_t *p, size_t n) {
       q = REENC(kvs_proto_lookup_encode, &a);
       CHECK(kvs_proto_lookup_decode(q, n, &b) == 0);
       CHECK(a.n_keys == b.n_keys && same(a.keys, b.keys, a.n_keys * sizeof(kvs_key_t)));
+      free(q);
+    }
+  }
+  {
+    kvs_proto_report_t a, b;
+    if (kvs_proto_report_decode(p, n, &a) == 0) {
+      q = REENC(kvs_proto_report_encode, &a);
+      CHECK(kvs_proto_report_decode(q, n, &b) == 0);
+      CHECK(kvs_key_eq(a.key, b.key) && a.length == b.length && a.checksum == b.checksum);
+      free(q);
+    }
+  }
+  {
+    kvs_proto_report_reply_t a, b;
+    if (kvs_proto_report_reply_decode(p, n, &a) == 0) {
+      q = REENC(kvs_proto_report_reply_encode, &a);
+      CHECK(kvs_proto_report_reply_decode(q, n, &b) == 0 && a.dropped == b.dropped);
       free(q);
     }
   }

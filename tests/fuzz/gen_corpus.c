@@ -142,5 +142,10 @@ int main(int argc, char **argv) {
   kvs_proto_blob_t descs[2] = {{.len = 40, .data = bytes}, {.len = 12, .data = bytes + 50}};
   kvs_proto_export_reply_t exr = {.n_descs = 2, .n_fds = 1, .descs = descs};
   EMIT("export_rep", KVS_OP_EXPORT_TENSORS, R, kvs_proto_export_reply_encode, &exr);
+  kvs_proto_report_t rb = {{0x1111111111111111ull, 0x2222222222222222ull}, 4096,
+                           0xdeadbeefcafef00dull};
+  EMIT("report_bad_req", KVS_OP_REPORT_BAD, 0, kvs_proto_report_encode, &rb);
+  kvs_proto_report_reply_t rbr = {1};
+  EMIT("report_bad_rep", KVS_OP_REPORT_BAD, R, kvs_proto_report_reply_encode, &rbr);
   return 0;
 }

@@ -141,7 +141,7 @@ Test(bad, unknown_opcode, T_TIMEOUT) {
   cc_t c;
   open_bad(&c, true);
   counters_t b = counters();
-  kvs_proto_header_t h = hdr(11, 9, 0);
+  kvs_proto_header_t h = hdr(12, 9, 0);
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
   expect_refused(&c, -EOPNOTSUPP, 9, &b, 1, 1);
 }
@@ -221,7 +221,7 @@ Test(bad, reply_flag_from_client, T_TIMEOUT) {
   kvs_proto_header_t h = hdr(KVS_OP_PING, 16, sizeof p);
   h.flags = KVS_PROTO_F_REPLY;
   cr_assert_eq(cc_send_frame(&c, &h, p), 0);
-  expect_refused(&c, -EPROTO, 0, &b, 1, 1);
+  expect_refused(&c, -EPROTO, 16, &b, 1, 1); /* docs/protocol.md §8: the magic was right */
 }
 
 Test(bad, request_id_zero, T_TIMEOUT) {

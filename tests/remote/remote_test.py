@@ -571,7 +571,7 @@ def case_interop(ctx):
         b.start(r.url)
         sock = b.banner.split("socket ")[1].split(",")[0].strip()
         caps, found = hello_lookup(sock, [key], 0)
-        check(caps & 4, f"a serve with a remote tier does not offer CAP_REMOTE: caps {caps}")
+        check(caps & 0x20, f"a serve with a remote tier does not offer CAP_REMOTE: caps {caps}")
         check(found == 0, "a v1 LOOKUP (offset 4 = 0) consulted the remote tier")
         caps, found = hello_lookup(sock, [key], 1500)
         check(found == 1, "LOOKUP with remote_wait_ms did not bring the key from Redis")

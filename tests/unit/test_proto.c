@@ -217,14 +217,15 @@ T(opcode_numbers_are_pinned) {
   cr_assert_eq(KVS_OP_STATS, 8);
   cr_assert_eq(KVS_OP_PING, 9);
   cr_assert_eq(KVS_OP_EXPORT_TENSORS, 10);
+  cr_assert_eq(KVS_OP_REPORT_BAD, 11);
   cr_assert_eq(KVS_OP_ERROR, 255);
   cr_assert_str_eq(kvs_proto_opcode_name(2), "LOOKUP");
   cr_assert_str_eq(kvs_proto_opcode_name(255), "ERROR");
   unsigned valid = 0;
   for (unsigned op = 0; op < 65536; op++) valid += kvs_proto_opcode_valid(op);
-  cr_assert_eq(valid, 11, "exactly the 11 pinned opcodes are valid, got %u", valid);
+  cr_assert_eq(valid, 12, "exactly the 12 pinned opcodes are valid, got %u", valid);
   cr_assert_null(kvs_proto_opcode_name(0));
-  cr_assert_null(kvs_proto_opcode_name(11));
+  cr_assert_null(kvs_proto_opcode_name(12));
   cr_assert_null(kvs_proto_opcode_name(254));
 }
 
@@ -343,7 +344,7 @@ T(header_validation) {
       {"version 0", KVS_PROTO_MAGIC, 0, 16, 0, KVS_OP_PING, 5, -EPROTONOSUPPORT},
       {"version 2", KVS_PROTO_MAGIC, 0, 16, 2, KVS_OP_PING, 5, -EPROTONOSUPPORT},
       {"opcode 0", KVS_PROTO_MAGIC, 0, 16, 1, 0, 5, -EOPNOTSUPP},
-      {"opcode 11", KVS_PROTO_MAGIC, 0, 16, 1, 11, 5, -EOPNOTSUPP},
+      {"opcode 12", KVS_PROTO_MAGIC, 0, 16, 1, 12, 5, -EOPNOTSUPP},
       {"opcode 254", KVS_PROTO_MAGIC, 0, 16, 1, 254, 5, -EOPNOTSUPP},
       {"opcode 0xffff", KVS_PROTO_MAGIC, 0, 16, 1, 0xffff, 5, -EOPNOTSUPP},
       {"oversize", KVS_PROTO_MAGIC, 0, KVS_PROTO_MIN_MAX_FRAME + 1, 1, KVS_OP_PING, 5, -EMSGSIZE},
@@ -509,7 +510,7 @@ T(hello_round_trip) {
   cr_assert(memcmp(&d, &h, offsetof(kvs_proto_hello_t, group)) == 0);
   cr_assert_str_eq(d.group, h.group);
   cr_assert_eq(kvs_proto_hello_check(&d, true), 0);
-  cr_assert_eq(kvs_proto_hello_check(&d, false), -EPROTO);
+  cr_assert_eq(kvs_proto_hello_check(&d, false), -EBADMSG);
   free(b);
 }
 
@@ -1083,7 +1084,7 @@ T(reserved_fields_and_ranges_are_checked) {
   expect_bad_patch(ps, 4, 4);    /* unknown mode bit */
   expect_bad_patch(ps, 12, 1);   /* reserved */
   const sample_t *psr = find_sample(s, n, "prepare_store_reply");
-  expect_bad_patch(psr, 16 + 1, 6);        /* outcome out of range */
+  expect_bad_patch(psr, 16 + 1, 7);        /* outcome out of range (6 is SKIPPED) */
   expect_bad_patch(psr, 16 + 5, 1);        /* padding after outcomes */
   expect_bad_patch(psr, 24 + 4, 1);        /* slot reserved */
   expect_bad_patch(psr, 24, 5);            /* slot key index >= n_outcomes */
@@ -1310,11 +1311,11 @@ T(hello_negotiation_helpers) {
 
   kvs_proto_hello_t req = {.strategy_chosen = KVS_PROTO_STRATEGY_AUTO};
   cr_assert_eq(kvs_proto_hello_check(&req, false), 0);
-  cr_assert_eq(kvs_proto_hello_check(&req, true), -EPROTO, "a reply must choose");
+  cr_assert_eq(kvs_proto_hello_check(&req, true), -EBADMSG, "a reply must choose");
   req.flags = KVS_PROTO_HELLO_POOL_FD;
-  cr_assert_eq(kvs_proto_hello_check(&req, false), -EPROTO, "requests carry no pool fd");
+  cr_assert_eq(kvs_proto_hello_check(&req, false), -EBADMSG, "requests carry no pool fd");
   kvs_proto_hello_t rep = {.strategy_chosen = KVS_PROTO_STRATEGY_INLINE, .flags = KVS_PROTO_HELLO_POOL_FD};
-  cr_assert_eq(kvs_proto_hello_check(&rep, true), -EPROTO, "pool fd only with SHM");
+  cr_assert_eq(kvs_proto_hello_check(&rep, true), -EBADMSG, "pool fd only with SHM");
   rep.strategy_chosen = KVS_PROTO_STRATEGY_SHM;
   cr_assert_eq(kvs_proto_hello_check(&rep, true), 0);
 }

@@ -1,0 +1,144 @@
+/* Writes the seed corpora of fuzz_llama_blob, fuzz_prefix_blob, fuzz_kvo_desc, fuzz_options and
+ * fuzz_gguf: valid inputs (blobs with their checksums, a descriptor, option values, a small
+ * GGUF file) the fuzzers mutate from. Not part of the build; run by hand when a format changes:
+ *
+ *   cc -std=gnu11 -Icore -Ishims/llama -Ipreload -Ishims/kvo/include \
+ *      tests/fuzz/gen_llama_corpus.c shims/llama/prefix_shadow.c core/keys.c -lxxhash \
+ *      -o /tmp/gen_llama_corpus && /tmp/gen_llama_corpus tests/fuzz/corpus
+ *
+ * Deterministic: the same files every run. The constants match the harnesses'. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvshim/kvo.h"
+#include "llama_internal.h"
+#include "prefix.h"
+
+static const char *root;
+
+static void put(const char *dir, const char *name, const void *p, size_t n) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", root, dir);
+  mkdir(path, 0755);
+  snprintf(path, sizeof path, "%s/%s/%s", root, dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+    perror(path);
+    exit(1);
+  }
+}
+
+static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+static void llama_blob(const char *name, uint32_t n_tokens, uint64_t body) {
+  uint64_t state = 8 + body, len = KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + state;
+  uint8_t *b = calloc(1, len);
+  kvs__llama_blob_hdr_t h = {0};
+  h.magic = KVS_LLAMA_BLOB_MAGIC;
+  h.version = KVS_LLAMA_BLOB_VERSION;
+  h.hdr_size = KVS_LLAMA_BLOB_HDR;
+  h.kind = KVS_LLAMA_BLOB_KIND_SEQ;
+  h.n_tokens = n_tokens;
+  h.state_size = state;
+  memcpy(h.model_fp, FP, 16);
+  for (uint32_t i = 0; i < n_tokens; i++) memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &i, 4);
+  uint32_t m = KVS_LLAMA_STATE_MAGIC;
+  memcpy(b + KVS_LLAMA_BLOB_HDR + 4ull * n_tokens, &m, 4);
+  for (uint64_t i = 8; i < state; i++) b[KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + i] = (uint8_t)i;
+  memcpy(b, &h, sizeof h);
+  h.checksum = kvs__llama_blob_checksum(b, len);
+  memcpy(b, &h, sizeof h);
+  put("fuzz_llama_blob", name, b, len);
+  free(b);
+}
+
+static void prefix_blob(const char *name, uint32_t n_tokens, uint32_t keyed, uint64_t body) {
+  uint64_t state = 8 + body, len = KVS_PX_BLOB_HDR + 4ull * n_tokens + state;
+  uint8_t *b = calloc(1, len);
+  kvs__px_blob_hdr_t h = {0};
+  h.magic = KVS_PX_BLOB_MAGIC;
+  h.version = KVS_PX_BLOB_VERSION;
+  h.hdr_size = KVS_PX_BLOB_HDR;
+  h.n_tokens = n_tokens;
+  h.keyed_tokens = keyed;
+  h.chunk_tokens = 16;
+  h.state_size = state;
+  memcpy(h.model_fp, FP, 16);
+  h.ns_lo = 0x1111111111111111ull;
+  h.ns_hi = 0x2222222222222222ull;
+  for (uint32_t i = 0; i < n_tokens; i++) memcpy(b + KVS_PX_BLOB_HDR + 4 * i, &i, 4);
+  uint32_t m = KVS_PX_STATE_MAGIC;
+  memcpy(b + KVS_PX_BLOB_HDR + 4ull * n_tokens, &m, 4);
+  memcpy(b, &h, sizeof h);
+  h.checksum = kvs__px_blob_checksum(b, len);
+  memcpy(b, &h, sizeof h);
+  put("fuzz_prefix_blob", name, b, len);
+  free(b);
+}
+
+/* GGUF v3: magic, version, n_tensors, n_kv, then {u64 len, key, u32 type, value}. */
+static size_t g_str(uint8_t *p, const char *s) {
+  uint64_t n = strlen(s);
+  memcpy(p, &n, 8);
+  memcpy(p + 8, s, n);
+  return 8 + n;
+}
+static size_t g_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); return 4; }
+static size_t g_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); return 8; }
+
+static void gguf(void) {
+  uint8_t b[1024];
+  size_t n = 0;
+  n += g_u32(b + n, 0x46554747u); /* "GGUF" */
+  n += g_u32(b + n, 3);
+  n += g_u64(b + n, 0);
+  n += g_u64(b + n, 5);
+  n += g_str(b + n, "general.architecture"), n += g_u32(b + n, 8), n += g_str(b + n, "llama");
+  n += g_str(b + n, "general.name"), n += g_u32(b + n, 8), n += g_str(b + n, "tiny");
+  n += g_str(b + n, "llama.context_length"), n += g_u32(b + n, 4), n += g_u32(b + n, 2048);
+  n += g_str(b + n, "general.tags"), n += g_u32(b + n, 9), n += g_u32(b + n, 8),
+      n += g_u64(b + n, 2), n += g_str(b + n, "a"), n += g_str(b + n, "bc");
+  n += g_str(b + n, "general.weights"), n += g_u32(b + n, 9), n += g_u32(b + n, 6),
+      n += g_u64(b + n, 3), n += g_u32(b + n, 0x3f800000), n += g_u32(b + n, 0),
+      n += g_u32(b + n, 0x40000000);
+  put("fuzz_gguf", "v3_general", b, n);
+  b[4] = 2;
+  put("fuzz_gguf", "v2_general", b, n);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: gen_llama_corpus DIR\n");
+    return 2;
+  }
+  root = argv[1];
+  llama_blob("seq_small", 4, 24);
+  llama_blob("seq_no_tokens", 0, 0);
+  llama_blob("seq_64", 64, 200);
+  prefix_blob("px_small", 16, 16, 32);
+  prefix_blob("px_two_chunks", 40, 32, 100);
+  kvo_desc_t d;
+  memset(&d, 0, sizeof d);
+  d.abi_version = KVO_ABI_VERSION;
+  d.size = KVO_DESC_SIZE_V1;
+  snprintf(d.model_id, sizeof d.model_id, "tiny-llama");
+  d.dtype = KVO_DTYPE_F16;
+  d.layout = KVO_LAYOUT_LKTHD;
+  d.layers = 2, d.kv_heads = 4, d.head_dim = 64, d.chunk_tokens = 16;
+  d.world_size = 2, d.rank = 1;
+  d.chunk_bytes = kvo_desc_chunk_bytes(&d);
+  put("fuzz_kvo_desc", "valid", &d, sizeof d);
+  static const struct { const char *name; const char *v; } opts[] = {
+      {"size_gib", "\x02" "4GiB"},       {"size_m", "\x02" "512M"},
+      {"bool_on", "\x00" "on"},          {"flags", "\x01" "cuda|kvo"},
+      {"enum", "\x07" "inline"},         {"uids", "\x11" "1000,1001"},
+      {"int", "\x0c" "256"},             {"env", "\x00" "KVSHIM_POOL_SIZE=64M\nKVSHIM_HOOKS=llama\n"
+                                                "KVSHIM_STRATEGY=shm\nKVSHIM_LEASE_MS=10"},
+  };
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    put("fuzz_options", opts[i].name, opts[i].v, 1 + strlen(opts[i].v + 1));
+  gguf();
+  return 0;
+}

@@ -1,0 +1,35 @@
+# hardening tests (issue 17; included by tests/integration/CMakeLists.txt).
+#   coord_harden    fd exhaustion in the accept loop, protocol corners, live-pins gauge, pool mode
+kvs_coordtest_criterion(coord_harden)
+
+# soak_client: the engine-like peer scripts/soak runs 8 of (stores, lookups, retrieves, every
+# retrieved byte checked). Not a ctest test: scripts/soak is its driver.
+add_executable(soak_client ${kvs_coordtest_dir}/soak_client.c)
+target_link_libraries(soak_client PRIVATE kvs_coord_client kvshim_core kvshim_flags Threads::Threads)
+
+# harden_llama.py: the prefix cache under faults in the cache peer (fakellama prefixhost).
+if(TARGET kvshim_preload AND TARGET fakellama_prefixhost AND TARGET kvshim)
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  foreach(case IN ITEMS corrupt-serve)
+    string(REPLACE "-" "_" name "harden_llama_${case}")
+    add_test(NAME ${name}
+      COMMAND ${Python3_EXECUTABLE} ${kvs_coordtest_dir}/harden_llama.py ${case}
+              --host $<TARGET_FILE:fakellama_prefixhost> --preload $<TARGET_FILE:kvshim_preload>
+              --cli $<TARGET_FILE:kvshim> ${llama_prefix_extra})
+    set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "integration"
+      ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
+  endforeach()
+endif()
+
+# harden_prefix.py: the same faults on the unmodified node-llama-cpp CLI (label e2e; exit 77 =
+# skipped without Node.js >= 20 or the npm registry).
+if(TARGET kvshim_preload AND TARGET kvshim)
+  foreach(case IN ITEMS corrupt full killed)
+    add_test(NAME harden_prefix_e2e_${case}
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/engines/llama/harden_prefix.py
+              --case ${case} --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
+              --work-dir ${CMAKE_CURRENT_BINARY_DIR}/harden-prefix-${case})
+    set_tests_properties(harden_prefix_e2e_${case} PROPERTIES TIMEOUT 900 LABELS "e2e"
+      SKIP_RETURN_CODE 77 RUN_SERIAL ON)
+  endforeach()
+endif()
