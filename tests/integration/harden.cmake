@@ -7,18 +7,13 @@ kvs_coordtest_criterion(coord_harden)
 add_executable(soak_client ${kvs_coordtest_dir}/soak_client.c)
 target_link_libraries(soak_client PRIVATE kvs_coord_client kvshim_core kvshim_flags Threads::Threads)
 
-# harden_llama.py: the prefix cache under faults in the cache peer (fakellama prefixhost).
+# harden_llama.py: the prefix cache under faults in the cache peer (fakellama prefixhost):
+# harden_fake_<case>.
 if(TARGET kvshim_preload AND TARGET fakellama_prefixhost AND TARGET kvshim)
-  find_package(Python3 REQUIRED COMPONENTS Interpreter)
-  foreach(case IN ITEMS corrupt-serve)
-    string(REPLACE "-" "_" name "harden_llama_${case}")
-    add_test(NAME ${name}
-      COMMAND ${Python3_EXECUTABLE} ${kvs_coordtest_dir}/harden_llama.py ${case}
-              --host $<TARGET_FILE:fakellama_prefixhost> --preload $<TARGET_FILE:kvshim_preload>
-              --cli $<TARGET_FILE:kvshim> ${llama_prefix_extra})
-    set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "integration"
-      ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0")
-  endforeach()
+  kvshim_add_py_cases(harden fake ${kvs_coordtest_dir}/harden_llama.py
+    LABELS integration TIMEOUT 300 ASAN_RUNTIME ENVIRONMENT ${KVSHIM_TEST_LSAN}
+    ARGS --host $<TARGET_FILE:fakellama_prefixhost> --preload $<TARGET_FILE:kvshim_preload>
+         --cli $<TARGET_FILE:kvshim>)
 endif()
 
 # harden_prefix.py: the same faults on the unmodified node-llama-cpp CLI (label e2e; exit 77 =

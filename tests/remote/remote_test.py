@@ -582,7 +582,7 @@ def case_interop(ctx):
         c.start()
         sock = c.banner.split("socket ")[1].split(",")[0].strip()
         caps, found = hello_lookup(sock, [key], 0)
-        check(not caps & 4 and found == 0, f"serve without a tier: caps {caps} found {found}")
+        check(not caps & 0x20 and found == 0, f"serve without a tier: caps {caps} found {found}")
         c.stop()
 
 
