@@ -131,7 +131,7 @@ static int corrupt_blob(uint8_t *b, kvs__llama_blob_hdr_t *hp, uint64_t len, con
     die("unknown corrupt mode '%s'", mode);
   }
   memcpy(b, &h, sizeof h);
-  if (fix) blob_fix_checksum(b, len);
+  if (fix) blob_reseal(b, len);
   return 0;
 }
 

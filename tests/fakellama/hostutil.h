@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "blob.h"
+#include "blobtest.h"
 #include "poolscan.h"
 
 #ifndef HOST_NAME
@@ -207,11 +208,6 @@ static void run_all(int n, char **cmds, host_run_fn run) {
  * when it did (the blob counts as a hit), nonzero when the blob is not one it changes. */
 typedef int (*blob_corrupt_fn)(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t blob_len,
                                const char *mode);
-
-static void blob_fix_checksum(uint8_t *blob, uint64_t len) {
-  uint64_t c = kvs__llama_blob_checksum(blob, len);
-  memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
-}
 
 /* Walks this process's writable kvshim pool mappings page by page and applies fn to every live
  * blob of this kind; prints "corrupt ok|notfound HITS". */

@@ -230,7 +230,7 @@ static int corrupt_blob(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t len, c
   } else {
     die("unknown corrupt mode '%s'", mode);
   }
-  if (fix) blob_fix_checksum(blob, len);
+  if (fix) blob_reseal(blob, len);
   return 0;
 }
 
