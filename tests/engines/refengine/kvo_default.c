@@ -228,10 +228,9 @@ int kvo_default_configure(size_t native_cache_bytes) {
 
 /* --- the kvo functions -------------------------------------------------------------------- */
 
-/* The argument rules shared by load and store (kvo.h); on success *k is the chunk's key. */
+/* The argument rules shared by load and store (kvo.h). */
 static int check_chunk_args(const kvo_desc_t *d, const uint32_t *tokens, size_t n_tokens,
-                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len,
-                            chunk_key_t *k) {
+                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
   int rc = kvo_desc_check(d);
   if (rc != 0) return rc;
   if (d->chunk_bytes > SIZE_MAX) return -EINVAL;
@@ -239,7 +238,6 @@ static int check_chunk_args(const kvo_desc_t *d, const uint32_t *tokens, size_t 
   if (buf_kind != KVO_BUF_HOST && buf_kind != KVO_BUF_DEVICE) return -EINVAL;
   if (chunk_index >= n_tokens / d->chunk_tokens) return -EINVAL; /* chunk must be full */
   if (buf_len < d->chunk_bytes) return -ENOBUFS;
-  *k = key_of_chunk(d, tokens, chunk_index);
   return 0;
 }
 
@@ -284,9 +282,9 @@ KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_
 
 KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                            size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  chunk_key_t k;
-  int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &k);
+  int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len);
   if (rc != 0) return rc;
+  chunk_key_t k = key_of_chunk(desc, tokens, chunk_index);
 
   pthread_mutex_lock(&cache.lock);
   entry_t *e = find(k);
@@ -302,9 +300,10 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
 
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  chunk_key_t k;
-  int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &k);
+  int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len);
   if (rc != 0) return rc;
+
+  chunk_key_t k = key_of_chunk(desc, tokens, chunk_index);
 
   pthread_mutex_lock(&cache.lock);
   entry_t *present = find(k);
