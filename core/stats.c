@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,25 +71,25 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n;
 }
 
-size_t kvs_stats_render_info(const kvs_stats_t *st, char *buf, size_t cap) {
+/* INFO text (key:value lines) or JSON, both walking the one name table. */
+static size_t render(const kvs_stats_t *st, char *buf, size_t cap, bool json) {
   size_t len = 0;
   if (cap) buf[0] = '\0';
-  put(buf, cap, &len, "# kvshim stats v%u\r\n", KVS_STATS_VERSION);
+  put(buf, cap, &len, json ? "{\"kvshim_stats_version\":%u" : "# kvshim stats v%u\r\n",
+      KVS_STATS_VERSION);
   for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
-    put(buf, cap, &len, "%s:%llu\r\n", stat_names[i],
+    put(buf, cap, &len, json ? ",\"%s\":%llu" : "%s:%llu\r\n", stat_names[i],
         (unsigned long long)kvs_stats_get(st, (kvs_stat_id_t)i));
+  if (json) put(buf, cap, &len, "}");
   return len;
 }
 
+size_t kvs_stats_render_info(const kvs_stats_t *st, char *buf, size_t cap) {
+  return render(st, buf, cap, false);
+}
+
 size_t kvs_stats_render_json(const kvs_stats_t *st, char *buf, size_t cap) {
-  size_t len = 0;
-  if (cap) buf[0] = '\0';
-  put(buf, cap, &len, "{\"kvshim_stats_version\":%u", KVS_STATS_VERSION);
-  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
-    put(buf, cap, &len, ",\"%s\":%llu", stat_names[i],
-        (unsigned long long)kvs_stats_get(st, (kvs_stat_id_t)i));
-  put(buf, cap, &len, "}");
-  return len;
+  return render(st, buf, cap, true);
 }
 
 int kvs_stats_write_json(const kvs_stats_t *st, const char *path) {

@@ -149,6 +149,17 @@ static kvs_peers_t *open_peers(const kvs_options_t *o, int *n_live) {
   return p;
 }
 
+/* open_peers when it sees a live peer; otherwise NULL, after "kvshim CMD: no live peer in
+ * RUN_DIR/GROUP" and hint on stderr. */
+static kvs_peers_t *live_peers(const kvs_options_t *o, const char *cmd, const char *hint) {
+  int live = 0;
+  kvs_peers_t *p = open_peers(o, &live);
+  if (p && live != 0) return p;
+  fprintf(stderr, "kvshim %s: no live peer in %s/%s%s\n", cmd, o->run_dir, o->group, hint);
+  kvs_peers_destroy(p);
+  return NULL;
+}
+
 static kvs_key_t blob_key(const kvs_options_t *o, const char *name) {
   kvs_namespace_t ns;
   memset(&ns, 0, sizeof ns);
@@ -312,13 +323,8 @@ static void prom_print(const prom_t *pr) {
 
 /* format: 0 INFO text, 1 JSON, 2 Prometheus. */
 static int cmd_stats(kvs_options_t *o, const char *sel, int format) {
-  int live = 0;
-  kvs_peers_t *p = open_peers(o, &live);
-  if (!p || live == 0) {
-    fprintf(stderr, "kvshim stats: no live peer in %s/%s\n", o->run_dir, o->group);
-    kvs_peers_destroy(p);
-    return EXIT_NO_PEER;
-  }
+  kvs_peers_t *p = live_peers(o, "stats", "");
+  if (!p) return EXIT_NO_PEER;
   kvs_peer_info_t info[256];
   int n = kvs_peers_list(p, info, 256), shown = 0, rc = EXIT_OK;
   if (n > 256) n = 256;
@@ -442,12 +448,8 @@ static int cmd_put(kvs_options_t *o, const char *name, const char *file) {
     free(data);
     return EXIT_MISS;
   }
-  int live = 0;
-  kvs_peers_t *p = open_peers(o, &live);
-  if (!p || live == 0) {
-    fprintf(stderr, "kvshim put: no live peer in %s/%s (start one with kvshim serve)\n",
-            o->run_dir, o->group);
-    kvs_peers_destroy(p);
+  kvs_peers_t *p = live_peers(o, "put", " (start one with kvshim serve)");
+  if (!p) {
     free(data);
     return EXIT_NO_PEER;
   }
@@ -484,13 +486,8 @@ static int take_blob(void *ctx, size_t i, const kvs_layout_t *l, const void *byt
 }
 
 static int cmd_get(kvs_options_t *o, const char *name, const char *out) {
-  int live = 0;
-  kvs_peers_t *p = open_peers(o, &live);
-  if (!p || live == 0) {
-    fprintf(stderr, "kvshim get: no live peer in %s/%s\n", o->run_dir, o->group);
-    kvs_peers_destroy(p);
-    return EXIT_NO_PEER;
-  }
+  kvs_peers_t *p = live_peers(o, "get", "");
+  if (!p) return EXIT_NO_PEER;
   kvs_key_t key = blob_key(o, name);
   got_t g = {0};
   int rc = kvs_peers_retrieve(p, 0, &key, 1, take_blob, &g);

@@ -45,49 +45,22 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "poolscan.h"
 #include "fakellama.h" /* types only: nothing of libfakellama is linked */
 #include "fakeplugin.h"
-#include "blob.h"
 
+#define HOST_NAME "fakehost"
 #define SLOTS 8
 #define MAX_SEQ 8
-#define MAX_ARGS 8
+#include "hostutil.h"
 
 static const fakeplugin_api_t *P;
 static void *g_model[SLOTS];
 static void *g_ctx[SLOTS];
-typedef struct toks {
-  int32_t *v;
-  size_t n, cap;
-} toks_t;
 static toks_t g_toks[SLOTS][MAX_SEQ];
 
 static int g_argc;
 static char **g_argv;
 static int g_rc;
-
-static void die(const char *fmt, const char *arg) {
-  fprintf(stderr, "fakehost: ");
-  fprintf(stderr, fmt, arg);
-  fputc('\n', stderr);
-  fflush(NULL);
-  _exit(2);
-}
-
-static long num(const char *s) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 0);
-  if (errno || end == s || *end) die("not a number: '%s'", s);
-  return v;
-}
-
-static size_t slot(const char *s) {
-  long v = num(s);
-  if (v < 0 || v >= SLOTS) die("bad slot '%s'", s);
-  return (size_t)v;
-}
 
 static void *ctx_of(const char *s) {
   void *c = g_ctx[slot(s)];
@@ -101,15 +74,6 @@ static toks_t *toks_of(const char *c, const char *seq) {
   return &g_toks[slot(c)][s];
 }
 
-static void toks_push(toks_t *t, int32_t v) {
-  if (t->n == t->cap) {
-    t->cap = t->cap ? 2 * t->cap : 256;
-    t->v = realloc(t->v, t->cap * sizeof *t->v);
-    if (!t->v) die("%s", "out of memory");
-  }
-  t->v[t->n++] = v;
-}
-
 static void toks_set(toks_t *t, const int32_t *v, size_t n) {
   t->n = 0;
   for (size_t i = 0; i < n; i++) toks_push(t, v[i]);
@@ -119,78 +83,7 @@ static uint64_t toks_hash(const int32_t *v, size_t n) {
   return XXH3_64bits(v, n * sizeof *v);
 }
 
-/* SPEC: A-B or rN@S. */
-static void parse_spec(const char *spec, toks_t *out) {
-  out->n = 0;
-  if (spec[0] == 'r') {
-    char *at = strchr(spec, '@');
-    if (!at) die("bad token spec '%s'", spec);
-    *at = '\0';
-    long n = num(spec + 1), seed = num(at + 1);
-    uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-    for (long i = 0; i < n; i++) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      toks_push(out, (int32_t)(x % 32000));
-    }
-    return;
-  }
-  char *dash = strchr(spec, '-');
-  if (!dash) die("bad token spec '%s'", spec);
-  *dash = '\0';
-  long a = num(spec), b = num(dash + 1);
-  for (long i = a; i <= b; i++) toks_push(out, (int32_t)i);
-}
-
 /* ---- files ------------------------------------------------------------------------------ */
-
-static void put_str(FILE *f, const char *s) {
-  uint64_t n = strlen(s);
-  fwrite(&n, 8, 1, f);
-  fwrite(s, 1, n, f);
-}
-static void put_kv_str(FILE *f, const char *k, const char *v) {
-  uint32_t t = 8;
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  put_str(f, v);
-}
-static void put_kv_u32(FILE *f, const char *k, uint32_t v) {
-  uint32_t t = 4;
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  fwrite(&v, 4, 1, f);
-}
-
-static void mkmodel(char **a) {
-  FILE *f = fopen(a[0], "wb");
-  if (!f) die("cannot write '%s'", a[0]);
-  uint32_t magic = 0x46554747u, ver = 3;
-  uint64_t n_tensors = 0, n_kv = 4;
-  fwrite(&magic, 4, 1, f);
-  fwrite(&ver, 4, 1, f);
-  fwrite(&n_tensors, 8, 1, f);
-  fwrite(&n_kv, 8, 1, f);
-  put_kv_str(f, "general.architecture", "fakellama");
-  put_kv_str(f, "general.name", a[1]);
-  put_kv_u32(f, "fakellama.block_count", (uint32_t)num(a[2]));
-  put_kv_u32(f, "fakellama.embedding_length", (uint32_t)num(a[3]));
-  long kb = num(a[4]);
-  uint64_t x = (uint64_t)num(a[5]) * 0x2545f4914f6cdd1dull + 7;
-  uint8_t blk[1024];
-  for (long i = 0; i < kb; i++) {
-    for (size_t j = 0; j < sizeof blk; j++) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      blk[j] = (uint8_t)(x >> 32);
-    }
-    fwrite(blk, 1, sizeof blk, f);
-  }
-  if (fclose(f) != 0) die("cannot write '%s'", a[0]);
-  printf("mkmodel ok\n");
-}
 
 static void copy_file(char **a) {
   FILE *in = fopen(a[0], "rb"), *out = in ? fopen(a[1], "wb") : NULL;
@@ -214,10 +107,9 @@ static void setmtime(char **a) {
 
 /* ---- corrupting our own pool ----------------------------------------------------------------- */
 
-static int corrupt_blob(uint8_t *b, const char *mode) {
-  kvs__llama_blob_hdr_t h;
-  memcpy(&h, b, sizeof h);
-  uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
+static int corrupt_blob(uint8_t *b, kvs__llama_blob_hdr_t *hp, uint64_t len, const char *mode) {
+  kvs__llama_blob_hdr_t h = *hp;
+  if (h.version != KVS_LLAMA_BLOB_VERSION) return -1;
   uint8_t *state = b + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   bool fix = true;
   if (strcmp(mode, "body") == 0) {
@@ -239,59 +131,14 @@ static int corrupt_blob(uint8_t *b, const char *mode) {
     die("unknown corrupt mode '%s'", mode);
   }
   memcpy(b, &h, sizeof h);
-  if (fix) {
-    uint64_t c = kvs__llama_blob_checksum(b, len);
-    memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
-  }
+  if (fix) blob_reseal(b, len);
   return 0;
-}
-
-static void corrupt(char **a) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (!maps) die("%s", "no /proc/self/maps");
-  char line[512];
-  int hits = 0;
-  long page = sysconf(_SC_PAGESIZE);
-  while (fgets(line, sizeof line, maps)) {
-    if (!strstr(line, "memfd:kvshim-pool")) continue;
-    uintptr_t lo, hi;
-    char perms[8];
-    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
-      continue;
-    for (uintptr_t p = lo; p + KVS_LLAMA_BLOB_HDR <= hi; p += (uintptr_t)page) {
-      kvs__llama_blob_hdr_t h;
-      peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
-          h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != KVS_LLAMA_BLOB_KIND_SEQ)
-        continue;
-      uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
-      if (p + len > hi || in_free_extent(p, len)) continue;
-      if (corrupt_blob((uint8_t *)p, a[0]) == 0) hits++;
-    }
-  }
-  fclose(maps);
-  printf("corrupt %s %d\n", hits ? "ok" : "notfound", hits);
 }
 
 /* ---- commands -------------------------------------------------------------------------------- */
 
-static void run(char *cmd) {
-  char *a[MAX_ARGS + 1] = {0};
-  int n = 0;
-  for (char *tok = strtok(cmd, " "); tok; tok = strtok(NULL, " ")) {
-    if (n == MAX_ARGS + 1) die("too many arguments in '%s'", cmd);
-    a[n++] = tok;
-  }
-  if (n == 0) die("%s", "empty command");
-  const char *v = a[0];
-  int argn = n - 1;
-  char **x = a + 1;
-#define NEED(k)                                                                               \
-  if (argn < (k)) die("missing arguments for '%s'", v)
-  if (strcmp(v, "mkmodel") == 0) {
-    NEED(6);
-    mkmodel(x);
-  } else if (strcmp(v, "copy") == 0) {
+static void run(const char *v, char **x, int argn) {
+  if (strcmp(v, "copy") == 0) {
     NEED(2);
     copy_file(x);
   } else if (strcmp(v, "setmtime") == 0) {
@@ -319,7 +166,7 @@ static void run(char *cmd) {
     NEED(3);
     void *c = ctx_of(x[0]);
     toks_t *t = toks_of(x[0], x[1]), add = {0};
-    parse_spec(x[2], &add);
+    parse_spec(x[2], &add, 32000);
     int32_t rc = P->decode(c, (int32_t)num(x[1]), add.v, (int32_t)add.n);
     if (rc == 0)
       for (size_t i = 0; i < add.n; i++) toks_push(t, add.v[i]);
@@ -404,33 +251,16 @@ static void run(char *cmd) {
   } else if (strcmp(v, "exists") == 0) {
     NEED(1);
     printf("exists %d\n", access(x[0], F_OK) == 0);
-  } else if (strcmp(v, "touch") == 0) {
-    NEED(1);
-    int fd = open(x[0], O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) close(fd);
-    printf("touch %s\n", fd >= 0 ? "ok" : "failed");
-  } else if (strcmp(v, "waitfile") == 0) {
-    NEED(1);
-    long secs = argn > 1 ? num(x[1]) : 60;
-    bool ok = false;
-    for (long i = 0; i < secs * 100 && !(ok = access(x[0], F_OK) == 0); i++) usleep(10000);
-    printf("waitfile %s\n", ok ? "ok" : "timeout");
-  } else if (strcmp(v, "sleep") == 0) {
-    NEED(1);
-    usleep((useconds_t)num(x[0]) * 1000);
-    printf("sleep ok\n");
   } else if (strcmp(v, "rtld") == 0) {
     NEED(1);
     printf("rtld %s next=%s default=%s\n", x[0], dlsym(RTLD_NEXT, x[0]) ? "found" : "null",
            dlsym(RTLD_DEFAULT, x[0]) ? "found" : "null");
   } else if (strcmp(v, "corrupt") == 0) {
     NEED(1);
-    corrupt(x);
+    corrupt_pool(KVS_LLAMA_BLOB_KIND_SEQ, corrupt_blob, x[0]);
   } else {
     die("unknown command '%s'", v);
   }
-#undef NEED
-  fflush(stdout);
 }
 
 /* ---- ctypes mode: every function through dlsym(handle, name) ------------------------------- */
@@ -446,59 +276,10 @@ static void run(char *cmd) {
 CT_FNS(CT_PTR)
 #undef CT_PTR
 
-static void *c_model_load(const char *path) {
-  return ct_llama_model_load_from_file(path, ct_llama_model_default_params());
-}
-static void c_model_free(void *m) { ct_llama_model_free(m); }
-static void *c_ctx_new(void *model, uint32_t n_seq, uint32_t kv_type) {
-  struct llama_context_params cp = ct_llama_context_default_params();
-  cp.n_seq_max = n_seq;
-  cp.type_k = cp.type_v = (int32_t)kv_type;
-  return ct_llama_init_from_model(model, cp);
-}
-static void c_ctx_free(void *ctx) { ct_llama_free(ctx); }
-static int32_t c_decode(void *ctx, int32_t seq, const int32_t *t, int32_t n) {
-  return ct_fakellama_decode(ctx, seq, t, n);
-}
-static void c_seq_clear(void *ctx, int32_t seq) { ct_fakellama_seq_clear(ctx, seq); }
-static int c_seq_check(void *ctx, int32_t seq, const int32_t *t, size_t n) {
-  return ct_fakellama_seq_check(ctx, seq, t, n);
-}
-static size_t c_seq_save_file(void *ctx, const char *path, int32_t seq, const int32_t *t,
-                              size_t n) {
-  return ct_llama_state_seq_save_file(ctx, path, seq, t, n);
-}
-static size_t c_seq_load_file(void *ctx, const char *path, int32_t seq, int32_t *out, size_t cap,
-                              size_t *n_out) {
-  return ct_llama_state_seq_load_file(ctx, path, seq, out, cap, n_out);
-}
-static size_t c_seq_get_size(void *ctx, int32_t seq, bool ext, uint32_t fl) {
-  return ext ? ct_llama_state_seq_get_size_ext(ctx, seq, fl)
-             : ct_llama_state_seq_get_size(ctx, seq);
-}
-static size_t c_seq_get_data(void *ctx, uint8_t *dst, size_t size, int32_t seq, bool ext,
-                             uint32_t fl) {
-  return ext ? ct_llama_state_seq_get_data_ext(ctx, dst, size, seq, fl)
-             : ct_llama_state_seq_get_data(ctx, dst, size, seq);
-}
-static size_t c_seq_set_data(void *ctx, const uint8_t *src, size_t size, int32_t seq, bool ext,
-                             uint32_t fl) {
-  return ext ? ct_llama_state_seq_set_data_ext(ctx, src, size, seq, fl)
-             : ct_llama_state_seq_set_data(ctx, src, size, seq);
-}
-static bool c_state_save_file(void *ctx, const char *path, const int32_t *t, size_t n) {
-  return ct_llama_state_save_file(ctx, path, t, n);
-}
-static bool c_state_load_file(void *ctx, const char *path, int32_t *out, size_t cap,
-                              size_t *n_out) {
-  return ct_llama_state_load_file(ctx, path, out, cap, n_out);
-}
+#define FP_CALL(name) ct_##name
+#include "fakeplugin_calls.h"
 
 static const fakeplugin_api_t *ctypes_api(void *h) {
-  static const fakeplugin_api_t api = {
-      FAKEPLUGIN_API_VERSION, c_model_load, c_model_free, c_ctx_new, c_ctx_free, c_decode,
-      c_seq_clear, c_seq_check, c_seq_save_file, c_seq_load_file, c_seq_get_size,
-      c_seq_get_data, c_seq_set_data, c_state_save_file, c_state_load_file};
 #define CT_RESOLVE(n)                                                                         \
   do {                                                                                        \
     void *p_ = dlsym(h, #n);                                                                  \
@@ -507,17 +288,12 @@ static const fakeplugin_api_t *ctypes_api(void *h) {
   } while (0);
   CT_FNS(CT_RESOLVE)
 #undef CT_RESOLVE
-  return &api;
+  return &fp_api;
 }
 
 static void *worker(void *arg) {
   (void)arg;
-  for (int i = 0; i < g_argc; i++) {
-    char *cmd = strdup(g_argv[i]);
-    if (!cmd) die("%s", "out of memory");
-    run(cmd);
-    free(cmd);
-  }
+  run_all(g_argc, g_argv, run);
   return NULL;
 }
 

@@ -609,22 +609,13 @@ static int32_t cell_pos(const uint8_t *cell) {
   return p;
 }
 
-static int32_t pos_max_l(const struct llama_context *ctx, const seq_t *q) {
+/* The largest (max) or smallest position held in q, -1 when it holds none. */
+static int32_t pos_bound_l(const struct llama_context *ctx, const seq_t *q, bool max) {
   size_t cs = cell_size(ctx->model);
   int32_t m = -1;
   for (uint32_t i = 0; i < q->n_cells; i++) {
     int32_t p = cell_pos(q->cells + (size_t)i * cs);
-    if (p > m) m = p;
-  }
-  return m;
-}
-
-static int32_t pos_min_l(const struct llama_context *ctx, const seq_t *q) {
-  size_t cs = cell_size(ctx->model);
-  int32_t m = -1;
-  for (uint32_t i = 0; i < q->n_cells; i++) {
-    int32_t p = cell_pos(q->cells + (size_t)i * cs);
-    if (m < 0 || p < m) m = p;
+    if (max ? p > m : m < 0 || p < m) m = p;
   }
   return m;
 }
@@ -695,7 +686,7 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
   if (!pos) goto out;
   int32_t next[MAX_SEQ], last[MAX_SEQ], count[MAX_SEQ];
   for (uint32_t s = 0; s < ctx->n_seq; s++) {
-    next[s] = pos_max_l(ctx, &ctx->seq[s]) + 1;
+    next[s] = pos_bound_l(ctx, &ctx->seq[s], true) + 1;
     last[s] = INT32_MIN;
     count[s] = 0;
   }
@@ -704,7 +695,7 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
     for (int32_t j = 0; j < b_nseq(&b, i); j++) {
       int32_t s = b_seq(&b, i, j);
       if (!b.pos) next[s] = pos[i] + 1;
-      int32_t pmax = pos_max_l(ctx, &ctx->seq[s]);
+      int32_t pmax = pos_bound_l(ctx, &ctx->seq[s], true);
       if (last[s] == INT32_MIN) {
         if (pmax >= 0 && pos[i] != pmax + 1) goto out; /* Y = X + 1 */
       } else if (pos[i] < last[s] || pos[i] > last[s] + 1) {
@@ -924,24 +915,22 @@ void llama_memory_seq_div(llama_memory_t mem, llama_seq_id seq, int32_t p0, int3
   seq_map_pos(mem, seq, p0, p1, 0, d);
 }
 
-int32_t llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq) {
+static int32_t seq_pos_bound(llama_memory_t mem, llama_seq_id seq, bool max) {
   struct llama_context *ctx = ctx_of_mem(mem);
   seq_t *q = seq_of(ctx, seq);
   if (!q) return -1;
   pthread_mutex_lock(&g_lock);
-  int32_t r = pos_min_l(ctx, q);
+  int32_t r = pos_bound_l(ctx, q, max);
   pthread_mutex_unlock(&g_lock);
   return r;
 }
 
+int32_t llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq) {
+  return seq_pos_bound(mem, seq, false);
+}
+
 int32_t llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq) {
-  struct llama_context *ctx = ctx_of_mem(mem);
-  seq_t *q = seq_of(ctx, seq);
-  if (!q) return -1;
-  pthread_mutex_lock(&g_lock);
-  int32_t r = pos_max_l(ctx, q);
-  pthread_mutex_unlock(&g_lock);
-  return r;
+  return seq_pos_bound(mem, seq, true);
 }
 
 struct llama_sampler {

@@ -48,136 +48,21 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "poolscan.h"
 #include "fakellama.h"
-#include "blob.h"
 
+#define HOST_NAME "prefixhost"
 #define SLOTS 8
-#define MAX_ARGS 8
+#include "hostutil.h"
 
 static struct llama_model *g_model[SLOTS];
 static struct llama_context *g_ctx[SLOTS];
 static int32_t g_last_out[SLOTS]; /* batch index of the last output of the last batch, -1 none */
 static struct llama_sampler *g_smpl;
 
-typedef struct toks {
-  int32_t *v;
-  size_t n, cap;
-} toks_t;
-
-static void die(const char *fmt, const char *arg) {
-  fprintf(stderr, "prefixhost: ");
-  fprintf(stderr, fmt, arg);
-  fputc('\n', stderr);
-  fflush(NULL);
-  _exit(2);
-}
-
-static long num(const char *s) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 0);
-  if (errno || end == s || *end) die("not a number: '%s'", s);
-  return v;
-}
-
-static size_t slot(const char *s) {
-  long v = num(s);
-  if (v < 0 || v >= SLOTS) die("bad slot '%s'", s);
-  return (size_t)v;
-}
-
 static struct llama_context *ctx_of(const char *s) {
   struct llama_context *c = g_ctx[slot(s)];
   if (!c) die("no context '%s'", s);
   return c;
-}
-
-static void push(toks_t *t, int32_t v) {
-  if (t->n == t->cap) {
-    t->cap = t->cap ? 2 * t->cap : 1024;
-    t->v = realloc(t->v, t->cap * sizeof *t->v);
-    if (!t->v) die("%s", "out of memory");
-  }
-  t->v[t->n++] = v;
-}
-
-static void parse_spec(const char *spec, toks_t *out) {
-  char buf[256];
-  if (strlen(spec) >= sizeof buf) die("token spec too long: '%s'", spec);
-  strcpy(buf, spec);
-  out->n = 0;
-  for (char *save = NULL, *part = strtok_r(buf, "+", &save); part;
-       part = strtok_r(NULL, "+", &save)) {
-    if (part[0] == 'r') {
-      char *at = strchr(part, '@'), *from = strchr(part, '/');
-      if (!at) die("bad token spec '%s'", spec);
-      *at = '\0';
-      long skip = 0;
-      if (from) {
-        *from = '\0';
-        skip = num(from + 1);
-      }
-      long n = num(part + 1), seed = num(at + 1);
-      uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-      for (long i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        if (i >= skip) push(out, (int32_t)(x % FAKELLAMA_N_VOCAB));
-      }
-    } else {
-      char *dash = strchr(part, '-');
-      if (!dash) die("bad token spec '%s'", spec);
-      *dash = '\0';
-      long a = num(part), b = num(dash + 1);
-      for (long i = a; i <= b; i++) push(out, (int32_t)(i % FAKELLAMA_N_VOCAB));
-    }
-  }
-}
-
-static void put_str(FILE *f, const char *s) {
-  uint64_t n = strlen(s);
-  fwrite(&n, 8, 1, f);
-  fwrite(s, 1, n, f);
-}
-
-static void mkmodel(char **a) {
-  FILE *f = fopen(a[0], "wb");
-  if (!f) die("cannot write '%s'", a[0]);
-  uint32_t magic = 0x46554747u, ver = 3, t_str = 8, t_u32 = 4;
-  uint64_t n_tensors = 0, n_kv = 4;
-  fwrite(&magic, 4, 1, f);
-  fwrite(&ver, 4, 1, f);
-  fwrite(&n_tensors, 8, 1, f);
-  fwrite(&n_kv, 8, 1, f);
-  const char *keys[2] = {"general.architecture", "general.name"};
-  const char *vals[2] = {"fakellama", a[1]};
-  for (int i = 0; i < 2; i++) {
-    put_str(f, keys[i]);
-    fwrite(&t_str, 4, 1, f);
-    put_str(f, vals[i]);
-  }
-  uint32_t nl = (uint32_t)num(a[2]), ne = (uint32_t)num(a[3]);
-  put_str(f, "fakellama.block_count");
-  fwrite(&t_u32, 4, 1, f);
-  fwrite(&nl, 4, 1, f);
-  put_str(f, "fakellama.embedding_length");
-  fwrite(&t_u32, 4, 1, f);
-  fwrite(&ne, 4, 1, f);
-  uint64_t x = (uint64_t)num(a[5]) * 0x2545f4914f6cdd1dull + 7;
-  uint8_t blk[1024];
-  for (long i = 0; i < num(a[4]); i++) {
-    for (size_t j = 0; j < sizeof blk; j++) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      blk[j] = (uint8_t)(x >> 32);
-    }
-    fwrite(blk, 1, sizeof blk, f);
-  }
-  if (fclose(f) != 0) die("cannot write '%s'", a[0]);
-  printf("mkmodel ok\n");
 }
 
 /* Hash the outputs of the last decode: every output index in [0, n) plus the last embedding. */
@@ -203,7 +88,7 @@ static void prompt(char **x, int argn) {
   struct llama_context *c = ctx_of(x[0]);
   int32_t seq = (int32_t)num(x[1]);
   toks_t t = {0};
-  parse_spec(x[2], &t);
+  parse_spec(x[2], &t, FAKELLAMA_N_VOCAB);
   int32_t bs = argn > 3 ? (int32_t)num(x[3]) : (int32_t)llama_n_batch(c);
   const char *outs = argn > 4 ? x[4] : "last";
   bool getone = strcmp(outs, "getone") == 0;
@@ -296,8 +181,8 @@ static void multi(char **x, bool shared) {
   struct llama_context *c = ctx_of(x[0]);
   int32_t s1 = (int32_t)num(x[1]), s2 = (int32_t)num(shared ? x[2] : x[3]);
   toks_t a = {0}, bt = {0};
-  parse_spec(shared ? x[3] : x[2], &a);
-  if (!shared) parse_spec(x[4], &bt);
+  parse_spec(shared ? x[3] : x[2], &a, FAKELLAMA_N_VOCAB);
+  if (!shared) parse_spec(x[4], &bt, FAKELLAMA_N_VOCAB);
   int32_t n = (int32_t)(a.n + bt.n);
   struct llama_batch b = llama_batch_init(n, 0, 2);
   llama_memory_t mem = llama_get_memory(c);
@@ -332,68 +217,26 @@ static void multi(char **x, bool shared) {
   free(bt.v);
 }
 
-static void corrupt(const char *mode) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (!maps) die("%s", "no /proc/self/maps");
-  char line[512];
-  int hits = 0;
-  long page = sysconf(_SC_PAGESIZE);
-  while (fgets(line, sizeof line, maps)) {
-    if (!strstr(line, "memfd:kvshim-pool")) continue;
-    uintptr_t lo, hi;
-    char perms[8];
-    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
-      continue;
-    for (uintptr_t p = lo; p + KVS_LLAMA_BLOB_HDR <= hi; p += (uintptr_t)page) {
-      kvs__llama_blob_hdr_t h;
-      peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.hdr_size != KVS_LLAMA_BLOB_HDR ||
-          h.kind != KVS_LLAMA_BLOB_KIND_PREFIX)
-        continue;
-      uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
-      if (p + len > hi || in_free_extent(p, len)) continue;
-      uint8_t *blob = (uint8_t *)p;
-      bool fix = true;
-      if (strcmp(mode, "body") == 0) {
-        blob[len - h.state_size / 2] ^= 0x40;
-        fix = false;
-      } else if (strcmp(mode, "tokens") == 0) {
-        blob[KVS_LLAMA_BLOB_HDR] ^= 1;
-      } else if (strcmp(mode, "ns") == 0) {
-        h.ns_lo ^= 1;
-        memcpy(blob, &h, sizeof h);
-      } else {
-        die("unknown corrupt mode '%s'", mode);
-      }
-      if (fix) {
-        uint64_t c = kvs__llama_blob_checksum(blob, len);
-        memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
-      }
-      hits++;
-    }
+static int corrupt_blob(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t len, const char *mode) {
+  bool fix = true;
+  if (strcmp(mode, "body") == 0) {
+    blob[len - h->state_size / 2] ^= 0x40;
+    fix = false;
+  } else if (strcmp(mode, "tokens") == 0) {
+    blob[KVS_LLAMA_BLOB_HDR] ^= 1;
+  } else if (strcmp(mode, "ns") == 0) {
+    h->ns_lo ^= 1;
+    memcpy(blob, h, sizeof *h);
+  } else {
+    die("unknown corrupt mode '%s'", mode);
   }
-  fclose(maps);
-  printf("corrupt %s %d\n", hits ? "ok" : "notfound", hits);
+  if (fix) blob_reseal(blob, len);
+  return 0;
 }
 
-static void run(char *cmd) {
-  char *a[MAX_ARGS + 1] = {0};
-  int n = 0;
-  for (char *save = NULL, *tok = strtok_r(cmd, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-    if (n == MAX_ARGS + 1) die("too many arguments in '%s'", cmd);
-    a[n++] = tok;
-  }
-  if (n == 0) die("%s", "empty command");
-  const char *v = a[0];
-  int argn = n - 1;
-  char **x = a + 1;
-#define NEED(k)                                                                               \
-  if (argn < (k)) die("missing arguments for '%s'", v)
+static void run(const char *v, char **x, int argn) {
 #define IS(s) (strcmp(v, s) == 0)
-  if (IS("mkmodel")) {
-    NEED(6);
-    mkmodel(x);
-  } else if (IS("model")) {
+  if (IS("model")) {
     NEED(2);
     size_t m = slot(x[0]);
     g_model[m] = llama_model_load_from_file(x[1], llama_model_default_params());
@@ -474,28 +317,11 @@ static void run(char *cmd) {
     printf("pos %d..%d\n", llama_memory_seq_pos_min(mem, s), llama_memory_seq_pos_max(mem, s));
   } else if (IS("corrupt")) {
     NEED(1);
-    corrupt(x[0]);
-  } else if (IS("sleep")) {
-    NEED(1);
-    usleep((useconds_t)num(x[0]) * 1000);
-    printf("sleep ok\n");
-  } else if (IS("touch")) {
-    NEED(1);
-    int fd = open(x[0], O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) close(fd);
-    printf("touch %s\n", fd >= 0 ? "ok" : "failed");
-  } else if (IS("waitfile")) {
-    NEED(1);
-    long secs = argn > 1 ? num(x[1]) : 60;
-    bool ok = false;
-    for (long i = 0; i < secs * 100 && !(ok = access(x[0], F_OK) == 0); i++) usleep(10000);
-    printf("waitfile %s\n", ok ? "ok" : "timeout");
+    corrupt_pool(KVS_LLAMA_BLOB_KIND_PREFIX, corrupt_blob, x[0]);
   } else {
     die("unknown command '%s'", v);
   }
 #undef IS
-#undef NEED
-  fflush(stdout);
 }
 
 int main(int argc, char **argv) {
@@ -504,12 +330,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (int i = 0; i < SLOTS; i++) g_last_out[i] = -1;
-  for (int i = 1; i < argc; i++) {
-    char *cmd = strdup(argv[i]);
-    if (!cmd) die("%s", "out of memory");
-    run(cmd);
-    free(cmd);
-  }
+  run_all(argc - 1, argv + 1, run);
   for (int c = 0; c < SLOTS; c++)
     if (g_ctx[c]) llama_free(g_ctx[c]);
   for (int m = 0; m < SLOTS; m++)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "blob.h"
+#include "blobtest.h"
 #include "model.h"
 
 /* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
@@ -106,17 +107,22 @@ static void fp_of(const char *path, uint8_t out[KVS_LLAMA_FP_SIZE], kvs__llama_f
   cr_assert_eq(rc, 0, "fingerprint %s: %d", path, rc);
 }
 
+/* Write b as tpath(name) with that mtime and fingerprint it. */
+static void fp_file(const char *name, const buf_t *b, time_t mtime, uint8_t out[KVS_LLAMA_FP_SIZE],
+                    kvs__llama_fp_info_t *fi) {
+  write_file(tpath(name), b, mtime);
+  fp_of(tpath(name), out, fi);
+}
+
 TestSuite(llama_fp, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 30);
 
 Test(llama_fp, same_bytes_same_mtime_same_fingerprint_at_any_path) {
   buf_t b = {0};
   gguf_big(&b, "alpha", 5);
-  write_file(tpath("a.gguf"), &b, 1000000);
-  write_file(tpath("b.gguf"), &b, 1000000);
   uint8_t fa[16], fb[16];
   kvs__llama_fp_info_t ia, ib;
-  fp_of(tpath("a.gguf"), fa, &ia);
-  fp_of(tpath("b.gguf"), fb, &ib);
+  fp_file("a.gguf", &b, 1000000, fa, &ia);
+  fp_file("b.gguf", &b, 1000000, fb, &ib);
   cr_assert_arr_eq(fa, fb, 16);
   cr_assert_eq(ia.size, b.n);
   cr_assert_eq(ia.mtime_ns, 1000000ll * 1000000000ll);
@@ -129,13 +135,11 @@ Test(llama_fp, same_bytes_same_mtime_same_fingerprint_at_any_path) {
 Test(llama_fp, general_metadata_outside_head_and_tail_separates_models) {
   /* Same size, same mtime, same first and last MiB: only general.name differs. */
   buf_t b = {0};
-  gguf_big(&b, "tune-A", 6);
-  write_file(tpath("a.gguf"), &b, 1000000);
-  gguf_big(&b, "tune-B", 6);
-  write_file(tpath("b.gguf"), &b, 1000000);
   uint8_t fa[16], fb[16];
-  fp_of(tpath("a.gguf"), fa, NULL);
-  fp_of(tpath("b.gguf"), fb, NULL);
+  gguf_big(&b, "tune-A", 6);
+  fp_file("a.gguf", &b, 1000000, fa, NULL);
+  gguf_big(&b, "tune-B", 6);
+  fp_file("b.gguf", &b, 1000000, fb, NULL);
   cr_assert(memcmp(fa, fb, 16) != 0, "general.name past the head must change the fingerprint");
   free(b.p);
 }
@@ -143,30 +147,28 @@ Test(llama_fp, general_metadata_outside_head_and_tail_separates_models) {
 Test(llama_fp, head_tail_size_and_mtime_each_change_it) {
   buf_t b = {0};
   gguf_big(&b, "alpha", 5);
-  write_file(tpath("base"), &b, 1000000);
   uint8_t base[16], f[16];
-  fp_of(tpath("base"), base, NULL);
+  fp_file("base", &b, 1000000, base, NULL);
 
-  write_file(tpath("mtime"), &b, 1000001);
-  fp_of(tpath("mtime"), f, NULL);
-  cr_assert(memcmp(base, f, 16) != 0, "mtime");
-
-  b.p[100] ^= 1; /* inside the big non-general value: only the head hash sees it */
-  write_file(tpath("head"), &b, 1000000);
-  fp_of(tpath("head"), f, NULL);
-  cr_assert(memcmp(base, f, 16) != 0, "head byte");
-  b.p[100] ^= 1;
-
-  b.p[b.n - 10] ^= 1;
-  write_file(tpath("tail"), &b, 1000000);
-  fp_of(tpath("tail"), f, NULL);
-  cr_assert(memcmp(base, f, 16) != 0, "tail byte");
-  b.p[b.n - 10] ^= 1;
-
-  b.n -= 1;
-  write_file(tpath("size"), &b, 1000000);
-  fp_of(tpath("size"), f, NULL);
-  cr_assert(memcmp(base, f, 16) != 0, "size");
+  /* Each change alone (undone after): the mtime, a byte inside the big non-general value (only
+   * the head hash sees it), a byte of the tail, the size. */
+  const struct {
+    const char *name, *what;
+    time_t mtime;
+    size_t flip; /* the byte flipped, SIZE_MAX none */
+    size_t cut;  /* bytes cut off the end */
+  } cases[] = {{"mtime", "mtime", 1000001, SIZE_MAX, 0},
+               {"head", "head byte", 1000000, 100, 0},
+               {"tail", "tail byte", 1000000, b.n - 10, 0},
+               {"size", "size", 1000000, SIZE_MAX, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i].flip != SIZE_MAX) b.p[cases[i].flip] ^= 1;
+    b.n -= cases[i].cut;
+    fp_file(cases[i].name, &b, cases[i].mtime, f, NULL);
+    cr_assert(memcmp(base, f, 16) != 0, "%s", cases[i].what);
+    if (cases[i].flip != SIZE_MAX) b.p[cases[i].flip] ^= 1;
+    b.n += cases[i].cut;
+  }
   free(b.p);
 }
 
@@ -178,33 +180,28 @@ Test(llama_fp, malformed_or_foreign_files_still_fingerprint) {
   /* Cut inside the big metadata value: the walk stops, the file is still identified. */
   size_t full = b.n;
   b.n = 1024 * 1024 + 77;
-  write_file(tpath("cut"), &b, 1000000);
-  fp_of(tpath("cut"), f1, &fi);
+  fp_file("cut", &b, 1000000, f1, &fi);
   cr_assert_eq(fi.gguf_version, 0, "a walk that stopped is recorded as such");
   cr_assert_eq(fi.size, b.n);
   /* An absurd string length and an absurd entry count. */
   b.n = full;
   uint64_t huge = UINT64_MAX / 2;
   memcpy(b.p + 24, &huge, 8);
-  write_file(tpath("huge"), &b, 1000000);
-  fp_of(tpath("huge"), f2, &fi);
+  fp_file("huge", &b, 1000000, f2, &fi);
   cr_assert_eq(fi.gguf_version, 0);
   cr_assert(memcmp(f1, f2, 16) != 0);
   uint64_t n_kv = UINT64_MAX;
   memcpy(b.p + 16, &n_kv, 8);
-  write_file(tpath("nkv"), &b, 1000000);
-  fp_of(tpath("nkv"), f2, &fi);
+  fp_file("nkv", &b, 1000000, f2, &fi);
   cr_assert_eq(fi.gguf_version, 0);
   /* Not GGUF at all, and empty. */
   b.n = 0;
   fill(&b, 5000, 3);
-  write_file(tpath("text"), &b, 1000000);
-  fp_of(tpath("text"), f1, &fi);
+  fp_file("text", &b, 1000000, f1, &fi);
   cr_assert_eq(fi.gguf_version, 0);
   cr_assert_eq(fi.n_kv, 0);
   b.n = 0;
-  write_file(tpath("empty"), &b, 1000000);
-  fp_of(tpath("empty"), f2, &fi);
+  fp_file("empty", &b, 1000000, f2, &fi);
   cr_assert_eq(fi.size, 0);
   cr_assert(memcmp(f1, f2, 16) != 0);
   free(b.p);
@@ -272,20 +269,9 @@ static kvs__llama_blob_status_t chk(const uint8_t *b, uint64_t len, const uint8_
 
 /* A valid blob: n tokens, a state of s bytes (s >= 8). */
 static uint8_t *make_blob(uint32_t n, uint64_t s, uint64_t *len) {
-  *len = KVS_LLAMA_BLOB_HDR + 4ull * n + s;
-  uint8_t *b = calloc(1, *len);
-  cr_assert_not_null(b);
   kvs__llama_blob_hdr_t h;
-  memset(&h, 0, sizeof h);
-  h.magic = KVS_LLAMA_BLOB_MAGIC;
-  h.version = KVS_LLAMA_BLOB_VERSION;
-  h.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
-  h.kind = KVS_LLAMA_BLOB_KIND_SEQ;
-  h.n_tokens = n;
-  h.state_size = s;
-  memcpy(h.model_fp, FP, 16);
-  h.ns_lo = NS.lo;
-  h.ns_hi = NS.hi;
+  uint8_t *b = blob_new(&h, KVS_LLAMA_BLOB_KIND_SEQ, n, s, FP, NS, len);
+  cr_assert_not_null(b);
   for (uint32_t i = 0; i < n; i++) {
     int32_t t = (int32_t)(i * 7);
     memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &t, 4);
@@ -294,15 +280,8 @@ static uint8_t *make_blob(uint32_t n, uint64_t s, uint64_t *len) {
   uint32_t m = KVS_LLAMA_STATE_MAGIC;
   memcpy(state, &m, 4);
   for (uint64_t i = 8; i < s; i++) state[i] = (uint8_t)i;
-  memcpy(b, &h, sizeof h);
-  h.checksum = kvs__llama_blob_checksum(b, *len);
-  memcpy(b, &h, sizeof h);
+  blob_seal(b, &h, *len);
   return b;
-}
-
-static void reseal(uint8_t *b, uint64_t len) {
-  uint64_t c = kvs__llama_blob_checksum(b, len);
-  memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, 8);
 }
 
 Test(llama_blob, a_valid_blob_passes_and_its_header_is_returned, .timeout = 30) {
@@ -330,11 +309,11 @@ Test(llama_blob, every_check_refuses_on_its_own, .timeout = 30) {
     kvs__llama_blob_hdr_t saved = h;                                                          \
     stmt;                                                                                     \
     memcpy(b, &h, sizeof h);                                                                  \
-    reseal(b, len);                                                                           \
+    blob_reseal(b, len);                                                                           \
     cr_assert_eq(chk(b, len, FP, &out), want, #stmt);                       \
     cr_assert_arr_eq(&out, &keep, sizeof out, "header written on failure: " #stmt);           \
     memcpy(b, &saved, sizeof saved);                                                          \
-    reseal(b, len);                                                                           \
+    blob_reseal(b, len);                                                                           \
   } while (0)
   MUTATE(h.magic ^= 1, KVS_LLAMA_BLOB_FOREIGN);
   MUTATE(h.version = 1, KVS_LLAMA_BLOB_FOREIGN); /* 1: the 96-byte header of before */
@@ -353,10 +332,10 @@ Test(llama_blob, every_check_refuses_on_its_own, .timeout = 30) {
   cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_OK, "restored");
   /* state magic (resealed) */
   b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
-  reseal(b, len);
+  blob_reseal(b, len);
   cr_assert_eq(chk(b, len, FP, NULL), KVS_LLAMA_BLOB_STATE);
   b[KVS_LLAMA_BLOB_HDR + 40] ^= 1;
-  reseal(b, len);
+  blob_reseal(b, len);
   /* any byte changed without resealing */
   for (uint64_t i = 0; i < len; i += 7) {
     if (i >= offsetof(kvs__llama_blob_hdr_t, checksum) && i < KVS_LLAMA_BLOB_HDR) continue;
@@ -385,7 +364,7 @@ Test(llama_blob, state_shorter_than_its_header_is_refused, .timeout = 30) {
   memcpy(&h, b, sizeof h);
   h.state_size = 4;
   memcpy(b, &h, sizeof h);
-  reseal(b, len - 4);
+  blob_reseal(b, len - 4);
   cr_assert_eq(chk(b, len - 4, FP, NULL), KVS_LLAMA_BLOB_STATE);
   free(b);
 }

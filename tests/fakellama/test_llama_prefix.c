@@ -7,6 +7,7 @@
 
 #include "keys.h"
 #include "blob.h"
+#include "blobtest.h"
 #include "prefix_shadow.h"
 
 /* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
@@ -140,6 +141,15 @@ static uint32_t feed(fix_t *f, int32_t s, int32_t start, int32_t n, int32_t base
   free(sid);
   free(lg);
   return f->seq[s].n;
+}
+
+/* A fixture whose sequence 0 holds n fed tokens (values base..) with a snapshot of snap tokens
+ * under nkeys chunk keys. */
+static void fix_snapped(fix_t *f, int32_t n, int32_t base, uint32_t snap, uint32_t nkeys) {
+  fix_init(f);
+  feed(f, 0, 0, n, base);
+  f->seq[0].snap = snap;
+  f->seq[0].nkeys = nkeys;
 }
 
 Test(prefix_shadow, batches_build_a_plain_prefix, .timeout = 30) {
@@ -278,10 +288,7 @@ Test(prefix_shadow, outputs, .timeout = 30) {
 
 Test(prefix_shadow, memory_calls, .timeout = 30) {
   fix_t f;
-  fix_init(&f);
-  feed(&f, 0, 0, 1100, 0);
-  f.seq[0].snap = 1024;
-  f.seq[0].nkeys = 4;
+  fix_snapped(&f, 1100, 0, 1024, 4);
   kvs__px_rm(&f.sh, 0, 2000, -1);
   cr_expect_eq(f.seq[0].n, 1100, "nothing there");
   kvs__px_rm(&f.sh, 0, 600, -1);
@@ -333,10 +340,7 @@ Test(prefix_shadow, memory_calls, .timeout = 30) {
 
 Test(prefix_shadow, copies, .timeout = 30) {
   fix_t f;
-  fix_init(&f);
-  feed(&f, 0, 0, 600, 7);
-  f.seq[0].snap = 512;
-  f.seq[0].nkeys = 2;
+  fix_snapped(&f, 600, 7, 512, 2);
   kvs__px_keys_compute(&f.sh, 0, (kvs_key_t){1, 2}, 0, 2);
   kvs__px_cp(&f.sh, 0, 1, -1, 300);
   cr_expect_eq(f.seq[1].n, 300);
@@ -390,32 +394,15 @@ static const uint8_t FP[KVS_LLAMA_FP_SIZE] = {1, 2, 3, 4,  5,  6,  7,  8,
 static const kvs_key_t NS = {0xabc, 0xdef};
 
 static uint8_t *mkblob(uint32_t n, uint32_t keyed, uint64_t state, uint64_t *len) {
-  *len = KVS_LLAMA_BLOB_HDR + 4ull * n + state;
-  uint8_t *b = calloc(1, (size_t)*len);
-  kvs__llama_blob_hdr_t h = {0};
-  h.magic = KVS_LLAMA_BLOB_MAGIC;
-  h.version = KVS_LLAMA_BLOB_VERSION;
-  h.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
-  h.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
-  h.n_tokens = n;
+  kvs__llama_blob_hdr_t h;
+  uint8_t *b = blob_new(&h, KVS_LLAMA_BLOB_KIND_PREFIX, n, state, FP, NS, len);
   h.keyed_tokens = keyed;
   h.chunk_tokens = CHUNK;
-  h.state_size = state;
-  memcpy(h.model_fp, FP, sizeof FP);
-  h.ns_lo = NS.lo;
-  h.ns_hi = NS.hi;
   for (uint32_t i = 0; i < n; i++) memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &i, 4);
   uint32_t magic = KVS_LLAMA_STATE_MAGIC;
   memcpy(b + KVS_LLAMA_BLOB_HDR + 4ull * n, &magic, 4);
-  memcpy(b, &h, sizeof h);
-  h.checksum = kvs__llama_blob_checksum(b, *len);
-  memcpy(b, &h, sizeof h);
+  blob_seal(b, &h, *len);
   return b;
-}
-
-static void reseal(uint8_t *b, uint64_t len) {
-  uint64_t c = kvs__llama_blob_checksum(b, len);
-  memcpy(b + offsetof(kvs__llama_blob_hdr_t, checksum), &c, sizeof c);
 }
 
 static kvs__llama_blob_status_t check(const uint8_t *b, uint64_t len, kvs__llama_blob_hdr_t *h) {
@@ -465,7 +452,7 @@ Test(prefix_blob, refuses_each_bad_field, .timeout = 30) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t *b = mkblob(600, 512, 1000, &len);
     b[cases[i].off] ^= cases[i].xor_;
-    if (cases[i].reseal) reseal(b, len);
+    if (cases[i].reseal) blob_reseal(b, len);
     h = untouched;
     kvs__llama_blob_status_t st = check(b, len, &h);
     cr_expect_eq(st, cases[i].want, "%s: got %s", cases[i].what, kvs__llama_blob_status_name(st));

@@ -38,6 +38,17 @@ static void open_shm(cc_t *c) {
 
 static kvs_layout_t blob(uint64_t n) { return kvs_layout_blob(n); }
 
+/* n keys tk(seed, i) and for each a malloc'd buffer of len bytes holding its pattern (the
+ * caller frees them). */
+static void pattern_bufs(kvs_key_t *k, void **bufs, int n, uint64_t seed, uint64_t len) {
+  for (int i = 0; i < n; i++) {
+    k[i] = tk(seed, (uint64_t)i);
+    bufs[i] = malloc(len);
+    cr_assert_not_null(bufs[i]);
+    pat_fill(bufs[i], len, k[i]);
+  }
+}
+
 /* Check object i of a retrieve reply against key k's pattern and expected length. */
 static void check_obj(const cc_t *c, const cc_pretr_t *r, uint32_t i, kvs_key_t k, uint64_t len) {
   cr_assert_eq(r->objects[i].key_index, i);
@@ -225,11 +236,7 @@ Test(ops, store_inline_then_retrieve_both_ways, T_TIMEOUT) {
   const uint64_t LEN = 20000;
   kvs_key_t k[N];
   void *bufs[N];
-  for (int i = 0; i < N; i++) {
-    k[i] = tk(4, (uint64_t)i);
-    bufs[i] = malloc(LEN);
-    pat_fill(bufs[i], LEN, k[i]);
-  }
+  pattern_bufs(k, bufs, N, 4, LEN);
   kvs_layout_t l = blob(LEN);
   cc_t a, b;
   cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
@@ -334,11 +341,7 @@ Test(ops, inline_commit_naming_shm_transfer_aborts_its_reservation, T_TIMEOUT) {
   kvs_layout_t l = blob(LEN);
   kvs_key_t k[N];
   void *bufs[N];
-  for (int i = 0; i < N; i++) {
-    k[i] = tk(6, (uint64_t)i);
-    bufs[i] = malloc(LEN);
-    pat_fill(bufs[i], LEN, k[i]);
-  }
+  pattern_bufs(k, bufs, N, 6, LEN);
   cc_t a;
   open_shm(&a);
   kvs_store_info_t base = ts_info(S.store);
@@ -661,11 +664,7 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
   const uint64_t LEN = 100000;
   kvs_key_t k[N];
   void *bufs[N];
-  for (int i = 0; i < N; i++) {
-    k[i] = tk(13, (uint64_t)i);
-    bufs[i] = malloc(LEN);
-    pat_fill(bufs[i], LEN, k[i]);
-  }
+  pattern_bufs(k, bufs, N, 13, LEN);
   kvs_layout_t l = blob(LEN);
   kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO), *pi = peers_for(KVS_STRATEGY_INLINE);
   kvs_peer_info_t info[2];

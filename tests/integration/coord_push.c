@@ -36,6 +36,18 @@ static void down(void) {
   ROOT[0] = '\0';
 }
 
+/* A peer set of role TOOL on the test's serve (run directory RUN, group t). */
+static kvs_peers_t *tool_peers(void) {
+  kvs_options_t o;
+  kvs_options_defaults(&o);
+  snprintf(o.run_dir, sizeof o.run_dir, "%s", RUN);
+  snprintf(o.group, sizeof o.group, "t");
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  kvs_peers_t *p = NULL;
+  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  return p;
+}
+
 /* kvshim serve in the background; returns once its socket answers. */
 static void start_serve(void) {
   cr_assert_eq(ts_mkdtemp(ROOT, sizeof ROOT, "kvs-coordpush"), 0);
@@ -52,13 +64,7 @@ static void start_serve(void) {
           (char *)NULL);
     _exit(127);
   }
-  kvs_options_t o;
-  kvs_options_defaults(&o);
-  snprintf(o.run_dir, sizeof o.run_dir, "%s", RUN);
-  snprintf(o.group, sizeof o.group, "t");
-  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
-  kvs_peers_t *p = NULL;
-  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  kvs_peers_t *p = tool_peers();
   int live = 0;
   for (int i = 0; i < 500 && live == 0; i++) {
     live = kvs_peers_discover(p, true);
@@ -189,13 +195,7 @@ Test(push, pushed_objects_outlive_the_engine, T_TIMEOUT) {
   }
   cr_assert_eq(run_get("obj-never-pushed", "-"), 1);
   /* And through the library, in one batch. */
-  kvs_options_t o;
-  kvs_options_defaults(&o);
-  snprintf(o.run_dir, sizeof o.run_dir, "%s", RUN);
-  snprintf(o.group, sizeof o.group, "t");
-  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
-  kvs_peers_t *p = NULL;
-  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  kvs_peers_t *p = tool_peers();
   for (int i = 0; i < N_PUSH; i++) {
     char name[32];
     snprintf(name, sizeof name, "obj-%d", i);

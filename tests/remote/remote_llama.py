@@ -27,6 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "engines", "llama"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 import check_prefix as cp  # noqa: E402
+import llama_e2e  # noqa: E402
 import servers  # noqa: E402
 
 # check_prefix's Case before and after the shared harness (tests/lib/harness.py): the
@@ -119,7 +120,7 @@ def main():
     ap.add_argument("--no-setup", action="store_true")
     args = ap.parse_args()
     if not args.no_setup:
-        rc = subprocess.run([cp.SETUP]).returncode
+        rc = subprocess.run([llama_e2e.SETUP]).returncode
         if rc == SKIP:
             print("SKIP: the node-llama-cpp engine cannot be prepared here", flush=True)
             return SKIP

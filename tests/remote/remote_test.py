@@ -33,31 +33,20 @@ Cases:
   kvo         refengine (kvo) on node A computes a 4k-token prefix and exits with A's serve;
               refengine on node B loads every prefix chunk from Redis, --verify passes
 """
-import argparse
 import json
 import os
-import select
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import servers  # noqa: E402  (h5's real Redis servers on free ports)
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+import servers  # noqa: E402  (h5's real Redis servers on free ports; puts tests/lib on sys.path)
+from harness import Context, Failure, check  # noqa: E402
+import harness  # noqa: E402
 
 
 HDR = 128           # value header bytes (core/remote.h)
@@ -95,7 +84,7 @@ class Node:
         self.serve = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=self.env(**extra))
         self.ctx.procs.append(self.serve)
-        self.banner = read_line(self.serve, 30, f"serve {self.name}")
+        self.banner = harness.read_line(self.serve, 30, f"serve {self.name}").rstrip("\n")
         if expect_up:
             check("socket" in self.banner, f"serve {self.name} banner: {self.banner!r}")
         return self.serve
@@ -135,49 +124,17 @@ class Node:
         return self.cli("get", name, expect_rc=expect_rc, **extra).stdout
 
 
-class Ctx:
-    def __init__(self, args, tmp):
+class Ctx(Context):
+    """The case: its nodes' run directories live in tmp; options --cli, --engine, --preload,
+    --asan-runtime."""
+
+    def __init__(self, args, tmp, work):
+        super().__init__(args, tmp, work)
         self.cli = args.cli
         self.engine = args.engine
-        self.preload = args.preload
-        self.asan_runtime = args.asan_runtime
-        self.tmp = tmp
-        self.procs = []
 
     def node(self, name):
         return Node(self, name)
-
-    def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-_pending = {}
-
-
-def read_line(p, timeout, what):
-    deadline = time.monotonic() + timeout
-    buf = _pending.get(p.pid, b"")
-    fd = p.stdout.fileno()
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        check(left > 0, f"{what}: no output line within {timeout} s")
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            err = p.stderr.read().decode(errors="replace") if p.poll() is not None else ""
-            raise Failure(f"{what}: exited ({p.poll()}) before a line: {buf!r} {err}")
-        buf += chunk
-    line, rest = buf.split(b"\n", 1)
-    _pending[p.pid] = rest
-    return line.decode(errors="replace")
 
 
 def wait_for(cond, what, timeout=20):
@@ -188,6 +145,31 @@ def wait_for(cond, what, timeout=20):
             return v
         time.sleep(0.05)
     raise Failure(f"timed out waiting for {what}")
+
+
+def written_behind(a, url, blobs):
+    """Node A, started with the Redis at url as its tier, puts blobs {name: bytes}, and stops
+    once every one is written behind."""
+    a.start(url)
+    for name, data in blobs.items():
+        a.put(name, data)
+    wait_for(lambda: a.stats()["remote_writes"] == len(blobs), "A's writes to the cluster")
+    a.stop()
+
+
+def read_all(b, blobs, when, **env):
+    """`kvshim get` of every blob on node B: each one is a hit with the right bytes or a clean
+    miss (exit 1, nothing written). Returns (hits, misses)."""
+    hits = misses = 0
+    for name, data in blobs.items():
+        p = b.cli("get", name, **env)
+        if p.returncode == 0:
+            check(p.stdout == data, f"{name}: wrong bytes {when}")
+            hits += 1
+        else:
+            check(p.returncode == 1 and p.stdout == b"", f"{name}: exit {p.returncode}")
+            misses += 1
+    return hits, misses
 
 
 def payload(n, seed):
@@ -334,15 +316,7 @@ def case_evict(ctx):
         evicted = int(r.cli("INFO", "stats").split("evicted_keys:")[1].split()[0])
         check(evicted > 0, "maxmemory did not evict anything: the case proves nothing")
         b.start(r.url)
-        hits = misses = 0
-        for name, data in blobs.items():
-            p = b.cli("get", name)
-            if p.returncode == 0:
-                check(p.stdout == data, f"{name}: wrong bytes after evictions")
-                hits += 1
-            else:
-                check(p.returncode == 1 and p.stdout == b"", f"{name}: exit {p.returncode}")
-                misses += 1
+        hits, misses = read_all(b, blobs, "after evictions")
         check(misses > 0 and hits > 0, f"hits {hits} misses {misses}: expected some of each")
         sb = b.stats()
         check(sb["remote_misses"] >= misses and sb["remote_bad_values"] == 0,
@@ -593,12 +567,8 @@ def case_cluster(ctx):
         out = p.stdout.decode()
         check("mode: cluster" in out and "nodes: 3" in out and "slots: 16384/16384" in out,
               f"kvshim remote on the cluster: {out!r}")
-        a.start(cl.url)
         blobs = {f"c{i}": payload(40000 + i, 200 + i) for i in range(24)}
-        for name, data in blobs.items():
-            a.put(name, data)
-        wait_for(lambda: a.stats()["remote_writes"] == len(blobs), "A's writes to the cluster")
-        a.stop()
+        written_behind(a, cl.url, blobs)
         per_master = {}
         for port in cl.masters():
             per_master[port] = int(cl.cli(port, "DBSIZE"))
@@ -616,12 +586,8 @@ def case_failover(ctx):
     misses counted, every byte returned correct, serve never exits."""
     with servers.Cluster(masters=3, replicas=1, node_timeout_ms=1000) as cl:
         a, b = ctx.node("a"), ctx.node("b")
-        a.start(cl.url)
         blobs = {f"f{i}": payload(30000 + i, 300 + i) for i in range(30)}
-        for name, data in blobs.items():
-            a.put(name, data)
-        wait_for(lambda: a.stats()["remote_writes"] == len(blobs), "A's writes to the cluster")
-        a.stop()
+        written_behind(a, cl.url, blobs)
         names = {}
         port0 = cl.ports[0]
         for key in cl.cli(port0, "--scan", "--pattern", "kvshim:v1:*").split():
@@ -645,15 +611,7 @@ def case_failover(ctx):
         victim = next(p for p in cl.masters() if p != dst)
         slots_of_victim = [s for s in names.values() if cl.owner(s) == victim]
         cl.kill(victim)
-        hits = misses = 0
-        for name, data in blobs.items():
-            p = b.cli("get", name, KVSHIM_RPC_TIMEOUT_MS=1000)
-            if p.returncode == 0:
-                check(p.stdout == data, f"{name}: wrong bytes during the failover")
-                hits += 1
-            else:
-                check(p.returncode == 1 and p.stdout == b"", f"{name}: exit {p.returncode}")
-                misses += 1
+        hits, misses = read_all(b, blobs, "during the failover", KVSHIM_RPC_TIMEOUT_MS=1000)
         check(b.serve.poll() is None, "serve exited during the failover")
         if slots_of_victim:
             cl.wait_failover(slots_of_victim[0], victim)
@@ -699,42 +657,12 @@ def case_kvo(ctx):
         b.stop()
 
 
-CASES = {
-    "roundtrip": case_roundtrip, "ttl": case_ttl, "nx": case_nx, "corrupt": case_corrupt,
-    "evict": case_evict, "pause": case_pause, "breaker": case_breaker,
-    "badinput": case_badinput,
-    "interop": case_interop, "cluster": case_cluster, "failover": case_failover,
-    "kvo": case_kvo,
-}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", nargs="?")
-    ap.add_argument("--list", action="store_true")
-    ap.add_argument("--cli")
+def parser():
+    ap = harness.parser(__doc__, "--cli", asan=True)
     ap.add_argument("--engine")
     ap.add_argument("--preload")
-    ap.add_argument("--asan-runtime")
-    args = ap.parse_args()
-    if args.list:
-        print("\n".join(CASES))
-        return 0
-    if args.case not in CASES or not args.cli:
-        ap.error(f"CASE must be one of {', '.join(CASES)}, and --cli is required")
-    tmp = tempfile.mkdtemp(prefix="kvshim-remote.")
-    ctx = Ctx(args, tmp)
-    try:
-        CASES[args.case](ctx)
-    except Failure as e:
-        print(f"FAIL {args.case}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        ctx.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ok {args.case}")
-    return 0
+    return ap
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))

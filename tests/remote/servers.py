@@ -52,12 +52,15 @@ import tempfile
 import time
 import urllib.parse
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import Failure  # noqa: E402
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 HOST = "127.0.0.1"
 
 
-class ServerError(Exception):
+class ServerError(Failure):
     pass
 
 

@@ -32,7 +32,7 @@ Cases:
   cluster-failover      SIGKILL of a master: exec calls return errors or the right bytes, never
                         wrong ones, and all succeed again once the replica is promoted
 """
-import argparse
+import contextlib
 import json
 import os
 import socket
@@ -42,18 +42,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import servers  # noqa: E402
+import servers  # noqa: E402  (also puts tests/lib on sys.path)
+from harness import Failure, check  # noqa: E402
+import harness  # noqa: E402
 
 ETIMEDOUT, ECONNREFUSED, EACCES, EPROTO, EINVAL = 110, 111, 13, 71, 22
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
 
 
 class Probe:
@@ -78,6 +71,20 @@ class Probe:
         rc = self.p.wait(timeout=30)
         check(rc == 0, f"probe exited with {rc}")
 
+    def cleanup(self):
+        if self.p.poll() is None:
+            self.p.kill()
+
+
+@contextlib.contextmanager
+def client_on(probe, server, create_args=""):
+    """A server (servers.Standalone or servers.Cluster) with the probe's client created on it
+    (its URL + create_args); the probe must exit cleanly once the block is done."""
+    with server as s:
+        probe.ok(f"create {s.url}{create_args}")
+        yield s
+        probe.close()
+
 
 def vals(r):
     return [(x["t"], x.get("s", x.get("i", x.get("e")))) for x in r["results"]]
@@ -86,8 +93,7 @@ def vals(r):
 # ---- standalone ----------------------------------------------------------------------------
 
 def case_standalone_roundtrip(probe):
-    with servers.Standalone() as s:
-        probe.ok(f"create {s.url} 2000")
+    with client_on(probe, servers.Standalone(), " 2000") as s:
         r = probe.ok("exec SET a 1 | GET a | SET a 2 NX | GET a | DEL a | GET a | INCR n | PING")
         check(vals(r) == [("STATUS", "OK"), ("STRING", "1"), ("NIL", None), ("STRING", "1"),
                           ("INTEGER", 1), ("NIL", None), ("INTEGER", 1), ("STATUS", "PONG")],
@@ -105,12 +111,10 @@ def case_standalone_roundtrip(probe):
         check(r["wrong"] == 5, f"a wrong size must count as wrong: {r}")
         # the server holds exactly what was sent (STRLEN of the zero-copy large argument)
         check(s.cli("STRLEN", "k1048576:7") == str(1 << 20), "server-side length")
-        probe.close()
 
 
 def case_standalone_db(probe):
-    with servers.Standalone() as s:
-        probe.ok(f"create {s.url}/3")
+    with client_on(probe, servers.Standalone(), "/3") as s:
         probe.ok("exec SET dbkey three")
         check(s.cli("-n", "3", "GET", "dbkey") == "three", "value not in database 3")
         check(s.cli("-n", "0", "GET", "dbkey") == "", "value leaked into database 0")
@@ -118,12 +122,10 @@ def case_standalone_db(probe):
         check(vals(probe.ok("exec GET dbkey")) == [("STRING", "three")], "GET through localhost")
         r = probe.q(f"create {s.url}/100000")
         check(r["rc"] == -EINVAL and "SELECT" in r["err"], f"database out of range: {r}")
-        probe.close()
 
 
 def case_standalone_pause(probe):
-    with servers.Standalone() as s:
-        probe.ok(f"create {s.url} 300")
+    with client_on(probe, servers.Standalone(), " 300") as s:
         probe.ok("exec SET p 1")
         s.pause(3000)
         t0 = time.monotonic()
@@ -144,7 +146,6 @@ def case_standalone_pause(probe):
                 break
             time.sleep(0.2)
         check(vals(r) == [("STRING", "1")], f"after the pause: {r}")
-        probe.close()
 
 
 def case_standalone_password(probe):
@@ -247,8 +248,7 @@ def case_standalone_not_redis(probe):
 
 
 def case_standalone_restart(probe):
-    with servers.Standalone() as s:
-        probe.ok(f"create {s.url} 1000")
+    with client_on(probe, servers.Standalone(), " 1000") as s:
         probe.ok("exec SET r 1")
         s.restart()  # no persistence: the data is gone, the connection is stale
         r = probe.ok("exec GET r | SET r 2")
@@ -259,12 +259,10 @@ def case_standalone_restart(probe):
         s.server.start()
         r = probe.ok("exec SET r 3 | GET r")
         check(vals(r) == [("STATUS", "OK"), ("STRING", "3")], f"server back: {r}")
-        probe.close()
 
 
 def case_standalone_info(probe):
-    with servers.Standalone() as s:
-        probe.ok(f"create {s.url}")
+    with client_on(probe, servers.Standalone()) as s:
         r = probe.ok("info")
         want = [line.split(":", 1)[1] for line in s.cli("INFO", "server").splitlines()
                 if line.startswith("redis_version:")][0]
@@ -274,7 +272,6 @@ def case_standalone_info(probe):
         s.server.stop()
         r = probe.q("info")
         check(r["rc"] == -ECONNREFUSED, f"info, server down: {r}")
-        probe.close()
 
 
 # ---- cluster -------------------------------------------------------------------------------
@@ -321,8 +318,7 @@ def case_cluster_roundtrip(probe):
 
 
 def case_cluster_moved(probe):
-    with servers.Cluster() as c:
-        probe.ok(f"create {c.url} 3000")
+    with client_on(probe, servers.Cluster(), " 3000") as c:
         probe.ok("fill 50 mv 500")
         slot, _, dst = slot_owner_other(c, "mv:0")
         c.move_slot(slot, dst)
@@ -337,12 +333,10 @@ def case_cluster_moved(probe):
         c.move_slot(slot2, dst2)
         r = probe.ok("check 50 mv 500")
         check(r["ok"] == 49 and r["wrong"] == 1, f"second reshard (mv:0 was rewritten): {r}")
-        probe.close()
 
 
 def case_cluster_ask(probe):
-    with servers.Cluster() as c:
-        probe.ok(f"create {c.url} 3000")
+    with client_on(probe, servers.Cluster(), " 3000") as c:
         probe.ok("exec SET {t}a va | SET {t}b vb")
         slot, src, dst = slot_owner_other(c, "{t}a")
         c.begin_migration(slot, dst)
@@ -358,12 +352,10 @@ def case_cluster_ask(probe):
         check(vals(r) == [("STRING", "va"), ("STRING", "vb"), ("STATUS", "OK")],
               f"after migration: {r}")
         check(c.cli(dst, "GET", "{t}c") == "vc", "write after migration not on the new owner")
-        probe.close()
 
 
 def case_cluster_failover(probe):
-    with servers.Cluster(node_timeout_ms=1000) as c:
-        probe.ok(f"create {c.url} 500")
+    with client_on(probe, servers.Cluster(node_timeout_ms=1000), " 500") as c:
         n = 200
         r = probe.ok(f"fill {n} fo 2000")
         check(r["ok"] == n, f"fill: {r}")
@@ -402,36 +394,8 @@ def case_cluster_failover(probe):
         check(vals(r) == [("STATUS", "OK"), ("STRING", "after")], f"write after failover: {r}")
         r = probe.ok("info")
         check(r["nodes"] == 3 and r["slots"] == 16384, f"info after failover: {r}")
-        probe.close()
-
-
-CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
-         if name.startswith("case_")}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", nargs="?")
-    ap.add_argument("--probe")
-    ap.add_argument("--list", action="store_true")
-    a = ap.parse_args()
-    if a.list:
-        print("\n".join(CASES))
-        return 0
-    if a.case not in CASES or not a.probe:
-        ap.error(f"need a case ({', '.join(CASES)}) and --probe")
-    probe = Probe(a.probe)
-    try:
-        CASES[a.case](probe)
-    except (Failure, servers.ServerError) as e:
-        print(f"FAIL {a.case}: {e}")
-        return 1
-    finally:
-        if probe.p.poll() is None:
-            probe.p.kill()
-    print(f"PASS {a.case}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(harness.cases(globals()), harness.parser(__doc__, "--probe"),
+                          lambda args, tmp, work: Probe(args.probe)))

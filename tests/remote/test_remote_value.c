@@ -25,6 +25,15 @@ static uint8_t *object(size_t *len) {
   return v;
 }
 
+/* kvs_remote_check where only its verdict matters (0 or -EBADMSG). */
+static int verdict(const uint8_t *v, size_t len, kvs_key_t key) {
+  unsigned kind;
+  kvs_layout_t l;
+  const uint8_t *p;
+  uint64_t plen;
+  return kvs_remote_check(v, len, key, &kind, &l, &p, &plen);
+}
+
 T(key_name_is_prefix_and_32_hex_digits) {
   char name[KVS_REMOTE_KEY_LEN + 1];
   kvs_remote_key_name(KEY, name);
@@ -63,38 +72,28 @@ T(object_round_trips) {
 T(every_byte_flip_is_refused) {
   size_t len;
   uint8_t *v = object(&len);
-  unsigned kind;
-  kvs_layout_t l;
-  const uint8_t *p;
-  uint64_t plen;
   /* Producer (40..47) and created (48..55) are informational; every other byte is checked. */
   for (size_t i = 0; i < len; i++) {
     if (i >= 40 && i < 56) continue;
     v[i] ^= 0x01;
-    cr_assert_eq(kvs_remote_check(v, len, KEY, &kind, &l, &p, &plen), -EBADMSG,
-                 "byte %zu flipped was accepted", i);
+    cr_assert_eq(verdict(v, len, KEY), -EBADMSG, "byte %zu flipped was accepted", i);
     v[i] ^= 0x01;
   }
-  cr_assert_eq(kvs_remote_check(v, len, KEY, &kind, &l, &p, &plen), 0);
+  cr_assert_eq(verdict(v, len, KEY), 0);
   free(v);
 }
 
 T(truncated_extended_or_misfiled_values_are_refused) {
   size_t len;
   uint8_t *v = object(&len);
-  unsigned kind;
-  kvs_layout_t l;
-  const uint8_t *p;
-  uint64_t plen;
   for (size_t n = 0; n < len; n++)
-    cr_assert_eq(kvs_remote_check(v, n, KEY, &kind, &l, &p, &plen), -EBADMSG, "len %zu", n);
+    cr_assert_eq(verdict(v, n, KEY), -EBADMSG, "len %zu", n);
   uint8_t *big = calloc(1, len + 1);
   memcpy(big, v, len);
-  cr_assert_eq(kvs_remote_check(big, len + 1, KEY, &kind, &l, &p, &plen), -EBADMSG);
+  cr_assert_eq(verdict(big, len + 1, KEY), -EBADMSG);
   kvs_key_t other = {KEY.lo, KEY.hi ^ 1};
-  cr_assert_eq(kvs_remote_check(v, len, other, &kind, &l, &p, &plen), -EBADMSG,
-               "a value stored under another key");
-  cr_assert_eq(kvs_remote_check(NULL, 0, KEY, &kind, &l, &p, &plen), -EBADMSG);
+  cr_assert_eq(verdict(v, len, other), -EBADMSG, "a value stored under another key");
+  cr_assert_eq(verdict(NULL, 0, KEY), -EBADMSG);
   free(big);
   free(v);
 }
@@ -119,21 +118,16 @@ T(alias_names_its_primary) {
   kvs_remote_header(bad, KEY, KVS_REMOTE_KIND_ALIAS, NULL, pk, 16, 1, 2);
   bad[60] = 1; /* ndim 1 */
   memcpy(bad + KVS_REMOTE_HDR_SIZE, pk, 16);
-  cr_assert_eq(kvs_remote_check(bad, KVS_REMOTE_HDR_SIZE + 16, KEY, &kind, &l, &p, &plen),
-               -EBADMSG);
+  cr_assert_eq(verdict(bad, KVS_REMOTE_HDR_SIZE + 16, KEY), -EBADMSG);
   uint8_t p17[17] = {0};
   kvs_remote_header(bad, KEY, KVS_REMOTE_KIND_ALIAS, NULL, p17, 17, 1, 2);
   memcpy(bad + KVS_REMOTE_HDR_SIZE, p17, 17);
-  cr_assert_eq(kvs_remote_check(bad, sizeof bad, KEY, &kind, &l, &p, &plen), -EBADMSG);
+  cr_assert_eq(verdict(bad, sizeof bad, KEY), -EBADMSG);
 }
 
 T(layout_must_match_the_payload) {
   kvs_layout_t l = {KVS_DTYPE_F32, 1, {5}}; /* 20 bytes, payload 24 */
   uint8_t v[KVS_REMOTE_HDR_SIZE + 24] = {0};
   kvs_remote_header(v, KEY, KVS_REMOTE_KIND_OBJECT, &l, v + KVS_REMOTE_HDR_SIZE, 24, 1, 2);
-  unsigned kind;
-  kvs_layout_t out;
-  const uint8_t *p;
-  uint64_t plen;
-  cr_assert_eq(kvs_remote_check(v, sizeof v, KEY, &kind, &out, &p, &plen), -EBADMSG);
+  cr_assert_eq(verdict(v, sizeof v, KEY), -EBADMSG);
 }

@@ -29,6 +29,12 @@ static kvs_namespace_t ns_a(void) {
   return ns;
 }
 
+/* h(-1) of ns_a(). */
+static kvs_key_t h_a(void) {
+  kvs_namespace_t ns = ns_a();
+  return kvs_keys_namespace(&ns);
+}
+
 static void tokens_from(uint32_t *t, size_t n, uint32_t first) {
   for (size_t i = 0; i < n; i++) t[i] = first + (uint32_t)i;
 }
@@ -40,8 +46,7 @@ static void expect_hex(kvs_key_t k, const char *hex) {
 }
 
 Test(keys, known_answer_namespace_and_chunks) {
-  kvs_namespace_t ns = ns_a();
-  kvs_key_t h = kvs_keys_namespace(&ns);
+  kvs_key_t h = h_a();
   expect_hex(h, "7f72ac336a4b66c52dc428221ceb845a");
   uint32_t t[12];
   tokens_from(t, 12, 1000);
@@ -54,8 +59,7 @@ Test(keys, known_answer_namespace_and_chunks) {
 }
 
 Test(keys, chain_is_rolling) {
-  kvs_namespace_t ns = ns_a();
-  kvs_key_t h = kvs_keys_namespace(&ns);
+  kvs_key_t h = h_a();
   uint32_t t[12];
   tokens_from(t, 12, 7);
   kvs_key_t out[3];
@@ -78,8 +82,7 @@ Test(keys, chain_is_rolling) {
 }
 
 Test(keys, partial_chunks_produce_no_key) {
-  kvs_namespace_t ns = ns_a();
-  kvs_key_t h = kvs_keys_namespace(&ns);
+  kvs_key_t h = h_a();
   uint32_t t[11];
   tokens_from(t, 11, 0);
   kvs_key_t out[4] = {{0, 0}};
@@ -132,9 +135,8 @@ Test(keys, deterministic_across_processes) {
   cr_assert_geq(pid, 0);
   if (pid == 0) {
     close(fds[0]);
-    kvs_namespace_t ns = ns_a();
     kvs_key_t k[16];
-    size_t n = kvs_keys_chunks(kvs_keys_namespace(&ns), t, 4096, 256, k, 16);
+    size_t n = kvs_keys_chunks(h_a(), t, 4096, 256, k, 16);
     ssize_t w = write(fds[1], k, n * sizeof k[0]);
     _exit(w == (ssize_t)(n * sizeof k[0]) ? 0 : 1);
   }
@@ -148,9 +150,8 @@ Test(keys, deterministic_across_processes) {
   waitpid(pid, &status, 0);
   cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   cr_assert_eq(got, sizeof theirs);
-  kvs_namespace_t ns = ns_a();
   kvs_key_t mine[16];
-  cr_assert_eq(kvs_keys_chunks(kvs_keys_namespace(&ns), t, 4096, 256, mine, 16), 16);
+  cr_assert_eq(kvs_keys_chunks(h_a(), t, 4096, 256, mine, 16), 16);
   cr_expect_arr_eq(mine, theirs, sizeof mine);
 }
 

@@ -10,52 +10,35 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "logcapture.h"
 #include "stats.h"
 
-static int capture(void) {
-  int fd = memfd_create("log", 0);
-  cr_assert_geq(fd, 0);
-  kvs_log_set_fd(fd);
-  return fd;
-}
-static const char *text(int fd) {
-  static char buf[1 << 17];
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  buf[n > 0 ? n : 0] = '\0';
-  return buf;
-}
-static int count(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
-  return n;
-}
-
 Test(log, prefix_level_and_newline) {
-  int fd = capture();
+  int fd = log_capture(-1);
   kvs_log_set_level(KVS_LOG_INFO);
   kvs_log_info("pool of %d MiB", 64);
   char want[128];
   snprintf(want, sizeof want, "kvshim[%ld]: info: pool of 64 MiB\n", (long)getpid());
-  cr_expect_str_eq(text(fd), want);
+  cr_expect_str_eq(log_text(fd), want);
 }
 
 Test(log, levels_filter_before_formatting) {
-  int fd = capture();
+  int fd = log_capture(-1);
   kvs_log_set_level(KVS_LOG_WARN);
   kvs_log_debug("hidden %s", "debug");
   kvs_log_info("hidden info");
   kvs_log_warn("shown warn");
   kvs_log_error("shown error");
-  const char *t = text(fd);
-  cr_expect_eq(count(t, "hidden"), 0, "%s", t);
-  cr_expect_eq(count(t, "shown"), 2, "%s", t);
+  const char *t = log_text(fd);
+  cr_expect_eq(count_of(t, "hidden"), 0, "%s", t);
+  cr_expect_eq(count_of(t, "shown"), 2, "%s", t);
   kvs_log_set_level(KVS_LOG_OFF);
   kvs_log_error("off means off");
-  cr_expect_eq(count(text(fd), "off means off"), 0);
+  cr_expect_eq(count_of(log_text(fd), "off means off"), 0);
 }
 
 Test(log, errno_is_preserved) {
-  capture();
+  log_capture(-1);
   kvs_log_set_level(KVS_LOG_WARN);
   errno = EAGAIN;
   kvs_log_warn("x");
@@ -63,20 +46,20 @@ Test(log, errno_is_preserved) {
 }
 
 Test(log, long_lines_are_cut_and_marked) {
-  int fd = capture();
+  int fd = log_capture(-1);
   kvs_log_set_level(KVS_LOG_WARN);
   char big[4000];
   memset(big, 'x', sizeof big - 1);
   big[sizeof big - 1] = '\0';
   kvs_log_warn("%s", big);
-  const char *t = text(fd);
+  const char *t = log_text(fd);
   cr_expect_eq(strlen(t), KVS_LOG_LINE_MAX, "len %zu", strlen(t));
   cr_expect(strstr(t, "...\n") != NULL);
   cr_expect_eq(t[strlen(t) - 1], '\n');
 }
 
 Test(log, rate_limited_within_a_second) {
-  int fd = capture();
+  int fd = log_capture(-1);
   kvs_log_set_level(KVS_LOG_WARN);
   unsigned long before = kvs_log_dropped();
   /* Spin until a fresh second starts, so the whole burst lands in one window. */
@@ -85,14 +68,14 @@ Test(log, rate_limited_within_a_second) {
   long start = ts.tv_sec;
   do clock_gettime(CLOCK_MONOTONIC, &ts); while (ts.tv_sec == start);
   for (int i = 0; i < 200; i++) kvs_log_warn("line %d", i);
-  int lines = count(text(fd), "\n");
+  int lines = count_of(log_text(fd), "\n");
   cr_expect_leq(lines, KVS_LOG_BURST, "%d lines written", lines);
   cr_expect_geq(lines, KVS_LOG_BURST - 1);
   cr_expect_geq(kvs_log_dropped() - before, 200 - KVS_LOG_BURST);
   /* The next window reports how many were suppressed. */
   sleep(1);
   kvs_log_warn("after");
-  cr_expect(strstr(text(fd), "lines suppressed") != NULL, "%s", text(fd) + strlen(text(fd)) - 80);
+  cr_expect(strstr(log_text(fd), "lines suppressed") != NULL, "%s", log_text(fd) + strlen(log_text(fd)) - 80);
 }
 
 Test(stats, names_are_unique_and_found) {
@@ -125,7 +108,7 @@ Test(stats, counters_and_info_text) {
   cr_expect(strstr(buf, "\r\nstore_commits:1\r\n") != NULL);
   cr_expect(strstr(buf, "\r\npeer_bytes_in:1234567\r\n") != NULL);
   cr_expect(strstr(buf, "\r\nstore_used_bytes:40\r\n") != NULL);
-  cr_expect_eq(count(buf, "\r\n"), KVS_STAT__COUNT + 1);
+  cr_expect_eq(count_of(buf, "\r\n"), KVS_STAT__COUNT + 1);
   char small[10];
   cr_expect_eq(kvs_stats_render_info(&st, small, sizeof small), n, "needed length reported");
   cr_expect_eq(strlen(small), sizeof small - 1);

@@ -9,27 +9,8 @@
 
 #include "internal.h"
 #include "log.h"
+#include "logcapture.h"
 #include "options.h"
-
-/* Capture log output in a memfd; returns its fd. */
-static int capture_log(void) {
-  int fd = memfd_create("log", 0);
-  cr_assert_geq(fd, 0);
-  kvs_log_set_fd(fd);
-  kvs_log_set_level(KVS_LOG_WARN);
-  return fd;
-}
-static char *captured(int fd) {
-  static char buf[65536];
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  buf[n > 0 ? n : 0] = '\0';
-  return buf;
-}
-static int count_lines(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
-  return n;
-}
 
 Test(options, defaults_match_the_design_table) {
   kvs_options_t o;
@@ -154,7 +135,7 @@ Test(options, booleans) {
 
 /* Every invalid value warns exactly once, names the variable and keeps the default. */
 Test(options, invalid_values_warn_once_and_keep_defaults) {
-  int fd = capture_log();
+  int fd = log_capture(KVS_LOG_WARN);
   char *env[] = {"KVSHIM_ENABLE=maybe",           /* BOOL */
                  "KVSHIM_POOL_SIZE=12Q",          /* SIZE: malformed */
                  "KVSHIM_HOST_MIN=2T",            /* SIZE: above bound 1T */
@@ -170,16 +151,16 @@ Test(options, invalid_values_warn_once_and_keep_defaults) {
                  NULL};
   kvs_options_t o;
   int problems = kvs_options_load(&o, env, 0);
-  const char *log = captured(fd);
+  const char *log = log_text(fd);
   cr_expect_eq(problems, 12, "problems=%d log:\n%s", problems, log);
-  cr_expect_eq(count_lines(log, "\n"), 12, "one line per problem:\n%s", log);
+  cr_expect_eq(count_of(log, "\n"), 12, "one line per problem:\n%s", log);
   static const char *vars[] = {"KVSHIM_ENABLE=", "KVSHIM_POOL_SIZE=", "KVSHIM_HOST_MIN=",
                                "KVSHIM_MAX_FRAME=", "KVSHIM_CHUNK_TOKENS=", "KVSHIM_LEASE_MS=",
                                "KVSHIM_RPC_TIMEOUT_MS=", "KVSHIM_STRATEGY=", "KVSHIM_HOOKS=",
                                "KVSHIM_GROUP=", "KVSHIM_ALLOW_UIDS=", "KVSHIM_LOG="};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-    cr_expect_eq(count_lines(log, vars[i]), 1, "%s warned %d times", vars[i],
-                 count_lines(log, vars[i]));
+    cr_expect_eq(count_of(log, vars[i]), 1, "%s warned %d times", vars[i],
+                 count_of(log, vars[i]));
   cr_expect(strstr(log, "keeping default 1G") != NULL, "pool size default named:\n%s", log);
   cr_expect(strstr(log, "out of range") != NULL);
   kvs_options_t d;
@@ -214,20 +195,20 @@ Test(options, bounds_are_inclusive) {
 }
 
 Test(options, unknown_variables_are_reported) {
-  int fd = capture_log();
+  int fd = log_capture(KVS_LOG_WARN);
   char *env[] = {"KVSHIM_POOLSIZE=2G", "HOME=/root", "KVSHIM_ENABLE=1", NULL};
   kvs_options_t o;
   cr_expect_eq(kvs_options_load(&o, env, 0), 1);
   cr_expect_eq(o.unknown_vars, 1);
-  cr_expect(strstr(captured(fd), "unknown variable KVSHIM_POOLSIZE") != NULL, "%s", captured(fd));
+  cr_expect(strstr(log_text(fd), "unknown variable KVSHIM_POOLSIZE") != NULL, "%s", log_text(fd));
 }
 
 Test(options, warnings_respect_the_configured_level) {
-  int fd = capture_log();
+  int fd = log_capture(KVS_LOG_WARN);
   char *env[] = {"KVSHIM_LOG=error", "KVSHIM_POOL_SIZE=bad", NULL};
   kvs_options_t o;
   cr_expect_eq(kvs_options_load(&o, env, KVS_OPTIONS_APPLY_LOG), 1);
-  cr_expect_str_eq(captured(fd), "", "KVSHIM_LOG=error silences warnings");
+  cr_expect_str_eq(log_text(fd), "", "KVSHIM_LOG=error silences warnings");
   cr_expect_eq(kvs_log_get_level(), KVS_LOG_ERROR);
 }
 
@@ -250,7 +231,7 @@ Test(options, render_lists_every_row) {
   char buf[8192];
   size_t n = kvs_options_render(&o, buf, sizeof buf);
   cr_assert_lt(n, sizeof buf);
-  cr_expect_eq(count_lines(buf, "\n"), KVS_OPT__COUNT);
+  cr_expect_eq(count_of(buf, "\n"), KVS_OPT__COUNT);
   for (int i = 0; i < KVS_OPT__COUNT; i++) {
     char row[64];
     snprintf(row, sizeof row, "%s=", kvs_options_env_name((kvs_option_id_t)i));
@@ -317,8 +298,8 @@ Test(options, long_strings_are_refused) {
   big[12 + KVS_OPT_STR_MAX + 5] = '\0';
   char *env[] = {big, NULL};
   kvs_options_t o;
-  int fd = capture_log();
+  int fd = log_capture(KVS_LOG_WARN);
   cr_expect_eq(kvs_options_load(&o, env, 0), 1);
   cr_expect_str_eq(o.salt, "");
-  cr_expect(strstr(captured(fd), "KVSHIM_SALT") != NULL);
+  cr_expect(strstr(log_text(fd), "KVSHIM_SALT") != NULL);
 }

@@ -15,8 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "internal.h"
 #include "log.h"
+#include "logcapture.h"
 #include "pool.h"
 
 #define PG 4096ull
@@ -41,20 +43,6 @@ static bool stats_eq(kvs_pool_arena_stats_t a, kvs_pool_arena_stats_t b) {
   return a.size == b.size && a.allocated == b.allocated && a.free == b.free &&
          a.largest_free == b.largest_free && a.extents == b.extents &&
          a.fragmentation_pct == b.fragmentation_pct;
-}
-
-static int capture_log(void) {
-  int fd = memfd_create("log", 0);
-  cr_assert_geq(fd, 0);
-  kvs_log_set_fd(fd);
-  kvs_log_set_level(KVS_LOG_WARN);
-  return fd;
-}
-static const char *captured(int fd) {
-  static char buf[16384];
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  buf[n > 0 ? n : 0] = '\0';
-  return buf;
 }
 
 /* ---- create / header ------------------------------------------------------------------- */
@@ -168,10 +156,10 @@ Test(pool, attach_rejects_bad_fd, .timeout = 30) {
   cr_expect_eq(kvs_pool_attach(-1, true, &out), -EINVAL);
   int fd = memfd_create("empty", MFD_CLOEXEC);
   cr_assert_geq(fd, 0);
-  int log = capture_log();
+  int log = log_capture(KVS_LOG_WARN);
   cr_expect_eq(kvs_pool_attach(fd, true, &out), -EPROTO); /* empty file */
   cr_expect_null(out);
-  cr_expect_not_null(strstr(captured(log), "segment_size"));
+  cr_expect_not_null(strstr(log_text(log), "segment_size"));
   close(fd);
 }
 
@@ -210,12 +198,12 @@ Test(pool, attach_refuses_a_mismatching_header, .timeout = 30) {
       {bad_page, seg, "page_size"},
   };
   for (size_t i = 0; i < KVS__ARRAY_LEN(cases); i++) {
-    int log = capture_log();
+    int log = log_capture(KVS_LOG_WARN);
     int fd = corrupted_copy(p, cases[i].size, cases[i].corrupt);
     kvs_pool_t *q = NULL;
     cr_expect_eq(kvs_pool_attach(fd, false, &q), -EPROTO, "case %zu (%s)", i, cases[i].field);
     cr_expect_null(q);
-    const char *text = captured(log);
+    const char *text = log_text(log);
     cr_expect_not_null(strstr(text, cases[i].field), "case %zu: log names %s: %s", i,
                        cases[i].field, text);
     close(fd);
@@ -624,46 +612,13 @@ Test(pool, concurrent_alloc_free, .timeout = 60) {
 
 /* ---- another process ------------------------------------------------------------------- */
 
-static int send_fd(int sock, int fd) {
-  char byte = 'F';
-  struct iovec iov = {&byte, 1};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  memset(&u, 0, sizeof u);
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
-}
-
-static int recv_fd(int sock) {
-  char byte;
-  struct iovec iov = {&byte, 1};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-  if (recvmsg(sock, &msg, 0) != 1) return -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-  if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
-  int fd;
-  memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return fd;
-}
-
 /* Child: attach the received fd read-write, check the parent's bytes, write its own. Exit code
  * says which step failed. */
 static int child_main(int sock, uint64_t id, uint64_t off_in, uint64_t off_out) {
-  int fd = recv_fd(sock);
-  if (fd < 0) return 10;
+  char byte;
+  size_t n;
+  int fd = -1;
+  if (recv_fd(sock, &fd, &byte, 1, &n) != 0) return 10;
   kvs_pool_t *q = NULL;
   if (kvs_pool_attach(fd, true, &q) != 0) return 11;
   close(fd);
@@ -698,7 +653,7 @@ Test(pool, peer_process_shares_the_segment_over_scm_rights, .timeout = 30) {
     _exit(child_main(sv[1], id, off_in, off_out));
   }
   close(sv[1]);
-  cr_assert_eq(send_fd(sv[0], kvs_pool_fd(p)), 0);
+  cr_assert_eq(send_fd(sv[0], kvs_pool_fd(p), "F", 1), 0);
   char ack = 0;
   cr_expect_eq(read(sv[0], &ack, 1), 1);
   int status = 0;
@@ -750,7 +705,7 @@ Test(pool, destroy_with_live_extents_is_busy, .timeout = 30) {
 /* ---- huge pages ------------------------------------------------------------------------ */
 
 Test(pool, hugepages_or_fallback, .timeout = 30) {
-  int log = capture_log();
+  int log = log_capture(KVS_LOG_WARN);
   kvs_pool_config_t cfg = {.cache_size = 4u << 20, .host_size = 1, .hugepages = true};
   kvs_pool_t *p = NULL;
   cr_assert_eq(kvs_pool_create(&cfg, &p), 0);
@@ -761,7 +716,7 @@ Test(pool, hugepages_or_fallback, .timeout = 30) {
     cr_expect_eq(h->host_size, 2u << 20, "rounded up to a huge page");
   } else {
     cr_expect_eq(page, PG);
-    cr_expect_not_null(strstr(captured(log), "huge pages unavailable"));
+    cr_expect_not_null(strstr(log_text(log), "huge pages unavailable"));
     cr_expect_eq(h->host_size, PG);
   }
   cr_expect_eq(h->page_size, page);

@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "log.h"
+#include "logcapture.h"
 #include "pool.h"
 #include "tensor.h"
 
@@ -91,15 +93,22 @@ static kvs_tensor_desc_t random_desc(uint32_t kind) {
 }
 
 /* A simple valid descriptor of each kind: F16 [4, 8] contiguous, storage offset 8 elements. */
-static kvs_tensor_desc_t simple_desc(uint32_t kind) {
+/* A contiguous 2-D descriptor: rows x cols of dtype, starting offset elements in. */
+static kvs_tensor_desc_t desc_2d(uint32_t kind, uint32_t dtype, uint32_t rows, uint32_t cols,
+                                 uint64_t offset) {
   kvs_tensor_desc_t d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
-  d.dtype = KVS_DTYPE_F16;
+  d.dtype = dtype;
   d.ndim = 2;
-  d.shape[0] = 4, d.shape[1] = 8;
-  d.stride[0] = 8, d.stride[1] = 1;
-  d.storage_offset = 8; /* bytes [16, 80) of the region */
+  d.shape[0] = rows, d.shape[1] = cols;
+  d.stride[0] = cols, d.stride[1] = 1;
+  d.storage_offset = offset;
+  return d;
+}
+
+static kvs_tensor_desc_t simple_desc(uint32_t kind) {
+  kvs_tensor_desc_t d = desc_2d(kind, KVS_DTYPE_F16, 4, 8, 8); /* bytes [16, 80) of the region */
   if (kind != KVS_TENSOR_CPU_SHM)
     for (int i = 0; i < 16; i++) d.device_uuid[i] = (uint8_t)(0xa0 + i);
   switch (kind) {
@@ -482,40 +491,6 @@ Test(tensor, equality_each_field, .timeout = 30) {
 
 static uint8_t pattern(uint64_t i) { return (uint8_t)(i * 131u + 7u); }
 
-static int send_fd(int sock, int fd, const void *data, size_t len) {
-  struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  memset(&u, 0, sizeof u);
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                      .msg_controllen = sizeof u.buf};
-  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  return sendmsg(sock, &mh, 0) == (ssize_t)len ? 0 : -1;
-}
-
-static int recv_fd(int sock, int *fd, void *data, size_t cap, size_t *len) {
-  struct iovec iov = {.iov_base = data, .iov_len = cap};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                      .msg_controllen = sizeof u.buf};
-  ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-  if (n <= 0) return -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-  if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) return -1;
-  memcpy(fd, CMSG_DATA(c), sizeof *fd);
-  *len = (size_t)n;
-  return 0;
-}
-
 /* The child: attach the pool from the fd, decode the descriptor, open it, compare the bytes.
  * Each failure has its own exit code so the parent's assertion says which step failed. */
 static int child_open(int sock) {
@@ -554,14 +529,7 @@ static kvs_pool_t *make_pool(void) {
 }
 
 static kvs_tensor_desc_t cpu_desc_for(kvs_pool_t *pool, uint64_t off, uint64_t len) {
-  kvs_tensor_desc_t d;
-  memset(&d, 0, sizeof d);
-  d.kind = KVS_TENSOR_CPU_SHM;
-  d.dtype = KVS_DTYPE_F32;
-  d.ndim = 2;
-  d.shape[0] = 16, d.shape[1] = 64;
-  d.stride[0] = 64, d.stride[1] = 1;
-  d.storage_offset = 64; /* bytes [256, 4352) */
+  kvs_tensor_desc_t d = desc_2d(KVS_TENSOR_CPU_SHM, KVS_DTYPE_F32, 16, 64, 64); /* [256, 4352) */
   d.cpu.instance_id = kvs_pool_header(pool)->instance_id;
   d.cpu.offset = off;
   d.cpu.length = len;
@@ -606,10 +574,7 @@ Test(tensor, open_cpu_refuses_wrong_instance_and_out_of_range, .timeout = 30) {
   kvs_pool_t *pool = make_pool();
   const kvs_pool_header_t *h = kvs_pool_header(pool);
   uint64_t seg = kvs_pool_segment_size(pool);
-  int logfd = memfd_create("log", 0);
-  cr_assert_geq(logfd, 0);
-  kvs_log_set_fd(logfd);
-  kvs_log_set_level(KVS_LOG_WARN);
+  int logfd = log_capture(KVS_LOG_WARN);
   void *p = (void *)0x1234;
   kvs_tensor_desc_t ok = cpu_desc_for(pool, h->cache_off, 8192);
   void *q = NULL;

@@ -82,37 +82,35 @@ const char *kvs_elf_reason_name(kvs_elf_reason_t r) {
 const char *kvs_elf_reason_text(kvs_elf_reason_t r) {
   return (unsigned)r < KVS_ELF_REASON_COUNT ? reason_texts[r] : "?";
 }
+static const char *const verdict_names[] = {
+    [KVS_ELF_ABSENT] = "absent", [KVS_ELF_YES] = "yes", [KVS_ELF_PARTIAL] = "partial",
+    [KVS_ELF_NO] = "no"};
+static const char *const kind_names[] = {
+    [KVS_ELF_KIND_EXEC] = "executable", [KVS_ELF_KIND_PIE] = "pie-executable",
+    [KVS_ELF_KIND_SHARED] = "shared-library", [KVS_ELF_KIND_STATIC] = "static-executable",
+    [KVS_ELF_KIND_STATIC_PIE] = "static-pie-executable"};
+static const char *const via_names[] = {
+    [KVS_ELF_VIA_ARGUMENT] = "argument", [KVS_ELF_VIA_PATH] = "path",
+    [KVS_ELF_VIA_RPATH] = "rpath", [KVS_ELF_VIA_LD_LIBRARY_PATH] = "LD_LIBRARY_PATH",
+    [KVS_ELF_VIA_RUNPATH] = "runpath", [KVS_ELF_VIA_CACHE] = "ld.so.cache",
+    [KVS_ELF_VIA_DEFAULT] = "default", [KVS_ELF_VIA_NOT_FOUND] = "not found"};
+#define NAMES_N(a) (sizeof(a) / sizeof(a)[0])
+_Static_assert(NAMES_N(verdict_names) == KVS_ELF_NO + 1, "a verdict without a name");
+_Static_assert(NAMES_N(kind_names) == KVS_ELF_KIND_STATIC_PIE + 1, "a kind without a name");
+_Static_assert(NAMES_N(via_names) == KVS_ELF_VIA_NOT_FOUND + 1, "a route without a name");
+
+/* names[v], or "?" out of range. */
+static const char *name_of(const char *const *names, size_t n, unsigned v) {
+  return v < n && names[v] ? names[v] : "?";
+}
 const char *kvs_elf_verdict_name(kvs_elf_verdict_t v) {
-  switch (v) {
-  case KVS_ELF_ABSENT: return "absent";
-  case KVS_ELF_YES: return "yes";
-  case KVS_ELF_PARTIAL: return "partial";
-  case KVS_ELF_NO: return "no";
-  }
-  return "?";
+  return name_of(verdict_names, NAMES_N(verdict_names), (unsigned)v);
 }
 const char *kvs_elf_kind_name(kvs_elf_kind_t k) {
-  switch (k) {
-  case KVS_ELF_KIND_EXEC: return "executable";
-  case KVS_ELF_KIND_PIE: return "pie-executable";
-  case KVS_ELF_KIND_SHARED: return "shared-library";
-  case KVS_ELF_KIND_STATIC: return "static-executable";
-  case KVS_ELF_KIND_STATIC_PIE: return "static-pie-executable";
-  }
-  return "?";
+  return name_of(kind_names, NAMES_N(kind_names), (unsigned)k);
 }
 const char *kvs_elf_via_name(kvs_elf_via_t v) {
-  switch (v) {
-  case KVS_ELF_VIA_ARGUMENT: return "argument";
-  case KVS_ELF_VIA_PATH: return "path";
-  case KVS_ELF_VIA_RPATH: return "rpath";
-  case KVS_ELF_VIA_LD_LIBRARY_PATH: return "LD_LIBRARY_PATH";
-  case KVS_ELF_VIA_RUNPATH: return "runpath";
-  case KVS_ELF_VIA_CACHE: return "ld.so.cache";
-  case KVS_ELF_VIA_DEFAULT: return "default";
-  case KVS_ELF_VIA_NOT_FOUND: return "not found";
-  }
-  return "?";
+  return name_of(via_names, NAMES_N(via_names), (unsigned)v);
 }
 
 int kvs_elf_family_hooks(kvs_elf_family_t f, kvs_elf_hook_t *first, unsigned *count) {

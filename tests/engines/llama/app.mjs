@@ -65,6 +65,7 @@ import fs from "node:fs";
 import path from "node:path";
 import {parseArgs} from "node:util";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {generate, promptTokens} from "./engine_util.mjs";
 
 const USAGE = `usage: node app.mjs --model PATH --prompts FILE (--cache-dir DIR | --no-cache)
                    [--tokens N] [--prefix-tokens K] [--ctx-size N] [--batch-size N]
@@ -290,14 +291,7 @@ async function main() {
     const seq = context.getSequence();
 
     const prompts = items.map((it, i) => {
-        let tokens;
-        if (it.tokens !== undefined) {
-            tokens = it.tokens.slice();
-        } else {
-            tokens = Array.from(model.tokenize(it.text));
-            if (model.tokens.shouldPrependBosToken && model.tokens.bos !== null)
-                tokens.unshift(model.tokens.bos);
-        }
+        const tokens = promptTokens(model, it);
         if (tokens.length === 0)
             usageError(`--prompts: item ${i} has no tokens`);
         if (tokens.length + flags.tokens > context.contextSize)
@@ -366,15 +360,7 @@ async function main() {
                 stats.bytesWritten += line.state_bytes ?? 0;
         }
 
-        const gen = [];
-        let tFirst = null;
-        for await (const tok of seq.evaluate(rest, {temperature: 0, yieldEogToken: true})) {
-            if (tFirst === null)
-                tFirst = performance.now();
-            gen.push(tok);
-            if (gen.length >= flags.tokens)
-                break;
-        }
+        const {gen, tFirst} = await generate(seq, rest, flags.tokens);
         const tEnd = performance.now();
         line.ttft_ms = round(tFirst - t0);
         line.gen_tokens = gen;

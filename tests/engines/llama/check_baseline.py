@@ -34,15 +34,11 @@ import struct
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from harness import Context, Failure, Skip, check  # noqa: E402
-import harness  # noqa: E402
+from llama_e2e import HERE, say  # noqa: E402 (puts tests/lib on sys.path)
+from harness import Context, Failure, check  # noqa: E402
+import llama_e2e  # noqa: E402
 
 APP = os.path.join(HERE, "app.mjs")
-TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
-SETUP = os.path.join(ROOT, "scripts", "llama-setup")
 
 LLAMA_STATE_SEQ_MAGIC = 0x67677371  # 'ggsq' (include/llama.h)
 LLAMA_STATE_SEQ_VERSION = 3
@@ -60,9 +56,6 @@ PROMPTS = [
     B + "The answer is simple: the cold wind comes from the north.",
     "Hi there.",  # shorter than the prefix: its prefix is all but its last token
 ]
-
-def say(msg):
-    print(msg, flush=True)
 
 
 def run_app(args, what):
@@ -115,11 +108,7 @@ def read_state_file(path):
 class Case(Context):
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
-        if not args.no_setup:
-            harness.setup_step([SETUP])
-        elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-            raise Skip("tests/engines/llama/node_modules is not installed (run "
-                       "scripts/llama-setup)")
+        llama_e2e.setup(args)
 
 
 def case_baseline(c):
@@ -127,11 +116,7 @@ def case_baseline(c):
 
 
 def run_checks(work):
-    model = os.path.join(work, "model.gguf")
-    flags = []
-    for k, v in MODEL.items():
-        flags += ["--" + k.replace("_", "-"), str(v)]
-    subprocess.run([sys.executable, TINY_GGUF, "-q", "--out", model] + flags, check=True)
+    model = llama_e2e.tiny_model(os.path.join(work, "model.gguf"), MODEL)
     prompts = os.path.join(work, "prompts.json")
     with open(prompts, "w") as f:
         json.dump(PROMPTS, f)
@@ -253,11 +238,5 @@ def run_checks(work):
         % (s1["prefix_ms_evaluated_mean"], s2["prefix_ms_loaded_mean"]))
 
 
-def parser():
-    ap = harness.parser(__doc__)
-    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))
+    sys.exit(llama_e2e.main(globals(), Case))

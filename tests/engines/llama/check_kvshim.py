@@ -49,15 +49,11 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from harness import Context, Failure, Skip, check, read_stats  # noqa: E402
-import harness  # noqa: E402
+from llama_e2e import HERE, say  # noqa: E402 (puts tests/lib on sys.path)
+from harness import Context, Failure, check, read_stats  # noqa: E402
+import llama_e2e  # noqa: E402
 
 APP = os.path.join(HERE, "app.mjs")
-TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
-SETUP = os.path.join(ROOT, "scripts", "llama-setup")
 
 # A small model: every engine run takes about a second on one thread. Same shape, two seeds.
 MODEL = dict(layers=4, embd=256, heads=4, kv_heads=4, ffn=512, vocab=1024, ctx=1024)
@@ -66,9 +62,6 @@ PREFIX_TOKENS = 96
 SUFFIX_TOKENS = 12
 GEN_TOKENS = 12
 RUN_TIMEOUT_S = 300
-
-def say(msg):
-    print(msg, flush=True)
 
 
 def token_prompts():
@@ -92,11 +85,7 @@ class Case(Context):
         for what, path in (("--preload", args.preload), ("--kvshim", args.kvshim)):
             if not os.path.isfile(path):
                 raise Failure("%s %s does not exist (build it first)" % (what, path))
-        if not args.no_setup:
-            harness.setup_step([SETUP])
-        elif not os.path.isdir(os.path.join(HERE, "node_modules", "node-llama-cpp")):
-            raise Skip("tests/engines/llama/node_modules is not installed (run "
-                       "scripts/llama-setup)")
+        llama_e2e.setup(args)
         self.preload = os.path.abspath(args.preload)
         self.kvshim = os.path.abspath(args.kvshim)
         self.base_env = self.env(preload=False)
@@ -124,13 +113,8 @@ class Case(Context):
 
     def model(self, seed):
         if seed not in self.models:
-            path = os.path.join(self.work, "model-seed%d.gguf" % seed)
-            flags = []
-            for k, v in MODEL.items():
-                flags += ["--" + k.replace("_", "-"), str(v)]
-            subprocess.run([sys.executable, TINY_GGUF, "-q", "--out", path, "--seed", str(seed)]
-                           + flags, check=True)
-            self.models[seed] = path
+            self.models[seed] = llama_e2e.tiny_model(
+                os.path.join(self.work, "model-seed%d.gguf" % seed), MODEL, seed)
         return self.models[seed]
 
     def app_args(self, seed, prompt, extra):
@@ -434,11 +418,5 @@ def case_inspect(c):
               "%s: interposable, imported by llama-addon.node through its PLT" % name)
 
 
-def parser():
-    ap = harness.parser(__doc__, "--preload", "--kvshim", asan=True)
-    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))
+    sys.exit(llama_e2e.main(globals(), Case, "--preload", "--kvshim", asan=True))

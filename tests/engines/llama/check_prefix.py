@@ -37,42 +37,19 @@ Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry), 2
 
 import json
 import os
-import random
 import re
 import signal
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from llama_e2e import HERE, LIBDIR, text  # noqa: E402 (puts tests/lib on sys.path)
 from harness import Context, Failure, check, sum_stats  # noqa: E402
-import harness  # noqa: E402
+import llama_e2e  # noqa: E402
 
 APP = os.path.join(HERE, "prefix_app.mjs")
-TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
-SETUP = os.path.join(ROOT, "scripts", "llama-setup")
-LIBDIR = os.path.join(HERE, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64")
 RUN_TIMEOUT_S = 300
 MODEL = dict(layers=2, embd=128)
-
-WORDS = ("the of and to a in is it you that he was for on are with as his they be at one have "
-         "this from or had by hot word but what some we can out other were all there when up "
-         "use your how said an each she which do their time if will way about many then them "
-         "write would like so these her long make thing see him two has look more day could go "
-         "come did number sound no most people my over know water than call first who may down "
-         "side been now find any new work part take get place made live where after back little "
-         "only round man year came show every good me give our under name").split()
-
-def say(msg):
-    print(msg, flush=True)
-
-
-def text(seed, n):
-    r = random.Random(seed)
-    return " ".join(r.choice(WORDS) for _ in range(n))
-
 
 SYSTEM = text(1, 1100)
 PROMPTS = {
@@ -91,8 +68,7 @@ class Case(Context):
 
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
-        if not args.no_setup:
-            harness.setup_step([SETUP])
+        llama_e2e.setup(args, skip_without_modules=False)
         self.preload = os.path.abspath(args.preload)
         self.kvshim = os.path.abspath(args.kvshim)
         self.files = {}
@@ -106,13 +82,8 @@ class Case(Context):
 
     def model(self, seed=7):
         if seed not in self.models:
-            path = os.path.join(self.work, "model-%d.gguf" % seed)
-            flags = []
-            for k, v in MODEL.items():
-                flags += ["--" + k, str(v)]
-            subprocess.run([sys.executable, TINY_GGUF, "-q", "--out", path, "--seed", str(seed)]
-                           + flags, check=True)
-            self.models[seed] = path
+            self.models[seed] = llama_e2e.tiny_model(
+                os.path.join(self.work, "model-%d.gguf" % seed), MODEL, seed)
         return self.models[seed]
 
     def env(self, preload=True, **extra):
@@ -324,11 +295,5 @@ def case_inspect(c):
         check(name in syms and syms[name]["interposable"], "%s is interposable" % name)
 
 
-def parser():
-    ap = harness.parser(__doc__, "--preload", "--kvshim", asan=True)
-    ap.add_argument("--no-setup", action="store_true", help="do not run scripts/llama-setup")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Case, keep_going=True))
+    sys.exit(llama_e2e.main(globals(), Case, "--preload", "--kvshim", asan=True))

@@ -26,8 +26,25 @@ if(NOT TARGET kvshim_preload OR NOT TARGET kvshim)
   message(STATUS "kvshim: llama e2e tests with kvshim skipped: libkvshim.so or the CLI not built")
   return()
 endif()
-kvshim_add_py_cases(llama node ${kvshim_llama_dir}/check_kvshim.py
-  LABELS e2e TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL ASAN_RUNTIME
-  ARGS --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
-       --work-dir ${CMAKE_CURRENT_BINARY_DIR}/llama-kvshim-{case})
-include(${CMAKE_CURRENT_LIST_DIR}/prefix.cmake)
+# llamaprefix_node_<case> (e2e): the transparent prefix cache (design §10.3) in unmodified
+# node-llama-cpp 3.21.1 engines (the CLI `npx node-llama-cpp complete` and prefix_app.mjs), one
+# case per test (check_prefix.py's header):
+#   cli         CLI A, then CLI B in a new process sharing a long prefix, `kvshim serve` the cache
+#               peer: B's completion == B without kvshim, restored tokens in B's stats
+#   app         three sequences of one context, prompts sharing the prefix (one batch; 512)
+#   divergence  part of a chunk, context shift, an output on every token, mixed batches
+#   faults      another model, another KV type, a full pool, the cache peer stopped and killed
+#   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0
+#   inspect     `kvshim inspect --json` on libllama: the sampler's llama_get_logits_ith is a PLT call
+# Each row: area, driver, timeout (s), work directory.
+foreach(row "llama:check_kvshim:600:llama-kvshim" "llamaprefix:check_prefix:900:llama-prefix")
+  string(REPLACE ":" ";" row "${row}")
+  list(GET row 0 area)
+  list(GET row 1 driver)
+  list(GET row 2 timeout)
+  list(GET row 3 workdir)
+  kvshim_add_py_cases(${area} node ${kvshim_llama_dir}/${driver}.py
+    LABELS e2e TIMEOUT ${timeout} SKIP_RETURN_CODE 77 RUN_SERIAL ASAN_RUNTIME
+    ARGS --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
+         --work-dir ${CMAKE_CURRENT_BINARY_DIR}/${workdir}-{case})
+endforeach()

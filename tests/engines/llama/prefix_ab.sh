@@ -68,18 +68,10 @@ data="$out/data"
 mkdir -p "$data"
 model="$data/model-8x512.gguf"
 [ -f "$model" ] || python3 "$ROOT/scripts/tiny-gguf" -q --layers 8 --embd 512 --out "$model"
-python3 - "$data" <<'EOF'
-import json, random, sys
-words = ("the of and to a in is it you that he was for on are with as his they be at one have "
-         "this from or had by hot word but what some we can out other were all there when up "
-         "use your how said an each she which do their time if will way about many then them "
-         "write would like so these her long make thing see him two has look more day could go "
-         "come did number sound no most people my over know water than call first who may down "
-         "side been now find any new work part take get place made live where after back little "
-         "only round man year came show every good me give our under name").split()
-def text(seed, n):
-    r = random.Random(seed)
-    return " ".join(r.choice(words) for _ in range(n))
+python3 - "$data" "$HERE" <<'EOF'
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from llama_e2e import text  # the words check_prefix.py's prompts are made of
 system = text(1, 1100)
 for rank in range(4):
     prompts = [system + " question " + text(100 + 10 * rank + i, 12) for i in range(3)]

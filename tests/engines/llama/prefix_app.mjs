@@ -26,6 +26,7 @@
 import fs from "node:fs";
 import {parseArgs} from "node:util";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {generate, promptTokens} from "./engine_util.mjs";
 
 const USAGE = "usage: node prefix_app.mjs --model PATH --prompts FILE [--sequences N] " +
     "[--batch-size N] [--ctx-size N] [--tokens N] [--outputs last|all] [--concurrent] " +
@@ -101,15 +102,8 @@ async function main() {
         seqs.push(context.getSequence());
 
     const prompts = items.map((it, i) => {
-        let tokens;
         const item = typeof it === "string" ? {text: it} : it;
-        if (item.tokens !== undefined) {
-            tokens = item.tokens.slice();
-        } else {
-            tokens = Array.from(model.tokenize(item.text));
-            if (model.tokens.shouldPrependBosToken && model.tokens.bos !== null)
-                tokens.unshift(model.tokens.bos);
-        }
+        const tokens = promptTokens(model, item);
         const seq = item.seq ?? i % nseq;
         if (!Number.isInteger(seq) || seq < 0 || seq >= nseq)
             usageError(`--prompts: item ${i} names sequence ${seq}`);
@@ -129,15 +123,7 @@ async function main() {
             line.ttft_ms = round(performance.now() - t0);
             line.next_tokens = tokens.map((_, k) => res[k]?.next?.token ?? null);
         } else {
-            const gen = [];
-            let tFirst = null;
-            for await (const tok of seq.evaluate(tokens, {temperature: 0, yieldEogToken: true})) {
-                if (tFirst === null)
-                    tFirst = performance.now();
-                gen.push(tok);
-                if (gen.length >= nTokens)
-                    break;
-            }
+            const {gen, tFirst} = await generate(seq, tokens, nTokens);
             line.ttft_ms = round(tFirst - t0);
             line.gen_tokens = gen;
             line.gen_text = model.detokenize(gen);
