@@ -15,16 +15,5 @@ if(TARGET kvshim_preload AND TARGET fakellama_prefixhost AND TARGET kvshim)
     ARGS --host $<TARGET_FILE:fakellama_prefixhost> --preload $<TARGET_FILE:kvshim_preload>
          --cli $<TARGET_FILE:kvshim>)
 endif()
-
-# harden_prefix.py: the same faults on the unmodified node-llama-cpp CLI (label e2e; exit 77 =
-# skipped without Node.js >= 20 or the npm registry).
-if(TARGET kvshim_preload AND TARGET kvshim)
-  foreach(case IN ITEMS corrupt full killed)
-    add_test(NAME harden_prefix_e2e_${case}
-      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/engines/llama/harden_prefix.py
-              --case ${case} --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
-              --work-dir ${CMAKE_CURRENT_BINARY_DIR}/harden-prefix-${case})
-    set_tests_properties(harden_prefix_e2e_${case} PROPERTIES TIMEOUT 900 LABELS "e2e"
-      SKIP_RETURN_CODE 77 RUN_SERIAL ON)
-  endforeach()
-endif()
+# harden_prefix.py (the same faults on the node-llama-cpp CLI) is registered in
+# tests/engines/llama/llama.cmake: harden_node_<case>.

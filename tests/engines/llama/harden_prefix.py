@@ -15,7 +15,7 @@ repeated without kvshim (the reference) and must produce exactly the same comple
             explain it: a restore from the peer (peer_restores) or a failed peer call
             (peer_errors).
 
-Usage: harden_prefix.py --case CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
+Usage: harden_prefix.py CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
                         [--no-setup] [--asan-runtime LIBASAN]
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 or no npm registry).
 """
@@ -29,14 +29,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import check_prefix as cp  # noqa: E402
+import check_prefix as cp  # noqa: E402  (the CLI context: c.cli, c.serve, pstat, show)
+import llama_e2e  # noqa: E402
+from harness import Failure, check  # noqa: E402  (tests/lib, on the path through check_prefix)
 
 
 def serve_stats(c, s):
     p = subprocess.run([c.kvshim, "stats", str(s.pid), "--json"], capture_output=True, text=True,
                        env=c.env(False), timeout=60)
     if p.returncode != 0:
-        raise cp.Fatal("kvshim stats: %s" % p.stderr)
+        raise Failure("kvshim stats: %s" % p.stderr)
     d = json.loads(p.stdout)
     return d[0] if isinstance(d, list) else d
 
@@ -56,27 +58,27 @@ def flip_pool(pid):
                 m[o] ^= 0x5A
             m.close()
             return
-    raise cp.Fatal("no kvshim pool memfd in %s" % fd_dir)
+    raise Failure("no kvshim pool memfd in %s" % fd_dir)
 
 
 def case_corrupt(c):
     serve = c.serve()
     a = c.cli("A", "A", True, 2048)
-    cp.check(cp.pstat(a, "snapshots") >= 1, "A stored its state %s" % cp.show(a))
+    check(cp.pstat(a, "snapshots") >= 1, "A stored its state %s" % cp.show(a))
     time.sleep(1.0)  # write-behind
-    cp.check(serve_stats(c, serve)["store_objects"] >= 1, "serve holds A's state")
+    check(serve_stats(c, serve)["store_objects"] >= 1, "serve holds A's state")
     flip_pool(serve.pid)
     ref_b = c.cli("B reference", "B", False, 2048)
     b = c.cli("B, serve corrupted", "B", True, 2048, KVSHIM_PUSH="off")
-    cp.check(b["completion"] == ref_b["completion"], "B identical with a corrupted cache peer")
-    cp.check(cp.pstat(b, "bad_blobs") >= 1 and cp.pstat(b, "peer_restores") == 0,
+    check(b["completion"] == ref_b["completion"], "B identical with a corrupted cache peer")
+    check(cp.pstat(b, "bad_blobs") >= 1 and cp.pstat(b, "peer_restores") == 0,
              "the corrupt state is a bad blob, never restored %s" % cp.show(b))
-    cp.check(b["stats"].get("peer_bad_reports", 0) >= 1, "B reported it to serve")
+    check(b["stats"].get("peer_bad_reports", 0) >= 1, "B reported it to serve")
     st = serve_stats(c, serve)
-    cp.check(st["coord_bad_dropped"] >= 1, "serve dropped the corrupt state (reports %d, "
+    check(st["coord_bad_dropped"] >= 1, "serve dropped the corrupt state (reports %d, "
              "dropped %d)" % (st["coord_bad_reports"], st["coord_bad_dropped"]))
     b2 = c.cli("B2", "B", True, 2048, KVSHIM_PUSH="off")
-    cp.check(b2["completion"] == ref_b["completion"] and cp.pstat(b2, "bad_blobs") == 0,
+    check(b2["completion"] == ref_b["completion"] and cp.pstat(b2, "bad_blobs") == 0,
              "B2 identical and not handed the corrupt state again %s" % cp.show(b2))
 
 
@@ -88,19 +90,19 @@ def case_full(c):
     c.procs.append(holder)
     line = holder.stdout.readline()
     if not line.startswith("held "):
-        raise cp.Fatal("soak_client --hold-pins: %r" % line)
+        raise Failure("soak_client --hold-pins: %r" % line)
     st0 = serve_stats(c, serve)
-    cp.check(st0["store_free_bytes"] == 0 and st0["store_live_pins"] >= 1,
+    check(st0["store_free_bytes"] == 0 and st0["store_live_pins"] >= 1,
              "serve's pool is full of pinned objects (%s)" % line.strip())
     ref_b = c.cli("B reference", "B", False, 2048)
     a = c.cli("A, serve full", "A", True, 2048)
     time.sleep(1.0)  # write-behind
     st = serve_stats(c, serve)
-    cp.check(a["stats"].get("push_dropped", 0) >= 1 and st["store_no_space"] >= 1,
+    check(a["stats"].get("push_dropped", 0) >= 1 and st["store_no_space"] >= 1,
              "A's state could not be kept by a full serve: push_dropped %d, serve no_space %d"
              % (a["stats"].get("push_dropped", 0), st["store_no_space"]))
     b = c.cli("B, serve full", "B", True, 2048)
-    cp.check(b["completion"] == ref_b["completion"] and cp.pstat(b, "peer_restores") == 0,
+    check(b["completion"] == ref_b["completion"] and cp.pstat(b, "peer_restores") == 0,
              "B identical with a full cache peer %s" % cp.show(b))
 
 
@@ -128,13 +130,10 @@ def case_killed(c):
         b = c.cli_finish(p, "B, serve killed %.2f s after B connected" % delay)
         b["stats"] = c.stats(env)
         pr, pe = cp.pstat(b, "peer_restores"), b["stats"].get("peer_errors", 0)
-        cp.check(b["completion"] == ref_b["completion"] and (pr >= 1 or pe >= 1),
+        check(b["completion"] == ref_b["completion"] and (pr >= 1 or pe >= 1),
                  "serve killed %.2f s after B connected: identical; explained by peer_restores "
                  "%d or peer_errors %d %s" % (delay, pr, pe, cp.show(b)))
 
 
 if __name__ == "__main__":
-    # check_prefix.py's runner (llama-setup, work dir, cleanup) with this file's cases added.
-    cp.CASES = ("corrupt", "full", "killed")
-    cp.case_corrupt, cp.case_full, cp.case_killed = case_corrupt, case_full, case_killed
-    sys.exit(cp.main())
+    sys.exit(llama_e2e.main(globals(), cp.Case, "--preload", "--kvshim", asan=True))
