@@ -1,4 +1,4 @@
-/* libFuzzer harness for the GGUF metadata reader behind model fingerprints (shims/llama:
+/* libFuzzer harness for the GGUF metadata reader behind model fingerprints (shims/llama/model.c:
  * kvs__llama_fingerprint, which walks the general.* entries of a model file with pread).
  *
  * The input is the file: written to a memfd and fingerprinted through /proc/self/fd/N (the one
@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "llama_internal.h"
+#include "model.h"
 
 static int fingerprint(const char *path, uint8_t fp[KVS_LLAMA_FP_SIZE], kvs__llama_fp_info_t *i) {
   return kvs__llama_fingerprint(path, fp, i);

@@ -1,10 +1,13 @@
-/* Writes the seed corpora of fuzz_llama_blob, fuzz_prefix_blob, fuzz_kvo_desc, fuzz_options and
+/* Writes the seed corpora of fuzz_llama_blob (SEQ and PREFIX blobs of shims/llama/blob.h, each
+ * checked by kvs__llama_blob_check before it is written), fuzz_kvo_desc, fuzz_options and
  * fuzz_gguf: valid inputs (blobs with their checksums, a descriptor, option values, a small
- * GGUF file) the fuzzers mutate from. Not part of the build; run by hand when a format changes:
+ * GGUF file) the fuzzers mutate from. Not part of the build; run by hand when a format changes,
+ * after building build/ (for libkvshim_core.a):
  *
- *   cc -std=gnu11 -Icore -Ishims/llama -Ipreload -Ishims/kvo/include \
- *      tests/fuzz/gen_llama_corpus.c shims/llama/prefix_shadow.c core/keys.c -lxxhash \
- *      -o /tmp/gen_llama_corpus && /tmp/gen_llama_corpus tests/fuzz/corpus
+ *   cc -std=gnu11 -Icore -Ishims/llama -Iruntime -Ishims/kvo/include \
+ *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c build/core/libkvshim_core.a \
+ *      -lxxhash -lhiredis -lpthread -o /tmp/gen_llama_corpus && \
+ *      /tmp/gen_llama_corpus tests/fuzz/corpus
  *
  * Deterministic: the same files every run. The constants match the harnesses'. */
 #include <stdio.h>
@@ -12,9 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "blob.h"
 #include "kvshim/kvo.h"
-#include "llama_internal.h"
-#include "prefix.h"
 
 static const char *root;
 
@@ -31,50 +33,57 @@ static void put(const char *dir, const char *name, const void *p, size_t n) {
 }
 
 static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+#define NS_LO 0x1111111111111111ull
+#define NS_HI 0x2222222222222222ull
+#define CHUNK 16u
 
-static void llama_blob(const char *name, uint32_t n_tokens, uint64_t body) {
-  uint64_t state = 8 + body, len = KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + state;
+/* blob.c's flows raise libkvshim's re-entry depth (runtime/runtime.c defines it); they are
+ * linked here without the runtime and never called. */
+__thread int kvs__hook_depth;
+
+/* One blob of the one format (shims/llama/blob.h) of kind, refused unless kvs__llama_blob_check
+ * accepts it as that kind with the harness's expectations. SEQ: keyed 0 (chunk 0); PREFIX:
+ * keyed tokens in chunks of CHUNK. */
+static void llama_blob(const char *name, uint32_t kind, uint32_t n_tokens, uint32_t keyed,
+                       uint64_t body) {
+  uint64_t state = KVS_LLAMA_STATE_HDR + body, len = KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + state;
   uint8_t *b = calloc(1, len);
-  kvs__llama_blob_hdr_t h = {0};
+  if (!b) exit(1);
+  kvs__llama_blob_hdr_t h;
+  memset(&h, 0, sizeof h);
   h.magic = KVS_LLAMA_BLOB_MAGIC;
   h.version = KVS_LLAMA_BLOB_VERSION;
   h.hdr_size = KVS_LLAMA_BLOB_HDR;
-  h.kind = KVS_LLAMA_BLOB_KIND_SEQ;
+  h.kind = kind;
   h.n_tokens = n_tokens;
+  h.keyed_tokens = keyed;
+  h.chunk_tokens = kind == KVS_LLAMA_BLOB_KIND_PREFIX ? CHUNK : 0;
   h.state_size = state;
   memcpy(h.model_fp, FP, 16);
+  h.ns_lo = NS_LO;
+  h.ns_hi = NS_HI;
+  h.saved_ns = 1700000000000000000ull;
+  if (kind == KVS_LLAMA_BLOB_KIND_SEQ) {
+    h.file_dev = 2049, h.file_ino = 42, h.file_mtime_ns = 1700000000000000000ll;
+    h.file_size = kvs__llama_file_bytes(n_tokens, state);
+    h.file_known = 1;
+  }
+  uint8_t *st = b + KVS_LLAMA_BLOB_HDR + 4ull * n_tokens;
   for (uint32_t i = 0; i < n_tokens; i++) memcpy(b + KVS_LLAMA_BLOB_HDR + 4 * i, &i, 4);
   uint32_t m = KVS_LLAMA_STATE_MAGIC;
-  memcpy(b + KVS_LLAMA_BLOB_HDR + 4ull * n_tokens, &m, 4);
-  for (uint64_t i = 8; i < state; i++) b[KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + i] = (uint8_t)i;
+  memcpy(st, &m, 4);
+  for (uint64_t i = KVS_LLAMA_STATE_HDR; i < state; i++) st[i] = (uint8_t)i;
   memcpy(b, &h, sizeof h);
   h.checksum = kvs__llama_blob_checksum(b, len);
   memcpy(b, &h, sizeof h);
+  const kvs__llama_blob_want_t w = {
+      .kind = kind, .chunk = CHUNK, .model_fp = FP, .ns = {.lo = NS_LO, .hi = NS_HI}};
+  kvs__llama_blob_status_t rc = kvs__llama_blob_check(b, len, &w, NULL);
+  if (rc != KVS_LLAMA_BLOB_OK) {
+    fprintf(stderr, "gen_llama_corpus: %s refused: %s\n", name, kvs__llama_blob_status_name(rc));
+    exit(1);
+  }
   put("fuzz_llama_blob", name, b, len);
-  free(b);
-}
-
-static void prefix_blob(const char *name, uint32_t n_tokens, uint32_t keyed, uint64_t body) {
-  uint64_t state = 8 + body, len = KVS_PX_BLOB_HDR + 4ull * n_tokens + state;
-  uint8_t *b = calloc(1, len);
-  kvs__px_blob_hdr_t h = {0};
-  h.magic = KVS_PX_BLOB_MAGIC;
-  h.version = KVS_PX_BLOB_VERSION;
-  h.hdr_size = KVS_PX_BLOB_HDR;
-  h.n_tokens = n_tokens;
-  h.keyed_tokens = keyed;
-  h.chunk_tokens = 16;
-  h.state_size = state;
-  memcpy(h.model_fp, FP, 16);
-  h.ns_lo = 0x1111111111111111ull;
-  h.ns_hi = 0x2222222222222222ull;
-  for (uint32_t i = 0; i < n_tokens; i++) memcpy(b + KVS_PX_BLOB_HDR + 4 * i, &i, 4);
-  uint32_t m = KVS_PX_STATE_MAGIC;
-  memcpy(b + KVS_PX_BLOB_HDR + 4ull * n_tokens, &m, 4);
-  memcpy(b, &h, sizeof h);
-  h.checksum = kvs__px_blob_checksum(b, len);
-  memcpy(b, &h, sizeof h);
-  put("fuzz_prefix_blob", name, b, len);
   free(b);
 }
 
@@ -114,11 +123,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   root = argv[1];
-  llama_blob("seq_small", 4, 24);
-  llama_blob("seq_no_tokens", 0, 0);
-  llama_blob("seq_64", 64, 200);
-  prefix_blob("px_small", 16, 16, 32);
-  prefix_blob("px_two_chunks", 40, 32, 100);
+  llama_blob("seq_small", KVS_LLAMA_BLOB_KIND_SEQ, 4, 0, 24);
+  llama_blob("seq_no_tokens", KVS_LLAMA_BLOB_KIND_SEQ, 0, 0, 0);
+  llama_blob("seq_64", KVS_LLAMA_BLOB_KIND_SEQ, 64, 0, 200);
+  llama_blob("px_small", KVS_LLAMA_BLOB_KIND_PREFIX, 16, 16, 32);
+  llama_blob("px_two_chunks", KVS_LLAMA_BLOB_KIND_PREFIX, 40, 32, 100);
   kvo_desc_t d;
   memset(&d, 0, sizeof d);
   d.abi_version = KVO_ABI_VERSION;
