@@ -5,34 +5,32 @@ process (design §11), found through the loaded objects, with one info line per 
 usage: preload_hooks_auto.py CASE --engine REFENGINE --host FAKEHOST --plugin LIBFAKEPLUGIN
                              --preload LIBKVSHIM [--asan-runtime LIBASAN]
 
-Cases:
-  without-llama  refengine (kvo module + libcuda, no libllama): "llama.cpp: not in the
+Cases (ctest preload_fake_<case>, dashes as underscores):
+  auto-without-llama  refengine (kvo module + libcuda, no libllama): "llama.cpp: not in the
                  process", the kvo and cuda families found with their libraries, kvo chunks
                  stored by kvshim
-  with-llama     fakehost, whose plugin (dlopen'ed RTLD_LOCAL after start) pulls in
+  auto-with-llama     fakehost, whose plugin (dlopen'ed RTLD_LOCAL after start) pulls in
                  libfakellama: "llama.cpp: libfakellama.so, 12/12 hooks interposable", kvo and
                  cuda not in the process, the saved state cached by kvshim
-  explicit       refengine with KVSHIM_HOOKS=llama: the llama family is on although its library
+  auto-explicit       refengine with KVSHIM_HOOKS=llama: the llama family is on although its library
                  is absent ("enabled by KVSHIM_HOOKS"); kvo and cuda are off, so kvshim
                  stores nothing and counts no hook call
 Each family's line appears exactly once per process.
 """
-import argparse
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
+from harness import Context, check  # noqa: E402
 
 
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
+class Ctx(Context):
+    defaults = {"KVSHIM_POOL_SIZE": "64M", "KVSHIM_HOST_POOL_SIZE": "16M", "KVSHIM_LOG": "info"}
+    preload_env = {"ASAN_OPTIONS": "verify_asan_link_order=0"}
 
 
 FAMILIES = ("cuda", "llama.cpp", "llama.cpp prefix cache", "kvo")
@@ -57,23 +55,17 @@ def family_lines(err):
     return out
 
 
-def run(args, tmp, argv, **extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KVSHIM_") and k != "LD_PRELOAD"}
-    stats = os.path.join(tmp, "stats.json")
-    env.update(KVSHIM_RUN_DIR=os.path.join(tmp, "run"), KVSHIM_POOL_SIZE="64M",
-               KVSHIM_HOST_POOL_SIZE="16M", KVSHIM_LOG="info", KVSHIM_STATS=stats,
-               ASAN_OPTIONS="verify_asan_link_order=0",
-               LD_PRELOAD=":".join(filter(None, [args.asan_runtime, args.preload])))
-    env.update({k: str(v) for k, v in extra.items()})
+def run(ctx, argv, **extra):
+    stats = ctx.stats_path()
+    env = ctx.env(KVSHIM_STATS=stats, **extra)
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     check(p.returncode == 0, f"{argv[0]} exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     with open(stats) as f:
         return p, json.load(f)
 
 
-def case_without_llama(args, tmp):
-    p, st = run(args, tmp, [args.engine] + ENGINE_ARGS)
+def case_without_llama(ctx):
+    p, st = run(ctx, [ctx.args.engine] + ENGINE_ARGS)
     fams = family_lines(p.stderr)
     check(fams.get("llama.cpp", "").startswith("not in the process"), f"llama: {fams}")
     check(fams.get("llama.cpp prefix cache", "").startswith("not in the process"), f"{fams}")
@@ -83,9 +75,9 @@ def case_without_llama(args, tmp):
     check(st["hook_stores"] > 0, f"kvo chunks stored by kvshim: {st}")
 
 
-def case_with_llama(args, tmp):
-    m, s = os.path.join(tmp, "m.gguf"), os.path.join(tmp, "s.bin")
-    p, st = run(args, tmp, [args.host, args.plugin, f"mkmodel {m} a 2 8 4 1", f"model 0 {m}",
+def case_with_llama(ctx):
+    m, s = ctx.p("m.gguf"), ctx.p("s.bin")
+    p, st = run(ctx, [ctx.args.host, ctx.args.plugin, f"mkmodel {m} a 2 8 4 1", f"model 0 {m}",
                             "ctx 0 0", "decode 0 0 1-40", f"save 0 0 {s}"])
     fams = family_lines(p.stderr)
     check(fams.get("llama.cpp") == "libfakellama.so, 12/12 hooks interposable", f"{fams}")
@@ -94,34 +86,18 @@ def case_with_llama(args, tmp):
     check(st["hook_stores"] == 1, f"the save is cached: {st}")
 
 
-def case_explicit(args, tmp):
-    p, st = run(args, tmp, [args.engine] + ENGINE_ARGS, KVSHIM_HOOKS="llama")
+def case_explicit(ctx):
+    p, st = run(ctx, [ctx.args.engine] + ENGINE_ARGS, KVSHIM_HOOKS="llama")
     fams = family_lines(p.stderr)
     check(fams.get("llama.cpp") == "enabled by KVSHIM_HOOKS", f"llama: {fams}")
     check("kvo" not in fams and "cuda" not in fams, f"kvo and cuda are off: {fams}")
     check(st["hook_stores"] == 0 and st["hook_calls"] == 0, f"nothing served: {st}")
 
 
-CASES = {"without-llama": case_without_llama, "with-llama": case_with_llama,
-         "explicit": case_explicit}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    for a in ("--engine", "--host", "--plugin", "--preload"):
-        ap.add_argument(a, required=True)
-    ap.add_argument("--asan-runtime")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kvshim-hooks-auto.") as tmp:
-        try:
-            CASES[args.case](args, tmp)
-        except (Failure, subprocess.TimeoutExpired) as e:
-            print(f"FAIL {args.case}: {e}")
-            return 1
-    print(f"ok {args.case}")
-    return 0
+CASES = {"auto-without-llama": case_without_llama, "auto-with-llama": case_with_llama,
+         "auto-explicit": case_explicit}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(CASES, harness.parser(__doc__, "--engine", "--host", "--plugin",
+                                                "--preload", asan=True), Ctx))
