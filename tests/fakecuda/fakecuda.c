@@ -52,7 +52,6 @@
 #include <cuda.h>
 #pragma GCC visibility pop
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -63,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -511,7 +511,8 @@ static CUresult capture_guard(void) {
  *   ranges do not overlap, every size > 0;
  *   dev_used == sum of size over FK_DEV ranges <= cfg_mem_limit (reservations included);
  *   FK_DEV: fd is an open memfd of >= size bytes mapped at base (map_len bytes);
- *   FK_IPC: refs >= 1, base is a MAP_SHARED mapping of another process's memfd. */
+ *   FK_IPC: refs >= 1, base is a MAP_SHARED mapping of another process's memfd, and fd is this
+ *           process's own open of that memfd, holding a shared flock until the handle closes. */
 
 enum fk_kind { FK_DEV = 'd', FK_HOST = 'h', FK_REG = 'r', FK_IPC = 'i' };
 /* Device memory not from cuMemAlloc has no CUDA IPC handle (cuIpcGetMemHandle). */
@@ -524,7 +525,7 @@ typedef struct fk_range {
   int kind;          /* enum fk_kind */
   unsigned ord;      /* per-kind ordinal in this process: the log label <kind><ord> */
   uint64_t buffer_id;/* process-wide unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
-  int fd;            /* FK_DEV: the memfd; -1 otherwise */
+  int fd;            /* FK_DEV: the memfd; FK_IPC: the import's open of it; -1 otherwise */
   int exported;      /* FK_DEV: cuIpcGetMemHandle gave a handle for it */
   unsigned flags;    /* FK_HOST: CU_MEMHOSTALLOC_*; FK_REG: CU_MEMHOSTREGISTER_* */
   struct CUctx_st *ctx;
@@ -648,31 +649,15 @@ static CUresult dev_create(size_t size, int low32, struct CUctx_st *ctx, uintptr
 }
 
 /* Frees the FK_DEV range starting exactly at p; INVALID_VALUE for anything else. */
-/* 1 when another live process maps the memfd with inode ino (it opened an IPC handle of it and
- * has not closed it): scans /proc/<pid>/maps of this uid's processes. */
-static int mapped_elsewhere(uint64_t ino) {
-  DIR *d = opendir("/proc");
-  if (!d) return 0;
-  int found = 0;
-  struct dirent *e;
-  char path[64], line[512];
-  while (!found && (e = readdir(d))) {
-    char *end;
-    long pid = strtol(e->d_name, &end, 10);
-    if (*end || pid <= 0 || pid == (long)getpid()) continue;
-    snprintf(path, sizeof path, "/proc/%ld/maps", pid);
-    FILE *f = fopen(path, "re");
-    if (!f) continue;
-    while (!found && fgets(line, sizeof line, f)) {
-      unsigned long long inode = 0;
-      if (strstr(line, "fakecuda-dev") && sscanf(line, "%*s %*s %*s %*s %llu", &inode) == 1 &&
-          inode == ino)
-        found = 1;
-    }
-    fclose(f);
-  }
-  closedir(d);
-  return found;
+/* 1 when another live process has the memfd fd open through an IPC handle it has not closed:
+ * every importer holds a shared flock(2) on its own open file description of the memfd from
+ * cuIpcOpenMemHandle to cuIpcCloseMemHandle (the kernel drops it when the importer dies), so an
+ * exclusive non-blocking flock on the exporter's description fails exactly then. O(1) per free,
+ * where scanning /proc for mappings cost hundreds of system calls. */
+static int opened_elsewhere(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK;
+  flock(fd, LOCK_UN);
+  return 0;
 }
 
 /* cuda.h (13.0, cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before
@@ -686,8 +671,7 @@ static CUresult dev_destroy(uintptr_t p) {
     unlock();
     return CUDA_ERROR_INVALID_VALUE;
   }
-  struct stat st;
-  if (r->exported && fstat(r->fd, &st) == 0 && mapped_elsewhere((uint64_t)st.st_ino)) {
+  if (r->exported && opened_elsewhere(r->fd)) {
     char lb[FK_LABEL_MAX];
     unlock();
     ptr_label(p, lb, sizeof lb);
@@ -1952,18 +1936,26 @@ static CUresult ipc_open(const char *name, CUdeviceptr *pdptr, CUipcMemHandle ha
       p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) r = CUDA_ERROR_MAP_FAILED;
     }
-    if (fd >= 0) close(fd);
+    /* The import is open while fd holds its shared lock (opened_elsewhere). */
+    if (r == CUDA_SUCCESS && flock(fd, LOCK_SH) != 0) r = CUDA_ERROR_OPERATING_SYSTEM;
     if (r == CUDA_SUCCESS) {
       fk_range_t rg = {.base = (uintptr_t)p, .size = len, .map_len = len, .kind = FK_IPC,
-                       .fd = -1, .ctx = c, .refs = 1, .src_pid = w.pid, .src_id = w.id,
+                       .fd = fd, .ctx = c, .refs = 1, .src_pid = w.pid, .src_id = w.id,
                        .src_ino = w.ino, .src_dev = w.dev};
       lock();
       base = ipc_share_locked(&w); /* another thread may have opened it meanwhile */
       if (!base && range_add(&rg) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
       unlock();
-      if (r == CUDA_SUCCESS && !base) base = (uintptr_t)p;
-      else munmap(p, len);
+      if (r == CUDA_SUCCESS && !base) {
+        base = (uintptr_t)p;
+        fd = -1; /* the range owns it */
+      } else {
+        munmap(p, len);
+      }
+    } else if (p != MAP_FAILED) {
+      munmap(p, len);
     }
+    if (fd >= 0) close(fd);
   }
   if (r == CUDA_SUCCESS) *pdptr = (CUdeviceptr)base;
   char lb[FK_LABEL_MAX] = "";
@@ -2001,7 +1993,10 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     }
     unlock();
   }
-  if (unmap) munmap((void *)copy.base, copy.map_len);
+  if (unmap) {
+    munmap((void *)copy.base, copy.map_len);
+    if (copy.fd >= 0) close(copy.fd); /* drops the import's shared lock */
+  }
   fk_log("cuIpcCloseMemHandle dptr=%s -> %d", lb, (int)r);
   return r;
 }
