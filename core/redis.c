@@ -427,23 +427,38 @@ static int out_hdr(node_t *n, const char *b, size_t len) {
   return 0;
 }
 
-/* Queue one command (RESP array of bulk strings) and the reply it expects. */
+/* Queue len bytes of an argument: from the caller's memory when large, else into hdr. */
+static int out_bytes(node_t *n, const char *p, size_t len) {
+  if (len >= BIG_ARG) {
+    KVS_TRY(grow((void **)&n->seg, &n->seg_cap, n->nseg + 1, sizeof *n->seg));
+    n->seg[n->nseg++] = (seg_t){p, 0, len};
+    return 0;
+  }
+  return len ? out_hdr(n, p, len) : 0;
+}
+
+/* Queue one command (RESP array of bulk strings) and the reply it expects. An argument given
+ * in parts (parts && parts[i]) is one bulk string of their summed length. */
 static int node_append(node_t *n, int argc, const char *const *argv, const size_t *argvlen,
-                       uint8_t kind, uint32_t idx) {
+                       const kvs_redis_part_t *const *parts, const int *nparts, uint8_t kind,
+                       uint32_t idx) {
   char tmp[32];
   KVS_TRY(grow((void **)&n->q, &n->qcap, n->qlen + 1, sizeof *n->q));
   int w = snprintf(tmp, sizeof tmp, "*%d\r\n", argc);
   KVS_TRY(out_hdr(n, tmp, (size_t)w));
   for (int i = 0; i < argc; i++) {
-    size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+    const kvs_redis_part_t *pt = parts ? parts[i] : NULL;
+    size_t len = 0;
+    if (pt)
+      for (int k = 0; k < nparts[i]; k++) len += pt[k].len;
+    else
+      len = argvlen ? argvlen[i] : strlen(argv[i]);
     w = snprintf(tmp, sizeof tmp, "$%zu\r\n", len);
     KVS_TRY(out_hdr(n, tmp, (size_t)w));
-    if (len >= BIG_ARG) {
-      KVS_TRY(grow((void **)&n->seg, &n->seg_cap, n->nseg + 1, sizeof *n->seg));
-      n->seg[n->nseg++] = (seg_t){argv[i], 0, len};
-    } else if (len) {
-      KVS_TRY(out_hdr(n, argv[i], len));
-    }
+    if (pt)
+      for (int k = 0; k < nparts[i]; k++) KVS_TRY(out_bytes(n, pt[k].base, pt[k].len));
+    else
+      KVS_TRY(out_bytes(n, argv[i], len));
     KVS_TRY(out_hdr(n, "\r\n", 2));
   }
   n->q[n->qlen++] = (qent_t){idx, kind};
@@ -538,14 +553,14 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   /* Handshake, pipelined ahead of the first command. */
   if (r->password[0]) {
     const char *av[3] = {"AUTH", r->url.user, r->password};
-    if (r->url.user[0]) rc = node_append(n, 3, av, NULL, Q_AUTH, 0);
-    else { av[1] = r->password; rc = node_append(n, 2, av, NULL, Q_AUTH, 0); }
+    if (r->url.user[0]) rc = node_append(n, 3, av, NULL, NULL, NULL, Q_AUTH, 0);
+    else { av[1] = r->password; rc = node_append(n, 2, av, NULL, NULL, NULL, Q_AUTH, 0); }
   }
   if (rc == 0 && !r->url.cluster && r->url.db) {
     char db[16];
     snprintf(db, sizeof db, "%d", r->url.db);
     const char *av[2] = {"SELECT", db};
-    rc = node_append(n, 2, av, NULL, Q_SELECT, 0);
+    rc = node_append(n, 2, av, NULL, NULL, NULL, Q_SELECT, 0);
   }
   if (rc < 0) { node_close(n); return rc; }
   return 0;
@@ -752,7 +767,7 @@ static void io_run(kvs_redis_t *r, uint64_t deadline) {
 static int node_call(kvs_redis_t *r, node_t *n, int argc, const char *const *argv,
                      uint64_t deadline, redisReply **out) {
   KVS_TRY(node_connect(r, n, deadline));
-  int rc = node_append(n, argc, argv, NULL, Q_CALL, 0);
+  int rc = node_append(n, argc, argv, NULL, NULL, NULL, Q_CALL, 0);
   if (rc < 0) { node_close(n); return rc; }
   io_run(r, deadline);
   if (!n->call_reply || n->fd < 0) { /* no reply, or the node failed after it */
@@ -965,6 +980,19 @@ static int redirect_node(kvs_redis_t *r, const redisReply *rp, const node_t *fro
   return node_find(r, host, port, 1);
 }
 
+/* Arguments in parts: counts given, >= 0, each part with bytes has a base; not the key. */
+static int parts_ok(const kvs_redis_cmd_t *c) {
+  if (!c->parts) return 1;
+  if (!c->nparts || (c->key_arg >= 0 && c->parts[c->key_arg])) return 0;
+  for (int i = 0; i < c->argc; i++) {
+    if (!c->parts[i]) continue;
+    if (c->nparts[i] < 0) return 0;
+    for (int k = 0; k < c->nparts[i]; k++)
+      if (c->parts[i][k].len && !c->parts[i][k].base) return 0;
+  }
+  return 1;
+}
+
 int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
                    kvs_redis_result_t *results) {
   if (!r || (n && (!cmds || !results))) return -EINVAL;
@@ -987,7 +1015,7 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
     results[i].err = -EAGAIN;
     r->st[i] = (cst_t){.node = NO_NODE, .ask_node = NO_NODE, .todo = 1};
     const kvs_redis_cmd_t *c = &cmds[i];
-    if (c->argc < 1 || !c->argv || !c->argvlen || c->key_arg >= c->argc) {
+    if (c->argc < 1 || !c->argv || !c->argvlen || c->key_arg >= c->argc || !parts_ok(c)) {
       results[i].err = -EINVAL;
       r->st[i].todo = 0;
       snprintf(r->err, sizeof r->err, "redis: command %zu is malformed", i);
@@ -1011,9 +1039,10 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
       if (ni >= 0) rc = node_connect(r, r->nodes[ni], deadline);
       if (ni >= 0 && rc == 0 && st->ask_node != NO_NODE) {
         static const char *const av[1] = {"ASKING"};
-        rc = node_append(r->nodes[ni], 1, av, NULL, Q_ASKING, 0);
+        rc = node_append(r->nodes[ni], 1, av, NULL, NULL, NULL, Q_ASKING, 0);
       }
-      if (rc == 0) rc = node_append(r->nodes[ni], c->argc, c->argv, c->argvlen, Q_CMD, (uint32_t)i);
+      if (rc == 0) rc = node_append(r->nodes[ni], c->argc, c->argv, c->argvlen, c->parts, c->nparts, Q_CMD,
+                                   (uint32_t)i);
       st->ask_node = NO_NODE;
       if (rc < 0) {
         results[i].err = rc;

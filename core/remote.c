@@ -18,7 +18,6 @@
 #include "redis.h"
 
 #define WRITE_BATCH 32               /* objects per pipeline on the write path */
-#define WRITE_BATCH_BYTES (64u << 20) /* ... or this many value bytes */
 #define BREAKER_FAILS 3              /* failures in a row that open the breaker */
 #define BREAKER_MIN_MS 500u
 #define BREAKER_MAX_MS 30000u
@@ -177,8 +176,6 @@ static void count_failure(kvs_remote_t *r, int err) {
 typedef struct worker {
   kvs_remote_t *r;
   kvs_redis_t *redis; /* NULL until connected */
-  uint8_t *stage;     /* value staging buffer (header + payload) */
-  size_t stage_cap;
 } worker_t;
 
 static kvs_redis_t *conn_of(worker_t *w) {
@@ -209,7 +206,7 @@ static void del_key(worker_t *w, kvs_key_t key) {
   kvs_remote_key_name(key, name);
   const char *argv[2] = {"DEL", name};
   size_t lens[2] = {3, KVS_REMOTE_KEY_LEN};
-  kvs_redis_cmd_t cmd = {2, argv, lens, 1};
+  kvs_redis_cmd_t cmd = {.argc = 2, .argv = argv, .argvlen = lens, .key_arg = 1};
   kvs_redis_result_t res;
   if (w->redis) {
     kvs_redis_exec(w->redis, &cmd, 1, &res);
@@ -217,123 +214,119 @@ static void del_key(worker_t *w, kvs_key_t key) {
   }
 }
 
-static uint8_t *stage_at(worker_t *w, size_t need) {
-  if (need > w->stage_cap) {
-    uint8_t *p = realloc(w->stage, need);
-    if (!p) return NULL;
-    w->stage = p;
-    w->stage_cap = need;
-  }
-  return w->stage;
-}
-
 /* ---- write path ---------------------------------------------------------------------------- */
 
-/* One SET of a batch: its argv lives here until the pipeline ran. */
+/* One SET of a batch: its argv lives here until the pipeline ran. The value is argument 2,
+ * given in two parts: the header (here) and the payload, straight from the pinned extent (an
+ * alias's payload, the primary's key, lives here too). */
 typedef struct set_cmd {
   char name[KVS_REMOTE_KEY_LEN + 1];
   char ttl[24];
   const char *argv[6];
   size_t lens[6];
-  size_t stage_off; /* value bytes in the staging buffer */
-  size_t value_len;
+  uint8_t hdr[KVS_REMOTE_HDR_SIZE];
+  uint8_t prim[sizeof(kvs_key_t)];
+  kvs_redis_part_t value[2];
+  const kvs_redis_part_t *parts[6];
+  int nparts[6];
+  size_t job;       /* index of its job in the batch */
+  size_t value_len; /* 0: not sent */
 } set_cmd_t;
+
+/* DEL the keys of a job whose pin did not hold through the send: what was SET may be torn
+ * (its hash would reject it on read; this saves the reader the bad value). */
+static void del_job_keys(worker_t *w, const job_t *jb) {
+  for (uint32_t a = 0; a < jb->n; a++) del_key(w, jb->keys[a]);
+}
 
 static void write_batch(worker_t *w, job_t **jobs, size_t n_jobs) {
   kvs_remote_t *r = w->r;
   uint8_t *base = kvs_pool_base(kvs_store_pool(r->store));
   kvs_object_view_t views[WRITE_BATCH];
   bool ok[WRITE_BATCH];
-  size_t n_cmds = 0, bytes = 0;
+  size_t n_cmds = 0;
   for (size_t j = 0; j < n_jobs; j++) {
     ok[j] = kvs_store_read_pinned(r->store, r->owner, jobs[j]->xfer, &views[j], 1) == 1;
-    if (!ok[j]) continue;
-    n_cmds += jobs[j]->n;
-    bytes += KVS_REMOTE_HDR_SIZE + views[j].extent.length +
-             (jobs[j]->n - 1) * (KVS_REMOTE_HDR_SIZE + sizeof(kvs_key_t));
+    if (ok[j]) n_cmds += jobs[j]->n;
   }
   set_cmd_t *cmds = calloc(n_cmds ? n_cmds : 1, sizeof *cmds);
   kvs_redis_cmd_t *rcmds = calloc(n_cmds ? n_cmds : 1, sizeof *rcmds);
   kvs_redis_result_t *res = calloc(n_cmds ? n_cmds : 1, sizeof *res);
-  uint8_t *stage = stage_at(w, bytes ? bytes : 1);
-  bool mem = cmds && rcmds && res && stage;
-  size_t c = 0, off = 0;
+  bool mem = cmds && rcmds && res;
+  size_t c = 0;
   uint64_t now = unix_ms();
   for (size_t j = 0; j < n_jobs; j++) {
     job_t *jb = jobs[j];
-    if (!ok[j]) {
+    if (!ok[j] || !mem) {
+      kvs_store_release(r->store, r->owner, jb->xfer);
       kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+      ok[j] = false;
       continue;
     }
-    size_t first = c;
-    if (mem) {
-      /* The object: header, then its bytes, copied while the pin holds; its aliases name it. */
-      const uint8_t *payload = base + views[j].extent.offset;
-      uint64_t len = views[j].extent.length;
-      uint8_t prim[16];
-      put64(prim, jb->keys[0].lo);
-      put64(prim + 8, jb->keys[0].hi);
-      for (uint32_t a = 0; a < jb->n; a++, c++) {
-        const uint8_t *src = a ? prim : payload;
-        uint64_t n = a ? sizeof prim : len;
-        kvs_remote_header(stage + off, jb->keys[a], a ? KVS_REMOTE_KIND_ALIAS : KVS_REMOTE_KIND_OBJECT,
-                          a ? NULL : &views[j].layout, src, n, r->producer, now);
-        memcpy(stage + off + KVS_REMOTE_HDR_SIZE, src, n);
-        kvs_remote_key_name(jb->keys[a], cmds[c].name);
-        cmds[c].stage_off = off;
-        cmds[c].value_len = KVS_REMOTE_HDR_SIZE + n;
-        off += cmds[c].value_len;
-      }
-    }
-    /* A pin still live after the copy was live during it (a reclaimed lease never comes back
-     * under the same id), so the copy is good. Unpin now; the rest needs no pool bytes. */
-    if (kvs_store_release(r->store, r->owner, jb->xfer) < 0 || !mem) {
-      for (size_t i = first; i < c; i++) cmds[i].value_len = 0; /* not sent */
-      kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+    /* The object: header, then its bytes, sent from the extent while the pin holds; its
+     * aliases name it. */
+    const uint8_t *payload = base + views[j].extent.offset;
+    uint64_t len = views[j].extent.length;
+    for (uint32_t a = 0; a < jb->n; a++, c++) {
+      set_cmd_t *sc = &cmds[c];
+      put64(sc->prim, jb->keys[0].lo);
+      put64(sc->prim + 8, jb->keys[0].hi);
+      const uint8_t *src = a ? sc->prim : payload;
+      uint64_t n = a ? sizeof sc->prim : len;
+      kvs_remote_header(sc->hdr, jb->keys[a], a ? KVS_REMOTE_KIND_ALIAS : KVS_REMOTE_KIND_OBJECT,
+                        a ? NULL : &views[j].layout, src, n, r->producer, now);
+      kvs_remote_key_name(jb->keys[a], sc->name);
+      sc->value[0] = (kvs_redis_part_t){sc->hdr, KVS_REMOTE_HDR_SIZE};
+      sc->value[1] = (kvs_redis_part_t){src, (size_t)n};
+      sc->job = j;
+      sc->value_len = KVS_REMOTE_HDR_SIZE + n;
     }
   }
   size_t m = 0;
   for (size_t i = 0; mem && i < c; i++) {
     set_cmd_t *s = &cmds[i];
-    if (!s->value_len) continue;
     int tl = snprintf(s->ttl, sizeof s->ttl, "%lld", (long long)r->ttl_ms);
     s->argv[0] = "SET", s->lens[0] = 3;
     s->argv[1] = s->name, s->lens[1] = KVS_REMOTE_KEY_LEN;
-    s->argv[2] = (const char *)stage + s->stage_off, s->lens[2] = s->value_len;
+    s->argv[2] = "", s->lens[2] = 0; /* given in parts */
     s->argv[3] = "NX", s->lens[3] = 2;
     s->argv[4] = "PX", s->lens[4] = 2;
     s->argv[5] = s->ttl, s->lens[5] = (size_t)tl;
-    rcmds[m++] = (kvs_redis_cmd_t){6, s->argv, s->lens, 1};
+    s->parts[2] = s->value;
+    s->nparts[2] = 2;
+    rcmds[m++] = (kvs_redis_cmd_t){.argc = 6, .argv = s->argv, .argvlen = s->lens, .key_arg = 1,
+                                   .parts = s->parts, .nparts = s->nparts};
   }
   kvs_redis_t *redis = m ? conn_of(w) : NULL;
   if (m && !redis) kvs_stats_add(r->stats, KVS_STAT_remote_queue_drops, m);
-  if (redis) {
-    int rc = kvs_redis_exec(redis, rcmds, m, res);
-    exec_outcome(w, rc, rc < 0 ? NULL : res, m);
-    for (size_t i = 0, k = 0; rc >= 0 && i < c; i++) {
-      if (!cmds[i].value_len) continue;
-      const kvs_redis_result_t *x = &res[k++];
-      if (x->type == KVS_REDIS_STATUS) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_writes);
-        kvs_stats_add(r->stats, KVS_STAT_remote_bytes_out, cmds[i].value_len);
-      } else if (x->type == KVS_REDIS_NIL) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_write_present);
-      } else if (x->type == KVS_REDIS_ERROR) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
-        kvs_log_info("remote tier: SET refused: %.*s", (int)(x->len > 200 ? 200 : x->len),
-                     x->str);
-      }
+  int rc = redis ? kvs_redis_exec(redis, rcmds, m, res) : -ENOTCONN;
+  if (redis) exec_outcome(w, rc, rc < 0 ? NULL : res, m);
+  for (size_t i = 0; redis && rc >= 0 && i < m; i++) {
+    const kvs_redis_result_t *x = &res[i];
+    if (x->type == KVS_REDIS_STATUS) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_writes);
+      kvs_stats_add(r->stats, KVS_STAT_remote_bytes_out, cmds[i].value_len);
+    } else if (x->type == KVS_REDIS_NIL) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_write_present);
+    } else if (x->type == KVS_REDIS_ERROR) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
+      kvs_log_info("remote tier: SET refused: %.*s", (int)(x->len > 200 ? 200 : x->len), x->str);
     }
-    kvs_redis_results_release(redis);
+  }
+  if (redis) kvs_redis_results_release(redis);
+  /* Unpin now that every byte was sent or dropped. A pin still live now was live during the
+   * send (a reclaimed lease never comes back under the same id), so what was sent is good;
+   * otherwise the job's keys are deleted and it counts as a drop. */
+  for (size_t j = 0; j < n_jobs; j++) {
+    if (!ok[j]) continue;
+    if (kvs_store_release(r->store, r->owner, jobs[j]->xfer) < 0) {
+      if (redis) del_job_keys(w, jobs[j]);
+      kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+    }
   }
   free(cmds);
   free(rcmds);
   free(res);
-  if (w->stage_cap > WRITE_BATCH_BYTES) { /* do not keep a huge buffer idle */
-    free(w->stage);
-    w->stage = NULL;
-    w->stage_cap = 0;
-  }
 }
 
 /* ---- read path ----------------------------------------------------------------------------- */
@@ -379,7 +372,7 @@ static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, si
       av[0] = verb, lv[0] = strlen(verb);
       av[1] = names[i], lv[1] = KVS_REMOTE_KEY_LEN;
       if (a2) av[2] = a2, lv[2] = strlen(a2), av[3] = a3, lv[3] = strlen(a3);
-      cmds[i] = (kvs_redis_cmd_t){argc, av, lv, 1};
+      cmds[i] = (kvs_redis_cmd_t){.argc = argc, .argv = av, .argvlen = lv, .key_arg = 1};
     }
     rc = kvs_redis_exec(redis, cmds, n, res);
     exec_outcome(w, rc, rc < 0 ? NULL : res, n);
@@ -628,7 +621,7 @@ static void finish_fetch(kvs_remote_t *r, uint64_t token) {
 
 static void *io_main(void *arg) {
   kvs_remote_t *r = arg;
-  worker_t w = {r, NULL, NULL, 0};
+  worker_t w = {r, NULL};
   pthread_mutex_lock(&r->lock);
   for (;;) {
     while (!r->stop && !r->fetch_head && !r->write_head) pthread_cond_wait(&r->cond, &r->lock);
@@ -675,7 +668,6 @@ static void *io_main(void *arg) {
   }
   pthread_mutex_unlock(&r->lock);
   kvs_redis_destroy(w.redis);
-  free(w.stage);
   return NULL;
 }
 
@@ -709,7 +701,7 @@ static int hook_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
 
 static void queue_write(kvs_remote_t *r, const kvs_key_t *keys, size_t n) {
   kvs_xfer_t xfer = 0;
-  /* Pin the object so its extent stays ours until an I/O thread copied it. */
+  /* Pin the object so its extent stays ours until an I/O thread has sent it. */
   if (kvs_store_lookup(r->store, r->owner, keys, 1, true, &xfer) != 1) {
     kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
     return;

@@ -3,9 +3,11 @@
  * Only `kvshim serve` creates one; engines never talk to the network. It plugs into the
  * coordinator through kvs_coord_remote_t (coord.h):
  *   write path  every object a peer commits to serve is pinned (under the tier's own store
- *               owner) and queued; I/O threads copy it out of the pool and write it behind with
- *               pipelined `SET kvshim:v1:<32 hex key> <value> NX PX <KVSHIM_REMOTE_TTL>`, then
- *               unpin. A full queue (KVSHIM_REMOTE_QUEUE objects) drops and counts.
+ *               owner) and queued; I/O threads write it behind with pipelined
+ *               `SET kvshim:v1:<32 hex key> <value> NX PX <KVSHIM_REMOTE_TTL>`, the value given
+ *               to core/redis in two parts (header from a small buffer, payload straight from
+ *               the pinned extent: no staging copy), then unpin. A full queue
+ *               (KVSHIM_REMOTE_QUEUE objects) drops and counts.
  *   read path   a LOOKUP with remote_wait_ms > 0 that the pool cannot answer whole is handed to
  *               an I/O thread, which GETs the missing keys (pipelined), checks each value,
  *               reserves an extent, copies the payload into it and commits, then tells the
