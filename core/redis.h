@@ -42,6 +42,21 @@ typedef struct kvs_redis_part {
   size_t len;
 } kvs_redis_part_t;
 
+/* A bulk-string reply received straight into the caller's memory (kvs_redis_cmd_t.sink).
+ * Once the reply is known to be a bulk string of len bytes and its first head_len =
+ * min(head, len) bytes are in, dest(ctx, len, head_bytes, head_len) is called (at most once per
+ * command and exec; head_bytes is valid during the call only) and returns where the other
+ * len - head_len bytes go (room for all of them), or NULL to have them dropped. They are then
+ * received into it from the socket (only bytes that came in with earlier data, at most the
+ * line and a few dozen bytes, are copied), and the result is KVS_REDIS_STRING with that len and
+ * str NULL. Any other reply (nil, error, ...) is returned as usual and dest is not called. A
+ * result FAILED after dest was called means the destination may hold part of the bytes. */
+typedef struct kvs_redis_sink {
+  void *(*dest)(void *ctx, size_t len, const void *head, size_t head_len);
+  void *ctx;
+  size_t head; /* bytes shown to dest before it decides (e.g. a value header); <= 4096 */
+} kvs_redis_sink_t;
+
 /* One command: argv[0..argc) with lengths; key_arg is the index of the key argument used for
  * cluster routing (1 for GET/SET/DEL/...), or -1 for a keyless command (sent to any node).
  * Arguments are not copied beyond the call (hiredis formats them into its output buffer).
@@ -57,6 +72,7 @@ typedef struct kvs_redis_cmd {
   int key_arg;
   const kvs_redis_part_t *const *parts; /* NULL, or argc entries, each NULL or nparts[i] parts */
   const int *nparts;
+  const kvs_redis_sink_t *sink;         /* NULL, or where a bulk reply goes (see above) */
 } kvs_redis_cmd_t;
 
 enum { KVS_REDIS_NIL = 0, KVS_REDIS_STRING, KVS_REDIS_STATUS, KVS_REDIS_INTEGER,

@@ -8,7 +8,11 @@
  *   parts-many     one value in five parts (empty, small, large, small, large) and a plain
  *                  command in the same pipeline
  *   parts-bad      the key argument in parts, a negative part count, a part with bytes but no
- *                  base: that command fails with -EINVAL, the others of the pipeline run */
+ *                  base: that command fails with -EINVAL, the others of the pipeline run
+ *   sink           GET replies received into the caller's buffer (kvs_redis_cmd_t.sink) for the
+ *                  values above, one shorter than the head, in one pipeline with a miss, an
+ *                  error reply, a declined 9 MiB value, a plain GET and a PING: each reply is
+ *                  right and the connection stays in step */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +184,115 @@ static void case_bad(kvs_redis_t *h) {
   printf("%s parts-bad\n", failures > before ? "FAIL" : "ok");
 }
 
+/* A sink that keeps the head and takes the rest into its own buffer (or declines). */
+typedef struct rcv {
+  int calls, decline;
+  size_t len, head_len;
+  char head[128];
+  char *body;
+} rcv_t;
+
+static void *rcv_dest(void *ctx, size_t len, const void *head, size_t head_len) {
+  rcv_t *c = ctx;
+  c->calls++;
+  c->len = len;
+  c->head_len = head_len;
+  memcpy(c->head, head, head_len);
+  if (c->decline) return NULL;
+  c->body = malloc(len - head_len + 1);
+  return c->body;
+}
+
+/* The received value equals want[0..len). */
+static int rcv_equals(const rcv_t *c, const char *want, size_t len) {
+  size_t h = c->head_len;
+  return c->calls == 1 && c->len == len && h == (len < 128 ? len : 128) &&
+         memcmp(c->head, want, h) == 0 && (len == h || memcmp(c->body, want + h, len - h) == 0);
+}
+
+static void case_sink(kvs_redis_t *h) {
+  int before = failures;
+  static const size_t sizes[] = {0, 1, 3967, 4096, 4097, 65536, 9u << 20};
+  enum { N = sizeof sizes / sizeof sizes[0], M = N + 6 };
+  char hdr[128], tiny[5] = "tiny!";
+  fill(hdr, sizeof hdr, 999);
+  /* what case_sizes stored: hdr + payload(i) (same seeds as there: index in its list) */
+  static const size_t all[] = {0, 1, 3967, 3968, 3969, 4095, 4096, 4097, 8192, 65536, 9u << 20};
+  char *whole[N];
+  for (size_t i = 0; i < N; i++) {
+    size_t k = 0;
+    while (all[k] != sizes[i]) k++;
+    whole[i] = malloc(sizeof hdr + sizes[i]);
+    if (!whole[i]) { printf("FAIL out of memory\n"); exit(1); }
+    memcpy(whole[i], hdr, sizeof hdr);
+    fill(whole[i] + sizeof hdr, sizes[i], (unsigned)k);
+  }
+  { /* a value shorter than the head, and a hash (GET of it is an error reply) */
+    const char *av[3] = {"SET", "zc:tiny", tiny};
+    size_t lv[3] = {3, 7, sizeof tiny};
+    const char *hv[4] = {"HSET", "zc:hash", "f", "v"};
+    size_t hl[4] = {4, 7, 1, 1};
+    kvs_redis_cmd_t c[2] = {{.argc = 3, .argv = av, .argvlen = lv, .key_arg = 1},
+                            {.argc = 4, .argv = hv, .argvlen = hl, .key_arg = 1}};
+    kvs_redis_result_t res[2];
+    EXPECT(kvs_redis_exec(h, c, 2, res) == 2, "setup: %s", kvs_redis_last_error(h));
+    kvs_redis_results_release(h);
+  }
+  /* One pipeline: every value through a sink, with a miss, an error reply, a declined 9 MiB
+   * value, a plain GET and a PING among them. */
+  char keys[M][32];
+  const char *argv[M][2];
+  size_t lens[M][2];
+  rcv_t rc_[M];
+  kvs_redis_sink_t sinks[M];
+  kvs_redis_cmd_t cmds[M];
+  kvs_redis_result_t res[M];
+  memset(rc_, 0, sizeof rc_);
+  for (size_t i = 0; i < M; i++) {
+    if (i < N) snprintf(keys[i], sizeof keys[i], "zc:%zu", sizes[i]);
+    else snprintf(keys[i], sizeof keys[i], "%s",
+                  (const char *[]){"zc:tiny", "zc:missing", "zc:hash", "zc:9437184", "zc:4097",
+                                   "PING"}[i - N]);
+    argv[i][0] = "GET", lens[i][0] = 3;
+    argv[i][1] = keys[i], lens[i][1] = strlen(keys[i]);
+    sinks[i] = (kvs_redis_sink_t){.dest = rcv_dest, .ctx = &rc_[i], .head = 128};
+    cmds[i] = (kvs_redis_cmd_t){.argc = 2, .argv = argv[i], .argvlen = lens[i], .key_arg = 1,
+                                .sink = &sinks[i]};
+  }
+  rc_[N + 3].decline = 1;         /* 9 MiB: dropped */
+  cmds[N + 4].sink = NULL;        /* a plain GET after it */
+  cmds[M - 1] = (kvs_redis_cmd_t){.argc = 1, .argv = &argv[M - 1][1], .argvlen = &lens[M - 1][1],
+                                  .key_arg = -1, .sink = &sinks[M - 1]}; /* PING: a status */
+  int rc = kvs_redis_exec(h, cmds, M, res);
+  EXPECT(rc == M, "pipeline rc %d (%s)", rc, kvs_redis_last_error(h));
+  for (size_t i = 0; i < N; i++) {
+    EXPECT(res[i].type == KVS_REDIS_STRING && res[i].str == NULL &&
+           res[i].len == sizeof hdr + sizes[i], "sink GET of %zu: type %d len %zu", sizes[i],
+           res[i].type, res[i].len);
+    EXPECT(rcv_equals(&rc_[i], whole[i], sizeof hdr + sizes[i]),
+           "value of header + %zu bytes received into the caller's buffer differs", sizes[i]);
+  }
+  EXPECT(res[N].type == KVS_REDIS_STRING && rcv_equals(&rc_[N], tiny, sizeof tiny),
+         "value shorter than the head");
+  EXPECT(res[N + 1].type == KVS_REDIS_NIL && rc_[N + 1].calls == 0, "miss: type %d calls %d",
+         res[N + 1].type, rc_[N + 1].calls);
+  EXPECT(res[N + 2].type == KVS_REDIS_ERROR && res[N + 2].len > 0 && rc_[N + 2].calls == 0,
+         "error reply: type %d calls %d", res[N + 2].type, rc_[N + 2].calls);
+  EXPECT(res[N + 3].type == KVS_REDIS_STRING && res[N + 3].len == sizeof hdr + (9u << 20) &&
+         rc_[N + 3].calls == 1 && memcmp(rc_[N + 3].head, hdr, sizeof hdr) == 0,
+         "declined value: type %d len %zu", res[N + 3].type, res[N + 3].len);
+  EXPECT(res[N + 4].type == KVS_REDIS_STRING && res[N + 4].len == sizeof hdr + 4097 &&
+         memcmp(res[N + 4].str, whole[4], sizeof hdr + 4097) == 0,
+         "plain GET after a declined value");
+  EXPECT(res[M - 1].type == KVS_REDIS_STATUS && rc_[M - 1].calls == 0, "PING with a sink");
+  kvs_redis_results_release(h);
+  /* the connection is in step after all that */
+  EXPECT(get_equals(h, "zc:tiny", tiny, sizeof tiny), "GET after the sink pipeline");
+  for (size_t i = 0; i < M; i++) free(rc_[i].body);
+  for (size_t i = 0; i < N; i++) free(whole[i]);
+  printf("%s sink\n", failures > before ? "FAIL" : "ok");
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_redis_zcopy REDIS_URL\n");
@@ -201,6 +314,7 @@ int main(int argc, char **argv) {
   case_sizes(h);
   case_many(h);
   case_bad(h);
+  case_sink(h);
   kvs_redis_destroy(h);
   return failures ? 1 : 0;
 }
