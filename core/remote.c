@@ -110,18 +110,17 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
   }
 }
 
-int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kind,
-                     kvs_layout_t *layout, const uint8_t **payload, uint64_t *payload_len) {
-  const uint8_t *h = value;
-  if (!value || len < KVS_REMOTE_HDR_SIZE) return -EBADMSG;
+/* Every check of a value of len bytes that its header alone allows (all but the hash): 0 and
+ * its kind, layout and payload length, or -EBADMSG. */
+static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *kind,
+                        kvs_layout_t *layout, uint64_t *payload_len) {
+  if (!h || len < KVS_REMOTE_HDR_SIZE) return -EBADMSG;
   if (get32(h) != KVS_REMOTE_MAGIC || get16(h + 4) != KVS_REMOTE_VERSION) return -EBADMSG;
   unsigned k = get16(h + 6);
   if (k > KVS_REMOTE_KIND_ALIAS) return -EBADMSG;
   if (get64(h + 8) != key.lo || get64(h + 16) != key.hi) return -EBADMSG;
   uint64_t n = get64(h + 24);
   if (n != len - KVS_REMOTE_HDR_SIZE) return -EBADMSG;
-  const uint8_t *p = h + KVS_REMOTE_HDR_SIZE;
-  if (XXH3_64bits(p, (size_t)n) != get64(h + 32)) return -EBADMSG;
   kvs_layout_t l;
   memset(&l, 0, sizeof l);
   l.dtype = get32(h + 56);
@@ -137,8 +136,20 @@ int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kin
     return -EBADMSG;
   *kind = k;
   *layout = l;
-  *payload = p;
   *payload_len = n;
+  return 0;
+}
+
+/* The payload hash a checked header names. */
+static uint64_t header_hash(const uint8_t *h) { return get64(h + 32); }
+
+int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kind,
+                     kvs_layout_t *layout, const uint8_t **payload, uint64_t *payload_len) {
+  const uint8_t *h = value;
+  KVS_TRY(check_header(h, len, key, kind, layout, payload_len));
+  const uint8_t *p = h + KVS_REMOTE_HDR_SIZE;
+  if (XXH3_64bits(p, (size_t)*payload_len) != header_hash(h)) return -EBADMSG;
+  *payload = p;
   return 0;
 }
 
@@ -331,32 +342,89 @@ static void write_batch(worker_t *w, job_t **jobs, size_t n_jobs) {
 
 /* ---- read path ----------------------------------------------------------------------------- */
 
-/* Put one checked object into the store under keys[0] (+ aliases keys[1..n)): 1 stored (or
- * already there with every key bound), 0 not. A primary the pool already holds cannot take new
- * aliases (the store binds aliases only when it publishes), so the aliases then get their own
- * copy, primary keys[1]. */
-static int store_object(kvs_remote_t *r, const kvs_key_t *keys, size_t n,
-                        const kvs_layout_t *layout, const uint8_t *payload, uint64_t len) {
+/* A GET whose value is received straight into a reserved extent (kvs_redis_sink_t): the
+ * header is checked as soon as it is in, the extent reserved under keys[0] (+ aliases
+ * keys[1..n)), the payload received into it, its hash checked after (obj_finish). */
+enum { OS_NONE, OS_RESERVED, OS_PRESENT, OS_NOROOM, OS_ALIAS, OS_BAD };
+typedef struct obj_sink {
+  kvs_remote_t *r;
+  const kvs_key_t *keys; /* keys[0]: the key read; keys[1..n): aliases to bind to it */
+  size_t n;
+  int state;             /* OS_* */
+  uint64_t hash, plen;
+  kvs_xfer_t xfer;       /* OS_RESERVED */
+  uint8_t *dst;
+} obj_sink_t;
+
+/* Reserve an extent for an object under keys[0..n): OS_RESERVED (xfer, dst), OS_PRESENT
+ * (already there with every key bound) or OS_NOROOM. A primary the pool already holds cannot
+ * take new aliases (the store binds aliases only when it publishes), so the aliases then get
+ * their own copy, primary keys[1]. */
+static int reserve_keys(obj_sink_t *s, const kvs_layout_t *layout) {
+  kvs_remote_t *r = s->r;
+  const kvs_key_t *keys = s->keys;
+  size_t n = s->n;
   for (int attempt = 0; attempt < 2 && n > 0; attempt++, keys++, n--) {
     uint8_t outcome = 0;
     kvs_extent_t ext;
-    kvs_xfer_t xfer = 0;
     int rc = kvs_store_reserve_object(r->store, r->owner, keys, n, layout, 0, &outcome, &ext,
-                                      &xfer);
+                                      &s->xfer);
     if (rc == 1) {
-      memcpy(kvs_pool_base(kvs_store_pool(r->store)) + ext.offset, payload, len);
-      return kvs_store_commit(r->store, r->owner, xfer) == 0 ? 1 : 0;
+      s->dst = kvs_pool_base(kvs_store_pool(r->store)) + ext.offset;
+      return OS_RESERVED;
     }
-    if (outcome != KVS_RES_PRESENT) return 0;
+    if (outcome != KVS_RES_PRESENT) return OS_NOROOM;
     if (n == 1 || kvs_store_lookup(r->store, r->owner, keys + 1, n - 1, false, NULL) == (int)n - 1)
-      return 1; /* every alias is bound already */
+      return OS_PRESENT; /* every alias is bound already */
   }
-  return 0;
+  return OS_NOROOM;
+}
+
+static void *obj_dest(void *ctx, size_t len, const void *head, size_t head_len) {
+  obj_sink_t *s = ctx;
+  unsigned kind = 0;
+  kvs_layout_t layout;
+  if (head_len < KVS_REMOTE_HDR_SIZE ||
+      check_header(head, len, s->keys[0], &kind, &layout, &s->plen) < 0) {
+    s->state = OS_BAD;
+    return NULL;
+  }
+  if (kind == KVS_REMOTE_KIND_ALIAS) {
+    s->state = OS_ALIAS;
+    return NULL;
+  }
+  s->hash = header_hash(head);
+  s->state = reserve_keys(s, &layout);
+  return s->state == OS_RESERVED ? s->dst : NULL;
+}
+
+/* The GET answered x: 1 the object is in the pool (received and its hash good: committed; or
+ * present already), 0 not (reservation undone), -1 a bad value (undone). */
+static int obj_finish(obj_sink_t *s, const kvs_redis_result_t *x) {
+  int st = s->state;
+  s->state = OS_NONE;
+  if (st == OS_BAD) return -1;
+  if (st == OS_PRESENT) return 1;
+  if (st != OS_RESERVED) return 0;
+  bool received = x->type == KVS_REDIS_STRING;
+  if (received && XXH3_64bits(s->dst, (size_t)s->plen) == s->hash)
+    return kvs_store_commit(s->r->store, s->r->owner, s->xfer) == 0 ? 1 : 0;
+  kvs_store_abort(s->r->store, s->r->owner, s->xfer);
+  return received ? -1 : 0;
+}
+
+/* Undo the reservations of sinks not finished (a run that ended before them). */
+static void sinks_abort(obj_sink_t *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (s[i].state == OS_RESERVED) kvs_store_abort(s[i].r->store, s[i].r->owner, s[i].xfer);
+    s[i].state = OS_NONE;
+  }
 }
 
 /* Pipeline one command per key: argv {verb, name[, extra...]}. */
 static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, size_t n,
-                        const char *a2, const char *a3, kvs_redis_result_t *res) {
+                        const char *a2, const char *a3, const kvs_redis_sink_t *sinks,
+                        kvs_redis_result_t *res) {
   char (*names)[KVS_REMOTE_KEY_LEN + 1] = malloc(n * sizeof *names);
   const char **argv = malloc(n * 4 * sizeof *argv);
   size_t *lens = malloc(n * 4 * sizeof *lens);
@@ -372,7 +440,8 @@ static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, si
       av[0] = verb, lv[0] = strlen(verb);
       av[1] = names[i], lv[1] = KVS_REMOTE_KEY_LEN;
       if (a2) av[2] = a2, lv[2] = strlen(a2), av[3] = a3, lv[3] = strlen(a3);
-      cmds[i] = (kvs_redis_cmd_t){.argc = argc, .argv = av, .argvlen = lv, .key_arg = 1};
+      cmds[i] = (kvs_redis_cmd_t){.argc = argc, .argv = av, .argvlen = lv, .key_arg = 1,
+                                  .sink = sinks ? &sinks[i] : NULL};
     }
     rc = kvs_redis_exec(redis, cmds, n, res);
     exec_outcome(w, rc, rc < 0 ? NULL : res, n);
@@ -417,7 +486,7 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
   while (res && run < n) {
     if (kvs__now_ms() >= deadline_ms) break;
     size_t b = n - run < PROBE_BATCH ? n - run : PROBE_BATCH;
-    if (exec_per_key(w, "GETRANGE", keys + run, b, "0", last, res) < 0) break;
+    if (exec_per_key(w, "GETRANGE", keys + run, b, "0", last, NULL, res) < 0) break;
     size_t i = 0;
     for (; i < b; i++) {
       const kvs_redis_result_t *x = &res[i];
@@ -480,14 +549,19 @@ static size_t fetch_objects(worker_t *w, const kvs_key_t *keys, size_t n, uint64
       return i;
     }
     size_t b = n - i < OBJECT_BATCH ? n - i : OBJECT_BATCH, j = 0;
-    if (exec_per_key(w, "GET", keys + i, b, NULL, NULL, res) < 0) return i;
+    obj_sink_t os[OBJECT_BATCH];
+    kvs_redis_sink_t sk[OBJECT_BATCH];
+    for (size_t k = 0; k < b; k++) {
+      os[k] = (obj_sink_t){.r = r, .keys = &keys[i + k], .n = 1};
+      sk[k] = (kvs_redis_sink_t){obj_dest, &os[k], KVS_REMOTE_HDR_SIZE};
+    }
+    if (exec_per_key(w, "GET", keys + i, b, NULL, NULL, sk, res) < 0) {
+      sinks_abort(os, b);
+      return i;
+    }
     bool stop = false;
     for (; j < b && !stop; j++) {
       const kvs_redis_result_t *x = &res[j];
-      unsigned kind = 0;
-      kvs_layout_t layout;
-      const uint8_t *payload = NULL;
-      uint64_t plen = 0;
       if (x->type == KVS_REDIS_NIL) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
         break;
@@ -496,21 +570,24 @@ static size_t fetch_objects(worker_t *w, const kvs_key_t *keys, size_t n, uint64
         if (x->type != KVS_REDIS_FAILED) kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
         break;
       }
-      if (kvs_remote_check(x->str, x->len, keys[i + j], &kind, &layout, &payload, &plen) < 0) {
-        kvs_redis_results_release(w->redis);
-        bad_value(w, keys[i + j]);
-        return i + j;
-      }
-      if (kind == KVS_REMOTE_KIND_ALIAS) { /* the grouping path takes it from here */
+      if (os[j].state == OS_ALIAS) { /* the grouping path takes it from here */
         *alias_at = i + j;
         *end = false;
         break;
       }
+      int got = obj_finish(&os[j], x);
+      if (got < 0) {
+        sinks_abort(os, b);
+        kvs_redis_results_release(w->redis);
+        bad_value(w, keys[i + j]);
+        return i + j;
+      }
       kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
-      stop = store_object(r, &keys[i + j], 1, &layout, payload, plen) != 1;
+      stop = got != 1;
       if (!stop) kvs_stats_inc(r->stats, KVS_STAT_remote_hits);
       else j--; /* not stored: the run ends before it */
     }
+    sinks_abort(os, b);
     kvs_redis_results_release(w->redis);
     if (j < b || stop) return i + j;
     i += b;
@@ -537,7 +614,7 @@ static size_t fetch(worker_t *w, const job_t *jb) {
   size_t n = jb->n - start;
   const kvs_key_t *keys = &jb->keys[start];
   probe_t *pr = malloc(n * sizeof *pr);
-  kvs_key_t *group = malloc((n + 1) * sizeof *group);
+  kvs_key_t *group = malloc((n + OBJECT_BATCH) * sizeof *group);
   kvs_redis_result_t res[OBJECT_BATCH];
   size_t got = 0, run = pr && group ? probe_run(w, keys, n, pr, jb->deadline_ms) : 0;
   /* Phase 2: each object of the run, once, with every key of the run that names it. */
@@ -557,35 +634,40 @@ static size_t fetch(worker_t *w, const job_t *jb) {
       if (!seen) firsts[m] = i, prims[m++] = pr[i].prim;
     }
     if (m == 0) break;
-    if (exec_per_key(w, "GET", prims, m, NULL, NULL, res) < 0) break;
+    /* Each object's keys: its primary, then the run's aliases naming it (disjoint groups). */
+    obj_sink_t os[OBJECT_BATCH];
+    kvs_redis_sink_t sk[OBJECT_BATCH];
+    size_t o = 0;
+    for (size_t g = 0; g < m; g++) {
+      size_t first = o;
+      group[o++] = prims[g];
+      for (size_t i = firsts[g]; i < run; i++)
+        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g]) && !kvs_key_eq(keys[i], prims[g]))
+          group[o++] = keys[i];
+      os[g] = (obj_sink_t){.r = r, .keys = &group[first], .n = o - first};
+      sk[g] = (kvs_redis_sink_t){obj_dest, &os[g], KVS_REMOTE_HDR_SIZE};
+    }
+    if (exec_per_key(w, "GET", prims, m, NULL, NULL, sk, res) < 0) {
+      sinks_abort(os, m);
+      break;
+    }
     bool released = false;
     for (size_t g = 0; g < m && !stop; g++) {
       const kvs_redis_result_t *x = &res[g];
-      unsigned kind = 0;
-      kvs_layout_t layout;
-      const uint8_t *payload = NULL;
-      uint64_t plen = 0;
       bool bad = false, ok = x->type == KVS_REDIS_STRING;
       if (ok) {
-        ok = kvs_remote_check(x->str, x->len, prims[g], &kind, &layout, &payload, &plen) == 0 &&
-             kind == KVS_REMOTE_KIND_OBJECT;
-        bad = !ok;
+        int fin = os[g].state == OS_ALIAS ? -1 : obj_finish(&os[g], x); /* an alias of an alias */
+        bad = fin < 0;
+        ok = fin == 1;
+        if (!bad) kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
       } else if (x->type == KVS_REDIS_NIL) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
       } else if (x->type != KVS_REDIS_FAILED) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
       }
-      size_t nk = 0;
-      group[nk++] = prims[g];
+      size_t nk = os[g].n;
       for (size_t i = firsts[g]; i < run; i++)
-        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g])) {
-          pr[i].done = true;
-          if (!kvs_key_eq(keys[i], prims[g])) group[nk++] = keys[i];
-        }
-      if (ok) {
-        kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
-        ok = store_object(r, group, nk, &layout, payload, plen) == 1;
-      }
+        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g])) pr[i].done = true;
       if (ok) {
         /* every run key of the group is served: the primary itself only if it was asked */
         size_t served = nk - 1;
@@ -602,6 +684,7 @@ static size_t fetch(worker_t *w, const job_t *jb) {
         }
       }
     }
+    sinks_abort(os, m);
     if (!released) kvs_redis_results_release(w->redis);
     while (next < run && pr[next].done) next++;
   }
