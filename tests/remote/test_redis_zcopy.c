@@ -12,7 +12,10 @@
  *   sink           GET replies received into the caller's buffer (kvs_redis_cmd_t.sink) for the
  *                  values above, one shorter than the head, in one pipeline with a miss, an
  *                  error reply, a declined 9 MiB value, a plain GET and a PING: each reply is
- *                  right and the connection stays in step */
+ *                  right and the connection stays in step
+ *   broken-MODE    (argv[2]; a listener of the driver, not Redis) a sink's bulk reply broken
+ *                  mid-body (reset, stall) or without its end (badend): FAILED with
+ *                  -ECONNRESET / -ETIMEDOUT / -EPROTO */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,9 +296,33 @@ static void case_sink(kvs_redis_t *h) {
   printf("%s sink\n", failures > before ? "FAIL" : "ok");
 }
 
+/* Against test_redis_zcopy.py's broken listener: GET through a sink whose reply breaks inside
+ * the bulk string (mode reset / stall / badend). The command fails with the errno of the mode,
+ * and dest was called (reset, stall: the head was in) once at most. */
+static void case_broken(kvs_redis_t *h, const char *mode) {
+  int before = failures;
+  int want = !strcmp(mode, "reset") ? -ECONNRESET : !strcmp(mode, "stall") ? -ETIMEDOUT : -EPROTO;
+  rcv_t rc_;
+  memset(&rc_, 0, sizeof rc_);
+  kvs_redis_sink_t sk = {.dest = rcv_dest, .ctx = &rc_, .head = 128};
+  const char *av[2] = {"GET", "k"};
+  size_t lv[2] = {3, 1};
+  kvs_redis_cmd_t c = {.argc = 2, .argv = av, .argvlen = lv, .key_arg = 1, .sink = &sk};
+  kvs_redis_result_t res;
+  int rc = kvs_redis_exec(h, &c, 1, &res);
+  EXPECT(rc == 0 && res.type == KVS_REDIS_FAILED && res.err == want,
+         "%s: rc %d type %d err %d (want %d): %s", mode, rc, res.type, res.err, want,
+         kvs_redis_last_error(h));
+  EXPECT(rc_.calls == 1 && rc_.head_len == 128, "%s: dest calls %d head %zu", mode, rc_.calls,
+         rc_.head_len);
+  kvs_redis_results_release(h);
+  free(rc_.body);
+  printf("%s broken-%s\n", failures > before ? "FAIL" : "ok", mode);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: test_redis_zcopy REDIS_URL\n");
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: test_redis_zcopy REDIS_URL [reset|stall|badend]\n");
     return 2;
   }
   kvs_redis_config_t cfg;
@@ -305,11 +332,16 @@ int main(int argc, char **argv) {
     printf("FAIL url: %s\n", err);
     return 1;
   }
-  cfg.timeout_ms = 10000;
+  cfg.timeout_ms = argc == 3 ? 300 : 10000;
   kvs_redis_t *h = NULL;
   if (kvs_redis_create(&cfg, &h, err, sizeof err) < 0) {
     printf("FAIL create: %s\n", err);
     return 1;
+  }
+  if (argc == 3) {
+    case_broken(h, argv[2]);
+    kvs_redis_destroy(h);
+    return failures ? 1 : 0;
   }
   case_sizes(h);
   case_many(h);
