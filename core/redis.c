@@ -69,6 +69,12 @@ typedef struct node {
                              success): map refreshes ask such nodes last */
   int err;                /* last error of this node (negative errno), 0 none */
   char errstr[ERRSTR];
+  /* The reply at q[qhead] while it is received through its command's sink: sink_on, its
+   * length, the bytes after the head still expected (sink_len) and received (sink_got), where
+   * they go (NULL: dropped). Then its "\r\n" from the reader. */
+  int sink_on;
+  size_t sink_total, sink_len, sink_got;
+  char *sink_dst;
 } node_t;
 
 /* Per-command state of one exec. */
@@ -91,6 +97,7 @@ struct kvs_redis {
   uint64_t epoch;         /* exec counter, for failed_epoch */
   size_t last_good;       /* the node that answered the last CLUSTER SLOTS: asked first next time */
   /* the current / last exec */
+  const kvs_redis_cmd_t *cmds; /* non-NULL only inside exec, like res */
   kvs_redis_result_t *res;
   redisReply **rep; size_t rep_cap, n_rep;
   cst_t *st; size_t st_cap;
@@ -345,12 +352,15 @@ static void node_close(node_t *n) {
   n->nseg = n->seg_i = n->seg_done = 0;
   n->hdr_len = 0;
   n->qhead = n->qlen = 0;
+  n->sink_on = 0;
+  n->sink_dst = NULL;
 }
 
 /* Debug builds: the between-calls invariants of one node. */
 static inline int node_is_idle(const kvs_redis_t *r, const node_t *n) {
   (void)r;
   return n->nseg == 0 && n->seg_i == 0 && n->qhead == 0 && n->qlen == 0 && !n->call_reply &&
+         !n->sink_on &&
          (n->fd >= 0) == (n->rd != NULL) && (!n->rd || n->rd->pos <= n->rd->len);
 }
 
@@ -427,23 +437,38 @@ static int out_hdr(node_t *n, const char *b, size_t len) {
   return 0;
 }
 
-/* Queue one command (RESP array of bulk strings) and the reply it expects. */
+/* Queue len bytes of an argument: from the caller's memory when large, else into hdr. */
+static int out_bytes(node_t *n, const char *p, size_t len) {
+  if (len >= BIG_ARG) {
+    KVS_TRY(grow((void **)&n->seg, &n->seg_cap, n->nseg + 1, sizeof *n->seg));
+    n->seg[n->nseg++] = (seg_t){p, 0, len};
+    return 0;
+  }
+  return len ? out_hdr(n, p, len) : 0;
+}
+
+/* Queue one command (RESP array of bulk strings) and the reply it expects. An argument given
+ * in parts (parts && parts[i]) is one bulk string of their summed length. */
 static int node_append(node_t *n, int argc, const char *const *argv, const size_t *argvlen,
-                       uint8_t kind, uint32_t idx) {
+                       const kvs_redis_part_t *const *parts, const int *nparts, uint8_t kind,
+                       uint32_t idx) {
   char tmp[32];
   KVS_TRY(grow((void **)&n->q, &n->qcap, n->qlen + 1, sizeof *n->q));
   int w = snprintf(tmp, sizeof tmp, "*%d\r\n", argc);
   KVS_TRY(out_hdr(n, tmp, (size_t)w));
   for (int i = 0; i < argc; i++) {
-    size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+    const kvs_redis_part_t *pt = parts ? parts[i] : NULL;
+    size_t len = 0;
+    if (pt)
+      for (int k = 0; k < nparts[i]; k++) len += pt[k].len;
+    else
+      len = argvlen ? argvlen[i] : strlen(argv[i]);
     w = snprintf(tmp, sizeof tmp, "$%zu\r\n", len);
     KVS_TRY(out_hdr(n, tmp, (size_t)w));
-    if (len >= BIG_ARG) {
-      KVS_TRY(grow((void **)&n->seg, &n->seg_cap, n->nseg + 1, sizeof *n->seg));
-      n->seg[n->nseg++] = (seg_t){argv[i], 0, len};
-    } else if (len) {
-      KVS_TRY(out_hdr(n, argv[i], len));
-    }
+    if (pt)
+      for (int k = 0; k < nparts[i]; k++) KVS_TRY(out_bytes(n, pt[k].base, pt[k].len));
+    else
+      KVS_TRY(out_bytes(n, argv[i], len));
     KVS_TRY(out_hdr(n, "\r\n", 2));
   }
   n->q[n->qlen++] = (qent_t){idx, kind};
@@ -538,14 +563,14 @@ static int node_connect(kvs_redis_t *r, node_t *n, uint64_t deadline) {
   /* Handshake, pipelined ahead of the first command. */
   if (r->password[0]) {
     const char *av[3] = {"AUTH", r->url.user, r->password};
-    if (r->url.user[0]) rc = node_append(n, 3, av, NULL, Q_AUTH, 0);
-    else { av[1] = r->password; rc = node_append(n, 2, av, NULL, Q_AUTH, 0); }
+    if (r->url.user[0]) rc = node_append(n, 3, av, NULL, NULL, NULL, Q_AUTH, 0);
+    else { av[1] = r->password; rc = node_append(n, 2, av, NULL, NULL, NULL, Q_AUTH, 0); }
   }
   if (rc == 0 && !r->url.cluster && r->url.db) {
     char db[16];
     snprintf(db, sizeof db, "%d", r->url.db);
     const char *av[2] = {"SELECT", db};
-    rc = node_append(n, 2, av, NULL, Q_SELECT, 0);
+    rc = node_append(n, 2, av, NULL, NULL, NULL, Q_SELECT, 0);
   }
   if (rc < 0) { node_close(n); return rc; }
   return 0;
@@ -604,11 +629,90 @@ static void dispatch(kvs_redis_t *r, node_t *n, redisReply *rp) {
   freeReplyObject(rp);
 }
 
+/* The sink of the command whose reply is next on n, or NULL. */
+static const kvs_redis_sink_t *head_sink(const kvs_redis_t *r, const node_t *n) {
+  if (n->qhead >= n->qlen || !r->cmds) return NULL;
+  const qent_t *e = &n->q[n->qhead];
+  return e->kind == Q_CMD ? r->cmds[e->idx].sink : NULL;
+}
+
+/* Drop the consumed front of the reader's buffer (it must not grow by what a sink consumed). */
+static void reader_compact(redisReader *rd) {
+  if (rd->pos == rd->len) {
+    sdsclear(rd->buf);
+    rd->pos = rd->len = 0;
+  } else if (rd->pos >= 1024) {
+    sdsrange(rd->buf, (int)rd->pos, -1);
+    rd->pos = 0;
+    rd->len = sdslen(rd->buf);
+  }
+}
+
+enum { SINK_NONE, SINK_WAIT, SINK_DONE, SINK_FAILED };
+
+/* The reply at the head of n's queue, if its command has a sink and it is a bulk string: take
+ * it over from hiredis (whose reader sits between replies), call dest once its head is in,
+ * then move what the reader holds of the rest to the destination; node_read receives the
+ * rest straight there. SINK_NONE: not a sink reply (hiredis parses it), SINK_WAIT: more bytes
+ * needed, SINK_DONE: the reply is given to its command, SINK_FAILED: n failed. */
+static int sink_step(kvs_redis_t *r, node_t *n) {
+  redisReader *rd = n->rd;
+  if (!n->sink_on) {
+    const kvs_redis_sink_t *sk = head_sink(r, n);
+    if (!sk || rd->ridx != -1) return SINK_NONE;
+    if (rd->pos >= rd->len) return SINK_WAIT;
+    if (rd->buf[rd->pos] != '$') return SINK_NONE;
+    size_t p = rd->pos + 1, q = p;
+    unsigned long long blen = 0;
+    for (; q < rd->len && rd->buf[q] >= '0' && rd->buf[q] <= '9' && q - p < 12; q++)
+      blen = blen * 10 + (unsigned)(rd->buf[q] - '0');
+    if (q - p < 12 && q + 1 >= rd->len) return SINK_WAIT; /* the length line is not all in */
+    if (q == p || rd->buf[q] != '\r' || rd->buf[q + 1] != '\n' || blen > (1ull << 40))
+      return SINK_NONE; /* "$-1" (nil) or not a length: hiredis says what it is */
+    size_t body = q + 2, head = sk->head < blen ? sk->head : (size_t)blen;
+    if (rd->len - body < head) return SINK_WAIT;
+    n->sink_dst = sk->dest(sk->ctx, (size_t)blen, rd->buf + body, head);
+    n->sink_on = 1;
+    n->sink_total = (size_t)blen;
+    n->sink_len = (size_t)blen - head;
+    n->sink_got = 0;
+    rd->pos = body + head;
+  }
+  size_t avail = rd->len - rd->pos, take = n->sink_len - n->sink_got;
+  if (take > avail) take = avail;
+  if (take && n->sink_dst) memcpy(n->sink_dst + n->sink_got, rd->buf + rd->pos, take);
+  rd->pos += take;
+  n->sink_got += take;
+  reader_compact(rd);
+  if (n->sink_got < n->sink_len || rd->len - rd->pos < 2) return SINK_WAIT;
+  if (rd->buf[rd->pos] != '\r' || rd->buf[rd->pos + 1] != '\n') {
+    node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (bulk string without its end)",
+              n->host, (unsigned)n->port);
+    return SINK_FAILED;
+  }
+  rd->pos += 2;
+  reader_compact(rd);
+  n->sink_on = 0;
+  n->sink_dst = NULL;
+  qent_t e = n->q[n->qhead++];
+  if (r->rep[e.idx]) freeReplyObject(r->rep[e.idx]);
+  r->rep[e.idx] = NULL;
+  kvs_redis_result_t *res = &r->res[e.idx];
+  memset(res, 0, sizeof *res);
+  res->type = KVS_REDIS_STRING;
+  res->len = n->sink_total;
+  return SINK_DONE;
+}
+
 /* Give the replies complete in n's reader to their queue entries. 0, or -1: n failed. Done
  * after every receive, so the reader's buffer holds little more than one reply (it moves what
  * follows a consumed reply to its front). */
 static int drain(kvs_redis_t *r, node_t *n) {
   while (n->qhead < n->qlen) {
+    int s = sink_step(r, n);
+    if (s == SINK_WAIT) return 0;
+    if (s == SINK_FAILED) return -1;
+    if (s == SINK_DONE) continue;
     void *rp = NULL;
     if (redisReaderGetReply(n->rd, &rp) != REDIS_OK) {
       node_fail(r, n, -EPROTO, "redis %s:%u: not a Redis server? (%s)", n->host,
@@ -672,14 +776,29 @@ static void node_trim(node_t *n) {
 static void node_read(kvs_redis_t *r, node_t *n) {
   for (;;) {
     redisReader *rd = n->rd;
-    size_t room = room_hint(rd);
-    char *nb = sdsMakeRoomFor(rd->buf, room);
-    if (!nb) {
-      node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
-      return;
+    size_t room;
+    char *dst;
+    const kvs_redis_sink_t *sk = NULL;
+    int direct = n->sink_on && n->sink_dst && n->sink_got < n->sink_len && rd->pos == rd->len;
+    if (direct) { /* a sink's bytes, straight from the socket into the caller's memory */
+      dst = n->sink_dst + n->sink_got;
+      room = n->sink_len - n->sink_got;
+    } else {
+      if (n->sink_on) /* bytes dropped, or the "\r\n": no further than this reply's end */
+        room = n->sink_len - n->sink_got + 2 < RBUF_SIZE ? n->sink_len - n->sink_got + 2 : RBUF_SIZE;
+      else if ((sk = head_sink(r, n)) != NULL) /* its length line and head, hardly more */
+        room = 32 + sk->head;
+      else
+        room = room_hint(rd);
+      char *nb = sdsMakeRoomFor(rd->buf, room);
+      if (!nb) {
+        node_fail(r, n, -ENOMEM, "redis %s:%u: out of memory", n->host, (unsigned)n->port);
+        return;
+      }
+      rd->buf = nb;
+      dst = rd->buf + rd->len;
     }
-    rd->buf = nb;
-    ssize_t got = recv(n->fd, rd->buf + rd->len, room, MSG_DONTWAIT);
+    ssize_t got = recv(n->fd, dst, room, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -692,8 +811,12 @@ static void node_read(kvs_redis_t *r, node_t *n) {
                 (unsigned)n->port);
       return;
     }
-    sdsIncrLen(rd->buf, (int)got);
-    rd->len += (size_t)got;
+    if (direct) {
+      n->sink_got += (size_t)got;
+    } else {
+      sdsIncrLen(rd->buf, (int)got);
+      rd->len += (size_t)got;
+    }
     if (drain(r, n) < 0) return;
     if ((size_t)got < room) return;
   }
@@ -752,7 +875,7 @@ static void io_run(kvs_redis_t *r, uint64_t deadline) {
 static int node_call(kvs_redis_t *r, node_t *n, int argc, const char *const *argv,
                      uint64_t deadline, redisReply **out) {
   KVS_TRY(node_connect(r, n, deadline));
-  int rc = node_append(n, argc, argv, NULL, Q_CALL, 0);
+  int rc = node_append(n, argc, argv, NULL, NULL, NULL, Q_CALL, 0);
   if (rc < 0) { node_close(n); return rc; }
   io_run(r, deadline);
   if (!n->call_reply || n->fd < 0) { /* no reply, or the node failed after it */
@@ -965,6 +1088,20 @@ static int redirect_node(kvs_redis_t *r, const redisReply *rp, const node_t *fro
   return node_find(r, host, port, 1);
 }
 
+/* Arguments in parts: counts given, >= 0, each part with bytes has a base; not the key. */
+static int parts_ok(const kvs_redis_cmd_t *c) {
+  if (c->sink && (!c->sink->dest || c->sink->head > 4096)) return 0;
+  if (!c->parts) return 1;
+  if (!c->nparts || (c->key_arg >= 0 && c->parts[c->key_arg])) return 0;
+  for (int i = 0; i < c->argc; i++) {
+    if (!c->parts[i]) continue;
+    if (c->nparts[i] < 0) return 0;
+    for (int k = 0; k < c->nparts[i]; k++)
+      if (c->parts[i][k].len && !c->parts[i][k].base) return 0;
+  }
+  return 1;
+}
+
 int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
                    kvs_redis_result_t *results) {
   if (!r || (n && (!cmds || !results))) return -EINVAL;
@@ -975,6 +1112,7 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
       grow((void **)&r->st, &r->st_cap, n, sizeof *r->st) < 0)
     return -ENOMEM;
   r->epoch++;
+  r->cmds = cmds;
   r->res = results;
   r->n_rep = n;
   r->sent_any = 0;
@@ -987,7 +1125,7 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
     results[i].err = -EAGAIN;
     r->st[i] = (cst_t){.node = NO_NODE, .ask_node = NO_NODE, .todo = 1};
     const kvs_redis_cmd_t *c = &cmds[i];
-    if (c->argc < 1 || !c->argv || !c->argvlen || c->key_arg >= c->argc) {
+    if (c->argc < 1 || !c->argv || !c->argvlen || c->key_arg >= c->argc || !parts_ok(c)) {
       results[i].err = -EINVAL;
       r->st[i].todo = 0;
       snprintf(r->err, sizeof r->err, "redis: command %zu is malformed", i);
@@ -1011,9 +1149,10 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
       if (ni >= 0) rc = node_connect(r, r->nodes[ni], deadline);
       if (ni >= 0 && rc == 0 && st->ask_node != NO_NODE) {
         static const char *const av[1] = {"ASKING"};
-        rc = node_append(r->nodes[ni], 1, av, NULL, Q_ASKING, 0);
+        rc = node_append(r->nodes[ni], 1, av, NULL, NULL, NULL, Q_ASKING, 0);
       }
-      if (rc == 0) rc = node_append(r->nodes[ni], c->argc, c->argv, c->argvlen, Q_CMD, (uint32_t)i);
+      if (rc == 0) rc = node_append(r->nodes[ni], c->argc, c->argv, c->argvlen, c->parts, c->nparts, Q_CMD,
+                                   (uint32_t)i);
       st->ask_node = NO_NODE;
       if (rc < 0) {
         results[i].err = rc;
@@ -1064,6 +1203,7 @@ int kvs_redis_exec(kvs_redis_t *r, const kvs_redis_cmd_t *cmds, size_t n,
     if (r->map_stale) refresh_slots(r, deadline);
   }
   r->res = NULL;
+  r->cmds = NULL;
   for (size_t i = 0; i < r->n_nodes; i++) {
     node_trim(r->nodes[i]);
     KVS__DEBUG_CHECK(node_is_idle(r, r->nodes[i]));

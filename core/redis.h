@@ -36,14 +36,43 @@ typedef struct kvs_redis_config {
 int kvs_redis_create(const kvs_redis_config_t *cfg, kvs_redis_t **out, char *err, size_t errlen);
 void kvs_redis_destroy(kvs_redis_t *r); /* accepts NULL */
 
+/* One piece of an argument given in parts (see kvs_redis_cmd_t.parts). */
+typedef struct kvs_redis_part {
+  const void *base;
+  size_t len;
+} kvs_redis_part_t;
+
+/* A bulk-string reply received straight into the caller's memory (kvs_redis_cmd_t.sink).
+ * Once the reply is known to be a bulk string of len bytes and its first head_len =
+ * min(head, len) bytes are in, dest(ctx, len, head_bytes, head_len) is called (at most once per
+ * command and exec; head_bytes is valid during the call only) and returns where the other
+ * len - head_len bytes go (room for all of them), or NULL to have them dropped. They are then
+ * received into it from the socket (only bytes that came in with earlier data, at most the
+ * line and a few dozen bytes, are copied), and the result is KVS_REDIS_STRING with that len and
+ * str NULL. Any other reply (nil, error, ...) is returned as usual and dest is not called. A
+ * result FAILED after dest was called means the destination may hold part of the bytes. */
+typedef struct kvs_redis_sink {
+  void *(*dest)(void *ctx, size_t len, const void *head, size_t head_len);
+  void *ctx;
+  size_t head; /* bytes shown to dest before it decides (e.g. a value header); <= 4096 */
+} kvs_redis_sink_t;
+
 /* One command: argv[0..argc) with lengths; key_arg is the index of the key argument used for
  * cluster routing (1 for GET/SET/DEL/...), or -1 for a keyless command (sent to any node).
- * Arguments are not copied beyond the call (hiredis formats them into its output buffer). */
+ * Arguments are not copied beyond the call (hiredis formats them into its output buffer).
+ * parts (optional, NULL for none): when parts[i] is non-NULL, argument i is the concatenation
+ * of parts[i][0..nparts[i]) (argv[i] and argvlen[i] are then ignored): one RESP bulk string
+ * whose length is the sum, each part of 4 KiB or more sent from the caller's memory, so e.g. a
+ * value = small header + large payload needs no staging copy. The key argument cannot be given
+ * in parts (-EINVAL). Parts must stay valid until exec returns. */
 typedef struct kvs_redis_cmd {
   int argc;
   const char *const *argv;
   const size_t *argvlen;
   int key_arg;
+  const kvs_redis_part_t *const *parts; /* NULL, or argc entries, each NULL or nparts[i] parts */
+  const int *nparts;
+  const kvs_redis_sink_t *sink;         /* NULL, or where a bulk reply goes (see above) */
 } kvs_redis_cmd_t;
 
 enum { KVS_REDIS_NIL = 0, KVS_REDIS_STRING, KVS_REDIS_STATUS, KVS_REDIS_INTEGER,
@@ -92,7 +121,8 @@ unsigned kvs_redis_key_slot(const char *key, size_t len);
  *   may have run); only commands never sent (connection refused in a cluster) are re-routed
  *   after a slot map refresh. A timed-out connection is closed, so no late reply is ever
  *   matched to another command.
- * - Large arguments (>= 4 KiB) are sent from the caller's memory (no copy). */
+ * - Large arguments (>= 4 KiB), and large parts of an argument given in parts, are sent from
+ *   the caller's memory (no copy). */
 
 /* The last error of this handle as one line (no password), "" when the last call was clean. */
 const char *kvs_redis_last_error(const kvs_redis_t *r);

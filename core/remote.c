@@ -18,7 +18,6 @@
 #include "redis.h"
 
 #define WRITE_BATCH 32               /* objects per pipeline on the write path */
-#define WRITE_BATCH_BYTES (64u << 20) /* ... or this many value bytes */
 #define BREAKER_FAILS 3              /* failures in a row that open the breaker */
 #define BREAKER_MIN_MS 500u
 #define BREAKER_MAX_MS 30000u
@@ -111,18 +110,17 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
   }
 }
 
-int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kind,
-                     kvs_layout_t *layout, const uint8_t **payload, uint64_t *payload_len) {
-  const uint8_t *h = value;
-  if (!value || len < KVS_REMOTE_HDR_SIZE) return -EBADMSG;
+/* Every check of a value of len bytes that its header alone allows (all but the hash): 0 and
+ * its kind, layout and payload length, or -EBADMSG. */
+static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *kind,
+                        kvs_layout_t *layout, uint64_t *payload_len) {
+  if (!h || len < KVS_REMOTE_HDR_SIZE) return -EBADMSG;
   if (get32(h) != KVS_REMOTE_MAGIC || get16(h + 4) != KVS_REMOTE_VERSION) return -EBADMSG;
   unsigned k = get16(h + 6);
   if (k > KVS_REMOTE_KIND_ALIAS) return -EBADMSG;
   if (get64(h + 8) != key.lo || get64(h + 16) != key.hi) return -EBADMSG;
   uint64_t n = get64(h + 24);
   if (n != len - KVS_REMOTE_HDR_SIZE) return -EBADMSG;
-  const uint8_t *p = h + KVS_REMOTE_HDR_SIZE;
-  if (XXH3_64bits(p, (size_t)n) != get64(h + 32)) return -EBADMSG;
   kvs_layout_t l;
   memset(&l, 0, sizeof l);
   l.dtype = get32(h + 56);
@@ -138,8 +136,20 @@ int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kin
     return -EBADMSG;
   *kind = k;
   *layout = l;
-  *payload = p;
   *payload_len = n;
+  return 0;
+}
+
+/* The payload hash a checked header names. */
+static uint64_t header_hash(const uint8_t *h) { return get64(h + 32); }
+
+int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kind,
+                     kvs_layout_t *layout, const uint8_t **payload, uint64_t *payload_len) {
+  const uint8_t *h = value;
+  KVS_TRY(check_header(h, len, key, kind, layout, payload_len));
+  const uint8_t *p = h + KVS_REMOTE_HDR_SIZE;
+  if (XXH3_64bits(p, (size_t)*payload_len) != header_hash(h)) return -EBADMSG;
+  *payload = p;
   return 0;
 }
 
@@ -177,8 +187,6 @@ static void count_failure(kvs_remote_t *r, int err) {
 typedef struct worker {
   kvs_remote_t *r;
   kvs_redis_t *redis; /* NULL until connected */
-  uint8_t *stage;     /* value staging buffer (header + payload) */
-  size_t stage_cap;
 } worker_t;
 
 static kvs_redis_t *conn_of(worker_t *w) {
@@ -209,7 +217,7 @@ static void del_key(worker_t *w, kvs_key_t key) {
   kvs_remote_key_name(key, name);
   const char *argv[2] = {"DEL", name};
   size_t lens[2] = {3, KVS_REMOTE_KEY_LEN};
-  kvs_redis_cmd_t cmd = {2, argv, lens, 1};
+  kvs_redis_cmd_t cmd = {.argc = 2, .argv = argv, .argvlen = lens, .key_arg = 1};
   kvs_redis_result_t res;
   if (w->redis) {
     kvs_redis_exec(w->redis, &cmd, 1, &res);
@@ -217,153 +225,206 @@ static void del_key(worker_t *w, kvs_key_t key) {
   }
 }
 
-static uint8_t *stage_at(worker_t *w, size_t need) {
-  if (need > w->stage_cap) {
-    uint8_t *p = realloc(w->stage, need);
-    if (!p) return NULL;
-    w->stage = p;
-    w->stage_cap = need;
-  }
-  return w->stage;
-}
-
 /* ---- write path ---------------------------------------------------------------------------- */
 
-/* One SET of a batch: its argv lives here until the pipeline ran. */
+/* One SET of a batch: its argv lives here until the pipeline ran. The value is argument 2,
+ * given in two parts: the header (here) and the payload, straight from the pinned extent (an
+ * alias's payload, the primary's key, lives here too). */
 typedef struct set_cmd {
   char name[KVS_REMOTE_KEY_LEN + 1];
   char ttl[24];
   const char *argv[6];
   size_t lens[6];
-  size_t stage_off; /* value bytes in the staging buffer */
-  size_t value_len;
+  uint8_t hdr[KVS_REMOTE_HDR_SIZE];
+  uint8_t prim[sizeof(kvs_key_t)];
+  kvs_redis_part_t value[2];
+  const kvs_redis_part_t *parts[6];
+  int nparts[6];
+  size_t job;       /* index of its job in the batch */
+  size_t value_len; /* 0: not sent */
 } set_cmd_t;
+
+/* DEL the keys of a job whose pin did not hold through the send: what was SET may be torn
+ * (its hash would reject it on read; this saves the reader the bad value). */
+static void del_job_keys(worker_t *w, const job_t *jb) {
+  for (uint32_t a = 0; a < jb->n; a++) del_key(w, jb->keys[a]);
+}
 
 static void write_batch(worker_t *w, job_t **jobs, size_t n_jobs) {
   kvs_remote_t *r = w->r;
   uint8_t *base = kvs_pool_base(kvs_store_pool(r->store));
   kvs_object_view_t views[WRITE_BATCH];
   bool ok[WRITE_BATCH];
-  size_t n_cmds = 0, bytes = 0;
+  size_t n_cmds = 0;
   for (size_t j = 0; j < n_jobs; j++) {
     ok[j] = kvs_store_read_pinned(r->store, r->owner, jobs[j]->xfer, &views[j], 1) == 1;
-    if (!ok[j]) continue;
-    n_cmds += jobs[j]->n;
-    bytes += KVS_REMOTE_HDR_SIZE + views[j].extent.length +
-             (jobs[j]->n - 1) * (KVS_REMOTE_HDR_SIZE + sizeof(kvs_key_t));
+    if (ok[j]) n_cmds += jobs[j]->n;
   }
   set_cmd_t *cmds = calloc(n_cmds ? n_cmds : 1, sizeof *cmds);
   kvs_redis_cmd_t *rcmds = calloc(n_cmds ? n_cmds : 1, sizeof *rcmds);
   kvs_redis_result_t *res = calloc(n_cmds ? n_cmds : 1, sizeof *res);
-  uint8_t *stage = stage_at(w, bytes ? bytes : 1);
-  bool mem = cmds && rcmds && res && stage;
-  size_t c = 0, off = 0;
+  bool mem = cmds && rcmds && res;
+  size_t c = 0;
   uint64_t now = unix_ms();
   for (size_t j = 0; j < n_jobs; j++) {
     job_t *jb = jobs[j];
-    if (!ok[j]) {
+    if (!ok[j] || !mem) {
+      kvs_store_release(r->store, r->owner, jb->xfer);
       kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+      ok[j] = false;
       continue;
     }
-    size_t first = c;
-    if (mem) {
-      /* The object: header, then its bytes, copied while the pin holds; its aliases name it. */
-      const uint8_t *payload = base + views[j].extent.offset;
-      uint64_t len = views[j].extent.length;
-      uint8_t prim[16];
-      put64(prim, jb->keys[0].lo);
-      put64(prim + 8, jb->keys[0].hi);
-      for (uint32_t a = 0; a < jb->n; a++, c++) {
-        const uint8_t *src = a ? prim : payload;
-        uint64_t n = a ? sizeof prim : len;
-        kvs_remote_header(stage + off, jb->keys[a], a ? KVS_REMOTE_KIND_ALIAS : KVS_REMOTE_KIND_OBJECT,
-                          a ? NULL : &views[j].layout, src, n, r->producer, now);
-        memcpy(stage + off + KVS_REMOTE_HDR_SIZE, src, n);
-        kvs_remote_key_name(jb->keys[a], cmds[c].name);
-        cmds[c].stage_off = off;
-        cmds[c].value_len = KVS_REMOTE_HDR_SIZE + n;
-        off += cmds[c].value_len;
-      }
-    }
-    /* A pin still live after the copy was live during it (a reclaimed lease never comes back
-     * under the same id), so the copy is good. Unpin now; the rest needs no pool bytes. */
-    if (kvs_store_release(r->store, r->owner, jb->xfer) < 0 || !mem) {
-      for (size_t i = first; i < c; i++) cmds[i].value_len = 0; /* not sent */
-      kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+    /* The object: header, then its bytes, sent from the extent while the pin holds; its
+     * aliases name it. */
+    const uint8_t *payload = base + views[j].extent.offset;
+    uint64_t len = views[j].extent.length;
+    for (uint32_t a = 0; a < jb->n; a++, c++) {
+      set_cmd_t *sc = &cmds[c];
+      put64(sc->prim, jb->keys[0].lo);
+      put64(sc->prim + 8, jb->keys[0].hi);
+      const uint8_t *src = a ? sc->prim : payload;
+      uint64_t n = a ? sizeof sc->prim : len;
+      kvs_remote_header(sc->hdr, jb->keys[a], a ? KVS_REMOTE_KIND_ALIAS : KVS_REMOTE_KIND_OBJECT,
+                        a ? NULL : &views[j].layout, src, n, r->producer, now);
+      kvs_remote_key_name(jb->keys[a], sc->name);
+      sc->value[0] = (kvs_redis_part_t){sc->hdr, KVS_REMOTE_HDR_SIZE};
+      sc->value[1] = (kvs_redis_part_t){src, (size_t)n};
+      sc->job = j;
+      sc->value_len = KVS_REMOTE_HDR_SIZE + n;
     }
   }
   size_t m = 0;
   for (size_t i = 0; mem && i < c; i++) {
     set_cmd_t *s = &cmds[i];
-    if (!s->value_len) continue;
     int tl = snprintf(s->ttl, sizeof s->ttl, "%lld", (long long)r->ttl_ms);
     s->argv[0] = "SET", s->lens[0] = 3;
     s->argv[1] = s->name, s->lens[1] = KVS_REMOTE_KEY_LEN;
-    s->argv[2] = (const char *)stage + s->stage_off, s->lens[2] = s->value_len;
+    s->argv[2] = "", s->lens[2] = 0; /* given in parts */
     s->argv[3] = "NX", s->lens[3] = 2;
     s->argv[4] = "PX", s->lens[4] = 2;
     s->argv[5] = s->ttl, s->lens[5] = (size_t)tl;
-    rcmds[m++] = (kvs_redis_cmd_t){6, s->argv, s->lens, 1};
+    s->parts[2] = s->value;
+    s->nparts[2] = 2;
+    rcmds[m++] = (kvs_redis_cmd_t){.argc = 6, .argv = s->argv, .argvlen = s->lens, .key_arg = 1,
+                                   .parts = s->parts, .nparts = s->nparts};
   }
   kvs_redis_t *redis = m ? conn_of(w) : NULL;
   if (m && !redis) kvs_stats_add(r->stats, KVS_STAT_remote_queue_drops, m);
-  if (redis) {
-    int rc = kvs_redis_exec(redis, rcmds, m, res);
-    exec_outcome(w, rc, rc < 0 ? NULL : res, m);
-    for (size_t i = 0, k = 0; rc >= 0 && i < c; i++) {
-      if (!cmds[i].value_len) continue;
-      const kvs_redis_result_t *x = &res[k++];
-      if (x->type == KVS_REDIS_STATUS) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_writes);
-        kvs_stats_add(r->stats, KVS_STAT_remote_bytes_out, cmds[i].value_len);
-      } else if (x->type == KVS_REDIS_NIL) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_write_present);
-      } else if (x->type == KVS_REDIS_ERROR) {
-        kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
-        kvs_log_info("remote tier: SET refused: %.*s", (int)(x->len > 200 ? 200 : x->len),
-                     x->str);
-      }
+  int rc = redis ? kvs_redis_exec(redis, rcmds, m, res) : -ENOTCONN;
+  if (redis) exec_outcome(w, rc, rc < 0 ? NULL : res, m);
+  for (size_t i = 0; redis && rc >= 0 && i < m; i++) {
+    const kvs_redis_result_t *x = &res[i];
+    if (x->type == KVS_REDIS_STATUS) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_writes);
+      kvs_stats_add(r->stats, KVS_STAT_remote_bytes_out, cmds[i].value_len);
+    } else if (x->type == KVS_REDIS_NIL) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_write_present);
+    } else if (x->type == KVS_REDIS_ERROR) {
+      kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
+      kvs_log_info("remote tier: SET refused: %.*s", (int)(x->len > 200 ? 200 : x->len), x->str);
     }
-    kvs_redis_results_release(redis);
+  }
+  if (redis) kvs_redis_results_release(redis);
+  /* Unpin now that every byte was sent or dropped. A pin still live now was live during the
+   * send (a reclaimed lease never comes back under the same id), so what was sent is good;
+   * otherwise the job's keys are deleted and it counts as a drop. */
+  for (size_t j = 0; j < n_jobs; j++) {
+    if (!ok[j]) continue;
+    if (kvs_store_release(r->store, r->owner, jobs[j]->xfer) < 0) {
+      if (redis) del_job_keys(w, jobs[j]);
+      kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+    }
   }
   free(cmds);
   free(rcmds);
   free(res);
-  if (w->stage_cap > WRITE_BATCH_BYTES) { /* do not keep a huge buffer idle */
-    free(w->stage);
-    w->stage = NULL;
-    w->stage_cap = 0;
-  }
 }
 
 /* ---- read path ----------------------------------------------------------------------------- */
 
-/* Put one checked object into the store under keys[0] (+ aliases keys[1..n)): 1 stored (or
- * already there with every key bound), 0 not. A primary the pool already holds cannot take new
- * aliases (the store binds aliases only when it publishes), so the aliases then get their own
- * copy, primary keys[1]. */
-static int store_object(kvs_remote_t *r, const kvs_key_t *keys, size_t n,
-                        const kvs_layout_t *layout, const uint8_t *payload, uint64_t len) {
+/* A GET whose value is received straight into a reserved extent (kvs_redis_sink_t): the
+ * header is checked as soon as it is in, the extent reserved under keys[0] (+ aliases
+ * keys[1..n)), the payload received into it, its hash checked after (obj_finish). */
+enum { OS_NONE, OS_RESERVED, OS_PRESENT, OS_NOROOM, OS_ALIAS, OS_BAD };
+typedef struct obj_sink {
+  kvs_remote_t *r;
+  const kvs_key_t *keys; /* keys[0]: the key read; keys[1..n): aliases to bind to it */
+  size_t n;
+  int state;             /* OS_* */
+  uint64_t hash, plen;
+  kvs_xfer_t xfer;       /* OS_RESERVED */
+  uint8_t *dst;
+} obj_sink_t;
+
+/* Reserve an extent for an object under keys[0..n): OS_RESERVED (xfer, dst), OS_PRESENT
+ * (already there with every key bound) or OS_NOROOM. A primary the pool already holds cannot
+ * take new aliases (the store binds aliases only when it publishes), so the aliases then get
+ * their own copy, primary keys[1]. */
+static int reserve_keys(obj_sink_t *s, const kvs_layout_t *layout) {
+  kvs_remote_t *r = s->r;
+  const kvs_key_t *keys = s->keys;
+  size_t n = s->n;
   for (int attempt = 0; attempt < 2 && n > 0; attempt++, keys++, n--) {
     uint8_t outcome = 0;
     kvs_extent_t ext;
-    kvs_xfer_t xfer = 0;
     int rc = kvs_store_reserve_object(r->store, r->owner, keys, n, layout, 0, &outcome, &ext,
-                                      &xfer);
+                                      &s->xfer);
     if (rc == 1) {
-      memcpy(kvs_pool_base(kvs_store_pool(r->store)) + ext.offset, payload, len);
-      return kvs_store_commit(r->store, r->owner, xfer) == 0 ? 1 : 0;
+      s->dst = kvs_pool_base(kvs_store_pool(r->store)) + ext.offset;
+      return OS_RESERVED;
     }
-    if (outcome != KVS_RES_PRESENT) return 0;
+    if (outcome != KVS_RES_PRESENT) return OS_NOROOM;
     if (n == 1 || kvs_store_lookup(r->store, r->owner, keys + 1, n - 1, false, NULL) == (int)n - 1)
-      return 1; /* every alias is bound already */
+      return OS_PRESENT; /* every alias is bound already */
   }
-  return 0;
+  return OS_NOROOM;
+}
+
+static void *obj_dest(void *ctx, size_t len, const void *head, size_t head_len) {
+  obj_sink_t *s = ctx;
+  unsigned kind = 0;
+  kvs_layout_t layout;
+  if (head_len < KVS_REMOTE_HDR_SIZE ||
+      check_header(head, len, s->keys[0], &kind, &layout, &s->plen) < 0) {
+    s->state = OS_BAD;
+    return NULL;
+  }
+  if (kind == KVS_REMOTE_KIND_ALIAS) {
+    s->state = OS_ALIAS;
+    return NULL;
+  }
+  s->hash = header_hash(head);
+  s->state = reserve_keys(s, &layout);
+  return s->state == OS_RESERVED ? s->dst : NULL;
+}
+
+/* The GET answered x: 1 the object is in the pool (received and its hash good: committed; or
+ * present already), 0 not (reservation undone), -1 a bad value (undone). */
+static int obj_finish(obj_sink_t *s, const kvs_redis_result_t *x) {
+  int st = s->state;
+  s->state = OS_NONE;
+  if (st == OS_BAD) return -1;
+  if (st == OS_PRESENT) return 1;
+  if (st != OS_RESERVED) return 0;
+  bool received = x->type == KVS_REDIS_STRING;
+  if (received && XXH3_64bits(s->dst, (size_t)s->plen) == s->hash)
+    return kvs_store_commit(s->r->store, s->r->owner, s->xfer) == 0 ? 1 : 0;
+  kvs_store_abort(s->r->store, s->r->owner, s->xfer);
+  return received ? -1 : 0;
+}
+
+/* Undo the reservations of sinks not finished (a run that ended before them). */
+static void sinks_abort(obj_sink_t *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (s[i].state == OS_RESERVED) kvs_store_abort(s[i].r->store, s[i].r->owner, s[i].xfer);
+    s[i].state = OS_NONE;
+  }
 }
 
 /* Pipeline one command per key: argv {verb, name[, extra...]}. */
 static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, size_t n,
-                        const char *a2, const char *a3, kvs_redis_result_t *res) {
+                        const char *a2, const char *a3, const kvs_redis_sink_t *sinks,
+                        kvs_redis_result_t *res) {
   char (*names)[KVS_REMOTE_KEY_LEN + 1] = malloc(n * sizeof *names);
   const char **argv = malloc(n * 4 * sizeof *argv);
   size_t *lens = malloc(n * 4 * sizeof *lens);
@@ -379,7 +440,8 @@ static int exec_per_key(worker_t *w, const char *verb, const kvs_key_t *keys, si
       av[0] = verb, lv[0] = strlen(verb);
       av[1] = names[i], lv[1] = KVS_REMOTE_KEY_LEN;
       if (a2) av[2] = a2, lv[2] = strlen(a2), av[3] = a3, lv[3] = strlen(a3);
-      cmds[i] = (kvs_redis_cmd_t){argc, av, lv, 1};
+      cmds[i] = (kvs_redis_cmd_t){.argc = argc, .argv = av, .argvlen = lv, .key_arg = 1,
+                                  .sink = sinks ? &sinks[i] : NULL};
     }
     rc = kvs_redis_exec(redis, cmds, n, res);
     exec_outcome(w, rc, rc < 0 ? NULL : res, n);
@@ -424,7 +486,7 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
   while (res && run < n) {
     if (kvs__now_ms() >= deadline_ms) break;
     size_t b = n - run < PROBE_BATCH ? n - run : PROBE_BATCH;
-    if (exec_per_key(w, "GETRANGE", keys + run, b, "0", last, res) < 0) break;
+    if (exec_per_key(w, "GETRANGE", keys + run, b, "0", last, NULL, res) < 0) break;
     size_t i = 0;
     for (; i < b; i++) {
       const kvs_redis_result_t *x = &res[i];
@@ -487,14 +549,19 @@ static size_t fetch_objects(worker_t *w, const kvs_key_t *keys, size_t n, uint64
       return i;
     }
     size_t b = n - i < OBJECT_BATCH ? n - i : OBJECT_BATCH, j = 0;
-    if (exec_per_key(w, "GET", keys + i, b, NULL, NULL, res) < 0) return i;
+    obj_sink_t os[OBJECT_BATCH];
+    kvs_redis_sink_t sk[OBJECT_BATCH];
+    for (size_t k = 0; k < b; k++) {
+      os[k] = (obj_sink_t){.r = r, .keys = &keys[i + k], .n = 1};
+      sk[k] = (kvs_redis_sink_t){obj_dest, &os[k], KVS_REMOTE_HDR_SIZE};
+    }
+    if (exec_per_key(w, "GET", keys + i, b, NULL, NULL, sk, res) < 0) {
+      sinks_abort(os, b);
+      return i;
+    }
     bool stop = false;
     for (; j < b && !stop; j++) {
       const kvs_redis_result_t *x = &res[j];
-      unsigned kind = 0;
-      kvs_layout_t layout;
-      const uint8_t *payload = NULL;
-      uint64_t plen = 0;
       if (x->type == KVS_REDIS_NIL) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
         break;
@@ -503,21 +570,24 @@ static size_t fetch_objects(worker_t *w, const kvs_key_t *keys, size_t n, uint64
         if (x->type != KVS_REDIS_FAILED) kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
         break;
       }
-      if (kvs_remote_check(x->str, x->len, keys[i + j], &kind, &layout, &payload, &plen) < 0) {
-        kvs_redis_results_release(w->redis);
-        bad_value(w, keys[i + j]);
-        return i + j;
-      }
-      if (kind == KVS_REMOTE_KIND_ALIAS) { /* the grouping path takes it from here */
+      if (os[j].state == OS_ALIAS) { /* the grouping path takes it from here */
         *alias_at = i + j;
         *end = false;
         break;
       }
+      int got = obj_finish(&os[j], x);
+      if (got < 0) {
+        sinks_abort(os, b);
+        kvs_redis_results_release(w->redis);
+        bad_value(w, keys[i + j]);
+        return i + j;
+      }
       kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
-      stop = store_object(r, &keys[i + j], 1, &layout, payload, plen) != 1;
+      stop = got != 1;
       if (!stop) kvs_stats_inc(r->stats, KVS_STAT_remote_hits);
       else j--; /* not stored: the run ends before it */
     }
+    sinks_abort(os, b);
     kvs_redis_results_release(w->redis);
     if (j < b || stop) return i + j;
     i += b;
@@ -544,7 +614,7 @@ static size_t fetch(worker_t *w, const job_t *jb) {
   size_t n = jb->n - start;
   const kvs_key_t *keys = &jb->keys[start];
   probe_t *pr = malloc(n * sizeof *pr);
-  kvs_key_t *group = malloc((n + 1) * sizeof *group);
+  kvs_key_t *group = malloc((n + OBJECT_BATCH) * sizeof *group);
   kvs_redis_result_t res[OBJECT_BATCH];
   size_t got = 0, run = pr && group ? probe_run(w, keys, n, pr, jb->deadline_ms) : 0;
   /* Phase 2: each object of the run, once, with every key of the run that names it. */
@@ -564,35 +634,40 @@ static size_t fetch(worker_t *w, const job_t *jb) {
       if (!seen) firsts[m] = i, prims[m++] = pr[i].prim;
     }
     if (m == 0) break;
-    if (exec_per_key(w, "GET", prims, m, NULL, NULL, res) < 0) break;
+    /* Each object's keys: its primary, then the run's aliases naming it (disjoint groups). */
+    obj_sink_t os[OBJECT_BATCH];
+    kvs_redis_sink_t sk[OBJECT_BATCH];
+    size_t o = 0;
+    for (size_t g = 0; g < m; g++) {
+      size_t first = o;
+      group[o++] = prims[g];
+      for (size_t i = firsts[g]; i < run; i++)
+        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g]) && !kvs_key_eq(keys[i], prims[g]))
+          group[o++] = keys[i];
+      os[g] = (obj_sink_t){.r = r, .keys = &group[first], .n = o - first};
+      sk[g] = (kvs_redis_sink_t){obj_dest, &os[g], KVS_REMOTE_HDR_SIZE};
+    }
+    if (exec_per_key(w, "GET", prims, m, NULL, NULL, sk, res) < 0) {
+      sinks_abort(os, m);
+      break;
+    }
     bool released = false;
     for (size_t g = 0; g < m && !stop; g++) {
       const kvs_redis_result_t *x = &res[g];
-      unsigned kind = 0;
-      kvs_layout_t layout;
-      const uint8_t *payload = NULL;
-      uint64_t plen = 0;
       bool bad = false, ok = x->type == KVS_REDIS_STRING;
       if (ok) {
-        ok = kvs_remote_check(x->str, x->len, prims[g], &kind, &layout, &payload, &plen) == 0 &&
-             kind == KVS_REMOTE_KIND_OBJECT;
-        bad = !ok;
+        int fin = os[g].state == OS_ALIAS ? -1 : obj_finish(&os[g], x); /* an alias of an alias */
+        bad = fin < 0;
+        ok = fin == 1;
+        if (!bad) kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
       } else if (x->type == KVS_REDIS_NIL) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_misses);
       } else if (x->type != KVS_REDIS_FAILED) {
         kvs_stats_inc(r->stats, KVS_STAT_remote_errors);
       }
-      size_t nk = 0;
-      group[nk++] = prims[g];
+      size_t nk = os[g].n;
       for (size_t i = firsts[g]; i < run; i++)
-        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g])) {
-          pr[i].done = true;
-          if (!kvs_key_eq(keys[i], prims[g])) group[nk++] = keys[i];
-        }
-      if (ok) {
-        kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
-        ok = store_object(r, group, nk, &layout, payload, plen) == 1;
-      }
+        if (!pr[i].done && kvs_key_eq(pr[i].prim, prims[g])) pr[i].done = true;
       if (ok) {
         /* every run key of the group is served: the primary itself only if it was asked */
         size_t served = nk - 1;
@@ -609,6 +684,7 @@ static size_t fetch(worker_t *w, const job_t *jb) {
         }
       }
     }
+    sinks_abort(os, m);
     if (!released) kvs_redis_results_release(w->redis);
     while (next < run && pr[next].done) next++;
   }
@@ -628,7 +704,7 @@ static void finish_fetch(kvs_remote_t *r, uint64_t token) {
 
 static void *io_main(void *arg) {
   kvs_remote_t *r = arg;
-  worker_t w = {r, NULL, NULL, 0};
+  worker_t w = {r, NULL};
   pthread_mutex_lock(&r->lock);
   for (;;) {
     while (!r->stop && !r->fetch_head && !r->write_head) pthread_cond_wait(&r->cond, &r->lock);
@@ -675,7 +751,6 @@ static void *io_main(void *arg) {
   }
   pthread_mutex_unlock(&r->lock);
   kvs_redis_destroy(w.redis);
-  free(w.stage);
   return NULL;
 }
 
@@ -709,7 +784,7 @@ static int hook_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
 
 static void queue_write(kvs_remote_t *r, const kvs_key_t *keys, size_t n) {
   kvs_xfer_t xfer = 0;
-  /* Pin the object so its extent stays ours until an I/O thread copied it. */
+  /* Pin the object so its extent stays ours until an I/O thread has sent it. */
   if (kvs_store_lookup(r->store, r->owner, keys, 1, true, &xfer) != 1) {
     kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
     return;

@@ -3,13 +3,17 @@
  * Only `kvshim serve` creates one; engines never talk to the network. It plugs into the
  * coordinator through kvs_coord_remote_t (coord.h):
  *   write path  every object a peer commits to serve is pinned (under the tier's own store
- *               owner) and queued; I/O threads copy it out of the pool and write it behind with
- *               pipelined `SET kvshim:v1:<32 hex key> <value> NX PX <KVSHIM_REMOTE_TTL>`, then
- *               unpin. A full queue (KVSHIM_REMOTE_QUEUE objects) drops and counts.
+ *               owner) and queued; I/O threads write it behind with pipelined
+ *               `SET kvshim:v1:<32 hex key> <value> NX PX <KVSHIM_REMOTE_TTL>`, the value given
+ *               to core/redis in two parts (header from a small buffer, payload straight from
+ *               the pinned extent: no staging copy), then unpin. A full queue
+ *               (KVSHIM_REMOTE_QUEUE objects) drops and counts.
  *   read path   a LOOKUP with remote_wait_ms > 0 that the pool cannot answer whole is handed to
- *               an I/O thread, which GETs the missing keys (pipelined), checks each value,
- *               reserves an extent, copies the payload into it and commits, then tells the
- *               coordinator (kvs_coord_remote_done). The coordinator thread never waits.
+ *               an I/O thread, which GETs the missing keys (pipelined). Each reply is received
+ *               through a kvs_redis_sink_t: once its header is in, the header is checked and
+ *               an extent reserved, the payload goes from the socket straight into it (no
+ *               copy), its hash is checked after and the extent committed (or aborted); then
+ *               the coordinator is told (kvs_coord_remote_done). It never waits.
  *
  * Value (little-endian, KVS_REMOTE_HDR_SIZE bytes of header, then the payload):
  *     0 u32 magic "KVSR"   4 u16 version 1   6 u16 kind (0 object, 1 alias)

@@ -7,8 +7,8 @@
  *                      write-behind as the coordinator does, timed until every SET answered.
  *                      Tier GET: the pool emptied, one LOOKUP (with remote_wait_ms, from a peer
  *                      client over the Unix socket) for all the keys, timed until its reply:
- *                      header probe, GETs, checks, copy into the pool. Raw: N pipelined
- *                      SET/GET of the bare bytes on one hiredis connection.
+ *                      pipelined GETs received straight into reserved extents, checks.
+ *                      Raw: N pipelined SET/GET of the bare bytes on one hiredis connection.
  *   prefix lookup      LOOKUP of a 16-chunk prefix through the tier, p50 (the keys absent from
  *                      Redis: one probe round trip; and present, 16 x 4 KiB: probe + GET),
  *                      vs one raw PING round trip p50.
