@@ -2,6 +2,7 @@
  * caller to verify and commit or abort. A server S holds the objects; a second in-process store
  * L is the fetching process's local store (the peers' config `local`). Both strategies. */
 #include <criterion/criterion.h>
+#include <unistd.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,9 @@ static void chunks_round_trip(int strategy) {
   cr_assert_eq(f[3].status, KVS_FETCH_LOCAL);
   kvs_store_abort(L.store, KVS_OWNER_LOCAL, f[2].xfer);
   cr_assert_eq(ts_info(L.store).objects_writing, 0);
+  /* The client posts COMMIT_RETRIEVE without waiting for its reply (docs/protocol.md 6): the
+   * server unpins when it reads it, shortly after the fetch returned. */
+  for (int i = 0; i < 5000 && ts_info(S.store).pins != 0; i++) usleep(1000);
   cr_assert_eq(ts_info(S.store).pins, 0);
   kvs_peers_destroy(p);
 }
