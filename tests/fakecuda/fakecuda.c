@@ -65,6 +65,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FK_DRIVER_VERSION 13000
@@ -85,6 +87,12 @@ static int cfg_log_fd = -1;
 static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING of every device */
 static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
 static int cfg_gpa_alias;            /* FAKECUDA_GPA_ALIAS */
+/* Pinning cost, ns per MiB (FAKECUDA_REGISTER_NS_PER_MIB). The real driver pins page-locked
+ * memory at roughly 0.1 s per GB (design §5 and §9.6, measured): ~100000 ns/MiB. The default is
+ * that scaled down 100x so tests stay fast while a 4 GiB pin still costs a visible ~4 ms. Both
+ * cuMemHostRegister ("page-locks the memory range", cuda.h) and cuMemHostAlloc/cuMemAllocHost
+ * ("allocates bytesize bytes of host memory that is page-locked", cuda.h) pay it. */
+static uint64_t cfg_register_ns_per_mib = 1000;
 static atomic_int initialized; /* cuInit succeeded in this process */
 
 static void cfg_warn(const char *var, const char *val, const char *why) {
@@ -189,6 +197,16 @@ static void cfg_load(void) {
       cfg_warn("FAKECUDA_NO_HOSTPTR", v, "expected a bitmask of device ordinals, using 0");
     else
       cfg_no_hostptr = m;
+  }
+  v = getenv("FAKECUDA_REGISTER_NS_PER_MIB");
+  if (v && *v) {
+    char *end;
+    errno = 0;
+    unsigned long long ns = strtoull(v, &end, 10);
+    if (errno || *end || *v == '-' || ns > 1000000000ull)
+      cfg_warn("FAKECUDA_REGISTER_NS_PER_MIB", v, "expected 0..1000000000, using 1000");
+    else
+      cfg_register_ns_per_mib = ns;
   }
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
@@ -1518,6 +1536,20 @@ CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdevi
   (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY | \
    CU_MEMHOSTREGISTER_READ_ONLY)
 
+/* Pay the pinning cost of bytes (cfg_register_ns_per_mib), outside any lock; returns the ns
+ * charged, which the cuMemHostRegister log line reports (pin_ns=) with the paying thread
+ * (thread=main: the process's main thread, else other) so tests can check who paid it without
+ * timing anything. */
+static uint64_t pin_cost(size_t bytes) {
+  uint64_t b = (uint64_t)bytes, ns = (b >> 20) * cfg_register_ns_per_mib +
+                                  (((b & 0xfffff) * cfg_register_ns_per_mib) >> 20);
+  struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+                        .tv_nsec = (long)(ns % 1000000000ull)};
+  while (ns && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+  return ns;
+}
+
 static CUresult host_alloc(const char *name, void **pp, size_t bytesize, unsigned flags,
                            int log_flags) {
   struct CUctx_st *c = NULL;
@@ -1542,7 +1574,10 @@ static CUresult host_alloc(const char *name, void **pp, size_t bytesize, unsigne
     unlock();
     if (r != CUDA_SUCCESS) munmap(p, map_len);
   }
-  if (r == CUDA_SUCCESS) *pp = p;
+  if (r == CUDA_SUCCESS) {
+    *pp = p;
+    pin_cost(map_len);
+  }
   char lb[FK_LABEL_MAX] = "", lf[32] = "";
   if (r == CUDA_SUCCESS) ptr_label((uintptr_t)p, lb, sizeof lb);
   if (log_flags) snprintf(lf, sizeof lf, " flags=0x%x", flags);
@@ -1617,10 +1652,14 @@ static CUresult host_register(const char *name, void *p, size_t bytesize, unsign
     }
     unlock();
   }
-  char lb[FK_LABEL_MAX] = "";
+  uint64_t ns = r == CUDA_SUCCESS ? pin_cost(bytesize) : 0;
+  char lb[FK_LABEL_MAX] = "", lc[64] = "";
   if (r == CUDA_SUCCESS) ptr_label(a, lb, sizeof lb);
-  fk_log("%s bytesize=%zu flags=0x%x -> %d%s%s", name, bytesize, flags, (int)r,
-         r ? "" : " range=", lb);
+  if (r == CUDA_SUCCESS)
+    snprintf(lc, sizeof lc, " pin_ns=%llu thread=%s", (unsigned long long)ns,
+             syscall(SYS_gettid) == getpid() ? "main" : "other");
+  fk_log("%s bytesize=%zu flags=0x%x -> %d%s%s%s", name, bytesize, flags, (int)r,
+         r ? "" : " range=", lb, lc);
   return r;
 }
 CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {

@@ -1457,6 +1457,58 @@ static void check_lines(const char *log, size_t len, int want_lines, const char 
   CHECK(lines == want_lines, "%s: %d lines for %d driver calls", what, lines, want_lines);
 }
 
+/* FAKECUDA_REGISTER_NS_PER_MIB: cuMemHostRegister pays the pinning cost in proportion to its
+ * size and logs what it charged and on which thread (design §9.6: ~0.1 s/GB on a real driver). */
+static void *register_in_thread(void *p) {
+  CUcontext *c = p;
+  static char buf[1 << 20];
+  CUresult r = cuCtxSetCurrent(*c);
+  if (r == OK) r = cuMemHostRegister_v2(buf, sizeof buf, 0);
+  if (r == OK) r = cuMemHostUnregister(buf);
+  return (void *)(intptr_t)r;
+}
+static void t_register_cost(void) {
+  make_tmpdir();
+  char path[300];
+  tmp_path(path, sizeof path, "reg.log");
+  setenv("FAKECUDA_LOG", path, 1);
+  setenv("FAKECUDA_REGISTER_NS_PER_MIB", "2000", 1);
+  CUcontext c = setup();
+  size_t n = 3u << 20;
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(p != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister_v2(p, n, 0), OK);
+  CHECK_CU(cuMemHostUnregister(p), OK);
+  pthread_t t;
+  void *res = NULL;
+  CHECK(pthread_create(&t, NULL, register_in_thread, &c) == 0, "pthread_create");
+  pthread_join(t, &res);
+  CHECK((intptr_t)res == OK, "register from another thread: %d", (int)(intptr_t)res);
+  size_t len;
+  char *log = read_file(path, &len);
+  CHECK(strstr(log, "bytesize=3145728 flags=0x0 -> 0 range=r1 pin_ns=6000 thread=main\n"),
+        "3 MiB at 2000 ns/MiB must cost 6000 ns on the main thread:\n%s", log);
+  CHECK(strstr(log, "bytesize=1048576 flags=0x0 -> 0 range=r2 pin_ns=2000 thread=other\n"),
+        "1 MiB from a second thread must cost 2000 ns there:\n%s", log);
+  free(log);
+  munmap(p, n);
+}
+static void t_register_cost_bad_env(void) {
+  make_tmpdir();
+  char path[300];
+  tmp_path(path, sizeof path, "reg.log");
+  setenv("FAKECUDA_LOG", path, 1);
+  setenv("FAKECUDA_REGISTER_NS_PER_MIB", "-5", 1);
+  setup();
+  static char buf[1 << 20];
+  CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, 0), OK);
+  size_t len;
+  char *log = read_file(path, &len);
+  CHECK(strstr(log, "pin_ns=1000 thread=main\n"), "an invalid value must keep 1000 ns/MiB:\n%s",
+        log);
+  free(log);
+}
+
 static void t_call_log(void) {
   CHECK(regcomp(&line_re,
                 "^cu[A-Za-z0-9_]+( [a-z]+=[^ =]+)* -> -?[0-9]+( [a-z]+=[^ =]+)*$",
@@ -1601,6 +1653,7 @@ static const struct {
     {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
     {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
     {"ipc_free_open", t_ipc_free_open},
+    {"register_cost", t_register_cost}, {"register_cost_bad_env", t_register_cost_bad_env},
 };
 
 int main(int argc, char **argv) {
@@ -1622,6 +1675,7 @@ int main(int argc, char **argv) {
   unsetenv("FAKECUDA_NO_UVA");
   unsetenv("FAKECUDA_NO_HOSTPTR");
   unsetenv("FAKECUDA_GPA_ALIAS");
+  unsetenv("FAKECUDA_REGISTER_NS_PER_MIB");
   const char *only = argc >= 2 ? argv[1] : NULL;
   int failed = 0, ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
