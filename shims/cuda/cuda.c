@@ -53,6 +53,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -408,6 +409,70 @@ static bool cu_keep_release_all(kvs__runtime_t *rt) {
   }
 }
 
+/* Pinning ahead of use (issue 14 item 6, design §9.6: "prefault and register the host arena in
+ * the background ... never inside an engine call when avoidable"). After the engine takes a
+ * host buffer of at least CU_PREPIN_MIN from the arena, one background thread at idle priority
+ * takes a spare extent of the same size from the arena, registers it (which faults its pages in)
+ * and keeps it (g_keep), so the engine's next request of that size (PyTorch's pinned block
+ * cache, vLLM's per-layer swap buffers: many equal sizes) finds it registered and pays no
+ * pinning inline. One spare at a time; a spare that finds no room, no context or a driver
+ * error just ends (the next request registers inline as before). When the arena is full, the
+ * spare is released with the other kept extents (cu_keep_release_all). Smaller buffers are
+ * left alone: their pinning is cheap (~0.1 ms per MiB) and a spare would only hold memory. */
+#define CU_PREPIN_MIN (64ull << 20)
+static atomic_bool g_prepin_busy; /* a spare is being made */
+
+static void *cu_prepin_main(void *arg) {
+  uint64_t len = (uint64_t)(uintptr_t)arg;
+  /* Idle priority, like the cache arena's prefault (runtime.c): never take CPU from the
+   * engine. */
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  kvs__runtime_t *rt = cu_rt_if_active();
+  uint64_t off;
+  if (rt && kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, len, &off) == 0) {
+    void *p = kvs_pool_base(rt->pool) + off;
+    cu_ctx_scope_t sc;
+    /* Relaxed: under a global-mode capture in another thread, this thread's register must not
+     * invalidate it (cuda.h, cuThreadExchangeStreamCaptureMode). */
+    cu_relax_t rx = cu_relax();
+    CUresult r = cu_ctx_enter(&g_real, p, &sc) == 0
+                     ? cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE |
+                                               CU_MEMHOSTREGISTER_DEVICEMAP)
+                     : CUDA_ERROR_INVALID_CONTEXT;
+    cu_ctx_leave(&g_real, &sc);
+    cu_unrelax(rx);
+    if (r != CUDA_SUCCESS) {
+      kvs_log_debug("host-arena spare of %llu bytes not registered: %d", (unsigned long long)len,
+                    (int)r);
+      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    } else if (!cu_keep_put(off, len)) {
+      cu_host_release(rt, off, len);
+    }
+  }
+  atomic_store(&g_prepin_busy, false);
+  return NULL;
+}
+
+/* Start a spare of len bytes unless one is being made. */
+static void cu_prepin_ahead(uint64_t len) {
+  if (len < CU_PREPIN_MIN || atomic_exchange(&g_prepin_busy, true)) return;
+  pthread_attr_t at;
+  pthread_t t;
+  sigset_t all, old;
+  int rc = pthread_attr_init(&at);
+  if (rc == 0) {
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    /* kvshim's threads must not take the engine's signals: created with every signal blocked. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&t, &at, cu_prepin_main, (void *)(uintptr_t)len);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&at);
+  }
+  if (rc != 0) atomic_store(&g_prepin_busy, false);
+}
+
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
  * forwards the request to the real allocator, untouched). asked: the caller's cuMemHostAlloc
  * flags (0 for cuMemAllocHost_v2), answered by cuMemHostGetFlags. */
@@ -466,6 +531,7 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   cu_host_gauge((int64_t)len);
   kvs_stats_inc(st, KVS_STAT_host_arena_allocs);
   *pp = p;
+  cu_prepin_ahead(len);
   return 0;
 }
 
@@ -1256,6 +1322,7 @@ static void cu_fork_child(void) {
   /* The child's runtime starts afresh; handles the parent opened are the parent's business.
    * The resolved driver table stays valid (same mappings). */
   atomic_store(&g_forked, true);
+  atomic_store(&g_prepin_busy, false); /* the parent's spare thread does not exist here */
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);

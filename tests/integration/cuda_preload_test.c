@@ -63,6 +63,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pool.h"
@@ -557,6 +558,41 @@ static int w_keep(void) {
   return 0;
 }
 
+/* Pinning ahead of use: after a 64 MiB buffer, a background thread registers a spare of that
+ * size, and the next 64 MiB request takes it without registering inline. With the fake, waits
+ * (bounded) until the log shows the spare registered off the main thread. */
+static int log_has(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[512];
+  int hit = 0;
+  while (!hit && fgets(line, sizeof line, f)) hit = strstr(line, needle) != NULL;
+  fclose(f);
+  return hit;
+}
+static int w_prepin(void) {
+  pt_cuda_setup();
+  void *a = NULL, *b = NULL;
+  PT_CHECK(cuMemHostAlloc(&a, 64 * MiB, 0) == 0, "64M");
+  const char *log = getenv("FAKECUDA_LOG");
+  if (log && *log) {
+    const char *want = "bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=";
+    for (int i = 0; i < 1000 && !log_has(log, want); i++) {
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    PT_CHECK(log_has(log, want), "no spare was registered in 10 s");
+  }
+  PT_CHECK(cuMemHostAlloc(&b, 64 * MiB, 0) == 0, "second 64M");
+  fill(b, 64 * MiB, 3);
+  CUdeviceptr dp = 0;
+  PT_CHECK(cuMemHostGetDevicePointer(&dp, b, 0) == 0 && dp == (CUdeviceptr)(uintptr_t)b,
+           "device pointer of the spare");
+  PT_CHECK(cuMemFreeHost(a) == 0 && cuMemFreeHost(b) == 0, "frees");
+  say("done");
+  return 0;
+}
+
 /* kvs_touch(u8 *buf, u64 n): buf[i] += 1 for i < n, one thread per byte. PTX, JIT-compiled by
  * the driver (no nvcc needed); the fake driver runs the same kernel in C. */
 static const char k_touch_ptx[] =
@@ -634,6 +670,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "origins")) return w_origins();
   if (!strcmp(w, "bypass")) return w_bypass();
   if (!strcmp(w, "keep")) return w_keep();
+  if (!strcmp(w, "prepin")) return w_prepin();
   if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
@@ -1302,6 +1339,30 @@ static int case_keep(void) {
   return 0;
 }
 
+static int case_prepin(void) {
+  tcase_t c = {0};
+  tc_init(&c, "prepin", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "160M"); /* room for a, the spare, no second one */
+  PT_CHECK(run_child(&c, "prepin", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(st);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    /* The engine's thread paid the first registration only; the spare was pinned off it. */
+    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 pin_ns=64000 "
+                      "thread=main", 1);
+    expect_count(log, "thread=main", 1);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=64000 "
+                      "thread=other", 1);
+    free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1409,6 +1470,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "unexportable")) rc = case_unexportable();
   else if (!strcmp(k, "bypass")) rc = case_bypass();
   else if (!strcmp(k, "keep")) rc = case_keep();
+  else if (!strcmp(k, "prepin")) rc = case_prepin();
   else if (!strcmp(k, "zerocopy")) rc = case_zerocopy();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
