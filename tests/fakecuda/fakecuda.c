@@ -86,6 +86,7 @@ static uint64_t cfg_mem_limit = 1ull << 30;
 static int cfg_log_fd = -1;
 static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING of every device */
 static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+static unsigned long cfg_no_roreg;   /* devices without READ_ONLY_HOST_REGISTER_SUPPORTED */
 static int cfg_gpa_alias;            /* FAKECUDA_GPA_ALIAS */
 /* Pinning cost, ns per MiB (FAKECUDA_REGISTER_NS_PER_MIB). The real driver pins page-locked
  * memory at roughly 0.1 s per GB (design §5 and §9.6, measured): ~100000 ns/MiB. The default is
@@ -207,6 +208,16 @@ static void cfg_load(void) {
       cfg_warn("FAKECUDA_REGISTER_NS_PER_MIB", v, "expected 0..1000000000, using 1000");
     else
       cfg_register_ns_per_mib = ns;
+  }
+  v = getenv("FAKECUDA_NO_READONLY_REGISTER");
+  if (v && *v) {
+    char *end;
+    errno = 0;
+    unsigned long m = strtoul(v, &end, 0);
+    if (errno || *end || m >> FK_MAX_DEVICES)
+      cfg_warn("FAKECUDA_NO_READONLY_REGISTER", v, "expected a bitmask of device ordinals, using 0");
+    else
+      cfg_no_roreg = m;
   }
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
@@ -724,6 +735,14 @@ static CUresult span_ok(uintptr_t p, size_t n, int side) {
   if (side == SIDE_DEV && !dev_accessible(r)) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
+/* Caller holds reg_lock. Does the device write into memory registered READ_ONLY? cuda.h
+ * (cuMemHostRegister): READ_ONLY "The pointer is treated as pointing to memory that is
+ * considered read-only by the device": a device-side write (a copy into it, a kernel store) is
+ * refused here. */
+static int ro_target(uintptr_t p) {
+  const fk_range_t *r = range_find(p);
+  return r && r->kind == FK_REG && (r->flags & CU_MEMHOSTREGISTER_READ_ONLY);
+}
 
 /* Every copy entry point: checks, then memmove under the lock (so a concurrent free cannot
  * unmap either side mid-copy). Async copies complete before returning. */
@@ -735,6 +754,7 @@ static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr
     lock();
     if (async && !stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
     if (r == CUDA_SUCCESS && n) r = span_ok(dst, n, dst_side);
+    if (r == CUDA_SUCCESS && n && ro_target(dst)) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS && n) r = span_ok(src, n, src_side);
     if (r == CUDA_SUCCESS && n) memmove((void *)dst, (const void *)src, n);
     unlock();
@@ -819,8 +839,10 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
       v = !((cfg_no_hostptr >> dev) & 1);
       break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
+      v = !((cfg_no_roreg >> dev) & 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
     default: v = 0; break;
     }
     *pi = v;
@@ -1626,6 +1648,11 @@ static CUresult host_register(const char *name, void *p, size_t bytesize, unsign
       (!p || bytesize == 0 || a + bytesize < a || (flags & ~(unsigned)FK_HOSTREGISTER_FLAGS)))
     r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS && (flags & CU_MEMHOSTREGISTER_IOMEMORY)) r = CUDA_ERROR_NOT_SUPPORTED;
+  /* cuda.h (cuMemHostRegister, READ_ONLY): "Using this flag with a current context associated
+   * with a device that does not have this attribute set will cause cuMemHostRegister to error
+   * with CUDA_ERROR_NOT_SUPPORTED." */
+  if (r == CUDA_SUCCESS && (flags & CU_MEMHOSTREGISTER_READ_ONLY) && ((cfg_no_roreg >> c->dev) & 1))
+    r = CUDA_ERROR_NOT_SUPPORTED;
   if (r == CUDA_SUCCESS) {
     /* The range must be mapped memory: msync validates it without touching the pages. */
     uintptr_t lo = a & ~(uintptr_t)(page_size() - 1);
@@ -2123,7 +2150,8 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
     if (n > threads) n = threads;
     lock();
     if (!stream_ok_locked(hStream)) r = CUDA_ERROR_INVALID_HANDLE;
-    else if (n && span_ok(buf, n, SIDE_DEV) != CUDA_SUCCESS) r = CUDA_ERROR_ILLEGAL_ADDRESS;
+    else if (n && (span_ok(buf, n, SIDE_DEV) != CUDA_SUCCESS || ro_target(buf)))
+      r = CUDA_ERROR_ILLEGAL_ADDRESS;
     else
       for (uint64_t i = 0; i < n; i++) ((volatile uint8_t *)buf)[i]++;
     unlock();

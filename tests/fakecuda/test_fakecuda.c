@@ -1509,6 +1509,36 @@ static void t_register_cost_bad_env(void) {
   free(log);
 }
 
+/* CU_MEMHOSTREGISTER_READ_ONLY: refused (NOT_SUPPORTED) in a context of a device without
+ * READ_ONLY_HOST_REGISTER_SUPPORTED; where accepted, the device may read the range, not write. */
+static void t_register_readonly(void) {
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  setenv("FAKECUDA_NO_READONLY_REGISTER", "2", 1); /* device 1 lacks the attribute */
+  setup();
+  int v0 = -1, v1 = -1;
+  CHECK_CU(cuDeviceGetAttribute(&v0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0), OK);
+  CHECK_CU(cuDeviceGetAttribute(&v1, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 1), OK);
+  CHECK(v0 == 1 && v1 == 0, "attribute: device 0 %d, device 1 %d", v0, v1);
+  static unsigned char buf[1 << 16];
+  fill(buf, sizeof buf, 5);
+  const unsigned ro = CU_MEMHOSTREGISTER_READ_ONLY | CU_MEMHOSTREGISTER_DEVICEMAP;
+  CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, ro), OK);
+  CUdeviceptr d = 0;
+  CHECK_CU(cuMemAlloc(&d, sizeof buf), OK);
+  CHECK_CU(cuMemcpyHtoD(d, buf, sizeof buf), OK);                     /* device reads: fine */
+  CHECK_CU(cuMemcpyDtoH(buf, d, 16), CUDA_ERROR_INVALID_VALUE);       /* device writes: no */
+  CHECK(is_filled(buf, sizeof buf, 5), "a refused write changed the read-only range");
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+  CHECK_CU(cuMemcpyDtoH(buf, d, 16), OK); /* plain host memory again */
+  CHECK_CU(cuMemFree(d), OK);
+  CUcontext c1 = NULL;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&c1, 1), OK);
+  CHECK_CU(cuCtxSetCurrent(c1), OK);
+  CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, ro), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, CU_MEMHOSTREGISTER_DEVICEMAP), OK);
+  CHECK_CU(cuMemHostUnregister(buf), OK);
+}
+
 static void t_call_log(void) {
   CHECK(regcomp(&line_re,
                 "^cu[A-Za-z0-9_]+( [a-z]+=[^ =]+)* -> -?[0-9]+( [a-z]+=[^ =]+)*$",
@@ -1654,6 +1684,7 @@ static const struct {
     {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
     {"ipc_free_open", t_ipc_free_open},
     {"register_cost", t_register_cost}, {"register_cost_bad_env", t_register_cost_bad_env},
+    {"register_readonly", t_register_readonly},
 };
 
 int main(int argc, char **argv) {
@@ -1676,6 +1707,7 @@ int main(int argc, char **argv) {
   unsetenv("FAKECUDA_NO_HOSTPTR");
   unsetenv("FAKECUDA_GPA_ALIAS");
   unsetenv("FAKECUDA_REGISTER_NS_PER_MIB");
+  unsetenv("FAKECUDA_NO_READONLY_REGISTER");
   const char *only = argc >= 2 ? argv[1] : NULL;
   int failed = 0, ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
