@@ -434,6 +434,7 @@ static const kvs_accel_ops_t accel_memcpy = {
     .unpin = mem_unpin,
     .open_ipc = mem_open_ipc,
     .close_ipc = mem_close_ipc,
+    .pin_readonly = mem_pin,
 };
 static const kvs_accel_ops_t *_Atomic accel_cur = &accel_memcpy;
 

@@ -182,6 +182,10 @@ typedef struct kvs_accel_ops {
   int (*unpin)(void *ptr);              /* ptr as given to a successful pin */
   int (*open_ipc)(const kvs_tensor_desc_t *d, void **devptr); /* CUDA_IPC / CUDA_VMM_FD */
   int (*close_ipc)(void *devptr);       /* devptr from a successful open_ipc */
+  /* Optional (NULL: use pin): pin memory the device only reads, such as a peer's pool mapped
+   * read-only (CUDA: CU_MEMHOSTREGISTER_READ_ONLY where the device supports it); unpin undoes
+   * it. */
+  int (*pin_readonly)(void *ptr, size_t len);
 } kvs_accel_ops_t;
 
 /* The built-in table (static storage). */

@@ -1099,7 +1099,12 @@ static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t 
 static struct { void *ptr; uint64_t len; } g_big_pins[CU_BIG_PINS];
 static pthread_mutex_t g_pin_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int cu_accel_pin(void *ptr, size_t len) {
+/* readonly: the device only reads ptr (a peer's pool mapped read-only). Registered READ_ONLY
+ * where the context's device has READ_ONLY_HOST_REGISTER_SUPPORTED (cuda.h, cuMemHostRegister:
+ * with the flag on a device without it, the call fails CUDA_ERROR_NOT_SUPPORTED; and on
+ * platforms without PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES the flag is required to
+ * register memory mapped read-only), plain elsewhere. */
+static int cu_pin(void *ptr, size_t len, bool readonly) {
   const cu_real_t *R = cu_real();
   (void)R;
   if (!ptr || !len) return -EINVAL;
@@ -1119,7 +1124,16 @@ static int cu_accel_pin(void *ptr, size_t len) {
   int rc = cu_ctx_enter(&g_real, NULL, &sc);
   if (rc == 0) {
     cu_relax_t rx = cu_relax();
-    rc = cu_errno(cu_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE));
+    unsigned flags = CU_MEMHOSTREGISTER_PORTABLE;
+    CUdevice dev;
+    int ro = 0;
+    if (readonly && g_real.cuCtxGetDevice && g_real.cuDeviceGetAttribute &&
+        g_real.cuCtxGetDevice(&dev) == CUDA_SUCCESS &&
+        g_real.cuDeviceGetAttribute(&ro, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+                                    dev) == CUDA_SUCCESS &&
+        ro)
+      flags |= CU_MEMHOSTREGISTER_READ_ONLY;
+    rc = cu_errno(cu_register(ptr, len, flags));
     cu_unrelax(rx);
   }
   cu_ctx_leave(&g_real, &sc);
@@ -1130,6 +1144,9 @@ static int cu_accel_pin(void *ptr, size_t len) {
   }
   return rc;
 }
+
+static int cu_accel_pin(void *ptr, size_t len) { return cu_pin(ptr, len, false); }
+static int cu_accel_pin_readonly(void *ptr, size_t len) { return cu_pin(ptr, len, true); }
 
 static int cu_accel_unpin(void *ptr) {
   const cu_real_t *R = cu_real();
@@ -1308,6 +1325,7 @@ static const kvs_accel_ops_t g_cuda_ops = {
     .unpin = cu_accel_unpin,
     .open_ipc = cu_accel_open_ipc,
     .close_ipc = cu_accel_close_ipc,
+    .pin_readonly = cu_accel_pin_readonly,
 };
 
 /* ---- family ------------------------------------------------------------------------------ */

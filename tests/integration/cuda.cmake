@@ -14,7 +14,8 @@ endforeach()
 #   cuda_capture  kvs_accel calls during another thread's global stream capture
 #   cuda_ctx      contexts of kvshim's own calls: the pointer's device, never device 0 by
 #                 default, nothing after the engine reset its device
-foreach(t capture ctx)
+#   cuda_pinro    pin_readonly: READ_ONLY where the device supports it, plain elsewhere
+foreach(t capture ctx pinro)
   add_executable(cuda_${t}_test cuda_${t}_test.c ${pt_rt_objects})
   target_link_libraries(cuda_${t}_test PRIVATE preload_testutil)
   set_target_properties(cuda_${t}_test PROPERTIES INSTALL_RPATH "$ORIGIN"

@@ -634,7 +634,8 @@ static int fake_open(const kvs_tensor_desc_t *d, void **dev) {
   return 0;
 }
 static int fake_close(void *dev) { return 0; }
-static const kvs_accel_ops_t fake_ops = {"fake", fake_copy, fake_pin, fake_unpin, fake_open, fake_close};
+static const kvs_accel_ops_t fake_ops = {"fake",    fake_copy,  fake_pin, fake_unpin,
+                                         fake_open, fake_close, NULL};
 
 Test(tensor, accel_default_copies_and_swaps, .timeout = 30) {
   const kvs_accel_ops_t *a = kvs_accel_get();
