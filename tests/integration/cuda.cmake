@@ -38,3 +38,11 @@ add_test(NAME cuda_facts_alias COMMAND cuda_facts)
 set_tests_properties(cuda_facts_alias PROPERTIES TIMEOUT 60 LABELS "integration" WILL_FAIL ON
   ENVIRONMENT "FAKECUDA_GPA_ALIAS=1")
 kvs_fakecuda_env(cuda_facts_alias)
+
+# Benchmark (not a test): large cuMemHostAlloc calls, the driver's against kvshim's host arena
+# with pinning ahead of use (issue 14 item 6). Run:
+#   build/tests/cuda_hostalloc_bench --compare build/preload/libkvshim.so --mib 256 --count 6
+add_executable(cuda_hostalloc_bench cuda_hostalloc_bench.c)
+target_link_libraries(cuda_hostalloc_bench PRIVATE kvshim_fakecuda kvshim_flags kvshim_cuda_headers)
+set_target_properties(cuda_hostalloc_bench PROPERTIES INSTALL_RPATH "$ORIGIN"
+  BUILD_WITH_INSTALL_RPATH ON)
