@@ -146,6 +146,19 @@ static void fork_child(void) {
   }
 }
 
+/* A bitmask of device ordinals from environment variable var (unset: *out unchanged). */
+static void cfg_mask(const char *var, unsigned long *out) {
+  const char *v = getenv(var);
+  if (!v || !*v) return;
+  char *end;
+  errno = 0;
+  unsigned long m = strtoul(v, &end, 0);
+  if (errno || *end || m >> FK_MAX_DEVICES)
+    cfg_warn(var, v, "expected a bitmask of device ordinals, using 0");
+  else
+    *out = m;
+}
+
 static void cfg_load(void) {
   const char *v = getenv("FAKECUDA_DEVICES");
   if (v && *v) {
@@ -189,16 +202,7 @@ static void cfg_load(void) {
       cfg_warn("FAKECUDA_GPA_ALIAS", v, "jump stubs exist on x86-64 only, using 0");
 #endif
   }
-  v = getenv("FAKECUDA_NO_HOSTPTR");
-  if (v && *v) {
-    char *end;
-    errno = 0;
-    unsigned long m = strtoul(v, &end, 0);
-    if (errno || *end || m >> FK_MAX_DEVICES)
-      cfg_warn("FAKECUDA_NO_HOSTPTR", v, "expected a bitmask of device ordinals, using 0");
-    else
-      cfg_no_hostptr = m;
-  }
+  cfg_mask("FAKECUDA_NO_HOSTPTR", &cfg_no_hostptr);
   v = getenv("FAKECUDA_REGISTER_NS_PER_MIB");
   if (v && *v) {
     char *end;
@@ -209,16 +213,7 @@ static void cfg_load(void) {
     else
       cfg_register_ns_per_mib = ns;
   }
-  v = getenv("FAKECUDA_NO_READONLY_REGISTER");
-  if (v && *v) {
-    char *end;
-    errno = 0;
-    unsigned long m = strtoul(v, &end, 0);
-    if (errno || *end || m >> FK_MAX_DEVICES)
-      cfg_warn("FAKECUDA_NO_READONLY_REGISTER", v, "expected a bitmask of device ordinals, using 0");
-    else
-      cfg_no_roreg = m;
-  }
+  cfg_mask("FAKECUDA_NO_READONLY_REGISTER", &cfg_no_roreg);
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }

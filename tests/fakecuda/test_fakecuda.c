@@ -1467,12 +1467,16 @@ static void *register_in_thread(void *p) {
   if (r == OK) r = cuMemHostUnregister(buf);
   return (void *)(intptr_t)r;
 }
-static void t_register_cost(void) {
+/* FAKECUDA_LOG to a fresh file, path (cap 300) gets its name; ns: FAKECUDA_REGISTER_NS_PER_MIB. */
+static void log_register_cost(char *path, const char *ns) {
   make_tmpdir();
-  char path[300];
-  tmp_path(path, sizeof path, "reg.log");
+  tmp_path(path, 300, "reg.log");
   setenv("FAKECUDA_LOG", path, 1);
-  setenv("FAKECUDA_REGISTER_NS_PER_MIB", "2000", 1);
+  setenv("FAKECUDA_REGISTER_NS_PER_MIB", ns, 1);
+}
+static void t_register_cost(void) {
+  char path[300];
+  log_register_cost(path, "2000");
   CUcontext c = setup();
   size_t n = 3u << 20;
   void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1494,11 +1498,8 @@ static void t_register_cost(void) {
   munmap(p, n);
 }
 static void t_register_cost_bad_env(void) {
-  make_tmpdir();
   char path[300];
-  tmp_path(path, sizeof path, "reg.log");
-  setenv("FAKECUDA_LOG", path, 1);
-  setenv("FAKECUDA_REGISTER_NS_PER_MIB", "-5", 1);
+  log_register_cost(path, "-5");
   setup();
   static char buf[1 << 20];
   CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, 0), OK);

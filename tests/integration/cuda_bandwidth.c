@@ -17,15 +17,8 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+#include "cuda_benchutil.h"
+
 #define CK(call)                                                                              \
   do {                                                                                        \
     CUresult r_ = (call);                                                                     \

@@ -20,17 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_benchutil.h"
+
 #define MAX_K 64
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int run(size_t mib, int k, int gap_ms, double *ms) {
   CUcontext c = NULL;
