@@ -1313,16 +1313,22 @@ static int case_zerocopy(void) {
   return 0;
 }
 
-static int case_keep(void) {
-  tcase_t c = {0};
-  tc_init(&c, "keep", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "8M");
-  PT_CHECK(run_child(&c, "keep", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 4);
+/* Run workload w with a host arena of pool bytes; every buffer came from the arena (allocs of
+ * them, no fallback) and went back to it. */
+static void run_arena_case(tcase_t *c, const char *w, const char *pool, long long allocs) {
+  tc_init(c, w, true);
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "%s", pool);
+  PT_CHECK(run_child(c, w, 0) == 0, "child failed (see %s)", c->err);
+  char *st = must_read(c->stats);
+  expect_stat(st, "host_arena_allocs", allocs);
   expect_stat(st, "host_arena_fallbacks", 0);
   expect_stat(st, "host_arena_used_bytes", 0);
   free(st);
+}
+
+static int case_keep(void) {
+  tcase_t c = {0};
+  run_arena_case(&c, "keep", "8M", 4);
   if (!g_real_driver) {
     char *log = must_read(c.log);
     expect_count(log, "cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1);
@@ -1341,14 +1347,7 @@ static int case_keep(void) {
 
 static int case_prepin(void) {
   tcase_t c = {0};
-  tc_init(&c, "prepin", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "160M"); /* room for a, the spare, no second one */
-  PT_CHECK(run_child(&c, "prepin", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
-  free(st);
+  run_arena_case(&c, "prepin", "160M", 2); /* room for a, the spare, no second spare */
   if (!g_real_driver) {
     char *log = must_read(c.log);
     /* The engine's thread paid the first registration only; the spare was pinned off it. */
