@@ -1634,6 +1634,23 @@ CUresult cuMemFreeHost(void *p) {
   return r;
 }
 
+/* Is [lo, hi) writable in every mapping it overlaps (/proc/self/maps)? 1 when it cannot be
+ * read: the fake then assumes so. */
+static int range_writable(uintptr_t lo, uintptr_t hi) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return 1;
+  char line[512];
+  int ok = 1;
+  while (ok && fgets(line, sizeof line, f)) {
+    unsigned long a, b;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && a < hi && lo < b && perms[1] != 'w')
+      ok = 0;
+  }
+  fclose(f);
+  return ok;
+}
+
 static CUresult host_register(const char *name, void *p, size_t bytesize, unsigned flags) {
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
@@ -1648,6 +1665,13 @@ static CUresult host_register(const char *name, void *p, size_t bytesize, unsign
    * with CUDA_ERROR_NOT_SUPPORTED." */
   if (r == CUDA_SUCCESS && (flags & CU_MEMHOSTREGISTER_READ_ONLY) && ((cfg_no_roreg >> c->dev) & 1))
     r = CUDA_ERROR_NOT_SUPPORTED;
+  /* cuda.h (same place): "On platforms without
+   * CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES [the fake's devices: 0],
+   * this flag is required in order to register memory mapped to the CPU as read-only." The error
+   * code is not documented; the fake answers CUDA_ERROR_INVALID_VALUE. */
+  if (r == CUDA_SUCCESS && !(flags & CU_MEMHOSTREGISTER_READ_ONLY) && p && bytesize &&
+      a + bytesize > a && !range_writable(a, a + bytesize))
+    r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     /* The range must be mapped memory: msync validates it without touching the pages. */
     uintptr_t lo = a & ~(uintptr_t)(page_size() - 1);

@@ -1515,7 +1515,7 @@ static void t_register_cost_bad_env(void) {
 static void t_register_readonly(void) {
   setenv("FAKECUDA_DEVICES", "2", 1);
   setenv("FAKECUDA_NO_READONLY_REGISTER", "2", 1); /* device 1 lacks the attribute */
-  setup();
+  CUcontext c0 = setup();
   int v0 = -1, v1 = -1;
   CHECK_CU(cuDeviceGetAttribute(&v0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0), OK);
   CHECK_CU(cuDeviceGetAttribute(&v1, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 1), OK);
@@ -1538,6 +1538,17 @@ static void t_register_readonly(void) {
   CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, ro), CUDA_ERROR_NOT_SUPPORTED);
   CHECK_CU(cuMemHostRegister_v2(buf, sizeof buf, CU_MEMHOSTREGISTER_DEVICEMAP), OK);
   CHECK_CU(cuMemHostUnregister(buf), OK);
+  /* Memory mapped read-only registers with READ_ONLY only (device 0 has the attribute). */
+  void *m = mmap(NULL, 1 << 16, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(m != MAP_FAILED, "mmap");
+  CHECK_CU(cuMemHostRegister_v2(m, 1 << 16, CU_MEMHOSTREGISTER_DEVICEMAP),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxSetCurrent(c0), OK);
+  CHECK_CU(cuMemHostRegister_v2(m, 1 << 16, CU_MEMHOSTREGISTER_DEVICEMAP),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuMemHostRegister_v2(m, 1 << 16, ro), OK);
+  CHECK_CU(cuMemHostUnregister(m), OK);
+  munmap(m, 1 << 16);
 }
 
 static void t_call_log(void) {
