@@ -570,8 +570,35 @@ static int log_has(const char *path, const char *needle) {
   fclose(f);
   return hit;
 }
+/* Another thread of the engine holds a global-mode stream capture meanwhile: neither the hook
+ * nor the spare's thread may invalidate it (cuda.h, cuThreadExchangeStreamCaptureMode). */
+typedef struct pp_cap {
+  CUcontext ctx;
+  pthread_barrier_t bar;
+  CUresult begin, end;
+} pp_cap_t;
+static void *pp_capture(void *arg) {
+  pp_cap_t *c = arg;
+  CUstream s = NULL;
+  CUgraph g = NULL;
+  c->begin = cuCtxSetCurrent(c->ctx);
+  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  pthread_barrier_wait(&c->bar);
+  pthread_barrier_wait(&c->bar);
+  c->end = c->begin == CUDA_SUCCESS ? cuStreamEndCapture(s, &g) : c->begin;
+  if (g) cuGraphDestroy(g);
+  if (s) cuStreamDestroy(s);
+  return NULL;
+}
 static int w_prepin(void) {
   pt_cuda_setup();
+  pp_cap_t cap = {0};
+  pthread_t th;
+  PT_CHECK(cuCtxGetCurrent(&cap.ctx) == 0 && pthread_barrier_init(&cap.bar, NULL, 2) == 0 &&
+               pthread_create(&th, NULL, pp_capture, &cap) == 0,
+           "capture thread");
+  pthread_barrier_wait(&cap.bar);
   void *a = NULL, *b = NULL;
   PT_CHECK(cuMemHostAlloc(&a, 64 * MiB, 0) == 0, "64M");
   const char *log = getenv("FAKECUDA_LOG");
@@ -583,6 +610,10 @@ static int w_prepin(void) {
     }
     PT_CHECK(log_has(log, want), "no spare was registered in 10 s");
   }
+  pthread_barrier_wait(&cap.bar);
+  pthread_join(th, NULL);
+  PT_CHECK(cap.begin == 0 && cap.end == 0, "the other thread's capture: begin %d end %d",
+           (int)cap.begin, (int)cap.end);
   PT_CHECK(cuMemHostAlloc(&b, 64 * MiB, 0) == 0, "second 64M");
   fill(b, 64 * MiB, 3);
   CUdeviceptr dp = 0;
