@@ -33,6 +33,12 @@
  *   FAKECUDA_GPA_ALIAS  1: cuGetProcAddress[_v2] hands out entry points at other addresses than
  *                       the exported symbols (x86-64 only: a jump stub per entry point), as the
  *                       real driver may: dlsym and the resolver then disagree on every pointer
+ *   FAKECUDA_REGISTER_NS_PER_MIB  pinning cost of cuMemHostRegister and cuMemHostAlloc/
+ *                       cuMemAllocHost, ns per MiB (default 1000: ~0.1 s/GB scaled down 100x);
+ *                       register log lines end " pin_ns=<ns> thread=main|other"
+ *   FAKECUDA_NO_READONLY_REGISTER  bitmask of device ordinals whose
+ *                       CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0 (default 0:
+ *                       all have it); CU_MEMHOSTREGISTER_READ_ONLY fails NOT_SUPPORTED there
  *
  * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
  * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
