@@ -13,31 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_captureutil.h"
 #include "preload_testutil.h"
 #include "tensor.h"
 
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
-
-typedef struct cap {
-  CUcontext ctx;
-  pthread_barrier_t bar;
-  CUresult begin, end;
-} cap_t;
-
-static void *capture_thread(void *p) {
-  cap_t *c = p;
-  CUstream s = NULL;
-  CUgraph g = NULL;
-  c->begin = cuCtxSetCurrent(c->ctx);
-  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
-  pthread_barrier_wait(&c->bar);
-  pthread_barrier_wait(&c->bar);
-  c->end = c->begin == CUDA_SUCCESS ? cuStreamEndCapture(s, &g) : c->begin;
-  if (g) cuGraphDestroy(g);
-  if (s) cuStreamDestroy(s);
-  return NULL;
-}
 
 int main(void) {
   const kvs_accel_ops_t *ops = kvs__cuda_accel_ops();

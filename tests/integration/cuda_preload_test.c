@@ -66,6 +66,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_captureutil.h"
 #include "pool.h"
 #include "preload_testutil.h"
 #include "tensor.h"
@@ -558,9 +559,7 @@ static int w_keep(void) {
   return 0;
 }
 
-/* Pinning ahead of use: after a 64 MiB buffer, a background thread registers a spare of that
- * size, and the next 64 MiB request takes it without registering inline. With the fake, waits
- * (bounded) until the log shows the spare registered off the main thread. */
+/* Does a line of the file at path contain needle? */
 static int log_has(const char *path, const char *needle) {
   FILE *f = fopen(path, "r");
   if (!f) return 0;
@@ -570,33 +569,17 @@ static int log_has(const char *path, const char *needle) {
   fclose(f);
   return hit;
 }
-/* Another thread of the engine holds a global-mode stream capture meanwhile: neither the hook
- * nor the spare's thread may invalidate it (cuda.h, cuThreadExchangeStreamCaptureMode). */
-typedef struct pp_cap {
-  CUcontext ctx;
-  pthread_barrier_t bar;
-  CUresult begin, end;
-} pp_cap_t;
-static void *pp_capture(void *arg) {
-  pp_cap_t *c = arg;
-  CUstream s = NULL;
-  CUgraph g = NULL;
-  c->begin = cuCtxSetCurrent(c->ctx);
-  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
-  pthread_barrier_wait(&c->bar);
-  pthread_barrier_wait(&c->bar);
-  c->end = c->begin == CUDA_SUCCESS ? cuStreamEndCapture(s, &g) : c->begin;
-  if (g) cuGraphDestroy(g);
-  if (s) cuStreamDestroy(s);
-  return NULL;
-}
+/* Pinning ahead of use: after a 64 MiB buffer, a background thread registers a spare of that
+ * size, and the next 64 MiB request takes it without registering inline. With the fake, waits
+ * (bounded) until the log shows the spare registered off the main thread. Another thread of
+ * the engine holds a global-mode stream capture meanwhile: neither the hook nor the spare's
+ * thread may invalidate it (cuda.h, cuThreadExchangeStreamCaptureMode). */
 static int w_prepin(void) {
   pt_cuda_setup();
-  pp_cap_t cap = {0};
+  cap_t cap = {0};
   pthread_t th;
   PT_CHECK(cuCtxGetCurrent(&cap.ctx) == 0 && pthread_barrier_init(&cap.bar, NULL, 2) == 0 &&
-               pthread_create(&th, NULL, pp_capture, &cap) == 0,
+               pthread_create(&th, NULL, capture_thread, &cap) == 0,
            "capture thread");
   pthread_barrier_wait(&cap.bar);
   void *a = NULL, *b = NULL;
