@@ -54,7 +54,7 @@ static char g_group_dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 static void cfg_load(void) {
   KVS__REENTRY_GUARD();
-  g_hooked = 1;
+  __atomic_store_n(&g_hooked, 1, __ATOMIC_RELAXED);
   kvs_options_load(&g_opts, NULL, KVS_OPTIONS_APPLY_LOG);
   if (kvs_log_get_level() >= KVS_LOG_DEBUG) {
     char table[8192];
@@ -202,7 +202,7 @@ kvs__runtime_t *kvs__runtime_get(void) {
   if (kvs__unlikely(kvs__hook_depth != 0)) return NULL;
   int s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
   if (kvs__likely(s == KVS__RT_ACTIVE)) return &kvs__rt;
-  g_hooked = 1;
+  __atomic_store_n(&g_hooked, 1, __ATOMIC_RELAXED);
   if (s == KVS__RT_UNINIT) {
     pthread_once(&g_rt_once, rt_build);
     s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
@@ -239,7 +239,7 @@ static int stats_path(const char *tmpl, char *out, size_t cap) {
 }
 
 void kvs__runtime_exit(void) {
-  if (!g_tried && !g_hooked) return;
+  if (!g_tried && !__atomic_load_n(&g_hooked, __ATOMIC_RELAXED)) return;
   /* Hooks called by what follows (and by later destructors) pass through. */
   KVS__REENTRY_GUARD();
   kvs_stats_t *st = kvs_stats_global();
