@@ -93,9 +93,18 @@ size_t kvs_stats_render_json(const kvs_stats_t *st, char *buf, size_t cap) {
 }
 
 int kvs_stats_write_json(const kvs_stats_t *st, const char *path) {
+  return kvs_stats_write_json_extra(st, NULL, path);
+}
+
+int kvs_stats_write_json_extra(const kvs_stats_t *st, const char *extra, const char *path) {
   char text[8192];
   size_t n = kvs_stats_render_json(st, text, sizeof text - 1);
   if (n >= sizeof text - 1) return -ENOBUFS;
+  if (extra && *extra) { /* ...,"last":N} -> ...,"last":N,<extra>} */
+    int k = snprintf(text + n - 1, sizeof text - 1 - (n - 1), ",%s}", extra);
+    if (k < 0 || (size_t)k >= sizeof text - 1 - (n - 1)) return -ENOBUFS;
+    n += (size_t)k - 1;
+  }
   text[n++] = '\n';
   char tmp[4096];
   int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());

@@ -159,6 +159,8 @@ size_t kvs_stats_render_json(const kvs_stats_t *st, char *buf, size_t cap);
 /* Write the JSON rendering to path (created 0600, replaced atomically via rename).
  * Returns 0 or a negative errno. */
 int kvs_stats_write_json(const kvs_stats_t *st, const char *path);
+/* The same with extra JSON members (text such as "\"enabled\":true", NULL: none) appended. */
+int kvs_stats_write_json_extra(const kvs_stats_t *st, const char *extra, const char *path);
 
 #ifdef __cplusplus
 }

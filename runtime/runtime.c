@@ -38,6 +38,10 @@ static pthread_once_t g_rt_once = PTHREAD_ONCE_INIT;
  * copy made in the fork handler is not optimised away: it keeps those objects reachable. */
 kvs__runtime_t kvs__forgotten_rt;
 static int g_tried;                 /* this process built (or tried to build) a runtime */
+/* This process called a hooked function (it read the configuration or reached the runtime),
+ * whether kvshim is enabled or not: it writes KVSHIM_STATS at exit. Unrelated children of the
+ * engine (exec'd with the preload but calling no hook) write nothing. */
+static int g_hooked;
 
 /* Kept for the fork child, which must close the sockets it inherited from the coordinator
  * (listening + accepted: their local address is the socket path) and from the peer client
@@ -50,6 +54,7 @@ static char g_group_dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 static void cfg_load(void) {
   KVS__REENTRY_GUARD();
+  __atomic_store_n(&g_hooked, 1, __ATOMIC_RELAXED);
   kvs_options_load(&g_opts, NULL, KVS_OPTIONS_APPLY_LOG);
   if (kvs_log_get_level() >= KVS_LOG_DEBUG) {
     char table[8192];
@@ -197,6 +202,7 @@ kvs__runtime_t *kvs__runtime_get(void) {
   if (kvs__unlikely(kvs__hook_depth != 0)) return NULL;
   int s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
   if (kvs__likely(s == KVS__RT_ACTIVE)) return &kvs__rt;
+  __atomic_store_n(&g_hooked, 1, __ATOMIC_RELAXED);
   if (s == KVS__RT_UNINIT) {
     pthread_once(&g_rt_once, rt_build);
     s = __atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE);
@@ -233,7 +239,7 @@ static int stats_path(const char *tmpl, char *out, size_t cap) {
 }
 
 void kvs__runtime_exit(void) {
-  if (!g_tried) return;
+  if (!g_tried && !__atomic_load_n(&g_hooked, __ATOMIC_RELAXED)) return;
   /* Hooks called by what follows (and by later destructors) pass through. */
   KVS__REENTRY_GUARD();
   kvs_stats_t *st = kvs_stats_global();
@@ -246,7 +252,9 @@ void kvs__runtime_exit(void) {
   if (g_opts.stats[0]) {
     char path[KVS_OPT_STR_MAX + 32];
     int rc = stats_path(g_opts.stats, path, sizeof path);
-    if (rc == 0) rc = kvs_stats_write_json(st, path);
+    if (rc == 0)
+      rc = kvs_stats_write_json_extra(
+          st, g_opts.enable ? "\"enabled\":true" : "\"enabled\":false", path);
     if (rc < 0) kvs_log_warn("cannot write stats to %s: %s", g_opts.stats, strerror(-rc));
   }
   /* Stop serving (the socket file goes away); pool and store stay for late hooks. */
@@ -330,6 +338,7 @@ void kvs__runtime_fork(int phase) {
   memset(&kvs__rt, 0, sizeof kvs__rt);
   g_rt_once = (pthread_once_t)PTHREAD_ONCE_INIT;
   g_tried = 0;
+  g_hooked = 0;
   kvs_stats_init(kvs_stats_global());
   kvs__families_fork_child();
 }

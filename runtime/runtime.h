@@ -18,8 +18,8 @@
  *               the parent handed out stay valid, but the child never allocates from them),
  *               closes the inherited coordinator sockets at once, and builds its own runtime
  *               (own pool, own socket) on its first hooked call (kvs__runtime_fork).
- *   exit        kvs__runtime_exit writes KVSHIM_STATS (when this process built or tried to
- *               build a runtime) and stops the coordinator (its socket file is removed). The
+ *   exit        kvs__runtime_exit writes KVSHIM_STATS (when this process called a hooked
+ *               function, kvshim enabled or not, with "enabled") and stops the coordinator (its socket file is removed). The
  *               pool and the store are left mapped: hooks called later in exit (atexit
  *               handlers freeing pinned buffers) keep working.
  *

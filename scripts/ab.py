@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -26,6 +27,11 @@ import time
 PROG = "scripts/ab"
 ARMS = ("off", "loaded", "on")
 DEFAULT_TIMEOUT_S = 600.0
+# Bootstrap of each ratio's median over the repetitions: resamples, fixed seed (the same data
+# gives the same interval), two-sided level.
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 16
+BOOTSTRAP_LEVEL = 0.95
 # Metrics the runner measures itself, per process (os.wait4 rusage and the clock).
 RUNNER_METRICS = ("wall_s", "user_s", "sys_s", "maxrss_mb")
 # Metrics split into a "[rank0]" and a "[rest]" row when --procs > 1: the multi-process story
@@ -68,7 +74,13 @@ Per run, processes are combined: max for wall_s, maxrss_mb and *wall_ms; sum for
 sys_s (the CPU the whole job used); mean for everything else. With P > 1, TTFT-like metrics
 also get a [rank0] row (the first process) and a [rest] row (mean of ranks 1..P-1).
 Summary: per arm the median and [min..max] over repetitions; loaded/off and on/off ratios
-are taken pair by pair inside each repetition, then their median and [min..max] are shown.
+are taken pair by pair inside each repetition, then shown as "median (lo..hi) [min..max]":
+(lo..hi) is a bootstrap 95% interval of the median (2000 resamples of the repetitions with
+replacement, fixed seed; with one repetition it is the value itself).
+
+--cpus LIST (e.g. 2,3 or 0-3) pins every process of every arm to those CPUs (set in the runner
+before each start and inherited by the child and all it starts), so the arms share the same
+cores and do not wander; the CPUs must be in the runner's own affinity set.
 
 Output: a progress line per run on stderr, the table on stdout, and in --out DIR:
   results.csv   one row per process per run: rep, arm, rank, pid, exit_code, status, metrics
@@ -132,6 +144,8 @@ def parse_args(argv):
         die_usage("--stagger must be a non-negative number of milliseconds")
     if not (a.timeout > 0) or not math.isfinite(a.timeout):
         die_usage("--timeout must be a positive number of seconds")
+    if a.cpus is not None:
+        a.cpus = parse_cpus(a.cpus)
 
     env = {}
     for kv in a.env:
@@ -178,6 +192,26 @@ def parse_args(argv):
     return a
 
 
+def parse_cpus(text):
+    """--cpus "0-2,5" -> [0, 1, 2, 5]; every CPU must be one this runner may use."""
+    cpus = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            die_usage(f"--cpus expects a list such as 0,2 or 0-3, got {text!r}")
+        if first < 0 or last < first:
+            die_usage(f"--cpus: bad range {part.strip()!r}")
+        cpus.update(range(first, last + 1))
+    allowed = os.sched_getaffinity(0)
+    outside = sorted(cpus - allowed)
+    if outside:
+        die_usage(f"--cpus: CPU {outside[0]} is not available to this process "
+                  f"(allowed: {','.join(map(str, sorted(allowed)))})")
+    return sorted(cpus)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog=PROG, usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,6 +232,9 @@ def build_parser():
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="kill a run still going after S seconds; it counts as failed "
                         "(default 600)")
+    p.add_argument("--cpus", metavar="LIST",
+                   help="pin every process of every arm to these CPUs, e.g. 2,3 or 0-3 "
+                        "(default: not pinned)")
     p.add_argument("--plot", metavar="LIST",
                    help="comma list of metrics for ab.png (default: wall_s, user_s, maxrss_mb "
                         "and the TTFT and cache metrics present)")
@@ -268,6 +305,23 @@ def arm_env(args, base, arm):
     return env
 
 
+class pinned:
+    """With cpus, the calling thread runs on them inside the block (a child started there
+    inherits the affinity, and passes it on); the previous affinity comes back after."""
+
+    def __init__(self, cpus):
+        self.cpus, self.saved = cpus, None
+
+    def __enter__(self):
+        if self.cpus:
+            self.saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.cpus)
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            os.sched_setaffinity(0, self.saved)
+
+
 def waiter(proc):
     """Reap one process; runs in its own thread so every exit time is taken at the exit."""
     _, status, rusage = os.wait4(proc.pid, 0)
@@ -310,7 +364,8 @@ def execute(args, base, rep, arm, live):
                     os.unlink(proc.stats)      # a reused --out must not show old stats
                 penv["KVSHIM_STATS"] = proc.stats
             argv = [substitute(x, rank, arm, rep) for x in args.command]
-            with open(proc.stdout, "wb") as out, open(proc.stderr, "wb") as err:
+            with open(proc.stdout, "wb") as out, open(proc.stderr, "wb") as err, \
+                    pinned(args.cpus):
                 proc.start = time.monotonic()
                 try:
                     # Own session: a timeout kills the process and everything it started.
@@ -485,6 +540,31 @@ def spread(values):
             "n": len(values)}
 
 
+def bootstrap_median(values):
+    """(lo, hi): percentile bootstrap interval (BOOTSTRAP_LEVEL) of the median of values,
+    BOOTSTRAP_RESAMPLES resamples with replacement from a fixed seed; widened to hold the
+    median itself."""
+    med = statistics.median(values)
+    if len(values) < 2:
+        return med, med
+    rng = random.Random(BOOTSTRAP_SEED)
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n))
+                  for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = (1.0 - BOOTSTRAP_LEVEL) / 2.0
+    lo = meds[int(math.floor(tail * (BOOTSTRAP_RESAMPLES - 1)))]
+    hi = meds[int(math.ceil((1.0 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]
+    return min(lo, med), max(hi, med)
+
+
+def ratio_spread(values):
+    """spread() plus ci_lo, ci_hi: the bootstrap interval of the median."""
+    s = spread(values)
+    if s:
+        s["ci_lo"], s["ci_hi"] = bootstrap_median(values)
+    return s
+
+
 def metric_order(dicts):
     """The keys of the metric dicts in display order: runner metrics, then the engine's in the
     order it printed them, then kvshim's; each split row right after its metric."""
@@ -523,7 +603,7 @@ def summarize(args, runs):
                     if base and run and m in base.aggregate and m in run.aggregate \
                             and base.aggregate[m] != 0:
                         vals.append(run.aggregate[m] / base.aggregate[m])
-                s = spread(vals)
+                s = ratio_spread(vals)
                 if s:
                     ratios[f"{arm}/off"] = s
         rule = "rank 0" if m.endswith("[rank0]") else "mean of ranks 1.." \
@@ -560,7 +640,8 @@ def cell(s, ratio=False):
     f = (lambda v: f"{v:.3f}") if ratio else (lambda v: fmt(v, d))
     if s["min"] == s["max"]:
         return f(s["median"])
-    return f"{f(s['median'])} [{f(s['min'])}..{f(s['max'])}]"
+    ci = f" ({f(s['ci_lo'])}..{f(s['ci_hi'])})" if "ci_lo" in s else ""
+    return f"{f(s['median'])}{ci} [{f(s['min'])}..{f(s['max'])}]"
 
 
 def print_table(args, runs, summary, out=sys.stdout):
@@ -598,7 +679,10 @@ def print_table(args, runs, summary, out=sys.stdout):
     p(f"{args.reps} rep(s) x {len(args.arms)} arm(s) x {args.procs} proc(s)"
       + (f", stagger {args.stagger:g} ms" if args.stagger else "")
       + f"; {n_ok} of {len(runs)} runs ok")
-    p("cells: median [min..max] over repetitions; ratios taken inside each repetition")
+    p("cells: median [min..max] over repetitions; ratios taken inside each repetition, "
+      f"median (bootstrap {BOOTSTRAP_LEVEL:.0%} interval of the median) [min..max]")
+    if args.cpus:
+        p(f"pinned to CPUs {','.join(map(str, args.cpus))}")
     p("per run: max over processes for wall_s, maxrss_mb, *wall_ms; sum for user_s, sys_s; "
       "mean for the rest"
       + ("; [rank0] = process 0, [rest] = mean of processes 1.." if args.procs > 1 else ""))
@@ -639,7 +723,7 @@ def write_json(path, args, runs, summary, host, started):
         "config": {"command": args.command, "arms": args.arms, "reps": args.reps,
                    "procs": args.procs, "stagger_ms": args.stagger, "env": args.env,
                    "preload": args.preload if any(a != "off" for a in args.arms) else None,
-                   "timeout_s": args.timeout, "out": args.out, "argv": sys.argv[1:],
+                   "timeout_s": args.timeout, "cpus": args.cpus, "out": args.out, "argv": sys.argv[1:],
                    "started": started, "host": host},
         "runs": [{"rep": r.rep, "arm": r.arm, "ok": r.ok, "wall_s": r.wall_s,
                   "aggregate": r.aggregate,

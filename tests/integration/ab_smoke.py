@@ -3,7 +3,7 @@
 never the timings.
 
 usage: ab_smoke.py CASE --ab SCRIPTS_AB --engine REFENGINE --preload PRELOAD   (--list: the cases)
-  CASE     run | fail | usage
+  CASE     run | fail | usage | cpus
   PRELOAD  libkvshim.so; when it does not exist the loaded and on arms are left out (said so)
 Each case runs in its own temporary directory (the current directory while it runs, so a
 default ./ab-out would land there, never in the source tree).
@@ -12,10 +12,14 @@ run    2 refengine processes in the arms off, loaded, on: table, results.csv, re
 fail   one arm of one repetition runs `false`: exit 1, the error and its stderr reported, the
        other repetitions still run; a hung command is killed by --timeout
 usage  bad arguments: exit 2, the usage line, nothing written
+cpus   3 repetitions with --cpus (one CPU): every process saw only that CPU; each ratio cell
+       reads "median (lo..hi) [min..max]" and results.json holds its bootstrap interval with
+       ci_lo <= median <= ci_hi
 """
 import csv
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -222,6 +226,44 @@ def case_fail(c):
           f"timeout not reported:\n{stderr}")
 
 
+def case_cpus(c):
+    preload, work = c.preload, c.work
+    arms = arms_for(preload)
+    cpu = min(os.sched_getaffinity(0))
+    out = os.path.join(work, "out")
+    # Each process prints the CPUs it may run on and a value that differs between processes.
+    prog = ("import json, os; a = os.sched_getaffinity(0); print(json.dumps("
+            "{'ncpus': len(a), 'cpu': min(a), 'v': 1 + os.getpid() % 97}))")
+    stdout, _ = ab(c.args.ab, ["--reps", "3", "--arms", ",".join(arms), "--cpus", str(cpu),
+                               "--preload", preload, "--out", out, "--",
+                               sys.executable, "-c", prog], 0)
+    check(f"pinned to CPUs {cpu}" in stdout, f"no pinning line:\n{stdout}")
+    _, rows = read_csv(os.path.join(out, "results.csv"))
+    check(len(rows) == 3 * len(arms), f"rows {rows}")
+    for r in rows:
+        check(r["ncpus"] == "1" and r["cpu"] == str(cpu), f"process not pinned to {cpu}: {r}")
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    check(data["config"]["cpus"] == [cpu], f"config cpus {data['config'].get('cpus')}")
+    if len(arms) == 1:
+        print("NOTE: no ratio without the loaded and on arms: the interval is not checked")
+        return
+    ratios = data["summary"]["metrics"]["v"]["ratios"]
+    check(set(ratios) == {f"{a}/off" for a in arms if a != "off"}, f"ratios {ratios}")
+    for name, st in ratios.items():
+        check(st["n"] == 3 and "ci_lo" in st and "ci_hi" in st, f"{name}: no interval: {st}")
+        check(st["min"] <= st["ci_lo"] <= st["median"] <= st["ci_hi"] <= st["max"],
+              f"{name}: interval does not hold the median: {st}")
+    _, body = table_rows(stdout)
+    check("v" in body, f"no row for v:\n{stdout}")
+    num = r"(-?[0-9.]+)"
+    cells = re.findall(num + r" \(" + num + r"\.\." + num + r"\) \[" + num + r"\.\." + num
+                       + r"\]", body["v"])
+    check(len(cells) == len(ratios), f"ratio cells not 'median (lo..hi) [min..max]': {body['v']}")
+    for med, lo, hi, mn, mx in ((float(x) for x in cell) for cell in cells):
+        check(mn <= lo <= med <= hi <= mx, f"table interval does not hold the median: {body['v']}")
+
+
 def case_usage(c):
     scripts_ab, engine, preload, work = c.args.ab, c.args.engine, c.preload, c.work
     out = os.path.join(work, "never")
@@ -235,6 +277,9 @@ def case_usage(c):
         ["--arms", "off", "--"],                                   # no command
         ["--arms", "off", "--", os.path.join(work, "no-such-program")],
         ["--arms", "off,on", "--preload", os.path.join(work, "missing.so"), "--", "true"],
+        ["--arms", "off", "--cpus", "x", "--", "true"],
+        ["--arms", "off", "--cpus", "3-1", "--", "true"],
+        ["--arms", "off", "--cpus", str(max(os.sched_getaffinity(0)) + 1), "--", "true"],
     ]
     for args in bad:
         _, stderr = ab(scripts_ab, args, 2)
@@ -248,7 +293,7 @@ def case_usage(c):
     check("missing.so does not exist" in stderr, f"missing preload not named:\n{stderr}")
     stdout, _ = ab(scripts_ab, ["--help"], 0)
     for word in ("--arms", "--reps", "--procs", "--stagger", "--env", "--out", "--preload",
-                 "--timeout", "{rank}", "AB_RANK", "KVSHIM_STATS", "example"):
+                 "--timeout", "--cpus", "bootstrap", "{rank}", "AB_RANK", "KVSHIM_STATS", "example"):
         check(word in stdout, f"--help does not mention {word}")
 
 

@@ -110,6 +110,14 @@ def workload(prefix_chunks, suffix_chunks, requests, extra=()):
 
 # ---------------------------------------------------------------------------------------------
 
+def check_off_stats(path):
+    """KVSHIM_ENABLE=0 still writes KVSHIM_STATS (README): "enabled": false, no hook call."""
+    check(os.path.exists(path), f"KVSHIM_ENABLE=0 wrote no stats ({path})")
+    s = read_stats(path)
+    check(s.get("enabled") is False and s["hook_calls"] == 0 and s["hook_stores"] == 0,
+          f"KVSHIM_ENABLE=0 stats: {s}")
+
+
 def case_abi(ctx):
     def run_abi(mode, env, what):
         p = subprocess.run([ctx.abi, mode], capture_output=True, text=True, env=env, timeout=120)
@@ -128,7 +136,7 @@ def case_abi(ctx):
     check(s["hook_store_failures"] <= 200 * 4 - 4, f"hook_store_failures: {s}")
     run_abi("off", ctx.env(KVSHIM_ENABLE=0, KVSHIM_STATS=ctx.stats_path("abi-off")),
             "KVSHIM_ENABLE=0")
-    check(not os.path.exists(ctx.stats_path("abi-off")), "KVSHIM_ENABLE=0 wrote stats")
+    check_off_stats(ctx.stats_path("abi-off"))
     run_abi("off", ctx.env(KVSHIM_HOOKS="cuda", KVSHIM_PEERS=0), "KVSHIM_HOOKS=cuda")
     run_abi("off", ctx.env(preload=False), "no preload")
 
@@ -230,7 +238,7 @@ def case_disabled(ctx):
         check(strip_timings(got.stdout) == want,
               f"{what}: output differs from the run without kvshim\n"
               f"without:\n{base.stdout}\nwith:\n{got.stdout}")
-    check(not os.path.exists(ctx.stats_path("off")), "KVSHIM_ENABLE=0 wrote stats")
+    check_off_stats(ctx.stats_path("off"))
     check(socks(ctx) == [], f"KVSHIM_ENABLE=0 left sockets: {socks(ctx)}")
     # refengine --hold-ms (the flag the peer cases use): bounded, and it really holds.
     for bad in ("x", "-1", "86400001"):
