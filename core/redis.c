@@ -357,7 +357,7 @@ static void node_close(node_t *n) {
 }
 
 /* Debug builds: the between-calls invariants of one node. */
-static inline int node_is_idle(const kvs_redis_t *r, const node_t *n) {
+__attribute__((unused)) static inline int node_is_idle(const kvs_redis_t *r, const node_t *n) {
   (void)r;
   return n->nseg == 0 && n->seg_i == 0 && n->qhead == 0 && n->qlen == 0 && !n->call_reply &&
          !n->sink_on &&

@@ -1314,17 +1314,23 @@ static int child_ipc_hold(const char *hex) {
   return 0;
 }
 
-/* Exports an allocation, lets an exec'd holder open it, then frees it: argv "held" frees while
- * the holder has it open (the fake must abort), "closed" after the holder closed it. */
-static int child_ipc_free(const char *when) {
-  test_name = "ipc-free child";
+/* A child's start: the fake set up, one 4 KiB allocation exported, its handle as hex. */
+static CUdeviceptr child_export(const char *name, char hex[2 * CU_IPC_HANDLE_SIZE + 1]) {
+  test_name = name;
   setup();
   CUdeviceptr d = 0;
   CUipcMemHandle h;
   CHECK_CU(cuMemAlloc(&d, 4096), OK);
   CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
-  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
   handle_hex(&h, hex);
+  return d;
+}
+
+/* Exports an allocation, lets an exec'd holder open it, then frees it: argv "held" frees while
+ * the holder has it open (the fake must abort), "closed" after the holder closed it. */
+static int child_ipc_free(const char *when) {
+  char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+  CUdeviceptr d = child_export("ipc-free child", hex);
   int in[2], out[2];
   CHECK(pipe(in) == 0 && pipe(out) == 0, "pipe");
   pid_t pid = fork();
@@ -1356,14 +1362,8 @@ static int child_ipc_free(const char *when) {
 
 /* Allocates, prints the IPC handle of the allocation, exits without freeing. */
 static int child_ipc_export_exit(void) {
-  test_name = "ipc-export-exit child";
-  setup();
-  CUdeviceptr d = 0;
-  CUipcMemHandle h;
-  CHECK_CU(cuMemAlloc(&d, 4096), OK);
-  CHECK_CU(cuIpcGetMemHandle(&h, d), OK);
   char hex[2 * CU_IPC_HANDLE_SIZE + 1];
-  handle_hex(&h, hex);
+  child_export("ipc-export-exit child", hex);
   printf("%s\n", hex);
   return 0;
 }
