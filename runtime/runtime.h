@@ -108,6 +108,11 @@ static inline kvs__runtime_t *kvs__runtime_active(void) {
 /* Count a hooked call that reached kvshim / one passed through because of an internal problem
  * (init failed, table full, ...). */
 static inline void kvs__hook_count(void) { kvs_stats_inc(kvs_stats_global(), KVS_STAT_hook_calls); }
+/* A hook body kvshim serves: counted once, and everything from here to the end of the enclosing
+ * block runs with the re-entry guard raised (KVS__REENTRY_GUARD). */
+#define KVS__HOOK_ENTER()                                                                     \
+  KVS__REENTRY_GUARD();                                                                       \
+  kvs__hook_count()
 static inline void kvs__hook_fallback(void) {
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_hook_fallbacks);
 }

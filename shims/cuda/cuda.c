@@ -788,18 +788,15 @@ KVS_CUDA_HOOKS(CU_WRAPPER)
 #undef CU_WRAPPER
 
 /* The kvshim part of each hook runs with the re-entry guard raised. */
-#define CU_ENTER() (kvs__hook_depth++, kvs__hook_count())
-#define CU_LEAVE() (kvs__hook_depth--)
 
 static CUresult hk_cuMemAlloc_v2(kvs__cu_pfn_cuMemAlloc_v2 real, CUdeviceptr *dptr,
                                  size_t bytesize) {
   cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, bytesize);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r = real(dptr, bytesize);
   if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, true);
-  CU_LEAVE();
   return r;
 }
 
@@ -809,14 +806,13 @@ static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdev
   cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   if (r == CUDA_SUCCESS && dptr && pPitch) {
     uint64_t len;
     if (!__builtin_mul_overflow((uint64_t)*pPitch, (uint64_t)Height, &len))
       cu_record_device(rt, *dptr, len, true);
   }
-  CU_LEAVE();
   return r;
 }
 
@@ -828,10 +824,9 @@ static inline void cu_forget_device(kvs__runtime_t *rt, CUdeviceptr dptr) {
 static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
   kvs__runtime_t *rt = cu_rt_if_active();
   if (!rt) return real(dptr);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   cu_forget_device(rt, dptr);
   CUresult r = real(dptr);
-  CU_LEAVE();
   return r;
 }
 
@@ -843,20 +838,18 @@ static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr)
     cu_alloc_seen();                                                                          \
     kvs__runtime_t *rt = cu_rt();                                                             \
     if (!rt) return real args;                                                                \
-    CU_ENTER();                                                                               \
+    KVS__HOOK_ENTER();                                                                        \
     CUresult r = real args;                                                                   \
     if (r == CUDA_SUCCESS && dptr) cu_record_device(rt, *dptr, bytesize, false);              \
-    CU_LEAVE();                                                                               \
     return r;                                                                                 \
   }
 #define CU_HOOK_FREE_ASYNC(name)                                                              \
   static CUresult hk_##name(kvs__cu_pfn_##name real, CUdeviceptr dptr, CUstream hStream) {   \
     kvs__runtime_t *rt = cu_rt_if_active();                                                   \
     if (!rt) return real(dptr, hStream);                                                      \
-    CU_ENTER();                                                                               \
+    KVS__HOOK_ENTER();                                                                        \
     cu_forget_device(rt, dptr);                                                               \
     CUresult r = real(dptr, hStream);                                                         \
-    CU_LEAVE();                                                                               \
     return r;                                                                                 \
   }
 CU_HOOK_UNEXPORTABLE(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
@@ -876,13 +869,12 @@ static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **
   cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r;
   if (cu_host_eligible(rt, pp, bytesize) && cu_host_take(rt, pp, bytesize, 0) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize);
-  CU_LEAVE();
   return r;
 }
 
@@ -891,21 +883,20 @@ static CUresult hk_cuMemHostAlloc(kvs__cu_pfn_cuMemHostAlloc real, void **pp, si
   cu_alloc_seen();
   kvs__runtime_t *rt = cu_rt();
   if (!rt) return real(pp, bytesize, Flags);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r;
   if (!(Flags & ~(unsigned)CU_HOSTALLOC_KNOWN) && cu_host_eligible(rt, pp, bytesize) &&
       cu_host_take(rt, pp, bytesize, Flags) == 0)
     r = CUDA_SUCCESS;
   else
     r = real(pp, bytesize, Flags);
-  CU_LEAVE();
   return r;
 }
 
 static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
   kvs__runtime_t *rt = cu_rt_if_active();
   if (!rt || !cu_in_host_arena(rt, p)) return real(p);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r;
   uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off;
   int64_t len = kvs_pool_extent_len(rt->pool, KVS_ARENA_HOST, off);
@@ -924,7 +915,6 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
     cu_host_gauge(-len);
     r = CUDA_SUCCESS;
   }
-  CU_LEAVE();
   return r;
 }
 
@@ -942,7 +932,7 @@ static CUresult hk_cuMemHostGetFlags(kvs__cu_pfn_cuMemHostGetFlags real, unsigne
   kvs__runtime_t *rt = cu_rt_if_active();
   unsigned asked;
   if (!rt || !pFlags || !cu_in_host_arena(rt, p)) return real(pFlags, p);
-  CU_ENTER();
+  KVS__HOOK_ENTER();
   CUresult r = real(pFlags, p); /* the driver validates p (and the context) first */
   if (r == CUDA_SUCCESS) {
     kvs_tensor_record_t rec; /* an interior pointer: the buffer's start from its record */
@@ -951,7 +941,6 @@ static CUresult hk_cuMemHostGetFlags(kvs__cu_pfn_cuMemHostGetFlags real, unsigne
                          : (uintptr_t)p;
     if (cu_hf_get(base, &asked, false) == 0) *pFlags = asked;
   }
-  CU_LEAVE();
   return r;
 }
 

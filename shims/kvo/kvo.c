@@ -78,8 +78,6 @@ static inline kvs__runtime_t *kvo_rt(void) {
 }
 
 /* The kvshim part of each hook runs with the re-entry guard raised. */
-#define KVO_ENTER() (kvs__hook_depth++, kvs__hook_count())
-#define KVO_LEAVE() (kvs__hook_depth--)
 
 /* ---- keys ---------------------------------------------------------------------------------- */
 
@@ -237,9 +235,11 @@ KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_
     return real ? real(desc, tokens, n_tokens) : -ENOSYS;
   size_t n_full = n_tokens / desc->chunk_tokens;
   if (n_full == 0) return real ? real(desc, tokens, n_tokens) : 0;
-  KVO_ENTER();
-  size_t run = kvo_run(rt, desc, tokens, n_full);
-  KVO_LEAVE();
+  size_t run;
+  {
+    KVS__HOOK_ENTER();
+    run = kvo_run(rt, desc, tokens, n_full);
+  }
   if (run < n_full && real) {
     /* The engine's own cache may hold more (kvshim declined some stores): the larger run
      * wins; chunks past kvshim's run are then served by the engine's load_chunk. */
@@ -291,8 +291,7 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
   return rc == 0 ? KVO_OK : KVO_MISS;
 }
 
-/* The runtime when kvshim serves this chunk call (the guard raised: KVO_LEAVE after), and
- * the chunk's key; NULL: pass through. */
+/* The runtime when kvshim serves this chunk call, and the chunk's key; NULL: pass through. */
 static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *tokens,
                                        size_t n_tokens, size_t chunk_index, int buf_kind,
                                        uint64_t buf, size_t buf_len, kvs_key_t *key) {
@@ -300,7 +299,6 @@ static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *toke
   if (!rt || !kvo_chunk_args_ok(d, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) ||
       !kvo_buf_usable(buf_kind))
     return NULL;
-  KVO_ENTER();
   *key = kvo_chunk_key(kvo_ns_key(rt, d), d, tokens, chunk_index);
   return rt;
 }
@@ -313,9 +311,12 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
       kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
   if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  int rc = kvo_load(rt, desc, key, buf_kind, buf);
-  kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
-  KVO_LEAVE();
+  int rc;
+  {
+    KVS__HOOK_ENTER();
+    rc = kvo_load(rt, desc, key, buf_kind, buf);
+    kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
+  }
   if (rc == KVO_OK) return KVO_OK;
   return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : KVO_MISS;
 }
@@ -367,9 +368,13 @@ KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size
       kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
   if (!rt)
     return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  int rc = kvo_store(rt, desc, key, buf_kind, buf);
-  kvs_stats_inc(kvs_stats_global(), rc == 0 ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
-  KVO_LEAVE();
+  int rc;
+  {
+    KVS__HOOK_ENTER();
+    rc = kvo_store(rt, desc, key, buf_kind, buf);
+    kvs_stats_inc(kvs_stats_global(),
+                  rc == 0 ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
+  }
   if (rc == 0) return KVO_OK;
   return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : KVO_NOT_KEPT;
 }
