@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -322,6 +323,60 @@ int kvs__llama_model_add(const struct llama_model *model, const char *path,
   kvs_log_info("llama.cpp: model %s: %llu bytes, GGUF v%u, %u general.* keys, namespace %s",
                path, (unsigned long long)fi.size, fi.gguf_version, fi.general_keys, hex);
   return 0;
+}
+
+/* ---- the llama.cpp releases kvshim knows ------------------------------------------------------ */
+
+typedef struct release {
+  const char *nlc, *llama;
+  int layout;
+} release_t;
+
+#define RELEASE_ROW(nlc, llama, layout) {nlc, llama, layout},
+static const release_t g_releases[] = {KVS_LLAMA_RELEASES(RELEASE_ROW)};
+#undef RELEASE_ROW
+
+/* llama_context_default_params() of layout 1 (model.h): the pinned llama.cpp's
+ * src/llama-context.cpp; threads (GGML_DEFAULT_N_THREADS) are not compared. */
+static bool layout1(const kvs__llama_cparams_t *p) {
+  return p->n_ctx == 512 && p->n_batch == 2048 && p->n_ubatch == 512 && p->n_seq_max == 1 &&
+         p->n_rs_seq == 0 && p->n_outputs_max == 0 && p->n_outputs_max_per_seq == 1 &&
+         p->ctx_type == 0 && p->rope_scaling_type == -1 && p->pooling_type == -1 &&
+         p->attention_type == -1 && p->flash_attn_type == -1 && p->rope_freq_base == 0.0f &&
+         p->rope_freq_scale == 0.0f && p->yarn_ext_factor == -1.0f &&
+         p->yarn_attn_factor == -1.0f && p->yarn_beta_fast == -1.0f &&
+         p->yarn_beta_slow == -1.0f && p->yarn_orig_ctx == 0 && p->defrag_thold == -1.0f &&
+         !p->cb_eval && !p->cb_eval_user_data && p->type_k == 1 && p->type_v == 1 &&
+         !p->abort_callback && !p->abort_callback_data && !p->embeddings && p->offload_kqv &&
+         p->no_perf && p->op_offload && p->swa_full && !p->kv_unified && !p->samplers &&
+         p->n_samplers == 0 && !p->ctx_other;
+}
+
+int kvs__llama_release_layout(const kvs__llama_cparams_t *d) { return d && layout1(d) ? 1 : 0; }
+
+/* "node-llama-cpp 3.21.1 (llama.cpp v0.4.0), ..." for the rows of layout (0: every row). */
+static void release_names(int layout, char *out, size_t cap) {
+  size_t n = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < sizeof g_releases / sizeof g_releases[0]; i++) {
+    const release_t *r = &g_releases[i];
+    if (layout && r->layout != layout) continue;
+    int k = snprintf(out + n, cap - n, "%snode-llama-cpp %s (llama.cpp %s)", n ? ", " : "", r->nlc,
+                     r->llama);
+    if (k < 0 || (size_t)k >= cap - n) break;
+    n += (size_t)k;
+  }
+}
+
+void kvs__llama_release_report(int layout) {
+  char names[256];
+  release_names(layout, names, sizeof names);
+  if (layout > 0)
+    kvs_log_info("llama.cpp: struct llama_context_params of a known release: %s", names);
+  else
+    kvs_log_warn("llama.cpp: unknown llama.cpp release (llama_context_default_params() is none "
+                 "of the known releases: %s): the prefix cache passes every call through; "
+                 "state files are still cached", names);
 }
 
 void kvs__llama_model_fork_child(void) { pthread_mutex_init(&g_models_lock, NULL); }

@@ -65,4 +65,49 @@ int kvs__llama_fingerprint(const char *path, uint8_t out[KVS_LLAMA_FP_SIZE],
  * length, or -ENAMETOOLONG / -ENOENT (cwd unavailable). */
 int kvs__llama_canon_path(const char *path, char *out, size_t cap);
 
+/* ---- the llama.cpp releases kvshim knows ------------------------------------------------------ */
+
+/* struct llama_context_params of the known releases (kvshim's own declaration of llama.h: the
+ * prefix cache reads it; the state adapter never does). */
+typedef struct kvs__llama_cparams {
+  uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
+  int32_t n_threads, n_threads_batch;
+  int32_t ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
+  float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
+      yarn_beta_slow;
+  uint32_t yarn_orig_ctx;
+  float defrag_thold;
+  void *cb_eval, *cb_eval_user_data;
+  int32_t type_k, type_v; /* enum ggml_type */
+  void *abort_callback, *abort_callback_data;
+  bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
+  void *samplers;
+  size_t n_samplers;
+  void *ctx_other;
+} kvs__llama_cparams_t;
+_Static_assert(sizeof(kvs__llama_cparams_t) == 160 || sizeof(void *) != 8, "llama_context_params");
+_Static_assert(offsetof(kvs__llama_cparams_t, cb_eval) == 88 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(kvs__llama_cparams_t, type_k) == 104 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(kvs__llama_cparams_t, embeddings) == 128 || sizeof(void *) != 8, "layout");
+_Static_assert(offsetof(kvs__llama_cparams_t, ctx_other) == 152 || sizeof(void *) != 8, "layout");
+
+/* Every release kvshim was checked against, written once: X(node-llama-cpp version, the
+ * llama.cpp release it ships (its libllama is libllama.<release>.so), layout). Layout 1 is
+ * kvs__llama_cparams_t with the defaults kvs__llama_release_layout checks (llama.cpp
+ * src/llama-context.cpp, llama_context_default_params, identical in v0.4.0 and v0.5.0); a
+ * release that changes the struct or its defaults gets a new layout number. README "Supported
+ * engines" lists the same rows. */
+#define KVS_LLAMA_RELEASES(X)  \
+  X("3.21.1", "v0.4.0", 1)     \
+  X("3.22.1", "v0.5.0", 1)
+
+/* The layout of the release whose llama_context_default_params() answered d (thread counts
+ * aside: every other field has a distinctive default, so a struct with fields added, moved or
+ * removed reads differently), or 0: a release kvshim does not know. */
+int kvs__llama_release_layout(const kvs__llama_cparams_t *d);
+/* Logged once per process by the caller that decided: at info level the known releases of
+ * layout (> 0), or for 0 the one warning that this release is unknown and the prefix cache
+ * passes every call through (the state adapter does not depend on the layout). */
+void kvs__llama_release_report(int layout);
+
 #endif

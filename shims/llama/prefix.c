@@ -4,7 +4,7 @@
  * Hooked (KVS_LLAMA_PREFIX_HOOKS, exported from libkvshim.so), all passing through to the
  * engine's function:
  *   llama_init_from_model   registers the context when it can be cached: the layout of
- *                           struct llama_context_params is the pinned one (px_layout_ok), the
+ *                           struct llama_context_params is a known release's (px_layout_ok), the
  *                           model was fingerprinted (llama.c), no embeddings, no backend
  *                           samplers, no shared context, no encoder / recurrent / hybrid /
  *                           diffusion model, and one sequence or a per-sequence KV cache
@@ -98,35 +98,14 @@ static inline bool px_observe(void) {
   return kvs__hook_depth == 0 && px_depth == 0 && kvs__family_on(&kvs__family_llama_prefix);
 }
 
-/* ---- struct llama_context_params of the pinned llama.h (kvshim's own declaration) ------------ */
+/* ---- struct llama_context_params of the known releases (model.h) ------------------------------ */
 
-typedef struct px_cparams {
-  uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
-  int32_t n_threads, n_threads_batch;
-  int32_t ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
-  float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
-      yarn_beta_slow;
-  uint32_t yarn_orig_ctx;
-  float defrag_thold;
-  void *cb_eval, *cb_eval_user_data;
-  int32_t type_k, type_v; /* enum ggml_type */
-  void *abort_callback, *abort_callback_data;
-  bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
-  void *samplers;
-  size_t n_samplers;
-  void *ctx_other;
-} px_cparams_t;
-_Static_assert(sizeof(px_cparams_t) == 160 || sizeof(void *) != 8, "pinned llama_context_params");
-_Static_assert(offsetof(px_cparams_t, cb_eval) == 88 || sizeof(void *) != 8, "layout");
-_Static_assert(offsetof(px_cparams_t, type_k) == 104 || sizeof(void *) != 8, "layout");
-_Static_assert(offsetof(px_cparams_t, embeddings) == 128 || sizeof(void *) != 8, "layout");
-_Static_assert(offsetof(px_cparams_t, ctx_other) == 152 || sizeof(void *) != 8, "layout");
+typedef kvs__llama_cparams_t px_cparams_t;
 _Static_assert(sizeof(px_cparams_t) <= KVS_PX_CPARAMS_MAX, "forwarded block too small");
 
 /* Is the engine's struct llama_context_params the one px_cparams_t declares? Its defaults must
- * be exactly the pinned llama_context_default_params() (thread counts aside): every field has a
- * distinctive default there, so an older or newer layout (fields added, moved or removed) reads
- * differently. 1 yes, 0 no, -1 not decided yet (the function is not loaded). */
+ * be those of a known release (model.h, KVS_LLAMA_RELEASES); an unknown one is reported once.
+ * 1 yes, 0 no, -1 not decided yet (the function is not loaded). */
 static int px_layout_ok(void) {
   static atomic_int verdict = -1;
   int v = atomic_load_explicit(&verdict, memory_order_acquire);
@@ -138,22 +117,10 @@ static int px_layout_ok(void) {
   kvs__llama_ctx_params_t raw = defaults();
   px_cparams_t p;
   memcpy(&p, &raw, sizeof p);
-  bool ok = p.n_ctx == 512 && p.n_batch == 2048 && p.n_ubatch == 512 && p.n_seq_max == 1 &&
-            p.n_rs_seq == 0 && p.n_outputs_max == 0 && p.n_outputs_max_per_seq == 1 &&
-            p.ctx_type == 0 && p.rope_scaling_type == -1 && p.pooling_type == -1 &&
-            p.attention_type == -1 && p.flash_attn_type == -1 && p.rope_freq_base == 0.0f &&
-            p.rope_freq_scale == 0.0f && p.yarn_ext_factor == -1.0f &&
-            p.yarn_attn_factor == -1.0f && p.yarn_beta_fast == -1.0f &&
-            p.yarn_beta_slow == -1.0f && p.yarn_orig_ctx == 0 && p.defrag_thold == -1.0f &&
-            !p.cb_eval && !p.cb_eval_user_data && p.type_k == 1 && p.type_v == 1 &&
-            !p.abort_callback && !p.abort_callback_data && !p.embeddings && p.offload_kqv &&
-            p.no_perf && p.op_offload && p.swa_full && !p.kv_unified && !p.samplers &&
-            p.n_samplers == 0 && !p.ctx_other;
-  v = ok ? 1 : 0;
+  int layout = kvs__llama_release_layout(&p);
+  v = layout == 1 ? 1 : 0; /* the layout px_cparams_t declares */
   int expected = -1;
-  if (atomic_compare_exchange_strong(&verdict, &expected, v) && !v)
-    kvs_log_warn("llama.cpp prefix cache: this libllama's struct llama_context_params is not the "
-                 "one kvshim was built for (llama.cpp of node-llama-cpp 3.21.1): prefix cache off");
+  if (atomic_compare_exchange_strong(&verdict, &expected, v)) kvs__llama_release_report(layout);
   return atomic_load(&verdict);
 }
 

@@ -183,6 +183,10 @@ struct llama_context_params llama_context_default_params(void) {
   p.defrag_thold = -1.0f;
   p.type_k = p.type_v = 1;
   p.offload_kqv = p.no_perf = p.op_offload = p.swa_full = true;
+  /* FAKELLAMA_DEFAULTS=unknown: a deliberately altered answer, standing for a llama.cpp release
+   * kvshim does not know (its llama_context_default_params differs in one default). */
+  const char *d = getenv("FAKELLAMA_DEFAULTS");
+  if (d && strcmp(d, "unknown") == 0) p.defrag_thold = 0.1f;
   return p;
 }
 
