@@ -689,9 +689,9 @@ static int judge(const ctx_t *c, kvs_elf_symbol_t *s) {
       first_bad = why;
   }
   if (ok + bad == 0) {
-    /* definitions only: interposable for whoever imports it, if anyone can */
-    s->verdict = def_ok || !any_def ? KVS_ELF_YES : KVS_ELF_NO;
-    s->reason = def_ok || !any_def ? KVS_ELF_REASON_NONE : def_reason;
+    /* definitions only, reached by no relocation: LD_PRELOAD sees no call to it */
+    s->verdict = KVS_ELF_NO;
+    s->reason = def_ok || !any_def ? KVS_ELF_REASON_UNREACHED : def_reason;
   } else if (bad == 0) {
     s->verdict = KVS_ELF_YES;
   } else {
@@ -856,6 +856,105 @@ int kvs_elf_family_summarize(const kvs_elf_report_t *r, kvs_elf_family_t f,
   return 0;
 }
 
+/* ---- features ------------------------------------------------------------------------------ */
+
+#define H_(name) KVS_ELF_HOOK_##name
+#define FEATURE_NEEDS_MAX 12
+/* The hooks each feature cannot work without. all: each one, interposable (the prefix cache
+ * registers a context in llama_init_from_model, restores in llama_decode, and knows a model only
+ * through the fingerprint taken in llama_model_load_from_file, shims/llama/prefix.c). any: at
+ * least one of them, interposable (the state adapter serves whichever state call the engine
+ * makes, shims/llama/llama.c). Each list ends at its KVS_ELF_HOOK_COUNT. */
+static const struct {
+  kvs_elf_hook_t all[4], any[FEATURE_NEEDS_MAX];
+} feature_needs[KVS_ELF_FEATURE_COUNT] = {
+    [KVS_ELF_FEATURE_LLAMA_STATE] = {{H_(llama_model_load_from_file), KVS_ELF_HOOK_COUNT},
+                                     {H_(llama_state_seq_save_file), H_(llama_state_seq_load_file),
+                                      H_(llama_state_seq_get_data), H_(llama_state_seq_get_data_ext),
+                                      H_(llama_state_seq_set_data), H_(llama_state_seq_set_data_ext),
+                                      H_(llama_state_save_file), H_(llama_state_load_file),
+                                      KVS_ELF_HOOK_COUNT}},
+    [KVS_ELF_FEATURE_LLAMA_PREFIX] = {{H_(llama_decode), H_(llama_init_from_model),
+                                       H_(llama_model_load_from_file), KVS_ELF_HOOK_COUNT},
+                                      {KVS_ELF_HOOK_COUNT}},
+};
+#undef H_
+
+static const char *const feature_names[KVS_ELF_FEATURE_COUNT] = {
+#define FENAME_(id, fam, name, lost) name,
+    KVS_ELF_FEATURES(FENAME_)
+#undef FENAME_
+};
+static const char *const feature_lost[KVS_ELF_FEATURE_COUNT] = {
+#define FELOST_(id, fam, name, lost) lost,
+    KVS_ELF_FEATURES(FELOST_)
+#undef FELOST_
+};
+static const kvs_elf_family_t feature_families[KVS_ELF_FEATURE_COUNT] = {
+#define FEFAM_(id, fam, name, lost) KVS_ELF_FAMILY_##fam,
+    KVS_ELF_FEATURES(FEFAM_)
+#undef FEFAM_
+};
+static const char *const feature_state_names[] = {[KVS_ELF_FEATURE_ABSENT] = "absent",
+                                                  [KVS_ELF_FEATURE_AVAILABLE] = "available",
+                                                  [KVS_ELF_FEATURE_LOST] = "lost"};
+
+const char *kvs_elf_feature_name(kvs_elf_feature_t f) {
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_names[f] : "?";
+}
+const char *kvs_elf_feature_lost_text(kvs_elf_feature_t f) {
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_lost[f] : "?";
+}
+kvs_elf_family_t kvs_elf_feature_family(kvs_elf_feature_t f) {
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_families[f] : KVS_ELF_FAMILY_COUNT;
+}
+const char *kvs_elf_feature_state_name(kvs_elf_feature_state_t s) {
+  return name_of(feature_state_names, NAMES_N(feature_state_names), (unsigned)s);
+}
+
+static bool reached(kvs_elf_verdict_t v) { return v == KVS_ELF_YES || v == KVS_ELF_PARTIAL; }
+
+int kvs_elf_feature_check(const kvs_elf_report_t *r, kvs_elf_feature_t f,
+                          kvs_elf_feature_status_t *out) {
+  if (r == NULL || out == NULL || (unsigned)f >= KVS_ELF_FEATURE_COUNT) return -EINVAL;
+  kvs_elf_feature_status_t st = {.state = KVS_ELF_FEATURE_ABSENT, .hook = KVS_ELF_HOOK_COUNT};
+  bool present = false, lost = false, any_listed = false, any_ok = false;
+  const kvs_elf_hook_t *all = feature_needs[f].all, *any = feature_needs[f].any;
+  /* present: one of its "any" hooks is (the calls it serves), or without an "any" list one of
+   * its "all" hooks */
+  for (unsigned k = 0; k < FEATURE_NEEDS_MAX && any[k] != KVS_ELF_HOOK_COUNT; k++) {
+    any_listed = true;
+    present |= r->symbols[any[k]].verdict != KVS_ELF_ABSENT;
+  }
+  for (unsigned k = 0; k < 4 && all[k] != KVS_ELF_HOOK_COUNT && !any_listed; k++)
+    present |= r->symbols[all[k]].verdict != KVS_ELF_ABSENT;
+  if (present) {
+    for (unsigned k = 0; k < 4 && all[k] != KVS_ELF_HOOK_COUNT && !lost; k++) {
+      const kvs_elf_symbol_t *s = &r->symbols[all[k]];
+      if (reached(s->verdict)) continue;
+      lost = true;
+      st.hook = all[k];
+      st.verdict = s->verdict;
+      st.reason = s->verdict == KVS_ELF_ABSENT ? KVS_ELF_REASON_NONE : s->reason;
+    }
+    kvs_elf_hook_t first_any = KVS_ELF_HOOK_COUNT;
+    for (unsigned k = 0; k < FEATURE_NEEDS_MAX && any[k] != KVS_ELF_HOOK_COUNT; k++) {
+      const kvs_elf_symbol_t *s = &r->symbols[any[k]];
+      any_ok |= reached(s->verdict);
+      if (first_any == KVS_ELF_HOOK_COUNT && s->verdict != KVS_ELF_ABSENT) first_any = any[k];
+    }
+    if (!lost && any_listed && !any_ok) {
+      lost = true;
+      st.hook = first_any != KVS_ELF_HOOK_COUNT ? first_any : any[0];
+      st.verdict = r->symbols[st.hook].verdict;
+      st.reason = st.verdict == KVS_ELF_ABSENT ? KVS_ELF_REASON_NONE : r->symbols[st.hook].reason;
+    }
+    st.state = lost ? KVS_ELF_FEATURE_LOST : KVS_ELF_FEATURE_AVAILABLE;
+  }
+  *out = st;
+  return 0;
+}
+
 const char *kvs_elf_object_basename(const kvs_elf_object_t *o) {
   if (o == NULL) return "?";
   return base_name(o->path ? o->path : o->name ? o->name : "?");
@@ -982,9 +1081,11 @@ static size_t rt_lookup(const rt_obj_t *o, const rt_dyn_t *d, const char *s) {
   return 0;
 }
 
-/* Marks the hooks this object imports (undefined symbols named by a relocation). */
+/* Marks the hooks this object imports (undefined symbols named by a relocation) in imported,
+ * and every hook a relocation of it names (imports, and its own PLT/GOT calls to a hook it
+ * defines: the loader binds both in the global order) in reached. */
 static void rt_imports(const rt_obj_t *o, const rt_dyn_t *d, uintptr_t tab, size_t sz, size_t ent,
-                       bool rela, uint64_t *imported) {
+                       bool rela, uint64_t *imported, uint64_t *reached) {
   if (tab == 0 || ent == 0 || !rt_ok(o, tab, sz)) return;
   for (size_t off = 0; off + ent <= sz; off += ent) {
     ElfW(Xword) info =
@@ -992,14 +1093,18 @@ static void rt_imports(const rt_obj_t *o, const rt_dyn_t *d, uintptr_t tab, size
     size_t si = RT_R_SYM(info);
     if (si == 0) continue;
     const ElfW(Sym) *sy = d->sym + si;
-    if (!rt_ok(o, (uintptr_t)sy, sizeof *sy) || sy->st_shndx != SHN_UNDEF) continue;
+    if (!rt_ok(o, (uintptr_t)sy, sizeof *sy)) continue;
+    bool undef = sy->st_shndx == SHN_UNDEF;
+    if (!undef && (RT_ST_BIND(sy->st_info) == STB_LOCAL || RT_ST_VIS(sy->st_other) != STV_DEFAULT))
+      continue; /* bound to itself at link or load time */
     size_t no = sy->st_name;
     if (no >= d->strsz || !rt_ok(o, (uintptr_t)(d->str + no), 1)) continue;
     char c0 = d->str[no];
     if (c0 != 'c' && c0 != 'l' && c0 != 'k') continue;
     for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
       if (rt_name_is(o, d->str, d->strsz, no, hook_names[h])) {
-        imported[h / 64] |= 1ull << (h % 64);
+        if (undef) imported[h / 64] |= 1ull << (h % 64);
+        reached[h / 64] |= 1ull << (h % 64);
         break;
       }
   }
@@ -1118,15 +1223,19 @@ static int rt_visit(struct dl_phdr_info *info, size_t size, void *arg) {
     rt_copy_path(out->family[f].definer, name);
   }
   uint64_t imported[(KVS_ELF_HOOK_COUNT + 63) / 64] = {0};
+  uint64_t reached[(KVS_ELF_HOOK_COUNT + 63) / 64] = {0};
   rt_imports(&o, &d, d.jmprel, d.pltrelsz,
              d.pltrel == DT_REL ? sizeof(ElfW(Rel)) : sizeof(ElfW(Rela)), d.pltrel != DT_REL,
-             imported);
-  rt_imports(&o, &d, d.rela, d.relasz, d.relaent ? d.relaent : sizeof(ElfW(Rela)), true, imported);
-  rt_imports(&o, &d, d.rel, d.relsz, d.relent ? d.relent : sizeof(ElfW(Rel)), false, imported);
+             imported, reached);
+  rt_imports(&o, &d, d.rela, d.relasz, d.relaent ? d.relaent : sizeof(ElfW(Rela)), true, imported,
+             reached);
+  rt_imports(&o, &d, d.rel, d.relsz, d.relent ? d.relent : sizeof(ElfW(Rel)), false, imported,
+             reached);
   for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
-    if (!(imported[h / 64] >> (h % 64) & 1)) continue;
     kvs_elf_rt_family_t *fam = &out->family[kvs_elf_hook_family((kvs_elf_hook_t)h)];
     uint64_t bit = 1ull << fam_index(h);
+    if (reached[h / 64] >> (h % 64) & 1) fam->reached |= bit;
+    if (!(imported[h / 64] >> (h % 64) & 1)) continue;
     fam->present |= bit;
     if (!(fam->defined & bit) && !out->static_process) fam->interposable |= bit;
   }
@@ -1142,7 +1251,8 @@ int kvs_elf_scan_process(const void *self, kvs_elf_process_t *out) {
   dl_iterate_phdr(rt_visit, &c);
   for (unsigned f = 0; f < KVS_ELF_FAMILY_COUNT; f++) {
     kvs_elf_rt_family_t *fam = &p.family[f];
-    fam->interposable &= fam->present;
+    fam->interposable &= fam->present & fam->reached; /* a definition no relocation reaches:
+                                                          LD_PRELOAD sees no call to it */
     fam->n_present = (unsigned)__builtin_popcountll(fam->present);
     fam->n_interposable = (unsigned)__builtin_popcountll(fam->present & fam->interposable);
   }

@@ -24,6 +24,11 @@
  *     -fno-semantic-interposition, any call inside an executable) cannot be interposed.
  *     inspect finds those by decoding direct call/jump instructions whose target is the
  *     definition (x86-64 call/jmp rel32, aarch64 bl/b).
+ *   - a definition that no object reaches through a dynamic relocation (no import names it,
+ *     its definer calls it directly or not at all: a library linked into the engine and called
+ *     through its internals) is not interposable (reason "unreached"): LD_PRELOAD would see
+ *     no call. Inspecting a library alone therefore reports what the library itself reaches;
+ *     inspect the program or plugin that calls it.
  *   - objects opened with dlopen (plugins, RTLD_LOCAL or not) are not in anyone's DT_NEEDED:
  *     static analysis of the executable cannot see them; inspect the plugin itself. Their
  *     imports are still interposable: the global scope (which holds LD_PRELOAD) is searched
@@ -107,7 +112,12 @@ int kvs_elf_hook_find(const char *name, kvs_elf_hook_t *out);
   X(PROTECTED, "protected",                                                                   \
     "protected visibility (STV_PROTECTED): references inside the defining object bind to it")  \
   X(HIDDEN, "hidden", "hidden visibility or not exported (not in .dynsym): only its own "      \
-    "object can call it, bound at link time")
+    "object can call it, bound at link time")                                                 \
+  X(UNREACHED, "unreached",                                                                   \
+    "exported, but no object inspected reaches it through a dynamic relocation (PLT/GOT) that " \
+    "LD_PRELOAD can redirect: the code that uses it calls the implementation directly (e.g. "   \
+    "llama.cpp linked in statically and called through its C++ internals), or its callers "     \
+    "are outside what was inspected (inspect the program or plugin that calls it)")
 
 typedef enum kvs_elf_reason {
 #define KVS__ELF_REASON_ENUM(id, name, text) KVS_ELF_REASON_##id,
@@ -122,14 +132,51 @@ const char *kvs_elf_reason_text(kvs_elf_reason_t r); /* one sentence; "" for NON
 /* A symbol's verdict over every call route inspect found to it. */
 typedef enum kvs_elf_verdict {
   KVS_ELF_ABSENT = 0,  /* no object of the closure defines or references it */
-  KVS_ELF_YES = 1,     /* every route found is interposable (or none was found and the
-                          definition is exported from a shared object: callers that import
-                          it will be interposed) */
+  KVS_ELF_YES = 1,     /* some object reaches it through a dynamic relocation LD_PRELOAD can
+                          redirect (an import, or the definer's own PLT/GOT call), and every
+                          route found is interposable. A definition no route reaches is NO
+                          (UNREACHED): nothing promises that LD_PRELOAD will see a call */
   KVS_ELF_PARTIAL = 2, /* imports are interposable, some calls inside the definer are not */
   KVS_ELF_NO = 3       /* no route found is interposable */
 } kvs_elf_verdict_t;
 
 const char *kvs_elf_verdict_name(kvs_elf_verdict_t v); /* "absent", "yes", "partial", "no" */
+
+/* ---- features: what a family's hooks serve, and what is lost when they cannot be
+ * interposed. X(ID, family ID, name, what is lost). The hooks each feature needs are listed
+ * once, in elfscan.c (feature_needs). */
+#define KVS_ELF_FEATURES(X)                                                                   \
+  X(LLAMA_STATE, LLAMA, "state adapter",                                                      \
+    "sequence states are saved and loaded by llama.cpp alone, never through kvshim's cache")  \
+  X(LLAMA_PREFIX, LLAMA, "prefix cache",                                                      \
+    "no prompt prefix is restored from kvshim's cache: every token is computed")
+
+typedef enum kvs_elf_feature {
+#define KVS__ELF_FEATURE_ENUM(id, fam, name, lost) KVS_ELF_FEATURE_##id,
+  KVS_ELF_FEATURES(KVS__ELF_FEATURE_ENUM)
+#undef KVS__ELF_FEATURE_ENUM
+  KVS_ELF_FEATURE_COUNT
+} kvs_elf_feature_t;
+
+typedef enum kvs_elf_feature_state {
+  KVS_ELF_FEATURE_ABSENT = 0,    /* none of the calls it serves is present */
+  KVS_ELF_FEATURE_AVAILABLE = 1, /* every hook it needs is interposable (yes or partial) */
+  KVS_ELF_FEATURE_LOST = 2       /* a hook it needs is present but not interposable, or
+                                    missing while others are present */
+} kvs_elf_feature_state_t;
+
+typedef struct kvs_elf_feature_status {
+  kvs_elf_feature_state_t state;
+  kvs_elf_hook_t hook;     /* LOST: the first hook it needs that fails it */
+  kvs_elf_verdict_t verdict; /* LOST: that hook's verdict (ABSENT when it is missing) */
+  kvs_elf_reason_t reason; /* LOST: that hook's reason (NONE when it is missing) */
+} kvs_elf_feature_status_t;
+
+const char *kvs_elf_feature_name(kvs_elf_feature_t f); /* "prefix cache"; "?" out of range */
+const char *kvs_elf_feature_lost_text(kvs_elf_feature_t f); /* what is lost; "?" out of range */
+kvs_elf_family_t kvs_elf_feature_family(kvs_elf_feature_t f);
+const char *kvs_elf_feature_state_name(kvs_elf_feature_state_t s); /* "absent", "available",
+                                                                       "lost" */
 
 /* "<title>: <definer>, <yes>/<present> hooks interposable" into buf (always NUL-terminated
  * when n > 0; cut when too long). definer NULL or "" prints "no definition". The one format
@@ -256,6 +303,12 @@ typedef struct kvs_elf_family_summary {
 int kvs_elf_family_summarize(const kvs_elf_report_t *r, kvs_elf_family_t f,
                              kvs_elf_family_summary_t *out);
 
+/* Whether the report's hooks serve feature f: every hook of its "all" list must be
+ * interposable (verdict YES or PARTIAL), and, when it has an "any" list, one hook of that list
+ * present must be. Returns 0 or -EINVAL (NULL report or out, bad feature). */
+int kvs_elf_feature_check(const kvs_elf_report_t *r, kvs_elf_feature_t f,
+                          kvs_elf_feature_status_t *out);
+
 /* Base name of an object (its path's, else its name's). Never NULL. */
 const char *kvs_elf_object_basename(const kvs_elf_object_t *o);
 
@@ -266,10 +319,13 @@ const char *kvs_elf_object_basename(const kvs_elf_object_t *o);
 typedef struct kvs_elf_rt_family {
   uint64_t present;      /* bit i: hook first+i is defined (outside self) or imported */
   uint64_t defined;      /* bit i: defined in some object other than self */
-  uint64_t interposable; /* bit i: its first definition outside self is exported from a shared
-                            object (not the executable) with default or protected visibility,
-                            so imports bind to an LD_PRELOAD definition; or it is only
-                            imported (no definition outside self) */
+  uint64_t interposable; /* bit i: some object other than self reaches it through a dynamic
+                            relocation (reached), and its first definition outside self is
+                            exported from a shared object (not the executable) with default or
+                            protected visibility, so imports bind to an LD_PRELOAD definition;
+                            or it is only imported (no definition outside self) */
+  uint64_t reached;      /* bit i: a relocation of an object other than self names it (an
+                            import, or its definer's own PLT/GOT call): the offline rule */
   uint64_t bound_inside; /* bit i: the definer binds its own references (protected, or
                             DF_SYMBOLIC): calls inside that object are not interposed */
   unsigned n_present, n_interposable; /* popcounts of present and present & interposable */

@@ -20,8 +20,11 @@ const char kvs_inspect_help[] =
     "$ORIGIN, LD_LIBRARY_PATH, /etc/ld.so.cache, default directories) and, for each hook family\n"
     "(CUDA driver, llama.cpp, kvo), reports where every hook is defined, which objects import\n"
     "it, and whether LD_PRELOAD can interpose the calls; when not, why (static link, defined in\n"
-    "the executable, -Bsymbolic, -Bsymbolic-functions, protected or hidden visibility). Calls\n"
-    "inside a defining object are listed too: through the PLT (interposable) or bound.\n"
+    "the executable, -Bsymbolic, -Bsymbolic-functions, protected or hidden visibility, or\n"
+    "unreached: exported but called through no relocation, e.g. a library linked in\n"
+    "statically). Calls inside a defining object are listed too: through the PLT\n"
+    "(interposable) or bound. Each feature (llama.cpp: state adapter, prefix cache) is\n"
+    "reported available, or lost with the hook that fails it and why.\n"
     "Objects opened with dlopen at run time (plugins) are not in the closure: inspect them.\n"
     "LD_LIBRARY_PATH is taken from the environment, as the loader would.\n"
     "  --json           one JSON document instead of the table\n"
@@ -74,6 +77,8 @@ static const char *definer_text(const kvs_elf_report_t *r, const kvs_elf_family_
   if (sum->definer >= 0) return obj_name(r, (size_t)sum->definer);
   return missing_objects(r) ? "unresolved (a needed object was not found)" : NULL;
 }
+
+static void jstr(FILE *o, const char *s);
 
 /* ---- human table --------------------------------------------------------------------------- */
 
@@ -150,6 +155,53 @@ static void print_list(FILE *o, const char *lead, const char *const *names, unsi
   fputc('\n', o);
 }
 
+/* One line per feature of family f that is present: "  prefix cache: available", or
+ * "  prefix cache: lost, llama_decode not interposable (unreached): <what is lost>". */
+static void print_features(FILE *o, const kvs_elf_report_t *r, kvs_elf_family_t f) {
+  for (unsigned k = 0; k < KVS_ELF_FEATURE_COUNT; k++) {
+    kvs_elf_feature_status_t st;
+    if (kvs_elf_feature_family((kvs_elf_feature_t)k) != f ||
+        kvs_elf_feature_check(r, (kvs_elf_feature_t)k, &st) < 0 ||
+        st.state == KVS_ELF_FEATURE_ABSENT)
+      continue;
+    fprintf(o, "  %s: %s", kvs_elf_feature_name((kvs_elf_feature_t)k),
+            kvs_elf_feature_state_name(st.state));
+    if (st.state == KVS_ELF_FEATURE_LOST) {
+      if (st.verdict == KVS_ELF_ABSENT)
+        fprintf(o, ", %s not present", kvs_elf_hook_name(st.hook));
+      else
+        fprintf(o, ", %s not interposable (%s)", kvs_elf_hook_name(st.hook),
+                kvs_elf_reason_name(st.reason));
+      fprintf(o, ": %s", kvs_elf_feature_lost_text((kvs_elf_feature_t)k));
+    }
+    fputc('\n', o);
+  }
+}
+
+/* The family's features as a JSON array (every feature of f, absent ones included). */
+static void json_features(FILE *o, const kvs_elf_report_t *r, kvs_elf_family_t f) {
+  fputs(",\n   \"features\": [", o);
+  bool first = true;
+  for (unsigned k = 0; k < KVS_ELF_FEATURE_COUNT; k++) {
+    kvs_elf_feature_status_t st;
+    if (kvs_elf_feature_family((kvs_elf_feature_t)k) != f ||
+        kvs_elf_feature_check(r, (kvs_elf_feature_t)k, &st) < 0)
+      continue;
+    bool lost = st.state == KVS_ELF_FEATURE_LOST;
+    fprintf(o, "%s{\"name\": \"%s\", \"state\": \"%s\", \"hook\": ", first ? "" : ", ",
+            kvs_elf_feature_name((kvs_elf_feature_t)k), kvs_elf_feature_state_name(st.state));
+    jstr(o, lost ? kvs_elf_hook_name(st.hook) : NULL);
+    fputs(", \"reason\": ", o);
+    jstr(o, lost ? (st.verdict == KVS_ELF_ABSENT ? "not-present" : kvs_elf_reason_name(st.reason))
+                 : NULL);
+    fputs(", \"lost\": ", o);
+    jstr(o, lost ? kvs_elf_feature_lost_text((kvs_elf_feature_t)k) : NULL);
+    fputc('}', o);
+    first = false;
+  }
+  fputc(']', o);
+}
+
 static int print_family(FILE *o, const kvs_elf_report_t *r, kvs_elf_family_t f) {
   kvs_elf_hook_t first;
   unsigned count;
@@ -169,6 +221,7 @@ static int print_family(FILE *o, const kvs_elf_report_t *r, kvs_elf_family_t f) 
   if (sum.partial) fprintf(o, " (%u partially)", sum.partial);
   if (sum.n_definers > 1) fprintf(o, " (defined in %u objects)", sum.n_definers);
   fputc('\n', o);
+  print_features(o, r, f);
 
   row_t rows[KVS_ELF_FAMILY_MAX_HOOKS];
   unsigned n = 0;
@@ -457,7 +510,9 @@ static void print_json(FILE *o, const char *binary, const kvs_elf_report_t *r) {
         firstc = false;
       }
     }
-    fputs("]}", o);
+    fputc(']', o);
+    json_features(o, r, (kvs_elf_family_t)f);
+    fputc('}', o);
   }
   fputs("],\n \"notes\": [\"objects opened with dlopen at run time (plugins) are not in the "
         "DT_NEEDED closure: inspect each plugin directly\"]}\n",

@@ -26,9 +26,9 @@ system prefix of about 1,100 tokens (generated English-like text).
               state stores nothing; the cache peer stopped (short RPC deadline) and killed
               while B waits for it: B falls back; identical tokens every time.
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
-  inspect     `kvshim inspect --json` on the shipped libllama: llama_get_logits_ith is reached
-              from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
-              remap covers it; llama_decode and the memory calls are interposable.
+  inspect     `kvshim inspect --json` on the addon (libllama in its closure): llama_get_logits_ith
+              is reached from inside libllama (its sampler) through a JUMP_SLOT relocation, so
+              the index remap covers it; llama_decode and the memory calls are interposable.
 
 Usage: check_prefix.py CASE --preload LIBKVSHIM --kvshim CLI [--work-dir DIR] [--keep]
                        [--no-setup] [--asan-runtime LIBASAN]      (--list: the cases)
@@ -277,7 +277,7 @@ def case_disabled(c):
 
 
 def case_inspect(c):
-    lib = os.path.join(LIBDIR, "libllama.v0.4.0.so")
+    lib = os.path.join(LIBDIR, "llama-addon.node")  # its closure holds libllama
     p = subprocess.run([c.kvshim, "inspect", "--json", lib], capture_output=True, text=True,
                        timeout=120)
     if not check(p.returncode == 0, "kvshim inspect --json %s" % os.path.basename(lib)):

@@ -161,8 +161,13 @@ def case_plt_import():
           f"the executable's PLT import is not seen: {s['uses']}")
     check(u["libfx_kvo.so"]["role"] == "definition", f"definition: {s['uses']}")
     check(obj(doc, s["defined_in"])["name"] == "libfx_kvo.so", f"defined_in: {s['defined_in']}")
-    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 3/3 hooks interposable",
+    # the executable reaches only kvo_lookup: the other two are defined but unreached
+    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 1/3 hooks interposable",
           f"summary: {summary_of(doc, 'kvo')}")
+    check([(x["name"], x["verdict"], x["reason"]) for x in family(doc, "kvo")["symbols"]
+           if x["name"] != "kvo_lookup"] == [("kvo_load_chunk", "no", "unreached"),
+                                              ("kvo_store_chunk", "no", "unreached")],
+          f"unreached definitions: {family(doc, 'kvo')['symbols']}")
     check(family(doc, "llama")["present"] == 0 and family(doc, "cuda")["present"] == 0,
           "families the fixture does not link are reported present")
 
@@ -343,7 +348,7 @@ def case_runtime():
     exe, plugin = fx("fx_rt_main"), fx("libfx_plugin.so")
     p = run([exe, plugin])
     out = p.stdout
-    check("start: family kvo: kvo: libfx_kvo.so, 3/3 hooks interposable (definers=1)" in out,
+    check("start: family kvo: kvo: libfx_kvo.so, 2/3 hooks interposable (definers=1)" in out,
           f"run-time kvo line:\n{out}")
     check("start: family llama" not in out and "start: family cuda" not in out,
           f"families reported that are not loaded:\n{out}")
@@ -354,7 +359,7 @@ def case_runtime():
           f"definitions differ from the loader's:\n{out}")
     # the same line offline
     doc = inspect_json(exe)
-    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 3/3 hooks interposable",
+    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 2/3 hooks interposable",
           f"offline and run-time lines differ: {summary_of(doc, 'kvo')}")
     # self (the preload's own object) is ignored: only the executable's import is left
     p = run([exe, "--self-kvo"])
@@ -365,13 +370,13 @@ def case_runtime():
 def case_runtime_exe():
     exe = fx("fx_rt_exe")
     p = run([exe])
-    check("start: family kvo: kvo: libfx_kvo.so, 2/3 hooks interposable (definers=2)" in p.stdout
+    check("start: family kvo: kvo: libfx_kvo.so, 1/3 hooks interposable (definers=2)" in p.stdout
           and " bad" not in p.stdout, f"an executable's definition is interposable at run time:\n"
           f"{p.stdout}")
     doc = inspect_json(exe)
     s = symbol(doc, "kvo", "kvo_lookup")
     check((s["verdict"], s["reason"]) == ("no", "executable"), f"offline: {s}")
-    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 2/3 hooks interposable",
+    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 1/3 hooks interposable",
           f"offline summary: {summary_of(doc, 'kvo')}")
 
 
@@ -446,7 +451,7 @@ def case_json():
                     check(0 <= u["object"] < len(doc["objects"]) and
                           doc["objects"][u["object"]]["path"], f"use of a missing object: {u}")
         text = run([A.kvshim, "inspect", exe]).stdout
-        check("kvo: libfx_kvo.so, 3/3 hooks interposable" in text, f"human:\n{text}")
+        check("kvo: libfx_kvo.so, 1/3 hooks interposable" in text, f"human:\n{text}")
         check(all(f["summary"] in text for f in doc["families"] if f["summary"]),
               "JSON summaries differ from the table's")
 
@@ -505,6 +510,56 @@ def case_refengine():
     check_closure(doc, eng)
     text = inspect(eng).stdout
     check("kvo: libkvo_default.so, 3/3 hooks interposable" in text, f"human output:\n{text}")
+
+
+def features(doc, fam):
+    return {f["name"]: f for f in family(doc, fam)["features"]}
+
+
+def case_binding_internal():
+    """llama.cpp linked into the binding, its C API exported but called through no relocation
+    (the binding calls the implementation directly): LD_PRELOAD never sees llama_decode, so
+    inspect must say so, for the program and for the binding inspected alone, and name the
+    features lost (the prefix cache and the state adapter need llama_decode /
+    llama_model_load_from_file)."""
+    doc, s, text = verdict_case([fx("fx_binding_main")], fx("fx_binding_main"), "llama",
+                                "llama_decode", "no", "unreached")
+    d = definer_use(s)
+    check(len(d) == 1 and d[0]["name"] == "libfx_binding.so" and d[0]["role"] == "definition"
+          and d[0]["jump_slot"] + d[0]["glob_dat"] + d[0]["other_relocs"] == 0
+          and d[0]["direct_calls"] == 0, f"no route to the exported llama_decode: {s['uses']}")
+    check(summary_of(doc, "llama") == "llama.cpp: libfx_binding.so, 0/3 hooks interposable",
+          f"summary: {summary_of(doc, 'llama')}")
+    for target in (fx("fx_binding_main"), fx("libfx_binding.so")):
+        doc = inspect_json(target)
+        fe = features(doc, "llama")
+        check(fe["prefix cache"]["state"] == "lost" and fe["prefix cache"]["hook"] ==
+              "llama_decode" and fe["prefix cache"]["reason"] == "unreached" and
+              "no prompt prefix is restored" in fe["prefix cache"]["lost"],
+              f"{target}: prefix cache: {fe['prefix cache']}")
+        check(fe["state adapter"]["state"] == "absent" and fe["state adapter"]["hook"] is None,
+              f"{target}: the binding makes no state call: {fe['state adapter']}")
+        text = inspect(target).stdout
+        check("  prefix cache: lost, llama_decode not interposable (unreached): no prompt prefix "
+              "is restored from kvshim's cache: every token is computed\n" in text and
+              "state adapter:" not in text and "  unreached: exported, but no object inspected "
+              "reaches it through a dynamic relocation" in text, f"human output:\n{text}")
+
+
+def case_binding_plt():
+    """The same binding calling its exported C API through its own PLT: interposable, the
+    prefix cache available."""
+    doc, s, text = verdict_case([fx("fx_binding_plt_main")], fx("fx_binding_plt_main"), "llama",
+                                "llama_decode", "yes", None)
+    d = definer_use(s)
+    check(len(d) == 1 and d[0]["jump_slot"] >= 1 and d[0]["direct_calls"] == 0,
+          f"the binding's call to llama_decode should go through its PLT: {d}")
+    check(summary_of(doc, "llama") == "llama.cpp: libfx_binding_plt.so, 3/3 hooks interposable",
+          f"summary: {summary_of(doc, 'llama')}")
+    fe = features(doc, "llama")
+    check(fe["prefix cache"] == {"name": "prefix cache", "state": "available", "hook": None,
+                                 "reason": None, "lost": None}, f"prefix cache: {fe}")
+    check("  prefix cache: available\n" in text, f"human output:\n{text}")
 
 
 def parser():
