@@ -880,33 +880,26 @@ static const struct {
 };
 #undef H_
 
-static const char *const feature_names[KVS_ELF_FEATURE_COUNT] = {
-#define FENAME_(id, fam, name, lost) name,
-    KVS_ELF_FEATURES(FENAME_)
-#undef FENAME_
-};
-static const char *const feature_lost[KVS_ELF_FEATURE_COUNT] = {
-#define FELOST_(id, fam, name, lost) lost,
-    KVS_ELF_FEATURES(FELOST_)
-#undef FELOST_
-};
-static const kvs_elf_family_t feature_families[KVS_ELF_FEATURE_COUNT] = {
-#define FEFAM_(id, fam, name, lost) KVS_ELF_FAMILY_##fam,
-    KVS_ELF_FEATURES(FEFAM_)
-#undef FEFAM_
+static const struct {
+  const char *name, *lost;
+  kvs_elf_family_t family;
+} feature_rows[KVS_ELF_FEATURE_COUNT] = {
+#define FEROW_(id, fam, name, lost) {name, lost, KVS_ELF_FAMILY_##fam},
+    KVS_ELF_FEATURES(FEROW_)
+#undef FEROW_
 };
 static const char *const feature_state_names[] = {[KVS_ELF_FEATURE_ABSENT] = "absent",
                                                   [KVS_ELF_FEATURE_AVAILABLE] = "available",
                                                   [KVS_ELF_FEATURE_LOST] = "lost"};
 
 const char *kvs_elf_feature_name(kvs_elf_feature_t f) {
-  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_names[f] : "?";
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_rows[f].name : "?";
 }
 const char *kvs_elf_feature_lost_text(kvs_elf_feature_t f) {
-  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_lost[f] : "?";
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_rows[f].lost : "?";
 }
 kvs_elf_family_t kvs_elf_feature_family(kvs_elf_feature_t f) {
-  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_families[f] : KVS_ELF_FAMILY_COUNT;
+  return (unsigned)f < KVS_ELF_FEATURE_COUNT ? feature_rows[f].family : KVS_ELF_FAMILY_COUNT;
 }
 const char *kvs_elf_feature_state_name(kvs_elf_feature_state_t s) {
   return name_of(feature_state_names, NAMES_N(feature_state_names), (unsigned)s);
