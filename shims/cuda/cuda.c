@@ -51,13 +51,18 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cuda_hooks.h"
 #include "internal.h"
@@ -539,6 +544,102 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
   return pp && bytesize > 0 && rt->host_hi && bytesize >= rt->opts.host_min;
 }
 
+/* ---- IPC leases (issue 14 item 3) ----------------------------------------------------------
+ * cuda.h (cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before calling
+ * cuIpcCloseMemHandle in the importing context will result in undefined behavior." So every
+ * export carries a generation, pid << 32 | seq (seq = 1, 2, ... per process), and the process
+ * keeps one lease file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), where byte seq is 1
+ * while the export of that generation lives and 0 after its free. An importer (open_ipc) opens
+ * the exporter's file, takes an open-file-description read lock on byte seq and reads it: a
+ * missing file or a 0 is a stale generation (-ESTALE); it holds the lock until close_ipc. The
+ * exporter's cuMemFree takes the write lock on the byte (waiting while an importer holds it, at
+ * most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, and frees. No file, no
+ * generation: the allocation is recorded as not exportable. */
+#define CU_LEASE_DIR "/dev/shm"
+#define CU_LEASE_WAIT_MS 5000
+static int g_lease_fd = -1;
+static uint32_t g_lease_seq;
+static pthread_mutex_t g_lease_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cu_lease_path(char *buf, size_t cap, uint32_t pid) {
+  snprintf(buf, cap, CU_LEASE_DIR "/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)pid);
+}
+static void cu_lease_atexit(void) {
+  char path[128];
+  if (g_lease_fd < 0) return;
+  cu_lease_path(path, sizeof path, (uint32_t)getpid());
+  unlink(path);
+}
+
+/* A new generation with its byte set to 1, or 0 when there is no lease file. */
+static uint64_t cu_lease_new(void) {
+  static bool atexit_done;
+  uint64_t gen = 0;
+  uint32_t pid = (uint32_t)getpid();
+  pthread_mutex_lock(&g_lease_lock);
+  if (g_lease_fd < 0) {
+    char path[128];
+    cu_lease_path(path, sizeof path, pid);
+    unlink(path); /* a dead process's with this pid: its importers keep their own inode */
+    g_lease_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (g_lease_fd < 0) kvs_log_debug("no IPC lease file %s: %s", path, strerror(errno));
+    if (g_lease_fd >= 0 && !atexit_done) atexit_done = atexit(cu_lease_atexit) == 0;
+  }
+  if (g_lease_fd >= 0 && g_lease_seq < UINT32_MAX &&
+      pwrite(g_lease_fd, "\1", 1, (off_t)g_lease_seq + 1) == 1)
+    gen = (uint64_t)pid << 32 | ++g_lease_seq;
+  pthread_mutex_unlock(&g_lease_lock);
+  return gen;
+}
+
+static int cu_lease_lock(int fd, uint64_t gen, short type) {
+  struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)(uint32_t)gen,
+                     .l_len = 1};
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale.
+ * wait: false for an allocation already gone (freed behind kvshim's back). */
+static void cu_lease_end(uint64_t gen, bool wait) {
+  if (!gen || gen >> 32 != (uint32_t)getpid() || g_lease_fd < 0) return;
+  struct timespec t0, now, nap = {0, 1000000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc;
+  while ((rc = cu_lease_lock(g_lease_fd, gen, F_WRLCK)) == -EAGAIN && wait) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= CU_LEASE_WAIT_MS)
+      break;
+    nanosleep(&nap, NULL);
+  }
+  if (rc < 0 && wait)
+    kvs_log_warn("freeing device memory another process still has open after %d ms (generation "
+                 "%llx): %s", CU_LEASE_WAIT_MS, (unsigned long long)gen, strerror(-rc));
+  if (pwrite(g_lease_fd, "", 1, (off_t)(uint32_t)gen) != 1)
+    kvs_log_debug("IPC lease %llx not marked: %s", (unsigned long long)gen, strerror(errno));
+  if (rc == 0) cu_lease_lock(g_lease_fd, gen, F_UNLCK);
+}
+
+/* Importer: take the lease of d's generation into *fd (held until closed; -1 for a descriptor
+ * without a generation). -ESTALE when the export is gone or being freed. */
+static int cu_lease_take(const kvs_tensor_desc_t *d, int *fd) {
+  uint64_t gen = d->ipc.generation;
+  *fd = -1;
+  if (!gen) return 0;
+  char path[128];
+  cu_lease_path(path, sizeof path, (uint32_t)(gen >> 32));
+  int f = open(path, O_RDONLY | O_CLOEXEC);
+  if (f < 0) return errno == ENOENT ? -ESTALE : -errno;
+  char b = 0;
+  int rc = cu_lease_lock(f, gen, F_RDLCK); /* -EAGAIN: the exporter is freeing it now */
+  if (rc == 0 && pread(f, &b, 1, (off_t)(uint32_t)gen) != 1) b = 0;
+  if (rc < 0 || b != 1) {
+    close(f);
+    return -ESTALE;
+  }
+  *fd = f;
+  return 0;
+}
+
 /* ---- device records -------------------------------------------------------------------------- */
 
 /* Record a device allocation in the tensor registry; want_ipc: one cuIpcGetMemHandle can
@@ -557,7 +658,8 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
       g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
     _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
     memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
-    exportable = true;
+    tmpl.ipc.generation = cu_lease_new();
+    exportable = tmpl.ipc.generation != 0; /* no lease, no export (item 3) */
   }
   cu_unrelax(rx);
   int rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
@@ -566,12 +668,15 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
      * owned without cuMemFree): the driver just handed the range out again, so they are stale. */
     kvs_tensor_record_t old;
     while (kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base, &old) == 0 ||
-           kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base + len - 1, &old) == 0)
+           kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base + len - 1, &old) == 0) {
       kvs_tensor_registry_remove(rt->tensors, old.base, NULL);
+      if (old.exportable) cu_lease_end(old.desc.ipc.generation, false);
+    }
     rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
   }
   if (rc < 0) {
     kvs_log_debug("device allocation not recorded: %s", strerror(-rc));
+    cu_lease_end(tmpl.ipc.generation, false);
     return;
   }
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
@@ -816,9 +921,13 @@ static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdev
   return r;
 }
 
-/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
+/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away; then wait
+ * (bounded) for the importers that hold its lease (cu_lease_end). */
 static inline void cu_forget_device(kvs__runtime_t *rt, CUdeviceptr dptr) {
-  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
+  kvs_tensor_record_t old;
+  if (dptr && kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, &old) == 0 &&
+      old.exportable && old.desc.kind == KVS_TENSOR_CUDA_IPC)
+    cu_lease_end(old.desc.ipc.generation, true);
 }
 
 static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
@@ -1188,6 +1297,8 @@ typedef struct cu_ipc_open {
   uint32_t refs;
   CUcontext ctx;       /* context it was opened in (made current again to close it) */
   CUdevice retained;   /* primary context retained for it, or -1 */
+  uint64_t generation; /* the descriptor's (0: none) */
+  int lease_fd;        /* cu_lease_take's, held until the last close; -1: none */
 } cu_ipc_open_t;
 static cu_ipc_open_t g_ipc[CU_IPC_MAX];
 static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1204,6 +1315,9 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     return -ENOSYS;
   int ord = kvs_tensor_device_ordinal(d->device_uuid, cu_scan, NULL);
   if (ord < 0) return ord;
+  int lease_fd;
+  rc = cu_lease_take(d, &lease_fd); /* a stale generation is refused before the driver sees it */
+  if (rc < 0) return rc;
 
   pthread_mutex_lock(&g_ipc_lock);
   cu_ipc_open_t *e = NULL, *free_slot = NULL;
@@ -1215,11 +1329,15 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
       break;
     }
   }
+  if (lease_fd >= 0 && (e || !free_slot)) close(lease_fd); /* e holds its own lease */
   if (e) {
-    e->refs++;
-    *devptr = (void *)(uintptr_t)(e->base + d->ipc.offset);
+    rc = e->generation == d->ipc.generation ? 0 : -ESTALE;
+    if (rc == 0) {
+      e->refs++;
+      *devptr = (void *)(uintptr_t)(e->base + d->ipc.offset);
+    }
     pthread_mutex_unlock(&g_ipc_lock);
-    return 0;
+    return rc;
   }
   if (!free_slot) {
     pthread_mutex_unlock(&g_ipc_lock);
@@ -1264,10 +1382,13 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     free_slot->refs = 1;
     free_slot->ctx = cur ? cur : pctx;
     free_slot->retained = retained;
+    free_slot->generation = d->ipc.generation;
+    free_slot->lease_fd = lease_fd;
     *devptr = (void *)(uintptr_t)(base + d->ipc.offset);
     kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_ipc_opens);
-  } else if (retained >= 0) {
-    R->cuDevicePrimaryCtxRelease_v2(retained);
+  } else {
+    if (retained >= 0) R->cuDevicePrimaryCtxRelease_v2(retained);
+    if (lease_fd >= 0) close(lease_fd);
   }
   pthread_mutex_unlock(&g_ipc_lock);
   return cu_errno(r);
@@ -1301,6 +1422,7 @@ static int cu_accel_close_ipc(void *devptr) {
     }
     if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2)
       R->cuDevicePrimaryCtxRelease_v2(e->retained);
+    if (e->lease_fd >= 0) close(e->lease_fd); /* after the driver's close: the exporter may free */
     memset(e, 0, sizeof *e);
   }
   pthread_mutex_unlock(&g_ipc_lock);
@@ -1336,7 +1458,11 @@ static void cu_fork_child(void) {
   memset(g_host_flags, 0, sizeof g_host_flags);
   pthread_mutex_init(&g_keep_lock, NULL);
   memset(g_keep, 0, sizeof g_keep); /* the parent's extents: not this process's pool */
-  memset(g_ipc, 0, sizeof g_ipc);
+  memset(g_ipc, 0, sizeof g_ipc); /* their lease fds stay open: the parent's locks */
+  pthread_mutex_init(&g_lease_lock, NULL);
+  if (g_lease_fd >= 0) close(g_lease_fd); /* the parent's file: the child makes its own */
+  g_lease_fd = -1;
+  g_lease_seq = 0;
   memset(g_big_pins, 0, sizeof g_big_pins);
 }
 

@@ -946,6 +946,57 @@ static int case_device_ipc(void) {
   return 0;
 }
 
+/* Issue 14 item 3: a free while another process has the export open waits (bounded) for its
+ * lease; the fake aborts the exporter when it frees memory a live importer maps (cuda.h,
+ * cuIpcOpenMemHandle: undefined behaviour). A stale generation is then refused. */
+static int case_ipc_free(void) {
+  tcase_t c = {0};
+  tc_init(&c, "ipcfree", true);
+  pt_proc_t p, r;
+  spawn_child(&p, &c, "device");
+  char line[256];
+  pt_readline(&p, line, sizeof line);
+  unsigned long long d, pd;
+  size_t pitch;
+  PT_CHECK(sscanf(line, "ready %llx %llx %zu", &d, &pd, &pitch) == 3, "'%s'", line);
+  char socks[4][256];
+  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+  char reader[PATH_MAX], rerr[1024], a1[32], a2[32];
+  snprintf(reader, sizeof reader, "%s", pt_self_exe());
+  char *slash = strrchr(reader, '/');
+  snprintf(slash + 1, sizeof reader - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
+  snprintf(a1, sizeof a1, "%llx", d);
+  snprintf(a2, sizeof a2, "%ld", (long)p.pid);
+  pt_env_t renv;
+  pt_env_init(&renv, false);
+  char *rargv[] = {reader, "--hold", socks[0], a1, a2, NULL};
+  pt_spawn_opts_t o = {.pipes = true, .err_path = rerr};
+  pt_spawn(&r, rargv, &renv, &o);
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "open") == 0, "reader: '%s'", line);
+  pt_writeline(&r, "hold");
+  pt_writeline(&p, "free"); /* cuMemFree while the reader holds the handle: must wait */
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "freed") == 0, "exporter: '%s' (see %s)", line, c.err);
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "closed") == 0, "reader: '%s'", line);
+  pt_writeline(&r, "freed");
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "stale") == 0, "reader: '%s'", line);
+  PT_CHECK(pt_wait(&r, TIMEOUT_S) == 0, "reader failed (see %s)", rerr);
+  pt_env_free(&renv);
+  pt_writeline(&p, "exit");
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "exporter failed (see %s)", c.err);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    expect_count(log, "undefined behaviour", 0);
+    free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
 static int case_enable0(void) {
   tcase_t c = {0};
   tc_init(&c, "enable0", false);
@@ -1479,6 +1530,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "arena_full")) rc = case_arena_full();
   else if (!strcmp(k, "host_devaccess")) rc = case_host_devaccess();
   else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
+  else if (!strcmp(k, "ipc_free")) rc = case_ipc_free();
   else if (!strcmp(k, "enable0")) rc = case_enable0();
   else if (!strcmp(k, "failopen")) rc = case_failopen();
   else if (!strcmp(k, "initfail_rundir")) rc = case_initfail(false);
