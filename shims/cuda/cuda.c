@@ -383,6 +383,13 @@ static bool cu_keep_put(uint64_t off, uint64_t len) {
   pthread_mutex_unlock(&g_keep_lock);
   return kept;
 }
+static bool cu_keep_empty(void) {
+  bool empty = true;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP && empty; i++) empty = !g_keep[i].len;
+  pthread_mutex_unlock(&g_keep_lock);
+  return empty;
+}
 /* Unregister a pooled extent (in a context of its device, from any thread) and return it. */
 static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
   void *p = kvs_pool_base(rt->pool) + off;
@@ -459,23 +466,95 @@ static void *cu_prepin_main(void *arg) {
   return NULL;
 }
 
-/* Start a spare of len bytes unless one is being made. */
-static void cu_prepin_ahead(uint64_t len) {
-  if (len < CU_PREPIN_MIN || atomic_exchange(&g_prepin_busy, true)) return;
+/* Start fn(arg) on a detached thread with every signal blocked (kvshim's threads must not take
+ * the engine's signals); the thread lowers itself to idle priority. 0 or an errno. */
+static int cu_spawn(void *(*fn)(void *), void *arg) {
   pthread_attr_t at;
   pthread_t t;
   sigset_t all, old;
   int rc = pthread_attr_init(&at);
   if (rc == 0) {
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    /* kvshim's threads must not take the engine's signals: created with every signal blocked. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&t, &at, cu_prepin_main, (void *)(uintptr_t)len);
+    rc = pthread_create(&t, &at, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&at);
   }
-  if (rc != 0) atomic_store(&g_prepin_busy, false);
+  return rc;
+}
+
+/* The whole host arena pinned in the background (KVSHIM_CUDA_PIN_ARENA=1; design §9.6:
+ * "prefault and register the host arena in the background ... keep extents registered across
+ * free and alloc"). At the first device or host allocation made while no arena buffer is
+ * registered, one idle-priority thread registers the whole arena PORTABLE|DEVICEMAP in a context
+ * of an active primary context (which faults every page in). Meanwhile host requests go to the
+ * driver (a registration of a part would overlap it: cuMemHostRegister refuses that); once it
+ * is done, every arena buffer is served without any registration inside the engine's call and
+ * freed without an unregistration (the arena never shrinks). Any failure (no active primary
+ * context, a driver error, the registration gone after the engine reset its device) turns it
+ * off for good: buffers are then registered one by one as without the option. */
+enum { CU_AP_OFF = 0, CU_AP_PINNING = 1, CU_AP_PINNED = 2, CU_AP_FAILED = 3 };
+static atomic_int g_arena_pin;
+
+static bool cu_arena_pinned(void) {
+  return atomic_load_explicit(&g_arena_pin, memory_order_acquire) == CU_AP_PINNED;
+}
+static int cu_arena_state(void) {
+  return atomic_load_explicit(&g_arena_pin, memory_order_acquire);
+}
+
+static void *cu_arena_pin_main(void *arg) {
+  kvs__runtime_t *rt = arg;
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  void *p = (void *)rt->host_lo;
+  uint64_t len = (uint64_t)(rt->host_hi - rt->host_lo);
+  cu_ctx_scope_t sc;
+  cu_relax_t rx = cu_relax();
+  CUresult r = cu_ctx_enter(&g_real, p, &sc) == 0
+                   ? cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+                   : CUDA_ERROR_INVALID_CONTEXT;
+  cu_ctx_leave(&g_real, &sc);
+  cu_unrelax(rx);
+  if (r == CUDA_SUCCESS) {
+    kvs_log_info("host arena registered whole in the background: %llu bytes",
+                 (unsigned long long)len);
+  } else {
+    kvs_log_info("host arena not registered whole (%d): buffers are registered one by one",
+                 (int)r);
+  }
+  atomic_store_explicit(&g_arena_pin, r == CUDA_SUCCESS ? CU_AP_PINNED : CU_AP_FAILED,
+                        memory_order_release);
+  return NULL;
+}
+
+static bool cu_keep_empty(void);
+/* Start the whole-arena registration when the option is on and no arena buffer is registered
+ * yet; true when it is in flight (started now or before). */
+static bool cu_arena_pin_start(kvs__runtime_t *rt) {
+  int st = cu_arena_state();
+  if (st != CU_AP_OFF) return st == CU_AP_PINNING;
+  if (!rt->opts.cuda_pin_arena || !rt->host_hi || atomic_load(&g_host_used) != 0 ||
+      atomic_load(&g_prepin_busy) || !cu_keep_empty() || !cu_host_devices_ok())
+    return false;
+  int off = CU_AP_OFF;
+  if (!atomic_compare_exchange_strong(&g_arena_pin, &off, CU_AP_PINNING))
+    return off == CU_AP_PINNING;
+  if (cu_spawn(cu_arena_pin_main, rt) != 0) {
+    atomic_store(&g_arena_pin, CU_AP_FAILED);
+    return false;
+  }
+  return true;
+}
+
+/* Start a spare of len bytes unless one is being made (or the arena is registered whole). */
+static void cu_prepin_ahead(uint64_t len) {
+  int st = cu_arena_state();
+  if (len < CU_PREPIN_MIN || (st != CU_AP_OFF && st != CU_AP_FAILED) ||
+      atomic_exchange(&g_prepin_busy, true))
+    return;
+  if (cu_spawn(cu_prepin_main, (void *)(uintptr_t)len) != 0) atomic_store(&g_prepin_busy, false);
 }
 
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
@@ -487,8 +566,13 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return -ENOTSUP;
   }
+  if (cu_arena_pin_start(rt)) { /* the whole arena is being registered: the driver serves */
+    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    return -EBUSY;
+  }
+  bool whole = cu_arena_pinned(); /* registered already: nothing to register here */
   uint64_t off, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
-  bool kept = cu_keep_take(len, &off, &len);
+  bool kept = !whole && cu_keep_take(len, &off, &len);
   int rc = 0;
   if (!kept) {
     rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
@@ -502,7 +586,11 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   void *p = kvs_pool_base(rt->pool) + off;
   cu_relax_t rx = cu_relax();
   const unsigned regflags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
-  CUresult r = kept ? CUDA_SUCCESS : cu_register(p, len, regflags);
+  CUresult r = CUDA_SUCCESS;
+  if (!kept && !whole) {
+    r = cu_register(p, len, regflags);
+    kvs_stats_inc(st, KVS_STAT_host_arena_inline_pins);
+  }
   if (r == CUDA_SUCCESS) {
     /* Usable only where the driver's own buffer would be: at its host address (a kept extent
      * too: its registration went away if the engine reset its device). */
@@ -510,10 +598,11 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     if (!g_real.cuMemHostGetDevicePointer_v2 ||
         g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
         dp != (CUdeviceptr)(uintptr_t)p) {
-      cu_unregister(p, len);
+      if (whole) atomic_store(&g_arena_pin, CU_AP_FAILED); /* gone with a reset context */
+      else cu_unregister(p, len);
       r = CUDA_ERROR_NOT_SUPPORTED;
     } else if (cu_hf_put((uintptr_t)p, asked) < 0) {
-      cu_unregister(p, len);
+      if (!whole) cu_unregister(p, len);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -680,6 +769,7 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
     return;
   }
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
+  cu_arena_pin_start(rt); /* a context is active: the arena can be registered ahead */
   if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
   if (!want_ipc) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_unexportable);
 }
@@ -1020,7 +1110,10 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
      * current context, in one of the buffer's device while the engine still holds it; when it
      * does not, the driver dropped the registration with the context). */
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
-    if (!cu_keep_put(off, (uint64_t)len)) cu_host_release(rt, off, (uint64_t)len);
+    if (cu_arena_pinned()) /* the whole arena stays registered */
+      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    else if (!cu_keep_put(off, (uint64_t)len))
+      cu_host_release(rt, off, (uint64_t)len);
     cu_host_gauge(-len);
     r = CUDA_SUCCESS;
   }
@@ -1452,6 +1545,7 @@ static void cu_fork_child(void) {
    * The resolved driver table stays valid (same mappings). */
   atomic_store(&g_forked, true);
   atomic_store(&g_prepin_busy, false); /* the parent's spare thread does not exist here */
+  atomic_store(&g_arena_pin, CU_AP_OFF); /* registrations do not cross fork */
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);

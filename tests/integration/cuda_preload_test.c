@@ -607,6 +607,45 @@ static int w_prepin(void) {
   return 0;
 }
 
+/* KVSHIM_CUDA_PIN_ARENA=1 (issue 14 item 6): the first device allocation starts the whole
+ * arena's registration on an idle-priority thread; once the fake's log shows it (waited for,
+ * bounded), host buffers of any size and both entry points come from the arena with no
+ * registration inside the call, answer their device pointer and flags, and are freed without
+ * an unregistration; the freed extents serve the next request. */
+static int w_pinarena(void) {
+  pt_cuda_setup();
+  CUdeviceptr d = 0;
+  PT_CHECK(cuMemAlloc(&d, MiB) == 0, "cuMemAlloc");
+  const char *log = getenv("FAKECUDA_LOG");
+  if (log && *log && getenv("KVSHIM_CUDA_PIN_ARENA")) {
+    const char *want = "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1";
+    for (int i = 0; i < 3000 && !log_has(log, want); i++) {
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    PT_CHECK(log_has(log, want), "the arena was not registered in 30 s");
+  }
+  static const size_t sz[3] = {8 * MiB, 3 * MiB, 12 * MiB};
+  void *b[3] = {0};
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 3; i++) {
+      unsigned fl = i == 2 ? CU_MEMHOSTALLOC_WRITECOMBINED : 0, got = 99;
+      PT_CHECK((i == 1 ? cuMemAllocHost(&b[i], sz[i]) : cuMemHostAlloc(&b[i], sz[i], fl)) == 0,
+               "round %d buffer %d", round, i);
+      fill(b[i], sz[i], (unsigned)i);
+      CUdeviceptr dp = 0;
+      PT_CHECK(cuMemHostGetDevicePointer(&dp, b[i], 0) == 0 && dp == (CUdeviceptr)(uintptr_t)b[i],
+               "device pointer of buffer %d", i);
+      PT_CHECK(cuMemHostGetFlags(&got, b[i]) == 0 && got == fl, "flags %u of buffer %d", got, i);
+      PT_CHECK(cuMemcpyHtoD(d, b[i], MiB) == 0, "copy from buffer %d", i);
+    }
+    for (int i = 0; i < 3; i++) PT_CHECK(cuMemFreeHost(b[i]) == 0, "free %d", i);
+  }
+  PT_CHECK(cuMemFree(d) == 0, "cuMemFree");
+  say("done");
+  return 0;
+}
+
 /* kvs_touch(u8 *buf, u64 n): buf[i] += 1 for i < n, one thread per byte. PTX, JIT-compiled by
  * the driver (no nvcc needed); the fake driver runs the same kernel in C. */
 static const char k_touch_ptx[] =
@@ -685,6 +724,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "bypass")) return w_bypass();
   if (!strcmp(w, "keep")) return w_keep();
   if (!strcmp(w, "prepin")) return w_prepin();
+  if (!strcmp(w, "pinarena")) return w_pinarena();
   if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
@@ -1431,6 +1471,45 @@ static int case_prepin(void) {
   return 0;
 }
 
+/* KVSHIM_CUDA_PIN_ARENA=1: one registration (the arena's, off the engine's thread), none
+ * inside an allocation call (host_arena_inline_pins 0), no unregistration. Without the option
+ * every buffer is registered inline: host_arena_inline_pins counts them. */
+static int case_pin_arena(void) {
+  tcase_t c = {0};
+  tc_init(&c, "pinarena", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  pt_env_set(&c.env, "KVSHIM_CUDA_PIN_ARENA", "1");
+  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  if (!g_real_driver) {
+    expect_stat(st, "host_arena_allocs", 6);
+    expect_stat(st, "host_arena_fallbacks", 0);
+    expect_stat(st, "host_arena_inline_pins", 0);
+    char *log = must_read(c.log);
+    expect_count(log, "cuMemHostRegister_v2", 1);
+    expect_count(log, "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1 "
+                      "pin_ns=32000 thread=other", 1);
+    expect_count(log, "cuMemHostUnregister", 0);
+    free(log);
+  } else {
+    PT_CHECK(pt_stat(st, "host_arena_allocs") + pt_stat(st, "host_arena_fallbacks") == 6,
+             "six host allocations: %s", st);
+  }
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(st);
+  /* The same without the option: each size's first buffer is registered inline (the second
+   * round reuses the kept extents). */
+  tc_init(&c, "pinarena", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child without the option failed (see %s)", c.err);
+  st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 6);
+  expect_stat(st, "host_arena_inline_pins", 3);
+  free(st);
+  tc_done(&c);
+  return 0;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
   tc_init(&c, "cudart", false);
@@ -1531,6 +1610,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "host_devaccess")) rc = case_host_devaccess();
   else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
   else if (!strcmp(k, "ipc_free")) rc = case_ipc_free();
+  else if (!strcmp(k, "pin_arena")) rc = case_pin_arena();
   else if (!strcmp(k, "enable0")) rc = case_enable0();
   else if (!strcmp(k, "failopen")) rc = case_failopen();
   else if (!strcmp(k, "initfail_rundir")) rc = case_initfail(false);
