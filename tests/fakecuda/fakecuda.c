@@ -56,6 +56,7 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #pragma GCC visibility push(default)
 #include <cuda.h>
+#include "fakecuda_compat.h"
 #pragma GCC visibility pop
 
 #include <errno.h>
@@ -1835,7 +1836,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
       break;
     default:
       r = (attribute >= CU_POINTER_ATTRIBUTE_CONTEXT &&
-           attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE)
+           (int)attribute <= KVS_FK_POINTER_ATTRIBUTE_LAST)
               ? CUDA_ERROR_NOT_SUPPORTED
               : CUDA_ERROR_INVALID_VALUE;
       break;

@@ -7,6 +7,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "fakecuda_compat.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -319,7 +321,7 @@ static void t_contexts(void) {
 
   /* A created context is pushed, and popped back off by cuCtxDestroy. */
   CUcontext c = NULL;
-  CHECK_CU(cuCtxCreate(&c, NULL, 0, 0), OK); /* cuda.h: cuCtxCreate_v4 */
+  CHECK_CU(cuCtxCreate_v4(&c, NULL, 0, 0), OK); /* cuda.h 13: cuCtxCreate */
   CHECK(c != NULL && c != p, "cuCtxCreate returned %p", (void *)c);
   CHECK_CU(cuCtxGetCurrent(&cur), OK);
   CHECK(cur == c, "a created context must become current");
@@ -340,7 +342,7 @@ static void t_contexts(void) {
 
   /* A destroyed context still current underneath: CONTEXT_IS_DESTROYED. */
   CUcontext c2 = NULL;
-  CHECK_CU(cuCtxCreate(&c2, NULL, 0, 0), OK);
+  CHECK_CU(cuCtxCreate_v4(&c2, NULL, 0, 0), OK);
   CHECK_CU(cuCtxPushCurrent(p), OK);
   CHECK_CU(cuCtxDestroy(c2), OK); /* not on top: stays in the stack */
   CHECK_CU(cuCtxPopCurrent(NULL), OK);
@@ -354,10 +356,10 @@ static void t_contexts(void) {
   /* cuCtxCreate_v4 parameters: exactly one of the two pointers. */
   CUctxCreateParams params = {0};
   CUcontext keep = (CUcontext)0x1;
-  CHECK_CU(cuCtxCreate(&keep, &params, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxCreate_v4(&keep, &params, 0, 0), CUDA_ERROR_INVALID_VALUE);
   CHECK(keep == (CUcontext)0x1, "out-parameter written on failure");
-  CHECK_CU(cuCtxCreate(&keep, NULL, 0, 9), CUDA_ERROR_INVALID_DEVICE);
-  CHECK_CU(cuCtxCreate(&keep, NULL, 0x100, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxCreate_v4(&keep, NULL, 0, 9), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_CU(cuCtxCreate_v4(&keep, NULL, 0x100, 0), CUDA_ERROR_INVALID_VALUE);
 
   /* A primary released to zero while current: CONTEXT_IS_DESTROYED until retained again. */
   CHECK_CU(cuDevicePrimaryCtxRelease(0), OK);
