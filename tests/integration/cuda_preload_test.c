@@ -920,24 +920,32 @@ static int case_arena_full(void) {
   return 0;
 }
 
+/* The "device" workload started as the exporter: its two allocations and its coordinator's
+ * socket (socks[0]); reader gets the path of cuda_ipc_reader, next to this program. */
+static void start_exporter(tcase_t *c, pt_proc_t *p, unsigned long long *d,
+                           unsigned long long *pd, size_t *pitch, char (*socks)[256],
+                           char reader[PATH_MAX]) {
+  spawn_child(p, c, "device");
+  char line[256];
+  pt_readline(p, line, sizeof line);
+  PT_CHECK(sscanf(line, "ready %llx %llx %zu", d, pd, pitch) == 3, "'%s'", line);
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
+  snprintf(reader, PATH_MAX, "%s", pt_self_exe());
+  char *slash = strrchr(reader, '/');
+  snprintf(slash + 1, PATH_MAX - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+}
+
 static int case_device_ipc(void) {
   tcase_t c = {0};
   tc_init(&c, "device", true);
   pt_proc_t p;
-  spawn_child(&p, &c, "device");
   char line[256];
-  pt_readline(&p, line, sizeof line);
   unsigned long long d, pd;
   size_t pitch;
-  PT_CHECK(sscanf(line, "ready %llx %llx %zu", &d, &pd, &pitch) == 3, "'%s'", line);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
-
   /* The reader: another process, not preloaded, using shims/cuda's open_ipc. */
   char reader[PATH_MAX], rlog[1024], rerr[1024], a1[32], a2[32], a3[32];
-  snprintf(reader, sizeof reader, "%s", pt_self_exe());
-  char *slash = strrchr(reader, '/');
-  snprintf(slash + 1, sizeof reader - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
   snprintf(rlog, sizeof rlog, "%s/reader-fake.log", c.tmp);
   snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
   snprintf(a1, sizeof a1, "%llx", d);
@@ -993,18 +1001,11 @@ static int case_ipc_free(void) {
   tcase_t c = {0};
   tc_init(&c, "ipcfree", true);
   pt_proc_t p, r;
-  spawn_child(&p, &c, "device");
   char line[256];
-  pt_readline(&p, line, sizeof line);
   unsigned long long d, pd;
   size_t pitch;
-  PT_CHECK(sscanf(line, "ready %llx %llx %zu", &d, &pd, &pitch) == 3, "'%s'", line);
-  char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
-  char reader[PATH_MAX], rerr[1024], a1[32], a2[32];
-  snprintf(reader, sizeof reader, "%s", pt_self_exe());
-  char *slash = strrchr(reader, '/');
-  snprintf(slash + 1, sizeof reader - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+  char socks[4][256], reader[PATH_MAX], rerr[1024], a1[32], a2[32];
+  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
   snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
   snprintf(a1, sizeof a1, "%llx", d);
   snprintf(a2, sizeof a2, "%ld", (long)p.pid);
