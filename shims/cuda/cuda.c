@@ -10,11 +10,15 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
+ *                                        (KVSHIM_CUDA_PIN_ARENA=1: the whole arena registered
+ *                                        once in the background, nothing registered inline)
  *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
  *                                        the next request that fits (or unregister and free
  *                                        it); everything else is forwarded
- *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
- *                                        the driver gives one); frees forget the record
+ *   device allocations                   forwarded, then recorded (with a CUDA IPC handle and
+ *                                        a lease generation when the driver gives one); frees
+ *                                        forget the record, then wait (bounded) for importers
+ *                                        holding the lease (IPC leases, below)
  *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
  *                                        (cuda_device_unexportable)
  *   async copies                         forwarded; bytes touching the host arena are counted
