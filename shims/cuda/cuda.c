@@ -10,8 +10,9 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
- *                                        (KVSHIM_CUDA_PIN_ARENA=1: the whole arena registered
- *                                        once in the background, nothing registered inline)
+ *                                        (by default the whole arena is registered once in the
+ *                                        background at the first one, nothing inline after;
+ *                                        KVSHIM_CUDA_PIN_ARENA=0: each buffer inline)
  *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
  *                                        the next request that fits (or unregister and free
  *                                        it); everything else is forwarded
@@ -488,16 +489,18 @@ static int cu_spawn(void *(*fn)(void *), void *arg) {
   return rc;
 }
 
-/* The whole host arena pinned in the background (KVSHIM_CUDA_PIN_ARENA=1; design §9.6:
- * "prefault and register the host arena in the background ... keep extents registered across
- * free and alloc"). At the first device or host allocation made while no arena buffer is
- * registered, one idle-priority thread registers the whole arena PORTABLE|DEVICEMAP in a context
- * of an active primary context (which faults every page in). Meanwhile host requests go to the
- * driver (a registration of a part would overlap it: cuMemHostRegister refuses that); once it
- * is done, every arena buffer is served without any registration inside the engine's call and
+/* The whole host arena pinned in the background (default; KVSHIM_CUDA_PIN_ARENA=0 turns it
+ * off; design §9.6: "prefault and register the host arena in the background ... keep extents
+ * registered across free and alloc"). At the first host allocation the arena could serve
+ * (cuMemHostAlloc, cuMemAllocHost_v2, and so cudaHostAlloc/cudaMallocHost; a process that
+ * never asks for pinned host memory pins nothing), one idle-priority thread registers the
+ * whole arena PORTABLE|DEVICEMAP in a context of an active primary context (which faults every
+ * page in). Meanwhile host requests go to the driver (stat host_arena_pinning_forwards: a
+ * registration of a part would overlap it, and cuMemHostRegister refuses that); once it is
+ * done, every arena buffer is served without any registration inside the engine's call and
  * freed without an unregistration (the arena never shrinks). Any failure (no active primary
  * context, a driver error, the registration gone after the engine reset its device) turns it
- * off for good: buffers are then registered one by one as without the option. */
+ * off for good: buffers are then registered one by one as with the option off. */
 enum { CU_AP_OFF = 0, CU_AP_PINNING = 1, CU_AP_PINNED = 2, CU_AP_FAILED = 3 };
 static atomic_int g_arena_pin;
 
@@ -571,7 +574,7 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     return -ENOTSUP;
   }
   if (cu_arena_pin_start(rt)) { /* the whole arena is being registered: the driver serves */
-    kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
+    kvs_stats_inc(st, KVS_STAT_host_arena_pinning_forwards);
     return -EBUSY;
   }
   bool whole = cu_arena_pinned(); /* registered already: nothing to register here */
@@ -773,7 +776,6 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
     return;
   }
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
-  cu_arena_pin_start(rt); /* a context is active: the arena can be registered ahead */
   if (exportable) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_exportable);
   if (!want_ipc) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_unexportable);
 }
