@@ -11,9 +11,10 @@
  * with LIBKVSHIM preloaded, and prints the ratio kvshim/driver of the medians with the spread
  * (min and max of the per-allocation ratios). On the fake driver the pinning cost is
  * FAKECUDA_REGISTER_NS_PER_MIB (default 1000 ns/MiB); on a real GPU it is the driver's.
- * --warm-ms W first allocates 1 MiB of device memory and idles W ms, as an engine loads its
- * weights before it allocates pinned buffers (KVSHIM_CUDA_PIN_ARENA=1 starts registering the
- * host arena at that first device allocation). */
+ * --warm-ms W first allocates 1 MiB of device memory and a 2 MiB pinned buffer (freed), and
+ * idles W ms, as an engine loads its weights and sets up before it allocates its large pinned
+ * buffers (under kvshim that first host allocation starts registering the host arena in the
+ * background, unless KVSHIM_CUDA_PIN_ARENA=0). */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,8 +42,10 @@ static int run(size_t mib, int k, int gap_ms, int warm_ms, double *ms) {
   }
   CUdeviceptr w = 0;
   if (warm_ms > 0) {
-    if (cuMemAlloc(&w, 1 << 20) != CUDA_SUCCESS) {
-      fprintf(stderr, "cuMemAlloc 1 MiB failed\n");
+    void *h = NULL;
+    if (cuMemAlloc(&w, 1 << 20) != CUDA_SUCCESS || cuMemHostAlloc(&h, 2 << 20, 0) != CUDA_SUCCESS ||
+        cuMemFreeHost(h) != CUDA_SUCCESS) {
+      fprintf(stderr, "warm-up: cuMemAlloc 1 MiB or cuMemHostAlloc 2 MiB failed\n");
       return 1;
     }
     sleep_ms(warm_ms);
