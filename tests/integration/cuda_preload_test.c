@@ -1557,6 +1557,9 @@ static int case_cudart(const char *prog) {
   expect_count(err, "cuGetProcAddress: cuMemAlloc_v2 -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemHostAlloc -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
+  /* The fake answers the runtime's export tables (tests/fakecuda): libcudart initialises. */
+  PT_CHECK(g_real_driver || pt_count(plain, "init ok") == 1,
+           "the CUDA runtime did not initialise on the fake driver: %s", plain);
   if (pt_count(plain, "init ok") == 1) {
     char *st = must_read(c.stats);
     PT_CHECK(pt_stat(st, "host_arena_allocs") >= 1, "cudaMallocHost did not reach the pool");
@@ -1564,6 +1567,32 @@ static int case_cudart(const char *prog) {
     PT_CHECK(pt_stat(st, "host_arena_used_bytes") == 0, "cudaFreeHost did not return the pool");
     PT_CHECK(pt_stat(st, "host_arena_fallbacks") == 0, "host allocations fell back: %lld",
              pt_stat(st, "host_arena_fallbacks"));
+    if (!g_real_driver) {
+      /* Exactly the program's calls: cudaMallocHost and cudaHostAlloc (4 MiB each) served by
+       * the arena through the cuMemHostAlloc hook (the driver allocated no pinned memory and
+       * registered each buffer), cudaFreeHost through cuMemFreeHost's (the driver freed none),
+       * cudaMalloc through cuMemAlloc_v2's. */
+      expect_stat(st, "host_arena_allocs", 2);
+      expect_stat(st, "cuda_device_allocs", 1);
+      char *log = must_read(c.log);
+      expect_count(log, "\ncuMemHostAlloc ", 0); /* line starts: not the resolver's lines */
+      expect_count(log, "\ncuMemFreeHost ", 0);
+      expect_count(log, "\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2);
+      expect_count(log, "\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1);
+      expect_count(log, "\ncuMemFree_v2 dptr=d1 -> 0", 1);
+      free(log);
+      /* Without the preload the same program used the driver's own calls. */
+      tc_init(&c, "cudart", false);
+      pt_env_foreign(&c.env);
+      tc_next(&c, "plain2");
+      PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
+      log = must_read(c.log);
+      expect_count(log, "\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1);
+      expect_count(log, "\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1);
+      expect_count(log, "\ncuMemFreeHost p=h", 2);
+      expect_count(log, "\ncuMemHostRegister_v2", 0);
+      free(log);
+    }
     free(st);
   } else {
     printf("NOTE: the CUDA runtime does not initialise on this driver (%s); checked: identical "
