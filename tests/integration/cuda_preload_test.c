@@ -42,7 +42,10 @@
  *   zerocopy        a PTX kernel (cuModuleLoadData, no nvcc) reads and writes pooled buffers
  *                   through their host pointers
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
- *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
+ *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2;
+ *                   the runtime initialises on the fake (its export tables), where the call
+ *                   log proves cudaMallocHost/cudaHostAlloc/cudaFreeHost/cudaMalloc reach the
+ *                   hooks, per buffer and with the default whole-arena registration
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
  *                   ways, the preloaded buffer from the host arena (figures printed)
  *
@@ -1592,6 +1595,21 @@ static int case_cudart(const char *prog) {
       expect_count(log, "\ncuMemFreeHost p=h", 2);
       expect_count(log, "\ncuMemHostRegister_v2", 0);
       free(log);
+      /* The default (the arena registered whole in the background from the first host
+       * allocation): each cudart host allocation is served by the arena or, while it is being
+       * registered, by the driver; none falls back, nothing is registered inline. */
+      tc_init_pin_default(&c, "cudart", true);
+      pt_env_foreign(&c.env);
+      tc_next(&c, "default");
+      PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed (default)", prog);
+      char *dflt = must_read(c.out), *st2 = must_read(c.stats);
+      PT_CHECK(strcmp(plain, dflt) == 0, "the program behaves differently (default):\n%s", dflt);
+      PT_CHECK(pt_stat(st2, "host_arena_allocs") + pt_stat(st2, "host_arena_pinning_forwards") ==
+                   2, "two cudart host allocations, not accounted for: %s", st2);
+      expect_stat(st2, "host_arena_fallbacks", 0);
+      expect_stat(st2, "host_arena_inline_pins", 0);
+      expect_stat(st2, "host_arena_used_bytes", 0);
+      free(dflt), free(st2);
     }
     free(st);
   } else {
