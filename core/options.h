@@ -80,7 +80,9 @@ extern "C" {
   X(remote_threads, "KVSHIM_REMOTE_THREADS", INT, "2", 1, 64, "", "threads",                  \
     "remote I/O threads (each with its own connection)")                                      \
   X(remote_queue, "KVSHIM_REMOTE_QUEUE", INT, "1024", 1, 1048576, "", "objects",              \
-    "write-behind queue to the remote store (a full queue drops and counts)")
+    "write-behind queue to the remote store (a full queue drops and counts)")                 \
+  X(cuda_pin_arena, "KVSHIM_CUDA_PIN_ARENA", BOOL, "1", 0, 1, "", "",                         \
+    "register the CUDA host arena whole in the background at the first host allocation")
 
 /* ENUM values, in the order of their choices strings. */
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;

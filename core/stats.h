@@ -112,7 +112,10 @@ extern "C" {
   X(remote_timeouts, C, "remote tier: calls or lookups that ran past their deadline")         \
   X(remote_breaker_opens, C, "remote tier: circuit breaker openings (tier skipped a while)")  \
   X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
-  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")
+  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")     \
+  X(host_arena_inline_pins, C, "host-arena registrations made inside an engine's allocation")  \
+  X(host_arena_pinning_forwards, C,                                                           \
+    "host allocations left to the driver while the host arena was being registered")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

@@ -18,9 +18,10 @@
 #define HANDLE_CPU (8u * 3u)
 #define HANDLE_IPC (KVS_TENSOR_IPC_HANDLE_SIZE + 8u * 2u)
 #define HANDLE_VMM (4u + 8u * 3u)
+#define HANDLE_IPC_GEN 8u /* the optional CUDA_IPC generation */
 _Static_assert(BODY_FIXED == 32, "tensor encoding layout");
 _Static_assert(KVS_TENSOR_ENC_MAX == KVS_TENSOR_ENC_HEADER + BODY_FIXED +
-                                        16u * KVS_TENSOR_MAX_DIMS + HANDLE_IPC,
+                                        16u * KVS_TENSOR_MAX_DIMS + HANDLE_IPC + HANDLE_IPC_GEN,
                "KVS_TENSOR_ENC_MAX is the largest encoding (CUDA_IPC, 8 dims)");
 _Static_assert(KVS_TENSOR_ENC_MAX <= 0xffffu, "body_len is a u16");
 
@@ -233,7 +234,8 @@ static uint64_t get64(const uint8_t *p) {
 
 int kvs_tensor_encoded_size(const kvs_tensor_desc_t *d) {
   KVS_TRY(kvs_tensor_validate(d, NULL, 0));
-  return (int)(KVS_TENSOR_ENC_HEADER + body_size(d->kind, d->ndim));
+  bool gen = d->kind == KVS_TENSOR_CUDA_IPC && d->ipc.generation;
+  return (int)(KVS_TENSOR_ENC_HEADER + body_size(d->kind, d->ndim) + (gen ? HANDLE_IPC_GEN : 0));
 }
 
 int kvs_tensor_encode(const kvs_tensor_desc_t *d, void *buf, size_t cap) {
@@ -262,6 +264,7 @@ int kvs_tensor_encode(const kvs_tensor_desc_t *d, void *buf, size_t cap) {
     p += KVS_TENSOR_IPC_HANDLE_SIZE;
     p = put64(p, d->ipc.offset);
     p = put64(p, d->ipc.alloc_len);
+    if (d->ipc.generation) p = put64(p, d->ipc.generation);
     break;
   case KVS_TENSOR_CUDA_VMM_FD:
     p = put32(p, d->vmm.fd_index);
@@ -302,7 +305,9 @@ int kvs_tensor_decode_prefix(const void *buf, size_t len, kvs_tensor_desc_t *out
   if (body < need)
     return fail(-EBADMSG, msg, cap, "%s tensor body truncated: %u bytes, ndim %u needs %u",
                 kvs_tensor_kind_name(kind), body, ndim, need);
-  if (body > need)
+  /* The CUDA_IPC generation: 8 more bytes, never 0 (else they are trailing bytes). */
+  bool gen = kind == KVS_TENSOR_CUDA_IPC && body == need + HANDLE_IPC_GEN && get64(p + need);
+  if (body > need && !gen)
     return fail(-EMSGSIZE, msg, cap, "%s tensor body has %u trailing bytes (%u bytes, ndim %u needs %u)",
                 kvs_tensor_kind_name(kind), body - need, body, ndim, need);
 
@@ -328,6 +333,7 @@ int kvs_tensor_decode_prefix(const void *buf, size_t len, kvs_tensor_desc_t *out
     memcpy(d.ipc.handle, p, KVS_TENSOR_IPC_HANDLE_SIZE);
     d.ipc.offset = get64(p + KVS_TENSOR_IPC_HANDLE_SIZE);
     d.ipc.alloc_len = get64(p + KVS_TENSOR_IPC_HANDLE_SIZE + 8);
+    if (gen) d.ipc.generation = get64(p + KVS_TENSOR_IPC_HANDLE_SIZE + 16);
     break;
   case KVS_TENSOR_CUDA_VMM_FD:
     d.vmm.fd_index = get32(p);
@@ -372,7 +378,8 @@ bool kvs_tensor_equal(const kvs_tensor_desc_t *a, const kvs_tensor_desc_t *b) {
            a->cpu.length == b->cpu.length;
   case KVS_TENSOR_CUDA_IPC:
     return memcmp(a->ipc.handle, b->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE) == 0 &&
-           a->ipc.offset == b->ipc.offset && a->ipc.alloc_len == b->ipc.alloc_len;
+           a->ipc.offset == b->ipc.offset && a->ipc.alloc_len == b->ipc.alloc_len &&
+           a->ipc.generation == b->ipc.generation;
   case KVS_TENSOR_CUDA_VMM_FD:
     return a->vmm.fd_index == b->vmm.fd_index && a->vmm.offset == b->vmm.offset &&
            a->vmm.size == b->vmm.size && a->vmm.granularity == b->vmm.granularity;
@@ -585,6 +592,7 @@ static int make_view(const kvs_tensor_desc_t *t, uint64_t length, kvs_tensor_des
     memcpy(d->ipc.handle, t->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
     d->ipc.offset = t->ipc.offset;
     d->ipc.alloc_len = t->ipc.alloc_len;
+    d->ipc.generation = t->ipc.generation;
     if (d->ipc.alloc_len == 0 && __builtin_add_overflow(t->ipc.offset, length, &d->ipc.alloc_len))
       return -ERANGE;
     break;

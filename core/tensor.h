@@ -30,8 +30,13 @@
  *           | u64 shape[ndim] | i64 stride[ndim] | handle
  *     handle CPU_SHM:     u64 instance_id | u64 offset | u64 length              (24 bytes)
  *     handle CUDA_IPC:    u8 handle[64] | u64 offset | u64 alloc_len             (80 bytes)
+ *                         [| u64 generation]                  (88 bytes; present iff != 0)
  *     handle CUDA_VMM_FD: u32 fd_index | u64 offset | u64 size | u64 granularity (28 bytes)
  *     body_len == 32 + 16 * ndim + handle size, so an encoding is at most KVS_TENSOR_ENC_MAX.
+ *     The CUDA_IPC generation names the export's lease (shims/cuda: exporter pid << 32 | a
+ *     per-process sequence number); a generation of 0 is never encoded (no field), so 8 zero
+ *     bytes there are trailing bytes (-EMSGSIZE). Decoders that predate the field refuse any
+ *     88-byte handle the same way.
  * The kind tag comes first (it replaces pickle's class identity); kind and version numbers are
  * pinned forever. The encoding is canonical: decode(b) succeeding implies encode gives b back.
  *
@@ -83,7 +88,7 @@ typedef enum kvs_tensor_kind {
 #define KVS_TENSOR_MAX_FDS 253        /* SCM_MAX_FD: fds one sendmsg can carry */
 #define KVS_TENSOR_ENC_VERSION 1u
 #define KVS_TENSOR_ENC_HEADER 4u       /* u8 kind, u8 version, u16 body_len */
-#define KVS_TENSOR_ENC_MAX (KVS_TENSOR_ENC_HEADER + 32u + 16u * KVS_TENSOR_MAX_DIMS + 80u) /* 244 */
+#define KVS_TENSOR_ENC_MAX (KVS_TENSOR_ENC_HEADER + 32u + 16u * KVS_TENSOR_MAX_DIMS + 88u) /* 252 */
 
 typedef struct kvs_tensor_desc {
   uint32_t kind;    /* kvs_tensor_kind_t */
@@ -100,6 +105,7 @@ typedef struct kvs_tensor_desc {
       uint8_t handle[KVS_TENSOR_IPC_HANDLE_SIZE]; /* opaque cuIpcGetMemHandle bytes */
       uint64_t offset;     /* bytes from the allocation base to the region */
       uint64_t alloc_len;  /* bytes of the whole allocation */
+      uint64_t generation; /* the export's lease (0: none; see the encoding) */
     } ipc;
     struct {
       uint32_t fd_index;   /* index into the message's SCM_RIGHTS fd array */
@@ -212,7 +218,7 @@ int kvs_accel_set(const kvs_accel_ops_t *ops, const kvs_accel_ops_t **prev);
  * first byte:
  *     CPU_SHM      cpu.instance_id, cpu.offset = pool offset of base (cpu.length ignored)
  *     CUDA_IPC     ipc.handle, ipc.offset = offset of base in the allocation (normally 0),
- *                  ipc.alloc_len (0 = ipc.offset + length)
+ *                  ipc.alloc_len (0 = ipc.offset + length), ipc.generation
  *     CUDA_VMM_FD  vmm.fd_index, vmm.offset of base, vmm.size (0 = vmm.offset + length),
  *                  vmm.granularity
  * dtype/ndim/shape/stride/storage_offset of the template are ignored. Descriptors produced

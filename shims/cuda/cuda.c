@@ -10,11 +10,16 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
+ *                                        (by default the whole arena is registered once in the
+ *                                        background at the first one, nothing inline after;
+ *                                        KVSHIM_CUDA_PIN_ARENA=0: each buffer inline)
  *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
  *                                        the next request that fits (or unregister and free
  *                                        it); everything else is forwarded
- *   device allocations                   forwarded, then recorded (with a CUDA IPC handle when
- *                                        the driver gives one); frees forget the record
+ *   device allocations                   forwarded, then recorded (with a CUDA IPC handle and
+ *                                        a lease generation when the driver gives one); frees
+ *                                        forget the record, then wait (bounded) for importers
+ *                                        holding the lease (IPC leases, below)
  *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
  *                                        (cuda_device_unexportable)
  *   async copies                         forwarded; bytes touching the host arena are counted
@@ -51,13 +56,18 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cuda_hooks.h"
 #include "internal.h"
@@ -378,6 +388,13 @@ static bool cu_keep_put(uint64_t off, uint64_t len) {
   pthread_mutex_unlock(&g_keep_lock);
   return kept;
 }
+static bool cu_keep_empty(void) {
+  bool empty = true;
+  pthread_mutex_lock(&g_keep_lock);
+  for (int i = 0; i < CU_KEEP && empty; i++) empty = !g_keep[i].len;
+  pthread_mutex_unlock(&g_keep_lock);
+  return empty;
+}
 /* Unregister a pooled extent (in a context of its device, from any thread) and return it. */
 static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
   void *p = kvs_pool_base(rt->pool) + off;
@@ -454,23 +471,97 @@ static void *cu_prepin_main(void *arg) {
   return NULL;
 }
 
-/* Start a spare of len bytes unless one is being made. */
-static void cu_prepin_ahead(uint64_t len) {
-  if (len < CU_PREPIN_MIN || atomic_exchange(&g_prepin_busy, true)) return;
+/* Start fn(arg) on a detached thread with every signal blocked (kvshim's threads must not take
+ * the engine's signals); the thread lowers itself to idle priority. 0 or an errno. */
+static int cu_spawn(void *(*fn)(void *), void *arg) {
   pthread_attr_t at;
   pthread_t t;
   sigset_t all, old;
   int rc = pthread_attr_init(&at);
   if (rc == 0) {
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    /* kvshim's threads must not take the engine's signals: created with every signal blocked. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&t, &at, cu_prepin_main, (void *)(uintptr_t)len);
+    rc = pthread_create(&t, &at, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&at);
   }
-  if (rc != 0) atomic_store(&g_prepin_busy, false);
+  return rc;
+}
+
+/* The whole host arena pinned in the background (default; KVSHIM_CUDA_PIN_ARENA=0 turns it
+ * off; design §9.6: "prefault and register the host arena in the background ... keep extents
+ * registered across free and alloc"). At the first host allocation the arena could serve
+ * (cuMemHostAlloc, cuMemAllocHost_v2, and so cudaHostAlloc/cudaMallocHost; a process that
+ * never asks for pinned host memory pins nothing), one idle-priority thread registers the
+ * whole arena PORTABLE|DEVICEMAP in a context of an active primary context (which faults every
+ * page in). Meanwhile host requests go to the driver (stat host_arena_pinning_forwards: a
+ * registration of a part would overlap it, and cuMemHostRegister refuses that); once it is
+ * done, every arena buffer is served without any registration inside the engine's call and
+ * freed without an unregistration (the arena never shrinks). Any failure (no active primary
+ * context, a driver error, the registration gone after the engine reset its device) turns it
+ * off for good: buffers are then registered one by one as with the option off. */
+enum { CU_AP_OFF = 0, CU_AP_PINNING = 1, CU_AP_PINNED = 2, CU_AP_FAILED = 3 };
+static atomic_int g_arena_pin;
+
+static bool cu_arena_pinned(void) {
+  return atomic_load_explicit(&g_arena_pin, memory_order_acquire) == CU_AP_PINNED;
+}
+static int cu_arena_state(void) {
+  return atomic_load_explicit(&g_arena_pin, memory_order_acquire);
+}
+
+static void *cu_arena_pin_main(void *arg) {
+  kvs__runtime_t *rt = arg;
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  void *p = (void *)rt->host_lo;
+  uint64_t len = (uint64_t)(rt->host_hi - rt->host_lo);
+  cu_ctx_scope_t sc;
+  cu_relax_t rx = cu_relax();
+  CUresult r = cu_ctx_enter(&g_real, p, &sc) == 0
+                   ? cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+                   : CUDA_ERROR_INVALID_CONTEXT;
+  cu_ctx_leave(&g_real, &sc);
+  cu_unrelax(rx);
+  if (r == CUDA_SUCCESS) {
+    kvs_log_info("host arena registered whole in the background: %llu bytes",
+                 (unsigned long long)len);
+  } else {
+    kvs_log_info("host arena not registered whole (%d): buffers are registered one by one",
+                 (int)r);
+  }
+  atomic_store_explicit(&g_arena_pin, r == CUDA_SUCCESS ? CU_AP_PINNED : CU_AP_FAILED,
+                        memory_order_release);
+  return NULL;
+}
+
+static bool cu_keep_empty(void);
+/* Start the whole-arena registration when the option is on and no arena buffer is registered
+ * yet; true when it is in flight (started now or before). */
+static bool cu_arena_pin_start(kvs__runtime_t *rt) {
+  int st = cu_arena_state();
+  if (st != CU_AP_OFF) return st == CU_AP_PINNING;
+  if (!rt->opts.cuda_pin_arena || !rt->host_hi || atomic_load(&g_host_used) != 0 ||
+      atomic_load(&g_prepin_busy) || !cu_keep_empty() || !cu_host_devices_ok())
+    return false;
+  int off = CU_AP_OFF;
+  if (!atomic_compare_exchange_strong(&g_arena_pin, &off, CU_AP_PINNING))
+    return off == CU_AP_PINNING;
+  if (cu_spawn(cu_arena_pin_main, rt) != 0) {
+    atomic_store(&g_arena_pin, CU_AP_FAILED);
+    return false;
+  }
+  return true;
+}
+
+/* Start a spare of len bytes unless one is being made (or the arena is registered whole). */
+static void cu_prepin_ahead(uint64_t len) {
+  int st = cu_arena_state();
+  if (len < CU_PREPIN_MIN || (st != CU_AP_OFF && st != CU_AP_FAILED) ||
+      atomic_exchange(&g_prepin_busy, true))
+    return;
+  if (cu_spawn(cu_prepin_main, (void *)(uintptr_t)len) != 0) atomic_store(&g_prepin_busy, false);
 }
 
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
@@ -482,8 +573,13 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return -ENOTSUP;
   }
+  if (cu_arena_pin_start(rt)) { /* the whole arena is being registered: the driver serves */
+    kvs_stats_inc(st, KVS_STAT_host_arena_pinning_forwards);
+    return -EBUSY;
+  }
+  bool whole = cu_arena_pinned(); /* registered already: nothing to register here */
   uint64_t off, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
-  bool kept = cu_keep_take(len, &off, &len);
+  bool kept = !whole && cu_keep_take(len, &off, &len);
   int rc = 0;
   if (!kept) {
     rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
@@ -497,7 +593,11 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   void *p = kvs_pool_base(rt->pool) + off;
   cu_relax_t rx = cu_relax();
   const unsigned regflags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
-  CUresult r = kept ? CUDA_SUCCESS : cu_register(p, len, regflags);
+  CUresult r = CUDA_SUCCESS;
+  if (!kept && !whole) {
+    r = cu_register(p, len, regflags);
+    kvs_stats_inc(st, KVS_STAT_host_arena_inline_pins);
+  }
   if (r == CUDA_SUCCESS) {
     /* Usable only where the driver's own buffer would be: at its host address (a kept extent
      * too: its registration went away if the engine reset its device). */
@@ -505,10 +605,11 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     if (!g_real.cuMemHostGetDevicePointer_v2 ||
         g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
         dp != (CUdeviceptr)(uintptr_t)p) {
-      cu_unregister(p, len);
+      if (whole) atomic_store(&g_arena_pin, CU_AP_FAILED); /* gone with a reset context */
+      else cu_unregister(p, len);
       r = CUDA_ERROR_NOT_SUPPORTED;
     } else if (cu_hf_put((uintptr_t)p, asked) < 0) {
-      cu_unregister(p, len);
+      if (!whole) cu_unregister(p, len);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -539,6 +640,102 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
   return pp && bytesize > 0 && rt->host_hi && bytesize >= rt->opts.host_min;
 }
 
+/* ---- IPC leases (issue 14 item 3) ----------------------------------------------------------
+ * cuda.h (cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before calling
+ * cuIpcCloseMemHandle in the importing context will result in undefined behavior." So every
+ * export carries a generation, pid << 32 | seq (seq = 1, 2, ... per process), and the process
+ * keeps one lease file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), where byte seq is 1
+ * while the export of that generation lives and 0 after its free. An importer (open_ipc) opens
+ * the exporter's file, takes an open-file-description read lock on byte seq and reads it: a
+ * missing file or a 0 is a stale generation (-ESTALE); it holds the lock until close_ipc. The
+ * exporter's cuMemFree takes the write lock on the byte (waiting while an importer holds it, at
+ * most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, and frees. No file, no
+ * generation: the allocation is recorded as not exportable. */
+#define CU_LEASE_DIR "/dev/shm"
+#define CU_LEASE_WAIT_MS 5000
+static int g_lease_fd = -1;
+static uint32_t g_lease_seq;
+static pthread_mutex_t g_lease_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cu_lease_path(char *buf, size_t cap, uint32_t pid) {
+  snprintf(buf, cap, CU_LEASE_DIR "/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)pid);
+}
+static void cu_lease_atexit(void) {
+  char path[128];
+  if (g_lease_fd < 0) return;
+  cu_lease_path(path, sizeof path, (uint32_t)getpid());
+  unlink(path);
+}
+
+/* A new generation with its byte set to 1, or 0 when there is no lease file. */
+static uint64_t cu_lease_new(void) {
+  static bool atexit_done;
+  uint64_t gen = 0;
+  uint32_t pid = (uint32_t)getpid();
+  pthread_mutex_lock(&g_lease_lock);
+  if (g_lease_fd < 0) {
+    char path[128];
+    cu_lease_path(path, sizeof path, pid);
+    unlink(path); /* a dead process's with this pid: its importers keep their own inode */
+    g_lease_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (g_lease_fd < 0) kvs_log_debug("no IPC lease file %s: %s", path, strerror(errno));
+    if (g_lease_fd >= 0 && !atexit_done) atexit_done = atexit(cu_lease_atexit) == 0;
+  }
+  if (g_lease_fd >= 0 && g_lease_seq < UINT32_MAX &&
+      pwrite(g_lease_fd, "\1", 1, (off_t)g_lease_seq + 1) == 1)
+    gen = (uint64_t)pid << 32 | ++g_lease_seq;
+  pthread_mutex_unlock(&g_lease_lock);
+  return gen;
+}
+
+static int cu_lease_lock(int fd, uint64_t gen, short type) {
+  struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)(uint32_t)gen,
+                     .l_len = 1};
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale.
+ * wait: false for an allocation already gone (freed behind kvshim's back). */
+static void cu_lease_end(uint64_t gen, bool wait) {
+  if (!gen || gen >> 32 != (uint32_t)getpid() || g_lease_fd < 0) return;
+  struct timespec t0, now, nap = {0, 1000000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc;
+  while ((rc = cu_lease_lock(g_lease_fd, gen, F_WRLCK)) == -EAGAIN && wait) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= CU_LEASE_WAIT_MS)
+      break;
+    nanosleep(&nap, NULL);
+  }
+  if (rc < 0 && wait)
+    kvs_log_warn("freeing device memory another process still has open after %d ms (generation "
+                 "%llx): %s", CU_LEASE_WAIT_MS, (unsigned long long)gen, strerror(-rc));
+  if (pwrite(g_lease_fd, "", 1, (off_t)(uint32_t)gen) != 1)
+    kvs_log_debug("IPC lease %llx not marked: %s", (unsigned long long)gen, strerror(errno));
+  if (rc == 0) cu_lease_lock(g_lease_fd, gen, F_UNLCK);
+}
+
+/* Importer: take the lease of d's generation into *fd (held until closed; -1 for a descriptor
+ * without a generation). -ESTALE when the export is gone or being freed. */
+static int cu_lease_take(const kvs_tensor_desc_t *d, int *fd) {
+  uint64_t gen = d->ipc.generation;
+  *fd = -1;
+  if (!gen) return 0;
+  char path[128];
+  cu_lease_path(path, sizeof path, (uint32_t)(gen >> 32));
+  int f = open(path, O_RDONLY | O_CLOEXEC);
+  if (f < 0) return errno == ENOENT ? -ESTALE : -errno;
+  char b = 0;
+  int rc = cu_lease_lock(f, gen, F_RDLCK); /* -EAGAIN: the exporter is freeing it now */
+  if (rc == 0 && pread(f, &b, 1, (off_t)(uint32_t)gen) != 1) b = 0;
+  if (rc < 0 || b != 1) {
+    close(f);
+    return -ESTALE;
+  }
+  *fd = f;
+  return 0;
+}
+
 /* ---- device records -------------------------------------------------------------------------- */
 
 /* Record a device allocation in the tensor registry; want_ipc: one cuIpcGetMemHandle can
@@ -557,7 +754,8 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
       g_real.cuIpcGetMemHandle(&h, base) == CUDA_SUCCESS) {
     _Static_assert(sizeof h.reserved == KVS_TENSOR_IPC_HANDLE_SIZE, "IPC handle size");
     memcpy(tmpl.ipc.handle, h.reserved, KVS_TENSOR_IPC_HANDLE_SIZE);
-    exportable = true;
+    tmpl.ipc.generation = cu_lease_new();
+    exportable = tmpl.ipc.generation != 0; /* no lease, no export (item 3) */
   }
   cu_unrelax(rx);
   int rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
@@ -566,12 +764,15 @@ static void cu_record_device(kvs__runtime_t *rt, CUdeviceptr base, uint64_t len,
      * owned without cuMemFree): the driver just handed the range out again, so they are stale. */
     kvs_tensor_record_t old;
     while (kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base, &old) == 0 ||
-           kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base + len - 1, &old) == 0)
+           kvs_tensor_registry_lookup(rt->tensors, (uint64_t)base + len - 1, &old) == 0) {
       kvs_tensor_registry_remove(rt->tensors, old.base, NULL);
+      if (old.exportable) cu_lease_end(old.desc.ipc.generation, false);
+    }
     rc = kvs_tensor_registry_add(rt->tensors, (uint64_t)base, len, &tmpl, exportable);
   }
   if (rc < 0) {
     kvs_log_debug("device allocation not recorded: %s", strerror(-rc));
+    cu_lease_end(tmpl.ipc.generation, false);
     return;
   }
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_device_allocs);
@@ -816,9 +1017,13 @@ static CUresult hk_cuMemAllocPitch_v2(kvs__cu_pfn_cuMemAllocPitch_v2 real, CUdev
   return r;
 }
 
-/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away. */
+/* Forget first: EXPORT_TENSORS must not hand out an allocation that is going away; then wait
+ * (bounded) for the importers that hold its lease (cu_lease_end). */
 static inline void cu_forget_device(kvs__runtime_t *rt, CUdeviceptr dptr) {
-  if (dptr) kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, NULL);
+  kvs_tensor_record_t old;
+  if (dptr && kvs_tensor_registry_remove(rt->tensors, (uint64_t)dptr, &old) == 0 &&
+      old.exportable && old.desc.kind == KVS_TENSOR_CUDA_IPC)
+    cu_lease_end(old.desc.ipc.generation, true);
 }
 
 static CUresult hk_cuMemFree_v2(kvs__cu_pfn_cuMemFree_v2 real, CUdeviceptr dptr) {
@@ -911,7 +1116,10 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
      * current context, in one of the buffer's device while the engine still holds it; when it
      * does not, the driver dropped the registration with the context). */
     kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
-    if (!cu_keep_put(off, (uint64_t)len)) cu_host_release(rt, off, (uint64_t)len);
+    if (cu_arena_pinned()) /* the whole arena stays registered */
+      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    else if (!cu_keep_put(off, (uint64_t)len))
+      cu_host_release(rt, off, (uint64_t)len);
     cu_host_gauge(-len);
     r = CUDA_SUCCESS;
   }
@@ -1188,6 +1396,8 @@ typedef struct cu_ipc_open {
   uint32_t refs;
   CUcontext ctx;       /* context it was opened in (made current again to close it) */
   CUdevice retained;   /* primary context retained for it, or -1 */
+  uint64_t generation; /* the descriptor's (0: none) */
+  int lease_fd;        /* cu_lease_take's, held until the last close; -1: none */
 } cu_ipc_open_t;
 static cu_ipc_open_t g_ipc[CU_IPC_MAX];
 static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1204,6 +1414,9 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     return -ENOSYS;
   int ord = kvs_tensor_device_ordinal(d->device_uuid, cu_scan, NULL);
   if (ord < 0) return ord;
+  int lease_fd;
+  rc = cu_lease_take(d, &lease_fd); /* a stale generation is refused before the driver sees it */
+  if (rc < 0) return rc;
 
   pthread_mutex_lock(&g_ipc_lock);
   cu_ipc_open_t *e = NULL, *free_slot = NULL;
@@ -1215,11 +1428,15 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
       break;
     }
   }
+  if (lease_fd >= 0 && (e || !free_slot)) close(lease_fd); /* e holds its own lease */
   if (e) {
-    e->refs++;
-    *devptr = (void *)(uintptr_t)(e->base + d->ipc.offset);
+    rc = e->generation == d->ipc.generation ? 0 : -ESTALE;
+    if (rc == 0) {
+      e->refs++;
+      *devptr = (void *)(uintptr_t)(e->base + d->ipc.offset);
+    }
     pthread_mutex_unlock(&g_ipc_lock);
-    return 0;
+    return rc;
   }
   if (!free_slot) {
     pthread_mutex_unlock(&g_ipc_lock);
@@ -1264,10 +1481,13 @@ static int cu_accel_open_ipc(const kvs_tensor_desc_t *d, void **devptr) {
     free_slot->refs = 1;
     free_slot->ctx = cur ? cur : pctx;
     free_slot->retained = retained;
+    free_slot->generation = d->ipc.generation;
+    free_slot->lease_fd = lease_fd;
     *devptr = (void *)(uintptr_t)(base + d->ipc.offset);
     kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_ipc_opens);
-  } else if (retained >= 0) {
-    R->cuDevicePrimaryCtxRelease_v2(retained);
+  } else {
+    if (retained >= 0) R->cuDevicePrimaryCtxRelease_v2(retained);
+    if (lease_fd >= 0) close(lease_fd);
   }
   pthread_mutex_unlock(&g_ipc_lock);
   return cu_errno(r);
@@ -1301,6 +1521,7 @@ static int cu_accel_close_ipc(void *devptr) {
     }
     if (e->retained >= 0 && R->cuDevicePrimaryCtxRelease_v2)
       R->cuDevicePrimaryCtxRelease_v2(e->retained);
+    if (e->lease_fd >= 0) close(e->lease_fd); /* after the driver's close: the exporter may free */
     memset(e, 0, sizeof *e);
   }
   pthread_mutex_unlock(&g_ipc_lock);
@@ -1330,13 +1551,18 @@ static void cu_fork_child(void) {
    * The resolved driver table stays valid (same mappings). */
   atomic_store(&g_forked, true);
   atomic_store(&g_prepin_busy, false); /* the parent's spare thread does not exist here */
+  atomic_store(&g_arena_pin, CU_AP_OFF); /* registrations do not cross fork */
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);
   memset(g_host_flags, 0, sizeof g_host_flags);
   pthread_mutex_init(&g_keep_lock, NULL);
   memset(g_keep, 0, sizeof g_keep); /* the parent's extents: not this process's pool */
-  memset(g_ipc, 0, sizeof g_ipc);
+  memset(g_ipc, 0, sizeof g_ipc); /* their lease fds stay open: the parent's locks */
+  pthread_mutex_init(&g_lease_lock, NULL);
+  if (g_lease_fd >= 0) close(g_lease_fd); /* the parent's file: the child makes its own */
+  g_lease_fd = -1;
+  g_lease_seq = 0;
   memset(g_big_pins, 0, sizeof g_big_pins);
 }
 

@@ -39,6 +39,13 @@
  *   FAKECUDA_NO_READONLY_REGISTER  bitmask of device ordinals whose
  *                       CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0 (default 0:
  *                       all have it); CU_MEMHOSTREGISTER_READ_ONLY fails NOT_SUPPORTED there
+ *   FAKECUDA_ET_TRACE   set: every call of an export-table entry the fake does not implement
+ *                       is also written to stderr with its first four arguments (to find what
+ *                       a new libcudart asks for; the log names the table and entry only)
+ *
+ * The CUDA runtime (libcudart 13, shared and static) initialises on the fake: cuGetExportTable
+ * answers the private tables it asks for (see "export tables" below), so cudaMallocHost,
+ * cudaHostAlloc, cudaFreeHost and cudaMalloc reach the driver entry points (and kvshim's hooks).
  *
  * Call log line:   <ELF name>[ <key>=<value>]... -> <CUresult as decimal>[ <key>=<value>]...
  * Arguments come before the arrow, out-values (only on success) after it; keys are lower-case
@@ -56,6 +63,7 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #pragma GCC visibility push(default)
 #include <cuda.h>
+#include "fakecuda_compat.h"
 #pragma GCC visibility pop
 
 #include <errno.h>
@@ -824,6 +832,16 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
   if (r == CUDA_SUCCESS) r = check_dev(dev);
   if (r == CUDA_SUCCESS) snprintf(name, (size_t)len, "kvshim fakecuda device %d", dev);
   fk_log("cuDeviceGetName len=%d dev=%d -> %d", len, dev, (int)r);
+  return r;
+}
+
+/* The CUDA runtime reads it while it initialises (its device properties). */
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && !bytes) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = check_dev(dev);
+  if (r == CUDA_SUCCESS) *bytes = (size_t)cfg_mem_limit;
+  fk_log("cuDeviceTotalMem_v2 dev=%d -> %d", dev, (int)r);
   return r;
 }
 
@@ -1835,7 +1853,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
       break;
     default:
       r = (attribute >= CU_POINTER_ATTRIBUTE_CONTEXT &&
-           attribute <= CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE)
+           (int)attribute <= KVS_FK_POINTER_ATTRIBUTE_LAST)
               ? CUDA_ERROR_NOT_SUPPORTED
               : CUDA_ERROR_INVALID_VALUE;
       break;
@@ -2189,20 +2207,280 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 
 /* ---- export tables ----------------------------------------------------------------------
  * cuGetExportTable (cuda.h declares it, documents nothing) hands the CUDA runtime private
- * tables identified by UUID. The fake has none: every request is refused and logged with the
- * UUID. Without the entry point libcudart 13 stops with cudaErrorCallRequiresNewerDriver;
- * with it, it asks for f8cff951-2146-8b4e-b9e2-fb469e7c0dd9 (optional) and then
- * 6bd5fb6c-5bf4-e74a-8987-d93912fd9df9, whose refusal stops it (cudaErrorNotSupported):
- * the layout of that table is not public, so cudart does not initialise on the fake. */
+ * tables of function pointers identified by UUID. What the fake answers is what public
+ * reverse-engineering write-ups document (ZLUDA's dark_api table list: UUIDs, entry
+ * indexes, argument lists; facts only): a table starts with its size in bytes unless noted,
+ * unknown entries are logging stubs that answer CUDA_ERROR_NOT_SUPPORTED, and an unknown UUID
+ * is refused (logged with the UUID). */
+#define FK_ET_LEN 26
+typedef struct fk_et {
+  const char *name;
+  uint8_t id[16];
+  int len;    /* entries */
+  int sized;  /* entry 0 holds len * sizeof(void *) */
+  uintptr_t t[FK_ET_LEN];
+} fk_et_t;
+
+enum { FK_ET_CUDART, FK_ET_TOOLS_TLS, FK_ET_HOOKS, FK_ET_CLS, FK_ET_BYPASS, FK_ET_HEAP,
+       FK_ET_DEVEXT, FK_ET_INTEGRITY, FK_ET_CHECKS, FK_ET_N };
+static fk_et_t fk_ets[FK_ET_N] = {
+    {"cudart_interface", {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39,
+                          0x12, 0xfd, 0x9d, 0xf9}, 10, 1, {0}},
+    {"tools_tls", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a,
+                   0x3a, 0xec, 0xdc}, 4, 1, {0}},
+    {"tools_runtime_callback_hooks", {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2,
+                                      0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}, 7, 1, {0}},
+    {"context_local_storage", {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68,
+                               0xf3, 0x55, 0xd8, 0x95, 0x93}, 4, 0, {0}},
+    {"ctx_create_bypass", {0x0c, 0xa5, 0x0b, 0x8c, 0x10, 0x04, 0x92, 0x9a, 0x89, 0xa7, 0xd0, 0xdf,
+                           0x10, 0xe7, 0x72, 0x86}, 2, 1, {0}},
+    {"heap_access", {0x19, 0x5b, 0xcb, 0xf4, 0xd6, 0x7d, 0x02, 0x4a, 0xac, 0xc5, 0x1d, 0x29, 0xce,
+                     0xa6, 0x31, 0xae}, 3, 1, {0}},
+    {"device_extended_rt", {0xb1, 0x05, 0x41, 0xe1, 0xf7, 0xc7, 0xc7, 0x4a, 0x9f, 0x64, 0xf2, 0x23,
+                            0xbe, 0x99, 0xf1, 0xe2}, 26, 1, {0}},
+    {"integrity_check", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12,
+                         0x3c, 0x66, 0xe1, 0xf2}, 3, 1, {0}},
+    {"unknown_checks", {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5,
+                        0x00, 0x6d, 0xfa, 0x7e}, 4, 1, {0}},
+};
+
+/* Stubs: one per (table, entry), so the log names what the runtime called. */
+static CUresult et_stub(int k, int i, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d) {
+  fk_log("export %s[%d] -> %d", fk_ets[k].name, i, (int)CUDA_ERROR_NOT_SUPPORTED);
+  if (getenv("FAKECUDA_ET_TRACE"))
+    fprintf(stderr, "fakecuda: export %s[%d](%#lx, %#lx, %#lx, %#lx)\n", fk_ets[k].name, i,
+            (unsigned long)a, (unsigned long)b, (unsigned long)c, (unsigned long)d);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+#define FK_ET_IDX(X, k) X(k, 0) X(k, 1) X(k, 2) X(k, 3) X(k, 4) X(k, 5) X(k, 6) X(k, 7) X(k, 8) \
+  X(k, 9) X(k, 10) X(k, 11) X(k, 12) X(k, 13) X(k, 14) X(k, 15) X(k, 16) X(k, 17) X(k, 18)        \
+  X(k, 19) X(k, 20) X(k, 21) X(k, 22) X(k, 23) X(k, 24) X(k, 25)
+#define FK_ET_TABLES(X, Y) Y(X, 0) Y(X, 1) Y(X, 2) Y(X, 3) Y(X, 4) Y(X, 5) Y(X, 6) Y(X, 7) Y(X, 8)
+#define FK_ET_STUB_DEF(k, i)                                                                      \
+  static CUresult et_stub_##k##_##i(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d) {        \
+    return et_stub(k, i, a, b, c, d);                                                             \
+  }
+FK_ET_TABLES(FK_ET_STUB_DEF, FK_ET_IDX)
+#define FK_ET_STUB_SET(k, i) fk_ets[k].t[i] = (uintptr_t)et_stub_##k##_##i;
+
+/* cudart_interface[2](CUcontext *pctx, CUdevice dev): the device's primary context, retained. */
+static CUresult et_primary_ctx(CUcontext *pctx, CUdevice dev) {
+  CUresult r = pctx ? cuDevicePrimaryCtxRetain(pctx, dev) : CUDA_ERROR_INVALID_VALUE;
+  fk_log("export cudart_interface[2] dev=%d -> %d", dev, (int)r);
+  return r;
+}
+/* tools_runtime_callback_hooks[2] and [6](void **ptr, size_t *size): a zeroed buffer the runtime
+ * may write into (1024 and 14 32-bit words). */
+static uint32_t et_hooks_buf2[1024], et_hooks_buf6[14];
+static void et_hooks_buf(int i, void **ptr, size_t *size) {
+  if (ptr) *ptr = i == 2 ? (void *)et_hooks_buf2 : (void *)et_hooks_buf6;
+  if (size) *size = i == 2 ? 1024 : 14;
+  fk_log("export tools_runtime_callback_hooks[%d] -> void", i);
+}
+static void et_hooks_buf_2(void **ptr, size_t *size) { et_hooks_buf(2, ptr, size); }
+static void et_hooks_buf_6(void **ptr, size_t *size) { et_hooks_buf(6, ptr, size); }
+
+/* context_local_storage: [0] put(ctx, key, value, dtor), [1] delete(ctx, key),
+ * [2] get(void **value, ctx, key); a null context is the current one. */
+#define FK_CLS_MAX 64
+static struct { CUcontext ctx; void *key, *value; } et_cls[FK_CLS_MAX];
+static CUcontext et_ctx_or_current(CUcontext c) {
+  if (!c) cuCtxGetCurrent(&c);
+  return c;
+}
+static CUresult et_cls_put(CUcontext ctx, void *key, void *value, void *dtor) {
+  (void)dtor;
+  ctx = et_ctx_or_current(ctx);
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  lock();
+  for (int i = 0; i < FK_CLS_MAX && r != CUDA_SUCCESS; i++)
+    if (!et_cls[i].key || (et_cls[i].key == key && et_cls[i].ctx == ctx)) {
+      et_cls[i].ctx = ctx;
+      et_cls[i].key = key;
+      et_cls[i].value = value;
+      r = CUDA_SUCCESS;
+    }
+  unlock();
+  fk_log("export context_local_storage[0] -> %d", (int)r);
+  return r;
+}
+static CUresult et_cls_delete(CUcontext ctx, void *key) {
+  ctx = et_ctx_or_current(ctx);
+  lock();
+  for (int i = 0; i < FK_CLS_MAX; i++)
+    if (et_cls[i].key == key && et_cls[i].ctx == ctx) et_cls[i].key = NULL;
+  unlock();
+  fk_log("export context_local_storage[1] -> 0");
+  return CUDA_SUCCESS;
+}
+static CUresult et_cls_get(void **value, CUcontext ctx, void *key) {
+  ctx = et_ctx_or_current(ctx);
+  CUresult r = CUDA_ERROR_INVALID_HANDLE;
+  lock();
+  for (int i = 0; i < FK_CLS_MAX && r != CUDA_SUCCESS; i++)
+    if (et_cls[i].key && et_cls[i].key == key && et_cls[i].ctx == ctx) {
+      if (value) *value = et_cls[i].value;
+      r = CUDA_SUCCESS;
+    }
+  unlock();
+  fk_log("export context_local_storage[2] -> %d", (int)r);
+  return r;
+}
+/* unknown_checks[2](ctx, uint32_t *r1, void **r2): *r1 = 0; [3](): 0. */
+static CUresult et_check2(CUcontext ctx, uint32_t *r1, void **r2) {
+  (void)ctx;
+  (void)r2;
+  if (r1) *r1 = 0;
+  fk_log("export unknown_checks[2] -> 0");
+  return CUDA_SUCCESS;
+}
+static uint32_t et_check3(void) {
+  fk_log("export unknown_checks[3] -> 0");
+  return 0;
+}
+
+/* MD2 (RFC 1319): the 256-byte substitution S built from the digits of pi (RFC 1319, 3.2). */
+static const uint8_t md2_s[256] = {
+    41,  46,  67,  201, 162, 216, 124, 1,   61,  54,  84,  161, 236, 240, 6,   19,  98,  167, 5,
+    243, 192, 199, 115, 140, 152, 147, 43,  217, 188, 76,  130, 202, 30,  155, 87,  60,  253, 212,
+    224, 22,  103, 66,  111, 24,  138, 23,  229, 18,  190, 78,  196, 214, 218, 158, 222, 73,  160,
+    251, 245, 142, 187, 47,  238, 122, 169, 104, 121, 145, 21,  178, 7,   63,  148, 194, 16,  137,
+    11,  34,  95,  33,  128, 127, 93,  154, 90,  144, 50,  39,  53,  62,  204, 231, 191, 247, 151,
+    3,   255, 25,  48,  179, 72,  165, 181, 209, 215, 94,  146, 42,  172, 86,  170, 198, 79,  184,
+    56,  210, 150, 164, 125, 182, 118, 252, 107, 226, 156, 116, 4,   241, 69,  157, 112, 89,  100,
+    113, 135, 32,  134, 91,  207, 101, 230, 45,  168, 2,   27,  96,  37,  173, 174, 176, 185, 246,
+    28,  70,  97,  105, 52,  64,  126, 15,  85,  71,  163, 35,  221, 81,  175, 58,  195, 92,  249,
+    206, 186, 197, 234, 38,  44,  83,  13,  110, 133, 40,  132, 9,   211, 223, 205, 244, 65,  129,
+    77,  82,  106, 220, 55,  200, 108, 193, 171, 250, 36,  225, 123, 8,   12,  189, 177, 74,  120,
+    136, 149, 139, 227, 99,  232, 109, 233, 203, 213, 254, 59,  0,   29,  57,  242, 239, 183, 14,
+    102, 88,  208, 228, 166, 119, 114, 248, 235, 117, 75,  10,  49,  68,  80,  180, 143, 237, 31,
+    26,  219, 153, 141, 51,  159, 17,  131, 20};
+typedef struct md2 {
+  uint8_t x[48], c[16], buf[16];
+  unsigned n; /* bytes in buf */
+} md2_t;
+static void md2_block(md2_t *m) {
+  uint8_t l = m->c[15];
+  for (int j = 0; j < 16; j++) { /* checksum (3.2) */
+    m->c[j] ^= md2_s[m->buf[j] ^ l];
+    l = m->c[j];
+  }
+  for (int j = 0; j < 16; j++) { /* 3.4 */
+    m->x[16 + j] = m->buf[j];
+    m->x[32 + j] = m->buf[j] ^ m->x[j];
+  }
+  uint8_t t = 0;
+  for (int j = 0; j < 18; j++) {
+    for (int k = 0; k < 48; k++) t = m->x[k] ^= md2_s[t];
+    t = (uint8_t)(t + j);
+  }
+}
+static void md2_update(md2_t *m, const void *p, size_t len, uint8_t mask) {
+  for (size_t i = 0; i < len; i++) {
+    m->buf[m->n++] = ((const uint8_t *)p)[i] ^ mask;
+    if (m->n == 16) {
+      md2_block(m);
+      m->n = 0;
+    }
+  }
+}
+static void md2_final(md2_t *m, uint8_t out[16]) {
+  uint8_t pad[16], c[16];
+  memset(pad, (int)(16 - m->n), sizeof pad);
+  md2_update(m, pad, 16 - m->n, 0); /* 3.1: 1..16 bytes of value i */
+  memcpy(c, m->c, 16);
+  md2_update(m, c, 16, 0); /* 3.2: the checksum */
+  memcpy(out, m->x, 16);
+}
+
+/* integrity_check[1](uint32_t version, uint64_t unix_seconds, uint64_t result[2]): the
+ * runtime compares the answer with its own. Public write-up (ZLUDA's dark_api
+ * integrity_check; facts only): a version ending in 0 or 1 answers a constant pair; any other
+ * answers HMAC (RFC 2104) over MD2 with a fixed 16-byte key of the record {driver version,
+ * version, pid, pthread_self() as u32, the cudart_interface table, this table, this function,
+ * unix_seconds} followed by {UUID, PCI domain, bus, device} of every device. The fake hashes
+ * what it reports itself (driver version, UUIDs, PCI attributes 0). */
+static const uint8_t et_hmac_key[16] = {0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52,
+                                        0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f};
+static CUresult et_integrity(uint32_t version, uint64_t unix_seconds, uint64_t *result) {
+  CUresult r = result ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && version % 10 == 0) {
+    result[0] = 0x3341181C03CB675Cull;
+    result[1] = 0x8ED383AA1F4CD1E8ull;
+  } else if (r == CUDA_SUCCESS && version % 10 == 1) {
+    result[0] = 0x1841181C03CB675Cull;
+    result[1] = 0x8ED383AA1F4CD1E8ull;
+  } else if (r == CUDA_SUCCESS) {
+    struct {
+      uint32_t driver_version, version, pid, tid;
+      uint64_t cudart_table, integrity_table, fn;
+      uint64_t unix_seconds;
+    } rec = {FK_DRIVER_VERSION, version, (uint32_t)getpid(), (uint32_t)pthread_self(),
+             (uint64_t)(uintptr_t)fk_ets[FK_ET_CUDART].t,
+             (uint64_t)(uintptr_t)fk_ets[FK_ET_INTEGRITY].t,
+             (uint64_t)fk_ets[FK_ET_INTEGRITY].t[1], unix_seconds};
+    _Static_assert(sizeof rec == 48, "no padding in the hashed record");
+    md2_t m;
+    uint8_t inner[16];
+    memset(&m, 0, sizeof m);
+    md2_update(&m, et_hmac_key, 16, 0x36);
+    md2_update(&m, &rec, sizeof rec, 0);
+    for (int d = 0; d < cfg_devices; d++) {
+      struct {
+        uint8_t uuid[16];
+        int32_t pci_domain, pci_bus, pci_device;
+      } dev = {{0}, 0, 0, 0};
+      _Static_assert(sizeof dev == 28, "no padding in the hashed device record");
+      CUuuid u;
+      device_uuid(d, &u);
+      memcpy(dev.uuid, u.bytes, 16);
+      md2_update(&m, &dev, sizeof dev, 0);
+    }
+    md2_final(&m, inner);
+    memset(&m, 0, sizeof m);
+    md2_update(&m, et_hmac_key, 16, 0x5c);
+    md2_update(&m, inner, 16, 0);
+    uint8_t out[16];
+    md2_final(&m, out);
+    memcpy(result, out, 16);
+  }
+  fk_log("export integrity_check[1] version=%u -> %d", version, (int)r);
+  return r;
+}
+
+static pthread_once_t et_once = PTHREAD_ONCE_INIT;
+static void et_init(void) {
+  FK_ET_TABLES(FK_ET_STUB_SET, FK_ET_IDX)
+  for (int k = 0; k < FK_ET_N; k++)
+    if (fk_ets[k].sized) fk_ets[k].t[0] = (uintptr_t)fk_ets[k].len * sizeof(void *);
+  fk_ets[FK_ET_CUDART].t[2] = (uintptr_t)et_primary_ctx;
+  fk_ets[FK_ET_HOOKS].t[2] = (uintptr_t)et_hooks_buf_2;
+  fk_ets[FK_ET_HOOKS].t[6] = (uintptr_t)et_hooks_buf_6;
+  fk_ets[FK_ET_CLS].t[0] = (uintptr_t)et_cls_put;
+  fk_ets[FK_ET_CLS].t[1] = (uintptr_t)et_cls_delete;
+  fk_ets[FK_ET_CLS].t[2] = (uintptr_t)et_cls_get;
+  fk_ets[FK_ET_INTEGRITY].t[1] = (uintptr_t)et_integrity;
+  fk_ets[FK_ET_CHECKS].t[2] = (uintptr_t)et_check2;
+  fk_ets[FK_ET_CHECKS].t[3] = (uintptr_t)et_check3;
+}
+
 CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
   boot();
+  pthread_once(&et_once, et_init);
   CUresult r = (!ppExportTable || !pExportTableId) ? CUDA_ERROR_INVALID_VALUE
-                                                   : CUDA_ERROR_NOT_SUPPORTED;
+                                                   : CUDA_ERROR_INVALID_VALUE;
+  const char *name = "unknown";
+  for (int k = 0; k < FK_ET_N && pExportTableId && ppExportTable; k++)
+    if (!memcmp(fk_ets[k].id, pExportTableId->bytes, 16)) {
+      *ppExportTable = fk_ets[k].t;
+      name = fk_ets[k].name;
+      r = CUDA_SUCCESS;
+    }
   char id[33] = "null";
   if (pExportTableId)
     for (int i = 0; i < 16; i++)
       snprintf(id + 2 * i, 3, "%02x", (unsigned char)pExportTableId->bytes[i]);
-  fk_log("cuGetExportTable id=%s -> %d", id, (int)r);
+  fk_log("cuGetExportTable id=%s -> %d table=%s", id, (int)r, name);
   return r;
 }
 
@@ -2219,6 +2497,7 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   X(cuDeviceGet, 2000, cuDeviceGet)                                                 \
   X(cuDeviceGetCount, 2000, cuDeviceGetCount)                                       \
   X(cuDeviceGetName, 2000, cuDeviceGetName)                                         \
+  X(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2)                                    \
   X(cuDeviceGetAttribute, 2000, cuDeviceGetAttribute)                               \
   X(cuDeviceGetUuid, 9020, cuDeviceGetUuid)                                         \
   X(cuDeviceGetUuid, 11040, cuDeviceGetUuid_v2)                                     \

@@ -7,6 +7,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "fakecuda_compat.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -319,7 +321,7 @@ static void t_contexts(void) {
 
   /* A created context is pushed, and popped back off by cuCtxDestroy. */
   CUcontext c = NULL;
-  CHECK_CU(cuCtxCreate(&c, NULL, 0, 0), OK); /* cuda.h: cuCtxCreate_v4 */
+  CHECK_CU(cuCtxCreate_v4(&c, NULL, 0, 0), OK); /* cuda.h 13: cuCtxCreate */
   CHECK(c != NULL && c != p, "cuCtxCreate returned %p", (void *)c);
   CHECK_CU(cuCtxGetCurrent(&cur), OK);
   CHECK(cur == c, "a created context must become current");
@@ -340,7 +342,7 @@ static void t_contexts(void) {
 
   /* A destroyed context still current underneath: CONTEXT_IS_DESTROYED. */
   CUcontext c2 = NULL;
-  CHECK_CU(cuCtxCreate(&c2, NULL, 0, 0), OK);
+  CHECK_CU(cuCtxCreate_v4(&c2, NULL, 0, 0), OK);
   CHECK_CU(cuCtxPushCurrent(p), OK);
   CHECK_CU(cuCtxDestroy(c2), OK); /* not on top: stays in the stack */
   CHECK_CU(cuCtxPopCurrent(NULL), OK);
@@ -354,10 +356,10 @@ static void t_contexts(void) {
   /* cuCtxCreate_v4 parameters: exactly one of the two pointers. */
   CUctxCreateParams params = {0};
   CUcontext keep = (CUcontext)0x1;
-  CHECK_CU(cuCtxCreate(&keep, &params, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxCreate_v4(&keep, &params, 0, 0), CUDA_ERROR_INVALID_VALUE);
   CHECK(keep == (CUcontext)0x1, "out-parameter written on failure");
-  CHECK_CU(cuCtxCreate(&keep, NULL, 0, 9), CUDA_ERROR_INVALID_DEVICE);
-  CHECK_CU(cuCtxCreate(&keep, NULL, 0x100, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxCreate_v4(&keep, NULL, 0, 9), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_CU(cuCtxCreate_v4(&keep, NULL, 0x100, 0), CUDA_ERROR_INVALID_VALUE);
 
   /* A primary released to zero while current: CONTEXT_IS_DESTROYED until retained again. */
   CHECK_CU(cuDevicePrimaryCtxRelease(0), OK);
@@ -1675,6 +1677,76 @@ static void t_threads(void) {
   CHECK(fr == free0, "free memory %zu after the workers, was %zu", fr, free0);
 }
 
+/* cuGetExportTable: the private tables libcudart asks for (fakecuda.c, "export tables"). */
+static void t_export_tables(void) {
+  static const CUuuid cudart = {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, (char)0x87,
+                                 (char)0xd9, 0x39, 0x12, (char)0xfd, (char)0x9d, (char)0xf9}};
+  static const CUuuid cls = {{(char)0xc6, (char)0x93, 0x33, 0x6e, 0x11, 0x21, (char)0xdf, 0x11,
+                              (char)0xa8, (char)0xc3, 0x68, (char)0xf3, 0x55, (char)0xd8,
+                              (char)0x95, (char)0x93}};
+  static const CUuuid integ = {{(char)0xd4, 0x08, 0x20, 0x55, (char)0xbd, (char)0xe6, 0x70, 0x4b,
+                                (char)0x8d, 0x34, (char)0xba, 0x12, 0x3c, 0x66, (char)0xe1,
+                                (char)0xf2}};
+  static const CUuuid unknown = {{(char)0xf8, (char)0xcf, (char)0xf9, 0x51, 0x21, 0x46,
+                                  (char)0x8b, 0x4e, (char)0xb9, (char)0xe2, (char)0xfb, 0x46,
+                                  (char)0x9e, 0x7c, 0x0d, (char)0xd9}};
+  CHECK_CU(cuInit(0), OK);
+  const void *t = NULL;
+  CHECK_CU(cuGetExportTable(NULL, &cudart), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuGetExportTable(&t, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuGetExportTable(&t, &unknown), CUDA_ERROR_INVALID_VALUE); /* cudart: optional */
+  CHECK(t == NULL, "a refused table was handed out");
+  /* cudart_interface: its size first, [2] the device's primary context, retained. */
+  CHECK_CU(cuGetExportTable(&t, &cudart), OK);
+  const uintptr_t *ct = t;
+  CHECK(ct[0] == 10 * sizeof(void *), "cudart_interface size %zu", (size_t)ct[0]);
+  CUcontext p = NULL, q = NULL;
+  CHECK_CU(((CUresult(*)(CUcontext *, CUdevice))ct[2])(&p, 0), OK);
+  CHECK_CU(cuDevicePrimaryCtxRetain(&q, 0), OK);
+  CHECK(p && p == q, "cudart_interface[2] is not device 0's primary context");
+  unsigned fl;
+  int active = 0;
+  CHECK_CU(cuDevicePrimaryCtxGetState(0, &fl, &active), OK);
+  CHECK(active == 1, "the primary context handed out is not active");
+  /* An entry the fake does not implement answers NOT_SUPPORTED (and is logged). */
+  typedef CUresult (*stub_t)(uintptr_t, uintptr_t, uintptr_t, uintptr_t);
+  CHECK_CU(((stub_t)ct[7])(0, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_CU(((CUresult(*)(CUcontext *, CUdevice))ct[2])(&p, 7), CUDA_ERROR_INVALID_DEVICE);
+  /* context_local_storage: put, get, delete (a null context is the current one). */
+  CHECK_CU(cuGetExportTable(&t, &cls), OK);
+  const uintptr_t *lt = t;
+  int key = 0, val = 0;
+  void *got = NULL;
+  CHECK_CU(((CUresult(*)(void **, CUcontext, void *))lt[2])(&got, p, &key),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_CU(((CUresult(*)(CUcontext, void *, void *, void *))lt[0])(p, &key, &val, NULL), OK);
+  CHECK_CU(((CUresult(*)(void **, CUcontext, void *))lt[2])(&got, p, &key), OK);
+  CHECK(got == &val, "context-local value not kept");
+  CHECK_CU(cuCtxSetCurrent(p), OK);
+  got = NULL;
+  CHECK_CU(((CUresult(*)(void **, CUcontext, void *))lt[2])(&got, NULL, &key), OK);
+  CHECK(got == &val, "a null context is not the current one");
+  CHECK_CU(((CUresult(*)(CUcontext, void *))lt[1])(p, &key), OK);
+  CHECK_CU(((CUresult(*)(void **, CUcontext, void *))lt[2])(&got, p, &key),
+           CUDA_ERROR_INVALID_HANDLE);
+  /* integrity_check[1]: constant for versions ending in 0, a keyed hash of the seconds else. */
+  CHECK_CU(cuGetExportTable(&t, &integ), OK);
+  CUresult (*check)(uint32_t, uint64_t, uint64_t *) =
+      (CUresult(*)(uint32_t, uint64_t, uint64_t *))((const uintptr_t *)t)[1];
+  uint64_t a[2] = {0}, b[2] = {0}, c[2] = {0};
+  CHECK_CU(check(13000, 1, a), OK);
+  CHECK(a[0] == 0x3341181C03CB675Cull && a[1] == 0x8ED383AA1F4CD1E8ull, "version 13000 answer");
+  CHECK_CU(check(13002, 1000, a), OK);
+  CHECK_CU(check(13002, 1000, b), OK);
+  CHECK_CU(check(13002, 1001, c), OK);
+  CHECK(a[0] == b[0] && a[1] == b[1], "the hash is not a function of its inputs");
+  CHECK(a[0] != c[0] || a[1] != c[1], "the hash ignores the seconds");
+  CHECK_CU(check(13002, 1000, NULL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxSetCurrent(NULL), OK);
+  CHECK_CU(cuDevicePrimaryCtxRelease(0), OK);
+  CHECK_CU(cuDevicePrimaryCtxRelease(0), OK);
+}
+
 /* ---- runner ------------------------------------------------------------------------------- */
 
 static const struct {
@@ -1695,6 +1767,7 @@ static const struct {
     {"primary_reset", t_primary_reset}, {"fork_child", t_fork_child},
     {"alloc_origins", t_alloc_origins}, {"kernel", t_kernel},
     {"ipc_free_open", t_ipc_free_open},
+    {"export_tables", t_export_tables},
     {"register_cost", t_register_cost}, {"register_cost_bad_env", t_register_cost_bad_env},
     {"register_readonly", t_register_readonly},
 };

@@ -1,8 +1,8 @@
 /* Benchmark (not a test): the engine-visible cost of large pinned host allocations, the
  * driver's own against kvshim's host arena (issue 14 item 6).
  *
- *   cuda_hostalloc_bench [--mib N] [--count K] [--gap-ms G]
- *   cuda_hostalloc_bench --compare LIBKVSHIM [--mib N] [--count K] [--gap-ms G]
+ *   cuda_hostalloc_bench [--mib N] [--count K] [--gap-ms G] [--warm-ms W]
+ *   cuda_hostalloc_bench --compare LIBKVSHIM [--mib N] [--count K] [--gap-ms G] [--warm-ms W]
  *
  * Allocates K buffers of N MiB with cuMemHostAlloc, idle G ms between them (an engine does
  * other work between allocations), then frees them; prints one JSON line with the median,
@@ -10,7 +10,11 @@
  * session, without LD_PRELOAD (the driver's pinned allocation: the physical reference) and
  * with LIBKVSHIM preloaded, and prints the ratio kvshim/driver of the medians with the spread
  * (min and max of the per-allocation ratios). On the fake driver the pinning cost is
- * FAKECUDA_REGISTER_NS_PER_MIB (default 1000 ns/MiB); on a real GPU it is the driver's. */
+ * FAKECUDA_REGISTER_NS_PER_MIB (default 1000 ns/MiB); on a real GPU it is the driver's.
+ * --warm-ms W first allocates 1 MiB of device memory and a 2 MiB pinned buffer (freed), and
+ * idles W ms, as an engine loads its weights and sets up before it allocates its large pinned
+ * buffers (under kvshim that first host allocation starts registering the host arena in the
+ * background, unless KVSHIM_CUDA_PIN_ARENA=0). */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,11 +29,26 @@
 #define MAX_K 64
 
 
-static int run(size_t mib, int k, int gap_ms, double *ms) {
+static void sleep_ms(int ms) {
+  struct timespec g = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&g, NULL);
+}
+
+static int run(size_t mib, int k, int gap_ms, int warm_ms, double *ms) {
   CUcontext c = NULL;
   if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)) {
     fprintf(stderr, "no CUDA context\n");
     return 1;
+  }
+  CUdeviceptr w = 0;
+  if (warm_ms > 0) {
+    void *h = NULL;
+    if (cuMemAlloc(&w, 1 << 20) != CUDA_SUCCESS || cuMemHostAlloc(&h, 2 << 20, 0) != CUDA_SUCCESS ||
+        cuMemFreeHost(h) != CUDA_SUCCESS) {
+      fprintf(stderr, "warm-up: cuMemAlloc 1 MiB or cuMemHostAlloc 2 MiB failed\n");
+      return 1;
+    }
+    sleep_ms(warm_ms);
   }
   void *p[MAX_K] = {0};
   for (int i = 0; i < k; i++) {
@@ -40,10 +59,10 @@ static int run(size_t mib, int k, int gap_ms, double *ms) {
       fprintf(stderr, "cuMemHostAlloc %zu MiB: %d\n", mib, (int)r);
       return 1;
     }
-    struct timespec g = {gap_ms / 1000, (long)(gap_ms % 1000) * 1000000L};
-    nanosleep(&g, NULL);
+    sleep_ms(gap_ms);
   }
   for (int i = 0; i < k; i++) cuMemFreeHost(p[i]);
+  if (w) cuMemFree(w);
   return 0;
 }
 
@@ -72,27 +91,29 @@ static int child(const char *self, const char *preload, char **args, double *ms,
 
 int main(int argc, char **argv) {
   size_t mib = 256;
-  int k = 4, gap_ms = 50, raw = 0;
+  int k = 4, gap_ms = 50, warm_ms = 0, raw = 0;
   const char *lib = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--count") && i + 1 < argc) k = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--gap-ms") && i + 1 < argc) gap_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warm-ms") && i + 1 < argc) warm_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--compare") && i + 1 < argc) lib = argv[++i];
     else if (!strcmp(argv[i], "--raw")) raw = 1;
     else {
-      fprintf(stderr, "usage: %s [--compare LIBKVSHIM] [--mib N] [--count K] [--gap-ms G]\n",
+      fprintf(stderr,
+              "usage: %s [--compare LIBKVSHIM] [--mib N] [--count K] [--gap-ms G] [--warm-ms W]\n",
               argv[0]);
       return 2;
     }
   }
-  if (k < 1 || k > MAX_K || mib == 0 || gap_ms < 0) {
+  if (k < 1 || k > MAX_K || mib == 0 || gap_ms < 0 || warm_ms < 0) {
     fprintf(stderr, "bad arguments\n");
     return 2;
   }
   double ms[MAX_K], s[MAX_K];
   if (!lib) {
-    if (run(mib, k, gap_ms, ms)) return 1;
+    if (run(mib, k, gap_ms, warm_ms, ms)) return 1;
     if (raw) {
       for (int i = 0; i < k; i++) printf("%.6f\n", ms[i]);
       return 0;
@@ -103,11 +124,13 @@ int main(int argc, char **argv) {
            "\"alloc_ms_max\":%.3f}\n", mib, k, s[k / 2], s[0], s[k - 1]);
     return 0;
   }
-  char nb[32], kb[32], gb[32];
+  char nb[32], kb[32], gb[32], wb[32];
   snprintf(nb, sizeof nb, "%zu", mib);
   snprintf(kb, sizeof kb, "%d", k);
   snprintf(gb, sizeof gb, "%d", gap_ms);
-  char *args[] = {argv[0], "--mib", nb, "--count", kb, "--gap-ms", gb, "--raw", NULL};
+  snprintf(wb, sizeof wb, "%d", warm_ms);
+  char *args[] = {argv[0], "--mib", nb, "--count", kb, "--gap-ms", gb, "--warm-ms", wb, "--raw",
+                  NULL};
   if (!getenv("KVSHIM_HOST_POOL_SIZE")) {
     char pool[48];
     snprintf(pool, sizeof pool, "%zuM", mib * (size_t)(k + 2));

@@ -1,6 +1,7 @@
 /* tests/integration: the second process of cuda_preload_test's device_ipc case.
  *
  *   cuda_ipc_reader <socket> <dptr hex> <pitch dptr hex> <pitch bytes>
+ *   cuda_ipc_reader --hold <socket> <dptr hex> <exporter pid>
  *
  * Not preloaded: it links shims/cuda and the preload runtime objects directly and uses the
  * kvs_accel table shims/cuda installs (open_ipc, copy, close_ipc) on descriptors it gets from
@@ -9,8 +10,11 @@
  * and closes it twice (one driver close); pins, unpins and copies in every direction through the
  * mapping. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "preload_testutil.h"
 #include "tensor.h"
@@ -19,7 +23,48 @@ const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
 
 static uint8_t pat(size_t i) { return (uint8_t)(i * 131u + 3); }
 
+/* cuda_preload_test's ipc_free case (issue 14 item 3): the export carries a generation naming
+ * the exporter; open the allocation and say "open"; read "hold" (the exporter is now inside
+ * cuMemFree, which must wait for this lease), wait a little, close, say "closed"; read "freed",
+ * then opening the same descriptor again must fail -ESTALE (the generation is stale). */
+static int hold(const char *sock, uint64_t d, long exporter) {
+  const kvs_accel_ops_t *ops = kvs__cuda_accel_ops();
+  pt_peer_t peer;
+  pt_peer_connect(&peer, sock);
+  kvs_tensor_desc_t desc[2];
+  PT_CHECK(pt_peer_export(&peer, d, 4096, desc, 2) == 1, "one descriptor");
+  pt_peer_close(&peer);
+  kvs_tensor_desc_t *x = &desc[0];
+  PT_CHECK(x->ipc.generation >> 32 == (uint64_t)exporter && (uint32_t)x->ipc.generation != 0,
+           "generation %llx does not name exporter %ld",
+           (unsigned long long)x->ipc.generation, exporter);
+  void *p = NULL;
+  int rc = ops->open_ipc(x, &p);
+  PT_CHECK(rc == 0, "open_ipc: %s", strerror(-rc));
+  uint8_t b[16];
+  PT_CHECK(ops->copy(b, p, sizeof b, KVS_COPY_D2H) == 0 && b[5] == pat(5), "read through it");
+  char line[64];
+  printf("open\n");
+  fflush(stdout);
+  PT_CHECK(fgets(line, sizeof line, stdin) && !strcmp(line, "hold\n"), "expected hold");
+  struct timespec nap = {0, 200 * 1000 * 1000};
+  nanosleep(&nap, NULL); /* the exporter's cuMemFree waits meanwhile */
+  PT_CHECK(ops->close_ipc(p) == 0, "close");
+  printf("closed\n");
+  fflush(stdout);
+  PT_CHECK(fgets(line, sizeof line, stdin) && !strcmp(line, "freed\n"), "expected freed");
+  rc = ops->open_ipc(x, &p);
+  PT_CHECK(rc == -ESTALE, "a freed export must be refused -ESTALE, got %d", rc);
+  kvs_tensor_desc_t y = *x;
+  y.ipc.generation = (uint64_t)getpid() << 32 | 1u; /* a process without a lease file */
+  PT_CHECK(ops->open_ipc(&y, &p) == -ESTALE, "unknown exporter must be -ESTALE");
+  printf("stale\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 5 && !strcmp(argv[1], "--hold"))
+    return hold(argv[2], strtoull(argv[3], NULL, 16), strtol(argv[4], NULL, 10));
   PT_CHECK(argc == 5, "usage: %s <socket> <dptr> <pitch dptr> <pitch bytes>", argv[0]);
   uint64_t d = strtoull(argv[2], NULL, 16), pd = strtoull(argv[3], NULL, 16);
   uint64_t plen = strtoull(argv[4], NULL, 10);
@@ -34,7 +79,7 @@ int main(int argc, char **argv) {
   static const uint8_t zero[KVS_TENSOR_UUID_SIZE];
   PT_CHECK(x->kind == KVS_TENSOR_CUDA_IPC && x->ipc.offset == 4096 &&
                x->ipc.alloc_len == (1u << 20) && kvs_tensor_nbytes(x) == 8192 &&
-               memcmp(x->device_uuid, zero, sizeof zero) != 0,
+               memcmp(x->device_uuid, zero, sizeof zero) != 0 && x->ipc.generation != 0,
            "CUDA_IPC descriptor: kind %u offset %llu alloc_len %llu", x->kind,
            (unsigned long long)x->ipc.offset, (unsigned long long)x->ipc.alloc_len);
 

@@ -42,7 +42,10 @@
  *   zerocopy        a PTX kernel (cuModuleLoadData, no nvcc) reads and writes pooled buffers
  *                   through their host pointers
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
- *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2
+ *                   the hooks are reached through the runtime's dlsym + cuGetProcAddress_v2;
+ *                   the runtime initialises on the fake (its export tables), where the call
+ *                   log proves cudaMallocHost/cudaHostAlloc/cudaFreeHost/cudaMalloc reach the
+ *                   hooks, per buffer and with the default whole-arena registration
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
  *                   ways, the preloaded buffer from the host arena (figures printed)
  *
@@ -607,6 +610,55 @@ static int w_prepin(void) {
   return 0;
 }
 
+/* The host arena registered whole in the background (the default; issue 14 item 6). A device
+ * allocation does not start it (a process that never asks for pinned host memory pins
+ * nothing); the first host allocation does, and is served by the driver meanwhile; once the
+ * fake's log shows the registration (waited for, bounded), host buffers of any size and both
+ * entry points come from the arena with no registration inside the call, answer their device
+ * pointer and flags, and are freed without an unregistration; the freed extents serve the next
+ * request. With KVSHIM_CUDA_PIN_ARENA=0 the same calls register each size inline. */
+static int w_pinarena(void) {
+  pt_cuda_setup();
+  CUdeviceptr d = 0;
+  PT_CHECK(cuMemAlloc(&d, MiB) == 0, "cuMemAlloc");
+  const char *log = getenv("FAKECUDA_LOG"), *opt = getenv("KVSHIM_CUDA_PIN_ARENA");
+  bool whole = log && *log && (!opt || strcmp(opt, "0") != 0);
+  struct timespec nap = {0, 10 * 1000 * 1000};
+  if (whole) { /* the old trigger registered within a few ms of the device allocation */
+    for (int i = 0; i < 20; i++) nanosleep(&nap, NULL);
+    PT_CHECK(!log_has(log, "cuMemHostRegister"), "a device allocation registered the arena");
+  }
+  void *first = NULL;
+  PT_CHECK(cuMemHostAlloc(&first, 8 * MiB, 0) == 0, "first host allocation");
+  fill(first, 8 * MiB, 9);
+  PT_CHECK(cuMemHostGetFlags(&(unsigned){0}, first) == 0, "flags of the first buffer");
+  PT_CHECK(cuMemFreeHost(first) == 0, "free the first buffer");
+  if (whole) {
+    const char *want = "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1";
+    for (int i = 0; i < 3000 && !log_has(log, want); i++) nanosleep(&nap, NULL);
+    PT_CHECK(log_has(log, want), "the arena was not registered in 30 s");
+  }
+  static const size_t sz[3] = {8 * MiB, 3 * MiB, 12 * MiB};
+  void *b[3] = {0};
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 3; i++) {
+      unsigned fl = i == 2 ? CU_MEMHOSTALLOC_WRITECOMBINED : 0, got = 99;
+      PT_CHECK((i == 1 ? cuMemAllocHost(&b[i], sz[i]) : cuMemHostAlloc(&b[i], sz[i], fl)) == 0,
+               "round %d buffer %d", round, i);
+      fill(b[i], sz[i], (unsigned)i);
+      CUdeviceptr dp = 0;
+      PT_CHECK(cuMemHostGetDevicePointer(&dp, b[i], 0) == 0 && dp == (CUdeviceptr)(uintptr_t)b[i],
+               "device pointer of buffer %d", i);
+      PT_CHECK(cuMemHostGetFlags(&got, b[i]) == 0 && got == fl, "flags %u of buffer %d", got, i);
+      PT_CHECK(cuMemcpyHtoD(d, b[i], MiB) == 0, "copy from buffer %d", i);
+    }
+    for (int i = 0; i < 3; i++) PT_CHECK(cuMemFreeHost(b[i]) == 0, "free %d", i);
+  }
+  PT_CHECK(cuMemFree(d) == 0, "cuMemFree");
+  say("done");
+  return 0;
+}
+
 /* kvs_touch(u8 *buf, u64 n): buf[i] += 1 for i < n, one thread per byte. PTX, JIT-compiled by
  * the driver (no nvcc needed); the fake driver runs the same kernel in C. */
 static const char k_touch_ptx[] =
@@ -685,6 +737,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "bypass")) return w_bypass();
   if (!strcmp(w, "keep")) return w_keep();
   if (!strcmp(w, "prepin")) return w_prepin();
+  if (!strcmp(w, "pinarena")) return w_pinarena();
   if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
   return 2;
@@ -699,8 +752,15 @@ typedef struct tcase {
 } tcase_t;
 
 /* A fresh temporary directory (the run directory lives inside it) and an environment for a
- * preloaded (or plain) child with small pools. */
+ * preloaded (or plain) child with small pools. Host buffers are registered one by one
+ * (KVSHIM_CUDA_PIN_ARENA=0), so the cases can count each registration; the default, the whole
+ * arena registered in the background, is case pin_arena's (tc_init_pin_default). */
+static void tc_init_pin_default(tcase_t *c, const char *tag, bool preload);
 static void tc_init(tcase_t *c, const char *tag, bool preload) {
+  tc_init_pin_default(c, tag, preload);
+  pt_env_set(&c->env, "KVSHIM_CUDA_PIN_ARENA", "0");
+}
+static void tc_init_pin_default(tcase_t *c, const char *tag, bool preload) {
   if (!c->tmp[0]) pt_mkdtemp(c->tmp, sizeof c->tmp, tag);
   snprintf(c->run, sizeof c->run, "%s/run", c->tmp);
   snprintf(c->stats, sizeof c->stats, "%s/stats.json", c->tmp);
@@ -880,24 +940,32 @@ static int case_arena_full(void) {
   return 0;
 }
 
+/* The "device" workload started as the exporter: its two allocations and its coordinator's
+ * socket (socks[0]); reader gets the path of cuda_ipc_reader, next to this program. */
+static void start_exporter(tcase_t *c, pt_proc_t *p, unsigned long long *d,
+                           unsigned long long *pd, size_t *pitch, char (*socks)[256],
+                           char reader[PATH_MAX]) {
+  spawn_child(p, c, "device");
+  char line[256];
+  pt_readline(p, line, sizeof line);
+  PT_CHECK(sscanf(line, "ready %llx %llx %zu", d, pd, pitch) == 3, "'%s'", line);
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
+  snprintf(reader, PATH_MAX, "%s", pt_self_exe());
+  char *slash = strrchr(reader, '/');
+  snprintf(slash + 1, PATH_MAX - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+}
+
 static int case_device_ipc(void) {
   tcase_t c = {0};
   tc_init(&c, "device", true);
   pt_proc_t p;
-  spawn_child(&p, &c, "device");
   char line[256];
-  pt_readline(&p, line, sizeof line);
   unsigned long long d, pd;
   size_t pitch;
-  PT_CHECK(sscanf(line, "ready %llx %llx %zu", &d, &pd, &pitch) == 3, "'%s'", line);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
-
   /* The reader: another process, not preloaded, using shims/cuda's open_ipc. */
   char reader[PATH_MAX], rlog[1024], rerr[1024], a1[32], a2[32], a3[32];
-  snprintf(reader, sizeof reader, "%s", pt_self_exe());
-  char *slash = strrchr(reader, '/');
-  snprintf(slash + 1, sizeof reader - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
+  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
   snprintf(rlog, sizeof rlog, "%s/reader-fake.log", c.tmp);
   snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
   snprintf(a1, sizeof a1, "%llx", d);
@@ -940,6 +1008,50 @@ static int case_device_ipc(void) {
     char *log = must_read(c.log);
     expect_count(log, "cuIpcGetMemHandle dptr=d1 -> 0", 1);
     expect_count(log, "cuIpcGetMemHandle dptr=d2 -> 0", 1);
+    free(log);
+  }
+  tc_done(&c);
+  return 0;
+}
+
+/* Issue 14 item 3: a free while another process has the export open waits (bounded) for its
+ * lease; the fake aborts the exporter when it frees memory a live importer maps (cuda.h,
+ * cuIpcOpenMemHandle: undefined behaviour). A stale generation is then refused. */
+static int case_ipc_free(void) {
+  tcase_t c = {0};
+  tc_init(&c, "ipcfree", true);
+  pt_proc_t p, r;
+  char line[256];
+  unsigned long long d, pd;
+  size_t pitch;
+  char socks[4][256], reader[PATH_MAX], rerr[1024], a1[32], a2[32];
+  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
+  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
+  snprintf(a1, sizeof a1, "%llx", d);
+  snprintf(a2, sizeof a2, "%ld", (long)p.pid);
+  pt_env_t renv;
+  pt_env_init(&renv, false);
+  char *rargv[] = {reader, "--hold", socks[0], a1, a2, NULL};
+  pt_spawn_opts_t o = {.pipes = true, .err_path = rerr};
+  pt_spawn(&r, rargv, &renv, &o);
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "open") == 0, "reader: '%s'", line);
+  pt_writeline(&r, "hold");
+  pt_writeline(&p, "free"); /* cuMemFree while the reader holds the handle: must wait */
+  pt_readline(&p, line, sizeof line);
+  PT_CHECK(strcmp(line, "freed") == 0, "exporter: '%s' (see %s)", line, c.err);
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "closed") == 0, "reader: '%s'", line);
+  pt_writeline(&r, "freed");
+  pt_readline(&r, line, sizeof line);
+  PT_CHECK(strcmp(line, "stale") == 0, "reader: '%s'", line);
+  PT_CHECK(pt_wait(&r, TIMEOUT_S) == 0, "reader failed (see %s)", rerr);
+  pt_env_free(&renv);
+  pt_writeline(&p, "exit");
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "exporter failed (see %s)", c.err);
+  if (!g_real_driver) {
+    char *log = must_read(c.log);
+    expect_count(log, "undefined behaviour", 0);
     free(log);
   }
   tc_done(&c);
@@ -1380,28 +1492,83 @@ static int case_prepin(void) {
   return 0;
 }
 
+/* The default: one registration (the arena's, off the engine's thread, after the first host
+ * allocation, which the driver served), none inside an allocation call (host_arena_inline_pins
+ * 0), no unregistration. KVSHIM_CUDA_PIN_ARENA=0: every size's first buffer is registered
+ * inline, and host_arena_inline_pins counts them. */
+static int case_pin_arena(void) {
+  tcase_t c = {0};
+  tc_init_pin_default(&c, "pinarena", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  if (!g_real_driver) {
+    expect_stat(st, "host_arena_allocs", 6);
+    expect_stat(st, "host_arena_fallbacks", 0);
+    expect_stat(st, "host_arena_pinning_forwards", 1);
+    expect_stat(st, "host_arena_inline_pins", 0);
+    char *log = must_read(c.log);
+    expect_count(log, "cuMemHostRegister_v2", 1);
+    const char *reg = strstr(log, "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1 "
+                                  "pin_ns=32000 thread=other");
+    const char *drv = strstr(log, "cuMemHostAlloc bytesize=8388608 flags=0x0 -> 0");
+    PT_CHECK(reg && drv && drv < reg, "the driver served the first buffer, then the arena was "
+                                      "registered off the engine's thread");
+    expect_count(log, "cuMemHostAlloc ", 1);
+    expect_count(log, "cuMemHostUnregister", 0);
+    free(log);
+  } else {
+    PT_CHECK(pt_stat(st, "host_arena_allocs") + pt_stat(st, "host_arena_fallbacks") +
+                     pt_stat(st, "host_arena_pinning_forwards") == 7,
+             "seven host allocations: %s", st);
+  }
+  expect_stat(st, "host_arena_used_bytes", 0);
+  free(st);
+  /* KVSHIM_CUDA_PIN_ARENA=0: each size's first buffer is registered inline (the first 8M
+   * extent is kept and reused, and the second round reuses the kept extents). */
+  tc_init(&c, "pinarena", true);
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child without the option failed (see %s)", c.err);
+  st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", 7);
+  expect_stat(st, "host_arena_pinning_forwards", 0);
+  expect_stat(st, "host_arena_inline_pins", 3);
+  free(st);
+  tc_done(&c);
+  return 0;
+}
+
+/* Run the CUDA runtime program prog (tag: its output files), plain or preloaded (pin_default:
+ * the default whole-arena registration, else per buffer); its stdout must equal plain's when
+ * given. Returns its stdout. */
+static char *run_cudart(tcase_t *c, const char *prog, const char *tag, bool preload,
+                        bool pin_default, const char *plain) {
+  if (pin_default) tc_init_pin_default(c, "cudart", preload);
+  else tc_init(c, "cudart", preload);
+  pt_env_foreign(&c->env);
+  if (preload) pt_env_set(&c->env, "KVSHIM_LOG", "debug");
+  tc_next(c, tag);
+  char *argv[] = {(char *)prog, NULL};
+  PT_CHECK(pt_run(argv, &c->env, c->out, c->err, TIMEOUT_S) == 0, "%s failed (%s)", prog, tag);
+  char *out = must_read(c->out);
+  PT_CHECK(!plain || strcmp(plain, out) == 0,
+           "the CUDA runtime program behaves differently (%s):\n%s---\n%s", tag, plain, out);
+  return out;
+}
+
 static int case_cudart(const char *prog) {
   tcase_t c = {0};
-  tc_init(&c, "cudart", false);
-  pt_env_foreign(&c.env);
-  tc_next(&c, "plain");
-  char *argv[] = {(char *)prog, NULL};
-  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
-  char *plain = must_read(c.out);
-  tc_init(&c, "cudart", true);
-  pt_env_foreign(&c.env);
-  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
-  tc_next(&c, "preload");
-  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed under the preload",
-           prog);
-  char *pre = must_read(c.out), *err = must_read(c.err);
-  PT_CHECK(strcmp(plain, pre) == 0, "the CUDA runtime program behaves differently:\n%s---\n%s",
-           plain, pre);
+  char *plain = run_cudart(&c, prog, "plain", false, false, NULL);
+  char *plain_log = g_real_driver ? NULL : must_read(c.log);
+  char *pre = run_cudart(&c, prog, "preload", true, false, plain), *err = must_read(c.err);
   /* The runtime fetched cuGetProcAddress_v2 with dlsym and every entry point through it. */
   expect_count(err, "dlsym: cuGetProcAddress_v2 -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemAlloc_v2 -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemHostAlloc -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
+  /* The fake answers the runtime's export tables (tests/fakecuda): libcudart initialises. */
+  PT_CHECK(g_real_driver || pt_count(plain, "init ok") == 1,
+           "the CUDA runtime did not initialise on the fake driver: %s", plain);
   if (pt_count(plain, "init ok") == 1) {
     char *st = must_read(c.stats);
     PT_CHECK(pt_stat(st, "host_arena_allocs") >= 1, "cudaMallocHost did not reach the pool");
@@ -1409,6 +1576,36 @@ static int case_cudart(const char *prog) {
     PT_CHECK(pt_stat(st, "host_arena_used_bytes") == 0, "cudaFreeHost did not return the pool");
     PT_CHECK(pt_stat(st, "host_arena_fallbacks") == 0, "host allocations fell back: %lld",
              pt_stat(st, "host_arena_fallbacks"));
+    if (!g_real_driver) {
+      /* Exactly the program's calls: cudaMallocHost and cudaHostAlloc (4 MiB each) served by
+       * the arena through the cuMemHostAlloc hook (the driver allocated no pinned memory and
+       * registered each buffer), cudaFreeHost through cuMemFreeHost's (the driver freed none),
+       * cudaMalloc through cuMemAlloc_v2's. */
+      expect_stat(st, "host_arena_allocs", 2);
+      expect_stat(st, "cuda_device_allocs", 1);
+      char *log = must_read(c.log);
+      expect_count(log, "\ncuMemHostAlloc ", 0); /* line starts: not the resolver's lines */
+      expect_count(log, "\ncuMemFreeHost ", 0);
+      expect_count(log, "\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2);
+      expect_count(log, "\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1);
+      expect_count(log, "\ncuMemFree_v2 dptr=d1 -> 0", 1);
+      free(log);
+      /* Without the preload the same program used the driver's own calls. */
+      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1);
+      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1);
+      expect_count(plain_log, "\ncuMemFreeHost p=h", 2);
+      expect_count(plain_log, "\ncuMemHostRegister_v2", 0);
+      /* The default (the arena registered whole in the background from the first host
+       * allocation): each cudart host allocation is served by the arena or, while it is being
+       * registered, by the driver; none falls back, nothing is registered inline. */
+      char *dflt = run_cudart(&c, prog, "default", true, true, plain), *st2 = must_read(c.stats);
+      PT_CHECK(pt_stat(st2, "host_arena_allocs") + pt_stat(st2, "host_arena_pinning_forwards") ==
+                   2, "two cudart host allocations, not accounted for: %s", st2);
+      expect_stat(st2, "host_arena_fallbacks", 0);
+      expect_stat(st2, "host_arena_inline_pins", 0);
+      expect_stat(st2, "host_arena_used_bytes", 0);
+      free(dflt), free(st2);
+    }
     free(st);
   } else {
     printf("NOTE: the CUDA runtime does not initialise on this driver (%s); checked: identical "
@@ -1423,7 +1620,7 @@ static int case_cudart(const char *prog) {
              "no allocation hook ran, yet the stats count one: %s", st);
     free(st);
   }
-  free(plain), free(pre), free(err);
+  free(plain), free(plain_log), free(pre), free(err);
   tc_done(&c);
   return 0;
 }
@@ -1479,6 +1676,8 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "arena_full")) rc = case_arena_full();
   else if (!strcmp(k, "host_devaccess")) rc = case_host_devaccess();
   else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
+  else if (!strcmp(k, "ipc_free")) rc = case_ipc_free();
+  else if (!strcmp(k, "pin_arena")) rc = case_pin_arena();
   else if (!strcmp(k, "enable0")) rc = case_enable0();
   else if (!strcmp(k, "failopen")) rc = case_failopen();
   else if (!strcmp(k, "initfail_rundir")) rc = case_initfail(false);

@@ -1,0 +1,91 @@
+/* core/tensor: the CUDA_IPC generation (issue 14 item 3): an optional u64 after alloc_len,
+ * present exactly when non-zero; round trips, equality, the registry's descriptors, and the
+ * refusal of a zero generation on the wire (trailing bytes). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "tensor.h"
+
+/* A contiguous vector of n bytes of the given kind, every other field zero. */
+static kvs_tensor_desc_t u8_vec(uint32_t kind, uint64_t n) {
+  kvs_tensor_desc_t d;
+  memset(&d, 0, sizeof d);
+  d.kind = kind;
+  d.dtype = KVS_DTYPE_U8;
+  d.ndim = 1;
+  d.shape[0] = n;
+  d.stride[0] = 1;
+  return d;
+}
+
+static kvs_tensor_desc_t ipc_desc(uint64_t gen) {
+  kvs_tensor_desc_t d = u8_vec(KVS_TENSOR_CUDA_IPC, 4096);
+  d.device_uuid[0] = 0x42;
+  for (int i = 0; i < KVS_TENSOR_IPC_HANDLE_SIZE; i++) d.ipc.handle[i] = (uint8_t)(i * 7 + 1);
+  d.ipc.offset = 0;
+  d.ipc.alloc_len = 1 << 20;
+  d.ipc.generation = gen;
+  return d;
+}
+
+Test(tensor_gen, present_only_when_nonzero) {
+  kvs_tensor_desc_t a = ipc_desc(0), b = ipc_desc(0x1234500000007ull), out;
+  uint8_t ea[KVS_TENSOR_ENC_MAX], eb[KVS_TENSOR_ENC_MAX];
+  int na = kvs_tensor_encode(&a, ea, sizeof ea), nb = kvs_tensor_encode(&b, eb, sizeof eb);
+  cr_assert_eq(na, 4 + 32 + 16 + 80, "without a generation: the 80-byte handle (%d)", na);
+  cr_assert_eq(nb, na + 8, "with one: 8 bytes more (%d)", nb);
+  cr_assert_eq(nb, kvs_tensor_encoded_size(&b));
+  cr_assert_eq(eb[2] | eb[3] << 8, nb - 4, "body_len counts the generation");
+  cr_assert_eq(kvs_tensor_decode(eb, (size_t)nb, &out), 0);
+  cr_assert_eq(out.ipc.generation, 0x1234500000007ull);
+  cr_assert(kvs_tensor_equal(&out, &b));
+  cr_assert_not(kvs_tensor_equal(&out, &a), "the generation takes part in equality");
+  cr_assert_eq(kvs_tensor_decode(ea, (size_t)na, &out), 0);
+  cr_assert_eq(out.ipc.generation, 0);
+  /* little-endian u64 right after alloc_len */
+  cr_assert_eq(eb[nb - 8], 0x07);
+  cr_assert_eq(eb[nb - 2], 0x01);
+}
+
+Test(tensor_gen, zero_generation_is_trailing_bytes) {
+  kvs_tensor_desc_t b = ipc_desc(99), out;
+  memset(&out, 0xee, sizeof out);
+  kvs_tensor_desc_t before = out;
+  uint8_t e[KVS_TENSOR_ENC_MAX + 8];
+  int n = kvs_tensor_encode(&b, e, sizeof e);
+  memset(e + n - 8, 0, 8);
+  char msg[160];
+  cr_assert_eq(kvs_tensor_decode_msg(e, (size_t)n, &out, msg, sizeof msg), -EMSGSIZE);
+  cr_assert(strstr(msg, "8 trailing bytes"), "message: %s", msg);
+  cr_assert_eq(memcmp(&out, &before, sizeof out), 0, "output untouched on failure");
+  /* 16 extra bytes (a generation and more): still trailing bytes */
+  n = kvs_tensor_encode(&b, e, sizeof e);
+  memset(e + n, 1, 8);
+  e[2] = (uint8_t)(n + 8 - 4);
+  cr_assert_eq(kvs_tensor_decode(e, (size_t)n + 8, &out), -EMSGSIZE);
+  /* another kind never carries one */
+  kvs_tensor_desc_t c = u8_vec(KVS_TENSOR_CPU_SHM, 16);
+  c.cpu.instance_id = 5;
+  c.cpu.length = 16;
+  n = kvs_tensor_encode(&c, e, sizeof e);
+  memset(e + n, 1, 8);
+  e[2] = (uint8_t)(n + 8 - 4);
+  cr_assert_eq(kvs_tensor_decode(e, (size_t)n + 8, &out), -EMSGSIZE);
+}
+
+Test(tensor_gen, registry_descriptors_carry_it) {
+  kvs_tensor_registry_t *r;
+  cr_assert_eq(kvs_tensor_registry_create(16, &r), 0);
+  kvs_tensor_desc_t t = ipc_desc(0x777700000001ull);
+  cr_assert_eq(kvs_tensor_registry_add(r, 0x100000, 1 << 20, &t, true), 0);
+  kvs_tensor_desc_t out[2];
+  kvs_tensor_query_info_t qi;
+  cr_assert_eq(kvs_tensor_registry_query(r, 0x100000 + 4096, 8192, out, 2, &qi), 1);
+  cr_assert_eq(out[0].ipc.generation, 0x777700000001ull);
+  cr_assert_eq(out[0].ipc.offset, 4096);
+  kvs_tensor_record_t rec;
+  cr_assert_eq(kvs_tensor_registry_remove(r, 0x100000, &rec), 0);
+  cr_assert_eq(rec.desc.ipc.generation, 0x777700000001ull, "the free path reads it back");
+  kvs_tensor_registry_destroy(r);
+}
