@@ -112,7 +112,11 @@ extern "C" {
   X(remote_timeouts, C, "remote tier: calls or lookups that ran past their deadline")         \
   X(remote_breaker_opens, C, "remote tier: circuit breaker openings (tier skipped a while)")  \
   X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
-  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")
+  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")     \
+  X(cache_peer_stores, C, "one copy: objects stored straight into the cache peer's pool")      \
+  X(cache_peer_loads, C, "one copy: objects read from the cache peer's pool into the caller's") \
+  X(cache_peer_fallbacks, C,                                                                  \
+    "one copy: stores and loads the cache peer failed, served by the own pool instead")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,
