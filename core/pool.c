@@ -810,7 +810,9 @@ int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
   uint64_t done = atomic_load(&pool->pf_done);
   while (rc == 0 && done < size) {
     uint64_t h = atomic_load(&pool->hwm);
-    uint64_t want = h > size - ahead || size < ahead ? size : h + ahead;
+    /* nothing allocated yet: nothing to be ahead of (an engine whose cache peer holds the
+     * node's copy may never allocate here) */
+    uint64_t want = h == 0 ? 0 : h > size - ahead || size < ahead ? size : h + ahead;
     if (want > done) {
       rc = prefault_range(pool, done, want, &use_madvise);
       if (rc == 0) atomic_store(&pool->pf_done, done = want);

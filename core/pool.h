@@ -148,7 +148,8 @@ int kvs_pool_arena_stats(kvs_pool_t *pool, kvs_arena_t arena, kvs_pool_arena_sta
 int kvs_pool_prefault(kvs_pool_t *pool);
 
 /* Step-ahead prefault (an engine's pool, design §5): fault the cache arena in only `ahead`
- * bytes (rounded up to the page size) past the end of the highest extent ever allocated, and
+ * bytes (rounded up to the page size) past the end of the highest extent ever allocated
+ * (nothing before the first allocation), and
  * follow that mark as allocations raise it (kvs_pool_alloc wakes this call), so first-touch
  * cost stays off the allocating thread without committing the whole arena. Call from a
  * background thread of a created pool; returns 0 once the whole arena is faulted in,
