@@ -51,7 +51,7 @@ class Bench:
         return e
 
     def serve(self, run_dir):
-        s = subprocess.Popen([self.a.cli, "serve", "--pool-size", "2G"], stdout=subprocess.PIPE,
+        s = subprocess.Popen([self.a.cli, "serve", "--pool-size", "512M"], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env=self.env(run_dir, False))
         line = s.stdout.readline()
         if "socket" not in line:
