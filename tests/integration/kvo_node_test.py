@@ -29,8 +29,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Context, Failure, check, finish, read_line, read_stats  # noqa: E402
+from harness import Context, check, finish, read_line, read_stats  # noqa: E402
 import harness  # noqa: E402
+from kvo_test import parse_output as parse, wait_summary  # noqa: E402
 
 # chunk = 4 layers x K,V x 64 tokens x 2 heads x 16 x f32 = 64 KiB
 C = 64
@@ -50,24 +51,8 @@ class Ctx(Context):
         self.engine = args.engine
 
 
-def parse(out, what):
-    objs = []
-    for line in out.splitlines():
-        try:
-            objs.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise Failure(f"{what}: not JSON ({e}): {line!r}")
-    check(objs and objs[-1].get("summary") is True, f"{what}: no summary in {out!r}")
-    return objs[:-1], objs[-1]
-
-
 def until_summary(p, what, timeout=120):
-    lines = []
-    while True:
-        line = read_line(p, timeout, what)
-        lines.append(line)
-        if '"summary":true' in line:
-            return parse("".join(lines), what)
+    return wait_summary(p, what, timeout)
 
 
 def node_stats(ctx):

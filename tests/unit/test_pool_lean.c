@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "pool.h"
+#include "residency.h"
 
-#define PG 4096ull
 #define MIB (1ull << 20)
 
 static kvs_pool_t *make_pool(uint64_t cache) {
@@ -21,15 +21,6 @@ static kvs_pool_t *make_pool(uint64_t cache) {
   return p;
 }
 
-static size_t resident_pages(const uint8_t *addr, size_t len) {
-  size_t n = len / PG, count = 0;
-  unsigned char *vec = malloc(n);
-  cr_assert_not_null(vec);
-  cr_assert_eq(mincore((void *)addr, len, vec), 0);
-  for (size_t i = 0; i < n; i++) count += vec[i] & 1;
-  free(vec);
-  return count;
-}
 
 Test(pool_lean, limit_bounds_the_allocated_bytes) {
   kvs_pool_t *p = make_pool(16 * MIB);
