@@ -835,6 +835,10 @@ int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
   return rc;
 }
 
+void kvs_pool_prefault_hint(kvs_pool_t *pool, uint64_t bytes) {
+  if (pool && pool->owner && bytes) hwm_raise(pool, KVS__ALIGN_UP(bytes, pool->page_size));
+}
+
 uint64_t kvs_pool_prefaulted(const kvs_pool_t *pool) {
   return atomic_load(&((kvs_pool_t *)pool)->pf_done);
 }

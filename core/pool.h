@@ -156,6 +156,10 @@ int kvs_pool_prefault(kvs_pool_t *pool);
  * -ECANCELED when kvs_pool_destroy starts, -EINVAL (attached pool, ahead 0), or a populate
  * errno. */
 int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead);
+/* Raise the step-ahead mark to `bytes` of the cache arena as if that much had been allocated
+ * (an engine that will keep its own copies: its first step is faulted in before its first
+ * request). Owner only; never lowers the mark. */
+void kvs_pool_prefault_hint(kvs_pool_t *pool, uint64_t bytes);
 /* Bytes of the cache arena a step-ahead prefault has faulted in so far. */
 uint64_t kvs_pool_prefaulted(const kvs_pool_t *pool);
 

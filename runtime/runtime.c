@@ -101,7 +101,12 @@ static pthread_t g_connect_thread;
 static int g_connect_started;
 
 static void *connect_main(void *arg) {
-  kvs_peers_discover(arg, true);
+  kvs__runtime_t *rt = arg;
+  kvs_peers_discover(rt->peers, true);
+  /* No cache peer: this engine keeps what it computes and loads in its own pool, so its first
+   * step is faulted in now, before its first request needs it (design §5). With one, the pool
+   * stays untouched until something is kept in it. */
+  if (!kvs__runtime_cache_peer(rt)) kvs_pool_prefault_hint(rt->pool, kvs_pool_page_size(rt->pool));
   return NULL;
 }
 
@@ -188,7 +193,7 @@ static void rt_build(void) {
       if (n2 < 0 || (size_t)n2 >= sizeof g_group_dir) g_group_dir[0] = '\0';
     }
     if (kvs__rt.peers)
-      g_connect_started = pthread_create(&g_connect_thread, NULL, connect_main, kvs__rt.peers) == 0;
+      g_connect_started = pthread_create(&g_connect_thread, NULL, connect_main, &kvs__rt) == 0;
     pthread_attr_t attr;
     pthread_t t;
     if (pthread_attr_init(&attr) == 0) {
