@@ -2,7 +2,8 @@
 """Measure (never run by ctest): one copy per node (issue 13) with refengine and `kvshim serve`.
 
 usage: kvo_node_bench.py --engine REFENGINE --preload LIBKVSHIM --cli KVSHIM [--reps N]
-                         [--engines 4,8] [-- EXTRA REFENGINE ARGS]
+                         [--engines 4,8] [--hold-ms MS] [--only node|rss]
+                         [-- EXTRA REFENGINE ARGS]
 
 Figures, each as a median with its [min..max] over --reps repetitions:
   node bytes  N engines (--engines) share a 4096-token prefix (256-token chunks, 1 MiB each)
@@ -11,7 +12,8 @@ Figures, each as a median with its [min..max] over --reps repetitions:
               by the distinct bytes cached (serve's store_used_bytes: every chunk reaches serve
               in both arms, and serve's pool is large enough to evict nothing). Limit: 1.0.
               Arms: KVSHIM_ONE_COPY=1 (default) and 0 (own copies + write-behind).
-  engine RSS  one engine's max RSS (wait4 ru_maxrss) running the same workload, without
+  engine RSS  one engine's max RSS (wait4 ru_maxrss) running the same workload and staying
+              alive --hold-ms (3000) after it, without
               kvshim (off), and with kvshim at default settings without a cache peer (alone)
               and with one (serve); kvshim's cost is on - off minus what the engine keeps in
               its own pool (its store_used_bytes at exit). Goal: <= 64 MiB.
@@ -100,7 +102,8 @@ class Bench:
         serve = self.serve(run_dir) if arm == "serve" else None
         stats = os.path.join(run_dir, "e.json")
         try:
-            p = subprocess.Popen([self.a.engine, *self.work, "--rank", "1"],
+            p = subprocess.Popen([self.a.engine, *self.work, "--rank", "1", "--hold-ms",
+                                  str(self.a.hold_ms)],
                                  stdout=subprocess.DEVNULL,
                                  env=self.env(run_dir, arm != "off", KVSHIM_STATS=stats))
             _, status, ru = os.wait4(p.pid, 0)
@@ -125,17 +128,23 @@ def main():
     ap.add_argument("--cli", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--engines", default="4,8")
+    ap.add_argument("--hold-ms", type=int, default=3000,
+                    help="the RSS runs stay alive this long after their request (a background "
+                    "prefault has time to show)")
+    ap.add_argument("--only", choices=("node", "rss"))
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     b = Bench(a)
     try:
-        for n in [int(x) for x in a.engines.split(",")]:
+        for n in [int(x) for x in a.engines.split(",")] if a.only != "rss" else []:
             for one_copy in (1, 0):
                 rs = [b.node_ratio(n, one_copy) for _ in range(a.reps)]
                 print(f"node bytes, {n} engines, KVSHIM_ONE_COPY={one_copy}: in use / distinct "
                       f"{fmt([r[0] for r in rs])} (in use {fmt([r[1] for r in rs], ' MiB', 2**20, 1)}"
                       f", distinct {fmt([r[2] for r in rs], ' MiB', 2**20, 1)}); limit 1.0",
                       flush=True)
+        if a.only == "node":
+            return 0
         res = {arm: [] for arm in ("off", "alone", "serve")}
         for rep in range(a.reps):
             for arm in (("off", "alone", "serve") if rep % 2 == 0 else ("serve", "alone", "off")):
