@@ -393,7 +393,8 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
       kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
       return 0;
     }
-    kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+    if (r == -ENOTSUP) cache = 0; /* served inline: own copy + write-behind, as before */
+    else kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
   }
   uint8_t outcome = 0;
   kvs_extent_t ext;

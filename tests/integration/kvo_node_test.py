@@ -11,6 +11,8 @@ Cases:
                 --json` == the distinct chunk bytes), the engines keep nothing, outputs exact
   own-copy      KVSHIM_ONE_COPY=0: engines keep their own copies and write behind to serve
                 (the behaviour before one copy per node)
+  inline        KVSHIM_STRATEGY=inline: stores keep an own copy + write-behind, loads come
+                from serve (the reply copied into the buffer)
   no-peer       no cache peer: the second engine loads the prefix from the first and keeps it
                 (today's behaviour); no cache_peer_* counter moves, the pool is not limited
   kill-store    serve frozen, then SIGKILLed while an engine stores into it: the engine stays
@@ -128,6 +130,26 @@ def case_own_copy(ctx):
     s = read_stats(ctx.stats_path("a"))
     check(s["store_committed_objects"] == 10 and s["push_sent"] == 10, f"A: {s}")
     check(s["cache_peer_stores"] == 0 and s["cache_peer_loads"] == 0, f"A: {s}")
+    stop(serve, "kvshim serve")
+
+
+def case_inline(ctx):
+    # KVSHIM_STRATEGY=inline: serve's pool is not mapped, so stores cannot go into it: the
+    # engine keeps its own copy and writes it behind (no fallback counted); loads still come
+    # from serve (the reply copied into the buffer).
+    serve = ctx.serve()
+    args = ["--requests", "1", "--prompt-tokens", str(10 * C), "--prefix-tokens",
+            str(8 * C), *SMALL, "--verify"]
+    run(ctx, args + ["--rank", "0"],
+        ctx.env(KVSHIM_STRATEGY="inline", KVSHIM_STATS=ctx.stats_path("a")), "A")
+    s = read_stats(ctx.stats_path("a"))
+    check(s["store_committed_objects"] == 10 and s["push_queued"] == 10, f"A: {s}")
+    check(s["cache_peer_stores"] == 0 and s["cache_peer_fallbacks"] == 0, f"A: {s}")
+    reqs, summ = run(ctx, args + ["--rank", "1"],
+                     ctx.env(KVSHIM_STRATEGY="inline", KVSHIM_STATS=ctx.stats_path("b")), "B")
+    s = read_stats(ctx.stats_path("b"))
+    check(reqs[0]["loaded"] == 8 and summ["verify"] == "ok", f"B: {reqs}")
+    check(s["cache_peer_loads"] == 8, f"B: {s}")
     stop(serve, "kvshim serve")
 
 
