@@ -795,12 +795,13 @@ static int store_with(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, 
   if (!instance) kvs_peers_discover(p, false);
   pconn_t *c = grab(p, instance, true);
   if (!c) return -ENOENT;
+  pthread_mutex_lock(&c->lock);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
   if (copy && !shm) {
+    pthread_mutex_unlock(&c->lock);
     unref(p, c);
     return -ENOTSUP;
   }
-  pthread_mutex_lock(&c->lock);
   uint8_t *rep;
   kvs_proto_prepare_store_reply_t r;
   int rc = prepare_store(p, c, shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE, keys, n,
