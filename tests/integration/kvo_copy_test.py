@@ -2,7 +2,7 @@
 """ctest driver: one copy per node (issue 13, design §3.5) with refengine processes and
 `kvshim serve` in one group.
 
-usage: kvo_node_test.py CASE --engine REFENGINE --preload LIBKVSHIM --cli KVSHIM
+usage: kvo_copy_test.py CASE --engine REFENGINE --preload LIBKVSHIM --cli KVSHIM
                         [--asan-runtime LIBASAN]
 
 Cases:

@@ -3,7 +3,7 @@
 saved by one fakehost process and pushed to `kvshim serve` is restored by another in place,
 from serve's pool under its pin, with no copy into the loader's own pool.
 
-usage: llama_node_test.py CASE --host FAKEHOST --plugin FAKEPLUGIN --preload LIBKVSHIM
+usage: llama_copy_test.py CASE --host FAKEHOST --plugin FAKEPLUGIN --preload LIBKVSHIM
                           --cli KVSHIM [--asan-runtime LIBASAN]
 
 Cases:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure (never run by ctest): one copy per node (issue 13) with refengine and `kvshim serve`.
 
-usage: kvo_node_bench.py --engine REFENGINE --preload LIBKVSHIM --cli KVSHIM [--reps N]
+usage: kvo_copy_bench.py --engine REFENGINE --preload LIBKVSHIM --cli KVSHIM [--reps N]
                          [--engines 4,8] [--hold-ms MS] [--only node|rss]
                          [-- EXTRA REFENGINE ARGS]
 
@@ -39,7 +39,7 @@ def fmt(xs, unit="", scale=1.0, prec=3):
 class Bench:
     def __init__(self, a):
         self.a = a
-        self.tmp = tempfile.mkdtemp(prefix="kvo-node-")
+        self.tmp = tempfile.mkdtemp(prefix="kvo-copy-")
         self.work = ["--requests", "1", "--prompt-tokens", "4352", "--prefix-tokens", "4096",
                      "--chunk-tokens", "256", "--hidden", "128", *a.extra]
 
