@@ -29,6 +29,13 @@
  *            write-behind push to a cache peer; PRESENT is kept too. Anything else (no space,
  *            being written elsewhere, a failed copy) is counted and passed through, so the
  *            engine's module may still keep the chunk.
+ * One copy per node (KVSHIM_ONE_COPY=1, design §3.5): while a `kvshim serve` cache peer is
+ * connected (kvs__runtime_cache_peer), lookup asks it alone (one LOOKUP per batch) and
+ * prefetches nothing, load copies from its pool straight into the buffer under its pin
+ * (kvs_peers_retrieve_into), and store copies the buffer straight into a slot of its pool
+ * (kvs_peers_store_into: PREPARE_STORE, copy, COMMIT_STORE); nothing is kept locally. A call
+ * it fails or refuses falls back to the paths above (cache_peer_fallbacks); a cache peer
+ * reached inline gets the own copy + write-behind.
  * Device buffers are copied through kvs_accel_get() (the CUDA shim installs copies through the
  * real driver). With the default accelerator table a "device" pointer is not host memory:
  * such calls pass through untouched.

@@ -12,8 +12,10 @@
  *                               KVSHIM_LLAMA_WRITE_THROUGH=0. Returns what the real function
  *                               returns (with write-through off: the byte count it would
  *                               have returned, kvs__llama_file_bytes).
- *   llama_state_seq_load_file   the blob is looked up by path, locally then at peers (a peer's
- *                               copy is retrieved into a local extent and kept); every check
+ *   llama_state_seq_load_file   the blob is looked up by path, locally then at peers (a cache
+ *                               peer's copy is checked and restored in place, under its pin,
+ *                               with KVSHIM_ONE_COPY=1; another peer's copy is retrieved into
+ *                               a local extent and kept); every check
  *                               of blob.h passes, the state file was not replaced
  *                               since (ll_stale), the tokens fit: the real set_data restores
  *                               the state straight from the pool, the tokens are copied out,
