@@ -683,7 +683,8 @@ static int prepare_store(kvs_peers_t *p, pconn_t *c, uint8_t strategy, const kvs
  * commit naming every slot. */
 static int store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
                      const kvs_proto_prepare_store_reply_t *rp, bool object,
-                     const void *const *bufs, uint8_t *outcomes) {
+                     const void *const *bufs, uint8_t *outcomes, kvs_peer_copy_fn copy,
+                     void *cctx) {
   const kvs_proto_prepare_store_reply_t r = *rp;
   int rc = 0;
   uint64_t seg = kvs_pool_segment_size(c->pool);
@@ -699,7 +700,9 @@ static int store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
       rc = -EFAULT;
       break;
     }
-    memcpy(base + s->offset, bufs[object ? 0 : s->key_index], s->length);
+    const void *src = bufs[object ? 0 : s->key_index];
+    if (!copy) memcpy(base + s->offset, src, s->length);
+    else if ((rc = copy(cctx, s->key_index, base + s->offset, src, s->length)) < 0) break;
   }
   if (r.xfer) {
     uint8_t *r2 = NULL;
@@ -783,9 +786,10 @@ static int store_inline(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
   return rc < 0 ? rc : kept;
 }
 
-int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
-                    const kvs_layout_t *layout, bool object, const void *const *bufs,
-                    uint8_t *outcomes) {
+/* kvs_peers_store, with a copy function (NULL: memcpy; else SHM peers only: -ENOTSUP). */
+static int store_with(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                      const kvs_layout_t *layout, bool object, const void *const *bufs,
+                      uint8_t *outcomes, kvs_peer_copy_fn copy, void *cctx) {
   if (!keys || n == 0 || n > KVS_PROTO_MAX_KEYS || !layout || !bufs) return -EINVAL;
   if (!kvs_layout_nbytes(layout)) return -EINVAL;
   if (!instance) kvs_peers_discover(p, false);
@@ -793,17 +797,28 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   if (!c) return -ENOENT;
   pthread_mutex_lock(&c->lock);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
+  if (copy && !shm) {
+    pthread_mutex_unlock(&c->lock);
+    unref(p, c);
+    return -ENOTSUP;
+  }
   uint8_t *rep;
   kvs_proto_prepare_store_reply_t r;
   int rc = prepare_store(p, c, shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE, keys, n,
                          layout, object, &rep, &r);
   if (rc >= 0)
-    rc = shm ? store_shm(p, c, rep, &r, object, bufs, outcomes)
+    rc = shm ? store_shm(p, c, rep, &r, object, bufs, outcomes, copy, cctx)
              : store_inline(p, c, rep, &r, keys, n, layout, object, bufs, outcomes);
   pthread_mutex_unlock(&c->lock);
   unref(p, c);
   if (rc > 0) kvs_stats_add(p->stats, KVS_STAT_peer_stores, (uint64_t)rc);
   return rc;
+}
+
+int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    const kvs_layout_t *layout, bool object, const void *const *bufs,
+                    uint8_t *outcomes) {
+  return store_with(p, instance, keys, n, layout, object, bufs, outcomes, NULL, NULL);
 }
 
 /* One call to peer `instance` on its own: rc gets 0, -ENOENT (no such live peer) or the
@@ -1045,4 +1060,62 @@ void kvs_peers_destroy(kvs_peers_t *p) {
   pthread_mutex_destroy(&p->push_lock);
   pthread_cond_destroy(&p->push_cond);
   free(p);
+}
+
+/* ---- one copy per node (design §3.5): the engine side's helpers ------------------------------ */
+
+uint64_t kvs_peers_cache_peer(kvs_peers_t *p) {
+  if (!p) return 0;
+  uint64_t id = 0;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c && !id; c = c->next)
+    if (c->fd >= 0 && c->info.role == KVS_PROTO_ROLE_CACHE) id = c->info.instance_id;
+  pthread_mutex_unlock(&p->table_lock);
+  return id;
+}
+
+typedef struct into_ctx {
+  void *const *dsts;
+  uint64_t want;        /* each object's exact length */
+  kvs_peer_copy_fn copy;
+  void *copy_ctx;
+  size_t copied;        /* objects copied (the leading run) */
+} into_ctx_t;
+
+static int into_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+                     uint64_t len) {
+  (void)layout;
+  into_ctx_t *x = ctx;
+  if (len != x->want || i != x->copied) return -EPROTO;
+  int rc = x->copy ? x->copy(x->copy_ctx, i, x->dsts[i], bytes, (size_t)len)
+                   : (memcpy(x->dsts[i], bytes, (size_t)len), 0);
+  if (rc < 0) return rc;
+  x->copied++;
+  return 0;
+}
+
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            uint64_t len, void *const *dsts, kvs_peer_copy_fn copy, void *ctx) {
+  if (!p || !keys || !dsts || n == 0 || len == 0) return -EINVAL;
+  into_ctx_t x = {dsts, len, copy, ctx, 0};
+  int rc = kvs_peers_retrieve(p, instance, keys, n, into_sink, &x);
+  if (rc < 0) return rc; /* -ESTALE included: what was copied must not be used */
+  return (int)(x.copied < (size_t)rc ? x.copied : (size_t)rc);
+}
+
+int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                         const kvs_layout_t *layout, bool object, const void *const *bufs,
+                         uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx) {
+  if (!p || !copy) return -EINVAL;
+  return store_with(p, instance, keys, n, layout, object, bufs, outcomes, copy, ctx);
+}
+
+int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n) {
+  if (!p || !keys || n == 0) return -EINVAL;
+  if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  int r = lookup_one(p, c, keys, n);
+  unref(p, c);
+  return r;
 }

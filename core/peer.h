@@ -148,6 +148,37 @@ int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n);
 /* Wait until the write-behind queue is empty or timeout_ms passed. Returns objects still queued. */
 int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms);
 
+/* ---- one copy per node (design §3.5): the engine side's helpers ------------------------------ */
+
+/* Instance id of a connected `kvshim serve` cache peer, or 0 (none known). No discovery and no
+ * I/O: one walk of the peer table. */
+uint64_t kvs_peers_cache_peer(kvs_peers_t *p);
+
+/* The leading run of keys[0..n) that peer `instance` holds READY, in one LOOKUP (no discovery).
+ * Returns the run (>= 0), -ENOENT (no such live peer) or the call's negative errno. */
+int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n);
+
+/* Copies one retrieved object (len bytes at src, the peer's pool under a pin, or the reply)
+ * into its destination dst (the caller's buffer i). 0, or a negative errno to stop. */
+typedef int (*kvs_peer_copy_fn)(void *ctx, size_t i, void *dst, const void *src, size_t len);
+
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) straight into
+ * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
+ * dsts[i] by copy (NULL = memcpy) while the peer holds its pin, with no copy anywhere else.
+ * Returns how many leading keys were copied (>= 0), or the retrieve's negative errno (a miss;
+ * -ESTALE: the pins expired during the copy, so nothing copied may be used). */
+/* kvs_peers_store whose bytes are written into the peer's SHM slots by copy (dst: the slot in
+ * the peer's pool, src: bufs[i] as given, e.g. a device pointer; i: the key index, 0 for an
+ * object) between PREPARE_STORE and COMMIT_STORE: one copy, straight into the node's cache. A
+ * copy that fails aborts the whole transfer (nothing published). -ENOTSUP for a peer served
+ * inline (the caller keeps the object itself); otherwise as kvs_peers_store. */
+int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                         const kvs_layout_t *layout, bool object, const void *const *bufs,
+                         uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx);
+
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            uint64_t len, void *const *dsts, kvs_peer_copy_fn copy, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -104,6 +104,7 @@ typedef struct kvs_pool_arena {
   uint64_t alloc_extents; /* allocated extents */
   uint64_t free_extents;  /* free extents (== entries on all lists) */
   uint64_t mutations;     /* for sampled validation */
+  uint32_t limit_pages;   /* usable pages (kvs_pool_set_limit); 0 = all */
   uint32_t fl_map;                    /* bit fl set <=> some list of first level fl non-empty */
   uint32_t sl_map[FL_COUNT];          /* bit sl set <=> heads[fl][sl] != PTAG_NIL */
   uint32_t heads[FL_COUNT][SL_COUNT]; /* first free extent of each class, or PTAG_NIL */
@@ -120,6 +121,14 @@ struct kvs_pool {
   atomic_int closing;     /* set by destroy: running prefaults stop */
   atomic_int prefaulting; /* prefault calls in progress */
   pool_arena_t arenas[2];
+  /* Step-ahead prefault (kvs_pool_prefault_ahead): the cache arena's high-water mark (bytes
+   * from its start to the end of the highest extent ever allocated), how far a step-ahead
+   * prefault has faulted it in, and how far ahead of the mark it goes (0: none running). */
+  _Atomic uint64_t hwm;
+  _Atomic uint64_t pf_done;
+  _Atomic uint64_t pf_ahead;
+  pthread_mutex_t pf_lock; /* with pf_cond: wakes the step-ahead prefault */
+  pthread_cond_t pf_cond;
 };
 
 /* ---- size classes ----------------------------------------------------------------------- */
@@ -359,6 +368,8 @@ static int make_segment(const kvs_pool_config_t *cfg, bool huge, unsigned shift,
 }
 
 static void pool_free_struct(kvs_pool_t *pool) {
+  pthread_mutex_destroy(&pool->pf_lock);
+  pthread_cond_destroy(&pool->pf_cond);
   free(pool->name);
 #ifdef KVSHIM_DEBUG
   memset(pool, 0xdd, sizeof *pool);
@@ -399,6 +410,8 @@ int kvs_pool_create(const kvs_pool_config_t *cfg, kvs_pool_t **out) {
   pool->size = seg;
   pool->page_size = 1u << shift;
   pool->owner = true;
+  pthread_mutex_init(&pool->pf_lock, NULL);
+  pthread_cond_init(&pool->pf_cond, NULL);
   pool->writable = true;
   uint64_t id = cfg->instance_id ? cfg->instance_id : random_id();
   fill_header((kvs_pool_header_t *)pool->base, seg, id, shift, cache_pages, host_pages);
@@ -514,6 +527,8 @@ int kvs_pool_attach(int fd, bool writable, kvs_pool_t **out) {
   pool->size = h.segment_size;
   pool->page_size = h.page_size;
   pool->writable = writable;
+  pthread_mutex_init(&pool->pf_lock, NULL);
+  pthread_cond_init(&pool->pf_cond, NULL);
   *out = pool;
   return 0;
 }
@@ -531,6 +546,9 @@ int kvs_pool_destroy(kvs_pool_t *pool, bool force) {
   }
   /* Stop prefaults: a prefault either sees closing, or is counted before we look. */
   atomic_store(&pool->closing, 1);
+  pthread_mutex_lock(&pool->pf_lock);
+  pthread_cond_broadcast(&pool->pf_cond);
+  pthread_mutex_unlock(&pool->pf_lock);
   while (atomic_load(&pool->prefaulting) != 0) {
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
@@ -587,6 +605,23 @@ static uint32_t page_of(const pool_arena_t *a, uint64_t off) {
   return p < a->npages ? (uint32_t)p : PTAG_NIL;
 }
 
+/* The cache arena's high-water mark reaches end (bytes from the arena's start): wake a
+ * step-ahead prefault when the mark came within its step of what it has faulted in. */
+static void hwm_raise(kvs_pool_t *pool, uint64_t end) {
+  uint64_t h = atomic_load_explicit(&pool->hwm, memory_order_relaxed);
+  while (end > h &&
+         !atomic_compare_exchange_weak_explicit(&pool->hwm, &h, end, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+  }
+  if (end <= h) return;
+  uint64_t ahead = atomic_load_explicit(&pool->pf_ahead, memory_order_relaxed);
+  if (ahead && end + ahead / 2 > atomic_load_explicit(&pool->pf_done, memory_order_relaxed)) {
+    pthread_mutex_lock(&pool->pf_lock);
+    pthread_cond_broadcast(&pool->pf_cond);
+    pthread_mutex_unlock(&pool->pf_lock);
+  }
+}
+
 int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *off) {
   int err;
   pool_arena_t *a = owned_arena(pool, arena, &err);
@@ -597,7 +632,7 @@ int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *
   uint32_t n = (uint32_t)want;
 
   pthread_mutex_lock(&a->lock);
-  uint32_t p = find_fit(a, n);
+  uint32_t p = a->limit_pages && a->alloc_pages + n > a->limit_pages ? PTAG_NIL : find_fit(a, n);
   if (p == PTAG_NIL) {
     pthread_mutex_unlock(&a->lock);
     return -ENOSPC;
@@ -619,6 +654,7 @@ int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *
 
   uint64_t o = a->off + ((uint64_t)p << a->shift);
   if (a->poison) kvs__unpoison(pool->base + o, (uint64_t)n << a->shift);
+  if (arena == KVS_ARENA_CACHE) hwm_raise(pool, (uint64_t)(p + n) << a->shift);
   *off = o;
   return 0;
 }
@@ -735,37 +771,97 @@ __attribute__((no_sanitize("address", "thread"))) static void touch_pages(uint8_
   }
 }
 
+/* Fault [from, to) of the cache arena in (bytes from its start). 0, -ECANCELED once destroy
+ * has started, or the populate errno. *use_madvise goes false on a kernel before 5.14. */
+static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, bool *use_madvise) {
+  uint8_t *start = pool->base + kvs_pool_header(pool)->cache_off;
+  for (uint64_t done = from; done < to;) {
+    if (atomic_load(&pool->closing)) return -ECANCELED;
+    size_t step = (size_t)(to - done < PREFAULT_STEP ? to - done : PREFAULT_STEP);
+    int prc = *use_madvise ? kvs__prim_populate(start + done, step, pool->writable) : 0;
+    if (prc == -EINTR || prc == -EAGAIN) continue;
+    if (prc < 0 && prc != -EINVAL) return prc; /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
+    if (prc == -EINVAL) *use_madvise = false; /* kernel before 5.14 */
+    if (!*use_madvise) touch_pages(start + done, step, pool->page_size, pool->writable);
+    done += step;
+  }
+  return 0;
+}
+
 int kvs_pool_prefault(kvs_pool_t *pool) {
   if (!pool) return -EINVAL;
   atomic_fetch_add(&pool->prefaulting, 1);
-  int rc = 0;
-  if (atomic_load(&pool->closing)) {
-    rc = -ECANCELED;
-    goto out;
-  }
-  const kvs_pool_header_t *h = kvs_pool_header(pool);
-  uint8_t *start = pool->base + h->cache_off;
-  uint64_t size = h->cache_size;
   bool use_madvise = true;
-  for (uint64_t done = 0; done < size;) {
-    if (atomic_load(&pool->closing)) {
-      rc = -ECANCELED;
-      break;
-    }
-    size_t step = (size_t)(size - done < PREFAULT_STEP ? size - done : PREFAULT_STEP);
-    int prc = use_madvise ? kvs__prim_populate(start + done, step, pool->writable) : 0;
-    if (prc == -EINTR || prc == -EAGAIN) continue;
-    if (prc < 0 && prc != -EINVAL) { /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
-      rc = prc;
-      break;
-    }
-    if (prc == -EINVAL) use_madvise = false; /* kernel before 5.14 */
-    if (!use_madvise) touch_pages(start + done, step, pool->page_size, pool->writable);
-    done += step;
-  }
-out:
+  int rc = atomic_load(&pool->closing)
+               ? -ECANCELED
+               : prefault_range(pool, 0, kvs_pool_header(pool)->cache_size, &use_madvise);
   atomic_fetch_sub(&pool->prefaulting, 1);
   return rc;
+}
+
+int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
+  if (!pool || !pool->owner || ahead == 0) return -EINVAL;
+  atomic_fetch_add(&pool->prefaulting, 1);
+  uint64_t size = kvs_pool_header(pool)->cache_size;
+  ahead = KVS__ALIGN_UP(ahead, pool->page_size);
+  atomic_store(&pool->pf_ahead, ahead);
+  bool use_madvise = true;
+  int rc = 0;
+  uint64_t done = atomic_load(&pool->pf_done);
+  while (rc == 0 && done < size) {
+    uint64_t h = atomic_load(&pool->hwm);
+    /* nothing allocated yet: nothing to be ahead of (an engine whose cache peer holds the
+     * node's copy may never allocate here) */
+    uint64_t want = h == 0 ? 0 : h > size - ahead || size < ahead ? size : h + ahead;
+    if (want > done) {
+      rc = prefault_range(pool, done, want, &use_madvise);
+      if (rc == 0) atomic_store(&pool->pf_done, done = want);
+      continue;
+    }
+    /* Nothing to do until an allocation moves the mark (hwm_raise wakes us); the timeout only
+     * bounds a missed wake-up. */
+    pthread_mutex_lock(&pool->pf_lock);
+    if (!atomic_load(&pool->closing) && atomic_load(&pool->hwm) == h) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += 1;
+      pthread_cond_timedwait(&pool->pf_cond, &pool->pf_lock, &ts);
+    }
+    pthread_mutex_unlock(&pool->pf_lock);
+    if (atomic_load(&pool->closing)) rc = -ECANCELED;
+  }
+  atomic_store(&pool->pf_ahead, 0);
+  atomic_fetch_sub(&pool->prefaulting, 1);
+  return rc;
+}
+
+void kvs_pool_prefault_hint(kvs_pool_t *pool, uint64_t bytes) {
+  if (pool && pool->owner && bytes) hwm_raise(pool, KVS__ALIGN_UP(bytes, pool->page_size));
+}
+
+uint64_t kvs_pool_prefaulted(const kvs_pool_t *pool) {
+  return atomic_load(&((kvs_pool_t *)pool)->pf_done);
+}
+
+int kvs_pool_set_limit(kvs_pool_t *pool, uint64_t bytes) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, KVS_ARENA_CACHE, &err);
+  if (!a) return err;
+  uint64_t pages = (bytes >> a->shift) + ((bytes & ((1ull << a->shift) - 1)) != 0);
+  pthread_mutex_lock(&a->lock);
+  a->limit_pages = pages == 0 || pages >= a->npages ? 0 : (uint32_t)pages;
+  pthread_mutex_unlock(&a->lock);
+  return 0;
+}
+
+uint64_t kvs_pool_limit(kvs_pool_t *pool) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, KVS_ARENA_CACHE, &err);
+  if (!a) return 0;
+  pthread_mutex_lock(&a->lock);
+  uint64_t l = (uint64_t)(a->limit_pages ? a->limit_pages : a->npages) << a->shift;
+  pthread_mutex_unlock(&a->lock);
+  return l;
 }
 
 /* ---- validation ------------------------------------------------------------------------- */

@@ -147,6 +147,30 @@ int kvs_pool_arena_stats(kvs_pool_t *pool, kvs_arena_t arena, kvs_pool_arena_sta
  * out). The host arena is never prefaulted. */
 int kvs_pool_prefault(kvs_pool_t *pool);
 
+/* Step-ahead prefault (an engine's pool, design §5): fault the cache arena in only `ahead`
+ * bytes (rounded up to the page size) past the end of the highest extent ever allocated
+ * (nothing before the first allocation), and
+ * follow that mark as allocations raise it (kvs_pool_alloc wakes this call), so first-touch
+ * cost stays off the allocating thread without committing the whole arena. Call from a
+ * background thread of a created pool; returns 0 once the whole arena is faulted in,
+ * -ECANCELED when kvs_pool_destroy starts, -EINVAL (attached pool, ahead 0), or a populate
+ * errno. */
+int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead);
+/* Raise the step-ahead mark to `bytes` of the cache arena as if that much had been allocated
+ * (an engine that will keep its own copies: its first step is faulted in before its first
+ * request). Owner only; never lowers the mark. */
+void kvs_pool_prefault_hint(kvs_pool_t *pool, uint64_t bytes);
+/* Bytes of the cache arena a step-ahead prefault has faulted in so far. */
+uint64_t kvs_pool_prefaulted(const kvs_pool_t *pool);
+
+/* Usable bytes of the cache arena (rounded up to the page size; 0 or >= its size: all of it):
+ * kvs_pool_alloc in the cache arena fails with -ENOSPC when the allocated bytes would pass it
+ * (the store then evicts). Lowering it below what is allocated frees nothing: later allocations
+ * fail until enough is freed. -EINVAL, -EPERM (attached pool). kvs_pool_limit returns the
+ * usable bytes now (the arena size when unlimited; 0 for an attached pool). */
+int kvs_pool_set_limit(kvs_pool_t *pool, uint64_t bytes);
+uint64_t kvs_pool_limit(kvs_pool_t *pool);
+
 /* Whole-structure check (O(extents); arenas of up to 16384 pages also have every page's tags
  * checked); true when every invariant above holds. Takes each arena's mutex in turn. For an
  * attached pool only the header is checked. */

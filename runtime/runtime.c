@@ -87,8 +87,26 @@ static void *prefault_main(void *arg) {
    * the engine touches before this thread gets to them are simply faulted by the engine. */
   struct sched_param idle = {0};
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
-  int rc = kvs_pool_prefault(arg);
+  /* Step-ahead (design §5): only KVS__PREFAULT_AHEAD past the highest extent allocated, so an
+   * engine's resident memory follows what it keeps, not KVSHIM_POOL_SIZE. */
+  int rc = kvs_pool_prefault_ahead(arg, KVS__PREFAULT_AHEAD);
   if (rc < 0 && rc != -ECANCELED) kvs_log_info("pool prefault stopped: %s", strerror(-rc));
+  return NULL;
+}
+
+/* Cold start: the first discovery (connect + HELLO to every peer, mapping their pools) runs
+ * here, beside the engine's own start, instead of inside its first lookup. Joined at exit
+ * (before the peer client is destroyed); each dial is bounded by the RPC deadline. */
+static pthread_t g_connect_thread;
+static int g_connect_started;
+
+static void *connect_main(void *arg) {
+  kvs__runtime_t *rt = arg;
+  kvs_peers_discover(rt->peers, true);
+  /* No cache peer: this engine keeps what it computes and loads in its own pool, so its first
+   * step is faulted in now, before its first request needs it (design §5). With one, the pool
+   * stays untouched until something is kept in it. */
+  if (!kvs__runtime_cache_peer(rt)) kvs_pool_prefault_hint(rt->pool, kvs_pool_page_size(rt->pool));
   return NULL;
 }
 
@@ -174,6 +192,8 @@ static void rt_build(void) {
       if (n1 < 0 || (size_t)n1 >= sizeof g_sock_path) g_sock_path[0] = '\0';
       if (n2 < 0 || (size_t)n2 >= sizeof g_group_dir) g_group_dir[0] = '\0';
     }
+    if (kvs__rt.peers)
+      g_connect_started = pthread_create(&g_connect_thread, NULL, connect_main, &kvs__rt) == 0;
     pthread_attr_t attr;
     pthread_t t;
     if (pthread_attr_init(&attr) == 0) {
@@ -212,6 +232,26 @@ kvs__runtime_t *kvs__runtime_get(void) {
   return NULL;
 }
 
+/* ---- one copy per node (design §3.5) ------------------------------------------------------- */
+
+/* Pool sizing last applied: 1 lean (a cache peer is there), 0 full, -1 not yet. */
+static int g_lean = -1;
+
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
+  uint64_t id = rt->peers ? kvs_peers_cache_peer(rt->peers) : 0;
+  /* The own pool is a staging and fallback area while a cache peer holds the node's copy, and
+   * the cache itself (up to KVSHIM_POOL_SIZE) when there is none. */
+  int lean = id != 0;
+  if (__atomic_load_n(&g_lean, __ATOMIC_RELAXED) != lean) {
+    __atomic_store_n(&g_lean, lean, __ATOMIC_RELAXED);
+    kvs_pool_set_limit(rt->pool, lean ? rt->opts.pool_lean_size : 0);
+    kvs_log_debug("pool: %s (%llu bytes usable)", lean ? "a cache peer is in the group: lean"
+                                                       : "no cache peer: full size",
+                  (unsigned long long)kvs_pool_limit(rt->pool));
+  }
+  return rt->opts.one_copy ? id : 0;
+}
+
 /* ---- exit ------------------------------------------------------------------------------------ */
 
 /* KVSHIM_STATS with "%p" replaced by the pid; a fork child without "%p" in the path writes
@@ -246,6 +286,10 @@ void kvs__runtime_exit(void) {
   if (__atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE) == KVS__RT_ACTIVE) {
     char scratch[16];
     kvs_coord_render_stats(kvs__rt.store, st, 1, scratch, sizeof scratch); /* gauges only */
+  }
+  if (g_connect_started) {
+    pthread_join(g_connect_thread, NULL);
+    g_connect_started = 0;
   }
   /* Write-behind first (bounded), so the stats count what reached the cache peer. */
   if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
@@ -339,6 +383,8 @@ void kvs__runtime_fork(int phase) {
   g_rt_once = (pthread_once_t)PTHREAD_ONCE_INIT;
   g_tried = 0;
   g_hooked = 0;
+  g_connect_started = 0; /* the parent's thread is not ours */
+  g_lean = -1;
   kvs_stats_init(kvs_stats_global());
   kvs__families_fork_child();
 }

@@ -69,6 +69,15 @@ typedef struct kvs__runtime {
   pid_t pid;                       /* the process that built it */
 } kvs__runtime_t;
 
+/* An engine's pool is prefaulted this far ahead of the highest extent it allocated. */
+#define KVS__PREFAULT_AHEAD (32ull << 20)
+
+/* One copy per node (design §3.5): the instance id of the connected `kvshim serve` cache peer
+ * that holds the node's copy (KVSHIM_ONE_COPY=1), or 0 (none known, or KVSHIM_ONE_COPY=0: keep
+ * an own copy). No I/O. Also sizes the own pool: KVSHIM_POOL_LEAN_SIZE usable while a cache
+ * peer is known, KVSHIM_POOL_SIZE when none is. */
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt);
+
 extern kvs__runtime_t kvs__rt;
 extern int kvs__rt_state; /* atomic: KVS__RT_* */
 extern __thread int kvs__hook_depth __attribute__((tls_model("initial-exec")));

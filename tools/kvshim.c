@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +172,16 @@ static kvs_key_t blob_key(const kvs_options_t *o, const char *name) {
 
 /* ---- serve ------------------------------------------------------------------------------- */
 
+/* serve prefaults its whole pool (design §5), at idle priority: it holds the node's copy. */
+static void *serve_prefault(void *arg) {
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  int rc = kvs_pool_prefault(arg);
+  if (rc < 0 && rc != -ECANCELED)
+    fprintf(stderr, "kvshim serve: pool prefault stopped: %s\n", strerror(-rc));
+  return NULL;
+}
+
 static int cmd_serve(kvs_options_t *o) {
   uint64_t id = 0;
   while (id == 0)
@@ -221,6 +233,8 @@ static int cmd_serve(kvs_options_t *o) {
     kvs_pool_destroy(pool, true);
     return EXIT_MISS;
   }
+  pthread_t pf;
+  if (pthread_create(&pf, NULL, serve_prefault, pool) == 0) pthread_detach(pf);
   char size[32];
   kvs_options_format_value(o, KVS_OPT_pool_size, size, sizeof size);
   kvs_remote_attach(remote, coord);

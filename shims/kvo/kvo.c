@@ -29,6 +29,13 @@
  *            write-behind push to a cache peer; PRESENT is kept too. Anything else (no space,
  *            being written elsewhere, a failed copy) is counted and passed through, so the
  *            engine's module may still keep the chunk.
+ * One copy per node (KVSHIM_ONE_COPY=1, design §3.5): while a `kvshim serve` cache peer is
+ * connected (kvs__runtime_cache_peer), lookup asks it alone (one LOOKUP per batch) and
+ * prefetches nothing, load copies from its pool straight into the buffer under its pin
+ * (kvs_peers_retrieve_into), and store copies the buffer straight into a slot of its pool
+ * (kvs_peers_store_into: PREPARE_STORE, copy, COMMIT_STORE); nothing is kept locally. A call
+ * it fails or refuses falls back to the paths above (cache_peer_fallbacks); a cache peer
+ * reached inline gets the own copy + write-behind.
  * Device buffers are copied through kvs_accel_get() (the CUDA shim installs copies through the
  * real driver). With the default accelerator table a "device" pointer is not host memory:
  * such calls pass through untouched.
@@ -176,6 +183,16 @@ static int kvo_copy_in(void *dst, int buf_kind, uint64_t buf, size_t len) {
   return kvs_accel_get()->copy(dst, (const void *)(uintptr_t)buf, len, KVS_COPY_D2H);
 }
 
+/* kvs_peer_copy_fn for the cache peer's pool: ctx is the kvo buffer kind. */
+static int kvo_peer_copy_out(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+  (void)i;
+  return kvo_copy_out(*(const int *)ctx, (uint64_t)(uintptr_t)dst, src, len);
+}
+static int kvo_peer_copy_in(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+  (void)i;
+  return kvo_copy_in(dst, *(const int *)ctx, (uint64_t)(uintptr_t)src, len);
+}
+
 /* ---- lookup --------------------------------------------------------------------------------- */
 
 /* Peer chunks are fetched into local extents (kvs_peers_fetch: a chunk of the wrong size stops
@@ -206,6 +223,25 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
     prev = keys[nb - 1];
     int r = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, keys, nb, false, NULL);
     size_t got = r > 0 ? (size_t)r : 0;
+    uint64_t cache = 0;
+    if (got < nb && rt->peers) {
+      kvs_peers_discover(rt->peers, false); /* rate-limited; kvs_peers_lookup would run it */
+      cache = kvs__runtime_cache_peer(rt);
+    }
+    if (cache) {
+      /* One copy per node: what the cache peer holds stays there (each load reads it in
+       * place); one LOOKUP to it for the whole batch. */
+      int cr = kvs_peers_lookup_at(rt->peers, cache, keys + got, nb - got);
+      if (cr > 0) got += (size_t)cr;
+      else if (cr < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+      /* The cache peer answered: the other engines keep no copies of their own (one copy per
+       * node), so it is the only peer asked. */
+      if (cr >= 0) {
+        run += got;
+        if (got < nb) break;
+        continue;
+      }
+    }
     if (got < nb && rt->peers) {
       uint64_t best = 0;
       int pr = kvs_peers_lookup(rt->peers, keys + got, nb - got, &best);
@@ -279,6 +315,17 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
                     uint64_t buf) {
   if (kvo_load_local(rt, d, key, buf_kind, buf) == 1) return KVO_OK;
   if (!rt->peers) return KVO_MISS;
+  uint64_t cache = kvs__runtime_cache_peer(rt);
+  if (cache) { /* one copy per node: from the cache peer's pool into the buffer, under its pin */
+    void *dst = (void *)(uintptr_t)buf;
+    int r = kvs_peers_retrieve_into(rt->peers, cache, &key, 1, d->chunk_bytes, &dst,
+                                    kvo_peer_copy_out, &buf_kind);
+    if (r == 1) {
+      kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
+      return KVO_OK;
+    }
+    if (r < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+  }
   const kvs_layout_t layout = kvo_layout(d);
   kvs_fetch_t f;
   kvs_peers_fetch(rt->peers, 0, &key, 1, &layout, NULL, NULL, &f); /* errors: misses */
@@ -340,6 +387,22 @@ static bool kvo_cache_peer_known(kvs_peers_t *peers) {
 static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
                      uint64_t buf) {
   const kvs_layout_t layout = kvo_layout(d);
+  uint64_t cache = rt->peers ? kvs__runtime_cache_peer(rt) : 0;
+  if (cache) {
+    /* One copy per node: straight into the cache peer's pool (PREPARE_STORE slot, the buffer
+     * copied into it, COMMIT_STORE); PRESENT is kept too. Anything else keeps the chunk here,
+     * as without a cache peer. */
+    const void *src = (const void *)(uintptr_t)buf;
+    uint8_t oc = 0;
+    int r = kvs_peers_store_into(rt->peers, cache, &key, 1, &layout, false, &src, &oc,
+                                 kvo_peer_copy_in, &buf_kind);
+    if (r == 1) {
+      kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
+      return 0;
+    }
+    if (r == -ENOTSUP) cache = 0; /* served inline: own copy + write-behind, as before */
+    else kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+  }
   uint8_t outcome = 0;
   kvs_extent_t ext;
   kvs_xfer_t xfer = 0;
@@ -356,7 +419,7 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
   KVS_TRY(kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer));
   /* Write-behind to a cache peer; -ENOTSUP (none, or KVSHIM_PUSH=off) and a full queue
    * (counted by the peer client) do not change the answer: the chunk is kept here. */
-  if (rt->peers && kvo_cache_peer_known(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
+  if (rt->peers && !cache && kvo_cache_peer_known(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
   return 0;
 }
 

@@ -12,8 +12,10 @@
  *                               KVSHIM_LLAMA_WRITE_THROUGH=0. Returns what the real function
  *                               returns (with write-through off: the byte count it would
  *                               have returned, kvs__llama_file_bytes).
- *   llama_state_seq_load_file   the blob is looked up by path, locally then at peers (a peer's
- *                               copy is retrieved into a local extent and kept); every check
+ *   llama_state_seq_load_file   the blob is looked up by path, locally then at peers (a cache
+ *                               peer's copy is checked and restored in place, under its pin,
+ *                               with KVSHIM_ONE_COPY=1; another peer's copy is retrieved into
+ *                               a local extent and kept); every check
  *                               of blob.h passes, the state file was not replaced
  *                               since (ll_stale), the tokens fit: the real set_data restores
  *                               the state straight from the pool, the tokens are copied out,
@@ -364,8 +366,48 @@ static int ll_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
   return k->nk = nk;
 }
 
+/* Restore in place (issue 15): the blob is checked and handed to the engine's set_data where
+ * it lies in the cache peer's pool, under the peer's pin (peers of one uid are trusted, design
+ * §14; the pin keeps the extent from being reused), with no copy into our own pool. */
+typedef struct ll_inplace {
+  const ll_load_req_t *q;
+  size_t *ret;
+  ll_res_t res;
+} ll_inplace_t;
+
+static int ll_inplace_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+                           uint64_t len) {
+  (void)i;
+  (void)layout;
+  ll_inplace_t *x = ctx;
+  x->res = ll_restore(x->q, bytes, len, x->ret);
+  return 0;
+}
+
+/* One copy per node: LL_HIT/LL_REFUSED/LL_BAD when the cache peer had the blob (LL_REFUSED
+ * too when its pin lapsed while set_data read it: the real function loads the sequence again),
+ * LL_MISS when it had not or failed (counted: the other peers are asked as before). */
+static ll_res_t ll_load_cache_peer(kvs__runtime_t *rt, uint64_t cache, const ll_load_req_t *q,
+                                   kvs_key_t key, size_t *ret) {
+  ll_inplace_t x = {q, ret, LL_MISS};
+  int r = kvs_peers_retrieve(rt->peers, cache, &key, 1, ll_inplace_sink, &x);
+  if (r == 1) {
+    if (x.res == LL_HIT) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
+    return x.res;
+  }
+  if (r == -ESTALE) return LL_REFUSED;
+  if (r < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+  return LL_MISS;
+}
+
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
+  kvs_peers_discover(rt->peers, false); /* rate-limited; the fetch below would run it */
+  uint64_t cache = kvs__runtime_cache_peer(rt);
+  if (cache) {
+    ll_res_t res = ll_load_cache_peer(rt, cache, q, key, ret);
+    if (res != LL_MISS) return res;
+  }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   ll_fetch_keys_t k = {q->m, {key, {0, 0}}, 1};
   kvs__llama_blob_fetch_t f;

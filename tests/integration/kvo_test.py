@@ -14,7 +14,8 @@ Cases:
   peer-device     two refengine processes sharing a prefix: the second loads it from the
   peer-host       first through the peers (device or host kvo buffers), --verify passes
   salt            a second tenant (KVSHIM_SALT) does not see the first one's chunks
-  serve           the first process pushes to `kvshim serve` and exits; a second one started
+  serve           the first process stores into `kvshim serve` (one copy per node; then again
+                  with KVSHIM_ONE_COPY=0: write-behind) and exits; a second one started
                   afterwards loads the prefix from serve
   disabled        KVSHIM_ENABLE=0 (and KVSHIM_HOOKS=cuda): stdout minus timings equals the
                   run without the preload; refengine --hold-ms checks
@@ -202,24 +203,36 @@ def case_salt(ctx):
 
 
 def case_serve(ctx):
+    for one_copy in (1, 0):
+        shutil.rmtree(ctx.run_dir, ignore_errors=True)
+        serve_round(ctx, one_copy)
+
+
+def serve_round(ctx, one_copy):
     serve = ctx.serve()
     args = workload(8, 2, 1, ["--kvo-buffer", "device"])
-    a = run_engine(ctx, args + ["--rank", "0"], ctx.env(KVSHIM_STATS=ctx.stats_path("a")), "A")
+    a = run_engine(ctx, args + ["--rank", "0"], ctx.env(KVSHIM_STATS=ctx.stats_path("a"),
+                                                        KVSHIM_ONE_COPY=one_copy), "A")
     _, a_sum = parse_output(a.stdout, "A")
     s = read_stats(ctx.stats_path("a"))
     check(a_sum["chunks_stored"] == 10, f"A summary: {a_sum}")
     check(s["hook_stores"] == 10, f"A hook_stores: {s['hook_stores']}")
-    check(s["push_queued"] == 10 and s["push_sent"] == 10 and s["push_dropped"] == 0,
-          f"A write-behind: queued {s['push_queued']} sent {s['push_sent']} "
-          f"dropped {s['push_dropped']}")
+    if one_copy:  # straight into serve's pool, nothing kept in A's (README "One copy per node")
+        check(s["cache_peer_stores"] == 10 and s["push_queued"] == 0 and
+              s["store_committed_objects"] == 0, f"A one copy: {s}")
+    else:
+        check(s["push_queued"] == 10 and s["push_sent"] == 10 and s["push_dropped"] == 0,
+              f"A write-behind: queued {s['push_queued']} sent {s['push_sent']} "
+              f"dropped {s['push_dropped']}")
     check(len(socks(ctx)) == 1, f"only serve's socket is left after A exited: {socks(ctx)}")
     b = run_engine(ctx, args + ["--rank", "1", "--verify"],
-                   ctx.env(KVSHIM_STATS=ctx.stats_path("b")), "B")
+                   ctx.env(KVSHIM_STATS=ctx.stats_path("b"), KVSHIM_ONE_COPY=one_copy), "B")
     b_reqs, b_sum = parse_output(b.stdout, "B")
     bs = read_stats(ctx.stats_path("b"))
     check(b_reqs[0]["loaded"] == 8 and b_sum["verify"] == "ok", f"B from serve: {b_reqs}")
     check(bs["peer_hits"] >= 8 and bs["hook_hits"] == 8, f"B stats: peer_hits "
           f"{bs['peer_hits']} hook_hits {bs['hook_hits']}")
+    check(bs["cache_peer_loads"] == (8 if one_copy else 0), f"B cache_peer_loads: {bs}")
     serve.send_signal(signal.SIGTERM)
     _, err = finish(serve, 30, "kvshim serve")
     check(serve.returncode == 0, f"serve exit {serve.returncode}: {err}")

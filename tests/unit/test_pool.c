@@ -20,6 +20,7 @@
 #include "log.h"
 #include "logcapture.h"
 #include "pool.h"
+#include "residency.h"
 
 #define PG 4096ull
 
@@ -738,15 +739,6 @@ Test(pool, hugepages_or_fallback, .timeout = 30) {
 
 /* ---- prefault -------------------------------------------------------------------------- */
 
-static size_t resident_pages(const uint8_t *addr, size_t len) {
-  size_t n = len / PG, count = 0;
-  unsigned char *vec = malloc(n);
-  cr_assert_not_null(vec);
-  cr_assert_eq(mincore((void *)addr, len, vec), 0);
-  for (size_t i = 0; i < n; i++) count += vec[i] & 1;
-  free(vec);
-  return count;
-}
 
 Test(pool, prefault_makes_the_cache_arena_resident, .timeout = 30) {
   kvs_pool_t *p = make_pool(8u << 20, 8u << 20);
