@@ -474,6 +474,7 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
 typedef enum px_res {
   PX_OK = 0,     /* restored: the sequence holds exactly k tokens */
   PX_SKIP,       /* nothing usable; the engine was not touched */
+  PX_NONE,       /* a good blob, but no restore point beyond n: the engine was not touched */
   PX_BAD,        /* the blob failed a check; the engine was not touched */
   PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
 } px_res_t;
@@ -517,9 +518,37 @@ static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t 
   }
 }
 
-/* Check blob against the k tokens wanted and restore it into sequence s (n tokens now). */
-static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n,
-                                uint32_t k, const uint8_t *blob, uint64_t len) {
+/* What a restore into sequence s (n tokens, a batch of m more, first output at first_out) may
+ * use: tokens[0, n + m) are the prompt so far (the shadow's tokens, the batch's after them). */
+typedef struct px_plan {
+  int32_t s;
+  uint32_t n, m, first_out;
+  uint32_t keyed; /* the chunk key the blob was found under covers this many tokens */
+} px_plan_t;
+
+/* The restore point for a checked blob: the largest k the kernel-class rules allow
+ * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
+ * prompt. 0: none beyond n. */
+static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
+                                 const kvs__llama_blob_hdr_t *h, const uint8_t *blob) {
+  uint32_t lim = h->canon_tokens ? h->canon_tokens : h->keyed_tokens;
+  if (lim > pl->n + pl->m) lim = pl->n + pl->m;
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
+  uint32_t same = pl->keyed; /* checked equal by the caller */
+  while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
+    same++;
+  const uint32_t al = c->rules.align;
+  for (uint32_t k = same / al * al; k > pl->n; k -= al)
+    if (kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
+                           pl->first_out, k))
+      return k;
+  return 0;
+}
+
+/* Check blob (found under the key of pl->keyed tokens), choose the restore point *k and restore
+ * it into the sequence (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)). */
+static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                                const uint8_t *blob, uint64_t len, uint32_t *k_out) {
   kvs__llama_blob_hdr_t h;
   const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_PREFIX, c->chunk, c->fp, c->ns};
   kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, &want, &h);
@@ -529,13 +558,18 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
+  int32_t s = pl->s;
+  uint32_t n = pl->n;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
-  if (h.keyed_tokens < k || memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)k * 4) != 0) {
+  if (h.keyed_tokens < pl->keyed ||
+      memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)pl->keyed * 4) != 0) {
     kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
   if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
+  uint32_t k = px_restore_point(c, pl, &h, blob);
+  if (!k) return PX_NONE;
   const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
   kvs__llama_state_api_t api;
@@ -549,7 +583,10 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
     int32_t hi = px_real_llama_memory_seq_pos_max()(c->mem, s);
     if (lo != 0 || hi != (int32_t)k - 1) why = "the restored cells are not positions 0..k-1";
   }
-  if (!why) return PX_OK;
+  if (!why) {
+    *k_out = k;
+    return PX_OK;
+  }
   kvs_log_info("llama.cpp prefix cache: restore of %u tokens into sequence %d failed (%s): "
                "decoding the batch unchanged", k, s, why);
   px_undo(c, ctx, s, n);
@@ -557,14 +594,14 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
 }
 
 static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
-                                 int32_t s, uint32_t n, uint32_t k) {
+                                 const px_plan_t *pl, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
+  kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)pl->s)[pl->keyed / c->chunk - 1];
   const uint8_t *blob;
   uint64_t len;
   kvs_xfer_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, blob, len);
+  px_res_t res = px_restore_blob(c, ctx, pl, blob, len, k);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
 }
@@ -624,18 +661,18 @@ static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, 
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
-                                int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
+                                const px_plan_t *pl, uint64_t instance, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  uint32_t j = k / c->chunk;
-  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j, 0, 0};
+  uint32_t j = pl->keyed / c->chunk;
+  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)pl->s)[j - 1], j, 0, 0};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
-  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, pl, k);
   if (st != KVS_FETCH_COPIED) {
     if (fk.bad_len) px_report_bad(rt, instance, fk.want, fk.bad_len, fk.bad_sum, false);
     return PX_SKIP;
   }
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, f.blob, f.len);
+  px_res_t res = px_restore_blob(c, ctx, pl, f.blob, f.len, k);
   if (res == PX_BAD)
     px_report_bad(rt, instance, fk.want, f.len, kvs_checksum64(f.blob, (size_t)f.len), true);
   kvs__llama_blob_keep(&home, &f, res != PX_BAD); /* a good copy is kept */
@@ -643,19 +680,23 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   return res;
 }
 
-/* Find and restore the longest usable cached prefix k of sequence s for batch b. Returns k
- * (0: nothing restored; the engine is as it was). */
+/* Find and restore the longest usable cached prefix k of sequence s for batch b: the blob under
+ * the longest cached chunk key of the prompt so far (local store, probed key by key from the
+ * longest; else the peers' longest run), restored up to the restore point px_restore_point
+ * chooses, which may lie beyond its keyed chunks. Returns k (0: nothing restored; the engine is
+ * as it was). */
 static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
                            const kvs__px_batch_info_t *bi) {
   int32_t s = bi->seq;
   kvs__px_seq_t *q = &c->sh.seq[s];
-  uint32_t n = q->n, m = (uint32_t)b->n_tokens, C = c->chunk;
+  uint32_t n = q->n, m = (uint32_t)b->n_tokens, C = c->chunk, al = c->rules.align;
   if ((uint64_t)n + m > c->sh.cap) return 0;
-  uint32_t jmax = 0;
-  for (uint32_t j = (n + m) / C; j > n / C && !jmax; j--)
-    if (kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      jmax = j;
-  if (!jmax) return 0;
+  /* Is any restore point possible at all (at most n + m)? */
+  bool any = false;
+  for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
+    any = kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, bi->first_out, k);
+  uint32_t jmax = (n + m) / C;
+  if (!any || !jmax) return 0;
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
@@ -667,18 +708,20 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
   }
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  for (uint32_t j = jmax; j > n / C; j--) {
-    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      continue;
+  px_plan_t pl = {s, n, m, bi->first_out, 0};
+  uint32_t k = 0;
+  for (uint32_t j = jmax; j >= 1; j--) {
     int here;
     {
       KVS__REENTRY_GUARD();
       here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
     }
     if (here != 1) continue;
-    px_res_t r = px_restore_local(c, rt, ctx, s, n, j * C);
-    if (r == PX_OK) return j * C;
+    pl.keyed = j * C;
+    px_res_t r = px_restore_local(c, rt, ctx, &pl, &k);
+    if (r == PX_OK) return k;
     if (r == PX_ENGINE) return 0;
+    if (r == PX_NONE) break; /* shorter keys find the same or an older, shorter state */
   }
   if (!rt->peers) return 0;
   uint64_t best = 0;
@@ -687,13 +730,10 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__ll
     KVS__REENTRY_GUARD();
     run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
   }
-  for (uint32_t j = run > 0 ? (uint32_t)run : 0; j > n / C && best; j--) {
-    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      continue;
-    px_res_t r = px_restore_peer(c, rt, ctx, s, n, j * C, best);
-    return r == PX_OK ? j * C : 0;
-  }
-  return 0;
+  if (run <= 0 || !best) return 0;
+  pl.keyed = (uint32_t)run * C;
+  px_res_t r = px_restore_peer(c, rt, ctx, &pl, best, &k);
+  return r == PX_OK ? k : 0;
 }
 
 /* ---- snapshot ---------------------------------------------------------------------------------- */
@@ -742,6 +782,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
     q->snap = J * C;
     return;
   }
+  h.canon_tokens = cov; /* a restore may stop anywhere the rules allow up to here */
   if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, J, &h, &sv) < 0) rc = -EPIPE;
   if (rc < 0) {
     why = rc == -ENODATA ? "the engine reported no sequence state"
@@ -842,7 +883,7 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     q->n = k;
     q->canon = k;
     q->nkeys = k / c->chunk > nkeys ? k / c->chunk : nkeys;
-    if (q->snap < k) q->snap = k;
+    if (q->snap < k / c->chunk * c->chunk) q->snap = k / c->chunk * c->chunk;
     kvs__llama_batch_t sub = *b;
     sub.n_tokens = (int32_t)(m - skip);
     sub.token += skip;
@@ -850,8 +891,9 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     if (sub.n_seq_id) sub.n_seq_id += skip;
     if (sub.seq_id) sub.seq_id += skip;
     if (sub.logits) sub.logits += skip;
-    px_set_skip(c, (int32_t)skip);
-    r = real(ctx, sub);
+    /* A batch wholly inside the restored prefix asks no output: nothing left to decode. */
+    px_set_skip(c, skip == m ? KVS_PX_SKIP_ALL : (int32_t)skip);
+    r = skip == m ? 0 : real(ctx, sub);
     if (r == 0) {
       q->n = n + m;
       q->canon = kvs__px_canon_after(&c->rules, k, k, m - skip);
