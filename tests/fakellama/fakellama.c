@@ -734,7 +734,8 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
     int32_t R = m - u0 < (int32_t)ctx->n_ubatch ? m - u0 : (int32_t)ctx->n_ubatch;
     for (int32_t r = 0; r < R; r++) {
       int32_t i = u0 + r;
-      uint32_t cls = (R >= 64 ? 2u : 0u) | (r < R - R % 4 ? 1u : 0u);
+      uint32_t cls = (R >= 64 ? 2u : 0u) | (r < R - R % 4 ? 1u : 0u) |
+                     (R >= 64 && pos[u0] % 64 != 0 ? 4u : 0u);
       uint64_t out_chain = 0;
       for (int32_t j = 0; j < b_nseq(&b, i); j++) {
         seq_t *q = &ctx->seq[b_seq(&b, i, j)];

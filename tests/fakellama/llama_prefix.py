@@ -35,6 +35,10 @@ Cases:
               embeddings: never restored into; identical
   offload     llama_supports_gpu_offload() true: only whole, aligned ubatches are skipped
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored or stored
+  batches     restore points between chunk boundaries (any multiple of 64 up to the cached
+              state's canonical tokens) and batches that ask no output and lie wholly in the
+              cached prefix (not decoded at all), under engine batches of 512, 2048, 576, 544,
+              100 and 96 tokens: identical, and the whole canonical shared prefix restored
 """
 import os
 import signal
@@ -288,6 +292,37 @@ def case_disabled(ctx):
     check(st is None or prefix_stats(st).get("restores", 0) == 0, f"HOOKS=cuda: {st}")
 
 
+def case_batches(ctx):
+    a, _ = models(ctx)
+    shared = "r1400@1"  # 1430-token prompts sharing 1400 tokens: 1344 = 21 x 64 restorable
+    cmds = [f"model 0 {a}", "ctx 0 0 1",
+            f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 4",     # stored: 1430 canonical
+            "clear 0", f"prompt 0 0 {shared}+r32@3 512", "gen 0 0 8",   # 512 + 512 + 320
+            "clear 0", f"prompt 0 0 {shared}+r32@4 2048", "gen 0 0 8",  # 1344
+            "clear 0", f"prompt 0 0 {shared}+r32@5 576", "gen 0 0 8",   # 576 + 576 + 192
+            "clear 0", f"prompt 0 0 {shared}+r40@6 544", "gen 0 0 8",   # 512, then unaligned
+            "clear 0", f"prompt 0 0 {shared}+r32@7 100", "gen 0 0 4",   # 36-row rests: none
+            "clear 0", f"prompt 0 0 {shared}+r32@8 96", "gen 0 0 4",    # none
+            # wholly inside the cached prefix, output on its last token: that batch is decoded
+            "clear 0", "prompt 0 0 r1344@1 512", "gen 0 0 4",             # 512 + 512 + 256
+            # a state canonical up to 1024 only (a 26-row ubatch, then an unaligned batch)
+            "clear 0", "prompt 0 0 r1100@11 1050", "gen 0 0 2",
+            "clear 0", "prompt 0 0 r1100@11+r100@12 2048", "gen 0 0 4",  # 1024, not 1088
+            "pos 0 0"]
+    st, _ = same(ctx, cmds, "batches", KVSHIM_PEERS=0)
+    want = 1344 * 3 + 512 + 1280 + 1024
+    expect(st, "batches", restored_tokens=("==", want), bad_blobs=("==", 0),
+           restore_failures=("==", 0))
+    # a fresh process through `kvshim serve`, default 512-token batches: >= 90% of the prompt
+    ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 2"],
+            what="A")
+    st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r32@3 512",
+                       "gen 0 0 8"], "B, fresh process")
+    expect(st, "B, fresh process", restored_tokens=(">=", int(0.9 * 1432)),
+           peer_restores=(">=", 1))
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -299,6 +334,7 @@ CASES = {
     "taint": case_taint,
     "offload": case_offload,
     "disabled": case_disabled,
+    "batches": case_batches,
 }
 
 
