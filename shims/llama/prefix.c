@@ -524,6 +524,7 @@ typedef struct px_plan {
   int32_t s;
   uint32_t n, m, first_out;
   uint32_t keyed; /* the chunk key the blob was found under covers this many tokens */
+  bool whole;     /* only k == n + m will do (a batch of several sequences, skipped whole) */
 } px_plan_t;
 
 /* The restore point for a checked blob: the largest k the kernel-class rules allow
@@ -538,6 +539,12 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
     same++;
   const uint32_t al = c->rules.align;
+  if (pl->whole)
+    return same == pl->n + pl->m &&
+                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
+                                      pl->m, pl->first_out, same)
+               ? same
+               : 0;
   for (uint32_t k = same / al * al; k > pl->n; k -= al)
     if (kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
                            pl->first_out, k))
@@ -680,35 +687,33 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   return res;
 }
 
-/* Find and restore the longest usable cached prefix k of sequence s for batch b: the blob under
- * the longest cached chunk key of the prompt so far (local store, probed key by key from the
- * longest; else the peers' longest run), restored up to the restore point px_restore_point
- * chooses, which may lie beyond its keyed chunks. Returns k (0: nothing restored; the engine is
- * as it was). */
-static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
-                           const kvs__px_batch_info_t *bi) {
-  int32_t s = bi->seq;
+/* Find and restore the longest usable cached prefix k of sequence s, whose m batch tokens are
+ * already in the shadow after its n (positions beyond n become real only if the decode
+ * succeeds): the blob under the longest cached chunk key of the prompt so far (local store,
+ * probed key by key from the longest; else the peers' longest run), restored up to the restore
+ * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
+ * Returns k (0: nothing restored; the engine is as it was). */
+static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                           uint32_t first_out, bool whole) {
   kvs__px_seq_t *q = &c->sh.seq[s];
-  uint32_t n = q->n, m = (uint32_t)b->n_tokens, C = c->chunk, al = c->rules.align;
+  uint32_t n = q->n, C = c->chunk, al = c->rules.align;
   if ((uint64_t)n + m > c->sh.cap) return 0;
   /* Is any restore point possible at all (at most n + m)? */
   bool any = false;
   for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
-    any = kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, bi->first_out, k);
+    any = (!whole || k == n + m) &&
+          kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, first_out, k);
   uint32_t jmax = (n + m) / C;
   if (!any || !jmax) return 0;
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
-  /* The prompt so far: shadow + batch (positions beyond n become real only if the decode
-   * succeeds), and its chunk keys. */
-  memcpy(kvs__px_tok(&c->sh, (uint32_t)s) + n, b->token, (size_t)m * 4);
   {
     KVS__REENTRY_GUARD();
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
   }
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  px_plan_t pl = {s, n, m, bi->first_out, 0};
+  px_plan_t pl = {s, n, m, first_out, 0, whole};
   uint32_t k = 0;
   for (uint32_t j = jmax; j >= 1; j--) {
     int here;
@@ -831,6 +836,56 @@ static void px_after(px_ctx_t *c, const kvs__llama_batch_t *b, const kvs__px_bat
   }
 }
 
+/* A batch of several sequences that asks no output: when every token belongs to one CLEAN
+ * sequence at its next position and each sequence's part is a whole restore (k = n_s + m_s,
+ * kvs__px_restore_ok), and the batch itself splits into long ubatches only (m a multiple of
+ * align, a long last ubatch: every token the engine would compute here is of the canonical
+ * class), restore every sequence and decode nothing. Else (or when one restore fails: those
+ * done are undone) nothing changed and the batch is the engine's. True when skipped. */
+static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
+                     const int32_t *p0) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  if (m % c->rules.align || kvs__px_last_ubatch(m, c->rules.ubatch) < c->rules.min_rows)
+    return false;
+  uint32_t cnt[KVS_PX_MAX_SEQ];
+  memset(cnt, 0, sizeof cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t at = q->n + cnt[s];
+    if (q->tainted || at >= c->sh.cap) return false;
+    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
+    if (pos != (int32_t)at) return false;
+    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
+    cnt[s]++;
+  }
+  uint32_t done[KVS_PX_MAX_SEQ], nd = 0;
+  bool ok = true;
+  for (uint32_t s = 0; s < c->sh.n_seq && ok; s++) {
+    if (!cnt[s]) continue;
+    uint32_t n = c->sh.seq[s].n;
+    ok = px_restore(c, ctx, (int32_t)s, cnt[s], cnt[s], true) == n + cnt[s];
+    if (ok) done[nd++] = s;
+  }
+  if (!ok) {
+    for (uint32_t i = 0; i < nd; i++) px_undo(c, ctx, (int32_t)done[i], c->sh.seq[done[i]].n);
+    return false;
+  }
+  for (uint32_t i = 0; i < nd; i++) {
+    kvs__px_seq_t *q = &c->sh.seq[done[i]];
+    uint32_t k = q->n + cnt[done[i]];
+    q->n = k;
+    q->canon = k;
+    if (q->nkeys < k / c->chunk) q->nkeys = k / c->chunk;
+    if (q->snap < k / c->chunk * c->chunk) q->snap = k / c->chunk * c->chunk;
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
+    kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, cnt[done[i]]);
+  }
+  px_set_skip(c, KVS_PX_SKIP_ALL);
+  return true;
+}
+
 static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
                          const kvs__llama_batch_t *b) {
   px_set_skip(c, 0);
@@ -868,13 +923,21 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     for (int32_t i = 0; i < b->n_tokens && eligible; i++)
       eligible = b->pos[i] == (int32_t)(n + (uint32_t)i);
   }
+  if (!bi.single && bi.has_tokens && !c->disabled && bi.first_out == (uint32_t)b->n_tokens &&
+      px_mixed(c, ctx, b, p0))
+    return 0;
   kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",
                 bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
   if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
   int32_t r;
-  uint32_t k = eligible ? px_restore(c, ctx, b, &bi) : 0;
+  if (eligible)
+    memcpy(kvs__px_tok(&c->sh, (uint32_t)bi.seq) + c->sh.seq[bi.seq].n, b->token,
+           (size_t)b->n_tokens * 4);
+  uint32_t k = eligible && (uint64_t)c->sh.seq[bi.seq].n + (uint32_t)b->n_tokens <= c->sh.cap
+                   ? px_restore(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, false)
+                   : 0;
   if (k) {
     int32_t s = bi.seq;
     kvs__px_seq_t *q = &c->sh.seq[s];

@@ -39,6 +39,10 @@ Cases:
               state's canonical tokens) and batches that ask no output and lie wholly in the
               cached prefix (not decoded at all), under engine batches of 512, 2048, 576, 544,
               100 and 96 tokens: identical, and the whole canonical shared prefix restored
+  mixed       two sequences of one context evaluated together (batches holding both, no
+              output) on a cached prefix: both restore it, batch by batch, and decode the rest;
+              mixed batches that cannot be skipped whole (an output, a short or unaligned part,
+              a token beyond the cached prefix) pass through: identical
 """
 import os
 import signal
@@ -323,6 +327,31 @@ def case_batches(ctx):
            peer_restores=(">=", 1))
 
 
+def case_mixed(ctx):
+    a, _ = models(ctx)
+    shared = "r1400@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 4",
+            f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 2",   # cached (sequence 0)
+            # sequences 1 and 2 together: 256 + 256 per batch, all inside the cached prefix
+            "multi 0 1 r256@1 2 r256@1 none",
+            "multi 0 1 r512@1/256 2 r512@1/256 none",
+            "multi 0 1 r768@1/512 2 r768@1/512 none",
+            "multi 0 1 r1024@1/768 2 r1024@1/768 none",
+            "pos 0 1", "pos 0 2",
+            "prompt 0 1 r1400@1/1024+r20@3 512", "gen 0 1 4",   # 320 more restored
+            "prompt 0 2 r1400@1/1024+r20@4 512", "gen 0 2 4",
+            # not skipped whole: an output, a 32-token part, a token beyond the cached prefix
+            "rm 0 1 -1 -1", "rm 0 2 -1 -1",
+            "multi 0 1 r256@1 2 r256@1",
+            "multi 0 1 r288@1/256 2 r288@1/256 none",
+            "rm 0 1 -1 -1", "rm 0 2 -1 -1",
+            "multi 0 1 r256@1 2 r255@1+r1@9 none",
+            "gen 0 1 2", "pos 0 1", "pos 0 2"]
+    st, _ = same(ctx, cmds, "mixed", KVSHIM_PEERS=0)
+    expect(st, "mixed", restored_tokens=(">=", 2 * 1024 + 2 * 320), bad_blobs=("==", 0),
+           restore_failures=("==", 0))
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -335,6 +364,7 @@ CASES = {
     "offload": case_offload,
     "disabled": case_disabled,
     "batches": case_batches,
+    "mixed": case_mixed,
 }
 
 

@@ -14,7 +14,9 @@ system prefix of about 1,100 tokens (generated English-like text).
               new process) completes PB, which shares PA's long prefix: B's completion equals
               B without kvshim, its KVSHIM_STATS show restored tokens fetched from the peer and
               its prompt evaluation counts fewer tokens. Once with one batch for the prompt
-              (--batchSize 2048), once with the default 512 (restores on continuation batches).
+              (--batchSize 2048), once with the default 512 (whole batches inside the cached
+              prefix are not decoded, the last one restored up to a multiple of 64): >= 90% of
+              B's prompt is restored either way.
   app         prefix_app.mjs, one context with three sequences, prompts sharing the prefix,
               in one batch and in batches of 512: identical tokens, restores counted.
   divergence  prompts sharing only part of a chunk; a sequence that context shift shifted
@@ -186,8 +188,10 @@ def case_cli(c):
         check(b["completion"] == ref_b["completion"],
               "%s: B's completion equals B without kvshim:\n     %s\n     %s"
               % (tag, ref_b["completion"], b["completion"]))
-        check(pstat(b, "restored_tokens") >= 512 and pstat(b, "peer_restores") >= 1,
-              "%s: B restored the shared prefix from the cache peer %s" % (tag, show(b)))
+        check(pstat(b, "restored_tokens") >= 0.9 * ref_b["eval_tokens"] and
+              pstat(b, "peer_restores") >= 1,
+              "%s: B restored >= 90%% of its %d prompt tokens (the shared prefix) from the "
+              "cache peer %s" % (tag, ref_b["eval_tokens"], show(b)))
         check(b["eval_tokens"] + pstat(b, "restored_tokens") == ref_b["eval_tokens"],
               "%s: B evaluated %d prompt tokens instead of %d (%.1f ms instead of %.1f)"
               % (tag, b["eval_tokens"], ref_b["eval_tokens"], b["eval_ms"], ref_b["eval_ms"]))
