@@ -80,7 +80,9 @@ extern "C" {
   X(remote_threads, "KVSHIM_REMOTE_THREADS", INT, "2", 1, 64, "", "threads",                  \
     "remote I/O threads (each with its own connection)")                                      \
   X(remote_queue, "KVSHIM_REMOTE_QUEUE", INT, "1024", 1, 1048576, "", "objects",              \
-    "write-behind queue to the remote store (a full queue drops and counts)")
+    "write-behind queue to the remote store (a full queue drops and counts)")                 \
+  X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
+    "llama prefix cache: longest wait for another process computing the same prefix (0: never)")
 
 /* ENUM values, in the order of their choices strings. */
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;

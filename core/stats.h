@@ -112,7 +112,9 @@ extern "C" {
   X(remote_timeouts, C, "remote tier: calls or lookups that ran past their deadline")         \
   X(remote_breaker_opens, C, "remote tier: circuit breaker openings (tier skipped a while)")  \
   X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
-  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")
+  X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")    \
+  X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
+  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

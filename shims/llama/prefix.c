@@ -694,9 +694,10 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
  * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
  * Returns k (0: nothing restored; the engine is as it was). */
 static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
-                           uint32_t first_out, bool whole) {
+                           uint32_t first_out, bool whole, bool *possible) {
   kvs__px_seq_t *q = &c->sh.seq[s];
   uint32_t n = q->n, C = c->chunk, al = c->rules.align;
+  if (possible) *possible = false;
   if ((uint64_t)n + m > c->sh.cap) return 0;
   /* Is any restore point possible at all (at most n + m)? */
   bool any = false;
@@ -712,6 +713,7 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
     KVS__REENTRY_GUARD();
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
   }
+  if (possible) *possible = true;
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   px_plan_t pl = {s, n, m, first_out, 0, whole};
   uint32_t k = 0;
@@ -836,6 +838,89 @@ static void px_after(px_ctx_t *c, const kvs__llama_batch_t *b, const kvs__px_bat
   }
 }
 
+/* ---- single flight -------------------------------------------------------------------------------
+
+ * When a batch of one sequence finds nothing to restore, the process claims it for the node: a
+ * tiny object in its own pool under the claim key of the batch's longest chunk prefix,
+ * h(jmax - 1) chained with one marker word (never a chunk key: those chain whole chunks). A
+ * process whose batch finds nothing but a peer's claim on the same key waits (up to
+ * KVSHIM_LLAMA_WAIT_MS) until the claim is gone, then looks up again and restores what the
+ * claimant stored. The claimant stores its state after every claimed batch (progress, not only
+ * when the prompt is finished) and removes its claim after it. Two processes that claim at once:
+ * the one that sees a peer's claim of a lower instance id withdraws and waits (a race can still
+ * leave two computing, never none). A claimant that dies leaves a claim its peers stop seeing
+ * with its coordinator; one that hangs is waited for until the deadline. No new message: claims
+ * are store objects found with LOOKUP (docs/protocol.md). */
+#define PX_CLAIM_MARK 0xffffffffu
+
+static kvs_key_t px_claim_key(const px_ctx_t *c, int32_t s, uint32_t j) {
+  const uint32_t mark = PX_CLAIM_MARK;
+  return kvs_keys_chain(kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], &mark, 1);
+}
+
+/* The instance id of a peer holding key (0: none). */
+static uint64_t px_peer_holding(kvs__runtime_t *rt, const kvs_key_t *key) {
+  uint64_t best = 0;
+  KVS__REENTRY_GUARD();
+  return kvs_peers_lookup(rt->peers, key, 1, &best) == 1 ? best : 0;
+}
+
+static void px_unclaim(kvs__runtime_t *rt, const kvs_key_t *key) {
+  KVS__REENTRY_GUARD();
+  (void)kvs_store_remove(rt->store, key);
+}
+
+static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) {
+  KVS__REENTRY_GUARD();
+  kvs_layout_t l = kvs_layout_blob(8);
+  uint8_t outcome = 0;
+  kvs_extent_t ext;
+  kvs_xfer_t x = 0;
+  if (kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, key, 1, &l, KVS_RESERVE_NO_EVICT,
+                               &outcome, &ext, &x) != 1)
+    return false;
+  memcpy(kvs_pool_base(rt->pool) + ext.offset, &rt->instance_id, 8);
+  return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, x) == 0;
+}
+
+/* Wait until no peer holds the claim key (or the deadline, ms since the epoch of kvs__now_ms). */
+static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, uint64_t deadline) {
+  while (px_peer_holding(rt, key) && kvs__now_ms() < deadline) {
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Batch of m tokens of sequence s found nothing to restore (possible: a restore was possible,
+ * and the keys up to jmax are computed). Waits for a peer's claim and restores after it
+ * (returns k), or claims the batch (*claimed, key in *ck; returns 0). */
+static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                          uint32_t first_out, kvs_key_t *ck, bool *claimed) {
+  kvs__runtime_t *rt = kvs__runtime_get();
+  const kvs_options_t *o = kvs__runtime_options();
+  uint32_t jmax = (c->sh.seq[s].n + m) / c->chunk;
+  *claimed = false;
+  if (!rt || !rt->peers || !o || o->llama_wait_ms <= 0 || !jmax) return 0;
+  *ck = px_claim_key(c, s, jmax);
+  uint64_t deadline = kvs__now_ms() + (uint64_t)o->llama_wait_ms;
+  uint64_t holder = px_peer_holding(rt, ck);
+  if (!holder) {
+    if (!px_claim(rt, ck)) return 0;
+    holder = px_peer_holding(rt, ck);
+    if (!holder || holder > rt->instance_id) {
+      *claimed = true;
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_claims);
+      return 0;
+    }
+    px_unclaim(rt, ck); /* both claimed: the lower instance id computes */
+  }
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_waits);
+  kvs_log_debug("llama.cpp prefix cache: sequence %d: waiting for process %016llx, which "
+                "computes the same prefix", s, (unsigned long long)holder);
+  px_wait_claim(rt, ck, deadline);
+  return px_restore(c, ctx, s, m, first_out, false, NULL);
+}
+
 /* A batch of several sequences that asks no output: when every token belongs to one CLEAN
  * sequence at its next position and each sequence's part is a whole restore (k = n_s + m_s,
  * kvs__px_restore_ok), and the batch itself splits into long ubatches only (m a multiple of
@@ -865,7 +950,7 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
   for (uint32_t s = 0; s < c->sh.n_seq && ok; s++) {
     if (!cnt[s]) continue;
     uint32_t n = c->sh.seq[s].n;
-    ok = px_restore(c, ctx, (int32_t)s, cnt[s], cnt[s], true) == n + cnt[s];
+    ok = px_restore(c, ctx, (int32_t)s, cnt[s], cnt[s], true, NULL) == n + cnt[s];
     if (ok) done[nd++] = s;
   }
   if (!ok) {
@@ -935,9 +1020,14 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
   if (eligible)
     memcpy(kvs__px_tok(&c->sh, (uint32_t)bi.seq) + c->sh.seq[bi.seq].n, b->token,
            (size_t)b->n_tokens * 4);
+  bool possible = false, claimed = false;
+  kvs_key_t ck;
   uint32_t k = eligible && (uint64_t)c->sh.seq[bi.seq].n + (uint32_t)b->n_tokens <= c->sh.cap
-                   ? px_restore(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, false)
+                   ? px_restore(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, false,
+                                &possible)
                    : 0;
+  if (!k && possible)
+    k = px_flight(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, &ck, &claimed);
   if (k) {
     int32_t s = bi.seq;
     kvs__px_seq_t *q = &c->sh.seq[s];
@@ -984,7 +1074,10 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     r = real(ctx, *b);
     px_after(c, b, &bi, p0, in, r);
   }
-  if (r == 0 && eligible && bi.last_out && !c->disabled) px_snapshot(c, ctx, bi.seq);
+  /* A claimed batch is stored when done (progress for the processes waiting on it). */
+  if (r == 0 && eligible && (bi.last_out || claimed) && !c->disabled)
+    px_snapshot(c, ctx, bi.seq);
+  if (claimed) px_unclaim(kvs__runtime_get(), &ck);
   return r;
 }
 

@@ -1,11 +1,14 @@
 /* tests/fakellama: see fakellama.h. Test code: plain malloc and stdio, one global lock. */
 #include "fakellama.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define SEQ_MAGIC 0x67677371u     /* 'ggsq' */
@@ -669,8 +672,26 @@ static void fill_row(const struct llama_context *ctx, float *logits, float *embd
   }
 }
 
+/* Test knobs FAKELLAMA_DECODE_TOUCH (a file created when a llama_decode call starts) and
+ * FAKELLAMA_DECODE_DELAY_MS (then it sleeps that long, outside the lock): a slow engine another
+ * process can catch in the middle of a prompt. */
+static void decode_knobs(void) {
+  const char *t = getenv("FAKELLAMA_DECODE_TOUCH");
+  if (t && *t) {
+    int fd = open(t, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
+  const char *d = getenv("FAKELLAMA_DECODE_DELAY_MS");
+  long ms = d ? strtol(d, NULL, 10) : 0;
+  if (ms > 0) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
   if (!ctx) return -1;
+  decode_knobs();
   pthread_mutex_lock(&g_lock);
   int32_t rc = -1, m = b.n_tokens;
   int32_t *pos = NULL;

@@ -46,7 +46,9 @@
  * the shipped libllama does. FAKELLAMA_GPU=1 makes llama_supports_gpu_offload return true.
  *
  * Test knobs (environment, read at each call): FAKELLAMA_GET_DATA_FAIL=1 makes
- * llama_state_seq_get_data[_ext] return 0 (an engine error). */
+ * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_DECODE_TOUCH=PATH
+ * creates PATH when a llama_decode call starts, FAKELLAMA_DECODE_DELAY_MS=N then sleeps N ms
+ * (a slow engine, caught in the middle of a prompt by another process). */
 #ifndef KVSHIM_FAKELLAMA_H
 #define KVSHIM_FAKELLAMA_H
 

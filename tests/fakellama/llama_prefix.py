@@ -39,6 +39,9 @@ Cases:
               state's canonical tokens) and batches that ask no output and lie wholly in the
               cached prefix (not decoded at all), under engine batches of 512, 2048, 576, 544,
               100 and 96 tokens: identical, and the whole canonical shared prefix restored
+  flight      single flight: A computes a prefix slowly; B, started while A is in its first
+              batch, waits for A's claims and restores A's progress batch by batch (identical,
+              the whole prefix restored, nothing computed twice); KVSHIM_LLAMA_WAIT_MS=0: no wait
   mixed       two sequences of one context evaluated together (batches holding both, no
               output) on a cached prefix: both restore it, batch by batch, and decode the rest;
               mixed batches that cannot be skipped whole (an output, a short or unaligned part,
@@ -352,6 +355,32 @@ def case_mixed(ctx):
            restore_failures=("==", 0))
 
 
+def case_flight(ctx):
+    a, _ = models(ctx)
+    shared, touch = "r1400@1", ctx.p("a.decoding")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"waitfile {touch} 60",
+              f"prompt 0 0 {shared}+r32@3 512", "gen 0 0 8"]
+    with open(touch, "w"):
+        pass
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    os.unlink(touch)
+    # A computes the prefix slowly (each llama_decode call 700 ms); B starts its prompt while
+    # A is in its first batch: it waits for A's claims and restores A's progress batch by batch
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512",
+                        "gen 0 0 2"], FAKELLAMA_DECODE_DELAY_MS=700, FAKELLAMA_DECODE_TOUCH=touch)
+    got, err, st = ctx.run(b_cmds, what="B")
+    check(got == ref_b, f"B after waiting differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(st, "B", waits=(">=", 1), restored_tokens=("==", 1344), claims=("==", 0))
+    ctx.finish(pa, "A")
+    expect(read_stats(sa), "A", claims=("==", 3), snapshots=("==", 3), waits=("==", 0))
+    # the same with waiting off: B computes what A has not stored yet
+    with open(touch, "w"):
+        pass
+    got, err, st = ctx.run(b_cmds, what="B, KVSHIM_LLAMA_WAIT_MS=0", KVSHIM_LLAMA_WAIT_MS=0)
+    check(got == ref_b, f"B without waiting differs:\n{ref_b}\n{got}")
+    expect(st, "B, KVSHIM_LLAMA_WAIT_MS=0", waits=("==", 0), claims=("==", 0))
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -365,6 +394,7 @@ CASES = {
     "disabled": case_disabled,
     "batches": case_batches,
     "mixed": case_mixed,
+    "flight": case_flight,
 }
 
 

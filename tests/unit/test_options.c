@@ -57,7 +57,7 @@ Test(options, every_row_is_read_from_the_environment) {
       "KVSHIM_LOG_FILE=/tmp/kvs.log", "KVSHIM_STATS=/tmp/s.json",
       "KVSHIM_REMOTE=redis://h:6379/2", "KVSHIM_REMOTE_PASSWORD_FILE=/etc/kvs.pw",
       "KVSHIM_REMOTE_TTL=60000", "KVSHIM_REMOTE_TIMEOUT_MS=250", "KVSHIM_REMOTE_THREADS=3",
-      "KVSHIM_REMOTE_QUEUE=64", NULL};
+      "KVSHIM_REMOTE_QUEUE=64", "KVSHIM_LLAMA_WAIT_MS=250", NULL};
   kvs_options_t o;
   cr_assert_eq(kvs_options_load(&o, env, 0), 0, "no problems expected");
   cr_expect_eq(o.enable, 0);
@@ -85,6 +85,7 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_expect_eq(o.remote_timeout_ms, 250);
   cr_expect_eq(o.remote_threads, 3);
   cr_expect_eq(o.remote_queue, 64);
+  cr_expect_eq(o.llama_wait_ms, 250);
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
   cr_expect_eq(o.log, KVS_LOG_DEBUG);

@@ -27,6 +27,9 @@ system prefix of about 1,100 tokens (generated English-like text).
               and a context with another KV type never restore them; a pool too small for a
               state stores nothing; the cache peer stopped (short RPC deadline) and killed
               while B waits for it: B falls back; identical tokens every time.
+  sequences   prompt A stored (through `kvshim serve`); a new process evaluates B and C at once
+              on two sequences of one context (batches holding both): both restore the cached
+              prefix, identical tokens (default 512 and 2048 batches).
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
   inspect     `kvshim inspect --json` on the shipped libllama: llama_get_logits_ith is reached
               from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
@@ -223,6 +226,17 @@ def case_divergence(c):
           % show(r))
     r = same_app(c, "other prompts after the prefix", ["A", "other", "B"],
                  ["--batch-size", "512", "--tokens", "24"], KVSHIM_PEERS=0)
+
+
+def case_sequences(c):
+    c.serve()
+    a = c.app("A", ["A"], True, ["--batch-size", "512"])
+    check(pstat(a, "snapshots") >= 1, "A stored its prompt's state %s" % show(a))
+    for bs in ("512", "2048"):
+        r = same_app(c, "two sequences at once, batch " + bs, ["B", "C"],
+                     ["--sequences", "2", "--concurrent", "--batch-size", bs])
+        check(pstat(r, "restores") >= 2 and pstat(r, "restored_tokens") >= 2 * 512,
+              "batch %s: both sequences restored the cached prefix %s" % (bs, show(r)))
 
 
 def case_faults(c):
