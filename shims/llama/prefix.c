@@ -226,6 +226,8 @@ typedef struct __attribute__((packed)) px_sig {
   float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
       yarn_beta_slow;
   uint32_t yarn_orig_ctx, ubatch_if_gpu;
+  uint32_t n_stream; /* KV streams: a sequence state carries the count and loads only into a
+                      * context with as many (1, or n_seq_max without kv_unified) */
 } px_sig_t;
 _Static_assert(sizeof(px_sig_t) + KVS_LLAMA_FP_SIZE <= KVS_NS_STR_MAX, "namespace model field");
 
@@ -247,6 +249,14 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
       px_model_flag(px_real_llama_model_is_hybrid(), model) ||
       px_model_flag(px_real_llama_model_is_diffusion(), model))
     return "the model is not a plain decoder with a KV cache";
+  /* Sliding-window attention without swa_full: the engine's window cache drops the cells that
+   * left the window, so a stored state could never be trimmed to a restore point, and the
+   * sequence's memory no longer starts at position 0. Nothing is stored (it could never be
+   * restored) and nothing restored. */
+  kvs__px_pfn_llama_model_n_swa n_swa = px_real_llama_model_n_swa();
+  if (n_swa && n_swa(model) > 0 && !p->swa_full)
+    return "sliding-window attention without a full window cache (swa_full): no state could "
+           "be restored exactly";
   kvs__px_pfn_llama_get_memory get_memory = px_real_llama_get_memory();
   kvs__px_pfn_llama_n_ctx_seq n_ctx_seq = px_real_llama_n_ctx_seq();
   kvs__px_pfn_llama_n_seq_max n_seq_max = px_real_llama_n_seq_max();
@@ -270,7 +280,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
 
   px_sig_t sig;
   memset(&sig, 0, sizeof sig);
-  sig.version = 1;
+  sig.version = 2;
   sig.gpu = gpu;
   sig.offload_kqv = p->offload_kqv;
   sig.swa_full = p->swa_full;
@@ -284,6 +294,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   sig.yarn_beta_slow = p->yarn_beta_slow;
   sig.yarn_orig_ctx = p->yarn_orig_ctx;
   sig.ubatch_if_gpu = gpu ? ub : 0;
+  sig.n_stream = p->kv_unified ? 1 : n_seq;
   kvs_namespace_t ns;
   memset(&ns, 0, sizeof ns);
   memcpy(ns.engine, "llama.cpp/prefix", sizeof "llama.cpp/prefix");
@@ -717,7 +728,7 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   px_plan_t pl = {s, n, m, first_out, 0, whole};
   uint32_t k = 0;
-  for (uint32_t j = jmax; j >= 1; j--) {
+  for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
     int here;
     {
       KVS__REENTRY_GUARD();
@@ -737,7 +748,7 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
     KVS__REENTRY_GUARD();
     run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
   }
-  if (run <= 0 || !best) return 0;
+  if (run <= 0 || !best || (uint32_t)run * C <= n) return 0;
   pl.keyed = (uint32_t)run * C;
   px_res_t r = px_restore_peer(c, rt, ctx, &pl, best, &k);
   return r == PX_OK ? k : 0;

@@ -24,6 +24,7 @@
 struct llama_model {
   uint64_t id;
   uint32_t n_layer, n_embd;
+  uint32_t n_swa; /* fakellama.attention.sliding_window (0: none) */
   char name[64];
 };
 
@@ -146,6 +147,8 @@ struct llama_model *llama_model_load_from_file(const char *path, struct llama_mo
       m->n_layer = gr_u32(&g);
     } else if (KEY_IS("fakellama.embedding_length") && t == 4) {
       m->n_embd = gr_u32(&g);
+    } else if (KEY_IS("fakellama.attention.sliding_window") && t == 4) {
+      m->n_swa = gr_u32(&g);
     } else if (KEY_IS("general.name") && t == 8) {
       uint64_t sl = gr_u64(&g);
       const uint8_t *s = gr_take(&g, sl > g.n ? g.n + 1 : (size_t)sl);
@@ -171,6 +174,12 @@ out:
 }
 
 void llama_model_free(struct llama_model *model) { free(model); }
+
+/* llama.h: "Get the model's sliding window attention size (0 when the model has none)". The
+ * fake KV itself keeps every cell (as llama.cpp does with swa_full). */
+int32_t llama_model_n_swa(const struct llama_model *model) {
+  return model ? (int32_t)model->n_swa : 0;
+}
 
 struct llama_context_params llama_context_default_params(void) {
   struct llama_context_params p;

@@ -130,6 +130,7 @@ FAKELLAMA_API struct llama_model_params llama_model_default_params(void);
 FAKELLAMA_API struct llama_model *llama_model_load_from_file(const char *path_model,
                                                              struct llama_model_params params);
 FAKELLAMA_API void llama_model_free(struct llama_model *model);
+FAKELLAMA_API int32_t llama_model_n_swa(const struct llama_model *model);
 FAKELLAMA_API struct llama_context_params llama_context_default_params(void);
 FAKELLAMA_API struct llama_context *llama_init_from_model(struct llama_model *model,
                                                           struct llama_context_params params);

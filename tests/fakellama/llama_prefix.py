@@ -42,6 +42,8 @@ Cases:
   flight      single flight: A computes a prefix slowly; B, started while A is in its first
               batch, waits for A's claims and restores A's progress batch by batch (identical,
               the whole prefix restored, nothing computed twice); KVSHIM_LLAMA_WAIT_MS=0: no wait
+  swa         a model with a sliding window: with swa_full off nothing is stored or restored
+              (a state could never be trimmed); with swa_full the cache works: identical
   mixed       two sequences of one context evaluated together (batches holding both, no
               output) on a cached prefix: both restore it, batch by batch, and decode the rest;
               mixed batches that cannot be skipped whole (an output, a short or unaligned part,
@@ -381,6 +383,23 @@ def case_flight(ctx):
     expect(st, "B, KVSHIM_LLAMA_WAIT_MS=0", waits=("==", 0), claims=("==", 0))
 
 
+def case_swa(ctx):
+    a, _ = models(ctx)
+    w = ctx.p("swa.gguf")
+    ctx.run([f"mkmodel {w} alpha 2 32 64 1 256"], preload=False)
+    prompts = [f"prompt 0 0 {P} 512", "gen 0 0 2", "clear 0", f"prompt 0 0 {P1000} 512",
+               "gen 0 0 4"]
+    # a 256-token window without swa_full: nothing stored (it could never be restored)
+    st, err = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 0"] + prompts,
+                   "sliding window", KVSHIM_PEERS=0)
+    expect(st, "sliding window", snapshots=("==", 0), restores=("==", 0), lookups=("==", 0))
+    check("sliding-window attention" in err, f"the reason is logged:\n{err[-2000:]}")
+    # with swa_full (llama.cpp keeps every cell) the cache works as on any model
+    st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
+                 "sliding window, swa_full", KVSHIM_PEERS=0)
+    expect(st, "sliding window, swa_full", snapshots=(">=", 1), restores=(">=", 1))
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -395,6 +414,7 @@ CASES = {
     "batches": case_batches,
     "mixed": case_mixed,
     "flight": case_flight,
+    "swa": case_swa,
 }
 
 
