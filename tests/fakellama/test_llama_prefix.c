@@ -67,15 +67,24 @@ Test(prefix_rules, cpu_continuation, .timeout = 30) {
 
 Test(prefix_rules, cpu_whole_batch, .timeout = 30) {
   /* a batch asking no output (first_out == m) that lies wholly in the cached prefix */
-  cr_expect(ok(&CPU, 0, 0, 512, 512, 512), "not decoded at all");
-  cr_expect(ok(&CPU, 512, 512, 512, 512, 1024));
-  cr_expect(ok(&CPU, 0, 0, 576, 576, 576), "512 + 64 rows: both long");
-  cr_expect_not(ok(&CPU, 0, 0, 512, 511, 512), "its last token has an output");
-  cr_expect_not(ok(&CPU, 0, 0, 544, 544, 544), "544 is not a multiple of 64");
-  cr_expect(ok(&CPU, 0, 0, 544, 544, 512), "the 32-row ubatch is the engine's own");
-  cr_expect_not(ok(&CPU, 512, 500, 512, 512, 1024), "a non-canonical token before it");
-  cr_expect_not(ok(&CPU, 100, 100, 412, 412, 512), "an unaligned start");
-  cr_expect_not(ok(&CPU, 0, 0, 512, 512, 576), "beyond the batch");
+  static const struct {
+    uint32_t n, canon, m, f, k;
+    bool want;
+    const char *why;
+  } cases[] = {
+      {0, 0, 512, 512, 512, true, "not decoded at all"},
+      {512, 512, 512, 512, 1024, true, "the second batch"},
+      {0, 0, 576, 576, 576, true, "512 + 64 rows: both long"},
+      {0, 0, 512, 511, 512, false, "its last token has an output"},
+      {0, 0, 544, 544, 544, false, "544 is not a multiple of 64"},
+      {0, 0, 544, 544, 512, true, "the 32-row ubatch is the engine's own"},
+      {512, 500, 512, 512, 1024, false, "a non-canonical token before it"},
+      {100, 100, 412, 412, 512, false, "an unaligned start"},
+      {0, 0, 512, 512, 576, false, "beyond the batch"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    cr_expect_eq(ok(&CPU, cases[i].n, cases[i].canon, cases[i].m, cases[i].f, cases[i].k),
+                 cases[i].want, "%s", cases[i].why);
   kvs__px_rules_t u96l = {96, 32, 64};
   cr_expect_not(kvs__px_restore_ok(&u96l, 0, 0, 0, 128, 128, 128), "32 < min_rows");
   cr_expect(kvs__px_restore_ok(&u96l, 0, 0, 0, 160, 160, 160), "96 + 64 rows");
