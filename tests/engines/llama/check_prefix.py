@@ -31,6 +31,9 @@ system prefix of about 1,100 tokens (generated English-like text).
               loads only into a context with as many KV streams); a new process evaluates B and C at once
               on two sequences of one context (batches holding both): both restore the cached
               prefix, identical tokens (default 512 and 2048 batches).
+  four        four processes started together, cold, on prompts sharing the prefix (512
+              batches, `kvshim serve`): identical tokens; the shared batches are computed once
+              (claims) and restored by the three others (single flight).
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
   inspect     `kvshim inspect --json` on the shipped libllama: llama_get_logits_ith is reached
               from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
@@ -241,6 +244,37 @@ def case_sequences(c):
                      ["--sequences", "2", "--concurrent", "--batch-size", bs])
         check(pstat(r, "restores") >= 2 and pstat(r, "restored_tokens") >= 2 * 512,
               "batch %s: both sequences restored the cached prefix %s" % (bs, show(r)))
+
+
+def case_four(c):
+    """Four processes start together, cold, on prompts sharing the prefix: one computes each
+    batch of it, the others wait for its claim and restore its progress."""
+    c.serve()
+    names = ["A", "B", "C", "A"]
+    refs, procs = [], []
+    for i, name in enumerate(names):
+        refs.append(c.app("reference %d" % i, [name], False, ["--batch-size", "512"])["outs"])
+    for i, name in enumerate(names):
+        path = os.path.join(c.work, "prompts-four-%d.json" % i)
+        with open(path, "w") as f:
+            json.dump([PROMPTS[name]], f)
+        env = c.env(True)
+        cmd = ["node", APP, "--model", c.model(), "--prompts", path, "--batch-size", "512"]
+        procs.append((env, c.spawn(cmd, env, text=True, cwd=HERE)))
+    total = {}
+    for i, (env, p) in enumerate(procs):
+        out, err = p.communicate(timeout=RUN_TIMEOUT_S)
+        check(p.returncode == 0, "process %d exited %d: %s" % (i, p.returncode, err[-2000:]))
+        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        outs = [(l["prompt"], l["seq"], l["prompt_tokens"], l.get("gen_tokens"),
+                 l.get("next_tokens")) for l in lines if not l.get("summary")]
+        check(outs == refs[i], "process %d: tokens identical to its run without kvshim" % i)
+        for k, v in c.stats(env).items():
+            if k.startswith("llama_prefix_"):
+                total[k[13:]] = total.get(k[13:], 0) + v
+    # 1,024 shared tokens in two 512-token batches: computed once (claims), restored thrice
+    check(total.get("claims", 0) <= 2 + 4 and total.get("restored_tokens", 0) >= 3 * 1024,
+          "the shared prefix was computed about once: %s" % total)
 
 
 def case_faults(c):
