@@ -41,7 +41,8 @@ Cases:
               100 and 96 tokens: identical, and the whole canonical shared prefix restored
   flight      single flight: A computes a prefix slowly; B, started while A is in its first
               batch, waits for A's claims and restores A's progress batch by batch (identical,
-              the whole prefix restored, nothing computed twice); KVSHIM_LLAMA_WAIT_MS=0: no wait
+              the whole prefix restored, nothing computed twice); the claimant killed while B
+              waits: B goes on at once; KVSHIM_LLAMA_WAIT_MS=0: no wait
   swa         a model with a sliding window: with swa_full off nothing is stored or restored
               (a state could never be trimmed); with swa_full the cache works: identical
   mixed       two sequences of one context evaluated together (batches holding both, no
@@ -375,6 +376,18 @@ def case_flight(ctx):
     expect(st, "B", waits=(">=", 1), restored_tokens=("==", 1344), claims=("==", 0))
     ctx.finish(pa, "A")
     expect(read_stats(sa), "A", claims=("==", 3), snapshots=("==", 3), waits=("==", 0))
+    # a claimant that dies: its claim goes with its coordinator, and B goes on at once (long
+    # before its 60 s deadline) and computes the prefix itself
+    os.unlink(touch)
+    pa, _ = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512"],
+                      FAKELLAMA_DECODE_DELAY_MS=60000, FAKELLAMA_DECODE_TOUCH=touch)
+    pb, sb = ctx.start(b_cmds, KVSHIM_LLAMA_WAIT_MS=60000)
+    time.sleep(1.0)
+    pa.send_signal(signal.SIGKILL)
+    pa.wait(timeout=10)
+    got, err = ctx.finish(pb, "B, claimant killed", timeout=30)
+    check(got == ref_b, f"B after its claimant died differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(read_stats(sb), "B, claimant killed", waits=(">=", 1), restores=("==", 0))
     # the same with waiting off: B computes what A has not stored yet
     with open(touch, "w"):
         pass
