@@ -34,6 +34,8 @@ system prefix of about 1,100 tokens (generated English-like text).
   four        four processes started together, cold, on prompts sharing the prefix (512
               batches, `kvshim serve`): identical tokens; the shared batches are computed once
               (claims) and restored by the three others (single flight).
+  swa         a sliding-window model (tiny_swa.py: OLMo2, 256-token window on 3 of 4 layers),
+              which node-llama-cpp runs without swa_full: nothing stored or restored, identical.
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
   inspect     `kvshim inspect --json` on the shipped libllama: llama_get_logits_ith is reached
               from inside libllama (its sampler) through a JUMP_SLOT relocation, so the index
@@ -172,9 +174,9 @@ def show(r):
     return {k[13:]: v for k, v in r["stats"].items() if k.startswith("llama_prefix_")}
 
 
-def same_app(c, what, prompts, flags=(), **env_extra):
-    ref = c.app(what + " (reference)", prompts, False, flags)
-    got = c.app(what, prompts, True, flags, **env_extra)
+def same_app(c, what, prompts, flags=(), seed=7, **env_extra):
+    ref = c.app(what + " (reference)", prompts, False, flags, seed)
+    got = c.app(what, prompts, True, flags, seed, **env_extra)
     check(got["outs"] == ref["outs"], "%s: tokens identical to the run without kvshim %s"
           % (what, show(got)))
     return got
@@ -275,6 +277,20 @@ def case_four(c):
     # 1,024 shared tokens in two 512-token batches: computed once (claims), restored thrice
     check(total.get("claims", 0) <= 2 + 4 and total.get("restored_tokens", 0) >= 3 * 1024,
           "the shared prefix was computed about once: %s" % total)
+
+
+def case_swa(c):
+    """A sliding-window model (OLMo2, a 256-token window on 3 of 4 layers, tiny_swa.py):
+    node-llama-cpp runs it without swa_full, so no state could be trimmed to a restore point:
+    nothing is stored or restored, and the tokens are identical."""
+    path = os.path.join(c.work, "swa.gguf")
+    subprocess.run([sys.executable, os.path.join(HERE, "tiny_swa.py"), "-q", "--swa", "256",
+                    "--layers", "4", "--embd", "256", "--out", path], check=True)
+    c.models["swa"] = path
+    r = same_app(c, "sliding window, batch 512", ["A", "B", "A"], ["--batch-size", "512"],
+                 seed="swa", KVSHIM_PEERS=0)
+    check(pstat(r, "snapshots") == 0 and pstat(r, "restores") == 0 and
+          pstat(r, "lookups") == 0, "nothing stored or restored %s" % show(r))
 
 
 def case_faults(c):
