@@ -168,6 +168,7 @@ typedef struct px_ctx {
   pthread_mutex_t lock;                /* guards every field below except skip */
   kvs__llama_memory_t mem;
   bool disabled;          /* never restored into or snapshotted again */
+  bool swa;               /* sliding-window attention without swa_full: whole states only */
   uint8_t fp[KVS_LLAMA_FP_SIZE];
   kvs_key_t ns;           /* namespace key (model + KV settings) */
   kvs__px_rules_t rules;
@@ -250,13 +251,12 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
       px_model_flag(px_real_llama_model_is_diffusion(), model))
     return "the model is not a plain decoder with a KV cache";
   /* Sliding-window attention without swa_full: the engine's window cache drops the cells that
-   * left the window, so a stored state could never be trimmed to a restore point, and the
-   * sequence's memory no longer starts at position 0. Nothing is stored (it could never be
-   * restored) and nothing restored. */
+   * left the window, so a stored state can never be trimmed to a restore point, and the
+   * sequence's memory no longer starts at position 0. Such a context stores only states that
+   * end on a chunk boundary with every token canonical (whole-state restore points), under
+   * their own chunk key only, and restores a state only whole, untrimmed (px_restore_point). */
   kvs__px_pfn_llama_model_n_swa n_swa = px_real_llama_model_n_swa();
-  if (n_swa && n_swa(model) > 0 && !p->swa_full)
-    return "sliding-window attention without a full window cache (swa_full): no state could "
-           "be restored exactly";
+  c->swa = n_swa && n_swa(model) > 0 && !p->swa_full;
   kvs__px_pfn_llama_get_memory get_memory = px_real_llama_get_memory();
   kvs__px_pfn_llama_n_ctx_seq n_ctx_seq = px_real_llama_n_ctx_seq();
   kvs__px_pfn_llama_n_seq_max n_seq_max = px_real_llama_n_seq_max();
@@ -369,6 +369,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     atomic_store_explicit(&slot->ctx, NULL, memory_order_relaxed);
     slot->mem = tmp.mem;
     slot->disabled = false;
+    slot->swa = tmp.swa;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
     slot->ns = tmp.ns;
     slot->rules = tmp.rules;
@@ -550,6 +551,13 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
     same++;
   const uint32_t al = c->rules.align;
+  if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
+    return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
+                   (!pl->whole || same == pl->n + pl->m) &&
+                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
+                                      pl->m, pl->first_out, same)
+               ? same
+               : 0;
   if (pl->whole)
     return same == pl->n + pl->m &&
                    kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
@@ -599,7 +607,8 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
   if (!why) {
     int32_t lo = px_real_llama_memory_seq_pos_min()(c->mem, s);
     int32_t hi = px_real_llama_memory_seq_pos_max()(c->mem, s);
-    if (lo != 0 || hi != (int32_t)k - 1) why = "the restored cells are not positions 0..k-1";
+    if ((c->swa ? lo < 0 : lo != 0) || hi != (int32_t)k - 1)
+      why = "the restored cells are not positions 0..k-1";
   }
   if (!why) {
     *k_out = k;
@@ -659,7 +668,7 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
   *keys = c->kscratch;
-  return (int)J;
+  return c->swa ? 1 : (int)J; /* a window state: its own chunk key only */
 bad: /* delivered under our key but not a state we can use: the peer is told (REPORT_BAD) */
   k->bad_len = len;
   k->bad_sum = kvs_checksum64(bytes, (size_t)len);
@@ -743,8 +752,13 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   }
   if (!rt->peers) return 0;
   uint64_t best = 0;
-  int run;
-  {
+  int run = 0;
+  if (c->swa) { /* window states are bound under their own key only: probe key by key */
+    for (uint32_t j = jmax; j * C > n && !run; j--) {
+      KVS__REENTRY_GUARD();
+      if (kvs_peers_lookup(rt->peers, &keys[j - 1], 1, &best) == 1) run = (int)j;
+    }
+  } else {
     KVS__REENTRY_GUARD();
     run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
   }
@@ -761,6 +775,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   if (q->tainted) return;
   uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
   if (J == 0 || J * C < c->min_tokens || J * C < q->snap + C) return;
+  if (c->swa && (N != J * C || cov != N)) return; /* could only be restored trimmed: never */
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return;
   kvs_stats_t *st = px_stats();
@@ -794,14 +809,15 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   h.ns_hi = c->ns.hi;
   kvs__llama_blob_save_t sv;
   const char *why = NULL;
-  int rc = kvs__llama_blob_begin(&home, c->kscratch, J, false, &api, ctx, s,
+  int rc = kvs__llama_blob_begin(&home, c->kscratch, c->swa ? 1 : J, false, &api, ctx, s,
                                  kvs__px_tok(&c->sh, (uint32_t)s), N, &h, &sv);
   if (rc == -EEXIST) {
     q->snap = J * C;
     return;
   }
   h.canon_tokens = cov; /* a restore may stop anywhere the rules allow up to here */
-  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, J, &h, &sv) < 0) rc = -EPIPE;
+  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, c->swa ? 1 : J, &h, &sv) < 0)
+    rc = -EPIPE;
   if (rc < 0) {
     why = rc == -ENODATA ? "the engine reported no sequence state"
           : rc == -EIO   ? "llama_state_seq_get_data did not write the size get_size announced"
@@ -1006,7 +1022,8 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     p0[s] = hi + 1;
     kvs__px_seq_t *q = &c->sh.seq[s];
     if (q->tainted) continue;
-    bool agree = q->n == 0 ? hi == -1 : hi == (int32_t)q->n - 1 && pos_min(c->mem, (int32_t)s) == 0;
+    int32_t lo = q->n == 0 ? -1 : pos_min(c->mem, (int32_t)s);
+    bool agree = q->n == 0 ? hi == -1 : hi == (int32_t)q->n - 1 && (c->swa ? lo >= 0 : lo == 0);
     if (!agree) {
       kvs_log_debug("llama.cpp prefix cache: sequence %u: memory holds positions up to %d, "
                     "kvshim knew %u tokens: not cached until cleared", s, hi, q->n);
@@ -1086,7 +1103,7 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     px_after(c, b, &bi, p0, in, r);
   }
   /* A claimed batch is stored when done (progress for the processes waiting on it). */
-  if (r == 0 && eligible && (bi.last_out || claimed) && !c->disabled)
+  if (r == 0 && eligible && (bi.last_out || claimed || c->swa) && !c->disabled)
     px_snapshot(c, ctx, bi.seq);
   if (claimed) px_unclaim(kvs__runtime_get(), &ck);
   return r;

@@ -17,7 +17,9 @@ bool kvs__px_restore_ok(const kvs__px_rules_t *r, uint32_t min_tokens, uint32_t 
   if (s > first_out || s > m) return false; /* an output is never skipped */
   if (canon != n) return false;
   if (n % r->align != 0) return false;
-  if (r->ubatch < r->min_rows || r->ubatch % r->align != 0) return false;
+  /* an unaligned n_ubatch (node-llama-cpp gives sliding-window models batch + 1) only when the
+   * batch is one ubatch in both splits */
+  if (r->ubatch < r->min_rows || (r->ubatch % r->align != 0 && m > r->ubatch)) return false;
   /* s == m: nothing is decoded; the engine's own split must have given every token of the
    * batch the canonical class (its last ubatch long; n and n + m aligned). */
   if (s == m) return kvs__px_last_ubatch(m, r->ubatch) >= r->min_rows;

@@ -98,7 +98,8 @@ static inline uint32_t kvs__px_last_ubatch(uint32_t m, uint32_t ubatch) {
  * trimmed to k with llama_memory_seq_rm; its first k tokens canonical)? True when:
  * k % align == 0 (any restore point the kernel classes allow, not only chunk boundaries),
  * k >= min_tokens, 0 < s <= min(first_out, m) (no output is skipped), canon == n, n a multiple
- * of align, ubatch >= min_rows with ubatch % align == 0, and
+ * of align, ubatch >= min_rows with ubatch % align == 0 (or m <= ubatch: one ubatch in both
+ * splits), and
  *   s == m (the whole batch lies in the cached prefix and asks no output: it is not decoded at
  *     all) when the engine's own last ubatch has >= min_rows tokens (then every token of the
  *     batch would have been computed in the canonical class, which the restored KV has), or

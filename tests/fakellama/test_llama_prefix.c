@@ -88,6 +88,10 @@ Test(prefix_rules, cpu_whole_batch, .timeout = 30) {
   kvs__px_rules_t u96l = {96, 32, 64};
   cr_expect_not(kvs__px_restore_ok(&u96l, 0, 0, 0, 128, 128, 128), "32 < min_rows");
   cr_expect(kvs__px_restore_ok(&u96l, 0, 0, 0, 160, 160, 160), "96 + 64 rows");
+  kvs__px_rules_t u513 = {513, 64, 64};
+  cr_expect(ok(&u513, 0, 0, 512, 512, 512), "n_ubatch 513, one ubatch: skipped whole");
+  cr_expect(ok(&u513, 1024, 1024, 390, 389, 1344), "n_ubatch 513, one ubatch: 70 rows left");
+  cr_expect_not(ok(&u513, 0, 0, 1100, 1099, 1024), "n_ubatch 513, several ubatches");
   cr_expect(ok(&GPU, 0, 0, 512, 512, 512), "offload: one whole aligned ubatch");
   cr_expect_not(ok(&GPU, 0, 0, 1024, 1024, 768), "offload: not a whole ubatch");
 }
