@@ -117,7 +117,7 @@ typedef enum kvs__llama_blob_status {
   KVS_LLAMA_BLOB_SHORT,      /* shorter than a header */
   KVS_LLAMA_BLOB_FOREIGN,    /* magic, version, header size or kind not ours */
   KVS_LLAMA_BLOB_LENGTH,     /* object length != header + tokens + state (truncated/padded) */
-  KVS_LLAMA_BLOB_KEYED,      /* keyed_tokens / chunk_tokens / canon_tokens inconsistent or not ours */
+  KVS_LLAMA_BLOB_KEYED,      /* keyed / chunk / canon_tokens inconsistent or not ours */
   KVS_LLAMA_BLOB_STATE,      /* state too short or not starting with KVS_LLAMA_STATE_MAGIC */
   KVS_LLAMA_BLOB_MODEL,      /* made by another model */
   KVS_LLAMA_BLOB_NAMESPACE,  /* made in another namespace (KV types, settings, salt) */

@@ -19,18 +19,19 @@ system prefix of about 1,100 tokens (generated English-like text).
               B's prompt is restored either way.
   app         prefix_app.mjs, one context with three sequences, prompts sharing the prefix,
               in one batch and in batches of 512: identical tokens, restores counted.
-  divergence  prompts sharing only part of a chunk (restored up to a multiple of 64 within it); a sequence that context shift shifted
-              (small context, long generation); an output on every prompt token (nothing may be
-              skipped); several sequences evaluated at once (batches mixing sequences): all
-              identical to the runs without kvshim.
+  divergence  prompts sharing only part of a chunk (restored up to a multiple of 64 within
+              it); a sequence that context shift shifted (small context, long generation); an
+              output on every prompt token (nothing may be skipped); several sequences
+              evaluated at once (batches mixing sequences): all identical to the runs without
+              kvshim.
   faults      with A's states in `kvshim serve`: a model of the same shape with other weights
               and a context with another KV type never restore them; a pool too small for a
               state stores nothing; the cache peer stopped (short RPC deadline) and killed
               while B waits for it: B falls back; identical tokens every time.
   sequences   prompt A stored by a context of two sequences (through `kvshim serve`; a state
-              loads only into a context with as many KV streams); a new process evaluates B and C at once
-              on two sequences of one context (batches holding both): both restore the cached
-              prefix, identical tokens (default 512 and 2048 batches).
+              loads only into a context with as many KV streams); a new process evaluates B
+              and C at once on two sequences of one context (batches holding both): both
+              restore the cached prefix, identical tokens (default 512 and 2048 batches).
   four        four processes started together, cold, on prompts sharing the prefix (512
               batches, `kvshim serve`): identical tokens; the shared batches are computed once
               (claims) and restored by the three others (single flight).
