@@ -33,19 +33,32 @@
  *   llama_state_set_data    (whole context) every sequence is TAINTED. The sequence state loads
  *                           hooked by llama.c tell us through kvs__llama_prefix_state_load.
  *
- * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): for the
- * largest chunk-aligned k with kvs__px_restore_ok whose key h(k/chunk - 1) is cached (local
+ * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): the blob
+ * under the longest cached chunk key h(j - 1) of the prompt so far with j * chunk > n (local
  * store, probed key by key from the longest; else the peers' longest run, which includes the
- * cache peer), the blob is checked (kvs__llama_blob_check, and its first k tokens must be the
- * sequence's), fed to the engine's llama_state_seq_set_data[_ext] straight from the pool
- * (pinned; a peer's copy is first copied into a local object bound under every chunk key it
- * covers, and kept when it passed the checks), trimmed to k with llama_memory_seq_rm and
- * verified (memory positions exactly 0..k-1); then the batch minus its first k - n tokens is
- * decoded and the index remap is set. Any failure after the engine was touched: S is cleared
- * (the engine's llama_state_seq_set_data replaced it), its n old tokens are decoded again in
- * canonical pieces (so their KV is byte-identical to before), and the original batch is
- * decoded unchanged. A rest-batch the engine refuses (1: no KV slot, -1) is undone the same
- * way (trim back to n) and the original batch decoded.
+ * cache peer) is checked (kvs__llama_blob_check, and its first j * chunk tokens must be the
+ * sequence's); the restore point k is the largest multiple of the row alignment that
+ * kvs__px_restore_ok allows, within the tokens the blob shares with the prompt and within its
+ * canonical tokens (canon_tokens: a restore point need not be a chunk boundary). The blob is
+ * fed to the engine's llama_state_seq_set_data[_ext] straight from the pool (pinned; a peer's
+ * copy is first copied into a local object bound under every chunk key it covers, and kept
+ * when it passed the checks), trimmed to k with llama_memory_seq_rm and verified (memory
+ * positions exactly 0..k-1); then the batch minus its first k - n tokens is decoded and the
+ * index remap is set; when k == n + m (a batch asking no output, wholly in the cached prefix)
+ * nothing is decoded and every index maps to "no output". Any failure after the engine was
+ * touched: S is cleared (the engine's llama_state_seq_set_data replaced it), its n old tokens
+ * are decoded again in canonical pieces (so their KV is byte-identical to before), and the
+ * original batch is decoded unchanged. A rest-batch the engine refuses (1: no KV slot, -1) is
+ * undone the same way (trim back to n) and the original batch decoded.
+ *
+ * Batches of several sequences (px_mixed): skipped whole when they ask no output and every
+ * sequence's part is a whole restore; else passed through.
+ *
+ * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
+ * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
+ *
+ * Sliding-window models without swa_full (c->swa): states are stored only when they end on a
+ * chunk boundary with every token canonical, under their own key, and restored only whole.
  *
  * Snapshot. After a successful single-sequence decode whose last token has an output, when
  * floor(min(n, canon) / chunk) chunks >= min tokens and >= the last snapshot + one chunk: unless

@@ -12,6 +12,7 @@ usage: tiny_swa.py --swa N [tiny-gguf flags...] --out PATH
 import importlib.machinery
 import importlib.util
 import os
+import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,7 +41,7 @@ def main(argv):
 
     def build_olmo2(a):
         header, tensors, total = build_llama(a)  # the llama model: reuse its tensor objects
-        F16, F32 = t.GGML_F16, t.GGML_F32
+        F32 = t.GGML_F32
         by = {x.name: x for x in tensors}
         out = [by["token_embd.weight"]]
         for i in range(a.layers):
@@ -53,7 +54,6 @@ def main(argv):
             out += [by[p + n] for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")]
             out.append(t.Tensor(p + "post_ffw_norm.weight", [a.embd], F32))
         out += [x for x in tensors if x.name in ("output_norm.weight", "output.weight")]
-        del F16
         # the key/values: llama.* becomes olmo2.*, plus the window
         kv_end = header.index(tensors[0].info())
         kvs_blob = header[4 + 4 + 8 + 8:kv_end]
@@ -70,7 +70,6 @@ def main(argv):
         for x in out:
             x.offset = off
             off += x.nbytes + t.pad_to(x.nbytes)
-        import struct
         hdr = (t.GGUF_MAGIC + struct.pack("<IQQ", t.GGUF_VERSION, len(out), n_kv) + kvs_blob
                + b"".join(x.info() for x in out))
         hdr += b"\0" * t.pad_to(len(hdr))
