@@ -86,7 +86,9 @@ extern "C" {
   X(one_copy, "KVSHIM_ONE_COPY", BOOL, "1", 0, 1, "", "",                                     \
     "with a kvshim serve cache peer: store into and load from its pool, keep no own copy")    \
   X(pool_lean_size, "KVSHIM_POOL_LEAN_SIZE", SIZE, "32M", 1ull << 20, 1ull << 40, "", "bytes", \
-    "usable pool while a cache peer is in the group (KVSHIM_POOL_SIZE without one)")
+    "usable pool while a cache peer is in the group (KVSHIM_POOL_SIZE without one)")           \
+  X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
+    "llama prefix cache: longest wait for another process computing the same prefix (0: never)")
 
 /* ENUM values, in the order of their choices strings. */
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;

@@ -119,7 +119,9 @@ extern "C" {
   X(cache_peer_stores, C, "one copy: objects stored straight into the cache peer's pool")      \
   X(cache_peer_loads, C, "one copy: objects read from the cache peer's pool into the caller's") \
   X(cache_peer_fallbacks, C,                                                                  \
-    "one copy: stores and loads the cache peer failed, served by the own pool instead")
+    "one copy: stores and loads the cache peer failed, served by the own pool instead")        \
+  X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
+  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

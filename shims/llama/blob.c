@@ -26,9 +26,11 @@ kvs__llama_blob_status_t kvs__llama_blob_check(const uint8_t *blob, uint64_t len
   bool keyed_ok = h.kind == KVS_LLAMA_BLOB_KIND_PREFIX
                       ? h.chunk_tokens == want->chunk && want->chunk != 0 &&
                             h.keyed_tokens != 0 && h.keyed_tokens % want->chunk == 0 &&
-                            h.keyed_tokens <= h.n_tokens
-                      : h.keyed_tokens == 0 && h.chunk_tokens == 0;
-  if (!keyed_ok || h.reserved != 0) return KVS_LLAMA_BLOB_KEYED;
+                            h.keyed_tokens <= h.n_tokens &&
+                            (h.canon_tokens == 0 || (h.canon_tokens >= h.keyed_tokens &&
+                                                     h.canon_tokens <= h.n_tokens))
+                      : h.keyed_tokens == 0 && h.chunk_tokens == 0 && h.canon_tokens == 0;
+  if (!keyed_ok) return KVS_LLAMA_BLOB_KEYED;
   uint32_t state_magic = 0;
   if (h.state_size >= KVS_LLAMA_STATE_HDR)
     memcpy(&state_magic, blob + KVS_LLAMA_BLOB_HDR + tok_bytes, sizeof state_magic);
@@ -151,7 +153,7 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   hdr->hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
   hdr->n_tokens = n;
   hdr->state_size = S;
-  hdr->reserved = 0;
+  hdr->canon_tokens = 0; /* PREFIX: the caller sets it before the commit */
   struct timespec now;
   clock_gettime(CLOCK_REALTIME_COARSE, &now); /* the clock file mtimes come from */
   hdr->saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;

@@ -28,7 +28,8 @@
  *     magic, version and hdr_size are this file's; kind == the kind asked for;
  *     object length == hdr_size + 4 n_tokens + state_size  (no truncated or padded blob);
  *     SEQ: keyed_tokens == chunk_tokens == 0; PREFIX: chunk_tokens == ours,
- *          0 < keyed_tokens <= n_tokens, keyed_tokens % chunk_tokens == 0; reserved == 0;
+ *          0 < keyed_tokens <= n_tokens, keyed_tokens % chunk_tokens == 0, canon_tokens == 0
+ *          or keyed_tokens <= canon_tokens <= n_tokens; SEQ: canon_tokens == 0;
  *     state_size >= 8 and the state starts with KVS_LLAMA_STATE_MAGIC;
  *     model_fp == the fingerprint of the model of the context it is restored into;
  *     (ns_lo, ns_hi) == the namespace key of that context (model + KV settings);
@@ -80,7 +81,9 @@ typedef struct kvs__llama_blob_hdr {
   uint64_t file_dev, file_ino, file_size;
   int64_t file_mtime_ns;
   uint32_t file_known;
-  uint32_t reserved;       /* 0 */
+  uint32_t canon_tokens;   /* PREFIX: leading tokens whose KV is canonical (prefix_shadow.h), a
+                            * restore may stop at any aligned position up to it; 0 (older
+                            * producers): keyed_tokens. SEQ: 0 */
   uint64_t checksum;       /* kvs__llama_blob_checksum */
 } kvs__llama_blob_hdr_t;
 
@@ -114,7 +117,7 @@ typedef enum kvs__llama_blob_status {
   KVS_LLAMA_BLOB_SHORT,      /* shorter than a header */
   KVS_LLAMA_BLOB_FOREIGN,    /* magic, version, header size or kind not ours */
   KVS_LLAMA_BLOB_LENGTH,     /* object length != header + tokens + state (truncated/padded) */
-  KVS_LLAMA_BLOB_KEYED,      /* keyed_tokens / chunk_tokens / reserved inconsistent or not ours */
+  KVS_LLAMA_BLOB_KEYED,      /* keyed / chunk / canon_tokens inconsistent or not ours */
   KVS_LLAMA_BLOB_STATE,      /* state too short or not starting with KVS_LLAMA_STATE_MAGIC */
   KVS_LLAMA_BLOB_MODEL,      /* made by another model */
   KVS_LLAMA_BLOB_NAMESPACE,  /* made in another namespace (KV types, settings, salt) */

@@ -126,6 +126,7 @@
   X(bool, llama_model_is_recurrent, (const struct llama_model *model), (model))               \
   X(bool, llama_model_is_hybrid, (const struct llama_model *model), (model))                  \
   X(bool, llama_model_is_diffusion, (const struct llama_model *model), (model))               \
+  X(int32_t, llama_model_n_swa, (const struct llama_model *model), (model))                   \
   X(bool, llama_supports_gpu_offload, (void), ())                                             \
   X(size_t, llama_state_seq_get_size_ext, (struct llama_context * ctx, int32_t seq, uint32_t fl), \
     (ctx, seq, fl))                                                                           \

@@ -33,19 +33,32 @@
  *   llama_state_set_data    (whole context) every sequence is TAINTED. The sequence state loads
  *                           hooked by llama.c tell us through kvs__llama_prefix_state_load.
  *
- * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): for the
- * largest chunk-aligned k with kvs__px_restore_ok whose key h(k/chunk - 1) is cached (local
+ * Restore. A single-sequence batch of m tokens extending CLEAN sequence S (n tokens): the blob
+ * under the longest cached chunk key h(j - 1) of the prompt so far with j * chunk > n (local
  * store, probed key by key from the longest; else the peers' longest run, which includes the
- * cache peer), the blob is checked (kvs__llama_blob_check, and its first k tokens must be the
- * sequence's), fed to the engine's llama_state_seq_set_data[_ext] straight from the pool
- * (pinned; a peer's copy is first copied into a local object bound under every chunk key it
- * covers, and kept when it passed the checks), trimmed to k with llama_memory_seq_rm and
- * verified (memory positions exactly 0..k-1); then the batch minus its first k - n tokens is
- * decoded and the index remap is set. Any failure after the engine was touched: S is cleared
- * (the engine's llama_state_seq_set_data replaced it), its n old tokens are decoded again in
- * canonical pieces (so their KV is byte-identical to before), and the original batch is
- * decoded unchanged. A rest-batch the engine refuses (1: no KV slot, -1) is undone the same
- * way (trim back to n) and the original batch decoded.
+ * cache peer) is checked (kvs__llama_blob_check, and its first j * chunk tokens must be the
+ * sequence's); the restore point k is the largest multiple of the row alignment that
+ * kvs__px_restore_ok allows, within the tokens the blob shares with the prompt and within its
+ * canonical tokens (canon_tokens: a restore point need not be a chunk boundary). The blob is
+ * fed to the engine's llama_state_seq_set_data[_ext] straight from the pool (pinned; a peer's
+ * copy is first copied into a local object bound under every chunk key it covers, and kept
+ * when it passed the checks), trimmed to k with llama_memory_seq_rm and verified (memory
+ * positions exactly 0..k-1); then the batch minus its first k - n tokens is decoded and the
+ * index remap is set; when k == n + m (a batch asking no output, wholly in the cached prefix)
+ * nothing is decoded and every index maps to "no output". Any failure after the engine was
+ * touched: S is cleared (the engine's llama_state_seq_set_data replaced it), its n old tokens
+ * are decoded again in canonical pieces (so their KV is byte-identical to before), and the
+ * original batch is decoded unchanged. A rest-batch the engine refuses (1: no KV slot, -1) is
+ * undone the same way (trim back to n) and the original batch decoded.
+ *
+ * Batches of several sequences (px_mixed): skipped whole when they ask no output and every
+ * sequence's part is a whole restore; else passed through.
+ *
+ * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
+ * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
+ *
+ * Sliding-window models without swa_full (c->swa): states are stored only when they end on a
+ * chunk boundary with every token canonical, under their own key, and restored only whole.
  *
  * Snapshot. After a successful single-sequence decode whose last token has an output, when
  * floor(min(n, canon) / chunk) chunks >= min tokens and >= the last snapshot + one chunk: unless
@@ -135,6 +148,7 @@ typedef struct px_ctx {
   pthread_mutex_t lock;                /* guards every field below except skip */
   kvs__llama_memory_t mem;
   bool disabled;          /* never restored into or snapshotted again */
+  bool swa;               /* sliding-window attention without swa_full: whole states only */
   uint8_t fp[KVS_LLAMA_FP_SIZE];
   kvs_key_t ns;           /* namespace key (model + KV settings) */
   kvs__px_rules_t rules;
@@ -193,6 +207,8 @@ typedef struct __attribute__((packed)) px_sig {
   float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
       yarn_beta_slow;
   uint32_t yarn_orig_ctx, ubatch_if_gpu;
+  uint32_t n_stream; /* KV streams: a sequence state carries the count and loads only into a
+                      * context with as many (1, or n_seq_max without kv_unified) */
 } px_sig_t;
 _Static_assert(sizeof(px_sig_t) + KVS_LLAMA_FP_SIZE <= KVS_NS_STR_MAX, "namespace model field");
 
@@ -214,6 +230,13 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
       px_model_flag(px_real_llama_model_is_hybrid(), model) ||
       px_model_flag(px_real_llama_model_is_diffusion(), model))
     return "the model is not a plain decoder with a KV cache";
+  /* Sliding-window attention without swa_full: the engine's window cache drops the cells that
+   * left the window, so a stored state can never be trimmed to a restore point, and the
+   * sequence's memory no longer starts at position 0. Such a context stores only states that
+   * end on a chunk boundary with every token canonical (whole-state restore points), under
+   * their own chunk key only, and restores a state only whole, untrimmed (px_restore_point). */
+  kvs__px_pfn_llama_model_n_swa n_swa = px_real_llama_model_n_swa();
+  c->swa = n_swa && n_swa(model) > 0 && !p->swa_full;
   kvs__px_pfn_llama_get_memory get_memory = px_real_llama_get_memory();
   kvs__px_pfn_llama_n_ctx_seq n_ctx_seq = px_real_llama_n_ctx_seq();
   kvs__px_pfn_llama_n_seq_max n_seq_max = px_real_llama_n_seq_max();
@@ -237,7 +260,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
 
   px_sig_t sig;
   memset(&sig, 0, sizeof sig);
-  sig.version = 1;
+  sig.version = 2;
   sig.gpu = gpu;
   sig.offload_kqv = p->offload_kqv;
   sig.swa_full = p->swa_full;
@@ -251,6 +274,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   sig.yarn_beta_slow = p->yarn_beta_slow;
   sig.yarn_orig_ctx = p->yarn_orig_ctx;
   sig.ubatch_if_gpu = gpu ? ub : 0;
+  sig.n_stream = p->kv_unified ? 1 : n_seq;
   kvs_namespace_t ns;
   memset(&ns, 0, sizeof ns);
   memcpy(ns.engine, "llama.cpp/prefix", sizeof "llama.cpp/prefix");
@@ -325,6 +349,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     atomic_store_explicit(&slot->ctx, NULL, memory_order_relaxed);
     slot->mem = tmp.mem;
     slot->disabled = false;
+    slot->swa = tmp.swa;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
     slot->ns = tmp.ns;
     slot->rules = tmp.rules;
@@ -441,6 +466,7 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
 typedef enum px_res {
   PX_OK = 0,     /* restored: the sequence holds exactly k tokens */
   PX_SKIP,       /* nothing usable; the engine was not touched */
+  PX_NONE,       /* a good blob, but no restore point beyond n: the engine was not touched */
   PX_BAD,        /* the blob failed a check; the engine was not touched */
   PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
 } px_res_t;
@@ -484,9 +510,51 @@ static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t 
   }
 }
 
-/* Check blob against the k tokens wanted and restore it into sequence s (n tokens now). */
-static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n,
-                                uint32_t k, const uint8_t *blob, uint64_t len) {
+/* What a restore into sequence s (n tokens, a batch of m more, first output at first_out) may
+ * use: tokens[0, n + m) are the prompt so far (the shadow's tokens, the batch's after them). */
+typedef struct px_plan {
+  int32_t s;
+  uint32_t n, m, first_out;
+  uint32_t keyed; /* the chunk key the blob was found under covers this many tokens */
+  bool whole;     /* only k == n + m will do (a batch of several sequences, skipped whole) */
+} px_plan_t;
+
+/* The restore point for a checked blob: the largest k the kernel-class rules allow
+ * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
+ * prompt. 0: none beyond n. */
+static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
+                                 const kvs__llama_blob_hdr_t *h, const uint8_t *blob) {
+  uint32_t lim = h->canon_tokens ? h->canon_tokens : h->keyed_tokens;
+  if (lim > pl->n + pl->m) lim = pl->n + pl->m;
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
+  uint32_t same = pl->keyed; /* checked equal by the caller */
+  while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
+    same++;
+  const uint32_t al = c->rules.align;
+  if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
+    return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
+                   (!pl->whole || same == pl->n + pl->m) &&
+                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
+                                      pl->m, pl->first_out, same)
+               ? same
+               : 0;
+  if (pl->whole)
+    return same == pl->n + pl->m &&
+                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
+                                      pl->m, pl->first_out, same)
+               ? same
+               : 0;
+  for (uint32_t k = same / al * al; k > pl->n; k -= al)
+    if (kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
+                           pl->first_out, k))
+      return k;
+  return 0;
+}
+
+/* Check blob (found under the key of pl->keyed tokens), choose the restore point *k and restore
+ * it into the sequence (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)). */
+static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                                const uint8_t *blob, uint64_t len, uint32_t *k_out) {
   kvs__llama_blob_hdr_t h;
   const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_PREFIX, c->chunk, c->fp, c->ns};
   kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, &want, &h);
@@ -496,13 +564,18 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
+  int32_t s = pl->s;
+  uint32_t n = pl->n;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
-  if (h.keyed_tokens < k || memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)k * 4) != 0) {
+  if (h.keyed_tokens < pl->keyed ||
+      memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)pl->keyed * 4) != 0) {
     kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
   if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
+  uint32_t k = px_restore_point(c, pl, &h, blob);
+  if (!k) return PX_NONE;
   const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
   kvs__llama_state_api_t api;
@@ -514,9 +587,13 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
   if (!why) {
     int32_t lo = px_real_llama_memory_seq_pos_min()(c->mem, s);
     int32_t hi = px_real_llama_memory_seq_pos_max()(c->mem, s);
-    if (lo != 0 || hi != (int32_t)k - 1) why = "the restored cells are not positions 0..k-1";
+    if ((c->swa ? lo < 0 : lo != 0) || hi != (int32_t)k - 1)
+      why = "the restored cells are not positions 0..k-1";
   }
-  if (!why) return PX_OK;
+  if (!why) {
+    *k_out = k;
+    return PX_OK;
+  }
   kvs_log_info("llama.cpp prefix cache: restore of %u tokens into sequence %d failed (%s): "
                "decoding the batch unchanged", k, s, why);
   px_undo(c, ctx, s, n);
@@ -524,14 +601,14 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, int32_t 
 }
 
 static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
-                                 int32_t s, uint32_t n, uint32_t k) {
+                                 const px_plan_t *pl, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)s)[k / c->chunk - 1];
+  kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)pl->s)[pl->keyed / c->chunk - 1];
   const uint8_t *blob;
   uint64_t len;
   kvs_xfer_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, blob, len);
+  px_res_t res = px_restore_blob(c, ctx, pl, blob, len, k);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
 }
@@ -571,7 +648,7 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
     c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
   }
   *keys = c->kscratch;
-  return (int)J;
+  return c->swa ? 1 : (int)J; /* a window state: its own chunk key only */
 bad: /* delivered under our key but not a state we can use: the peer is told (REPORT_BAD) */
   k->bad_len = len;
   k->bad_sum = kvs_checksum64(bytes, (size_t)len);
@@ -591,18 +668,18 @@ static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, 
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
-                                int32_t s, uint32_t n, uint32_t k, uint64_t instance) {
+                                const px_plan_t *pl, uint64_t instance, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  uint32_t j = k / c->chunk;
-  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], j, 0, 0};
+  uint32_t j = pl->keyed / c->chunk;
+  px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)pl->s)[j - 1], j, 0, 0};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
-  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, s, n, k);
+  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, pl, k);
   if (st != KVS_FETCH_COPIED) {
     if (fk.bad_len) px_report_bad(rt, instance, fk.want, fk.bad_len, fk.bad_sum, false);
     return PX_SKIP;
   }
-  px_res_t res = px_restore_blob(c, ctx, s, n, k, f.blob, f.len);
+  px_res_t res = px_restore_blob(c, ctx, pl, f.blob, f.len, k);
   if (res == PX_BAD)
     px_report_bad(rt, instance, fk.want, f.len, kvs_checksum64(f.blob, (size_t)f.len), true);
   kvs__llama_blob_keep(&home, &f, res != PX_BAD); /* a good copy is kept */
@@ -610,57 +687,65 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   return res;
 }
 
-/* Find and restore the longest usable cached prefix k of sequence s for batch b. Returns k
- * (0: nothing restored; the engine is as it was). */
-static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
-                           const kvs__px_batch_info_t *bi) {
-  int32_t s = bi->seq;
+/* Find and restore the longest usable cached prefix k of sequence s, whose m batch tokens are
+ * already in the shadow after its n (positions beyond n become real only if the decode
+ * succeeds): the blob under the longest cached chunk key of the prompt so far (local store,
+ * probed key by key from the longest; else the peers' longest run), restored up to the restore
+ * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
+ * Returns k (0: nothing restored; the engine is as it was). */
+static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                           uint32_t first_out, bool whole, bool *possible) {
   kvs__px_seq_t *q = &c->sh.seq[s];
-  uint32_t n = q->n, m = (uint32_t)b->n_tokens, C = c->chunk;
+  uint32_t n = q->n, C = c->chunk, al = c->rules.align;
+  if (possible) *possible = false;
   if ((uint64_t)n + m > c->sh.cap) return 0;
-  uint32_t jmax = 0;
-  for (uint32_t j = (n + m) / C; j > n / C && !jmax; j--)
-    if (kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      jmax = j;
-  if (!jmax) return 0;
+  /* Is any restore point possible at all (at most n + m)? */
+  bool any = false;
+  for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
+    any = (!whole || k == n + m) &&
+          kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, first_out, k);
+  uint32_t jmax = (n + m) / C;
+  if (!any || !jmax) return 0;
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
-  /* The prompt so far: shadow + batch (positions beyond n become real only if the decode
-   * succeeds), and its chunk keys. */
-  memcpy(kvs__px_tok(&c->sh, (uint32_t)s) + n, b->token, (size_t)m * 4);
   {
     KVS__REENTRY_GUARD();
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, jmax);
   }
+  if (possible) *possible = true;
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  for (uint32_t j = jmax; j > n / C; j--) {
-    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      continue;
+  px_plan_t pl = {s, n, m, first_out, 0, whole};
+  uint32_t k = 0;
+  for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
     int here;
     {
       KVS__REENTRY_GUARD();
       here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
     }
     if (here != 1) continue;
-    px_res_t r = px_restore_local(c, rt, ctx, s, n, j * C);
-    if (r == PX_OK) return j * C;
+    pl.keyed = j * C;
+    px_res_t r = px_restore_local(c, rt, ctx, &pl, &k);
+    if (r == PX_OK) return k;
     if (r == PX_ENGINE) return 0;
+    if (r == PX_NONE) break; /* shorter keys find the same or an older, shorter state */
   }
   if (!rt->peers) return 0;
   uint64_t best = 0;
-  int run;
-  {
+  int run = 0;
+  if (c->swa) { /* window states are bound under their own key only: probe key by key */
+    for (uint32_t j = jmax; j * C > n && !run; j--) {
+      KVS__REENTRY_GUARD();
+      if (kvs_peers_lookup(rt->peers, &keys[j - 1], 1, &best) == 1) run = (int)j;
+    }
+  } else {
     KVS__REENTRY_GUARD();
     run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
   }
-  for (uint32_t j = run > 0 ? (uint32_t)run : 0; j > n / C && best; j--) {
-    if (!kvs__px_restore_ok(&c->rules, C, c->min_tokens, n, q->canon, m, bi->first_out, j * C))
-      continue;
-    px_res_t r = px_restore_peer(c, rt, ctx, s, n, j * C, best);
-    return r == PX_OK ? j * C : 0;
-  }
-  return 0;
+  if (run <= 0 || !best || (uint32_t)run * C <= n) return 0;
+  pl.keyed = (uint32_t)run * C;
+  px_res_t r = px_restore_peer(c, rt, ctx, &pl, best, &k);
+  return r == PX_OK ? k : 0;
 }
 
 /* ---- snapshot ---------------------------------------------------------------------------------- */
@@ -670,6 +755,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   if (q->tainted) return;
   uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
   if (J == 0 || J * C < c->min_tokens || J * C < q->snap + C) return;
+  if (c->swa && (N != J * C || cov != N)) return; /* could only be restored trimmed: never */
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return;
   kvs_stats_t *st = px_stats();
@@ -703,13 +789,15 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   h.ns_hi = c->ns.hi;
   kvs__llama_blob_save_t sv;
   const char *why = NULL;
-  int rc = kvs__llama_blob_begin(&home, c->kscratch, J, false, &api, ctx, s,
+  int rc = kvs__llama_blob_begin(&home, c->kscratch, c->swa ? 1 : J, false, &api, ctx, s,
                                  kvs__px_tok(&c->sh, (uint32_t)s), N, &h, &sv);
   if (rc == -EEXIST) {
     q->snap = J * C;
     return;
   }
-  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, J, &h, &sv) < 0) rc = -EPIPE;
+  h.canon_tokens = cov; /* a restore may stop anywhere the rules allow up to here */
+  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, c->swa ? 1 : J, &h, &sv) < 0)
+    rc = -EPIPE;
   if (rc < 0) {
     why = rc == -ENODATA ? "the engine reported no sequence state"
           : rc == -EIO   ? "llama_state_seq_get_data did not write the size get_size announced"
@@ -757,6 +845,139 @@ static void px_after(px_ctx_t *c, const kvs__llama_batch_t *b, const kvs__px_bat
   }
 }
 
+/* ---- single flight -------------------------------------------------------------------------------
+
+ * When a batch of one sequence finds nothing to restore, the process claims it for the node: a
+ * tiny object in its own pool under the claim key of the batch's longest chunk prefix,
+ * h(jmax - 1) chained with one marker word (never a chunk key: those chain whole chunks). A
+ * process whose batch finds nothing but a peer's claim on the same key waits (up to
+ * KVSHIM_LLAMA_WAIT_MS) until the claim is gone, then looks up again and restores what the
+ * claimant stored. The claimant stores its state after every claimed batch (progress, not only
+ * when the prompt is finished) and removes its claim after it. Two processes that claim at once:
+ * the one that sees a peer's claim of a lower instance id withdraws and waits (a race can still
+ * leave two computing, never none). A claimant that dies leaves a claim its peers stop seeing
+ * with its coordinator; one that hangs is waited for until the deadline. No new message: claims
+ * are store objects found with LOOKUP (docs/protocol.md). */
+#define PX_CLAIM_MARK 0xffffffffu
+
+static kvs_key_t px_claim_key(const px_ctx_t *c, int32_t s, uint32_t j) {
+  const uint32_t mark = PX_CLAIM_MARK;
+  return kvs_keys_chain(kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], &mark, 1);
+}
+
+/* The instance id of a peer holding key (0: none). */
+static uint64_t px_peer_holding(kvs__runtime_t *rt, const kvs_key_t *key) {
+  uint64_t best = 0;
+  KVS__REENTRY_GUARD();
+  return kvs_peers_lookup(rt->peers, key, 1, &best) == 1 ? best : 0;
+}
+
+static void px_unclaim(kvs__runtime_t *rt, const kvs_key_t *key) {
+  KVS__REENTRY_GUARD();
+  (void)kvs_store_remove(rt->store, key);
+}
+
+static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) {
+  KVS__REENTRY_GUARD();
+  kvs_layout_t l = kvs_layout_blob(8);
+  uint8_t outcome = 0;
+  kvs_extent_t ext;
+  kvs_xfer_t x = 0;
+  if (kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, key, 1, &l, KVS_RESERVE_NO_EVICT,
+                               &outcome, &ext, &x) != 1)
+    return false;
+  memcpy(kvs_pool_base(rt->pool) + ext.offset, &rt->instance_id, 8);
+  return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, x) == 0;
+}
+
+/* Wait until no peer holds the claim key (or the deadline, ms since the epoch of kvs__now_ms). */
+static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, uint64_t deadline) {
+  while (px_peer_holding(rt, key) && kvs__now_ms() < deadline) {
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Batch of m tokens of sequence s found nothing to restore (possible: a restore was possible,
+ * and the keys up to jmax are computed). Waits for a peer's claim and restores after it
+ * (returns k), or claims the batch (*claimed, key in *ck; returns 0). */
+static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                          uint32_t first_out, kvs_key_t *ck, bool *claimed) {
+  kvs__runtime_t *rt = kvs__runtime_get();
+  const kvs_options_t *o = kvs__runtime_options();
+  uint32_t jmax = (c->sh.seq[s].n + m) / c->chunk;
+  *claimed = false;
+  if (!rt || !rt->peers || !o || o->llama_wait_ms <= 0 || !jmax) return 0;
+  *ck = px_claim_key(c, s, jmax);
+  uint64_t deadline = kvs__now_ms() + (uint64_t)o->llama_wait_ms;
+  uint64_t holder = px_peer_holding(rt, ck);
+  if (!holder) {
+    if (!px_claim(rt, ck)) return 0;
+    holder = px_peer_holding(rt, ck);
+    if (!holder || holder > rt->instance_id) {
+      *claimed = true;
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_claims);
+      return 0;
+    }
+    px_unclaim(rt, ck); /* both claimed: the lower instance id computes */
+  }
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_waits);
+  kvs_log_debug("llama.cpp prefix cache: sequence %d: waiting for process %016llx, which "
+                "computes the same prefix", s, (unsigned long long)holder);
+  px_wait_claim(rt, ck, deadline);
+  return px_restore(c, ctx, s, m, first_out, false, NULL);
+}
+
+/* A batch of several sequences that asks no output: when every token belongs to one CLEAN
+ * sequence at its next position and each sequence's part is a whole restore (k = n_s + m_s,
+ * kvs__px_restore_ok), and the batch itself splits into long ubatches only (m a multiple of
+ * align, a long last ubatch: every token the engine would compute here is of the canonical
+ * class), restore every sequence and decode nothing. Else (or when one restore fails: those
+ * done are undone) nothing changed and the batch is the engine's. True when skipped. */
+static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_batch_t *b,
+                     const int32_t *p0) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  if (m % c->rules.align || kvs__px_last_ubatch(m, c->rules.ubatch) < c->rules.min_rows)
+    return false;
+  uint32_t cnt[KVS_PX_MAX_SEQ];
+  memset(cnt, 0, sizeof cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t at = q->n + cnt[s];
+    if (q->tainted || at >= c->sh.cap) return false;
+    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
+    if (pos != (int32_t)at) return false;
+    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
+    cnt[s]++;
+  }
+  uint32_t done[KVS_PX_MAX_SEQ], nd = 0;
+  bool ok = true;
+  for (uint32_t s = 0; s < c->sh.n_seq && ok; s++) {
+    if (!cnt[s]) continue;
+    uint32_t n = c->sh.seq[s].n;
+    ok = px_restore(c, ctx, (int32_t)s, cnt[s], cnt[s], true, NULL) == n + cnt[s];
+    if (ok) done[nd++] = s;
+  }
+  if (!ok) {
+    for (uint32_t i = 0; i < nd; i++) px_undo(c, ctx, (int32_t)done[i], c->sh.seq[done[i]].n);
+    return false;
+  }
+  for (uint32_t i = 0; i < nd; i++) {
+    kvs__px_seq_t *q = &c->sh.seq[done[i]];
+    uint32_t k = q->n + cnt[done[i]];
+    q->n = k;
+    q->canon = k;
+    if (q->nkeys < k / c->chunk) q->nkeys = k / c->chunk;
+    if (q->snap < k / c->chunk * c->chunk) q->snap = k / c->chunk * c->chunk;
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
+    kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, cnt[done[i]]);
+  }
+  px_set_skip(c, KVS_PX_SKIP_ALL);
+  return true;
+}
+
 static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
                          const kvs__llama_batch_t *b) {
   px_set_skip(c, 0);
@@ -781,7 +1002,8 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     p0[s] = hi + 1;
     kvs__px_seq_t *q = &c->sh.seq[s];
     if (q->tainted) continue;
-    bool agree = q->n == 0 ? hi == -1 : hi == (int32_t)q->n - 1 && pos_min(c->mem, (int32_t)s) == 0;
+    int32_t lo = q->n == 0 ? -1 : pos_min(c->mem, (int32_t)s);
+    bool agree = q->n == 0 ? hi == -1 : hi == (int32_t)q->n - 1 && (c->swa ? lo >= 0 : lo == 0);
     if (!agree) {
       kvs_log_debug("llama.cpp prefix cache: sequence %u: memory holds positions up to %d, "
                     "kvshim knew %u tokens: not cached until cleared", s, hi, q->n);
@@ -794,13 +1016,26 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     for (int32_t i = 0; i < b->n_tokens && eligible; i++)
       eligible = b->pos[i] == (int32_t)(n + (uint32_t)i);
   }
+  if (!bi.single && bi.has_tokens && !c->disabled && bi.first_out == (uint32_t)b->n_tokens &&
+      px_mixed(c, ctx, b, p0))
+    return 0;
   kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",
                 bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
   if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
   int32_t r;
-  uint32_t k = eligible ? px_restore(c, ctx, b, &bi) : 0;
+  if (eligible)
+    memcpy(kvs__px_tok(&c->sh, (uint32_t)bi.seq) + c->sh.seq[bi.seq].n, b->token,
+           (size_t)b->n_tokens * 4);
+  bool possible = false, claimed = false;
+  kvs_key_t ck;
+  uint32_t k = eligible && (uint64_t)c->sh.seq[bi.seq].n + (uint32_t)b->n_tokens <= c->sh.cap
+                   ? px_restore(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, false,
+                                &possible)
+                   : 0;
+  if (!k && possible)
+    k = px_flight(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, &ck, &claimed);
   if (k) {
     int32_t s = bi.seq;
     kvs__px_seq_t *q = &c->sh.seq[s];
@@ -809,7 +1044,7 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     q->n = k;
     q->canon = k;
     q->nkeys = k / c->chunk > nkeys ? k / c->chunk : nkeys;
-    if (q->snap < k) q->snap = k;
+    if (q->snap < k / c->chunk * c->chunk) q->snap = k / c->chunk * c->chunk;
     kvs__llama_batch_t sub = *b;
     sub.n_tokens = (int32_t)(m - skip);
     sub.token += skip;
@@ -817,8 +1052,9 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     if (sub.n_seq_id) sub.n_seq_id += skip;
     if (sub.seq_id) sub.seq_id += skip;
     if (sub.logits) sub.logits += skip;
-    px_set_skip(c, (int32_t)skip);
-    r = real(ctx, sub);
+    /* A batch wholly inside the restored prefix asks no output: nothing left to decode. */
+    px_set_skip(c, skip == m ? KVS_PX_SKIP_ALL : (int32_t)skip);
+    r = skip == m ? 0 : real(ctx, sub);
     if (r == 0) {
       q->n = n + m;
       q->canon = kvs__px_canon_after(&c->rules, k, k, m - skip);
@@ -846,7 +1082,10 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     r = real(ctx, *b);
     px_after(c, b, &bi, p0, in, r);
   }
-  if (r == 0 && eligible && bi.last_out && !c->disabled) px_snapshot(c, ctx, bi.seq);
+  /* A claimed batch is stored when done (progress for the processes waiting on it). */
+  if (r == 0 && eligible && (bi.last_out || claimed || c->swa) && !c->disabled)
+    px_snapshot(c, ctx, bi.seq);
+  if (claimed) px_unclaim(kvs__runtime_get(), &ck);
   return r;
 }
 

@@ -9,16 +9,20 @@
 
 /* ---- kernel-class rules ------------------------------------------------------------------------ */
 
-bool kvs__px_restore_ok(const kvs__px_rules_t *r, uint32_t chunk, uint32_t min_tokens,
-                        uint32_t n, uint32_t canon, uint32_t m, uint32_t first_out, uint32_t k) {
-  if (!r || !r->ubatch || !r->align || !chunk || m == 0) return false;
-  if (k % chunk != 0 || k <= n || k < min_tokens) return false;
+bool kvs__px_restore_ok(const kvs__px_rules_t *r, uint32_t min_tokens, uint32_t n,
+                        uint32_t canon, uint32_t m, uint32_t first_out, uint32_t k) {
+  if (!r || !r->ubatch || !r->align || m == 0) return false;
+  if (k % r->align != 0 || k <= n || k < min_tokens) return false;
   uint32_t s = k - n;
-  uint32_t lim = first_out < m - 1 ? first_out : m - 1;
-  if (s > lim) return false;
+  if (s > first_out || s > m) return false; /* an output is never skipped */
   if (canon != n) return false;
-  if (n % r->align != 0 || s % r->align != 0) return false;
-  if (r->ubatch < r->min_rows || r->ubatch % r->align != 0) return false;
+  if (n % r->align != 0) return false;
+  /* an unaligned n_ubatch (node-llama-cpp gives sliding-window models batch + 1) only when the
+   * batch is one ubatch in both splits */
+  if (r->ubatch < r->min_rows || (r->ubatch % r->align != 0 && m > r->ubatch)) return false;
+  /* s == m: nothing is decoded; the engine's own split must have given every token of the
+   * batch the canonical class (its last ubatch long; n and n + m aligned). */
+  if (s == m) return kvs__px_last_ubatch(m, r->ubatch) >= r->min_rows;
   if (s % r->ubatch == 0) return true;
   return kvs__px_last_ubatch(m, r->ubatch) >= r->min_rows &&
          kvs__px_last_ubatch(m - s, r->ubatch) >= r->min_rows;

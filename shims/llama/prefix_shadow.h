@@ -92,15 +92,25 @@ static inline uint32_t kvs__px_last_ubatch(uint32_t m, uint32_t ubatch) {
   return m - ubatch * ((m - 1) / ubatch);
 }
 
-/* May the first s tokens of a single-sequence batch of m tokens, extending a CLEAN sequence of
- * n tokens (canon of them canonical), whose first output is at batch index first_out (m when
- * none), be replaced by a restored prefix of k = n + s tokens? True when: k % chunk == 0,
- * k >= min_tokens, 0 < s <= min(first_out, m - 1) (no output is skipped, one token is left),
- * canon == n, n and s multiples of align, ubatch >= min_rows with ubatch % align == 0, and
- * either s % ubatch == 0 (the decoded ubatches are the engine's own) or the last ubatches of
- * both splits have >= min_rows tokens (every decoded token keeps its kernel class). */
-bool kvs__px_restore_ok(const kvs__px_rules_t *r, uint32_t chunk, uint32_t min_tokens,
-                        uint32_t n, uint32_t canon, uint32_t m, uint32_t first_out, uint32_t k);
+/* May the first s = k - n tokens of a single-sequence batch of m tokens, extending a CLEAN
+ * sequence of n tokens (canon of them canonical), whose first output is at batch index
+ * first_out (m when none), be replaced by a restored prefix of k tokens (the restored state
+ * trimmed to k with llama_memory_seq_rm; its first k tokens canonical)? True when:
+ * k % align == 0 (any restore point the kernel classes allow, not only chunk boundaries),
+ * k >= min_tokens, 0 < s <= min(first_out, m) (no output is skipped), canon == n, n a multiple
+ * of align, ubatch >= min_rows with ubatch % align == 0 (or m <= ubatch: one ubatch in both
+ * splits), and
+ *   s == m (the whole batch lies in the cached prefix and asks no output: it is not decoded at
+ *     all) when the engine's own last ubatch has >= min_rows tokens (then every token of the
+ *     batch would have been computed in the canonical class, which the restored KV has), or
+ *   s % ubatch == 0 (the decoded ubatches are the engine's own), or
+ *   the last ubatches of both splits have >= min_rows tokens (every decoded token keeps its
+ *     kernel class: ubatch starts stay aligned, and the partial row group of the last ubatch,
+ *     which ends at n + m in both splits, is the same).
+ * The restored tokens [n, k) are canonical in the engine's own split too: they lie in long
+ * ubatches, before the last ubatch's partial row group (k is a multiple of 4). */
+bool kvs__px_restore_ok(const kvs__px_rules_t *r, uint32_t min_tokens, uint32_t n,
+                        uint32_t canon, uint32_t m, uint32_t first_out, uint32_t k);
 
 /* The canonical positions after a successful single-sequence decode of m tokens at positions
  * n .. n+m-1 into a sequence with canon canonical positions out of n (returns canon unchanged
@@ -188,8 +198,12 @@ void kvs__px_keys_compute(kvs__px_shadow_t *sh, uint32_t s, kvs_key_t ns, uint32
 /* The index of the decoded batch for the engine's batch index i when the first skip tokens
  * were not decoded: i < 0 keeps its meaning (counted from the last output, and outputs are never
  * skipped); skipped tokens (0 <= i < skip) had no output and map to INT32_MAX, an index the
- * engine's function rejects exactly as it rejects any index without an output. */
+ * engine's function rejects exactly as it rejects any index without an output. skip ==
+ * KVS_PX_SKIP_ALL: the batch was not decoded at all (it asked no output), every index, negative
+ * ones included, maps to INT32_MAX (the engine's batch had no output either). */
+#define KVS_PX_SKIP_ALL INT32_MAX /* the whole batch was skipped: no index has an output */
 static inline int32_t kvs__px_map_index(int32_t skip, int32_t i) {
+  if (skip == KVS_PX_SKIP_ALL) return INT32_MAX;
   if (i < 0 || skip <= 0) return i;
   return i < skip ? INT32_MAX : i - skip;
 }

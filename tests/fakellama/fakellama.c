@@ -1,11 +1,14 @@
 /* tests/fakellama: see fakellama.h. Test code: plain malloc and stdio, one global lock. */
 #include "fakellama.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define SEQ_MAGIC 0x67677371u     /* 'ggsq' */
@@ -21,6 +24,7 @@
 struct llama_model {
   uint64_t id;
   uint32_t n_layer, n_embd;
+  uint32_t n_swa; /* fakellama.attention.sliding_window (0: none) */
   char name[64];
 };
 
@@ -143,6 +147,8 @@ struct llama_model *llama_model_load_from_file(const char *path, struct llama_mo
       m->n_layer = gr_u32(&g);
     } else if (KEY_IS("fakellama.embedding_length") && t == 4) {
       m->n_embd = gr_u32(&g);
+    } else if (KEY_IS("fakellama.attention.sliding_window") && t == 4) {
+      m->n_swa = gr_u32(&g);
     } else if (KEY_IS("general.name") && t == 8) {
       uint64_t sl = gr_u64(&g);
       const uint8_t *s = gr_take(&g, sl > g.n ? g.n + 1 : (size_t)sl);
@@ -168,6 +174,12 @@ out:
 }
 
 void llama_model_free(struct llama_model *model) { free(model); }
+
+/* llama.h: "Get the model's sliding window attention size (0 when the model has none)". The
+ * fake KV itself keeps every cell (as llama.cpp does with swa_full). */
+int32_t llama_model_n_swa(const struct llama_model *model) {
+  return model ? (int32_t)model->n_swa : 0;
+}
 
 struct llama_context_params llama_context_default_params(void) {
   struct llama_context_params p;
@@ -673,8 +685,26 @@ static void fill_row(const struct llama_context *ctx, float *logits, float *embd
   }
 }
 
+/* Test knobs FAKELLAMA_DECODE_TOUCH (a file created when a llama_decode call starts) and
+ * FAKELLAMA_DECODE_DELAY_MS (then it sleeps that long, outside the lock): a slow engine another
+ * process can catch in the middle of a prompt. */
+static void decode_knobs(void) {
+  const char *t = getenv("FAKELLAMA_DECODE_TOUCH");
+  if (t && *t) {
+    int fd = open(t, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
+  const char *d = getenv("FAKELLAMA_DECODE_DELAY_MS");
+  long ms = d ? strtol(d, NULL, 10) : 0;
+  if (ms > 0) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
   if (!ctx) return -1;
+  decode_knobs();
   pthread_mutex_lock(&g_lock);
   int32_t rc = -1, m = b.n_tokens;
   int32_t *pos = NULL;
@@ -738,7 +768,8 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
     int32_t R = m - u0 < (int32_t)ctx->n_ubatch ? m - u0 : (int32_t)ctx->n_ubatch;
     for (int32_t r = 0; r < R; r++) {
       int32_t i = u0 + r;
-      uint32_t cls = (R >= 64 ? 2u : 0u) | (r < R - R % 4 ? 1u : 0u);
+      uint32_t cls = (R >= 64 ? 2u : 0u) | (r < R - R % 4 ? 1u : 0u) |
+                     (R >= 64 && pos[u0] % 64 != 0 ? 4u : 0u);
       uint64_t out_chain = 0;
       for (int32_t j = 0; j < b_nseq(&b, i); j++) {
         seq_t *q = &ctx->seq[b_seq(&b, i, j)];

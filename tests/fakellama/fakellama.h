@@ -26,8 +26,13 @@
  * another. chain_i also mixes in the previous cell's payload and the kernel class of the
  * ubatch that computed cell i, as a real backend's numerics depend on it (measured on the
  * pinned ggml-cpu): class = (ubatch rows >= 64: the tiled flash-attention path) and (row below
- * the ubatch's last multiple of 4: the 4-row GEMM of repacked weights). fakellama_decode and
- * fakellama_seq_check use the full class (a long batch).
+ * the ubatch's last multiple of 4: the 4-row GEMM of repacked weights) and, for a long ubatch,
+ * whether its first position is a multiple of 64 (the tiled path cuts the ubatch's query rows
+ * into tiles of GGML_FA_TILE_Q = 64 from its first row, ggml-cpu ops.cpp; kvshim's rules
+ * (design §10.3) count only tiles aligned to positions as canonical, and the fake holds it to
+ * that: a restore that moved a decoded ubatch's start off the 64-grid, or replaced a batch the
+ * engine would have computed in another class, changes every later cell and output).
+ * fakellama_decode and fakellama_seq_check use the full class (a long, aligned batch).
  *
  * llama_decode follows the pinned llama_batch_allocr: tokens < FAKELLAMA_N_VOCAB, sequence ids
  * < n_seq_max, pos NULL continues each sequence after its last cell, seq_id NULL means 0,
@@ -41,7 +46,9 @@
  * the shipped libllama does. FAKELLAMA_GPU=1 makes llama_supports_gpu_offload return true.
  *
  * Test knobs (environment, read at each call): FAKELLAMA_GET_DATA_FAIL=1 makes
- * llama_state_seq_get_data[_ext] return 0 (an engine error). */
+ * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_DECODE_TOUCH=PATH
+ * creates PATH when a llama_decode call starts, FAKELLAMA_DECODE_DELAY_MS=N then sleeps N ms
+ * (a slow engine, caught in the middle of a prompt by another process). */
 #ifndef KVSHIM_FAKELLAMA_H
 #define KVSHIM_FAKELLAMA_H
 
@@ -123,6 +130,7 @@ FAKELLAMA_API struct llama_model_params llama_model_default_params(void);
 FAKELLAMA_API struct llama_model *llama_model_load_from_file(const char *path_model,
                                                              struct llama_model_params params);
 FAKELLAMA_API void llama_model_free(struct llama_model *model);
+FAKELLAMA_API int32_t llama_model_n_swa(const struct llama_model *model);
 FAKELLAMA_API struct llama_context_params llama_context_default_params(void);
 FAKELLAMA_API struct llama_context *llama_init_from_model(struct llama_model *model,
                                                           struct llama_context_params params);

@@ -117,12 +117,14 @@ static void put_kv_u32(FILE *f, const char *k, uint32_t v) {
   fwrite(&v, 4, 1, f);
 }
 
-/* mkmodel PATH NAME NLAYER NEMBD WEIGHT_KB SEED */
-static void mkmodel(char **a) {
+/* mkmodel PATH NAME NLAYER NEMBD WEIGHT_KB SEED [SWA] (SWA > 0: a sliding window of SWA tokens,
+ * fakellama.attention.sliding_window, which llama_model_n_swa reports) */
+static void mkmodel(char **a, int argn) {
+  uint32_t swa = argn > 6 ? (uint32_t)num(a[6]) : 0;
   FILE *f = fopen(a[0], "wb");
   if (!f) die("cannot write '%s'", a[0]);
   uint32_t magic = 0x46554747u, ver = 3;
-  uint64_t n_tensors = 0, n_kv = 4;
+  uint64_t n_tensors = 0, n_kv = swa ? 5 : 4;
   fwrite(&magic, 4, 1, f);
   fwrite(&ver, 4, 1, f);
   fwrite(&n_tensors, 8, 1, f);
@@ -131,6 +133,7 @@ static void mkmodel(char **a) {
   put_kv_str(f, "general.name", a[1]);
   put_kv_u32(f, "fakellama.block_count", (uint32_t)num(a[2]));
   put_kv_u32(f, "fakellama.embedding_length", (uint32_t)num(a[3]));
+  if (swa) put_kv_u32(f, "fakellama.attention.sliding_window", swa);
   long kb = num(a[4]);
   uint64_t x = (uint64_t)num(a[5]) * 0x2545f4914f6cdd1dull + 7;
   uint8_t blk[1024];
@@ -161,7 +164,7 @@ static bool common_cmd(const char *v, char **x, int argn) {
   if (i == sizeof cmds / sizeof cmds[0]) return false;
   if (argn < cmds[i].need) die("missing arguments for '%s'", v);
   if (i == 0) {
-    mkmodel(x);
+    mkmodel(x, argn);
   } else if (i == 1) {
     int fd = open(x[0], O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd >= 0) close(fd);

@@ -35,6 +35,21 @@ Cases:
               embeddings: never restored into; identical
   offload     llama_supports_gpu_offload() true: only whole, aligned ubatches are skipped
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored or stored
+  batches     restore points between chunk boundaries (any multiple of 64 up to the cached
+              state's canonical tokens) and batches that ask no output and lie wholly in the
+              cached prefix (not decoded at all), under engine batches of 512, 2048, 576, 544,
+              100 and 96 tokens: identical, and the whole canonical shared prefix restored
+  flight      single flight: A computes a prefix slowly; B, started while A is in its first
+              batch, waits for A's claims and restores A's progress batch by batch (identical,
+              the whole prefix restored, nothing computed twice); the claimant killed while B
+              waits: B goes on at once; KVSHIM_LLAMA_WAIT_MS=0: no wait
+  swa         a model with a sliding window: with swa_full off only states ending on a chunk
+              boundary are stored and restored whole, untrimmed (a window cache cannot be
+              trimmed); with swa_full the cache works as on any model: identical
+  mixed       two sequences of one context evaluated together (batches holding both, no
+              output) on a cached prefix: both restore it, batch by batch, and decode the rest;
+              mixed batches that cannot be skipped whole (an output, a short or unaligned part,
+              a token beyond the cached prefix) pass through: identical
 """
 import os
 import signal
@@ -288,6 +303,120 @@ def case_disabled(ctx):
     check(st is None or prefix_stats(st).get("restores", 0) == 0, f"HOOKS=cuda: {st}")
 
 
+def case_batches(ctx):
+    a, _ = models(ctx)
+    shared = "r1400@1"  # 1430-token prompts sharing 1400 tokens: 1344 = 21 x 64 restorable
+    cmds = [f"model 0 {a}", "ctx 0 0 1",
+            f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 4",     # stored: 1430 canonical
+            "clear 0", f"prompt 0 0 {shared}+r32@3 512", "gen 0 0 8",   # 512 + 512 + 320
+            "clear 0", f"prompt 0 0 {shared}+r32@4 2048", "gen 0 0 8",  # 1344
+            "clear 0", f"prompt 0 0 {shared}+r32@5 576", "gen 0 0 8",   # 576 + 576 + 192
+            "clear 0", f"prompt 0 0 {shared}+r40@6 544", "gen 0 0 8",   # 512, then unaligned
+            "clear 0", f"prompt 0 0 {shared}+r32@7 100", "gen 0 0 4",   # 36-row rests: none
+            "clear 0", f"prompt 0 0 {shared}+r32@8 96", "gen 0 0 4",    # none
+            # wholly inside the cached prefix, output on its last token: that batch is decoded
+            "clear 0", "prompt 0 0 r1344@1 512", "gen 0 0 4",             # 512 + 512 + 256
+            # a state canonical up to 1024 only (a 26-row ubatch, then an unaligned batch)
+            "clear 0", "prompt 0 0 r1100@11 1050", "gen 0 0 2",
+            "clear 0", "prompt 0 0 r1100@11+r100@12 2048", "gen 0 0 4",  # 1024, not 1088
+            "pos 0 0"]
+    st, _ = same(ctx, cmds, "batches", KVSHIM_PEERS=0)
+    want = 1344 * 3 + 512 + 1280 + 1024
+    expect(st, "batches", restored_tokens=("==", want), bad_blobs=("==", 0),
+           restore_failures=("==", 0))
+    # a fresh process through `kvshim serve`, default 512-token batches: >= 90% of the prompt
+    ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 2"],
+            what="A")
+    st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r32@3 512",
+                       "gen 0 0 8"], "B, fresh process")
+    expect(st, "B, fresh process", restored_tokens=(">=", int(0.9 * 1432)),
+           peer_restores=(">=", 1))
+
+
+def case_mixed(ctx):
+    a, _ = models(ctx)
+    shared = "r1400@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 4",
+            f"prompt 0 0 {shared}+r30@2 512", "gen 0 0 2",   # cached (sequence 0)
+            # sequences 1 and 2 together: 256 + 256 per batch, all inside the cached prefix
+            "multi 0 1 r256@1 2 r256@1 none",
+            "multi 0 1 r512@1/256 2 r512@1/256 none",
+            "multi 0 1 r768@1/512 2 r768@1/512 none",
+            "multi 0 1 r1024@1/768 2 r1024@1/768 none",
+            "pos 0 1", "pos 0 2",
+            "prompt 0 1 r1400@1/1024+r20@3 512", "gen 0 1 4",   # 320 more restored
+            "prompt 0 2 r1400@1/1024+r20@4 512", "gen 0 2 4",
+            # not skipped whole: an output, a 32-token part, a token beyond the cached prefix
+            "rm 0 1 -1 -1", "rm 0 2 -1 -1",
+            "multi 0 1 r256@1 2 r256@1",
+            "multi 0 1 r288@1/256 2 r288@1/256 none",
+            "rm 0 1 -1 -1", "rm 0 2 -1 -1",
+            "multi 0 1 r256@1 2 r255@1+r1@9 none",
+            "gen 0 1 2", "pos 0 1", "pos 0 2"]
+    st, _ = same(ctx, cmds, "mixed", KVSHIM_PEERS=0)
+    expect(st, "mixed", restored_tokens=(">=", 2 * 1024 + 2 * 320), bad_blobs=("==", 0),
+           restore_failures=("==", 0))
+
+
+def case_flight(ctx):
+    a, _ = models(ctx)
+    shared, touch = "r1400@1", ctx.p("a.decoding")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"waitfile {touch} 60",
+              f"prompt 0 0 {shared}+r32@3 512", "gen 0 0 8"]
+    with open(touch, "w"):
+        pass
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    os.unlink(touch)
+    # A computes the prefix slowly (each llama_decode call 700 ms); B starts its prompt while
+    # A is in its first batch: it waits for A's claims and restores A's progress batch by batch
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512",
+                        "gen 0 0 2"], FAKELLAMA_DECODE_DELAY_MS=700, FAKELLAMA_DECODE_TOUCH=touch)
+    got, err, st = ctx.run(b_cmds, what="B")
+    check(got == ref_b, f"B after waiting differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(st, "B", waits=(">=", 1), restored_tokens=("==", 1344), claims=("==", 0))
+    ctx.finish(pa, "A")
+    expect(read_stats(sa), "A", claims=("==", 3), snapshots=("==", 3), waits=("==", 0))
+    # a claimant that dies: its claim goes with its coordinator, and B goes on at once (long
+    # before its 60 s deadline) and computes the prefix itself
+    os.unlink(touch)
+    pa, _ = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512"],
+                      FAKELLAMA_DECODE_DELAY_MS=60000, FAKELLAMA_DECODE_TOUCH=touch)
+    pb, sb = ctx.start(b_cmds, KVSHIM_LLAMA_WAIT_MS=60000)
+    time.sleep(1.0)
+    pa.send_signal(signal.SIGKILL)
+    pa.wait(timeout=10)
+    got, err = ctx.finish(pb, "B, claimant killed", timeout=30)
+    check(got == ref_b, f"B after its claimant died differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(read_stats(sb), "B, claimant killed", waits=(">=", 1), restores=("==", 0))
+    # the same with waiting off: B computes what A has not stored yet
+    with open(touch, "w"):
+        pass
+    got, err, st = ctx.run(b_cmds, what="B, KVSHIM_LLAMA_WAIT_MS=0", KVSHIM_LLAMA_WAIT_MS=0)
+    check(got == ref_b, f"B without waiting differs:\n{ref_b}\n{got}")
+    expect(st, "B, KVSHIM_LLAMA_WAIT_MS=0", waits=("==", 0), claims=("==", 0))
+
+
+def case_swa(ctx):
+    a, _ = models(ctx)
+    w = ctx.p("swa.gguf")
+    ctx.run([f"mkmodel {w} alpha 2 32 64 1 256"], preload=False)
+    prompts = [f"prompt 0 0 {P} 512", "gen 0 0 2", "clear 0", f"prompt 0 0 {P1000} 512",
+               "gen 0 0 4"]
+    # a 256-token window without swa_full: only states ending on a chunk boundary are stored
+    # (after [0,512) and [512,1024); not at 1100, which could only be restored trimmed), and
+    # one is restored only whole: P1000's [0,512) is skipped, its [512,1024) (diverging at
+    # 1000) is decoded
+    st, err = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 0"] + prompts,
+                   "sliding window", KVSHIM_PEERS=0)
+    expect(st, "sliding window", snapshots=("==", 3), restores=("==", 1),
+           restored_tokens=("==", 512), restore_failures=("==", 0))
+    # with swa_full (llama.cpp keeps every cell) the cache works as on any model
+    st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
+                 "sliding window, swa_full", KVSHIM_PEERS=0)
+    expect(st, "sliding window, swa_full", snapshots=(">=", 1), restores=(">=", 1))
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -299,6 +428,10 @@ CASES = {
     "taint": case_taint,
     "offload": case_offload,
     "disabled": case_disabled,
+    "batches": case_batches,
+    "mixed": case_mixed,
+    "flight": case_flight,
+    "swa": case_swa,
 }
 
 

@@ -12,7 +12,7 @@
  * Commands (models 0..7, contexts 0..7):
  *   mkmodel PATH NAME NLAYER NEMBD WEIGHT_KB SEED   write a fake GGUF model
  *   model M PATH                         llama_model_load_from_file
- *   ctx C M [NSEQ [KVTYPE [NCTX [NBATCH [NUBATCH]]]]]
+ *   ctx C M [NSEQ [KVTYPE [NCTX [NBATCH [NUBATCH [SWAFULL]]]]]]
  *                                        llama_init_from_model (prints whether the params
  *                                        arrived intact)
  *   prompt C SEQ SPEC [BS [OUTS]]        decode SPEC after the sequence's last cell in engine
@@ -25,7 +25,8 @@
  *                                        last output's embedding.
  *   gen C SEQ N                          N greedy tokens (llama_sampler_sample on the last
  *                                        output's batch index, then a one-token batch)
- *   multi C S1 SPEC1 S2 SPEC2            one batch holding both sequences' tokens, interleaved
+ *   multi C S1 SPEC1 S2 SPEC2 [none]     one batch holding both sequences' tokens, interleaved
+ *                                        (output: the last token, or none)
  *   shared C S1 S2 SPEC                  one batch whose tokens belong to both sequences
  *   rm C SEQ P0 P1 | cp C SRC DST P0 P1 | keep C SEQ | add C SEQ P0 P1 D | div C SEQ P0 P1 D
  *   clear C                              llama_memory_* (clear = llama_memory_clear)
@@ -176,7 +177,8 @@ static void gen(char **x) {
   XXH3_freeState(h);
 }
 
-static void multi(char **x, bool shared) {
+static void multi(char **x, int argn, bool shared) {
+  bool none = !shared && argn > 5 && strcmp(x[5], "none") == 0;
   size_t cs = slot(x[0]);
   struct llama_context *c = ctx_of(x[0]);
   int32_t s1 = (int32_t)num(x[1]), s2 = (int32_t)num(shared ? x[2] : x[3]);
@@ -195,7 +197,7 @@ static void multi(char **x, bool shared) {
     b.n_seq_id[i] = shared ? 2 : 1;
     b.seq_id[i][0] = first ? s1 : s2;
     if (shared) b.seq_id[i][1] = s2;
-    b.logits[i] = i == n - 1;
+    b.logits[i] = !none && i == n - 1;
     if (first) i1++;
     else i2++;
   }
@@ -206,7 +208,7 @@ static void multi(char **x, bool shared) {
   int bad = 0;
   if (rc == 0) {
     hash_outputs(h, c, b.logits, n, &bad);
-    g_last_out[cs] = n - 1;
+    if (!none) g_last_out[cs] = n - 1;
   }
   printf("%s %s rc=%d bad=%d out=%016" PRIx64 "\n", shared ? "shared" : "multi", x[0], rc, bad,
          XXH3_64bits_digest(h));
@@ -250,6 +252,7 @@ static void run(const char *v, char **x, int argn) {
     cp.n_ctx = argn > 4 ? (uint32_t)num(x[4]) : 4096;
     cp.n_batch = argn > 5 ? (uint32_t)num(x[5]) : 2048;
     cp.n_ubatch = argn > 6 ? (uint32_t)num(x[6]) : 512;
+    if (argn > 7) cp.swa_full = num(x[7]) != 0;
     cp.n_threads = cp.n_threads_batch = 1;
     if (g_ctx[c]) llama_free(g_ctx[c]);
     g_ctx[c] = g_model[m] ? llama_init_from_model(g_model[m], cp) : NULL;
@@ -264,10 +267,10 @@ static void run(const char *v, char **x, int argn) {
     gen(x);
   } else if (IS("multi")) {
     NEED(5);
-    multi(x, false);
+    multi(x, argn, false);
   } else if (IS("shared")) {
     NEED(4);
-    multi(x, true);
+    multi(x, argn, true);
   } else if (IS("rm")) {
     NEED(4);
     bool r = llama_memory_seq_rm(llama_get_memory(ctx_of(x[0])), (int32_t)num(x[1]),

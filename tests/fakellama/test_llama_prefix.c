@@ -16,10 +16,10 @@ __thread int kvs__hook_depth;
 static const kvs__px_rules_t CPU = {512, 64, 64};
 static const kvs__px_rules_t GPU = {512, 512, 512};
 
-/* restore_ok(rules, n, canon, m, first_out, k) with chunk 256 and min tokens 256 */
+/* restore_ok(rules, n, canon, m, first_out, k) with min tokens 256 */
 static bool ok(const kvs__px_rules_t *r, uint32_t n, uint32_t canon, uint32_t m, uint32_t f,
                uint32_t k) {
-  return kvs__px_restore_ok(r, 256, 256, n, canon, m, f, k);
+  return kvs__px_restore_ok(r, 256, n, canon, m, f, k);
 }
 
 Test(prefix_rules, cpu_whole_prompt, .timeout = 30) {
@@ -29,7 +29,11 @@ Test(prefix_rules, cpu_whole_prompt, .timeout = 30) {
   cr_expect(ok(&CPU, 0, 0, 1100, 1099, 512));
   cr_expect(ok(&CPU, 0, 0, 1100, 1099, 256));
   cr_expect_not(ok(&CPU, 0, 0, 1100, 1099, 1280), "beyond the batch");
-  cr_expect_not(ok(&CPU, 0, 0, 1100, 1099, 1100), "not chunk-aligned");
+  cr_expect_not(ok(&CPU, 0, 0, 1100, 1099, 1100), "not aligned to 64");
+  cr_expect_not(ok(&CPU, 0, 0, 1100, 1099, 1024 + 64), "12 rows left: the short class");
+  cr_expect(ok(&CPU, 0, 0, 1100, 1099, 960), "any multiple of 64, not only chunk boundaries");
+  cr_expect(ok(&CPU, 0, 0, 1100, 1099, 320));
+  cr_expect_not(ok(&CPU, 0, 0, 1100, 1099, 352), "not a multiple of 64");
   /* an output at index 500 may not be skipped */
   cr_expect_not(ok(&CPU, 0, 0, 1100, 500, 768));
   cr_expect(ok(&CPU, 0, 0, 1100, 500, 256));
@@ -61,14 +65,44 @@ Test(prefix_rules, cpu_continuation, .timeout = 30) {
   cr_expect(ok(&CPU, 0, 0, 320, 319, 256), "64 rows left, 320 in the engine's split");
 }
 
+Test(prefix_rules, cpu_whole_batch, .timeout = 30) {
+  /* a batch asking no output (first_out == m) that lies wholly in the cached prefix */
+  static const struct {
+    uint32_t n, canon, m, f, k;
+    bool want;
+    const char *why;
+  } cases[] = {
+      {0, 0, 512, 512, 512, true, "not decoded at all"},
+      {512, 512, 512, 512, 1024, true, "the second batch"},
+      {0, 0, 576, 576, 576, true, "512 + 64 rows: both long"},
+      {0, 0, 512, 511, 512, false, "its last token has an output"},
+      {0, 0, 544, 544, 544, false, "544 is not a multiple of 64"},
+      {0, 0, 544, 544, 512, true, "the 32-row ubatch is the engine's own"},
+      {512, 500, 512, 512, 1024, false, "a non-canonical token before it"},
+      {100, 100, 412, 412, 512, false, "an unaligned start"},
+      {0, 0, 512, 512, 576, false, "beyond the batch"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    cr_expect_eq(ok(&CPU, cases[i].n, cases[i].canon, cases[i].m, cases[i].f, cases[i].k),
+                 cases[i].want, "%s", cases[i].why);
+  kvs__px_rules_t u96l = {96, 32, 64};
+  cr_expect_not(kvs__px_restore_ok(&u96l, 0, 0, 0, 128, 128, 128), "32 < min_rows");
+  cr_expect(kvs__px_restore_ok(&u96l, 0, 0, 0, 160, 160, 160), "96 + 64 rows");
+  kvs__px_rules_t u513 = {513, 64, 64};
+  cr_expect(ok(&u513, 0, 0, 512, 512, 512), "n_ubatch 513, one ubatch: skipped whole");
+  cr_expect(ok(&u513, 1024, 1024, 390, 389, 1344), "n_ubatch 513, one ubatch: 70 rows left");
+  cr_expect_not(ok(&u513, 0, 0, 1100, 1099, 1024), "n_ubatch 513, several ubatches");
+  cr_expect(ok(&GPU, 0, 0, 512, 512, 512), "offload: one whole aligned ubatch");
+  cr_expect_not(ok(&GPU, 0, 0, 1024, 1024, 768), "offload: not a whole ubatch");
+}
+
 Test(prefix_rules, bad_parameters, .timeout = 30) {
   kvs__px_rules_t small = {32, 64, 64}, zero = {0, 64, 64};
   cr_expect_not(ok(&small, 0, 0, 1100, 1099, 512), "n_ubatch below the long class");
   cr_expect_not(ok(&zero, 0, 0, 1100, 1099, 512));
-  cr_expect_not(kvs__px_restore_ok(&CPU, 0, 256, 0, 0, 1100, 1099, 512), "chunk 0");
-  cr_expect_not(kvs__px_restore_ok(&CPU, 256, 256, 0, 0, 0, 0, 256), "empty batch");
-  cr_expect_not(kvs__px_restore_ok(&CPU, 256, 768, 0, 0, 1100, 1099, 512), "below min tokens");
-  cr_expect_not(kvs__px_restore_ok(NULL, 256, 256, 0, 0, 1100, 1099, 512));
+  cr_expect_not(kvs__px_restore_ok(&CPU, 256, 0, 0, 0, 0, 256), "empty batch");
+  cr_expect_not(kvs__px_restore_ok(&CPU, 768, 0, 0, 1100, 1099, 512), "below min tokens");
+  cr_expect_not(kvs__px_restore_ok(NULL, 256, 0, 0, 1100, 1099, 512));
 }
 
 Test(prefix_rules, offload_only_whole_ubatches, .timeout = 30) {
@@ -441,7 +475,10 @@ Test(prefix_blob, refuses_each_bad_field, .timeout = 30) {
       {"keyed not a chunk multiple", offsetof(kvs__llama_blob_hdr_t, keyed_tokens), 1, true,
        KVS_LLAMA_BLOB_KEYED},
       {"chunk", offsetof(kvs__llama_blob_hdr_t, chunk_tokens), 1, true, KVS_LLAMA_BLOB_KEYED},
-      {"reserved", offsetof(kvs__llama_blob_hdr_t, reserved), 1, true, KVS_LLAMA_BLOB_KEYED},
+      {"canon below keyed", offsetof(kvs__llama_blob_hdr_t, canon_tokens), 1, true,
+       KVS_LLAMA_BLOB_KEYED},
+      {"canon beyond the tokens", offsetof(kvs__llama_blob_hdr_t, canon_tokens) + 2, 1, true,
+       KVS_LLAMA_BLOB_KEYED},
       {"model", offsetof(kvs__llama_blob_hdr_t, model_fp) + 3, 0x10, true, KVS_LLAMA_BLOB_MODEL},
       {"namespace", offsetof(kvs__llama_blob_hdr_t, ns_hi), 1, true, KVS_LLAMA_BLOB_NAMESPACE},
       {"state magic", KVS_LLAMA_BLOB_HDR + 4 * 600, 0xff, true, KVS_LLAMA_BLOB_STATE},

@@ -33,6 +33,9 @@ endif()
 #               peer: B's completion == B without kvshim, restored tokens in B's stats
 #   app         three sequences of one context, prompts sharing the prefix (one batch; 512)
 #   divergence  part of a chunk, context shift, an output on every token, mixed batches
+#   sequences   two sequences of one context evaluated at once restore a cached prefix
+#   four        four processes started together compute a shared prefix once (single flight)
+#   swa         a sliding-window model without swa_full (tiny_swa.py): whole states only, identical
 #   faults      another model, another KV type, a full pool, the cache peer stopped and killed
 #   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0
 #   inspect     `kvshim inspect --json` on libllama: the sampler's llama_get_logits_ith is a PLT call

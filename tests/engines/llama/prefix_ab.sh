@@ -9,8 +9,10 @@
 # it stops once every rank is done. Prints scripts/ab's table; results in --out.
 #
 # usage: tests/engines/llama/prefix_ab.sh [--reps N] [--batch N] [--stagger MS] [--out DIR]
-#                                         [--build DIR]
+#                                         [--build DIR] [--prefix WORDS] [--layers N --embd N]
 #   --batch N    node-llama-cpp batch size (default 2048: one batch per prompt)
+#   --prefix N   words of the shared system prefix (default 1100, about as many tokens)
+#   --layers N, --embd N  the generated model's shape (default 8 x 512)
 #   --build DIR  the kvshim build directory holding preload/libkvshim.so and tools/kvshim
 #                (default build)
 # Internal: prefix_ab.sh rank KVSHIM_CLI MODEL PROMPTS_DIR BATCH  (one engine process of a run)
@@ -49,15 +51,18 @@ if [ "${1:-}" = rank ]; then
   exit $rc
 fi
 
-reps=5 batch=2048 stagger=300 out="" build="$ROOT/build"
+reps=5 batch=2048 stagger=300 out="" build="$ROOT/build" prefix=1100 layers=8 embd=512
 while [ $# -gt 0 ]; do
   case $1 in
     --reps) reps=${2:?}; shift ;;
     --batch) batch=${2:?}; shift ;;
     --stagger) stagger=${2:?}; shift ;;
+    --prefix) prefix=${2:?}; shift ;;
+    --layers) layers=${2:?}; shift ;;
+    --embd) embd=${2:?}; shift ;;
     --out) out=${2:?}; shift ;;
     --build) build=$(cd "${2:?}" && pwd); shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "prefix_ab.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -66,13 +71,13 @@ done
 mkdir -p "$out"
 data="$out/data"
 mkdir -p "$data"
-model="$data/model-8x512.gguf"
-[ -f "$model" ] || python3 "$ROOT/scripts/tiny-gguf" -q --layers 8 --embd 512 --out "$model"
-python3 - "$data" "$HERE" <<'EOF'
+model="$data/model-${layers}x${embd}.gguf"
+[ -f "$model" ] || python3 "$ROOT/scripts/tiny-gguf" -q --layers "$layers" --embd "$embd" --out "$model"
+python3 - "$data" "$HERE" "$prefix" <<'EOF'
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from llama_e2e import text  # the words check_prefix.py's prompts are made of
-system = text(1, 1100)
+system = text(1, int(sys.argv[3]))
 for rank in range(4):
     prompts = [system + " question " + text(100 + 10 * rank + i, 12) for i in range(3)]
     with open(f"{sys.argv[1]}/prompts-{rank}.json", "w") as f:
