@@ -12,6 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "coord.h"
 #include "internal.h"
 #include "log.h"
@@ -517,6 +521,53 @@ int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *
     }
   }
   return run;
+}
+
+/* ---- copy out of a peer's pool -------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void copy_stream_avx2(void *dst, const void *src,
+                                                              size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (32 - ((uintptr_t)d & 31)) & 31; /* streaming stores need 32-byte alignment */
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 128; d += 128, s += 128, n -= 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_stream_si256((__m256i *)d, a);
+    _mm256_stream_si256((__m256i *)(d + 32), b);
+    _mm256_stream_si256((__m256i *)(d + 64), c);
+    _mm256_stream_si256((__m256i *)(d + 96), e);
+  }
+  _mm_sfence(); /* order the streamed bytes before anything the caller does next */
+  memcpy(d, s, n);
+}
+
+static int have_avx2(void) {
+  static int cached = -1; /* -1 unknown; a racing first call computes the same value */
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx2") ? 1 : 0;
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+#endif
+
+void kvs_peers_copy(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= KVS_PEERS_COPY_NT_MIN && have_avx2()) {
+    copy_stream_avx2(dst, src, n);
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
 }
 
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
