@@ -570,17 +570,42 @@ void kvs_peers_copy(void *dst, const void *src, size_t n) {
   memcpy(dst, src, n);
 }
 
+/* The one live peer, when there is exactly one and a LOOKUP could not tell it more than its
+ * PREPARE_RETRIEVE will (no remote tier: only a LOOKUP's remote_wait_ms asks a serve to consult
+ * it, docs/protocol.md 4.3); 0 otherwise. */
+static uint64_t sole_peer(kvs_peers_t *p) {
+  uint64_t id = 0;
+  int live = 0;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c; c = c->next)
+    if (c->fd >= 0 && live++ == 0 && !c->remote) id = c->info.instance_id;
+  pthread_mutex_unlock(&p->table_lock);
+  return live == 1 ? id : 0;
+}
+
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx) {
   if (!keys || n == 0 || !sink) return -EINVAL;
   if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
+  /* With one peer to ask, its PREPARE_RETRIEVE is the lookup: it pins and describes the
+   * leading run it holds (n_found), so the retrieve takes one round trip, not two
+   * (docs/protocol.md 6, "SHM retrieve"). It stands in for the LOOKUP in peer_lookups; an
+   * empty run is a lookup miss, as before (not a peer_misses). With several peers, LOOKUP
+   * each and retrieve from the longest run. */
+  bool asked = false;
+  if (!instance) {
+    kvs_peers_discover(p, false);
+    instance = sole_peer(p);
+    asked = instance != 0;
+  }
   if (!instance) {
     int run = kvs_peers_lookup(p, keys, n, &instance);
     if (run <= 0 || !instance) return 0;
     n = (size_t)run;
   }
   pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
+  if (!c) return asked ? 0 : -ENOENT;
+  if (asked) kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
   kvs_proto_prepare_retrieve_t m = {shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE,
                                     (uint32_t)n, keys};
@@ -593,7 +618,7 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   if (objs)
     RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
                 &rn);
-  kvs_proto_prepare_retrieve_reply_t r;
+  kvs_proto_prepare_retrieve_reply_t r = {0};
   if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
   int delivered = 0;
   if (rc == 0) {
@@ -649,7 +674,7 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   free(objs);
   unref(p, c);
   if (delivered > 0) kvs_stats_add(p->stats, KVS_STAT_peer_hits, (uint64_t)delivered);
-  else kvs_stats_inc(p->stats, KVS_STAT_peer_misses);
+  else if (!asked || rc < 0 || r.n_found > 0) kvs_stats_inc(p->stats, KVS_STAT_peer_misses);
   return rc < 0 && delivered == 0 ? rc : delivered;
 }
 

@@ -16,9 +16,10 @@
  *   socket        raw Unix stream socket bulk between the two processes: a 64-byte request,
  *                 then the chunk written straight from the object's pages into the client's
  *                 destination (no protocol, no extra copy): the limit inline is held to
- * Control plane: LOOKUP + PREPARE_RETRIEVE + COMMIT_RETRIEVE for one key (kvs_peers_retrieve
- * with no instance, a sink that copies nothing) and one PING, p50/p99, beside a raw 64-byte
- * socket round trip on the same kind of socket.
+ * Control plane: the retrieve of one cached key with no instance named (kvs_peers_retrieve, a
+ * sink that copies nothing): with this one peer that is PREPARE_RETRIEVE (the lookup and the
+ * pins in one round trip) and a posted COMMIT_RETRIEVE; and one PING, p50/p99, beside a raw
+ * 64-byte socket round trip on the same kind of socket.
  * Every figure is repeated --reps times (default 5), interleaved; medians and min-max are
  * printed, then one JSON line with every figure and ratio. --quick: 64 MiB region (inside the
  * LLC: a smoke run, not a measurement), 3 reps. --rtt-only / --only METHOD: for profiling.
@@ -67,7 +68,7 @@ static const char *const M_LABELS[M__COUNT] = {
 enum { R_RAW, R_CTL, R_PING, R__COUNT };
 static const char *const R_NAMES[R__COUNT] = {"raw64_rtt", "control_rtt", "ping_rtt"};
 static const char *const R_LABELS[R__COUNT] = {
-    "raw 64-byte socket round trip", "LOOKUP+PREPARE_RETRIEVE+COMMIT_RETRIEVE", "PING round trip"};
+    "raw 64-byte socket round trip", "retrieve of a cached chunk, control plane", "PING round trip"};
 
 static double gbs[N_SIZES][M__COUNT][MAX_REPS];   /* GB/s */
 static double cold[N_SIZES];                       /* GB/s, first SHM pass (mapping cold) */
