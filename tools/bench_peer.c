@@ -20,6 +20,10 @@
  * sink that copies nothing): with this one peer that is PREPARE_RETRIEVE (the lookup and the
  * pins in one round trip) and a posted COMMIT_RETRIEVE; and one PING, p50/p99, beside a raw
  * 64-byte socket round trip on the same kind of socket.
+ * Coordinator throughput: 8 client threads, each with its own connection (its own
+ * kvs_peers_t), doing 16-key LOOKUPs (all 16 keys held) back to back: total ops/s, beside 8
+ * client threads doing raw 64-byte ping-pongs with one server thread that serves all 8 raw
+ * sockets through epoll (the coordinator is one epoll thread too).
  * Every figure is repeated --reps times (default 5), interleaved; medians and min-max are
  * printed, then one JSON line with every figure and ratio. --quick: 64 MiB region (inside the
  * LLC: a smoke run, not a measurement), 3 reps. --rtt-only / --only METHOD: for profiling.
@@ -30,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -52,6 +58,8 @@
 #define N_SIZES 3
 #define RTT_SAMPLES 20000
 #define MAX_OBJS 8192
+#define TP_CLIENTS 8
+#define TP_KEYS 16
 
 static const uint64_t SIZES[N_SIZES] = {256u << 10, 2u << 20, 16u << 20};
 static const char *const SIZE_NAMES[N_SIZES] = {"256k", "2m", "16m"};
@@ -73,6 +81,7 @@ static const char *const R_LABELS[R__COUNT] = {
 static double gbs[N_SIZES][M__COUNT][MAX_REPS];   /* GB/s */
 static double cold[N_SIZES];                       /* GB/s, first SHM pass (mapping cold) */
 static double p50[R__COUNT][MAX_REPS], p99[R__COUNT][MAX_REPS]; /* microseconds */
+static double tp_raw[MAX_REPS], tp_lookup[MAX_REPS];               /* ops/s, 8 clients */
 
 static void die(const char *what, int rc) {
   fprintf(stderr, "kvshim-bench-peer: %s failed: %d (%s)\n", what, rc, strerror(rc < 0 ? -rc : rc));
@@ -165,7 +174,41 @@ typedef struct hello_msg {
   uint64_t offsets[N_SIZES][MAX_OBJS];
 } hello_msg_t;
 
-static int server_main(int sock, const kvs_options_t *o, uint64_t region, uint64_t instance) {
+/* The raw ping-pong server of the throughput figure: one thread, epoll over the clients'
+ * sockets, a 64-byte echo per request. Ends when every client closed its end. */
+typedef struct echo_srv {
+  int fds[TP_CLIENTS];
+} echo_srv_t;
+
+static void *echo_main(void *arg) {
+  echo_srv_t *e = arg;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) return NULL;
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = e->fds[i]};
+    epoll_ctl(ep, EPOLL_CTL_ADD, e->fds[i], &ev);
+  }
+  int open_fds = TP_CLIENTS;
+  while (open_fds > 0) {
+    struct epoll_event evs[TP_CLIENTS];
+    int n = epoll_wait(ep, evs, TP_CLIENTS, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    for (int i = 0; i < n; i++) {
+      raw_req_t q;
+      int fd = evs[i].data.fd;
+      if (read_full(fd, &q, sizeof q) < 0 || write_full(fd, &q, sizeof q) < 0) {
+        epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+        open_fds--;
+      }
+    }
+  }
+  close(ep);
+  return NULL;
+}
+
+static int server_main(int sock, const kvs_options_t *o, uint64_t region, uint64_t instance,
+                       echo_srv_t *echo) {
   uint64_t cache = 0;
   hello_msg_t *h = calloc(1, sizeof *h);
   if (!h) return 1;
@@ -211,6 +254,8 @@ static int server_main(int sock, const kvs_options_t *o, uint64_t region, uint64
                            .instance_id = instance};
   kvs_coord_t *coord;
   if ((rc = kvs_coord_start(&cc, &coord)) < 0) die("server: kvs_coord_start", rc);
+  pthread_t echo_th;
+  if (pthread_create(&echo_th, NULL, echo_main, echo)) die("server: echo thread", -EAGAIN);
   struct iovec iov = {h, sizeof *h};
   if ((rc = kvs_sock_send_all(sock, &iov, 1, kvs_pool_fd(pool), 0)) < 0) die("server: hello", rc);
   for (;;) {
@@ -224,6 +269,7 @@ static int server_main(int sock, const kvs_options_t *o, uint64_t region, uint64
       break;
     }
   }
+  pthread_join(echo_th, NULL); /* the client closed its raw sockets before RAW_QUIT */
   kvs_coord_stop(coord);
   kvs_store_destroy(store, true);
   kvs_pool_destroy(pool, true);
@@ -342,6 +388,66 @@ static void rtt(client_t *c, int which, double *o50, double *o99) {
   *o99 = us[RTT_SAMPLES * 99 / 100];
 }
 
+/* ---- coordinator throughput -------------------------------------------------------------- */
+
+typedef struct tp_worker {
+  int raw_fd;          /* raw arm: this client's socket to the echo thread */
+  kvs_peers_t *peers;  /* lookup arm: this client's own connection */
+  uint64_t ops;
+  pthread_barrier_t *start;
+  int err;
+} tp_worker_t;
+
+static void *tp_raw_main(void *arg) {
+  tp_worker_t *w = arg;
+  pthread_barrier_wait(w->start);
+  for (uint64_t i = 0; i < w->ops; i++) {
+    raw_req_t q = {RAW_ECHO, 0, i, {0}};
+    if (write_full(w->raw_fd, &q, sizeof q) < 0 || read_full(w->raw_fd, &q, sizeof q) < 0) {
+      w->err = -EIO;
+      break;
+    }
+  }
+  return NULL;
+}
+
+static void *tp_lookup_main(void *arg) {
+  tp_worker_t *w = arg;
+  kvs_key_t keys[TP_KEYS];
+  for (int i = 0; i < TP_KEYS; i++) keys[i] = obj_key(0, (uint64_t)i);
+  pthread_barrier_wait(w->start);
+  for (uint64_t i = 0; i < w->ops; i++) {
+    uint64_t best = 0;
+    int run = kvs_peers_lookup(w->peers, keys, TP_KEYS, &best);
+    if (run != TP_KEYS) {
+      w->err = run < 0 ? run : -ENOENT;
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* 8 workers of one arm, ops each: total ops/s over the wall time of the slowest. */
+static double tp_run(tp_worker_t *w, void *(*fn)(void *), uint64_t ops) {
+  pthread_t th[TP_CLIENTS];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, TP_CLIENTS + 1);
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    w[i].ops = ops;
+    w[i].start = &bar;
+    w[i].err = 0;
+    if (pthread_create(&th[i], NULL, fn, &w[i])) die("pthread_create", -EAGAIN);
+  }
+  pthread_barrier_wait(&bar);
+  uint64_t t0 = kvs__now_ns();
+  for (int i = 0; i < TP_CLIENTS; i++) pthread_join(th[i], NULL);
+  double sec = (double)(kvs__now_ns() - t0) / 1e9;
+  pthread_barrier_destroy(&bar);
+  for (int i = 0; i < TP_CLIENTS; i++)
+    if (w[i].err) die(fn == tp_raw_main ? "throughput: raw ping-pong" : "throughput: LOOKUP", w[i].err);
+  return (double)(ops * TP_CLIENTS) / sec;
+}
+
 static void summary(const double *v, int reps, double *med, double *lo, double *hi) {
   double s[MAX_REPS];
   memcpy(s, v, sizeof(double) * (size_t)reps);
@@ -423,14 +529,27 @@ int main(int argc, char **argv) {
   /* Fork the server before this process has any thread. */
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) die("socketpair", -errno);
+  int tp_sp[TP_CLIENTS][2];
+  echo_srv_t echo;
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, tp_sp[i]) < 0) die("socketpair", -errno);
+    echo.fds[i] = tp_sp[i][1];
+  }
   fflush(NULL);
   pid_t srv = fork();
   if (srv < 0) die("fork", -errno);
   if (srv == 0) {
     close(sp[0]);
-    _exit(server_main(sp[1], &o, region, instance));
+    for (int i = 0; i < TP_CLIENTS; i++) close(tp_sp[i][0]);
+    _exit(server_main(sp[1], &o, region, instance, &echo));
   }
   close(sp[1]);
+  tp_worker_t tpw[TP_CLIENTS];
+  memset(tpw, 0, sizeof tpw);
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    close(tp_sp[i][1]);
+    tpw[i].raw_fd = tp_sp[i][0];
+  }
   client_t c = {.sock = sp[0], .region = region, .id = instance};
   c.h = calloc(1, sizeof *c.h);
   int pool_fd = -1;
@@ -449,6 +568,14 @@ int main(int argc, char **argv) {
   kvs_peer_info_t pi;
   kvs_peers_list(c.p_shm, &pi, 1);
   if (pi.strategy != KVS_PROTO_STRATEGY_SHM) die("SHM negotiation", -EPROTO);
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    pc.opts = &o;
+    if ((rc = kvs_peers_create(&pc, &tpw[i].peers)) < 0) die("kvs_peers_create", rc);
+    if (kvs_peers_discover(tpw[i].peers, true) != 1) die("discovery", -ENOENT);
+  }
+  uint64_t tp_ops = quick ? 500 : 4000;
+  tp_run(tpw, tp_raw_main, tp_ops / 10 + 1); /* warm up */
+  tp_run(tpw, tp_lookup_main, tp_ops / 10 + 1);
   void *dst = NULL;
   if ((rc = kvs__prim_alloc(region, &dst)) < 0) die("mmap destination", rc);
   c.dst = dst;
@@ -469,6 +596,16 @@ int main(int argc, char **argv) {
                            ? 0
                            : pass(&c, s, m);
     for (int w = 0; w < R__COUNT && !only; w++) rtt(&c, w, &p50[w][r], &p99[w][r]);
+    if (!only) {
+      /* alternate the order so that a drift in load does not favour one arm */
+      if (r % 2) tp_lookup[r] = tp_run(tpw, tp_lookup_main, tp_ops);
+      tp_raw[r] = tp_run(tpw, tp_raw_main, tp_ops);
+      if (!(r % 2)) tp_lookup[r] = tp_run(tpw, tp_lookup_main, tp_ops);
+    }
+  }
+  for (int i = 0; i < TP_CLIENTS; i++) {
+    kvs_peers_destroy(tpw[i].peers);
+    close(tpw[i].raw_fd);
   }
   raw_req_t q = {RAW_QUIT, 0, 0, {0}};
   write_full(c.sock, &q, sizeof q);
@@ -544,6 +681,16 @@ int main(int argc, char **argv) {
     printf("  control-plane p50 / raw 64-byte p50 %.2f [%.2f..%.2f] goal <= 1.5: %s\n", am, al,
            ah, am <= 1.5 ? "met" : "NOT met");
   }
+  double tpm[2], tpl[2], tph[2], tpr[MAX_REPS], tprm, tprl, tprh;
+  summary(tp_lookup, reps, &tpm[0], &tpl[0], &tph[0]);
+  summary(tp_raw, reps, &tpm[1], &tpl[1], &tph[1]);
+  for (int r = 0; r < reps; r++) tpr[r] = tp_raw[r] > 0 ? tp_lookup[r] / tp_raw[r] : 0;
+  summary(tpr, reps, &tprm, &tprl, &tprh);
+  printf("coordinator throughput, %d clients, own connection each: %d-key LOOKUP %.0f ops/s "
+         "[%.0f..%.0f], raw 64-byte ping-pong %.0f ops/s [%.0f..%.0f]\n", TP_CLIENTS, TP_KEYS,
+         tpm[0], tpl[0], tph[0], tpm[1], tpl[1], tph[1]);
+  printf("  LOOKUP ops/s / raw ping-pong ops/s %.2f [%.2f..%.2f] goal >= 0.5: %s\n", tprm, tprl,
+         tprh, tprm >= 0.5 ? "met" : "NOT met");
   printf("  control-plane p50 / raw 64-byte p50 = %.2f (goal <= 1.5); PING p50 / raw = %.2f\n",
          ctl_ratio, rmed[R_PING][0] / rmed[R_RAW][0]);
 
@@ -565,7 +712,11 @@ int main(int argc, char **argv) {
            "\"%s_p99_us\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f}",
            R_NAMES[w], rmed[w][0], rlo[w][0], rhi[w][0], R_NAMES[w], rmed[w][1], rlo[w][1],
            rhi[w][1]);
-  printf(",\"ratio_control_raw_p50\":%.3f,\"ratio_ping_raw_p50\":%.3f}\n", ctl_ratio,
+  printf(",\"ratio_control_raw_p50\":%.3f,\"ratio_ping_raw_p50\":%.3f", ctl_ratio,
          rmed[R_PING][0] / rmed[R_RAW][0]);
+  printf(",\"lookup16_8c_ops\":{\"median\":%.1f,\"min\":%.1f,\"max\":%.1f},"
+         "\"raw64_8c_ops\":{\"median\":%.1f,\"min\":%.1f,\"max\":%.1f},"
+         "\"ratio_lookup_raw_8c\":{\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}}\n",
+         tpm[0], tpl[0], tph[0], tpm[1], tpl[1], tph[1], tprm, tprl, tprh);
   return 0;
 }
