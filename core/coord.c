@@ -95,9 +95,14 @@ typedef struct conn {
   uint32_t armed;           /* epoll events registered now (epoll_ctl only when they change) */
   wxfer_t *wxfers;
   bool deferred;            /* a LOOKUP reply waits for the remote tier: read nothing */
+  /* AUTO_RELEASE (docs/protocol.md 4.7): the read transfer of the last PREPARE_RETRIEVE that
+   * asked for it, released at auto_until_ms, at the next request, or at close */
+  kvs_xfer_t auto_xfer;
+  uint64_t auto_until_ms;
 } conn_t;
 
 struct kvs_coord {
+  uint32_t n_auto;    /* connections with an auto_xfer pending */
   kvs_store_t *store;
   kvs_pool_t *pool;
   kvs_tensor_registry_t *tensors;
@@ -308,7 +313,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD |
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD | KVS_PROTO_CAP_AUTO_RELEASE |
             (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
   if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
@@ -619,6 +624,24 @@ static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
 }
 
+/* AUTO_RELEASE pins last at most this long (or the lease, when shorter): how long an idle
+ * client's last retrieve keeps its objects from eviction. */
+#define AUTO_PIN_MAX_MS 1000u
+
+/* End k's AUTO_RELEASE pins now (the lease may have ended them already: nothing to do). */
+static void auto_release(kvs_coord_t *c, conn_t *k) {
+  if (!k->auto_xfer) return;
+  (void)kvs_store_release(c->store, k->owner, k->auto_xfer);
+  k->auto_xfer = 0;
+  c->n_auto--;
+}
+
+/* Release the AUTO_RELEASE pins whose time is up (only while some are pending). */
+static void expire_auto(kvs_coord_t *c, uint64_t now) {
+  for (conn_t *k = c->conns; k && c->n_auto; k = k->next)
+    if (k->auto_xfer && now >= k->auto_until_ms) auto_release(c, k);
+}
+
 static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
                                 size_t len) {
   kvs_proto_prepare_retrieve_t req;
@@ -658,6 +681,19 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   rep.objects = objs;
   rep.is_inline = !shm;
   rep.xfer = shm ? xfer : 0;
+  /* AUTO_RELEASE from a client that announced it (docs/protocol.md 4.7): the pins end by
+   * themselves pin_ms from now (never later than the lease would end them), or when the
+   * client's next request arrives; the client trusts a copy finished within pin_ms of its
+   * request without asking. */
+  if (shm && xfer && (req.flags & KVS_PROTO_RETRIEVE_AUTO_RELEASE) &&
+      (k->peer_caps & KVS_PROTO_CAP_AUTO_RELEASE)) {
+    uint32_t lease = kvs_store_lease_ms(c->store);
+    rep.pin_ms = lease < AUTO_PIN_MAX_MS ? lease : AUTO_PIN_MAX_MS;
+    auto_release(c, k); /* none is pending here (dispatch ended it): kept for safety */
+    k->auto_xfer = xfer;
+    k->auto_until_ms = kvs__now_ms() + rep.pin_ms;
+    c->n_auto++;
+  }
   /* One record per object: keys in a row that name the same object (a primary and its
    * aliases) share the record of the first of them (docs/protocol.md §4.7), so its bytes
    * travel once. views[] is compacted to the objects as they go out. */
@@ -824,6 +860,18 @@ static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
+  if (k->auto_xfer) {
+    /* The client sent its next request: it is done with the pins of its last AUTO_RELEASE
+     * retrieve, unless this request ends them itself (a slow copy asking for the verdict). */
+    kvs_proto_xfer_t x = {0};
+    if ((op == KVS_OP_COMMIT_RETRIEVE || op == KVS_OP_ABORT) &&
+        kvs_proto_xfer_decode(p, len, &x) == 0 && x.xfer == k->auto_xfer) {
+      k->auto_xfer = 0;
+      c->n_auto--;
+    } else {
+      auto_release(c, k);
+    }
+  }
   if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO) {
     protocol_error(c, k, rid, -EPROTO, "request before HELLO");
     return;
@@ -858,6 +906,7 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
   }
   epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, k->fd, NULL);
   close(k->fd);
+  if (k->auto_xfer) k->auto_xfer = 0, c->n_auto--; /* its pins end with the owner's leases */
   if (k->owner) kvs_store_owner_release(c->store, k->owner); /* every lease ends here */
   while (k->tx_head) {
     outmsg_t *m = k->tx_head;
@@ -1159,8 +1208,17 @@ static void *coord_main(void *arg) {
       int until = c->accept_resume_ms <= t ? 0 : (int)(c->accept_resume_ms - t);
       if (until < timeout) timeout = until;
     }
+    if (c->n_auto) { /* wake for the first AUTO_RELEASE deadline */
+      uint64_t t = kvs__now_ms();
+      for (conn_t *k = c->conns; k; k = k->next)
+        if (k->auto_xfer) {
+          int until = k->auto_until_ms <= t ? 0 : (int)(k->auto_until_ms - t);
+          if (until < timeout) timeout = until;
+        }
+    }
     int n = epoll_wait(c->epoll_fd, evs, 64, timeout);
     uint64_t now = kvs__now_ms();
+    if (c->n_auto) expire_auto(c, now);
     if (c->accept_paused && now >= c->accept_resume_ms) {
       listener_arm(c, true); /* level-triggered: a waiting client wakes us next round */
     }

@@ -307,7 +307,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   me.strategy_chosen = KVS_PROTO_STRATEGY_AUTO;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE;
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_AUTO_RELEASE;
   me.instance_id = p->instance_id;
   me.max_frame = (uint32_t)p->opts.max_frame;
   snprintf(me.group, sizeof me.group, "%.64s", p->opts.group);
@@ -607,8 +607,12 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   if (!c) return asked ? 0 : -ENOENT;
   if (asked) kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
+  /* A server that takes AUTO_RELEASE ends the pins by itself (docs/protocol.md 4.7): a fast
+   * copy then needs no COMMIT_RETRIEVE at all, and the retrieve is one round trip. */
+  bool auto_rel = shm && (c->peer_caps & KVS_PROTO_CAP_AUTO_RELEASE);
   kvs_proto_prepare_retrieve_t m = {shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE,
-                                    (uint32_t)n, keys};
+                                    (uint32_t)n, keys,
+                                    auto_rel ? KVS_PROTO_RETRIEVE_AUTO_RELEASE : 0};
   uint8_t *rep = NULL;
   size_t rn = 0;
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
@@ -651,8 +655,10 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
          * while we copied; the only signal is ENOENT on COMMIT_RETRIEVE. No lease is shorter
          * than KVS_LEASE_MIN_MS, so a copy done within that of the request is certainly good
          * and the unpin is posted (no round trip); a slower one waits for the verdict. */
-        if (kvs__now_ms() - asked_ms < KVS_LEASE_MIN_MS) {
-          rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+        uint64_t trusted_ms = r.pin_ms ? r.pin_ms : KVS_LEASE_MIN_MS;
+        if (kvs__now_ms() - asked_ms < trusted_ms) {
+          /* AUTO_RELEASE honoured (pin_ms > 0): the server ends the pins itself */
+          if (!r.pin_ms) rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
         } else {
           uint8_t *cr = NULL;
           size_t crn = 0;

@@ -626,6 +626,7 @@ int kvs_store_destroy(kvs_store_t *s, bool force) {
 }
 
 kvs_pool_t *kvs_store_pool(const kvs_store_t *s) { return s ? s->pool : NULL; }
+uint32_t kvs_store_lease_ms(const kvs_store_t *s) { return s ? s->lease_ms : 0; }
 
 /* ---- owners ---------------------------------------------------------------------------- */
 
