@@ -560,14 +560,19 @@ static int have_avx2(void) {
 }
 #endif
 
-void kvs_peers_copy(void *dst, const void *src, size_t n) {
+void kvs_peers_copy_stream(void *dst, const void *src, size_t n) {
 #if defined(__x86_64__)
-  if (n >= KVS_PEERS_COPY_NT_MIN && have_avx2()) {
+  if (have_avx2()) {
     copy_stream_avx2(dst, src, n);
     return;
   }
 #endif
   memcpy(dst, src, n);
+}
+
+void kvs_peers_copy(void *dst, const void *src, size_t n) {
+  if (n >= KVS_PEERS_COPY_NT_MIN) kvs_peers_copy_stream(dst, src, n);
+  else memcpy(dst, src, n);
 }
 
 /* The one live peer, when there is exactly one and a LOOKUP could not tell it more than its

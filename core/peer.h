@@ -80,6 +80,9 @@ typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t 
  * at 16 KiB into a cached destination they are half as fast. */
 #define KVS_PEERS_COPY_NT_MIN (128u * 1024u)
 void kvs_peers_copy(void *dst, const void *src, size_t n);
+/* The streaming copy alone, at any size (memcpy without AVX2): for benchmarks and callers that
+ * know their destination is not read back soon. */
+void kvs_peers_copy_stream(void *dst, const void *src, size_t n);
 
 /* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),

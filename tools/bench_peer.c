@@ -41,10 +41,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "coord.h"
 #include "internal.h"
 #include "peer.h"
@@ -90,31 +86,6 @@ static void die(const char *what, int rc) {
 
 /* ---- copies ------------------------------------------------------------------------------- */
 
-#if defined(__x86_64__)
-/* Non-temporal copy: streaming 32-byte stores that bypass the caches (the destination is not
- * read back soon: it is a chunk on its way to the engine or the device). */
-__attribute__((target("avx2"))) static void copy_nt_avx2(void *dst, const void *src, size_t n) {
-  uint8_t *d = dst;
-  const uint8_t *s = src;
-  size_t head = (32 - ((uintptr_t)d & 31)) & 31;
-  if (head > n) head = n;
-  memcpy(d, s, head);
-  d += head, s += head, n -= head;
-  for (; n >= 128; d += 128, s += 128, n -= 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)s);
-    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
-    __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
-    _mm256_stream_si256((__m256i *)d, a);
-    _mm256_stream_si256((__m256i *)(d + 32), b);
-    _mm256_stream_si256((__m256i *)(d + 64), c);
-    _mm256_stream_si256((__m256i *)(d + 96), e);
-  }
-  _mm_sfence();
-  memcpy(d, s, n);
-}
-#endif
-
 static bool have_nt(void) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -124,13 +95,8 @@ static bool have_nt(void) {
 #endif
 }
 
-static void copy_nt(void *dst, const void *src, size_t n) {
-#if defined(__x86_64__)
-  copy_nt_avx2(dst, src, n);
-#else
-  memcpy(dst, src, n);
-#endif
-}
+/* Non-temporal copy: streaming stores that bypass the caches (kvs_peers_copy_stream). */
+static void copy_nt(void *dst, const void *src, size_t n) { kvs_peers_copy_stream(dst, src, n); }
 
 /* ---- the raw socket service (server side) ------------------------------------------------- */
 
