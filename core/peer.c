@@ -41,6 +41,10 @@ typedef struct pconn {
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
   bool remote;          /* its HELLO offered KVS_PROTO_CAP_REMOTE (a serve with a remote tier) */
   uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
+  /* Bytes read from fd but not consumed yet: a reply's header and a small payload arrive with
+   * one recvmsg (the rest of a large payload is read straight into its buffer). */
+  uint32_t rx_pos, rx_len;
+  uint8_t rx[4096];
   uint16_t unread_op;
   unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
   bool listed;          /* still in the table */
@@ -86,6 +90,42 @@ static uint64_t deadline_of(const kvs_peers_t *p) {
 static void conn_kill(pconn_t *c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
+  c->rx_pos = c->rx_len = 0;
+}
+
+/* Read exactly len bytes of c's stream into dst: what the stash holds first, then one recvmsg
+ * into the stash for anything short (the rest of a payload larger than the stash straight into
+ * dst). fd_out (may be NULL) gets an fd passed with the bytes read (a Unix stream never returns
+ * bytes of two sendmsgs with different descriptors in one recvmsg, so an fd always comes with
+ * the first bytes of its frame). 0 or a negative errno; on error an fd received is closed. */
+static int rx_read(pconn_t *c, void *dst, size_t len, int *fd_out, uint64_t deadline) {
+  uint8_t *d = dst;
+  if (fd_out) *fd_out = -1;
+  while (len) {
+    if (c->rx_pos < c->rx_len) {
+      size_t n = c->rx_len - c->rx_pos < len ? c->rx_len - c->rx_pos : len;
+      memcpy(d, c->rx + c->rx_pos, n);
+      c->rx_pos += (uint32_t)n;
+      d += n, len -= n;
+      continue;
+    }
+    c->rx_pos = c->rx_len = 0;
+    bool direct = len >= sizeof c->rx;
+    ssize_t r = kvs_sock_recv_some(c->fd, direct ? d : c->rx, direct ? len : sizeof c->rx,
+                                   fd_out && *fd_out < 0 ? fd_out : NULL);
+    if (r == -EAGAIN) {
+      int w = kvs_sock_wait(c->fd, POLLIN, deadline);
+      if (w == 0) continue;
+      r = w;
+    }
+    if (r < 0) {
+      if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
+      return (int)r;
+    }
+    if (direct) d += r, len -= (size_t)r;
+    else c->rx_len = (uint32_t)r;
+  }
+  return 0;
 }
 
 /* Send request rid (split at the peer's max_frame). 0 or a transport errno. */
@@ -121,11 +161,11 @@ static int read_reply(kvs_peers_t *p, pconn_t *c, uint16_t op, uint64_t rid, uin
   uint32_t limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame : KVS_PROTO_MIN_MAX_FRAME;
   /* Right after a request the reply cannot be there yet: wait rather than try a read that
    * would fail. */
-  int rc = wait_first ? kvs_sock_wait(c->fd, POLLIN, deadline) : 0;
+  int rc = wait_first && c->rx_pos == c->rx_len ? kvs_sock_wait(c->fd, POLLIN, deadline) : 0;
   while (rc == 0 && more) {
     uint8_t hb[KVS_PROTO_HEADER_SIZE];
     int got_fd = -1;
-    rc = kvs_sock_recv_all(c->fd, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
+    rc = rx_read(c, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
     if (rc < 0) break;
     if (got_fd >= 0) {
       if (fd_out) *fd_out = got_fd;
@@ -147,7 +187,7 @@ static int read_reply(kvs_peers_t *p, pconn_t *c, uint16_t op, uint64_t rid, uin
       break;
     }
     buf = nb;
-    rc = kvs_sock_recv_all(c->fd, buf + len, h.length, NULL, deadline);
+    rc = rx_read(c, buf + len, h.length, NULL, deadline);
     len += h.length;
     more = (h.flags & KVS_PROTO_F_MORE) != 0;
   }
