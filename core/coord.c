@@ -88,6 +88,11 @@ typedef struct conn {
   bool reading_payload;
   uint8_t *msg;             /* message bytes (malloc: 8-byte aligned for the codec) */
   size_t msg_len, msg_cap;
+  /* Bytes read from fd and not consumed yet: a request's header and a small payload come in
+   * with one recvmsg (the rest of a large payload is read straight into msg). Requests left
+   * here are served before the socket is asked again (service()). */
+  uint32_t rx_pos, rx_len;
+  uint8_t rx[4096];
   /* send side */
   outmsg_t *tx_head, *tx_tail;
   bool closing;             /* close once tx is empty */
@@ -986,11 +991,27 @@ static int rx_gone(kvs_coord_t *c, conn_t *k, int rc) {
   return rc;
 }
 
+/* Up to len bytes of k's stream into dst: from the stash, else one recvmsg (into the stash
+ * when len is short of it). Returns the count, -EAGAIN when nothing is there, or -errno. */
+static ssize_t rx_some(conn_t *k, void *dst, size_t len) {
+  if (k->rx_pos == k->rx_len) {
+    k->rx_pos = k->rx_len = 0;
+    if (len >= sizeof k->rx) return kvs_sock_recv_some(k->fd, dst, len, NULL);
+    ssize_t r = kvs_sock_recv_some(k->fd, k->rx, sizeof k->rx, NULL);
+    if (r < 0) return r;
+    k->rx_len = (uint32_t)r;
+  }
+  size_t n = k->rx_len - k->rx_pos < len ? k->rx_len - k->rx_pos : len;
+  memcpy(dst, k->rx + k->rx_pos, n);
+  k->rx_pos += (uint32_t)n;
+  return (ssize_t)n;
+}
+
 /* Read and dispatch until the socket is empty or a reply is pending. 0, or negative: close. */
 static int pump_rx(kvs_coord_t *c, conn_t *k) {
   while (!k->closing && !k->tx_head && !k->deferred) {
     if (!k->reading_payload) {
-      ssize_t r = kvs_sock_recv_some(k->fd, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got, NULL);
+      ssize_t r = rx_some(k, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got);
       if (r == -EAGAIN) return 0;
       if (r < 0) return rx_gone(c, k, (int)r);
       k->hdr_got += (size_t)r;
@@ -1039,7 +1060,7 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
       k->reading_payload = true;
     }
     while (k->frame_left) {
-      ssize_t r = kvs_sock_recv_some(k->fd, k->msg + k->msg_len, k->frame_left, NULL);
+      ssize_t r = rx_some(k, k->msg + k->msg_len, k->frame_left);
       if (r == -EAGAIN) return 0;
       if (r < 0) return rx_gone(c, k, (int)r);
       k->msg_len += (size_t)r;
@@ -1071,8 +1092,11 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
     return;
   }
   arm(c, k);
-  /* A reply just went out and the peer may have pipelined more: read it now. */
-  if (!k->tx_head && (events & EPOLLOUT)) {
+  /* A reply just went out and the peer may have pipelined more: read it now, from the socket
+   * (after EPOLLOUT) or from what an earlier recvmsg left in the stash (no event will say so). */
+  bool again = (events & EPOLLOUT) != 0;
+  while (!k->tx_head && !k->closing && !k->deferred && (again || k->rx_pos < k->rx_len)) {
+    again = false;
     rc = pump_rx(c, k);
     if (rc == 0) rc = flush_tx(k);
     if (rc < 0 || (k->closing && !k->tx_head)) {
