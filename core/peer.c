@@ -2,6 +2,7 @@
 #include "peer.h"
 
 #include <dirent.h>
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -628,8 +629,153 @@ static uint64_t sole_peer(kvs_peers_t *p) {
   return live == 1 ? id : 0;
 }
 
+/* ---- inline replies read straight into the caller's buffers ------------------------------- */
+
+typedef struct into {
+  void *const *bufs;
+  const uint64_t *caps;
+  uint64_t *lens;
+} into_t;
+
+/* Reading one message frame by frame: the first frame's header, what is left of the current
+ * frame, whether more frames follow. */
+typedef struct mreader {
+  kvs_proto_header_t first;
+  size_t left;
+  bool more;
+  uint32_t limit;
+} mreader_t;
+
+/* n bytes of the message into dst (NULL: read and drop), across frame boundaries. */
+static int mread(pconn_t *c, mreader_t *mr, void *dst, uint64_t n, uint64_t deadline) {
+  uint8_t scratch[4096];
+  uint8_t *d = dst;
+  while (n) {
+    if (mr->left == 0) {
+      if (!mr->more) return -EBADMSG; /* the message ended before its contents did */
+      uint8_t hb[KVS_PROTO_HEADER_SIZE];
+      kvs_proto_header_t h;
+      KVS_TRY(rx_read(c, hb, sizeof hb, NULL, deadline));
+      KVS_TRY(kvs_proto_header_decode(hb, sizeof hb, mr->limit, &h));
+      KVS_TRY(kvs_proto_frame_continues(&mr->first, &h));
+      mr->left = h.length;
+      mr->more = (h.flags & KVS_PROTO_F_MORE) != 0;
+      continue;
+    }
+    size_t k = n < mr->left ? (size_t)n : mr->left;
+    if (!d && k > sizeof scratch) k = sizeof scratch;
+    KVS_TRY(rx_read(c, d ? d : scratch, k, NULL, deadline));
+    if (d) d += k;
+    mr->left -= k;
+    n -= k;
+  }
+  return 0;
+}
+
+/* PREPARE_RETRIEVE (inline) on c, its reply's objects received straight into into's buffers
+ * (c->lock held). *delivered gets the keys delivered, r the reply's head. Returns 0, the ERROR
+ * code the peer sent (connection kept), or another negative errno (connection closed). */
+static int retrieve_inline_into(kvs_peers_t *p, pconn_t *c, const kvs_proto_prepare_retrieve_t *m,
+                                kvs_proto_object_t *objs, size_t cap, const into_t *into,
+                                kvs_proto_prepare_retrieve_reply_t *r, int *delivered) {
+  *delivered = 0;
+  if (c->fd < 0) return -ENOTCONN;
+  uint64_t deadline = deadline_of(p);
+  uint64_t rid = ++c->next_rid;
+  size_t qn = 0;
+  int rc = kvs_proto_prepare_retrieve_encode(m, NULL, 0, &qn);
+  uint8_t *q = rc == 0 ? malloc(qn) : NULL;
+  if (rc == 0) rc = q ? kvs_proto_prepare_retrieve_encode(m, q, qn, &qn) : -ENOMEM;
+  if (rc < 0) {
+    free(q);
+    return rc;
+  }
+  rc = send_request(c, KVS_OP_PREPARE_RETRIEVE, rid, q, qn, deadline);
+  free(q);
+  if (rc == 0) rc = drain(p, c, deadline);
+  if (rc == 0 && c->rx_pos == c->rx_len) rc = kvs_sock_wait(c->fd, POLLIN, deadline);
+  uint8_t hb[KVS_PROTO_HEADER_SIZE];
+  mreader_t mr = {.limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame
+                                             : KVS_PROTO_MIN_MAX_FRAME};
+  if (rc == 0) rc = rx_read(c, hb, sizeof hb, NULL, deadline);
+  if (rc == 0) rc = kvs_proto_header_decode(hb, sizeof hb, mr.limit, &mr.first);
+  kvs_proto_header_t want = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_OP_PREPARE_RETRIEVE, 0, rid, 0};
+  if (rc == 0) rc = kvs_proto_reply_matches(&want, &mr.first);
+  mr.left = mr.first.length;
+  mr.more = (mr.first.flags & KVS_PROTO_F_MORE) != 0;
+  if (rc == 0 && mr.first.opcode == KVS_OP_ERROR) { /* a single small frame (2.1) */
+    uint8_t eb[8 + 256];
+    kvs_proto_error_t e = {0};
+    rc = mr.left <= sizeof eb ? mread(c, &mr, eb, mr.left, deadline) : -EBADMSG;
+    if (rc == 0) rc = kvs_proto_error_decode(eb, mr.first.length, &e);
+    if (rc == 0) return e.code < 0 ? e.code : -EIO;
+  }
+  /* the head, then each record (32 bytes and 8 per dimension): the table's length */
+  uint8_t *tbl = NULL;
+  size_t tlen = 24;
+  if (rc == 0) rc = (tbl = malloc(24 + cap * (32 + 8 * KVS_LAYOUT_MAX_DIMS))) ? 0 : -ENOMEM;
+  if (rc == 0) rc = mread(c, &mr, tbl, 24, deadline);
+  uint32_t n_obj = 0;
+  if (rc == 0) memcpy(&n_obj, tbl + 12, 4), n_obj = le32toh(n_obj);
+  if (rc == 0 && n_obj > cap) rc = -EBADMSG;
+  for (uint32_t i = 0; rc == 0 && i < n_obj; i++) {
+    uint32_t ndim;
+    rc = mread(c, &mr, tbl + tlen, 32, deadline);
+    memcpy(&ndim, tbl + tlen + 28, 4), ndim = le32toh(ndim);
+    if (rc == 0 && ndim > KVS_LAYOUT_MAX_DIMS) rc = -EBADMSG;
+    if (rc == 0) rc = mread(c, &mr, tbl + tlen + 32, 8 * (uint64_t)ndim, deadline);
+    tlen += 32 + 8 * (size_t)ndim;
+  }
+  if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode_table(tbl, tlen, objs, cap, r);
+  free(tbl);
+  if (rc == 0 && !r->is_inline) rc = -EPROTO;
+  /* the bytes, each object straight into its buffer while the run lasts; the rest dropped */
+  bool run = true;
+  for (uint32_t i = 0; rc == 0 && i < r->n_objects; i++) {
+    const kvs_proto_object_t *o = &objs[i];
+    run = run && o->key_index == (uint32_t)*delivered && o->length <= into->caps[o->key_index];
+    rc = mread(c, &mr, run ? into->bufs[o->key_index] : NULL, o->length, deadline);
+    if (rc == 0 && run) {
+      into->lens[o->key_index] = o->length;
+      kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
+      *delivered = (int)(i + 1 < r->n_objects ? objs[i + 1].key_index : r->n_found);
+    }
+  }
+  if (rc == 0 && (mr.left || mr.more)) rc = -EBADMSG; /* bytes after the last object */
+  if (rc < 0) {
+    *delivered = 0;
+    return conn_failed(p, c, KVS_OP_PREPARE_RETRIEVE, rc);
+  }
+  return 0;
+}
+
+static int into_sink(void *ctx, size_t i, const kvs_layout_t *l, const void *bytes, uint64_t len) {
+  const into_t *t = ctx;
+  (void)l;
+  if (len > t->caps[i]) return -ENOBUFS;
+  kvs_peers_copy(t->bufs[i], bytes, (size_t)len);
+  t->lens[i] = len;
+  return 0;
+}
+
+static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    kvs_peer_sink_fn sink, void *ctx, const into_t *into);
+
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx) {
+  return retrieve(p, instance, keys, n, sink, ctx, NULL);
+}
+
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            void *const *bufs, const uint64_t *caps, uint64_t *lens) {
+  if (!bufs || !caps || !lens) return -EINVAL;
+  into_t t = {bufs, caps, lens};
+  for (size_t i = 0; i < n && i < KVS_PROTO_MAX_KEYS; i++) lens[i] = 0;
+  return retrieve(p, instance, keys, n, into_sink, &t, &t);
+}
+
+static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    kvs_peer_sink_fn sink, void *ctx, const into_t *into) {
   if (!keys || n == 0 || !sink) return -EINVAL;
   if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
   /* With one peer to ask, its PREPARE_RETRIEVE is the lookup: it pins and describes the
@@ -664,13 +810,16 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   pthread_mutex_lock(&c->lock);
   uint64_t asked_ms = kvs__now_ms(); /* the peer's pins cannot be older than this */
   int rc = -ENOMEM;
-  if (objs)
+  kvs_proto_prepare_retrieve_reply_t r = {0};
+  int delivered = 0;
+  bool streamed = objs && into && !shm; /* inline into the caller's buffers: no reply buffer */
+  if (streamed)
+    rc = retrieve_inline_into(p, c, &m, objs, n, into, &r, &delivered);
+  else if (objs)
     RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
                 &rn);
-  kvs_proto_prepare_retrieve_reply_t r = {0};
-  if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
-  int delivered = 0;
-  if (rc == 0) {
+  if (rc == 0 && !streamed) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
+  if (rc == 0 && !streamed) {
     uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
     const uint8_t *base = c->pool ? kvs_pool_base(c->pool) : NULL;
     for (uint32_t i = 0; i < r.n_objects; i++) {

@@ -93,6 +93,16 @@ void kvs_peers_copy_stream(void *dst, const void *src, size_t n);
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx);
 
+/* kvs_peers_retrieve straight into the caller's buffers: the object found under keys[i] (the
+ * first key of each object; its aliases share it) lands in bufs[i], which holds caps[i] bytes,
+ * and lens[i] gets its length (0 for keys not delivered and for aliases). SHM: copied out of the
+ * pinned extents with kvs_peers_copy; inline: received from the socket straight into bufs[i]
+ * (no reply buffer, no second copy). An object larger than its buffer ends the delivery there
+ * (the rest of the reply is read and dropped). Returns the keys delivered, as
+ * kvs_peers_retrieve. */
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            void *const *bufs, const uint64_t *caps, uint64_t *lens);
+
 /* What became of one key in kvs_peers_fetch. */
 typedef enum kvs_fetch_status {
   KVS_FETCH_MISS = 0, /* not delivered, refused by keys_fn, or not kept (the local store had no

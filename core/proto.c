@@ -903,9 +903,10 @@ static void read_objects(kvs_proto_reader_t *r, uint32_t n, uint32_t n_found, ui
   *sum = s;
 }
 
-int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
-                                            kvs_proto_object_t *objects, size_t cap,
-                                            kvs_proto_prepare_retrieve_reply_t *out) {
+/* The whole reply (with_data), or its head and table alone (the inline bytes elsewhere). */
+static int decode_retrieve_reply(const void *p, size_t len, kvs_proto_object_t *objects,
+                                 size_t cap, kvs_proto_prepare_retrieve_reply_t *out,
+                                 bool with_data) {
   KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
   kvs_proto_reader_init(&r, p, len);
@@ -923,8 +924,8 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   size_t table = r.pos;
   uint64_t sum = 0;
   read_objects(&r, m.n_objects, m.n_found, m.is_inline, NULL, &sum);
-  if (m.is_inline) require(&r, sum == kvs_proto_reader_remaining(&r));
-  const uint8_t *data = kvs_proto_read_bytes(&r, r.err ? 0 : (size_t)sum);
+  if (m.is_inline && with_data) require(&r, sum == kvs_proto_reader_remaining(&r));
+  const uint8_t *data = with_data ? kvs_proto_read_bytes(&r, r.err ? 0 : (size_t)sum) : NULL;
   KVS_TRY(kvs_proto_reader_end(&r));
   if (m.n_objects > cap || (m.n_objects && !objects)) return -ENOBUFS;
   /* Second pass over the validated table, filling the caller's array. */
@@ -932,7 +933,7 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   read_objects(&r, m.n_objects, m.n_found, m.is_inline, objects, &sum);
   if (m.is_inline) {
     uint64_t at = 0;
-    for (uint32_t i = 0; i < m.n_objects; i++) {
+    for (uint32_t i = 0; i < m.n_objects && data; i++) {
       objects[i].data = objects[i].length ? data + at : NULL;
       at += objects[i].length;
     }
@@ -942,6 +943,18 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   m.objects = objects;
   *out = m;
   return 0;
+}
+
+int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
+                                            kvs_proto_object_t *objects, size_t cap,
+                                            kvs_proto_prepare_retrieve_reply_t *out) {
+  return decode_retrieve_reply(p, len, objects, cap, out, true);
+}
+
+int kvs_proto_prepare_retrieve_reply_decode_table(const void *p, size_t len,
+                                                  kvs_proto_object_t *objects, size_t cap,
+                                                  kvs_proto_prepare_retrieve_reply_t *out) {
+  return decode_retrieve_reply(p, len, objects, cap, out, false);
 }
 
 /* ---- STATS -------------------------------------------------------------------------------------- */

@@ -527,6 +527,15 @@ int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_rep
 int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
                                             kvs_proto_object_t *objects, size_t cap,
                                             kvs_proto_prepare_retrieve_reply_t *out);
+/* The head and object table of a PREPARE_RETRIEVE reply, for a receiver that reads the inline
+ * bytes straight into their destinations: p holds exactly the head and the table (a receiver
+ * learns the table's length from n_objects and each record's ndim). Same checks as the whole
+ * decode except the data, whose length is out->data_len (the bytes that must follow the table
+ * in the message, exactly; out->data stays NULL). -EBADMSG (also for bytes after the table),
+ * -ENOBUFS. */
+int kvs_proto_prepare_retrieve_reply_decode_table(const void *p, size_t len,
+                                                  kvs_proto_object_t *objects, size_t cap,
+                                                  kvs_proto_prepare_retrieve_reply_t *out);
 
 /* STATS request: format INFO or JSON. Reply: text {u32 length, bytes} (not NUL-terminated). */
 typedef struct kvs_proto_stats {
