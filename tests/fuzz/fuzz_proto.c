@@ -196,6 +196,9 @@ static void fuzz_payload(const uint8_t *p, size_t n) {
   }
   {
     kvs_proto_prepare_retrieve_reply_t a, b;
+    /* the head-and-table decode (data read elsewhere) never crashes and leaves data NULL */
+    if (kvs_proto_prepare_retrieve_reply_decode_table(p, n, objs_a, KVS_PROTO_MAX_KEYS, &a) == 0)
+      CHECK(a.data == NULL && (a.is_inline || a.data_len == 0));
     if (kvs_proto_prepare_retrieve_reply_decode(p, n, objs_a, KVS_PROTO_MAX_KEYS, &a) == 0) {
       q = REENC(kvs_proto_prepare_retrieve_reply_encode, &a);
       CHECK(kvs_proto_prepare_retrieve_reply_decode(q, n, objs_b, KVS_PROTO_MAX_KEYS, &b) == 0);
