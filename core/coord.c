@@ -42,7 +42,24 @@ typedef struct outmsg {
   bool started;     /* first frame header computed */
   bool last_frame;  /* the current frame has no F_MORE */
   int pass_fd;      /* travels with the first byte; borrowed (the pool's fd) */
+  /* An inline retrieve reply sent straight from the pool: the message is payload[0, head_len)
+   * (head and table) followed by the extents ext[0, n_ext), pinned by pin_xfer until the last
+   * byte left (or the connection closed). Sent only before pin_deadline_ms, well inside the
+   * pin's lease: after it the connection is closed rather than send bytes that a reclaimed
+   * extent may no longer hold. head_len == len when there are none. */
+  size_t head_len;
+  struct iovec *ext;
+  int n_ext;
+  kvs_store_t *store;
+  kvs_owner_t owner;
+  kvs_xfer_t pin_xfer;
+  uint64_t pin_deadline_ms;
 } outmsg_t;
+
+#define TX_IOV 64 /* iovec entries per sendmsg: a frame's header and up to 63 pieces */
+#define ZCOPY_MIN_BYTES (64u << 10)  /* inline replies with fewer data bytes are copied */
+#define ZCOPY_MIN_LEASE_MS 2000u     /* zero-copy only with leases at least this long ... */
+#define ZCOPY_LEASE_MARGIN_MS 1000u  /* ... and sent only until this long before the lease ends */
 
 /* An SHM write transfer handed out on a connection, with its slots, for COMMIT_STORE checks. */
 typedef struct wxfer {
@@ -176,6 +193,15 @@ static void arm(kvs_coord_t *c, conn_t *k) {
   if (epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev) == 0) k->armed = ev.events;
 }
 
+/* Free a reply; the pins of a zero-copy one end here (on a closed connection its owner's
+ * release ended them already, and this release is a no-op). */
+static void outmsg_free(outmsg_t *m) {
+  if (m->pin_xfer) (void)kvs_store_release(m->store, m->owner, m->pin_xfer);
+  free(m->ext);
+  free(m->payload);
+  free(m);
+}
+
 /* Queue a reply. payload is malloc'd and owned by the queue from here on (freed on failure). */
 static void queue_msg(conn_t *k, uint16_t opcode, uint64_t rid, uint8_t *payload, size_t len,
                       int pass_fd) {
@@ -187,6 +213,7 @@ static void queue_msg(conn_t *k, uint16_t opcode, uint64_t rid, uint8_t *payload
   }
   m->payload = payload;
   m->len = len;
+  m->head_len = len;
   m->opcode = opcode;
   m->request_id = rid;
   m->frame_max = k->peer_max_frame ? k->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
@@ -719,6 +746,37 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
   uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
   if (out) rc = kvs_proto_prepare_retrieve_reply_encode(&rep, out, n, &n);
+  /* Large inline replies go out straight from the pool (sendmsg over the pinned extents, the
+   * pins held until the last byte left): no copy into the reply. Only with a lease long enough
+   * that a slow reader cannot outlast it unnoticed (see outmsg_t). */
+  uint32_t lease = kvs_store_lease_ms(c->store);
+  struct iovec *ext = NULL;
+  if (rc == 0 && out && !shm && xfer && rep.data_len >= ZCOPY_MIN_BYTES &&
+      lease >= ZCOPY_MIN_LEASE_MS && (ext = calloc(no, sizeof *ext)) != NULL) {
+    uint8_t *base = kvs_pool_base(c->pool);
+    for (uint32_t i = 0; i < no; i++)
+      ext[i] = (struct iovec){base + views[i].extent.offset, views[i].extent.length};
+    size_t head_len = n - rep.data_len;
+    uint8_t *shrunk = realloc(out, head_len ? head_len : 1); /* the data region was never used */
+    if (shrunk) out = shrunk;
+    kvs_stats_add(c->stats, KVS_STAT_coord_bytes_out, rep.data_len);
+    free(objs);
+    free(views);
+    queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
+    outmsg_t *m = k->tx_tail;
+    if (!m || m->payload != out) { /* could not queue: the connection closes, its pins end */
+      free(ext);
+      return;
+    }
+    m->head_len = head_len;
+    m->ext = ext;
+    m->n_ext = (int)no;
+    m->store = c->store;
+    m->owner = k->owner;
+    m->pin_xfer = xfer;
+    m->pin_deadline_ms = kvs__now_ms() + lease - ZCOPY_LEASE_MARGIN_MS;
+    return;
+  }
   if (rc == 0 && out && !shm) {
     /* The bytes are the payload's tail, in object order; copy them while the pins hold. */
     uint8_t *dst = out + n - rep.data_len, *base = kvs_pool_base(c->pool);
@@ -916,8 +974,7 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
   while (k->tx_head) {
     outmsg_t *m = k->tx_head;
     k->tx_head = m->next;
-    free(m->payload);
-    free(m);
+    outmsg_free(m);
   }
   while (k->wxfers) {
     wxfer_t *w = k->wxfers;
@@ -935,6 +992,27 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
   if (c->accept_paused) c->accept_resume_ms = 0; /* a descriptor came free: try again now */
 }
 
+/* The message bytes [off, end) as an iovec over payload and extents: how many entries. */
+static int msg_iov(const outmsg_t *m, size_t off, size_t end, struct iovec *iov, int cap) {
+  int n = 0;
+  if (off < m->head_len && n < cap) {
+    size_t e = end < m->head_len ? end : m->head_len;
+    iov[n++] = (struct iovec){m->payload + off, e - off};
+    off = e;
+  }
+  size_t at = m->head_len;
+  for (int i = 0; i < m->n_ext && off < end && n < cap; i++) {
+    size_t l = m->ext[i].iov_len;
+    if (off < at + l) {
+      size_t s0 = off - at, e = end < at + l ? end - at : l;
+      iov[n++] = (struct iovec){(uint8_t *)m->ext[i].iov_base + s0, e - s0};
+      off = at + e;
+    }
+    at += l;
+  }
+  return n;
+}
+
 /* Send what the socket takes. Returns 0, or a negative errno (connection dead). */
 static int flush_tx(conn_t *k) {
   while (k->tx_head) {
@@ -943,10 +1021,10 @@ static int flush_tx(conn_t *k) {
       if (m->started && m->last_frame && m->off == m->frame_end) {
         k->tx_head = m->next;
         if (!k->tx_head) k->tx_tail = NULL;
-        free(m->payload);
-        free(m);
+        outmsg_free(m);
         continue;
       }
+      if (m->pin_xfer && kvs__now_ms() >= m->pin_deadline_ms) return -ETIMEDOUT;
       if (m->started && m->off < m->frame_end) goto payload;
       kvs_proto_header_t h;
       int rc = kvs_proto_frame_header(m->opcode, KVS_PROTO_F_REPLY, m->request_id, m->len, m->off,
@@ -960,9 +1038,10 @@ static int flush_tx(conn_t *k) {
     }
     while (m->hdr_off < KVS_PROTO_HEADER_SIZE) {
       /* Header and this frame's payload in one sendmsg: one syscall, one wake-up. */
-      struct iovec iov[2] = {{m->hdr + m->hdr_off, KVS_PROTO_HEADER_SIZE - m->hdr_off},
-                             {m->payload + m->off, m->frame_end - m->off}};
-      ssize_t r = kvs_sock_sendv_some(k->fd, iov, iov[1].iov_len ? 2 : 1, m->pass_fd);
+      struct iovec iov[TX_IOV];
+      iov[0] = (struct iovec){m->hdr + m->hdr_off, KVS_PROTO_HEADER_SIZE - m->hdr_off};
+      int niov = 1 + msg_iov(m, m->off, m->frame_end, iov + 1, TX_IOV - 1);
+      ssize_t r = kvs_sock_sendv_some(k->fd, iov, niov, m->pass_fd);
       if (r < 0) return (int)r;
       if (r == 0) return 0;
       m->pass_fd = -1;
@@ -972,7 +1051,10 @@ static int flush_tx(conn_t *k) {
     }
   payload:
     while (m->off < m->frame_end) {
-      ssize_t r = kvs_sock_send_some(k->fd, m->payload + m->off, m->frame_end - m->off, -1);
+      if (m->pin_xfer && kvs__now_ms() >= m->pin_deadline_ms) return -ETIMEDOUT;
+      struct iovec iov[TX_IOV];
+      int niov = msg_iov(m, m->off, m->frame_end, iov, TX_IOV);
+      ssize_t r = kvs_sock_sendv_some(k->fd, iov, niov, -1);
       if (r < 0) return (int)r;
       if (r == 0) return 0;
       m->off += (size_t)r;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coord_client.h"
 #include "peer.h"
@@ -94,3 +95,29 @@ static void run(int strategy, uint64_t max_frame) {
 Test(into, inline_into_caller_buffers, T_TIMEOUT) { run(KVS_STRATEGY_INLINE, 0); }
 Test(into, inline_split_into_many_frames, T_TIMEOUT) { run(KVS_STRATEGY_INLINE, 64u << 10); }
 Test(into, shm_into_caller_buffers, T_TIMEOUT) { run(KVS_STRATEGY_AUTO, 0); }
+
+/* An inline reply sent straight from the pool holds its pins only until shortly before the
+ * lease ends: a reader that stalls past that gets the connection closed (never bytes of an
+ * extent the lease may have given away), and the pins end with it. */
+Test(into, a_stalled_reader_loses_the_connection_before_the_lease_ends, T_TIMEOUT) {
+  cr_assert_eq(ts_server_init(&S, 32u << 20), 0);
+  S.opts.lease_ms = 2000; /* the shortest lease that still sends from the pool (coord.c) */
+  cr_assert_eq(ts_server_start(&S), 0);
+  kvs_key_t k = tk(51, 0);
+  const uint64_t LEN = 8u << 20; /* far more than the socket buffers hold */
+  kvs_layout_t l = kvs_layout_blob(LEN);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
+  cc_t c;
+  cr_assert_eq(cc_open(&c, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
+  kvs_proto_prepare_retrieve_t m = {KVS_PROTO_STRATEGY_INLINE, 1, &k, 0};
+  uint8_t q[64];
+  size_t qn = 0;
+  cr_assert_eq(kvs_proto_prepare_retrieve_encode(&m, q, sizeof q, &qn), 0);
+  cr_assert_eq(cc_send(&c, KVS_OP_PREPARE_RETRIEVE, q, qn, NULL), 0);
+  usleep(1500 * 1000); /* past lease - 1 s: the server must not send the rest */
+  cc_msg_t r;
+  cr_assert_lt(cc_recv(&c, &r, 5000), 0, "a reply stalled past the deadline was completed");
+  kvs_store_info_t base = {0};
+  cr_assert_geq(ts_wait_baseline(S.store, &base, NULL, 0, 5000), 0, "pins left");
+  cc_close(&c);
+}
