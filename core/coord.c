@@ -42,7 +42,24 @@ typedef struct outmsg {
   bool started;     /* first frame header computed */
   bool last_frame;  /* the current frame has no F_MORE */
   int pass_fd;      /* travels with the first byte; borrowed (the pool's fd) */
+  /* An inline retrieve reply sent straight from the pool: the message is payload[0, head_len)
+   * (head and table) followed by the extents ext[0, n_ext), pinned by pin_xfer until the last
+   * byte left (or the connection closed). Sent only before pin_deadline_ms, well inside the
+   * pin's lease: after it the connection is closed rather than send bytes that a reclaimed
+   * extent may no longer hold. head_len == len when there are none. */
+  size_t head_len;
+  struct iovec *ext;
+  int n_ext;
+  kvs_store_t *store;
+  kvs_owner_t owner;
+  kvs_xfer_t pin_xfer;
+  uint64_t pin_deadline_ms;
 } outmsg_t;
+
+#define TX_IOV 64 /* iovec entries per sendmsg: a frame's header and up to 63 pieces */
+#define ZCOPY_MIN_BYTES (64u << 10)  /* inline replies with fewer data bytes are copied */
+#define ZCOPY_MIN_LEASE_MS 2000u     /* zero-copy only with leases at least this long ... */
+#define ZCOPY_LEASE_MARGIN_MS 1000u  /* ... and sent only until this long before the lease ends */
 
 /* An SHM write transfer handed out on a connection, with its slots, for COMMIT_STORE checks. */
 typedef struct wxfer {
@@ -88,6 +105,11 @@ typedef struct conn {
   bool reading_payload;
   uint8_t *msg;             /* message bytes (malloc: 8-byte aligned for the codec) */
   size_t msg_len, msg_cap;
+  /* Bytes read from fd and not consumed yet: a request's header and a small payload come in
+   * with one recvmsg (the rest of a large payload is read straight into msg). Requests left
+   * here are served before the socket is asked again (service()). */
+  uint32_t rx_pos, rx_len;
+  uint8_t rx[4096];
   /* send side */
   outmsg_t *tx_head, *tx_tail;
   bool closing;             /* close once tx is empty */
@@ -95,9 +117,14 @@ typedef struct conn {
   uint32_t armed;           /* epoll events registered now (epoll_ctl only when they change) */
   wxfer_t *wxfers;
   bool deferred;            /* a LOOKUP reply waits for the remote tier: read nothing */
+  /* AUTO_RELEASE (docs/protocol.md 4.7): the read transfer of the last PREPARE_RETRIEVE that
+   * asked for it, released at auto_until_ms, at the next request, or at close */
+  kvs_xfer_t auto_xfer;
+  uint64_t auto_until_ms;
 } conn_t;
 
 struct kvs_coord {
+  uint32_t n_auto;    /* connections with an auto_xfer pending */
   kvs_store_t *store;
   kvs_pool_t *pool;
   kvs_tensor_registry_t *tensors;
@@ -166,6 +193,15 @@ static void arm(kvs_coord_t *c, conn_t *k) {
   if (epoll_ctl(c->epoll_fd, EPOLL_CTL_MOD, k->fd, &ev) == 0) k->armed = ev.events;
 }
 
+/* Free a reply; the pins of a zero-copy one end here (on a closed connection its owner's
+ * release ended them already, and this release is a no-op). */
+static void outmsg_free(outmsg_t *m) {
+  if (m->pin_xfer) (void)kvs_store_release(m->store, m->owner, m->pin_xfer);
+  free(m->ext);
+  free(m->payload);
+  free(m);
+}
+
 /* Queue a reply. payload is malloc'd and owned by the queue from here on (freed on failure). */
 static void queue_msg(conn_t *k, uint16_t opcode, uint64_t rid, uint8_t *payload, size_t len,
                       int pass_fd) {
@@ -177,6 +213,7 @@ static void queue_msg(conn_t *k, uint16_t opcode, uint64_t rid, uint8_t *payload
   }
   m->payload = payload;
   m->len = len;
+  m->head_len = len;
   m->opcode = opcode;
   m->request_id = rid;
   m->frame_max = k->peer_max_frame ? k->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
@@ -308,7 +345,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD |
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD | KVS_PROTO_CAP_AUTO_RELEASE |
             (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
   if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
@@ -619,6 +656,24 @@ static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
 }
 
+/* AUTO_RELEASE pins last at most this long (or the lease, when shorter): how long an idle
+ * client's last retrieve keeps its objects from eviction. */
+#define AUTO_PIN_MAX_MS 1000u
+
+/* End k's AUTO_RELEASE pins now (the lease may have ended them already: nothing to do). */
+static void auto_release(kvs_coord_t *c, conn_t *k) {
+  if (!k->auto_xfer) return;
+  (void)kvs_store_release(c->store, k->owner, k->auto_xfer);
+  k->auto_xfer = 0;
+  c->n_auto--;
+}
+
+/* Release the AUTO_RELEASE pins whose time is up (only while some are pending). */
+static void expire_auto(kvs_coord_t *c, uint64_t now) {
+  for (conn_t *k = c->conns; k && c->n_auto; k = k->next)
+    if (k->auto_xfer && now >= k->auto_until_ms) auto_release(c, k);
+}
+
 static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
                                 size_t len) {
   kvs_proto_prepare_retrieve_t req;
@@ -658,6 +713,19 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   rep.objects = objs;
   rep.is_inline = !shm;
   rep.xfer = shm ? xfer : 0;
+  /* AUTO_RELEASE from a client that announced it (docs/protocol.md 4.7): the pins end by
+   * themselves pin_ms from now (never later than the lease would end them), or when the
+   * client's next request arrives; the client trusts a copy finished within pin_ms of its
+   * request without asking. */
+  if (shm && xfer && (req.flags & KVS_PROTO_RETRIEVE_AUTO_RELEASE) &&
+      (k->peer_caps & KVS_PROTO_CAP_AUTO_RELEASE)) {
+    uint32_t lease = kvs_store_lease_ms(c->store);
+    rep.pin_ms = lease < AUTO_PIN_MAX_MS ? lease : AUTO_PIN_MAX_MS;
+    auto_release(c, k); /* none is pending here (dispatch ended it): kept for safety */
+    k->auto_xfer = xfer;
+    k->auto_until_ms = kvs__now_ms() + rep.pin_ms;
+    c->n_auto++;
+  }
   /* One record per object: keys in a row that name the same object (a primary and its
    * aliases) share the record of the first of them (docs/protocol.md §4.7), so its bytes
    * travel once. views[] is compacted to the objects as they go out. */
@@ -678,6 +746,37 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
   uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
   if (out) rc = kvs_proto_prepare_retrieve_reply_encode(&rep, out, n, &n);
+  /* Large inline replies go out straight from the pool (sendmsg over the pinned extents, the
+   * pins held until the last byte left): no copy into the reply. Only with a lease long enough
+   * that a slow reader cannot outlast it unnoticed (see outmsg_t). */
+  uint32_t lease = kvs_store_lease_ms(c->store);
+  struct iovec *ext = NULL;
+  if (rc == 0 && out && !shm && xfer && rep.data_len >= ZCOPY_MIN_BYTES &&
+      lease >= ZCOPY_MIN_LEASE_MS && (ext = calloc(no, sizeof *ext)) != NULL) {
+    uint8_t *base = kvs_pool_base(c->pool);
+    for (uint32_t i = 0; i < no; i++)
+      ext[i] = (struct iovec){base + views[i].extent.offset, views[i].extent.length};
+    size_t head_len = n - rep.data_len;
+    uint8_t *shrunk = realloc(out, head_len ? head_len : 1); /* the data region was never used */
+    if (shrunk) out = shrunk;
+    kvs_stats_add(c->stats, KVS_STAT_coord_bytes_out, rep.data_len);
+    free(objs);
+    free(views);
+    queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
+    outmsg_t *m = k->tx_tail;
+    if (!m || m->payload != out) { /* could not queue: the connection closes, its pins end */
+      free(ext);
+      return;
+    }
+    m->head_len = head_len;
+    m->ext = ext;
+    m->n_ext = (int)no;
+    m->store = c->store;
+    m->owner = k->owner;
+    m->pin_xfer = xfer;
+    m->pin_deadline_ms = kvs__now_ms() + lease - ZCOPY_LEASE_MARGIN_MS;
+    return;
+  }
   if (rc == 0 && out && !shm) {
     /* The bytes are the payload's tail, in object order; copy them while the pins hold. */
     uint8_t *dst = out + n - rep.data_len, *base = kvs_pool_base(c->pool);
@@ -824,6 +923,18 @@ static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
+  if (k->auto_xfer) {
+    /* The client sent its next request: it is done with the pins of its last AUTO_RELEASE
+     * retrieve, unless this request ends them itself (a slow copy asking for the verdict). */
+    kvs_proto_xfer_t x = {0};
+    if ((op == KVS_OP_COMMIT_RETRIEVE || op == KVS_OP_ABORT) &&
+        kvs_proto_xfer_decode(p, len, &x) == 0 && x.xfer == k->auto_xfer) {
+      k->auto_xfer = 0;
+      c->n_auto--;
+    } else {
+      auto_release(c, k);
+    }
+  }
   if (k->state == CONN_AWAIT_HELLO && op != KVS_OP_HELLO) {
     protocol_error(c, k, rid, -EPROTO, "request before HELLO");
     return;
@@ -858,12 +969,12 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
   }
   epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, k->fd, NULL);
   close(k->fd);
+  if (k->auto_xfer) k->auto_xfer = 0, c->n_auto--; /* its pins end with the owner's leases */
   if (k->owner) kvs_store_owner_release(c->store, k->owner); /* every lease ends here */
   while (k->tx_head) {
     outmsg_t *m = k->tx_head;
     k->tx_head = m->next;
-    free(m->payload);
-    free(m);
+    outmsg_free(m);
   }
   while (k->wxfers) {
     wxfer_t *w = k->wxfers;
@@ -881,6 +992,27 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
   if (c->accept_paused) c->accept_resume_ms = 0; /* a descriptor came free: try again now */
 }
 
+/* The message bytes [off, end) as an iovec over payload and extents: how many entries. */
+static int msg_iov(const outmsg_t *m, size_t off, size_t end, struct iovec *iov, int cap) {
+  int n = 0;
+  if (off < m->head_len && n < cap) {
+    size_t e = end < m->head_len ? end : m->head_len;
+    iov[n++] = (struct iovec){m->payload + off, e - off};
+    off = e;
+  }
+  size_t at = m->head_len;
+  for (int i = 0; i < m->n_ext && off < end && n < cap; i++) {
+    size_t l = m->ext[i].iov_len;
+    if (off < at + l) {
+      size_t s0 = off - at, e = end < at + l ? end - at : l;
+      iov[n++] = (struct iovec){(uint8_t *)m->ext[i].iov_base + s0, e - s0};
+      off = at + e;
+    }
+    at += l;
+  }
+  return n;
+}
+
 /* Send what the socket takes. Returns 0, or a negative errno (connection dead). */
 static int flush_tx(conn_t *k) {
   while (k->tx_head) {
@@ -889,10 +1021,10 @@ static int flush_tx(conn_t *k) {
       if (m->started && m->last_frame && m->off == m->frame_end) {
         k->tx_head = m->next;
         if (!k->tx_head) k->tx_tail = NULL;
-        free(m->payload);
-        free(m);
+        outmsg_free(m);
         continue;
       }
+      if (m->pin_xfer && kvs__now_ms() >= m->pin_deadline_ms) return -ETIMEDOUT;
       if (m->started && m->off < m->frame_end) goto payload;
       kvs_proto_header_t h;
       int rc = kvs_proto_frame_header(m->opcode, KVS_PROTO_F_REPLY, m->request_id, m->len, m->off,
@@ -906,9 +1038,10 @@ static int flush_tx(conn_t *k) {
     }
     while (m->hdr_off < KVS_PROTO_HEADER_SIZE) {
       /* Header and this frame's payload in one sendmsg: one syscall, one wake-up. */
-      struct iovec iov[2] = {{m->hdr + m->hdr_off, KVS_PROTO_HEADER_SIZE - m->hdr_off},
-                             {m->payload + m->off, m->frame_end - m->off}};
-      ssize_t r = kvs_sock_sendv_some(k->fd, iov, iov[1].iov_len ? 2 : 1, m->pass_fd);
+      struct iovec iov[TX_IOV];
+      iov[0] = (struct iovec){m->hdr + m->hdr_off, KVS_PROTO_HEADER_SIZE - m->hdr_off};
+      int niov = 1 + msg_iov(m, m->off, m->frame_end, iov + 1, TX_IOV - 1);
+      ssize_t r = kvs_sock_sendv_some(k->fd, iov, niov, m->pass_fd);
       if (r < 0) return (int)r;
       if (r == 0) return 0;
       m->pass_fd = -1;
@@ -918,7 +1051,10 @@ static int flush_tx(conn_t *k) {
     }
   payload:
     while (m->off < m->frame_end) {
-      ssize_t r = kvs_sock_send_some(k->fd, m->payload + m->off, m->frame_end - m->off, -1);
+      if (m->pin_xfer && kvs__now_ms() >= m->pin_deadline_ms) return -ETIMEDOUT;
+      struct iovec iov[TX_IOV];
+      int niov = msg_iov(m, m->off, m->frame_end, iov, TX_IOV);
+      ssize_t r = kvs_sock_sendv_some(k->fd, iov, niov, -1);
       if (r < 0) return (int)r;
       if (r == 0) return 0;
       m->off += (size_t)r;
@@ -937,11 +1073,27 @@ static int rx_gone(kvs_coord_t *c, conn_t *k, int rc) {
   return rc;
 }
 
+/* Up to len bytes of k's stream into dst: from the stash, else one recvmsg (into the stash
+ * when len is short of it). Returns the count, -EAGAIN when nothing is there, or -errno. */
+static ssize_t rx_some(conn_t *k, void *dst, size_t len) {
+  if (k->rx_pos == k->rx_len) {
+    k->rx_pos = k->rx_len = 0;
+    if (len >= sizeof k->rx) return kvs_sock_recv_some(k->fd, dst, len, NULL);
+    ssize_t r = kvs_sock_recv_some(k->fd, k->rx, sizeof k->rx, NULL);
+    if (r < 0) return r;
+    k->rx_len = (uint32_t)r;
+  }
+  size_t n = k->rx_len - k->rx_pos < len ? k->rx_len - k->rx_pos : len;
+  memcpy(dst, k->rx + k->rx_pos, n);
+  k->rx_pos += (uint32_t)n;
+  return (ssize_t)n;
+}
+
 /* Read and dispatch until the socket is empty or a reply is pending. 0, or negative: close. */
 static int pump_rx(kvs_coord_t *c, conn_t *k) {
   while (!k->closing && !k->tx_head && !k->deferred) {
     if (!k->reading_payload) {
-      ssize_t r = kvs_sock_recv_some(k->fd, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got, NULL);
+      ssize_t r = rx_some(k, k->hdr + k->hdr_got, sizeof k->hdr - k->hdr_got);
       if (r == -EAGAIN) return 0;
       if (r < 0) return rx_gone(c, k, (int)r);
       k->hdr_got += (size_t)r;
@@ -990,7 +1142,7 @@ static int pump_rx(kvs_coord_t *c, conn_t *k) {
       k->reading_payload = true;
     }
     while (k->frame_left) {
-      ssize_t r = kvs_sock_recv_some(k->fd, k->msg + k->msg_len, k->frame_left, NULL);
+      ssize_t r = rx_some(k, k->msg + k->msg_len, k->frame_left);
       if (r == -EAGAIN) return 0;
       if (r < 0) return rx_gone(c, k, (int)r);
       k->msg_len += (size_t)r;
@@ -1022,8 +1174,11 @@ static void service(kvs_coord_t *c, conn_t *k, uint32_t events) {
     return;
   }
   arm(c, k);
-  /* A reply just went out and the peer may have pipelined more: read it now. */
-  if (!k->tx_head && (events & EPOLLOUT)) {
+  /* A reply just went out and the peer may have pipelined more: read it now, from the socket
+   * (after EPOLLOUT) or from what an earlier recvmsg left in the stash (no event will say so). */
+  bool again = (events & EPOLLOUT) != 0;
+  while (!k->tx_head && !k->closing && !k->deferred && (again || k->rx_pos < k->rx_len)) {
+    again = false;
     rc = pump_rx(c, k);
     if (rc == 0) rc = flush_tx(k);
     if (rc < 0 || (k->closing && !k->tx_head)) {
@@ -1159,8 +1314,17 @@ static void *coord_main(void *arg) {
       int until = c->accept_resume_ms <= t ? 0 : (int)(c->accept_resume_ms - t);
       if (until < timeout) timeout = until;
     }
+    if (c->n_auto) { /* wake for the first AUTO_RELEASE deadline */
+      uint64_t t = kvs__now_ms();
+      for (conn_t *k = c->conns; k; k = k->next)
+        if (k->auto_xfer) {
+          int until = k->auto_until_ms <= t ? 0 : (int)(k->auto_until_ms - t);
+          if (until < timeout) timeout = until;
+        }
+    }
     int n = epoll_wait(c->epoll_fd, evs, 64, timeout);
     uint64_t now = kvs__now_ms();
+    if (c->n_auto) expire_auto(c, now);
     if (c->accept_paused && now >= c->accept_resume_ms) {
       listener_arm(c, true); /* level-triggered: a waiting client wakes us next round */
     }

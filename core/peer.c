@@ -2,6 +2,7 @@
 #include "peer.h"
 
 #include <dirent.h>
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -11,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "coord.h"
 #include "internal.h"
@@ -37,6 +42,10 @@ typedef struct pconn {
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
   bool remote;          /* its HELLO offered KVS_PROTO_CAP_REMOTE (a serve with a remote tier) */
   uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
+  /* Bytes read from fd but not consumed yet: a reply's header and a small payload arrive with
+   * one recvmsg (the rest of a large payload is read straight into its buffer). */
+  uint32_t rx_pos, rx_len;
+  uint8_t rx[4096];
   uint16_t unread_op;
   unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
   bool listed;          /* still in the table */
@@ -82,6 +91,42 @@ static uint64_t deadline_of(const kvs_peers_t *p) {
 static void conn_kill(pconn_t *c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
+  c->rx_pos = c->rx_len = 0;
+}
+
+/* Read exactly len bytes of c's stream into dst: what the stash holds first, then one recvmsg
+ * into the stash for anything short (the rest of a payload larger than the stash straight into
+ * dst). fd_out (may be NULL) gets an fd passed with the bytes read (a Unix stream never returns
+ * bytes of two sendmsgs with different descriptors in one recvmsg, so an fd always comes with
+ * the first bytes of its frame). 0 or a negative errno; on error an fd received is closed. */
+static int rx_read(pconn_t *c, void *dst, size_t len, int *fd_out, uint64_t deadline) {
+  uint8_t *d = dst;
+  if (fd_out) *fd_out = -1;
+  while (len) {
+    if (c->rx_pos < c->rx_len) {
+      size_t n = c->rx_len - c->rx_pos < len ? c->rx_len - c->rx_pos : len;
+      memcpy(d, c->rx + c->rx_pos, n);
+      c->rx_pos += (uint32_t)n;
+      d += n, len -= n;
+      continue;
+    }
+    c->rx_pos = c->rx_len = 0;
+    bool direct = len >= sizeof c->rx;
+    ssize_t r = kvs_sock_recv_some(c->fd, direct ? d : c->rx, direct ? len : sizeof c->rx,
+                                   fd_out && *fd_out < 0 ? fd_out : NULL);
+    if (r == -EAGAIN) {
+      int w = kvs_sock_wait(c->fd, POLLIN, deadline);
+      if (w == 0) continue;
+      r = w;
+    }
+    if (r < 0) {
+      if (fd_out && *fd_out >= 0) close(*fd_out), *fd_out = -1;
+      return (int)r;
+    }
+    if (direct) d += r, len -= (size_t)r;
+    else c->rx_len = (uint32_t)r;
+  }
+  return 0;
 }
 
 /* Send request rid (split at the peer's max_frame). 0 or a transport errno. */
@@ -117,11 +162,11 @@ static int read_reply(kvs_peers_t *p, pconn_t *c, uint16_t op, uint64_t rid, uin
   uint32_t limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame : KVS_PROTO_MIN_MAX_FRAME;
   /* Right after a request the reply cannot be there yet: wait rather than try a read that
    * would fail. */
-  int rc = wait_first ? kvs_sock_wait(c->fd, POLLIN, deadline) : 0;
+  int rc = wait_first && c->rx_pos == c->rx_len ? kvs_sock_wait(c->fd, POLLIN, deadline) : 0;
   while (rc == 0 && more) {
     uint8_t hb[KVS_PROTO_HEADER_SIZE];
     int got_fd = -1;
-    rc = kvs_sock_recv_all(c->fd, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
+    rc = rx_read(c, hb, sizeof hb, have_first ? NULL : &got_fd, deadline);
     if (rc < 0) break;
     if (got_fd >= 0) {
       if (fd_out) *fd_out = got_fd;
@@ -143,7 +188,7 @@ static int read_reply(kvs_peers_t *p, pconn_t *c, uint16_t op, uint64_t rid, uin
       break;
     }
     buf = nb;
-    rc = kvs_sock_recv_all(c->fd, buf + len, h.length, NULL, deadline);
+    rc = rx_read(c, buf + len, h.length, NULL, deadline);
     len += h.length;
     more = (h.flags & KVS_PROTO_F_MORE) != 0;
   }
@@ -303,7 +348,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   me.strategy_chosen = KVS_PROTO_STRATEGY_AUTO;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE;
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_AUTO_RELEASE;
   me.instance_id = p->instance_id;
   me.max_frame = (uint32_t)p->opts.max_frame;
   snprintf(me.group, sizeof me.group, "%.64s", p->opts.group);
@@ -519,33 +564,262 @@ int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *
   return run;
 }
 
+/* ---- copy out of a peer's pool -------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void copy_stream_avx2(void *dst, const void *src,
+                                                              size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (32 - ((uintptr_t)d & 31)) & 31; /* streaming stores need 32-byte alignment */
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 128; d += 128, s += 128, n -= 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_stream_si256((__m256i *)d, a);
+    _mm256_stream_si256((__m256i *)(d + 32), b);
+    _mm256_stream_si256((__m256i *)(d + 64), c);
+    _mm256_stream_si256((__m256i *)(d + 96), e);
+  }
+  _mm_sfence(); /* order the streamed bytes before anything the caller does next */
+  memcpy(d, s, n);
+}
+
+static int have_avx2(void) {
+  static int cached = -1; /* -1 unknown; a racing first call computes the same value */
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx2") ? 1 : 0;
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+#endif
+
+void kvs_peers_copy_stream(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  if (have_avx2()) {
+    copy_stream_avx2(dst, src, n);
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+}
+
+void kvs_peers_copy(void *dst, const void *src, size_t n) {
+  if (n >= KVS_PEERS_COPY_NT_MIN) kvs_peers_copy_stream(dst, src, n);
+  else memcpy(dst, src, n);
+}
+
+/* The one live peer, when there is exactly one and a LOOKUP could not tell it more than its
+ * PREPARE_RETRIEVE will (no remote tier: only a LOOKUP's remote_wait_ms asks a serve to consult
+ * it, docs/protocol.md 4.3); 0 otherwise. */
+static uint64_t sole_peer(kvs_peers_t *p) {
+  uint64_t id = 0;
+  int live = 0;
+  pthread_mutex_lock(&p->table_lock);
+  for (pconn_t *c = p->conns; c; c = c->next)
+    if (c->fd >= 0 && live++ == 0 && !c->remote) id = c->info.instance_id;
+  pthread_mutex_unlock(&p->table_lock);
+  return live == 1 ? id : 0;
+}
+
+/* ---- inline replies read straight into the caller's buffers ------------------------------- */
+
+typedef struct into {
+  void *const *bufs;
+  const uint64_t *caps;
+  uint64_t *lens;
+} into_t;
+
+/* Reading one message frame by frame: the first frame's header, what is left of the current
+ * frame, whether more frames follow. */
+typedef struct mreader {
+  kvs_proto_header_t first;
+  size_t left;
+  bool more;
+  uint32_t limit;
+} mreader_t;
+
+/* n bytes of the message into dst (NULL: read and drop), across frame boundaries. */
+static int mread(pconn_t *c, mreader_t *mr, void *dst, uint64_t n, uint64_t deadline) {
+  uint8_t scratch[4096];
+  uint8_t *d = dst;
+  while (n) {
+    if (mr->left == 0) {
+      if (!mr->more) return -EBADMSG; /* the message ended before its contents did */
+      uint8_t hb[KVS_PROTO_HEADER_SIZE];
+      kvs_proto_header_t h;
+      KVS_TRY(rx_read(c, hb, sizeof hb, NULL, deadline));
+      KVS_TRY(kvs_proto_header_decode(hb, sizeof hb, mr->limit, &h));
+      KVS_TRY(kvs_proto_frame_continues(&mr->first, &h));
+      mr->left = h.length;
+      mr->more = (h.flags & KVS_PROTO_F_MORE) != 0;
+      continue;
+    }
+    size_t k = n < mr->left ? (size_t)n : mr->left;
+    if (!d && k > sizeof scratch) k = sizeof scratch;
+    KVS_TRY(rx_read(c, d ? d : scratch, k, NULL, deadline));
+    if (d) d += k;
+    mr->left -= k;
+    n -= k;
+  }
+  return 0;
+}
+
+/* PREPARE_RETRIEVE (inline) on c, its reply's objects received straight into into's buffers
+ * (c->lock held). *delivered gets the keys delivered, r the reply's head. Returns 0, the ERROR
+ * code the peer sent (connection kept), or another negative errno (connection closed). */
+static int retrieve_inline_into(kvs_peers_t *p, pconn_t *c, const kvs_proto_prepare_retrieve_t *m,
+                                kvs_proto_object_t *objs, size_t cap, const into_t *into,
+                                kvs_proto_prepare_retrieve_reply_t *r, int *delivered) {
+  *delivered = 0;
+  if (c->fd < 0) return -ENOTCONN;
+  uint64_t deadline = deadline_of(p);
+  uint64_t rid = ++c->next_rid;
+  size_t qn = 0;
+  int rc = kvs_proto_prepare_retrieve_encode(m, NULL, 0, &qn);
+  uint8_t *q = rc == 0 ? malloc(qn) : NULL;
+  if (rc == 0) rc = q ? kvs_proto_prepare_retrieve_encode(m, q, qn, &qn) : -ENOMEM;
+  if (rc < 0) {
+    free(q);
+    return rc;
+  }
+  rc = send_request(c, KVS_OP_PREPARE_RETRIEVE, rid, q, qn, deadline);
+  free(q);
+  if (rc == 0) rc = drain(p, c, deadline);
+  if (rc == 0 && c->rx_pos == c->rx_len) rc = kvs_sock_wait(c->fd, POLLIN, deadline);
+  uint8_t hb[KVS_PROTO_HEADER_SIZE];
+  mreader_t mr = {.limit = c->peer_max_frame ? (uint32_t)p->opts.max_frame
+                                             : KVS_PROTO_MIN_MAX_FRAME};
+  if (rc == 0) rc = rx_read(c, hb, sizeof hb, NULL, deadline);
+  if (rc == 0) rc = kvs_proto_header_decode(hb, sizeof hb, mr.limit, &mr.first);
+  kvs_proto_header_t want = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_OP_PREPARE_RETRIEVE, 0, rid, 0};
+  if (rc == 0) rc = kvs_proto_reply_matches(&want, &mr.first);
+  mr.left = mr.first.length;
+  mr.more = (mr.first.flags & KVS_PROTO_F_MORE) != 0;
+  if (rc == 0 && mr.first.opcode == KVS_OP_ERROR) { /* a single small frame (2.1) */
+    uint8_t eb[8 + 256];
+    kvs_proto_error_t e = {0};
+    rc = mr.left <= sizeof eb ? mread(c, &mr, eb, mr.left, deadline) : -EBADMSG;
+    if (rc == 0) rc = kvs_proto_error_decode(eb, mr.first.length, &e);
+    if (rc == 0) return e.code < 0 ? e.code : -EIO;
+  }
+  /* the head, then each record (32 bytes and 8 per dimension): the table's length */
+  uint8_t *tbl = NULL;
+  size_t tlen = 24;
+  if (rc == 0) rc = (tbl = malloc(24 + cap * (32 + 8 * KVS_LAYOUT_MAX_DIMS))) ? 0 : -ENOMEM;
+  if (rc == 0) rc = mread(c, &mr, tbl, 24, deadline);
+  uint32_t n_obj = 0;
+  if (rc == 0) memcpy(&n_obj, tbl + 12, 4), n_obj = le32toh(n_obj);
+  if (rc == 0 && n_obj > cap) rc = -EBADMSG;
+  for (uint32_t i = 0; rc == 0 && i < n_obj; i++) {
+    uint32_t ndim;
+    rc = mread(c, &mr, tbl + tlen, 32, deadline);
+    memcpy(&ndim, tbl + tlen + 28, 4), ndim = le32toh(ndim);
+    if (rc == 0 && ndim > KVS_LAYOUT_MAX_DIMS) rc = -EBADMSG;
+    if (rc == 0) rc = mread(c, &mr, tbl + tlen + 32, 8 * (uint64_t)ndim, deadline);
+    tlen += 32 + 8 * (size_t)ndim;
+  }
+  if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode_table(tbl, tlen, objs, cap, r);
+  free(tbl);
+  if (rc == 0 && !r->is_inline) rc = -EPROTO;
+  /* the bytes, each object straight into its buffer while the run lasts; the rest dropped */
+  bool run = true;
+  for (uint32_t i = 0; rc == 0 && i < r->n_objects; i++) {
+    const kvs_proto_object_t *o = &objs[i];
+    run = run && o->key_index == (uint32_t)*delivered && o->length <= into->caps[o->key_index];
+    rc = mread(c, &mr, run ? into->bufs[o->key_index] : NULL, o->length, deadline);
+    if (rc == 0 && run) {
+      into->lens[o->key_index] = o->length;
+      kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
+      *delivered = (int)(i + 1 < r->n_objects ? objs[i + 1].key_index : r->n_found);
+    }
+  }
+  if (rc == 0 && (mr.left || mr.more)) rc = -EBADMSG; /* bytes after the last object */
+  if (rc < 0) {
+    *delivered = 0;
+    return conn_failed(p, c, KVS_OP_PREPARE_RETRIEVE, rc);
+  }
+  return 0;
+}
+
+static int into_sink(void *ctx, size_t i, const kvs_layout_t *l, const void *bytes, uint64_t len) {
+  const into_t *t = ctx;
+  (void)l;
+  if (len > t->caps[i]) return -ENOBUFS;
+  kvs_peers_copy(t->bufs[i], bytes, (size_t)len);
+  t->lens[i] = len;
+  return 0;
+}
+
+static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    kvs_peer_sink_fn sink, void *ctx, const into_t *into);
+
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx) {
+  return retrieve(p, instance, keys, n, sink, ctx, NULL);
+}
+
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            void *const *bufs, const uint64_t *caps, uint64_t *lens) {
+  if (!bufs || !caps || !lens) return -EINVAL;
+  into_t t = {bufs, caps, lens};
+  for (size_t i = 0; i < n && i < KVS_PROTO_MAX_KEYS; i++) lens[i] = 0;
+  return retrieve(p, instance, keys, n, into_sink, &t, &t);
+}
+
+static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    kvs_peer_sink_fn sink, void *ctx, const into_t *into) {
   if (!keys || n == 0 || !sink) return -EINVAL;
   if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;
+  /* With one peer to ask, its PREPARE_RETRIEVE is the lookup: it pins and describes the
+   * leading run it holds (n_found), so the retrieve takes one round trip, not two
+   * (docs/protocol.md 6, "SHM retrieve"). It stands in for the LOOKUP in peer_lookups; an
+   * empty run is a lookup miss, as before (not a peer_misses). With several peers, LOOKUP
+   * each and retrieve from the longest run. */
+  bool asked = false;
+  if (!instance) {
+    kvs_peers_discover(p, false);
+    instance = sole_peer(p);
+    asked = instance != 0;
+  }
   if (!instance) {
     int run = kvs_peers_lookup(p, keys, n, &instance);
     if (run <= 0 || !instance) return 0;
     n = (size_t)run;
   }
   pconn_t *c = grab(p, instance, false);
-  if (!c) return -ENOENT;
+  if (!c) return asked ? 0 : -ENOENT;
+  if (asked) kvs_stats_inc(p->stats, KVS_STAT_peer_lookups);
   bool shm = c->pool != NULL && p->opts.strategy != KVS_STRATEGY_INLINE;
+  /* A server that takes AUTO_RELEASE ends the pins by itself (docs/protocol.md 4.7): a fast
+   * copy then needs no COMMIT_RETRIEVE at all, and the retrieve is one round trip. */
+  bool auto_rel = shm && (c->peer_caps & KVS_PROTO_CAP_AUTO_RELEASE);
   kvs_proto_prepare_retrieve_t m = {shm ? KVS_PROTO_STRATEGY_SHM : KVS_PROTO_STRATEGY_INLINE,
-                                    (uint32_t)n, keys};
+                                    (uint32_t)n, keys,
+                                    auto_rel ? KVS_PROTO_RETRIEVE_AUTO_RELEASE : 0};
   uint8_t *rep = NULL;
   size_t rn = 0;
   kvs_proto_object_t *objs = calloc(n, sizeof *objs);
   pthread_mutex_lock(&c->lock);
   uint64_t asked_ms = kvs__now_ms(); /* the peer's pins cannot be older than this */
   int rc = -ENOMEM;
-  if (objs)
+  kvs_proto_prepare_retrieve_reply_t r = {0};
+  int delivered = 0;
+  bool streamed = objs && into && !shm; /* inline into the caller's buffers: no reply buffer */
+  if (streamed)
+    rc = retrieve_inline_into(p, c, &m, objs, n, into, &r, &delivered);
+  else if (objs)
     RPC_ENCODED(rc, p, c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m, &rep,
                 &rn);
-  kvs_proto_prepare_retrieve_reply_t r;
-  if (rc == 0) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
-  int delivered = 0;
-  if (rc == 0) {
+  if (rc == 0 && !streamed) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
+  if (rc == 0 && !streamed) {
     uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
     const uint8_t *base = c->pool ? kvs_pool_base(c->pool) : NULL;
     for (uint32_t i = 0; i < r.n_objects; i++) {
@@ -575,8 +849,10 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
          * while we copied; the only signal is ENOENT on COMMIT_RETRIEVE. No lease is shorter
          * than KVS_LEASE_MIN_MS, so a copy done within that of the request is certainly good
          * and the unpin is posted (no round trip); a slower one waits for the verdict. */
-        if (kvs__now_ms() - asked_ms < KVS_LEASE_MIN_MS) {
-          rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
+        uint64_t trusted_ms = r.pin_ms ? r.pin_ms : KVS_LEASE_MIN_MS;
+        if (kvs__now_ms() - asked_ms < trusted_ms) {
+          /* AUTO_RELEASE honoured (pin_ms > 0): the server ends the pins itself */
+          if (!r.pin_ms) rpc_post(p, c, KVS_OP_COMMIT_RETRIEVE, b, n2);
         } else {
           uint8_t *cr = NULL;
           size_t crn = 0;
@@ -598,7 +874,7 @@ int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys,
   free(objs);
   unref(p, c);
   if (delivered > 0) kvs_stats_add(p->stats, KVS_STAT_peer_hits, (uint64_t)delivered);
-  else kvs_stats_inc(p->stats, KVS_STAT_peer_misses);
+  else if (!asked || rc < 0 || r.n_found > 0) kvs_stats_inc(p->stats, KVS_STAT_peer_misses);
   return rc < 0 && delivered == 0 ? rc : delivered;
 }
 
@@ -766,7 +1042,8 @@ static int store_inline(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
     if (rc == 0) rc = buf ? kvs_proto_commit_store_encode(&cm, buf, len, &len) : -ENOMEM;
     if (rc == 0) {
       uint8_t *dst = buf + len - cm.data_len;
-      for (uint32_t i = 0; i < n_objs; i++) memcpy(dst + (uint64_t)i * obj_bytes, bufs[object ? 0 : src[i]], obj_bytes);
+      for (uint32_t i = 0; i < n_objs; i++)
+        memcpy(dst + (uint64_t)i * obj_bytes, bufs[object ? 0 : src[i]], obj_bytes);
       uint8_t *r2 = NULL;
       size_t n2 = 0;
       rc = rpc(p, c, KVS_OP_COMMIT_STORE, buf, len, &r2, &n2, NULL);
@@ -1062,7 +1339,7 @@ void kvs_peers_destroy(kvs_peers_t *p) {
   free(p);
 }
 
-/* ---- one copy per node (design §3.5): the engine side's helpers ------------------------------ */
+/* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
 
 uint64_t kvs_peers_cache_peer(kvs_peers_t *p) {
   if (!p) return 0;
@@ -1088,13 +1365,13 @@ static int into_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void
   into_ctx_t *x = ctx;
   if (len != x->want || i != x->copied) return -EPROTO;
   int rc = x->copy ? x->copy(x->copy_ctx, i, x->dsts[i], bytes, (size_t)len)
-                   : (memcpy(x->dsts[i], bytes, (size_t)len), 0);
+                   : (kvs_peers_copy(x->dsts[i], bytes, (size_t)len), 0);
   if (rc < 0) return rc;
   x->copied++;
   return 0;
 }
 
-int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+int kvs_peers_retrieve_copy(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                             uint64_t len, void *const *dsts, kvs_peer_copy_fn copy, void *ctx) {
   if (!p || !keys || !dsts || n == 0 || len == 0) return -EINVAL;
   into_ctx_t x = {dsts, len, copy, ctx, 0};

@@ -72,6 +72,18 @@ int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *
 typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t *layout,
                                 const void *bytes, uint64_t len);
 
+/* Copy a retrieved object out of a peer's pool (what a sink does with its bytes): streaming
+ * (non-temporal, cache-bypassing) stores from KVS_PEERS_COPY_NT_MIN bytes up when the CPU has
+ * AVX2, memcpy below and elsewhere. Measured on the 2-vCPU machine of docs/PERF.md (source
+ * outside the cache): streaming stores move 1.4-1.8x the bytes of memcpy from 256 KiB to
+ * 16 MiB with a cold destination and about the same with a destination the cache still holds;
+ * at 16 KiB into a cached destination they are half as fast. */
+#define KVS_PEERS_COPY_NT_MIN (128u * 1024u)
+void kvs_peers_copy(void *dst, const void *src, size_t n);
+/* The streaming copy alone, at any size (memcpy without AVX2): for benchmarks and callers that
+ * know their destination is not read back soon. */
+void kvs_peers_copy_stream(void *dst, const void *src, size_t n);
+
 /* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
  * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss).
@@ -80,6 +92,16 @@ typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t 
  * thrown away (counted in peer_stale_reads). */
 int kvs_peers_retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                        kvs_peer_sink_fn sink, void *ctx);
+
+/* kvs_peers_retrieve straight into the caller's buffers: the object found under keys[i] (the
+ * first key of each object; its aliases share it) lands in bufs[i], which holds caps[i] bytes,
+ * and lens[i] gets its length (0 for keys not delivered and for aliases). SHM: copied out of the
+ * pinned extents with kvs_peers_copy; inline: received from the socket straight into bufs[i]
+ * (no reply buffer, no second copy). An object larger than its buffer ends the delivery there
+ * (the rest of the reply is read and dropped). Returns the keys delivered, as
+ * kvs_peers_retrieve. */
+int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                            void *const *bufs, const uint64_t *caps, uint64_t *lens);
 
 /* What became of one key in kvs_peers_fetch. */
 typedef enum kvs_fetch_status {
@@ -148,7 +170,7 @@ int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n);
 /* Wait until the write-behind queue is empty or timeout_ms passed. Returns objects still queued. */
 int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms);
 
-/* ---- one copy per node (design §3.5): the engine side's helpers ------------------------------ */
+/* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
 
 /* Instance id of a connected `kvshim serve` cache peer, or 0 (none known). No discovery and no
  * I/O: one walk of the peer table. */
@@ -162,11 +184,6 @@ int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys
  * into its destination dst (the caller's buffer i). 0, or a negative errno to stop. */
 typedef int (*kvs_peer_copy_fn)(void *ctx, size_t i, void *dst, const void *src, size_t len);
 
-/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) straight into
- * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
- * dsts[i] by copy (NULL = memcpy) while the peer holds its pin, with no copy anywhere else.
- * Returns how many leading keys were copied (>= 0), or the retrieve's negative errno (a miss;
- * -ESTALE: the pins expired during the copy, so nothing copied may be used). */
 /* kvs_peers_store whose bytes are written into the peer's SHM slots by copy (dst: the slot in
  * the peer's pool, src: bufs[i] as given, e.g. a device pointer; i: the key index, 0 for an
  * object) between PREPARE_STORE and COMMIT_STORE: one copy, straight into the node's cache. A
@@ -176,7 +193,12 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
                          const kvs_layout_t *layout, bool object, const void *const *bufs,
                          uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx);
 
-int kvs_peers_retrieve_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) straight into
+ * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
+ * dsts[i] by copy (NULL = kvs_peers_copy) while the peer holds its pin, with no copy anywhere
+ * else. Returns how many leading keys were copied (>= 0), or the retrieve's negative errno (a miss;
+ * -ESTALE: the pins expired during the copy, so nothing copied may be used). */
+int kvs_peers_retrieve_copy(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                             uint64_t len, void *const *dsts, kvs_peer_copy_fn copy, void *ctx);
 
 #ifdef __cplusplus

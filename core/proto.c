@@ -537,11 +537,13 @@ int kvs_proto_lookup_reply_decode(const void *p, size_t len, kvs_proto_lookup_re
 
 int kvs_proto_prepare_retrieve_encode(const kvs_proto_prepare_retrieve_t *m, void *buf,
                                       size_t cap, size_t *len) {
-  if (!strategy_explicit(m->strategy) || !keys_count_ok(m->n_keys) || !m->keys) return -EINVAL;
+  if (!strategy_explicit(m->strategy) || !keys_count_ok(m->n_keys) || !m->keys ||
+      (m->flags & ~KVS_PROTO_RETRIEVE_F_ALL))
+    return -EINVAL;
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
   kvs_proto_write_u8(&w, m->strategy);
-  kvs_proto_write_u8(&w, 0);
+  kvs_proto_write_u8(&w, m->flags);
   kvs_proto_write_u16(&w, 0);
   kvs_proto_write_u32(&w, m->n_keys);
   kvs_proto_write_bytes(&w, m->keys, (size_t)m->n_keys * sizeof(kvs_key_t));
@@ -555,10 +557,11 @@ int kvs_proto_prepare_retrieve_decode(const void *p, size_t len,
   kvs_proto_reader_init(&r, p, len);
   kvs_proto_prepare_retrieve_t m;
   m.strategy = kvs_proto_read_u8(&r);
-  zero8(&r);
+  m.flags = kvs_proto_read_u8(&r);
   zero16(&r);
   m.n_keys = kvs_proto_read_u32(&r);
-  require(&r, strategy_explicit(m.strategy) && keys_count_ok(m.n_keys));
+  require(&r, strategy_explicit(m.strategy) && keys_count_ok(m.n_keys) &&
+                  !(m.flags & ~KVS_PROTO_RETRIEVE_F_ALL));
   m.keys = kvs_proto_read_array(&r, m.n_keys, sizeof(kvs_key_t));
   KVS_TRY(kvs_proto_reader_end(&r));
   *out = m;
@@ -842,7 +845,7 @@ static bool object_ok(const kvs_proto_object_t *o, int64_t prev_index, uint32_t 
 int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_reply_t *m,
                                             void *buf, size_t cap, size_t *len) {
   if (!retrieve_reply_head_ok(m->xfer, m->n_found, m->n_objects, m->is_inline) ||
-      (m->n_objects && !m->objects))
+      (m->n_objects && !m->objects) || (m->pin_ms && !m->xfer))
     return -EINVAL;
   uint64_t sum = 0;
   for (uint32_t i = 0; i < m->n_objects; i++) {
@@ -860,7 +863,7 @@ int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_rep
   kvs_proto_write_u8(&w, m->is_inline);
   kvs_proto_write_u8(&w, 0);
   kvs_proto_write_u16(&w, 0);
-  kvs_proto_write_u32(&w, 0);
+  kvs_proto_write_u32(&w, m->pin_ms);
   for (uint32_t i = 0; i < m->n_objects; i++) {
     const kvs_proto_object_t *o = &m->objects[i];
     kvs_proto_write_u32(&w, o->key_index);
@@ -900,9 +903,10 @@ static void read_objects(kvs_proto_reader_t *r, uint32_t n, uint32_t n_found, ui
   *sum = s;
 }
 
-int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
-                                            kvs_proto_object_t *objects, size_t cap,
-                                            kvs_proto_prepare_retrieve_reply_t *out) {
+/* The whole reply (with_data), or its head and table alone (the inline bytes elsewhere). */
+static int decode_retrieve_reply(const void *p, size_t len, kvs_proto_object_t *objects,
+                                 size_t cap, kvs_proto_prepare_retrieve_reply_t *out,
+                                 bool with_data) {
   KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
   kvs_proto_reader_init(&r, p, len);
@@ -914,13 +918,14 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   m.is_inline = kvs_proto_read_u8(&r);
   zero8(&r);
   zero16(&r);
-  zero32(&r);
-  require(&r, retrieve_reply_head_ok(m.xfer, m.n_found, m.n_objects, m.is_inline));
+  m.pin_ms = kvs_proto_read_u32(&r);
+  require(&r, retrieve_reply_head_ok(m.xfer, m.n_found, m.n_objects, m.is_inline) &&
+                  (m.pin_ms == 0 || m.xfer != 0));
   size_t table = r.pos;
   uint64_t sum = 0;
   read_objects(&r, m.n_objects, m.n_found, m.is_inline, NULL, &sum);
-  if (m.is_inline) require(&r, sum == kvs_proto_reader_remaining(&r));
-  const uint8_t *data = kvs_proto_read_bytes(&r, r.err ? 0 : (size_t)sum);
+  if (m.is_inline && with_data) require(&r, sum == kvs_proto_reader_remaining(&r));
+  const uint8_t *data = with_data ? kvs_proto_read_bytes(&r, r.err ? 0 : (size_t)sum) : NULL;
   KVS_TRY(kvs_proto_reader_end(&r));
   if (m.n_objects > cap || (m.n_objects && !objects)) return -ENOBUFS;
   /* Second pass over the validated table, filling the caller's array. */
@@ -928,7 +933,7 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   read_objects(&r, m.n_objects, m.n_found, m.is_inline, objects, &sum);
   if (m.is_inline) {
     uint64_t at = 0;
-    for (uint32_t i = 0; i < m.n_objects; i++) {
+    for (uint32_t i = 0; i < m.n_objects && data; i++) {
       objects[i].data = objects[i].length ? data + at : NULL;
       at += objects[i].length;
     }
@@ -938,6 +943,18 @@ int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
   m.objects = objects;
   *out = m;
   return 0;
+}
+
+int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
+                                            kvs_proto_object_t *objects, size_t cap,
+                                            kvs_proto_prepare_retrieve_reply_t *out) {
+  return decode_retrieve_reply(p, len, objects, cap, out, true);
+}
+
+int kvs_proto_prepare_retrieve_reply_decode_table(const void *p, size_t len,
+                                                  kvs_proto_object_t *objects, size_t cap,
+                                                  kvs_proto_prepare_retrieve_reply_t *out) {
+  return decode_retrieve_reply(p, len, objects, cap, out, false);
 }
 
 /* ---- STATS -------------------------------------------------------------------------------------- */

@@ -174,6 +174,9 @@ const char *kvs_proto_strerror(int code);
 #define KVS_PROTO_CAP_REPORT_BAD 0x10u  /* server: takes REPORT_BAD (a client sends it only then) */
 #define KVS_PROTO_CAP_REMOTE 0x20u      /* server: a LOOKUP may ask it to consult its remote tier
                                            (remote_wait_ms); clients send 0 to others */
+#define KVS_PROTO_CAP_AUTO_RELEASE 0x40u /* both: PREPARE_RETRIEVE flag AUTO_RELEASE (the pins end
+                                            by themselves: no COMMIT_RETRIEVE needed); a client
+                                            sets it only to a server that announced the bit */
 #define KVS_PROTO_HELLO_POOL_FD 0x1u    /* HELLO flag: the pool memfd travels with this frame */
 #define KVS_PROTO_HELLO_F_ALL KVS_PROTO_HELLO_POOL_FD
 
@@ -472,11 +475,15 @@ int kvs_proto_xfer_decode(const void *p, size_t len, kvs_proto_xfer_t *out);
 /* Empty payloads (ABORT, COMMIT_RETRIEVE replies): 0 when len == 0, else -EBADMSG. */
 int kvs_proto_empty_decode(const void *p, size_t len);
 
-/* PREPARE_RETRIEVE request: strategy SHM or INLINE, 1 <= n_keys <= MAX_KEYS. */
+/* PREPARE_RETRIEVE request: strategy SHM or INLINE, 1 <= n_keys <= MAX_KEYS. flags: 0, or
+ * KVS_PROTO_RETRIEVE_AUTO_RELEASE (docs/protocol.md 4.7; caps bit AUTO_RELEASE). */
+#define KVS_PROTO_RETRIEVE_AUTO_RELEASE 0x1u
+#define KVS_PROTO_RETRIEVE_F_ALL KVS_PROTO_RETRIEVE_AUTO_RELEASE
 typedef struct kvs_proto_prepare_retrieve {
   uint8_t strategy;
   uint32_t n_keys;
   const kvs_key_t *keys; /* into the payload */
+  uint8_t flags;         /* last: positional initialisers of the fields above stay valid */
 } kvs_proto_prepare_retrieve_t;
 
 /* One object of a PREPARE_RETRIEVE reply. */
@@ -506,6 +513,9 @@ typedef struct kvs_proto_prepare_retrieve_reply {
   kvs_proto_object_t *objects; /* caller's array */
   const uint8_t *data;         /* decode: start of the inline bytes (NULL for SHM) */
   uint64_t data_len;           /* sum of the objects' lengths when inline, else 0 */
+  uint32_t pin_ms;             /* AUTO_RELEASE honoured: the pins last at least this long from
+                                  the server's reading of the request (4.7); else 0. Non-zero
+                                  only with xfer != 0 */
 } kvs_proto_prepare_retrieve_reply_t;
 
 int kvs_proto_prepare_retrieve_encode(const kvs_proto_prepare_retrieve_t *m, void *buf,
@@ -517,6 +527,15 @@ int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_rep
 int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
                                             kvs_proto_object_t *objects, size_t cap,
                                             kvs_proto_prepare_retrieve_reply_t *out);
+/* The head and object table of a PREPARE_RETRIEVE reply, for a receiver that reads the inline
+ * bytes straight into their destinations: p holds exactly the head and the table (a receiver
+ * learns the table's length from n_objects and each record's ndim). Same checks as the whole
+ * decode except the data, whose length is out->data_len (the bytes that must follow the table
+ * in the message, exactly; out->data stays NULL). -EBADMSG (also for bytes after the table),
+ * -ENOBUFS. */
+int kvs_proto_prepare_retrieve_reply_decode_table(const void *p, size_t len,
+                                                  kvs_proto_object_t *objects, size_t cap,
+                                                  kvs_proto_prepare_retrieve_reply_t *out);
 
 /* STATS request: format INFO or JSON. Reply: text {u32 length, bytes} (not NUL-terminated). */
 typedef struct kvs_proto_stats {

@@ -54,7 +54,7 @@ extern "C" {
   X(host_arena_used_bytes, G, "bytes of the host arena handed out")                           \
   X(host_arena_allocs, C, "host allocations served from the pool")                            \
   X(host_arena_fallbacks, C, "host allocations passed to the real allocator")                 \
-  X(peer_lookups, C, "LOOKUP requests sent to peers")                                         \
+  X(peer_lookups, C, "LOOKUPs sent to peers (or PREPARE_RETRIEVEs in their place)")           \
   X(peer_hits, C, "chunks retrieved from peers")                                              \
   X(peer_misses, C, "peer retrievals that found nothing")                                     \
   X(peer_errors, C, "peer calls that failed or timed out (served as misses)")                 \

@@ -205,6 +205,8 @@ typedef struct kvs_store_info {
 void kvs_store_info(kvs_store_t *store, kvs_store_info_t *out);
 
 kvs_pool_t *kvs_store_pool(const kvs_store_t *store);
+/* The lease length of every reservation and pin (the config's lease_ms, or its default). */
+uint32_t kvs_store_lease_ms(const kvs_store_t *store);
 /* Every invariant in this header, checked in O(objects + keys + transfers). */
 bool kvs__store_is_valid(kvs_store_t *store);
 

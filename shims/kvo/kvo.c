@@ -32,7 +32,7 @@
  * One copy per node (KVSHIM_ONE_COPY=1, design §3.5): while a `kvshim serve` cache peer is
  * connected (kvs__runtime_cache_peer), lookup asks it alone (one LOOKUP per batch) and
  * prefetches nothing, load copies from its pool straight into the buffer under its pin
- * (kvs_peers_retrieve_into), and store copies the buffer straight into a slot of its pool
+ * (kvs_peers_retrieve_copy), and store copies the buffer straight into a slot of its pool
  * (kvs_peers_store_into: PREPARE_STORE, copy, COMMIT_STORE); nothing is kept locally. A call
  * it fails or refuses falls back to the paths above (cache_peer_fallbacks); a cache peer
  * reached inline gets the own copy + write-behind.
@@ -318,7 +318,7 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
   uint64_t cache = kvs__runtime_cache_peer(rt);
   if (cache) { /* one copy per node: from the cache peer's pool into the buffer, under its pin */
     void *dst = (void *)(uintptr_t)buf;
-    int r = kvs_peers_retrieve_into(rt->peers, cache, &key, 1, d->chunk_bytes, &dst,
+    int r = kvs_peers_retrieve_copy(rt->peers, cache, &key, 1, d->chunk_bytes, &dst,
                                     kvo_peer_copy_out, &buf_kind);
     if (r == 1) {
       kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);

@@ -189,18 +189,21 @@ static void fuzz_payload(const uint8_t *p, size_t n) {
     if (kvs_proto_prepare_retrieve_decode(p, n, &a) == 0) {
       q = REENC(kvs_proto_prepare_retrieve_encode, &a);
       CHECK(kvs_proto_prepare_retrieve_decode(q, n, &b) == 0);
-      CHECK(a.strategy == b.strategy && a.n_keys == b.n_keys &&
+      CHECK(a.strategy == b.strategy && a.n_keys == b.n_keys && a.flags == b.flags &&
             same(a.keys, b.keys, a.n_keys * sizeof(kvs_key_t)));
       free(q);
     }
   }
   {
     kvs_proto_prepare_retrieve_reply_t a, b;
+    /* the head-and-table decode (data read elsewhere) never crashes and leaves data NULL */
+    if (kvs_proto_prepare_retrieve_reply_decode_table(p, n, objs_a, KVS_PROTO_MAX_KEYS, &a) == 0)
+      CHECK(a.data == NULL && (a.is_inline || a.data_len == 0));
     if (kvs_proto_prepare_retrieve_reply_decode(p, n, objs_a, KVS_PROTO_MAX_KEYS, &a) == 0) {
       q = REENC(kvs_proto_prepare_retrieve_reply_encode, &a);
       CHECK(kvs_proto_prepare_retrieve_reply_decode(q, n, objs_b, KVS_PROTO_MAX_KEYS, &b) == 0);
       CHECK(a.xfer == b.xfer && a.n_found == b.n_found && a.n_objects == b.n_objects &&
-            a.is_inline == b.is_inline && a.data_len == b.data_len);
+            a.is_inline == b.is_inline && a.data_len == b.data_len && a.pin_ms == b.pin_ms);
       CHECK(same(a.data, b.data, a.data_len));
       for (uint32_t i = 0; i < a.n_objects; i++) {
         const kvs_proto_object_t *x = &a.objects[i], *y = &b.objects[i];

@@ -127,6 +127,14 @@ int main(int argc, char **argv) {
   EMIT("prepare_retrieve_rep_shm", KVS_OP_PREPARE_RETRIEVE, R,
        kvs_proto_prepare_retrieve_reply_encode, &rrs);
   EMIT("commit_retrieve_req", KVS_OP_COMMIT_RETRIEVE, 0, kvs_proto_xfer_encode, &x);
+  /* AUTO_RELEASE (caps bit 6): the request flag and the reply's pin_ms */
+  kvs_proto_prepare_retrieve_t pra = {.strategy = KVS_PROTO_STRATEGY_SHM, .n_keys = 3, .keys = keys,
+                                      .flags = KVS_PROTO_RETRIEVE_AUTO_RELEASE};
+  EMIT("prepare_retrieve_req_auto", KVS_OP_PREPARE_RETRIEVE, 0, kvs_proto_prepare_retrieve_encode,
+       &pra);
+  rrs.pin_ms = 1000;
+  EMIT("prepare_retrieve_rep_shm_auto", KVS_OP_PREPARE_RETRIEVE, R,
+       kvs_proto_prepare_retrieve_reply_encode, &rrs);
 
   kvs_proto_stats_t st = {.format = KVS_PROTO_STATS_INFO};
   EMIT("stats_req", KVS_OP_STATS, 0, kvs_proto_stats_encode, &st);

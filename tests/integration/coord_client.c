@@ -414,7 +414,7 @@ int cc_prepare_retrieve(cc_t *c, uint8_t strategy, const kvs_key_t *keys, uint32
                         cc_pretr_t *out) {
   memset(out, 0, sizeof *out);
   out->msg.fd = -1;
-  kvs_proto_prepare_retrieve_t m = {strategy, n, keys};
+  kvs_proto_prepare_retrieve_t m = {strategy, n, keys, 0};
   int rc = CC_CALL_ENCODED(c, KVS_OP_PREPARE_RETRIEVE, kvs_proto_prepare_retrieve_encode, &m,
                            &out->msg);
   kvs_proto_prepare_retrieve_reply_t pr;

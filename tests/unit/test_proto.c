@@ -1116,7 +1116,8 @@ T(reserved_fields_and_ranges_are_checked) {
   expect_bad_patch(cshm, 9, 1);            /* kind on an SHM commit */
   const sample_t *pr = find_sample(s, n, "prepare_retrieve");
   expect_bad_patch(pr, 0, 0);
-  expect_bad_patch(pr, 1, 1);
+  expect_bad_patch(pr, 1, 2);              /* unknown flag (bit 0 is AUTO_RELEASE, 4.7) */
+  expect_bad_patch(pr, 2, 1);              /* reserved */
   const sample_t *pg = find_sample(s, n, "ping");
   expect_bad_patch(pg, 12, 1);
   const sample_t *csr = find_sample(s, n, "commit_store_reply");
