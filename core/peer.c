@@ -1351,18 +1351,18 @@ uint64_t kvs_peers_cache_peer(kvs_peers_t *p) {
   return id;
 }
 
-typedef struct into_ctx {
+typedef struct copy_ctx {
   void *const *dsts;
   uint64_t want;        /* each object's exact length */
   kvs_peer_copy_fn copy;
   void *copy_ctx;
   size_t copied;        /* objects copied (the leading run) */
-} into_ctx_t;
+} copy_ctx_t;
 
-static int into_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+static int copy_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
                      uint64_t len) {
   (void)layout;
-  into_ctx_t *x = ctx;
+  copy_ctx_t *x = ctx;
   if (len != x->want || i != x->copied) return -EPROTO;
   int rc = x->copy ? x->copy(x->copy_ctx, i, x->dsts[i], bytes, (size_t)len)
                    : (kvs_peers_copy(x->dsts[i], bytes, (size_t)len), 0);
@@ -1374,8 +1374,8 @@ static int into_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void
 int kvs_peers_retrieve_copy(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                             uint64_t len, void *const *dsts, kvs_peer_copy_fn copy, void *ctx) {
   if (!p || !keys || !dsts || n == 0 || len == 0) return -EINVAL;
-  into_ctx_t x = {dsts, len, copy, ctx, 0};
-  int rc = kvs_peers_retrieve(p, instance, keys, n, into_sink, &x);
+  copy_ctx_t x = {dsts, len, copy, ctx, 0};
+  int rc = kvs_peers_retrieve(p, instance, keys, n, copy_sink, &x);
   if (rc < 0) return rc; /* -ESTALE included: what was copied must not be used */
   return (int)(x.copied < (size_t)rc ? x.copied : (size_t)rc);
 }
