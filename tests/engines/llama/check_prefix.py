@@ -176,11 +176,23 @@ def show(r):
     return {k[13:]: v for k, v in r["stats"].items() if k.startswith("llama_prefix_")}
 
 
+# Sequences evaluated at once (--concurrent) are not deterministic in node-llama-cpp itself:
+# which tokens of which sequence share a batch depends on timing, and the batch shape changes
+# the floating-point sums. Measured without kvshim (node-llama-cpp 3.21.1, 2 sequences, 6 runs
+# each): 2 distinct outputs with 512-token batches and 2 with 2048. There, kvshim's output must
+# be one that the engine alone produces: the reference is sampled up to REF_SAMPLES times.
+REF_SAMPLES = 6
+
+
 def same_app(c, what, prompts, flags=(), seed=7, **env_extra):
     ref = c.app(what + " (reference)", prompts, False, flags, seed)
     got = c.app(what, prompts, True, flags, seed, **env_extra)
-    check(got["outs"] == ref["outs"], "%s: tokens identical to the run without kvshim %s"
-          % (what, show(got)))
+    refs = [ref["outs"]]
+    while "--concurrent" in flags and got["outs"] not in refs and len(refs) < REF_SAMPLES:
+        refs.append(c.app(what + " (reference %d)" % len(refs), prompts, False, flags,
+                          seed)["outs"])
+    check(got["outs"] in refs, "%s: tokens identical to a run without kvshim (%d sampled) %s"
+          % (what, len(refs), show(got)))
     return got
 
 
