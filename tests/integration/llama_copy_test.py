@@ -7,20 +7,28 @@ usage: llama_copy_test.py CASE --host FAKEHOST --plugin FAKEPLUGIN --preload LIB
                           --cli KVSHIM [--asan-runtime LIBASAN]
 
 Cases:
-  inplace     write-through off: A saves (write-behind to serve) and exits; B loads: the exact
-              line of a load without kvshim, cache_peer_loads 1, nothing committed in B's pool
-  own-copy    the same with KVSHIM_ONE_COPY=0: B fetches a copy into its own pool (as before)
+  inplace     write-through off: A saves straight into serve's pool (cache_peer_stores 1,
+              nothing kept or pushed) and exits; B loads: the exact line of a load without
+              kvshim, cache_peer_loads 1, nothing committed in B's pool
+  inplace-wt  the same with write-through on: the file is written before the blob is published
+              in serve's pool, so the blob records the file's identity and B's load is a hit
+  own-copy    the same with KVSHIM_ONE_COPY=0: A keeps its copy and pushes it (write-behind), B
+              fetches a copy into its own pool (as before)
+  serve-stopped  serve stopped (SIGSTOP) after A asked it for a missing state, before A saves
+              (KVSHIM_RPC_TIMEOUT_MS=1000): the save falls back to A's own pool
+              (cache_peer_fallbacks), the state file is exact, A's load is a local hit
   serve-gone  serve SIGKILLed between the save and the load: B's load falls back to the file
               (write-through on), exact line
 """
 import os
 import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, os.path.join(HERE, "..", "fakellama"))
-from harness import check  # noqa: E402
+from harness import check, read_stats  # noqa: E402
 import harness  # noqa: E402
 from llama_shim import N_TOK, Ctx, baseline_save_load, fields, models, stat_eq  # noqa: E402
 
@@ -32,33 +40,73 @@ def save_then_load(ctx, **env):
     l1, _, st1 = ctx.run([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f}"],
                          **env)
     check(fields(l1[3])["ret"] == str(save_ret), f"save: {l1}")
-    stat_eq(st1, hook_stores=1, push_queued=1)
+    if env.get("KVSHIM_ONE_COPY") == 0:  # own copy, written behind to serve
+        stat_eq(st1, hook_stores=1, push_queued=1, cache_peer_stores=0)
+        check(st1["store_committed_objects"] == 1, f"A kept no copy: {st1}")
+    else:  # straight into serve's pool, nothing kept here
+        stat_eq(st1, hook_stores=1, push_queued=0, cache_peer_stores=1, store_used_bytes=0)
     return a, f, load_line
 
 
-def case_inplace(ctx):
+def serve_round(ctx, **env):
+    """A saves, B loads the same path, serve in the group: B's stats (its line checked)."""
     serve = ctx.serve()
-    a, f, load_line = save_then_load(ctx, KVSHIM_LLAMA_WRITE_THROUGH=0)
-    l2, e2, st2 = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"],
-                          KVSHIM_LLAMA_WRITE_THROUGH=0)
+    a, f, load_line = save_then_load(ctx, **env)
+    if env.get("KVSHIM_LLAMA_WRITE_THROUGH") != 0:
+        check(os.path.exists(f), "write-through: no state file")
+    l2, e2, st2 = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"], **env)
     check(l2[2] == load_line, f"load from serve: {l2[2]}\n{e2}")
+    serve.send_signal(signal.SIGTERM)
+    serve.communicate(timeout=30)
+    return st2
+
+
+def case_inplace(ctx):
+    st2 = serve_round(ctx, KVSHIM_LLAMA_WRITE_THROUGH=0)
     stat_eq(st2, hook_hits=1, peer_hits=1, cache_peer_loads=1, cache_peer_fallbacks=0)
     check(st2["store_committed_objects"] == 0 and st2["store_used_bytes"] == 0,
           f"B copied the state into its own pool: {st2}")
-    serve.send_signal(signal.SIGTERM)
-    serve.communicate(timeout=30)
+
+
+def case_inplace_wt(ctx):
+    st2 = serve_round(ctx)
+    stat_eq(st2, hook_hits=1, cache_peer_loads=1, cache_peer_fallbacks=0, store_used_bytes=0)
 
 
 def case_own_copy(ctx):
-    serve = ctx.serve()
-    a, f, load_line = save_then_load(ctx, KVSHIM_LLAMA_WRITE_THROUGH=0, KVSHIM_ONE_COPY=0)
-    l2, e2, st2 = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"],
-                          KVSHIM_LLAMA_WRITE_THROUGH=0, KVSHIM_ONE_COPY=0)
-    check(l2[2] == load_line, f"load from serve: {l2[2]}\n{e2}")
+    st2 = serve_round(ctx, KVSHIM_LLAMA_WRITE_THROUGH=0, KVSHIM_ONE_COPY=0)
     stat_eq(st2, hook_hits=1, peer_hits=1, cache_peer_loads=0)
     check(st2["store_committed_objects"] == 1, f"B kept no copy: {st2}")
-    serve.send_signal(signal.SIGTERM)
-    serve.communicate(timeout=30)
+
+
+def case_serve_stopped(ctx):
+    serve = ctx.serve()
+    a, _, _ = models(ctx)
+    f, ready, go = ctx.p("s.bin"), ctx.p("ready"), ctx.p("go")
+    save_ret, load_line = baseline_save_load(ctx, a)
+    # The load of a missing path asks serve (a miss), so A is connected to it before it stops.
+    cmds = [f"model 0 {a}", "ctx 0 0", f"load 0 0 {ctx.p('none.bin')}", f"decode 0 0 r{N_TOK}@1",
+            f"touch {ready}", f"waitfile {go}", f"save 0 0 {f}", "clear 0 0", f"load 0 0 {f}"]
+    pa, sa = ctx.start(cmds, KVSHIM_RPC_TIMEOUT_MS=1000)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready):
+        check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
+        time.sleep(0.02)
+    serve.send_signal(signal.SIGSTOP)
+    try:
+        with open(go, "w"):
+            pass
+        lines, err = ctx.finish(pa, "A", len(cmds))
+    finally:
+        serve.send_signal(signal.SIGKILL)
+        serve.wait(timeout=30)
+    check(fields(lines[6])["ret"] == str(save_ret), f"save: {lines[6]}\n{err}")
+    check(lines[8] == load_line, f"load: {lines[8]}\n{err}")
+    st = read_stats(sa)
+    check(st["cache_peer_fallbacks"] >= 1 and st["cache_peer_stores"] == 0,
+          f"the failed store into serve was not counted: {st}")
+    stat_eq(st, hook_stores=1, hook_hits=1)
+    check(st["store_committed_objects"] >= 1, f"A kept no copy: {st}")
 
 
 def case_serve_gone(ctx):
