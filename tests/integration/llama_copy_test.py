@@ -14,8 +14,8 @@ Cases:
               in serve's pool, so the blob records the file's identity and B's load is a hit
   own-copy    the same with KVSHIM_ONE_COPY=0: A keeps its copy and pushes it (write-behind), B
               fetches a copy into its own pool (as before)
-  serve-stopped  serve stopped (SIGSTOP) after A asked it for a missing state, before A saves
-              (KVSHIM_RPC_TIMEOUT_MS=1000): the save falls back to A's own pool
+  serve-stopped  A saves a state into serve under one path, serve is stopped (SIGSTOP), A saves it
+              under another (KVSHIM_RPC_TIMEOUT_MS=2000): the save falls back to A's own pool
               (cache_peer_fallbacks), the state file is exact, A's load is a local hit
   serve-gone  serve SIGKILLed between the save and the load: B's load falls back to the file
               (write-through on), exact line
@@ -84,10 +84,11 @@ def case_serve_stopped(ctx):
     a, _, _ = models(ctx)
     f, ready, go = ctx.p("s.bin"), ctx.p("ready"), ctx.p("go")
     save_ret, load_line = baseline_save_load(ctx, a)
-    # The load of a missing path asks serve (a miss), so A is connected to it before it stops.
-    cmds = [f"model 0 {a}", "ctx 0 0", f"load 0 0 {ctx.p('none.bin')}", f"decode 0 0 r{N_TOK}@1",
+    # A first saves the state under another path straight into serve (cache_peer_stores 1: A is
+    # connected to it), then serve stops and A saves the path it loads.
+    cmds = [f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {ctx.p('w.bin')}",
             f"touch {ready}", f"waitfile {go}", f"save 0 0 {f}", "clear 0 0", f"load 0 0 {f}"]
-    pa, sa = ctx.start(cmds, KVSHIM_RPC_TIMEOUT_MS=1000)
+    pa, sa = ctx.start(cmds, KVSHIM_RPC_TIMEOUT_MS=2000)
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
         check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
@@ -103,9 +104,9 @@ def case_serve_stopped(ctx):
     check(fields(lines[6])["ret"] == str(save_ret), f"save: {lines[6]}\n{err}")
     check(lines[8] == load_line, f"load: {lines[8]}\n{err}")
     st = read_stats(sa)
-    check(st["cache_peer_fallbacks"] >= 1 and st["cache_peer_stores"] == 0,
-          f"the failed store into serve was not counted: {st}")
-    stat_eq(st, hook_stores=1, hook_hits=1)
+    check(st["cache_peer_stores"] == 1, f"the first save did not go into serve: {st}")
+    check(st["cache_peer_fallbacks"] >= 1, f"the failed store into serve was not counted: {st}")
+    stat_eq(st, hook_stores=2, hook_hits=1)
     check(st["store_committed_objects"] >= 1, f"A kept no copy: {st}")
 
 
