@@ -6,6 +6,7 @@
 
 #include "blob.h"
 #include "pool.h"
+#include "proto.h"
 #include "runtime.h"
 #include "stats.h"
 
@@ -200,14 +201,15 @@ static int begin_at_peer(const kvs__llama_blob_home_t *home, uint64_t cache, con
   kvs_layout_t l = kvs_layout_blob(total);
   peer_fill_t f = {api, ctx, seq, tokens, n, S, hdr, 0};
   const void *buf = NULL;
-  uint8_t oc = 0;
+  uint8_t oc[KVS_PROTO_MAX_KEYS] = {0}; /* 1 for an object; room for a peer that sends more */
   int r;
   {
     KVS__REENTRY_GUARD();
-    r = kvs_peers_store_into(home->peers, cache, keys, nk, &l, true, &buf, &oc, peer_fill, &f);
+    r = kvs_peers_store_into(home->peers, cache, keys, nk, &l, true, &buf, oc, peer_fill, &f);
   }
   if (f.rc == -EIO) return -EIO;
-  if (r == 1 && oc == KVS_RES_RESERVED) {
+  if (r == -ENOTSUP) return 1; /* served inline: own copy + write-behind, as before (kvo too) */
+  if (r == 1 && oc[0] == KVS_RES_RESERVED) {
     KVS__REENTRY_GUARD();
     if (replace) kvs_store_remove(home->store, &keys[0]); /* an older own copy: -ENOENT, fine */
     kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
@@ -217,7 +219,7 @@ static int begin_at_peer(const kvs__llama_blob_home_t *home, uint64_t cache, con
     s->at_peer = true;
     return 0;
   }
-  if (r == 1 && oc == KVS_RES_PRESENT) return replace ? 1 : -EEXIST;
+  if (r == 1 && oc[0] == KVS_RES_PRESENT) return replace ? 1 : -EEXIST;
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
   return 1;
 }
