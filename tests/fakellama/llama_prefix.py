@@ -155,6 +155,7 @@ def case_serve(ctx):
     got, err, st = ctx.run(b_cmds, what="B")
     check(got == ref_b, f"B from serve differs:\n{ref_b}\n{got}\n{err[-2000:]}")
     expect(st, "B", peer_restores=(">=", 1), restored_tokens=(">=", 512))
+    check(st.get("store_used_bytes") == 0, f"B kept a copy of serve's snapshot: {st}")
 
 
 def case_divergence(ctx):

@@ -187,6 +187,14 @@ class Case(Context):
         os.makedirs(d)
         return d
 
+    def stop_serve(self, serve):
+        serve.send_signal(signal.SIGTERM)
+        try:
+            rc = serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc == 0, "kvshim serve stops cleanly on SIGTERM (exit %s)" % rc)
+
     # ---- shared checks ---------------------------------------------------------------------
 
     def check_saved_without_file(self, who, line, cache):
@@ -266,12 +274,7 @@ def case_serve(c):
     b_lines, b_sum = c.run("B", SEED_1, "PB", ["--cache-dir", cache], c.kvshim_env("b"))
     b = c.procs[-1]
     c.check_restored("B", b_lines[0], b_sum, c.stats_of("b", b.pid), cache, ref_b)
-    serve.send_signal(signal.SIGTERM)
-    try:
-        rc = serve.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    check(rc == 0, "kvshim serve stops cleanly on SIGTERM (exit %s)" % rc)
+    c.stop_serve(serve)
 
 
 def case_negative(c):

@@ -65,13 +65,6 @@ class Case(ck.Case):
         lines, _ = self.run("reference " + prompt, ck.SEED_1, prompt, ["--no-cache"])
         return [x["gen_tokens"] for x in lines]
 
-    def stop(self, serve):
-        serve.send_signal(signal.SIGTERM)
-        try:
-            rc = serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            rc = None
-        check(rc == 0, "kvshim serve stops cleanly on SIGTERM (exit %s)" % rc)
 
 
 def save_and_restore(c, **env):
@@ -88,7 +81,7 @@ def save_and_restore(c, **env):
         stats[who] = c.stats_of(who, c.procs[-1].pid)
         c.check_restored(who.upper(), lines[0], summ, stats[who], cache, refs[prompt])
     s = c.serve_stats(serve)
-    c.stop(serve)
+    c.stop_serve(serve)
     node = s["store_used_bytes"] + sum(st.get("store_used_bytes", 0) for st in stats.values())
     say("node bytes %d, distinct (serve) %d, serve objects %d; engines: %s"
         % (node, s["store_used_bytes"], s["store_objects"],
