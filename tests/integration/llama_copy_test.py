@@ -16,7 +16,8 @@ Cases:
               fetches a copy into its own pool (as before)
   serve-stopped  A saves a state into serve under one path, serve is stopped (SIGSTOP), A saves it
               under another (KVSHIM_RPC_TIMEOUT_MS=2000): the save falls back to A's own pool
-              (cache_peer_fallbacks), the state file is exact, A's load is a local hit
+              (cache_peer_fallbacks), the state file is exact, A's load is a local hit; serve
+              is then killed and started again: A's next save goes into the new serve
   serve-gone  serve SIGKILLed between the save and the load: B's load falls back to the file
               (write-through on), exact line
 """
@@ -79,35 +80,54 @@ def case_own_copy(ctx):
     check(st2["store_committed_objects"] == 1, f"B kept no copy: {st2}")
 
 
+def wait_file(pa, path, what):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        check(time.monotonic() < deadline and pa.poll() is None, f"A never got {what}")
+        time.sleep(0.02)
+
+
 def case_serve_stopped(ctx):
     serve = ctx.serve()
     a, _, _ = models(ctx)
-    f, ready, go = ctx.p("s.bin"), ctx.p("ready"), ctx.p("go")
+    f, f2 = ctx.p("s.bin"), ctx.p("s2.bin")
+    ready, go, ready2, go2 = (ctx.p(x) for x in ("ready", "go", "ready2", "go2"))
     save_ret, load_line = baseline_save_load(ctx, a)
     # A first saves the state under another path straight into serve (cache_peer_stores 1: A is
-    # connected to it), then serve stops and A saves the path it loads.
+    # connected to it), then serve stops and A saves the path it loads; then serve is killed, a
+    # new one starts, and A's next save goes into it.
     cmds = [f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {ctx.p('w.bin')}",
-            f"touch {ready}", f"waitfile {go}", f"save 0 0 {f}", "clear 0 0", f"load 0 0 {f}"]
+            f"touch {ready}", f"waitfile {go}", f"save 0 0 {f}", "clear 0 0", f"load 0 0 {f}",
+            f"touch {ready2}", f"waitfile {go2}", f"save 0 0 {f2}"]
     pa, sa = ctx.start(cmds, KVSHIM_RPC_TIMEOUT_MS=2000)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(ready):
-        check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
-        time.sleep(0.02)
-    serve.send_signal(signal.SIGSTOP)
+    serve2 = None
     try:
+        wait_file(pa, ready, "ready")
+        serve.send_signal(signal.SIGSTOP)
         with open(go, "w"):
+            pass
+        wait_file(pa, ready2, "to its second save")
+        serve.send_signal(signal.SIGKILL)
+        serve.wait(timeout=30)
+        serve2 = ctx.serve()
+        time.sleep(0.3)  # past the peer discovery's rate limit (200 ms)
+        with open(go2, "w"):
             pass
         lines, err = ctx.finish(pa, "A", len(cmds))
     finally:
-        serve.send_signal(signal.SIGKILL)
-        serve.wait(timeout=30)
+        for s in (serve, serve2):
+            if s and s.poll() is None:
+                s.send_signal(signal.SIGKILL)
+                s.wait(timeout=30)
     check(fields(lines[6])["ret"] == str(save_ret), f"save: {lines[6]}\n{err}")
     check(lines[8] == load_line, f"load: {lines[8]}\n{err}")
+    check(fields(lines[11])["ret"] == str(save_ret), f"save after serve restarted: {lines[11]}")
     st = read_stats(sa)
-    check(st["cache_peer_stores"] == 1, f"the first save did not go into serve: {st}")
+    check(st["cache_peer_stores"] == 2,
+          f"the saves before the stop and after the restart did not both go into serve: {st}")
     check(st["cache_peer_fallbacks"] >= 1, f"the failed store into serve was not counted: {st}")
-    stat_eq(st, hook_stores=2, hook_hits=1)
-    check(st["store_committed_objects"] >= 1, f"A kept no copy: {st}")
+    stat_eq(st, hook_stores=3, hook_hits=1)
+    check(st["store_committed_objects"] == 1, f"A kept other than the one fallback copy: {st}")
 
 
 def case_serve_gone(ctx):
