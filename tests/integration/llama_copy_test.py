@@ -18,6 +18,9 @@ Cases:
               under another (KVSHIM_RPC_TIMEOUT_MS=2000): the save falls back to A's own pool
               (cache_peer_fallbacks), the state file is exact, A's load is a local hit; serve
               is then killed and started again: A's next save goes into the new serve
+  get-data-fails  the engine's get_data fails while writing into serve's slot (write-through
+              off): the real function writes the file (exact return value), serve publishes
+              nothing and holds no reservation (aborted), A counts a store failure, not a store
   serve-gone  serve SIGKILLed between the save and the load: B's load falls back to the file
               (write-through on), exact line
 """
@@ -31,6 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, os.path.join(HERE, "..", "fakellama"))
 from harness import check, read_stats  # noqa: E402
 import harness  # noqa: E402
+from kvo_copy_test import live_stats  # noqa: E402
 from llama_shim import N_TOK, Ctx, baseline_save_load, fields, models, stat_eq  # noqa: E402
 
 
@@ -128,6 +132,24 @@ def case_serve_stopped(ctx):
     check(st["cache_peer_fallbacks"] >= 1, f"the failed store into serve was not counted: {st}")
     stat_eq(st, hook_stores=3, hook_hits=1)
     check(st["store_committed_objects"] == 1, f"A kept other than the one fallback copy: {st}")
+
+
+def case_get_data_fails(ctx):
+    serve = ctx.serve()
+    a, _, _ = models(ctx)
+    f = ctx.p("s.bin")
+    save_ret, _ = baseline_save_load(ctx, a)
+    lines, err, st = ctx.run([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1",
+                              f"save 0 0 {f}", f"exists {f}"], KVSHIM_LLAMA_WRITE_THROUGH=0,
+                             FAKELLAMA_GET_DATA_FAIL=1)
+    check(fields(lines[3])["ret"] == str(save_ret) and lines[4] == "exists 1",
+          f"an uncacheable save is written by the real function: {lines}\n{err}")
+    stat_eq(st, hook_stores=0, hook_store_failures=1, cache_peer_stores=0, store_used_bytes=0)
+    s = live_stats(ctx, serve, "serve")
+    check(s["store_objects"] == 0 and s["store_reserved_bytes"] == 0 and s["store_aborts"] >= 1,
+          f"serve published or kept a reservation of the failed save: {s}")
+    serve.send_signal(signal.SIGTERM)
+    serve.communicate(timeout=30)
 
 
 def case_serve_gone(ctx):
