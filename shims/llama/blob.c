@@ -6,7 +6,9 @@
 
 #include "blob.h"
 #include "pool.h"
+#include "proto.h"
 #include "runtime.h"
+#include "stats.h"
 
 /* ---- the checker ------------------------------------------------------------------------------ */
 
@@ -84,8 +86,16 @@ size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_contex
 }
 
 kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt) {
-  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers};
+  kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers,
+                              rt->opts.one_copy != 0};
   return h;
+}
+
+uint64_t kvs__llama_blob_cache(const kvs__llama_blob_home_t *home) {
+  if (!home->peers || !home->one_copy) return 0;
+  KVS__REENTRY_GUARD();
+  kvs_peers_discover(home->peers, false); /* rate-limited */
+  return kvs_peers_cache_peer(home->peers);
 }
 
 /* ---- save ------------------------------------------------------------------------------------- */
@@ -119,6 +129,102 @@ static int reserve(kvs_store_t *st, const kvs_key_t *keys, size_t nk, uint64_t l
   return -EBUSY;
 }
 
+/* The fields of a sealed blob's header that the save fills (the rest come from the caller). */
+static void hdr_fill(kvs__llama_blob_hdr_t *hdr, uint32_t n, uint64_t S) {
+  hdr->magic = KVS_LLAMA_BLOB_MAGIC;
+  hdr->version = KVS_LLAMA_BLOB_VERSION;
+  hdr->hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
+  hdr->n_tokens = n;
+  hdr->state_size = S;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME_COARSE, &now); /* the clock file mtimes come from */
+  hdr->saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+/* The header (checksum 0), then its checksum over the whole blob. */
+static void seal(uint8_t *blob, uint64_t len, kvs__llama_blob_hdr_t *hdr) {
+  hdr->checksum = 0;
+  memcpy(blob, hdr, sizeof *hdr);
+  hdr->checksum = kvs__llama_blob_checksum(blob, len);
+  memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
+         sizeof hdr->checksum);
+}
+
+/* The engine serialises sequence seq straight into state (S bytes): true when it wrote exactly
+ * the state get_size announced. Called with kvs__hook_depth lowered to the engine's. */
+static bool state_write(const kvs__llama_state_api_t *api, struct llama_context *ctx,
+                        uint8_t *state, size_t S, int32_t seq) {
+  size_t w = state_get(api, ctx, state, S, seq);
+  uint32_t smagic = 0;
+  if (w == S) memcpy(&smagic, state, sizeof smagic);
+  return w == S && smagic == KVS_LLAMA_STATE_MAGIC;
+}
+
+/* kvs_peer_copy_fn writing a whole blob into the cache peer's slot (dst, len bytes). */
+typedef struct peer_fill {
+  const kvs__llama_state_api_t *api;
+  struct llama_context *ctx;
+  int32_t seq;
+  const int32_t *tokens;
+  uint32_t n;
+  size_t S;
+  kvs__llama_blob_hdr_t *hdr;
+  int rc; /* -EIO: the engine did not write the announced state */
+} peer_fill_t;
+
+static int peer_fill(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+  (void)i;
+  (void)src;
+  peer_fill_t *f = ctx;
+  uint64_t tok_bytes = 4 * (uint64_t)f->n;
+  if (len != KVS_LLAMA_BLOB_HDR + tok_bytes + f->S) return f->rc = -EPROTO;
+  uint8_t *blob = dst;
+  /* The engine's own call: seen by the hooks below kvshim (e.g. a device copy), as locally. */
+  int depth = kvs__hook_depth;
+  kvs__hook_depth = 0;
+  bool ok = state_write(f->api, f->ctx, blob + KVS_LLAMA_BLOB_HDR + tok_bytes, f->S, f->seq);
+  kvs__hook_depth = depth;
+  if (!ok) return f->rc = -EIO;
+  if (tok_bytes) memcpy(blob + KVS_LLAMA_BLOB_HDR, f->tokens, (size_t)tok_bytes);
+  hdr_fill(f->hdr, f->n, f->S);
+  seal(blob, len, f->hdr);
+  return 0;
+}
+
+/* One copy per node: the whole save straight into the cache peer's pool. 0 (published),
+ * -EEXIST (there already, not replace), -EIO (the engine), or 1: save into the own pool. */
+static int begin_at_peer(const kvs__llama_blob_home_t *home, uint64_t cache, const kvs_key_t *keys,
+                         size_t nk, bool replace, const kvs__llama_state_api_t *api,
+                         struct llama_context *ctx, int32_t seq, const int32_t *tokens,
+                         uint32_t n, size_t S, kvs__llama_blob_hdr_t *hdr,
+                         kvs__llama_blob_save_t *s) {
+  uint64_t total = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)n + S;
+  kvs_layout_t l = kvs_layout_blob(total);
+  peer_fill_t f = {api, ctx, seq, tokens, n, S, hdr, 0};
+  const void *buf = NULL;
+  uint8_t oc[KVS_PROTO_MAX_KEYS] = {0}; /* 1 for an object; room for a peer that sends more */
+  int r;
+  {
+    KVS__REENTRY_GUARD();
+    r = kvs_peers_store_into(home->peers, cache, keys, nk, &l, true, &buf, oc, peer_fill, &f);
+  }
+  if (f.rc == -EIO) return -EIO;
+  if (r == -ENOTSUP) return 1; /* served inline: own copy + write-behind, as before (kvo too) */
+  if (r == 1 && oc[0] == KVS_RES_RESERVED) {
+    KVS__REENTRY_GUARD();
+    if (replace) kvs_store_remove(home->store, &keys[0]); /* an older own copy: -ENOENT, fine */
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
+    s->blob = NULL;
+    s->len = total;
+    s->xfer = 0;
+    s->at_peer = true;
+    return 0;
+  }
+  if (r == 1 && oc[0] == KVS_RES_PRESENT) return replace ? 1 : -EEXIST;
+  kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+  return 1;
+}
+
 int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
                           bool replace, const kvs__llama_state_api_t *api,
                           struct llama_context *ctx, int32_t seq, const int32_t *tokens,
@@ -127,6 +233,12 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   if (S < KVS_LLAMA_STATE_HDR || S > (1ull << 48)) return -ENODATA;
   uint64_t tok_bytes = 4 * (uint64_t)n;
   uint64_t total = KVS_LLAMA_BLOB_HDR + tok_bytes + S;
+  uint64_t cache = kvs__llama_blob_cache(home);
+  if (cache) {
+    int pr = begin_at_peer(home, cache, keys, nk, replace, api, ctx, seq, tokens, n, S, hdr, s);
+    if (pr <= 0) return pr;
+  }
+  s->at_peer = false;
   kvs_extent_t ext;
   kvs_xfer_t xfer = 0;
   int rc;
@@ -140,33 +252,19 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   s->xfer = xfer;
   uint8_t *state = s->blob + KVS_LLAMA_BLOB_HDR + tok_bytes;
   /* Zero copy: the engine serialises the sequence straight into the pool. */
-  size_t w = state_get(api, ctx, state, S, seq);
-  uint32_t smagic = 0;
-  if (w == S) memcpy(&smagic, state, sizeof smagic);
-  if (w != S || smagic != KVS_LLAMA_STATE_MAGIC) {
+  if (!state_write(api, ctx, state, S, seq)) {
     kvs__llama_blob_abort(home, s);
     return -EIO;
   }
   if (tok_bytes) memcpy(s->blob + KVS_LLAMA_BLOB_HDR, tokens, (size_t)tok_bytes);
-  hdr->magic = KVS_LLAMA_BLOB_MAGIC;
-  hdr->version = KVS_LLAMA_BLOB_VERSION;
-  hdr->hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
-  hdr->n_tokens = n;
-  hdr->state_size = S;
-  hdr->canon_tokens = 0; /* PREFIX: the caller sets it before the commit */
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME_COARSE, &now); /* the clock file mtimes come from */
-  hdr->saved_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+  hdr_fill(hdr, n, S);
   return 0;
 }
 
 int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
                            kvs__llama_blob_hdr_t *hdr, kvs__llama_blob_save_t *s) {
-  hdr->checksum = 0;
-  memcpy(s->blob, hdr, sizeof *hdr);
-  hdr->checksum = kvs__llama_blob_checksum(s->blob, s->len);
-  memcpy(s->blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
-         sizeof hdr->checksum);
+  if (s->at_peer) return 0; /* published by kvs__llama_blob_begin */
+  seal(s->blob, s->len, hdr);
   int rc;
   {
     KVS__REENTRY_GUARD();
@@ -177,6 +275,7 @@ int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *
 }
 
 void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_save_t *s) {
+  if (s->at_peer) return; /* published: nothing local to end */
   KVS__REENTRY_GUARD();
   kvs_store_abort(home->store, KVS_OWNER_LOCAL, s->xfer);
 }
@@ -215,6 +314,7 @@ void kvs__llama_blob_unpin(const kvs__llama_blob_home_t *home, kvs_key_t key, kv
 int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance, kvs_key_t key,
                           kvs_fetch_keys_fn keys_fn, void *ctx, kvs__llama_blob_fetch_t *f) {
   kvs_fetch_t out;
+  f->staged = false;
   {
     KVS__REENTRY_GUARD();
     kvs_peers_fetch(home->peers, instance, &key, 1, NULL, keys_fn, ctx, &out); /* errors: misses */
@@ -223,6 +323,9 @@ int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance,
     f->blob = home->base + out.extent.offset;
     f->len = out.extent.length;
     f->xfer = out.xfer;
+    /* One copy per node: a blob the cache peer holds stays there only. */
+    uint64_t cache = home->one_copy ? kvs_peers_cache_peer(home->peers) : 0;
+    f->staged = cache != 0 && instance == cache;
   }
   return out.status;
 }
@@ -230,6 +333,6 @@ int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance,
 void kvs__llama_blob_keep(const kvs__llama_blob_home_t *home, const kvs__llama_blob_fetch_t *f,
                           bool keep) {
   KVS__REENTRY_GUARD();
-  if (keep) kvs_store_commit(home->store, KVS_OWNER_LOCAL, f->xfer);
+  if (keep && !f->staged) kvs_store_commit(home->store, KVS_OWNER_LOCAL, f->xfer);
   else kvs_store_abort(home->store, KVS_OWNER_LOCAL, f->xfer);
 }

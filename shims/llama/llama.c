@@ -8,7 +8,10 @@
  *                               both inside the model's namespace. The real get_size gives the
  *                               size, the real get_data writes straight into the reserved
  *                               extent (zero copy), then commit and write-behind to a cache
- *                               peer. The real file is written too unless
+ *                               peer; with KVSHIM_ONE_COPY=1 and `kvshim serve` connected, the
+ *                               extent is a slot of serve's pool and nothing is kept here
+ *                               (blob.h; the file is then written first, so the blob records
+ *                               its identity). The real file is written too unless
  *                               KVSHIM_LLAMA_WRITE_THROUGH=0. Returns what the real function
  *                               returns (with write-through off: the byte count it would
  *                               have returned, kvs__llama_file_bytes).
@@ -180,6 +183,17 @@ static const char *ll_save_error(int rc) {
   }
 }
 
+/* Record the identity of the state file just written at path (write-through) in the header. */
+static void ll_file_identity(kvs__llama_blob_hdr_t *h, const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0) return;
+  h->file_known = 1;
+  h->file_dev = (uint64_t)sb.st_dev;
+  h->file_ino = (uint64_t)sb.st_ino;
+  h->file_size = (uint64_t)sb.st_size;
+  h->file_mtime_ns = ll_ns(sb.st_mtim);
+}
+
 static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_context *ctx,
                           const char *path, int32_t seq_id, const int32_t *tokens, size_t n) {
   const bool wt = rt->opts.llama_write_through != 0;
@@ -215,15 +229,37 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
   h.ns_lo = m.ns.lo;
   h.ns_hi = m.ns.hi;
   kvs__llama_blob_save_t sv;
+  /* One copy per node: the blob is published in the cache peer's pool by begin, so with
+   * write-through the file is written first and its identity goes into the header. */
+  bool written = false;
+  size_t real_ret = 0;
+  if (wt && kvs__llama_blob_cache(&home)) {
+    size_t S = kvs__llama_state_size(&api, ctx, seq_id);
+    size_t want = S >= KVS_LLAMA_STATE_HDR ? (size_t)kvs__llama_file_bytes(n, S) : 0;
+    real_ret = real(ctx, path, seq_id, tokens, n);
+    if (real_ret == 0 || real_ret != want) {
+      if (real_ret != 0 && want != 0)
+        kvs_log_warn("llama.cpp: %s: the engine wrote %zu bytes where its format gives %zu: "
+                     "not cached", path, real_ret, want);
+      kvs_stats_inc(stats, KVS_STAT_hook_store_failures);
+      return real_ret;
+    }
+    written = true;
+    ll_file_identity(&h, path);
+  }
   int rc = kvs__llama_blob_begin(&home, keys, nk, true, &api, ctx, seq_id, tokens, (uint32_t)n,
                                  &h, &sv);
   if (rc < 0) {
+    if (written) { /* the engine's file is there: the load falls back to it */
+      kvs_stats_inc(stats, KVS_STAT_hook_store_failures);
+      return real_ret;
+    }
     why = ll_save_error(rc);
     goto uncached;
   }
   size_t ret = (size_t)kvs__llama_file_bytes(n, h.state_size);
-  if (wt) {
-    size_t real_ret = real(ctx, path, seq_id, tokens, n);
+  if (wt && !written) {
+    real_ret = real(ctx, path, seq_id, tokens, n);
     if (real_ret != ret) {
       /* 0: the engine could not write its file, so nothing may look saved. Anything else: the
        * engine's file format is not the pinned one, and loads could not return its value. */
@@ -234,14 +270,7 @@ static size_t ll_seq_save(kvs__runtime_t *rt, ll_save_fn real, struct llama_cont
       kvs_stats_inc(stats, KVS_STAT_hook_store_failures);
       return real_ret;
     }
-    struct stat sb;
-    if (stat(path, &sb) == 0) {
-      h.file_known = 1;
-      h.file_dev = (uint64_t)sb.st_dev;
-      h.file_ino = (uint64_t)sb.st_ino;
-      h.file_size = (uint64_t)sb.st_size;
-      h.file_mtime_ns = ll_ns(sb.st_mtim);
-    }
+    ll_file_identity(&h, path);
   }
   rc = kvs__llama_blob_commit(&home, keys, nk, &h, &sv);
   if (rc < 0) {

@@ -787,6 +787,9 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   memcpy(h.model_fp, c->fp, sizeof h.model_fp);
   h.ns_lo = c->ns.lo;
   h.ns_hi = c->ns.hi;
+  /* a restore may stop anywhere the rules allow up to here; set before begin, which seals
+   * the blob at once when it goes straight into a cache peer's pool (one copy per node) */
+  h.canon_tokens = cov;
   kvs__llama_blob_save_t sv;
   const char *why = NULL;
   int rc = kvs__llama_blob_begin(&home, c->kscratch, c->swa ? 1 : J, false, &api, ctx, s,
@@ -795,7 +798,6 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
     q->snap = J * C;
     return;
   }
-  h.canon_tokens = cov; /* a restore may stop anywhere the rules allow up to here */
   if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, c->swa ? 1 : J, &h, &sv) < 0)
     rc = -EPIPE;
   if (rc < 0) {

@@ -165,10 +165,12 @@ def case_serve(ctx):
     ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
     _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 4"], what="A")
     expect(sa, "A", snapshots=(">=", 1))
-    check(sa.get("push_queued", 0) >= 1, f"A pushed nothing: {sa}")
+    check(sa.get("cache_peer_stores", 0) >= 1 and sa.get("store_used_bytes") == 0,
+          f"A's snapshots did not go straight into serve's pool (one copy per node): {sa}")
     got, err, st = ctx.run(b_cmds, what="B")
     check(got == ref_b, f"B from serve differs:\n{ref_b}\n{got}\n{err[-2000:]}")
     expect(st, "B", peer_restores=(">=", 1), restored_tokens=(">=", 512))
+    check(st.get("store_used_bytes") == 0, f"B kept a copy of serve's snapshot: {st}")
 
 
 def case_divergence(ctx):

@@ -199,9 +199,9 @@ def case_serve(ctx):
     l1, _, st1 = ctx.run([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f}",
                           f"exists {f}"], KVSHIM_LLAMA_WRITE_THROUGH=0)
     check(fields(l1[3])["ret"] == str(save_ret) and l1[4] == "exists 0", f"first: {l1}")
-    # The push itself finishes while the process exits (after its stats are written): serve
-    # answering the second process is what shows it arrived.
-    stat_eq(st1, hook_stores=1, push_queued=1)
+    # One copy per node (KVSHIM_ONE_COPY=1, the default): the save went straight into serve's
+    # pool, nothing kept or pushed here; serve answering the second process shows it arrived.
+    stat_eq(st1, hook_stores=1, cache_peer_stores=1, push_queued=0, store_used_bytes=0)
     l2, e2, st2 = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"],
                           KVSHIM_LLAMA_WRITE_THROUGH=0)
     check(l2[2] == load_line, f"load from serve after the first process exited: {l2[2]}\n{e2}")

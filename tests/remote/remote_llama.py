@@ -92,8 +92,8 @@ def run(c, redis):
         c.run_dir = os.path.join(nodes, "a")
         sa = start_serve(c, redis.url)
         a = c.cli("A on node A", "A", True, 2048)
-        check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("push_sent", 0) >= 1,
-                 "A stored its prompt's state and pushed it to node A's serve %s" % cp.show(a))
+        check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1,
+                 "A stored its prompt's state straight into node A's serve %s" % cp.show(a))
         stop_serve(sa)
         c.run_dir = os.path.join(nodes, "b")
         sb = start_serve(c, redis.url)

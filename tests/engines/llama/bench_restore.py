@@ -13,12 +13,16 @@ distinct prefixes of --prefix-tokens tokens (BOS + seeded random ids), each foll
   local      in the same B processes, the same prefixes again: served from B's own pool;
   file       no kvshim: a process saves every prefix to state files, --reps fresh processes
              load them (llama.cpp's own load_file, files in the page cache).
+With --serve KVSHIM_CLI, `kvshim serve` (--serve-pool, default 1G) runs in the group first: A saves
+every prefix straight into serve's pool (one copy per node, KVSHIM_ONE_COPY=1), and every load of
+B (both passes: "peer" and "local") is checked and handed to set_data in place in serve's pool.
 kvshim runs with KVSHIM_LLAMA_PREFIX=0 (the state file adapter alone; --env may change it).
 prefix_ms is app.mjs's figure: marker check + loadStateFromFile (or the evaluation) as the
 JavaScript caller sees it. Output: one line per figure (median, min..max, n) and, with --json,
 the raw samples.
 Usage: bench_restore.py --preload LIBKVSHIM [--prefixes 5] [--prefix-tokens 500] [--reps 3]
                         [--pool-size 512M] [--env KVSHIM_X=V ...] [--work-dir DIR] [--json FILE]
+                        [--serve KVSHIM_CLI [--serve-pool 1G]]
                         [tiny-gguf flags: --layers 8 --embd 512]
 """
 
@@ -64,6 +68,8 @@ def main():
     ap.add_argument("--pool-size", default="512M", help="KVSHIM_POOL_SIZE of A and B")
     ap.add_argument("--env", action="append", default=[], metavar="KVSHIM_X=V",
                     help="another KVSHIM_* variable for A and B (repeatable)")
+    ap.add_argument("--serve", metavar="KVSHIM_CLI", help="run `kvshim serve` in the group")
+    ap.add_argument("--serve-pool", default="1G")
     ap.add_argument("--work-dir")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -102,6 +108,13 @@ def main():
     lines, _ = run(common + ["--prompts", once, "--no-cache"], base, "evaluate")
     res["evaluate"] = [x["prefix_ms"] for x in lines]
 
+    serve = None
+    if a.serve:
+        serve = subprocess.Popen([a.serve, "serve", "--pool-size", a.serve_pool],
+                                 env=dict(base, KVSHIM_RUN_DIR=run_dir), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        if "socket" not in serve.stdout.readline():
+            sys.exit("bench_restore: kvshim serve did not start")
     cache = os.path.join(work, "cache-kvshim")
     bar = os.path.join(work, "barrier")
     holder = subprocess.Popen(common + ["--prompts", once, "--cache-dir", cache, "--barrier-dir",
@@ -123,9 +136,12 @@ def main():
                          % [x["prefix_source"] for x in lines])
             with open(stats) as f:
                 st = json.load(f)
-            if st["peer_hits"] != a.prefixes or st["hook_hits"] != 2 * a.prefixes:
-                sys.exit("bench_restore: B: peer_hits %d, hook_hits %d (expected %d, %d)"
-                         % (st["peer_hits"], st["hook_hits"], a.prefixes, 2 * a.prefixes))
+            want = 2 * a.prefixes if serve else a.prefixes  # with serve: in place both times
+            if st["peer_hits"] != want or st["hook_hits"] != 2 * a.prefixes or \
+                    (serve and st.get("cache_peer_loads") != want):
+                sys.exit("bench_restore: B: peer_hits %d, hook_hits %d, cache_peer_loads %s "
+                         "(expected %d, %d)" % (st["peer_hits"], st["hook_hits"],
+                                                st.get("cache_peer_loads"), want, 2 * a.prefixes))
             ms = [x["prefix_ms"] for x in lines]
             res["peer_first"].append(ms[0])
             res["peer"] += ms[1:a.prefixes]
@@ -134,6 +150,9 @@ def main():
         with open(os.path.join(bar, "done.release"), "w") as f:
             f.write("bench\n")
         out, _ = holder.communicate(timeout=600)
+        if serve:
+            serve.terminate()
+            serve.communicate(timeout=60)
     a_lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")][:-1]
     res["A_evaluate"] = [x["prefix_ms"] for x in a_lines]
 
@@ -146,8 +165,10 @@ def main():
             sys.exit("bench_restore: the file run did not load every prefix")
         res["file"] += [x["prefix_ms"] for x in lines]
 
-    print("model %d layers x %d embd, %d prefixes of %d tokens, state file %d bytes, %d reps"
-          % (a.layers, a.embd, a.prefixes, a.prefix_tokens, res["state_bytes"], a.reps))
+    print("model %d layers x %d embd, %d prefixes of %d tokens, state file %d bytes, %d reps%s"
+          % (a.layers, a.embd, a.prefixes, a.prefix_tokens, res["state_bytes"], a.reps,
+             ", serve in the group: peer and local both restore in place from serve's pool"
+             if serve else ""))
     for k in ("evaluate", "A_evaluate", "peer_first", "peer", "local", "file"):
         print(fig(k, res[k]))
     ev = statistics.median(res["evaluate"])

@@ -17,8 +17,10 @@ another suffix) asks for the same path.
   peer       A stays alive (app.mjs --barrier-*) and B restores P from A's pool through the peer
              protocol: B loads, its tokens == the --no-cache reference, its KVSHIM_STATS shows
              hook_hits >= 1 and peer_hits >= 1, and no state file exists; `kvshim peers` lists A.
-  serve      `kvshim serve` runs; A saves, pushes to it (write-behind) and exits; B restores P
-             from the serve peer: same checks, and A's stats count the push.
+  serve      `kvshim serve` runs; A saves straight into its pool (one copy per node,
+             KVSHIM_ONE_COPY=1: cache_peer_stores, nothing kept or pushed) and exits; B restores
+             P from the serve peer: same checks (check_onecopy.py: the node's bytes, the
+             KVSHIM_ONE_COPY=0 arm, serve killed).
   negative   the state really decides B's tokens: A evaluates another prefix Q and saves it under
              the name B asks for (app.mjs --state-name); B restores it through kvshim: the app
              sees the tokens differ, B's tokens differ from the reference and equal those of the
@@ -187,6 +189,14 @@ class Case(Context):
         os.makedirs(d)
         return d
 
+    def stop_serve(self, serve):
+        serve.send_signal(signal.SIGTERM)
+        try:
+            rc = serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc == 0, "kvshim serve stops cleanly on SIGTERM (exit %s)" % rc)
+
     # ---- shared checks ---------------------------------------------------------------------
 
     def check_saved_without_file(self, who, line, cache):
@@ -252,12 +262,12 @@ def case_serve(c):
     a = c.procs[-1]
     c.check_saved_without_file("A", a_lines[0], cache)
     a_stats = c.stats_of("a", a.pid)
-    check(a_stats.get("hook_stores", 0) >= 1 and a_stats.get("push_sent", 0) >= 1 and
-          a_stats.get("push_dropped", 0) == 0,
-          "A: saved into its pool and pushed to kvshim serve before exiting (hook_stores %d, "
-          "push_sent %d, push_dropped %d)" % (a_stats.get("hook_stores", 0),
-                                              a_stats.get("push_sent", 0),
-                                              a_stats.get("push_dropped", 0)))
+    check(a_stats.get("hook_stores", 0) >= 1 and a_stats.get("cache_peer_stores", 0) >= 1 and
+          a_stats.get("push_queued", 0) == 0 and a_stats.get("store_used_bytes") == 0,
+          "A: saved straight into kvshim serve's pool, kept and pushed nothing (hook_stores %d, "
+          "cache_peer_stores %d, push_queued %d, store_used_bytes %s)"
+          % (a_stats.get("hook_stores", 0), a_stats.get("cache_peer_stores", 0),
+             a_stats.get("push_queued", 0), a_stats.get("store_used_bytes")))
     st = subprocess.run([c.kvshim, "stats", str(serve.pid), "--json"], env=c.cli_env(),
                         capture_output=True, text=True, timeout=60)
     check(st.returncode == 0 and '"store_objects":1' in st.stdout.replace(" ", ""),
@@ -266,12 +276,7 @@ def case_serve(c):
     b_lines, b_sum = c.run("B", SEED_1, "PB", ["--cache-dir", cache], c.kvshim_env("b"))
     b = c.procs[-1]
     c.check_restored("B", b_lines[0], b_sum, c.stats_of("b", b.pid), cache, ref_b)
-    serve.send_signal(signal.SIGTERM)
-    try:
-        rc = serve.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    check(rc == 0, "kvshim serve stops cleanly on SIGTERM (exit %s)" % rc)
+    c.stop_serve(serve)
 
 
 def case_negative(c):

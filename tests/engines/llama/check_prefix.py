@@ -205,8 +205,9 @@ def case_cli(c):
         c.serve()
         ref_b = c.cli("B reference, " + tag, "B", False, batch)
         a = c.cli("A, " + tag, "A", True, batch)
-        check(pstat(a, "snapshots") >= 1 and a["stats"].get("push_sent", 0) >= 1,
-              "%s: A stored its prompt's state and pushed it to serve %s" % (tag, show(a)))
+        check(pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1 and
+              a["stats"].get("store_used_bytes") == 0,  # one copy per node (issue 13)
+              "%s: A stored its prompt's state straight into serve's pool %s" % (tag, show(a)))
         b = c.cli("B, " + tag, "B", True, batch)
         check(b["completion"] == ref_b["completion"],
               "%s: B's completion equals B without kvshim:\n     %s\n     %s"

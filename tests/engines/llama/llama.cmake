@@ -40,10 +40,12 @@ endif()
 #   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0
 #   inspect     `kvshim inspect --json` on libllama: the sampler's llama_get_logits_ith is a PLT call
 # and harden_prefix.py's faults in the cache peer (a corrupt state in serve's pool, a full serve,
-# serve SIGKILLed while B restores: issue 17): harden_node_<case>.
+# serve SIGKILLed while B restores: issue 17): harden_node_<case>; and check_onecopy.py's one copy
+# per node with `kvshim serve` in the group (issue 13): llamacopy_node_<case>.
 # Each row: area, driver, timeout (s), work directory.
 foreach(row "llama:check_kvshim:600:llama-kvshim" "llamaprefix:check_prefix:900:llama-prefix"
-        "harden:harden_prefix:900:harden-prefix")
+        "harden:harden_prefix:900:harden-prefix"
+        "llamacopy:check_onecopy:600:llama-onecopy")
   string(REPLACE ":" ";" row "${row}")
   list(GET row 0 area)
   list(GET row 1 driver)
