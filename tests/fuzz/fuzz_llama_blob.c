@@ -10,9 +10,10 @@
  * accepted as both kinds; an accepted blob satisfies every invariant its header promises
  * (blob.h):
  *     length == header + 4 n_tokens + state_size, state_size >= 8, the state magic first;
- *     magic, version, hdr_size ours and kind == the kind asked for; reserved == 0;
- *     SEQ: keyed_tokens == chunk_tokens == 0;
- *     PREFIX: chunk_tokens == ours, 0 < keyed_tokens <= n_tokens, keyed_tokens % chunk == 0;
+ *     magic, version, hdr_size ours and kind == the kind asked for;
+ *     SEQ: keyed_tokens == chunk_tokens == canon_tokens == 0;
+ *     PREFIX: chunk_tokens == ours, 0 < keyed_tokens <= n_tokens, keyed_tokens % chunk == 0,
+ *             canon_tokens == 0 or keyed_tokens <= canon_tokens <= n_tokens;
  *     the fingerprint and namespace asked for; the checksum over the bytes;
  *     the header copy equals the input's bytes.
  * Seeds: tests/fuzz/corpus/fuzz_llama_blob/ (gen_llama_corpus.c: both kinds). */
@@ -58,12 +59,17 @@ static bool one(const uint8_t *b, size_t size, uint32_t kind, bool sum_right) {
   if (size < KVS_LLAMA_BLOB_HDR || memcmp(&h, b, sizeof h) != 0) abort();
   if ((uint64_t)size != KVS_LLAMA_BLOB_HDR + 4ull * h.n_tokens + h.state_size) abort();
   if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.version != KVS_LLAMA_BLOB_VERSION ||
-      h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != kind || h.reserved != 0)
+      h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != kind)
     abort();
-  if (kind == KVS_LLAMA_BLOB_KIND_SEQ && (h.keyed_tokens != 0 || h.chunk_tokens != 0)) abort();
+  if (kind == KVS_LLAMA_BLOB_KIND_SEQ &&
+      (h.keyed_tokens != 0 || h.chunk_tokens != 0 || h.canon_tokens != 0))
+    abort();
+  /* PREFIX: canon_tokens 0 (the keyed tokens, older blobs) or keyed <= canon <= n_tokens */
   if (kind == KVS_LLAMA_BLOB_KIND_PREFIX &&
       (h.chunk_tokens != CHUNK || h.keyed_tokens == 0 || h.keyed_tokens > h.n_tokens ||
-       h.keyed_tokens % CHUNK != 0))
+       h.keyed_tokens % CHUNK != 0 ||
+       (h.canon_tokens != 0 &&
+        (h.canon_tokens < h.keyed_tokens || h.canon_tokens > h.n_tokens))))
     abort();
   if (h.state_size < KVS_LLAMA_STATE_HDR) abort();
   uint32_t m;

@@ -6,7 +6,8 @@
 # (generated English-like text; each process asks its own questions), on a generated 8-layer x
 # 512 model, through scripts/ab: arms off (no preload), loaded (KVSHIM_ENABLE=0), on. In the on
 # arm, rank 0 first starts `kvshim serve` in the run's KVSHIM_RUN_DIR (the cache peer), detached;
-# it stops once every rank is done. Prints scripts/ab's table; results in --out.
+# it stops once every rank is done (its `kvshim stats --json` is kept first, in
+# --out/serve-stats/serve-<rep>.json). Prints scripts/ab's table; results in --out.
 #
 # usage: tests/engines/llama/prefix_ab.sh [--reps N] [--batch N] [--stagger MS] [--out DIR]
 #                                         [--build DIR] [--prefix WORDS] [--layers N --embd N]
@@ -37,6 +38,12 @@ if [ "${1:-}" = rank ]; then
         [ -d "$KVSHIM_RUN_DIR" ] || break  # scripts/ab removed the run's directory
         sleep 0.05
       done
+      # the cache peer's own counters (the node's copy when engines keep none, README "One
+      # copy per node"): the engines have left, serve is the run's only live peer
+      if [ -n "${PREFIX_AB_SERVE_STATS:-}" ] && kill -0 "$serve_pid" 2>/dev/null; then
+        env -u LD_PRELOAD -u KVSHIM_STATS "$cli" stats --json \
+          > "$PREFIX_AB_SERVE_STATS/serve-$AB_REP.json" 2>/dev/null || true
+      fi
       kill -TERM "$serve_pid" 2>/dev/null || true
       wait "$serve_pid" 2>/dev/null || true
     ) < /dev/null > /dev/null 2>&1 &
@@ -71,6 +78,8 @@ done
 mkdir -p "$out"
 data="$out/data"
 mkdir -p "$data"
+export PREFIX_AB_SERVE_STATS="$out/serve-stats"  # serve-<rep>.json per repetition of the on arm
+mkdir -p "$PREFIX_AB_SERVE_STATS"
 model="$data/model-${layers}x${embd}.gguf"
 [ -f "$model" ] || python3 "$ROOT/scripts/tiny-gguf" -q --layers "$layers" --embd "$embd" --out "$model"
 python3 - "$data" "$HERE" "$prefix" <<'EOF'
