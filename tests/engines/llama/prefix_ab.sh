@@ -6,7 +6,7 @@
 # (generated English-like text; each process asks its own questions), on a generated 8-layer x
 # 512 model, through scripts/ab: arms off (no preload), loaded (KVSHIM_ENABLE=0), on. In the on
 # arm, rank 0 first starts `kvshim serve` in the run's KVSHIM_RUN_DIR (the cache peer), detached;
-# it stops once every rank is done (its `kvshim stats --json` is kept first, in
+# it stops once every rank is done (the last rank keeps its `kvshim stats --json` in
 # --out/serve-stats/serve-<rep>.json). Prints scripts/ab's table; results in --out.
 #
 # usage: tests/engines/llama/prefix_ab.sh [--reps N] [--batch N] [--stagger MS] [--out DIR]
@@ -38,12 +38,6 @@ if [ "${1:-}" = rank ]; then
         [ -d "$KVSHIM_RUN_DIR" ] || break  # scripts/ab removed the run's directory
         sleep 0.05
       done
-      # the cache peer's own counters (the node's copy when engines keep none, README "One
-      # copy per node"): the engines have left, serve is the run's only live peer
-      if [ -n "${PREFIX_AB_SERVE_STATS:-}" ] && kill -0 "$serve_pid" 2>/dev/null; then
-        env -u LD_PRELOAD -u KVSHIM_STATS "$cli" stats --json \
-          > "$PREFIX_AB_SERVE_STATS/serve-$AB_REP.json" 2>/dev/null || true
-      fi
       kill -TERM "$serve_pid" 2>/dev/null || true
       wait "$serve_pid" 2>/dev/null || true
     ) < /dev/null > /dev/null 2>&1 &
@@ -54,6 +48,15 @@ if [ "${1:-}" = rank ]; then
     --batch-size "$batch" --tokens 16 || rc=$?
   if [ -n "${KVSHIM_RUN_DIR:-}" ] && [ -d "$KVSHIM_RUN_DIR" ]; then
     : > "$KVSHIM_RUN_DIR/done.$rank"
+    # The last rank to finish keeps the cache peer's counters (the node's copy when engines
+    # keep none, README "One copy per node") before scripts/ab removes the run directory:
+    # every engine has left, so serve is the run's only live peer.
+    if [ "$arm" = on ] && [ -n "${PREFIX_AB_SERVE_STATS:-}" ] &&
+       [ "$(ls "$KVSHIM_RUN_DIR"/done.* 2>/dev/null | wc -l)" -ge "$procs" ]; then
+      f="$PREFIX_AB_SERVE_STATS/serve-${AB_REP:-0}.json"
+      env -u LD_PRELOAD -u KVSHIM_STATS "$cli" stats --json > "$f.$rank" 2>/dev/null &&
+        mv "$f.$rank" "$f" || rm -f "$f.$rank"
+    fi
   fi
   exit $rc
 fi
