@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include "pool.h"
 #include "proto.h"
 #include "sock.h"
+#include "tensor.h"
 
 #define DISCOVER_INTERVAL_MS 200
 #define MAX_REPLY_BYTES (2ull << 30)
@@ -49,6 +51,14 @@ typedef struct pconn {
   uint16_t unread_op;
   unsigned refs;        /* callers using it outside the table lock; guarded by table lock */
   bool listed;          /* still in the table */
+  /* The pool mapping registered with the accelerator's driver (pool_pin_start): pin_started
+   * under the table lock; pin_ops, pin_stats set before the thread starts; pinned written by
+   * the thread and read after pthread_join (conn_free). */
+  bool pin_started;
+  bool pinned;
+  pthread_t pin_thread;
+  const kvs_accel_ops_t *pin_ops;
+  kvs_stats_t *pin_stats;
 } pconn_t;
 
 typedef struct push_item {
@@ -389,8 +399,11 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   return c;
 }
 
+static void pool_unpin(pconn_t *c);
+
 static void conn_free(pconn_t *c) {
   conn_kill(c);
+  pool_unpin(c); /* before the mapping goes: never a registration on an unmapped range */
   kvs_pool_destroy(c->pool, true);
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -1341,12 +1354,74 @@ void kvs_peers_destroy(kvs_peers_t *p) {
 
 /* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
 
+/* The cache peer's pool mapping registered with the accelerator's driver, so the device copies
+ * from and to it by DMA instead of through the driver's staging buffers. Registration faults in
+ * and page-locks the whole mapping (serve prefaults its pool anyway), which takes long for a
+ * large pool: one thread at idle priority does it, never the engine's call. The mapping is
+ * writable (stores copy device buffers into it), so it is registered with pin; a mapping
+ * attached read-only would use pin_readonly (READ_ONLY where the device supports it). Only with
+ * an accelerator installed (the default table pins nothing). A failure changes nothing: copies
+ * still work, staged by the driver. conn_free joins the thread and unregisters before it
+ * unmaps. */
+static void *pool_pin_main(void *arg) {
+  pconn_t *c = arg;
+  struct sched_param idle = {0};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  const kvs_accel_ops_t *ops = c->pin_ops;
+  int (*pin)(void *, size_t) =
+      !kvs_pool_is_writable(c->pool) && ops->pin_readonly ? ops->pin_readonly : ops->pin;
+  void *base = kvs_pool_base(c->pool);
+  uint64_t len = kvs_pool_segment_size(c->pool);
+  int rc = pin(base, (size_t)len);
+  if (rc == 0) {
+    c->pinned = true;
+    kvs_stats_inc(c->pin_stats, KVS_STAT_cache_peer_pool_pins);
+    kvs_log_debug("cache peer %016" PRIx64 ": pool mapping %p +%" PRIu64 " registered (%s)",
+                  c->info.instance_id, base, len, ops->name);
+  } else {
+    kvs_log_info("cache peer %016" PRIx64 ": pool mapping not registered (%s: %s): copies are "
+                 "staged by the driver", c->info.instance_id, ops->name, strerror(-rc));
+  }
+  return NULL;
+}
+
+/* Under the table lock, on the first use of c as the cache peer. */
+static void pool_pin_start(kvs_peers_t *p, pconn_t *c) {
+  if (c->pin_started || !c->pool) return;
+  const kvs_accel_ops_t *ops = kvs_accel_get();
+  if (ops == kvs_accel_default()) return; /* no accelerator yet: asked again on the next use */
+  c->pin_started = true;
+  c->pin_ops = ops;
+  c->pin_stats = p->stats;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  if (pthread_create(&c->pin_thread, NULL, pool_pin_main, c) != 0) c->pin_started = false;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static void pool_unpin(pconn_t *c) {
+  if (!c->pin_started) return;
+  pthread_join(c->pin_thread, NULL); /* a registration in progress finishes first */
+  c->pin_started = false;
+  if (!c->pinned) return;
+  c->pinned = false;
+  /* Fails harmlessly when the engine has already released its device context (at exit): the
+   * driver dropped the registration with it. */
+  int rc = c->pin_ops->unpin(kvs_pool_base(c->pool));
+  kvs_log_debug("cache peer %016" PRIx64 ": pool mapping unregistered: %s", c->info.instance_id,
+                rc < 0 ? strerror(-rc) : "ok");
+}
+
 uint64_t kvs_peers_cache_peer(kvs_peers_t *p) {
   if (!p) return 0;
   uint64_t id = 0;
   pthread_mutex_lock(&p->table_lock);
   for (pconn_t *c = p->conns; c && !id; c = c->next)
-    if (c->fd >= 0 && c->info.role == KVS_PROTO_ROLE_CACHE) id = c->info.instance_id;
+    if (c->fd >= 0 && c->info.role == KVS_PROTO_ROLE_CACHE) {
+      id = c->info.instance_id;
+      pool_pin_start(p, c);
+    }
   pthread_mutex_unlock(&p->table_lock);
   return id;
 }

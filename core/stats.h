@@ -121,7 +121,9 @@ extern "C" {
   X(cache_peer_fallbacks, C,                                                                  \
     "one copy: stores and loads the cache peer failed, served by the own pool instead")        \
   X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
-  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim")
+  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
+  X(cache_peer_pool_pins, C,                                                                  \
+    "one copy: cache peer pool mappings registered with the device driver in the background")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

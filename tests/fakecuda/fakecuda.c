@@ -918,13 +918,23 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return r;
 }
 
+/* cuda.h (13.0, cuDevicePrimaryCtxRelease): "The context is automatically reset once the last
+ * reference to it is released." The fake drops the host registrations the context owned then
+ * (a later cuMemHostUnregister of one answers HOST_MEMORY_NOT_REGISTERED); its allocations are
+ * kept, as before. */
 static CUresult primary_release(const char *name, CUdevice dev) {
   CUresult r = need_init();
   if (r == CUDA_SUCCESS) r = check_dev(dev);
   if (r == CUDA_SUCCESS) {
     lock();
-    if (primaries[dev].refs > 0) primaries[dev].refs--;
+    struct CUctx_st *c = &primaries[dev];
+    if (c->refs > 0) c->refs--;
     else r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS && c->refs == 0)
+      for (size_t i = 0; i < n_ranges;) {
+        if (ranges[i].ctx == c && ranges[i].kind == FK_REG) range_remove(&ranges[i]);
+        else i++;
+      }
     unlock();
   }
   fk_log("%s dev=%d -> %d", name, dev, (int)r);
@@ -1675,7 +1685,37 @@ static int range_writable(uintptr_t lo, uintptr_t hi) {
   return ok;
 }
 
+/* cuda.h (13.0, cuMemHostRegister): "The memory page-locked by this function must be
+ * unregistered with ::cuMemHostUnregister()": the pages stay locked, and the driver keeps its
+ * mappings of them, until then, so unmapping a registered range first leaves the driver holding
+ * memory the process no longer has. The fake makes that a crash: every cuMemHostRegister,
+ * cuMemHostUnregister and the library's exit check that each registered range is still mapped
+ * (msync fails ENOMEM on an unmapped page) and abort with a message otherwise. A range unmapped
+ * and mapped again in between is not detected. */
+static void reg_check_mapped(void) {
+  const uintptr_t pg = page_size();
+  char msg[200];
+  int n = 0;
+  lock();
+  for (size_t i = 0; i < n_ranges && n == 0; i++) {
+    const fk_range_t *o = &ranges[i];
+    if (o->kind != FK_REG) continue;
+    uintptr_t lo = o->base & ~(pg - 1);
+    if (msync((void *)lo, o->base + o->size - lo, MS_ASYNC) != 0 && errno == ENOMEM)
+      n = snprintf(msg, sizeof msg, "fakecuda: registered host range r%u (%zu bytes) unmapped "
+                   "before cuMemHostUnregister\n", o->ord, (size_t)o->size);
+  }
+  unlock();
+  if (n <= 0) return;
+  fk_log("%.*s", n - 1, msg);
+  ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+  (void)w;
+  abort();
+}
+__attribute__((destructor)) static void reg_check_at_exit(void) { reg_check_mapped(); }
+
 static CUresult host_register(const char *name, void *p, size_t bytesize, unsigned flags) {
+  reg_check_mapped();
   struct CUctx_st *c = NULL;
   CUresult r = need_ctx(&c);
   if (r == CUDA_SUCCESS) r = capture_guard();
@@ -1740,6 +1780,7 @@ CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
 }
 
 CUresult cuMemHostUnregister(void *p) {
+  reg_check_mapped();
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
