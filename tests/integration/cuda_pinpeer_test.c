@@ -69,10 +69,7 @@ int main(int argc, char **argv) {
   setenv("KVSHIM_RUN_DIR", run, 1);
   setenv("KVSHIM_POOL_SIZE", "32M", 1);
   setenv("FAKECUDA_LOG", log, 1);
-  CUcontext ctx = NULL;
-  PT_CHECK(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-               cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
-           "device 0 setup");
+  pt_cuda_setup(); /* device 0's primary context retained and current, as an engine's */
   kvs__runtime_t *rt = kvs__runtime_get();
   PT_CHECK(rt && rt->peers, "no runtime with peers");
   uint64_t id = 0;
