@@ -161,6 +161,16 @@ typedef struct px_ctx {
   int32_t rseqval;
   void *map;
   size_t map_len;
+  /* Single flight (px_flight). A claimant keeps its claim on the batch it computed until its
+   * next batch of that sequence has claimed (or not) the next key, so a process following it
+   * never sees a gap between two claims and starts computing the same batch. A follower
+   * remembers whose claim it waited on, to wait across that step too. */
+  bool held_on;           /* held: a claim kept after its batch was computed and stored */
+  int32_t held_seq;
+  kvs_key_t held;
+  uint64_t follow_id;     /* the claimant this context last waited on (0: none) */
+  int32_t follow_seq;
+  kvs_key_t follow_key;   /* its claim then */
   _Atomic int32_t skip;   /* tokens not decoded at the front of the last batch (remap) */
 } px_ctx_t;
 
@@ -383,6 +393,8 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
                tmp.rules.align == PX_CPU_CLASS ? "CPU" : "offload", hex);
 }
 
+static void px_drop_held(px_ctx_t *c, kvs__runtime_t *rt, const kvs_key_t *key);
+
 static void px_forget(struct llama_context *ctx) {
   if (!ctx) return;
   void *map = NULL;
@@ -391,6 +403,8 @@ static void px_forget(struct llama_context *ctx) {
   px_ctx_t *c = px_find(ctx);
   if (c) {
     px_set_skip(c, 0);
+    px_drop_held(c, kvs__runtime_get(), NULL);
+    c->follow_id = 0;
     atomic_store_explicit(&c->ctx, NULL, memory_order_release);
     atomic_fetch_sub(&g_nctx, 1);
     map = c->map;
@@ -892,12 +906,37 @@ static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) {
   return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, x) == 0;
 }
 
-/* Wait until no peer holds the claim key (or the deadline, ms since the epoch of kvs__now_ms). */
-static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, uint64_t deadline) {
-  while (px_peer_holding(rt, key) && kvs__now_ms() < deadline) {
-    struct timespec ts = {0, 2 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+static void px_nap(void) {
+  struct timespec ts = {0, 2 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Wait until no peer holds the claim key or the claimant's progress (its state under done, the
+ * batch's longest chunk key) can be found, or the deadline (ms, the epoch of kvs__now_ms). */
+static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, const kvs_key_t *done,
+                          uint64_t deadline) {
+  while (px_peer_holding(rt, key) && !px_peer_holding(rt, done) && kvs__now_ms() < deadline)
+    px_nap();
+}
+
+/* The claimant it followed on its previous batch still holds that claim: it has not reached its
+ * next batch yet. Wait until it claims key (returns the holder), drops the old claim (0), or
+ * the deadline (0). */
+static uint64_t px_wait_follow(px_ctx_t *c, kvs__runtime_t *rt, int32_t s, const kvs_key_t *key,
+                               uint64_t deadline) {
+  if (!c->follow_id || c->follow_seq != s) return 0;
+  uint64_t holder = 0;
+  while (!(holder = px_peer_holding(rt, key)) &&
+         px_peer_holding(rt, &c->follow_key) == c->follow_id && kvs__now_ms() < deadline)
+    px_nap();
+  return holder;
+}
+
+/* The claim kept after the last computed batch (held) goes, unless it is key (claimed again). */
+static void px_drop_held(px_ctx_t *c, kvs__runtime_t *rt, const kvs_key_t *key) {
+  if (!c->held_on) return;
+  if (rt && (!key || !kvs_key_eq(c->held, *key))) px_unclaim(rt, &c->held);
+  c->held_on = false;
 }
 
 /* Batch of m tokens of sequence s found nothing to restore (possible: a restore was possible,
@@ -913,6 +952,8 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   *ck = px_claim_key(c, s, jmax);
   uint64_t deadline = kvs__now_ms() + (uint64_t)o->llama_wait_ms;
   uint64_t holder = px_peer_holding(rt, ck);
+  if (!holder) holder = px_wait_follow(c, rt, s, ck, deadline);
+  c->follow_id = 0;
   if (!holder) {
     if (!px_claim(rt, ck)) return 0;
     holder = px_peer_holding(rt, ck);
@@ -926,7 +967,10 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_waits);
   kvs_log_debug("llama.cpp prefix cache: sequence %d: waiting for process %016llx, which "
                 "computes the same prefix", s, (unsigned long long)holder);
-  px_wait_claim(rt, ck, deadline);
+  px_wait_claim(rt, ck, &kvs__px_keys(&c->sh, (uint32_t)s)[jmax - 1], deadline);
+  c->follow_id = holder;
+  c->follow_seq = s;
+  c->follow_key = *ck;
   return px_restore(c, ctx, s, m, first_out, false, NULL);
 }
 
@@ -1038,6 +1082,8 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
                    : 0;
   if (!k && possible)
     k = px_flight(c, ctx, bi.seq, (uint32_t)b->n_tokens, bi.first_out, &ck, &claimed);
+  if (c->held_on) /* this batch claimed its own key (or needs none): the last one goes */
+    px_drop_held(c, kvs__runtime_get(), claimed ? &ck : NULL);
   if (k) {
     int32_t s = bi.seq;
     kvs__px_seq_t *q = &c->sh.seq[s];
@@ -1087,7 +1133,16 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
   /* A claimed batch is stored when done (progress for the processes waiting on it). */
   if (r == 0 && eligible && (bi.last_out || claimed || c->swa) && !c->disabled)
     px_snapshot(c, ctx, bi.seq);
-  if (claimed) px_unclaim(kvs__runtime_get(), &ck);
+  if (claimed) {
+    /* Kept until the next batch of the sequence (px_drop_held), unless none follows. */
+    if (r == 0 && !bi.last_out) {
+      c->held_on = true;
+      c->held_seq = bi.seq;
+      c->held = ck;
+    } else {
+      px_unclaim(kvs__runtime_get(), &ck);
+    }
+  }
   return r;
 }
 

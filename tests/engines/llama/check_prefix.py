@@ -289,8 +289,11 @@ def case_four(c):
         for k, v in c.stats(env).items():
             if k.startswith("llama_prefix_"):
                 total[k[13:]] = total.get(k[13:], 0) + v
-    # 1,024 shared tokens in two 512-token batches: computed once (claims), restored thrice
-    check(total.get("claims", 0) <= 2 + 4 and total.get("restored_tokens", 0) >= 3 * 1024,
+    # 1,024 shared tokens in two 512-token batches: computed once (claims), restored thrice.
+    # Claims are not atomic across processes: two that look at the same moment can both claim
+    # a batch (README: "a race can still leave two computing, never none"), so one 512-token
+    # batch computed twice is allowed; without single flight, four cold starts restore nothing.
+    check(total.get("claims", 0) <= 2 + 4 and total.get("restored_tokens", 0) >= 3 * 1024 - 512,
           "the shared prefix was computed about once: %s" % total)
 
 
