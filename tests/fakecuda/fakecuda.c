@@ -83,7 +83,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FK_DRIVER_VERSION 13000
+#define FK_DRIVER_VERSION KVS_FK_DRIVER_VERSION
 #define FK_MAX_DEVICES    16
 #define FK_CTX_STACK      32   /* depth of each thread's context stack */
 #define FK_PITCH_ALIGN    512  /* row alignment of cuMemAllocPitch */

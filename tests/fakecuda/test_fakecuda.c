@@ -195,7 +195,7 @@ static void t_init_required(void) {
 
   int v = 0; /* no cuInit needed for the version */
   CHECK_CU(cuDriverGetVersion(&v), OK);
-  CHECK(v == CUDA_VERSION, "driver version %d, header says %d", v, CUDA_VERSION);
+  CHECK(v == KVS_FK_DRIVER_VERSION, "driver version %d, expected %d", v, KVS_FK_DRIVER_VERSION);
   CHECK_CU(cuDriverGetVersion(NULL), CUDA_ERROR_INVALID_VALUE);
 
   CHECK_CU(cuInit(1), CUDA_ERROR_INVALID_VALUE);
@@ -1083,7 +1083,7 @@ static void t_resolver(void) {
   /* bad arguments */
   void *fn = (void *)0x1;
   CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)77;
-  CHECK_CU(cuGetProcAddress("cuMemAlloc", &fn, CUDA_VERSION + 10, 0, &st),
+  CHECK_CU(cuGetProcAddress("cuMemAlloc", &fn, KVS_FK_DRIVER_VERSION + 10, 0, &st),
            CUDA_ERROR_INVALID_VALUE); /* newer than the driver */
   CHECK_CU(cuGetProcAddress("cuMemAlloc", &fn, 12000, 0x4, &st), CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuGetProcAddress(NULL, &fn, 12000, 0, &st), CUDA_ERROR_INVALID_VALUE);
