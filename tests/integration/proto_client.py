@@ -3,7 +3,8 @@
 
 Each case starts `kvshim serve` in a temporary run directory and talks to its socket with the
 Python standard library only (no kvshim code): HELLO with and without the AUTO_RELEASE caps bit
-(5, 5.1), the one-round-trip retrieve (PREPARE_RETRIEVE answering the lookup, 6), pins that an
+(5, 5.1), the SHM store and SKIPPED outcomes (4.4, 4.5), the one-round-trip retrieve
+(PREPARE_RETRIEVE answering the lookup, 6), pins that an
 AUTO_RELEASE retrieve ends at the client's next request (4.7), split messages (2.1), and bad
 input: a malformed frame or payload gets a clear ERROR and closes the connection (8), a
 well-formed request that cannot be served gets ERROR and the connection stays open, and nothing
@@ -189,6 +190,32 @@ class Conn:
         committed, n_out = struct.unpack_from("<II", p, 0)
         require(len(p) == 8 + n_out, f"COMMIT_STORE reply of {len(p)} bytes")
         return committed, list(p[8:8 + n_out])
+
+    def prepare_store(self, keys, n, strategy=SHM, mode=0):
+        """PREPARE_STORE of chunks (4.4): (xfer, outcomes, slots [(key_index, offset, length)])."""
+        p = self.call("PREPARE_STORE", struct.pack("<BBHIII", strategy, 0, 0, mode, len(keys), 0)
+                      + layout_u8(n) + b"".join(keys))
+        xfer, n_out, n_slots = struct.unpack_from("<QII", p, 0)
+        outcomes = list(p[16:16 + n_out])
+        pos = 16 + (n_out + 7) // 8 * 8
+        check(p[16 + n_out:pos] == b"\0" * (pos - 16 - n_out), "PREPARE_STORE padding not zero")
+        slots = []
+        for _ in range(n_slots):
+            ki, res, off, ln = struct.unpack_from("<IIQQ", p, pos)
+            check(res == 0, "slot reserved field not 0")
+            slots.append((ki, off, ln))
+            pos += 24
+        require(pos == len(p), f"PREPARE_STORE reply: {len(p) - pos} bytes after the slots")
+        return xfer, outcomes, slots
+
+    def commit_shm(self, xfer, slots):
+        """SHM COMMIT_STORE naming these slots (4.5): objects committed."""
+        body = struct.pack("<QBBHIII", xfer, 0, 0, 0, 0, len(slots), 0) + b"".join(
+            struct.pack("<IIQQ", ki, 0, off, ln) for ki, off, ln in slots)
+        p = self.call("COMMIT_STORE", body)
+        committed, n_out = struct.unpack_from("<II", p, 0)
+        check(n_out == 0 and len(p) == 8, f"shm COMMIT_STORE reply with {n_out} outcomes")
+        return committed
 
     def lookup(self, keys):
         p = self.call("LOOKUP", struct.pack("<II", len(keys), 0) + b"".join(keys))
@@ -403,6 +430,62 @@ def case_no_auto_release(ctx):
     c.close()  # the pins end with the connection (6, leases)
     ctx.conns.remove(c)
     check(watch.stats()["store_live_pins"] == base, "pins outlived their connection")
+
+
+def case_shm_store(ctx):
+    """SHM store (6): slots in the mapped pool, COMMIT_STORE publishes them; a commit naming
+    only some slots is -EINVAL on an open connection, a slot outside its transfer -EFAULT and a
+    closed connection, neither publishes anything (4.5, 8); ABORT frees a write transfer (4.6);
+    SKIPPED only for a client with that caps bit (4.4, 5.1)."""
+    c = ctx.conn(CAP_SHM | CAP_INLINE | CAP_SKIPPED)
+    xfer, outcomes, slots = c.prepare_store([key(10), key(11)], CHUNK)
+    check(xfer != 0 and outcomes == [0, 0] and [s_[0] for s_ in slots] == [0, 1],
+          f"PREPARE_STORE: xfer {xfer} outcomes {outcomes} slots {slots}")
+    for ki, off, ln in slots:
+        require(ln == CHUNK, f"slot length {ln}")
+        c.pool[off:off + ln] = data(10 + ki)
+    check(c.commit_shm(xfer, slots) == 2, "shm commit of two chunks")
+    _, outcomes, slots2 = c.prepare_store([key(10), key(11)], CHUNK)
+    check(outcomes == [1, 1] and not slots2, f"stored keys again: {outcomes} (wanted PRESENT)")
+    reader = ctx.conn(CAP_INLINE, strategy=INLINE)
+    r = reader.retrieve([key(10), key(11)], INLINE)
+    check([o[3] for o in r["objects"]] == [data(10), data(11)], "bytes written through shm")
+    # A commit naming one of two slots: -EINVAL, the transfer aborted, the connection open.
+    xfer, _, slots = c.prepare_store([key(12), key(13)], CHUNK)
+    e = c.expect_error("COMMIT_STORE", struct.pack("<QBBHIII", xfer, 0, 0, 0, 0, 1, 0) +
+                       struct.pack("<IIQQ", slots[0][0], 0, slots[0][1], slots[0][2]),
+                       "partial commit")
+    check(e.code == -22, f"partial commit: {e.code}, wanted -22")
+    c.ping()
+    check(reader.lookup([key(12)]) == 0, "a partial commit published a chunk")
+    # ABORT of a write transfer: empty reply, nothing published.
+    xfer, _, slots = c.prepare_store([key(14)], CHUNK)
+    check(c.call("ABORT", struct.pack("<Q", xfer)) == b"", "ABORT reply not empty")
+    check(reader.lookup([key(14)]) == 0, "an aborted transfer published its chunk")
+    # SKIPPED: another owner holds key 20 (BUSY), so ALL_OR_NOTHING skips key 21.
+    holder = ctx.conn()
+    hx, outcomes, _ = holder.prepare_store([key(20)], CHUNK)
+    require(outcomes == [0], f"holder's reservation: {outcomes}")
+    x, outcomes, slots = c.prepare_store([key(21), key(20)], CHUNK, mode=1)
+    check(x == 0 and not slots and outcomes == [6, 2], f"ALL_OR_NOTHING with CAP_SKIPPED: {outcomes}")
+    old = ctx.conn(CAP_SHM | CAP_INLINE)
+    x, outcomes, slots = old.prepare_store([key(21), key(20)], CHUNK, mode=1)
+    check(x == 0 and outcomes == [2, 2], f"ALL_OR_NOTHING without CAP_SKIPPED: {outcomes}")
+    # A slot outside its transfer: -EFAULT, closed, nothing published (8).
+    xfer, _, slots = c.prepare_store([key(15)], CHUNK)
+    ki, off, ln = slots[0]
+    e = c.expect_error("COMMIT_STORE", struct.pack("<QBBHIII", xfer, 0, 0, 0, 0, 1, 0) +
+                       struct.pack("<IIQQ", ki, 0, off + CHUNK, ln), "slot outside the transfer")
+    check(e.code == -14, f"slot outside the transfer: {e.code}, wanted -14")
+    c.expect_closed("slot outside the transfer")
+    check(reader.lookup([key(15)]) == 0, "a refused commit published its chunk")
+    # The holder's connection closes: its reservation ends, key 20 is free again (6, leases).
+    holder.close()
+    ctx.conns.remove(holder)
+    x, outcomes, slots = old.prepare_store([key(20)], CHUNK)
+    check(outcomes == [0], f"key 20 after its holder closed: {outcomes}")
+    old.call("ABORT", struct.pack("<Q", x))
+    ctx.alive()
 
 
 def case_split(ctx):
