@@ -3,7 +3,8 @@
 
 Each case starts `kvshim serve` in a temporary run directory and talks to its socket with the
 Python standard library only (no kvshim code): HELLO with and without the AUTO_RELEASE caps bit
-(5, 5.1), the SHM store and SKIPPED outcomes (4.4, 4.5), the one-round-trip retrieve
+(5, 5.1), the SHM store and SKIPPED outcomes (4.4, 4.5), EXPORT_TENSORS and REPORT_BAD (4.10,
+4.11), the one-round-trip retrieve
 (PREPARE_RETRIEVE answering the lookup, 6), pins that an
 AUTO_RELEASE retrieve ends at the client's next request (4.7), split messages (2.1), and bad
 input: a malformed frame or payload gets a clear ERROR and closes the connection (8), a
@@ -112,9 +113,11 @@ class Conn:
         """(opcode, request id, payload) of the next message; ERROR raises ServerError."""
         op, flags, rid, body = self.recv_frame()
         require(flags & F_REPLY, f"a server frame without REPLY (opcode {op})")
+        self.frames = [len(body)]
         while flags & F_MORE:
             op2, flags, rid2, more = self.recv_frame()
-            require((op2, rid2) == (op, rid), "split reply mismatch")
+            require((op2, rid2) == (op, rid) and flags & F_REPLY, "split reply mismatch")
+            self.frames.append(len(more))
             body += more
         if op == OP["ERROR"]:
             code, mlen = struct.unpack_from("<iH", body, 0)
@@ -488,8 +491,31 @@ def case_shm_store(ctx):
     ctx.alive()
 
 
+def case_export_report(ctx):
+    """EXPORT_TENSORS of a range serve never allocated: no descriptors (4.10); REPORT_BAD with
+    bytes that do not match what the server holds drops nothing (4.11)."""
+    stored(ctx, 1)
+    c = ctx.conn()
+    check(c.hello["caps"] & CAP_REPORT_BAD, "serve does not offer REPORT_BAD")
+    p = c.call("EXPORT_TENSORS", struct.pack("<QQ", 0x10000, 4096))
+    check(p == struct.pack("<II", 0, 0), f"EXPORT_TENSORS of nothing: {p!r}")
+    p = c.call("REPORT_BAD", key(0) + struct.pack("<QQ", CHUNK, 0x1234))
+    check(p == struct.pack("<II", 0, 0), f"REPORT_BAD with another checksum: {p!r}")
+    p = c.call("REPORT_BAD", key(99) + struct.pack("<QQ", CHUNK, 0x1234))
+    check(p == struct.pack("<II", 0, 0), f"REPORT_BAD of an unknown key: {p!r}")
+    check(c.lookup([key(0)]) == 1, "a REPORT_BAD that did not match dropped the object")
+    st = c.stats()
+    check(st["coord_bad_reports"] == 2 and st["coord_bad_dropped"] == 0,
+          f"coord_bad_reports {st['coord_bad_reports']} coord_bad_dropped {st['coord_bad_dropped']}")
+    # address + length overflowing u64 is malformed (4.10): -EBADMSG, closed.
+    e = c.expect_error("EXPORT_TENSORS", struct.pack("<QQ", 2**64 - 16, 4096), "overflowing range")
+    check(e.code == EBADMSG, f"EXPORT_TENSORS overflow: {e.code}")
+    c.expect_closed("EXPORT_TENSORS overflow")
+
+
 def case_split(ctx):
-    """A LOOKUP sent as two frames (MORE on the first) is one message (2.1)."""
+    """Split messages (2.1): a LOOKUP sent as two frames is one message; a long reply comes in
+    frames of the client's max_frame; a continuation with another opcode is -EPROTO."""
     stored(ctx, 2)
     c = ctx.conn()
     body = struct.pack("<II", 2, 0) + key(0) + key(1)
@@ -498,6 +524,27 @@ def case_split(ctx):
     c.send_frame(OP["LOOKUP"], c.rid, body[20:])
     _, rid, p = c.recv_msg()
     check(rid == c.rid and struct.unpack("<II", p) == (2, 0), f"split LOOKUP: {p!r}")
+    # A reply longer than the client's max_frame (65536) comes in frames of exactly that size
+    # and a last, shorter or full one.
+    big = bytes(i * 13 & 0xFF for i in range(200000))
+    committed, _ = c.store_inline([key(30)], [big])
+    require(committed == 1, "inline store of 200000 bytes")
+    ci = ctx.conn(CAP_INLINE, strategy=INLINE)
+    r = ci.retrieve([key(30)], INLINE)
+    check(r["objects"][0][3] == big, "a split inline reply's bytes")
+    check(len(ci.frames) > 1 and all(n == MIN_MAX_FRAME for n in ci.frames[:-1]) and
+          0 < ci.frames[-1] <= MIN_MAX_FRAME, f"reply frames {ci.frames}")
+    # A continuation frame that breaks the rule (another opcode): -EPROTO, closed.
+    c.rid += 1
+    c.send_frame(OP["LOOKUP"], c.rid, body[:20], flags=F_MORE)
+    c.send_frame(OP["PING"], c.rid, struct.pack("<QII", 1, 0, 0))
+    try:
+        c.recv_msg()
+        raise harness.Failure("a broken continuation answered")
+    except ServerError as e:
+        check(e.code == EPROTO, f"broken continuation: {e.code}, wanted {EPROTO}")
+    c.expect_closed("broken continuation")
+    ctx.alive()
 
 
 def case_malformed(ctx):
