@@ -187,6 +187,12 @@ def case_stats(ctx):
     require(isinstance(obj, list) and len(obj) == 1, f"stats --json of one peer: {js.stdout[:200]}")
     check(list(obj[0]) == ["kvshim_stats_version"] + names and obj[0]["kvshim_stats_version"] == 1,
           f"stats --json members: {list(obj[0])[:5]}...")
+    inst = s.banner.split("instance ")[1].split(",")[0]
+    one = run_cli(ctx, "stats", inst[:6], "--json")
+    check(one.returncode == 0 and isinstance(json.loads(one.stdout), dict),
+          f"kvshim stats PEER --json: one object, exit {one.returncode}: {one.stdout[:80]!r}")
+    none = run_cli(ctx, "stats", "ffffffffffffffff0")
+    check(none.returncode == 1, f"kvshim stats of no matching peer: exit {none.returncode}")
     info = run_cli(ctx, "stats")
     lines = [ln for ln in info.stdout.splitlines() if ln and not ln.startswith("#")]
     check([ln.split(":")[0] for ln in lines] == names, "INFO text names vs the table")
