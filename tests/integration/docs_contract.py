@@ -276,6 +276,12 @@ def case_cli(ctx):
         r = run_cli(ctx, *argv)
         check(r.returncode == 2 and ("usage: kvshim" in r.stderr or r.stderr.startswith("kvshim")),
               f"{what}: exit {r.returncode}, stderr {r.stderr[:80]!r}")
+    s = ctx.serve()
+    check(re.fullmatch(r"kvshim serve: pid %d, instance [0-9a-f]{16}, group docs, pool 64M, "
+                       r"socket %s/docs/[0-9a-f]{16}\.sock" % (s.pid, re.escape(ctx.run_dir)),
+                       s.banner.strip()), f"serve's line: {s.banner!r}")
+    s.terminate()
+    check(s.wait(timeout=30) == 0, f"serve after SIGTERM: exit {s.returncode}")
     # An unknown variable's warning points to kvshim --help, which lists the variables.
     env = ctx.env(preload=False, KVSHIM_NO_SUCH_THING="1")
     r = run_cli(ctx, "peers", env=env)
