@@ -13,8 +13,10 @@ stored is lost either way.
 
 usage: proto_client.py CASE --cli build/tools/kvshim   (--list: the cases)
 """
+import json
 import mmap
 import os
+import re
 import socket
 import struct
 import sys
@@ -511,6 +513,25 @@ def case_export_report(ctx):
     e = c.expect_error("EXPORT_TENSORS", struct.pack("<QQ", 2**64 - 16, 4096), "overflowing range")
     check(e.code == EBADMSG, f"EXPORT_TENSORS overflow: {e.code}")
     c.expect_closed("EXPORT_TENSORS overflow")
+
+
+def case_stats(ctx):
+    """STATS (4.8): INFO text with CRLF lines under '# kvshim stats v1', JSON with the same
+    names; another format is malformed."""
+    c = ctx.conn()
+    p = c.call("STATS", b"\0")
+    text = p[4:].decode()
+    check(text.startswith("# kvshim stats v1\r\n") and text.endswith("\r\n"), "INFO framing")
+    names = [ln.split(":")[0] for ln in text.split("\r\n")[1:-1]]
+    check(all(re.fullmatch(r"[a-z0-9_]+:\d+", ln) for ln in text.split("\r\n")[1:-1]),
+          "INFO lines are name:decimal")
+    p = c.call("STATS", b"\1")
+    obj = json.loads(p[4:].decode())
+    check(list(obj) == ["kvshim_stats_version"] + names and obj["kvshim_stats_version"] == 1,
+          "JSON members vs INFO names")
+    e = c.expect_error("STATS", b"\2", "STATS format 2")
+    check(e.code == EBADMSG, f"STATS format 2: {e.code}")
+    c.expect_closed("STATS format 2")
 
 
 def case_split(ctx):
