@@ -631,6 +631,22 @@ def case_malformed(ctx):
     except ServerError as e:
         check(e.code == EPROTO and e.rid == c.rid, f"REPLY from a client: {e.code}")
     c.expect_closed("REPLY from a client")
+    # Before the handshake a frame is at most 65536 bytes: -EMSGSIZE, closed.
+    c = ctx.conn(hello=False)
+    c.rid += 1
+    c.s.sendall(HDR.pack(MAGIC, 1, OP["HELLO"], 0, c.rid, MIN_MAX_FRAME + 1))
+    try:
+        c.recv_msg()
+        raise harness.Failure("an oversized HELLO answered")
+    except ServerError as e:
+        check(e.code == -90 and e.rid == c.rid, f"oversized HELLO: {e.code} for {e.rid}")
+    c.expect_closed("oversized HELLO")
+    # shm on a connection that negotiated inline: -EOPNOTSUPP, and the connection stays open.
+    c = ctx.conn(CAP_INLINE, strategy=INLINE)
+    e = c.expect_error("PREPARE_RETRIEVE", struct.pack("<BBHI", SHM, 0, 0, 1) + key(0),
+                       "shm retrieve on an inline connection")
+    check(e.code == EOPNOTSUPP, f"shm on inline: {e.code}")
+    c.ping()
     # Well-formed but unserveable: an unknown transfer is -ENOENT, the connection stays open.
     c = ctx.conn()
     e = c.expect_error("COMMIT_RETRIEVE", struct.pack("<Q", 0xDEAD), "unknown transfer")
@@ -650,7 +666,7 @@ def case_malformed(ctx):
     r = n.retrieve([key(0), key(1), key(5)], INLINE)
     check(r["n_found"] == 2 and [o[3] for o in r["objects"]] == [data(0), data(1)],
           "stored chunks after the bad input")
-    check(n.stats()["coord_bad_frames"] >= 8, "coord_bad_frames does not count the bad frames")
+    check(n.stats()["coord_bad_frames"] == 9, "coord_bad_frames: the 9 closed connections, not the refusals")
 
 
 if __name__ == "__main__":
