@@ -379,6 +379,9 @@ def case_one_rtt(ctx):
     check([o[3] for o in r["objects"]] == [data(0), data(1)], "inline bytes")
     ci.commit_retrieve(0)  # a valid no-op (4.6)
     check(c.lookup([key(0), key(1), key(2)]) == 2, "LOOKUP agrees with the retrieve")
+    # remote_wait_ms to a serve without REMOTE: answered from its pool at once (4.3).
+    p = c.call("LOOKUP", struct.pack("<II", 3, 60000) + key(0) + key(1) + key(2))
+    check(p == struct.pack("<II", 2, 0), f"LOOKUP with remote_wait_ms, no tier: {p!r}")
 
 
 def case_auto_release(ctx):
