@@ -297,6 +297,17 @@ int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
   return problems;
 }
 
+/* A size bound as the variables' values are written: 1048576 -> "1M", 0 -> "0". */
+static void format_size(uint64_t v, char *buf, size_t cap) {
+  static const char units[] = "KMGT";
+  int u = -1;
+  while (v && u < 3 && (v & 1023) == 0) v >>= 10, u++;
+  if (u >= 0)
+    snprintf(buf, cap, "%" PRIu64 "%c", v, units[u]);
+  else
+    snprintf(buf, cap, "%" PRIu64, v);
+}
+
 size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char *buf, size_t cap) {
   if (cap) buf[0] = '\0';
   if ((unsigned)id >= KVS_OPT__COUNT) return 0;
@@ -306,14 +317,9 @@ size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char
   switch (r->type) {
     case T_BOOL: n = snprintf(buf, cap, "%s", *(const int *)field ? "1" : "0"); break;
     case T_SIZE: {
-      uint64_t v = *(const uint64_t *)field;
-      static const char units[] = "KMGT";
-      int u = -1;
-      while (v && u < 3 && (v & 1023) == 0) v >>= 10, u++;
-      if (u >= 0)
-        n = snprintf(buf, cap, "%" PRIu64 "%c", v, units[u]);
-      else
-        n = snprintf(buf, cap, "%" PRIu64, v);
+      char v[32];
+      format_size(*(const uint64_t *)field, v, sizeof v);
+      n = snprintf(buf, cap, "%s", v);
       break;
     }
     case T_INT: n = snprintf(buf, cap, "%" PRId64, *(const int64_t *)field); break;
@@ -365,6 +371,40 @@ size_t kvs_options_render(const kvs_options_t *o, char *buf, size_t cap) {
     size_t room = len < cap ? cap - len : 0;
     int n = snprintf(room ? buf + len : NULL, room, "%s=%s (%s) - %s\n", rows[i].env, val,
                      src_names[o->source[i] <= 2 ? o->source[i] : 0], rows[i].help);
+    if (n > 0) len += (size_t)n;
+  }
+  return len;
+}
+
+size_t kvs_options_usage(char *buf, size_t cap) {
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+    const opt_row_t *r = &rows[i];
+    char flag[64], kind[160], lo[32], hi[32];
+    size_t k = 0;
+    for (const char *f = r->field; *f && k + 1 < sizeof flag; f++) flag[k++] = *f == '_' ? '-' : *f;
+    flag[k] = '\0';
+    switch (r->type) {
+      case T_BOOL: snprintf(kind, sizeof kind, "boolean"); break;
+      case T_SIZE:
+        format_size(r->lo, lo, sizeof lo);
+        format_size(r->hi, hi, sizeof hi);
+        snprintf(kind, sizeof kind, "size %s..%s", lo, hi);
+        break;
+      case T_INT:
+        snprintf(kind, sizeof kind, "integer %" PRIu64 "..%" PRIu64 "%s%s", r->lo, r->hi,
+                 r->unit[0] ? " " : "", r->unit);
+        break;
+      case T_ENUM: snprintf(kind, sizeof kind, "one of %s", r->choices); break;
+      case T_FLAGS: snprintf(kind, sizeof kind, "auto or a comma list of %s", r->choices); break;
+      case T_NAME: snprintf(kind, sizeof kind, "name"); break;
+      case T_STR: snprintf(kind, sizeof kind, "string"); break;
+      case T_UIDS: snprintf(kind, sizeof kind, "uid list"); break;
+    }
+    size_t room = len < cap ? cap - len : 0;
+    int n = snprintf(room ? buf + len : NULL, room, "  %s (--%s) %s, default %s: %s\n", r->env,
+                     flag, kind, r->def[0] ? r->def : "(empty)", r->help);
     if (n > 0) len += (size_t)n;
   }
   return len;

@@ -148,6 +148,10 @@ size_t kvs_options_render(const kvs_options_t *o, char *buf, size_t cap);
 size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char *buf, size_t cap);
 
 const char *kvs_options_env_name(kvs_option_id_t id);
+/* The variables as `kvshim --help` lists them, one line per row of the table: "  KVSHIM_LEASE_MS
+ * (--lease-ms) integer 10..86400000 ms, default 30000: lease deadline backstop". snprintf
+ * semantics, as kvs_options_render. */
+size_t kvs_options_usage(char *buf, size_t cap);
 /* Parse one value for a row into *o (used by the CLI, whose flags mirror the variables).
  * Returns 0, or -EINVAL/-ERANGE with *o unchanged. */
 int kvs_options_set(kvs_options_t *o, kvs_option_id_t id, const char *value);

@@ -2,11 +2,13 @@
  *
  *   kvshim serve [--OPTION VALUE ...]   standalone coordinator and pool (a node cache peer)
  *   kvshim peers [--json]               live peers of the group
- *   kvshim stats [PEER] [--json]        counters of one peer (instance id prefix or pid) or all
+ *   kvshim stats [PEER] [--json|--prometheus]  counters of one peer (instance id prefix or
+ *                                       pid) or all
  *   kvshim put NAME FILE                store a named blob in the group (FILE '-' = stdin)
  *   kvshim get NAME [OUT]               fetch a named blob (OUT '-' or absent = stdout)
  *   kvshim inspect BINARY [--json]      hook families in BINARY and whether LD_PRELOAD reaches them
- *   kvshim remote                       check the remote store (KVSHIM_REMOTE) serve would use
+ *   kvshim remote [--remote URL]        check the remote store (KVSHIM_REMOTE) serve would use
+ *   kvshim help [COMMAND]               usage (with every KVSHIM_* variable), or a command's
  *
  * Every KVSHIM_* variable can also be given as a flag: --pool-size 2G is KVSHIM_POOL_SIZE=2G.
  * Exit codes: 0 ok, 1 not found / miss / refused, 2 usage, 3 no peer reachable. */
@@ -47,12 +49,15 @@ static const char *const usage_text =
     "  inspect BINARY [--json]\n"
     "                      hook families in BINARY's libraries and whether LD_PRELOAD can\n"
     "                      interpose them (exit 1: unreadable or not ELF)\n"
-    "  remote              connect to the remote store (KVSHIM_REMOTE) and describe it\n"
+    "  remote [--remote URL]\n"
+    "                      connect to the remote store (KVSHIM_REMOTE) and describe it\n"
     "  help [COMMAND]      this text, or a command's\n"
     "\n"
     "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
     "--group g means KVSHIM_GROUP=g. Flags win over the environment.\n"
     "exit codes: 0 ok, 1 not found or refused, 2 usage, 3 no peer reachable\n";
+/* After usage_text in `kvshim --help` and `kvshim help`: the variables, from the options table. */
+static const char *const variables_head = "\nvariables (each also a flag, --NAME VALUE):\n";
 
 static const char *const help_serve =
     "usage: kvshim serve [--pool-size SIZE] [--group NAME] [--run-dir DIR] [--strategy S]\n"
@@ -69,14 +74,14 @@ static const char *const help_peers =
 static const char *const help_stats =
     "usage: kvshim stats [PEER] [--json|--prometheus]\n"
     "Prints the INFO-style counters (or JSON, or the Prometheus text format with labels\n"
-    "instance and pid) of PEER, given as an instance id prefix or a pid; without PEER, of every\n"
-    "live peer.\n";
+    "instance, pid and role) of PEER, given as an instance id prefix or a pid; without PEER, of\n"
+    "every live peer. Exit 1 when no live peer matches PEER, 3 when there is no peer.\n";
 static const char *const help_remote =
     "usage: kvshim remote [--remote URL] [--remote-password-file FILE] [--remote-timeout-ms MS]\n"
     "Connects to the remote store `kvshim serve` would use and prints its version, mode\n"
     "(standalone or cluster), nodes, slot coverage and round-trip time.\n"
-    "Exit 0 reachable, 1 refused (password, not Redis, wrong reply), 2 no or bad URL,\n"
-    "3 unreachable.\n";
+    "Exit 0 reachable and whole, 1 refused (password, not Redis, wrong reply, slots missing),\n"
+    "2 no or bad URL, 3 unreachable.\n";
 static const char *const help_put =
     "usage: kvshim put NAME FILE\n"
     "Stores FILE ('-' = stdin) under NAME (salted with KVSHIM_SALT) in the cache peer, or in\n"
@@ -543,18 +548,34 @@ static const char *command_help(const char *cmd) {
   return NULL;
 }
 
+/* usage_text and every KVSHIM_* variable (the unknown-variable warning points here). */
+static void print_usage(void) {
+  char vars[16384];
+  size_t n = kvs_options_usage(vars, sizeof vars);
+  fputs(usage_text, stdout);
+  fputs(variables_head, stdout);
+  fputs(vars, stdout);
+  if (n >= sizeof vars) fputs("  ...\n", stdout);
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-    fputs(usage_text, argc < 2 ? stderr : stdout);
-    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+  if (argc < 2) {
+    fputs(usage_text, stderr);
+    return EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    print_usage();
+    return EXIT_OK;
   }
   const char *cmd = argv[1];
   const char *help = command_help(cmd);
   if (strcmp(cmd, "help") == 0) {
     const char *sub = argc > 2 ? argv[2] : "";
     const char *h = command_help(sub);
-    if (!h) h = strcmp(sub, "inspect") == 0 ? kvs_inspect_help : usage_text;
-    fputs(h, stdout);
+    if (!h && strcmp(sub, "inspect") == 0) h = kvs_inspect_help;
+    if (!h && sub[0]) return usage_error("no command '%s' to help with", sub);
+    if (h) fputs(h, stdout);
+    else print_usage();
     return EXIT_OK;
   }
   if (strcmp(cmd, "inspect") == 0) return kvs_inspect_main(argc - 2, argv + 2);
