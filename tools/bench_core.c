@@ -314,6 +314,7 @@ static void chase_open(chase_t *ch, size_t bytes) {
   ch->bytes = lines * LINE;
   int rc = kvs__prim_alloc(ch->bytes, &ch->map);
   if (rc) die("kvs__prim_alloc (chase)", rc);
+  kvs__prim_hugepage_hint(ch->map, ch->bytes);
   uint32_t *order = malloc(lines * sizeof *order);
   if (!order) die("malloc (chase)", -ENOMEM);
   for (size_t i = 0; i < lines; i++) order[i] = (uint32_t)i;
