@@ -22,7 +22,9 @@
  * Ratios, each taken inside one repetition (median and min-max over repetitions) and printed
  * next to its goal (issue 15) and its limit: cycles/s 2 threads / 1 thread (>= 1.6) next to
  * the own-stores ceiling, store cycle 1M / 1k objects (<= 1.2) next to the extra misses and
- * the one-miss floor (1k cycle + one memory latency) / 1k cycle; single-thread cycle <= 400 ns
+ * the ratio one exposed miss would give, (1k cycle + one memory latency) / 1k cycle (a new key's
+ * bucket lies at a random place in the table: its miss can be overlapped, by the prefetch
+ * before the lock, but not avoided); single-thread cycle <= 400 ns
  * next to the memcpy anchor.
  * Then one JSON line with every figure. Options: --reps N (default 5), --quick (fewer
  * iterations, 3 reps unless --reps is given). */
@@ -57,7 +59,7 @@ typedef struct figure {
 
 enum { F_POOL4K, F_POOL256K, F_CYC1_NS, F_CYC1_RATE, F_CYC2_NS, F_CYC2_RATE, F_CYC2_CPUS,
        F_OWN2_RATE, F_OWN2_CPUS, F_MEMCPY_NS, F_MEMCPY_GBS, F_BIG_NS, F_SMALL_NS, F_CHASE_NS,
-       F_SCALE2, F_CEIL2, F_SCALE2_OF_CEIL, F_SIZE_RATIO, F_EXTRA_MISSES, F_MISS_FLOOR,
+       F_SCALE2, F_CEIL2, F_SCALE2_OF_CEIL, F_SIZE_RATIO, F_EXTRA_MISSES, F_ONE_MISS,
        F__COUNT };
 
 static figure_t figs[F__COUNT] = {
@@ -65,10 +67,13 @@ static figure_t figs[F__COUNT] = {
     [F_POOL256K] = {"pool_alloc_free_256k_ns", "pool alloc+free, 256 KiB", "ns/pair", 1, {0}},
     [F_CYC1_NS] = {"store_cycle_1t_ns", "store cycle 256 KiB, 1 thread", "ns/cycle", 1, {0}},
     [F_CYC1_RATE] = {"store_cycle_1t_per_s", "store cycle 256 KiB, 1 thread", "cycles/s", 1, {0}},
-    [F_CYC2_NS] = {"store_cycle_2t_ns", "store cycle 256 KiB, 2 threads", "ns/cycle/thread", 1, {0}},
-    [F_CYC2_RATE] = {"store_cycle_2t_per_s", "store cycle 256 KiB, 2 threads", "cycles/s total", 1, {0}},
+    [F_CYC2_NS] = {"store_cycle_2t_ns", "store cycle 256 KiB, 2 threads",
+        "ns/cycle/thread", 1, {0}},
+    [F_CYC2_RATE] = {"store_cycle_2t_per_s", "store cycle 256 KiB, 2 threads",
+        "cycles/s total", 1, {0}},
     [F_CYC2_CPUS] = {"store_cycle_2t_cpus", "2 threads, one store: CPUs got", "cpu/wall", 2, {0}},
-    [F_OWN2_RATE] = {"own_stores_2t_per_s", "2 threads, own stores (limit)", "cycles/s total", 1, {0}},
+    [F_OWN2_RATE] = {"own_stores_2t_per_s", "2 threads, own stores (limit)",
+        "cycles/s total", 1, {0}},
     [F_OWN2_CPUS] = {"own_stores_2t_cpus", "2 threads, own stores: CPUs got", "cpu/wall", 2, {0}},
     [F_MEMCPY_NS] = {"memcpy_256k_ns", "memcpy 256 KiB (anchor)", "ns/copy", 1, {0}},
     [F_MEMCPY_GBS] = {"memcpy_256k_gbs", "memcpy 256 KiB (anchor)", "GB/s", 1, {0}},
@@ -79,8 +84,10 @@ static figure_t figs[F__COUNT] = {
     [F_CEIL2] = {"own_stores_2t_1t", "ceiling: own stores 2t / 1 thread", "ratio", 3, {0}},
     [F_SCALE2_OF_CEIL] = {"store_scale_of_ceiling", "2 threads: kvshim / ceiling", "ratio", 3, {0}},
     [F_SIZE_RATIO] = {"store_1m_over_1k", "store cycle 1M / 1k objects", "ratio", 3, {0}},
-    [F_EXTRA_MISSES] = {"store_1m_extra_misses", "(1M - 1k cycle) / memory latency", "misses/cycle", 2, {0}},
-    [F_MISS_FLOOR] = {"store_1m_one_miss_floor", "floor: (1k cycle + 1 latency) / 1k", "ratio", 3, {0}},
+    [F_EXTRA_MISSES] = {"store_1m_extra_misses", "(1M - 1k cycle) / memory latency",
+        "misses/cycle", 2, {0}},
+    [F_ONE_MISS] = {"store_1m_one_miss_ratio", "one miss: (1k cycle + latency) / 1k",
+        "ratio", 3, {0}},
 };
 
 static void die(const char *what, int rc) {
@@ -455,7 +462,7 @@ int main(int argc, char **argv) {
     *v[F_SCALE2_OF_CEIL] = *v[F_CYC2_RATE] / *v[F_OWN2_RATE];
     *v[F_SIZE_RATIO] = *v[F_BIG_NS] / *v[F_SMALL_NS];
     *v[F_EXTRA_MISSES] = (*v[F_BIG_NS] - *v[F_SMALL_NS]) / *v[F_CHASE_NS];
-    *v[F_MISS_FLOOR] = (*v[F_SMALL_NS] + *v[F_CHASE_NS]) / *v[F_SMALL_NS];
+    *v[F_ONE_MISS] = (*v[F_SMALL_NS] + *v[F_CHASE_NS]) / *v[F_SMALL_NS];
   }
   sized_close(&big);
   sized_close(&small);
@@ -476,8 +483,10 @@ int main(int argc, char **argv) {
   if (lost_total)
     printf("%" PRIu64 " cycles found their object already evicted by the other thread "
            "(a descheduled thread on a full cache; counted, not an error)\n", lost_total);
-  printf("store cycle (1 thread) = %.2f%% of one 256 KiB memcpy; goal <= 400 ns: %s\n",
-         100.0 * med[F_CYC1_NS] / med[F_MEMCPY_NS], med[F_CYC1_NS] <= 400.0 ? "met" : "NOT met");
+  printf("store cycle (1 thread) = %.1f ns [%.1f..%.1f] = %.2f%% of one 256 KiB memcpy (the "
+         "anchor); goal <= 400 ns: %s\n",
+         med[F_CYC1_NS], lo[F_CYC1_NS], hi[F_CYC1_NS], 100.0 * med[F_CYC1_NS] / med[F_MEMCPY_NS],
+         med[F_CYC1_NS] <= 400.0 ? "met" : "NOT met");
   printf("cycles/s 2 threads / 1 thread = %.2f [%.2f..%.2f]; limit: 2 threads on their own "
          "stores / 1 thread = %.2f [%.2f..%.2f]; kvshim / limit = %.2f [%.2f..%.2f]; CPUs the 2 "
          "threads got (CPU time / wall): %.2f on one store, %.2f on their own (%ld online CPUs); "
@@ -487,11 +496,11 @@ int main(int argc, char **argv) {
          med[F_OWN2_CPUS], sysconf(_SC_NPROCESSORS_ONLN), med[F_SCALE2] >= 1.6 ? "met" : "NOT met");
   printf("store cycle 1M / 1k objects (4 KiB) = %.2f [%.2f..%.2f]; limit: the 1M cycle pays "
          "%.1f ns more = %.2f [%.2f..%.2f] memory latencies of %.1f ns (random pointer chase over "
-         "%.0f MiB, the memory the 1M-object store made resident); one-miss floor (1k cycle + one "
-         "latency) / 1k cycle = %.2f; goal <= 1.2: %s\n",
+         "%.0f MiB, the memory the 1M-object store made resident); one exposed miss would give "
+         "(1k cycle + one latency) / 1k cycle = %.2f; goal <= 1.2: %s\n",
          med[F_SIZE_RATIO], lo[F_SIZE_RATIO], hi[F_SIZE_RATIO], med[F_BIG_NS] - med[F_SMALL_NS],
          med[F_EXTRA_MISSES], lo[F_EXTRA_MISSES], hi[F_EXTRA_MISSES], med[F_CHASE_NS],
-         (double)chase.bytes / (1024.0 * 1024.0), med[F_MISS_FLOOR],
+         (double)chase.bytes / (1024.0 * 1024.0), med[F_ONE_MISS],
          med[F_SIZE_RATIO] <= 1.2 ? "met" : "NOT met");
   printf("{\"bench\":\"core\",\"reps\":%d,\"quick\":%s,\"object_bytes\":%u,"
          "\"online_cpus\":%ld,\"chase_bytes\":%zu", reps, quick ? "true" : "false", OBJ_BYTES,
