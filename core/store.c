@@ -824,8 +824,8 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
                             const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
                             kvs_extent_t *extents, kvs_xfer_t *xfer) {
   if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+  prefetch_keys(s, keys, n); /* first: the clock read below overlaps the misses */
   uint64_t now = kvs__now_ms();
-  prefetch_keys(s, keys, n);
   pthread_mutex_lock(&s->lock);
   sweep_locked(s, now);
   uint32_t o;
@@ -889,8 +889,8 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
                              size_t n_keys, const kvs_layout_t *layout, unsigned mode,
                              uint8_t *outcome, kvs_extent_t *extent, kvs_xfer_t *xfer) {
   if (!s || !keys || n_keys == 0 || !layout || !outcome || !extent || !xfer) return -EINVAL;
-  uint64_t now = kvs__now_ms();
   prefetch_keys(s, keys, n_keys);
+  uint64_t now = kvs__now_ms();
   pthread_mutex_lock(&s->lock);
   sweep_locked(s, now);
   uint32_t o;
@@ -1035,8 +1035,8 @@ int kvs_store_release(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
 int kvs_store_lookup(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
                      bool pin, kvs_xfer_t *xfer) {
   if (!s || !keys || n == 0 || (pin && !xfer)) return -EINVAL;
-  uint64_t now = pin ? kvs__now_ms() : 0;
   prefetch_keys(s, keys, n);
+  uint64_t now = pin ? kvs__now_ms() : 0;
   pthread_mutex_lock(&s->lock);
   uint32_t o;
   int rc = owner_resolve(s, owner, &o);
