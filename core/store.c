@@ -10,7 +10,7 @@
  *   objs    one per WRITING or READY object
  *   kents   key entries: a key and its object. Bound entries are in the hash table; an alias of a
  *           WRITING object waits unbound in its object's key list until commit
- *   buckets chained hash table key -> bound key entry (power of two >= max_keys); each
+ *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2); each
  *           bucket also holds its head key's fingerprint (bucket_t)
  *   pins    one per (read transfer, looked-up key); obj->pins == entries naming obj
  *   xfers   live transfers; id = gen << 24 | slot (gen bumped at each reuse of a slot)
@@ -589,7 +589,7 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
       mw > KVS_STORE_MAX_SLOTS)
     return -EINVAL;
   uint64_t nb = 1;
-  while (nb < mk) nb <<= 1;
+  while (2 * nb < mk) nb <<= 1; /* 8-byte buckets: the bytes of one 4-byte head per key */
 
   size_t sz_obj = table_bytes(mo + 1, sizeof(obj_t));
   size_t sz_key = table_bytes(mk + 1, sizeof(kent_t));
