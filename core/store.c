@@ -4,8 +4,10 @@
  * backed lazily, on first use); index 0 of each is the nil sentinel, so zero-filled memory is
  * an empty list everywhere. Free slots are kept on a stack per table; slots never handed out
  * yet lie above the table's high-water mark (so a large, unused table costs no memory). When
- * the tables take HUGE_TABLES_MIN or more, the mapping asks for transparent huge pages (then a
- * touched part of a table is backed 2 MiB at a time: at most a few MiB more).
+ * the tables take HUGE_TABLES_MIN or more (the store is "large": its tables outgrow the
+ * caches), the mapping asks for transparent huge pages (then a touched part of a table is
+ * backed 2 MiB at a time: at most a few MiB more) and calls prefetch the records they will
+ * load (prefetch_keys, evict_one); a small store does neither.
  *
  *   objs    one per WRITING or READY object
  *   kents   key entries: a key and its object. Bound entries are in the hash table; an alias of a
@@ -133,6 +135,7 @@ struct kvs_store {
   kvs_stats_t *stats;
   uint64_t arena_bytes;
   uint32_t page_size;
+  bool large;             /* tables of HUGE_TABLES_MIN or more: huge pages, and prefetching */
   uint32_t lease_ms;
   uint32_t hmask;
   void *map;
@@ -239,6 +242,7 @@ static inline uint32_t tag_of(const kvs_store_t *s, uint32_t head) {
  * are read-only after create; a prefetch has no effect on correctness. */
 #define PREFETCH_KEYS 16u
 static inline void prefetch_keys(const kvs_store_t *s, const kvs_key_t *keys, size_t n) {
+  if (!s->large) return; /* small tables stay in the cache: a prefetch is pure cost there */
   for (size_t i = 0; i < n && i < PREFETCH_KEYS; i++)
     __builtin_prefetch(bucket_at(s, key_hash(keys[i])));
 }
@@ -345,7 +349,7 @@ static bool evict_one(kvs_store_t *s) {
    * the next victims' records so that their dependent loads (object -> key entry -> bucket ->
    * the entry heading the bucket's chain, which the unbind walks) hit. Four stages, each
    * using what the previous eviction prefetched; only the stage-1 bucket is read (warm). */
-  uint32_t n1 = s->objs[i].lru_next;
+  uint32_t n1 = s->large ? s->objs[i].lru_next : NIL; /* small tables: all in the cache */
   if (n1 != NIL) {
     const obj_t *o1 = &s->objs[n1];
     if (o1->keys != NIL) {
@@ -628,7 +632,8 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
    * 200 MiB of tables, and with 4 KiB pages (a KVM guest walks two page tables per TLB miss)
    * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11).
    * Small stores stay in 4 KiB pages: a touched huge page is backed whole. */
-  if (total >= HUGE_TABLES_MIN) kvs__prim_hugepage_hint(map, total);
+  bool large = total >= HUGE_TABLES_MIN;
+  if (large) kvs__prim_hugepage_hint(map, total);
   uint8_t *p = map;
   s->map = map;
   s->map_len = total;
@@ -649,6 +654,7 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   s->stats = cfg->stats ? cfg->stats : kvs_stats_global();
   s->arena_bytes = st.size;
   s->page_size = page;
+  s->large = large;
   s->lease_ms = cfg->lease_ms ? cfg->lease_ms : DEFAULT_LEASE_MS;
   uint32_t local = slots_get(&s->sowner); /* slot 1, gen 0: id 1 == KVS_OWNER_LOCAL */
   s->owners[local].open = 1;
