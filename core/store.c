@@ -12,8 +12,8 @@
  *   objs    one per WRITING or READY object
  *   kents   key entries: a key and its object. Bound entries are in the hash table; an alias of a
  *           WRITING object waits unbound in its object's key list until commit
- *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2); each
- *           bucket also holds its head key's fingerprint (bucket_t)
+ *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2, or
+ *           >= max_keys in a large store); each bucket also holds its head key's fingerprint
  *   pins    one per (read transfer, looked-up key); obj->pins == entries naming obj
  *   xfers   live transfers; id = gen << 24 | slot (gen bumped at each reuse of a slot)
  *   owners  open owners; id = gen << 24 | slot; slot 1 is KVS_OWNER_LOCAL (gen 0, always open)
@@ -592,8 +592,11 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   if (mo > TABLE_MAX || mk > TABLE_MAX || mp > TABLE_MAX || mx > KVS_STORE_MAX_SLOTS ||
       mw > KVS_STORE_MAX_SLOTS)
     return -EINVAL;
+  /* Buckets: a power of two >= max_keys / 2 (8 bytes each: the bytes of one 4-byte head per
+   * key), >= max_keys in a large store, where every bucket load misses the cache anyway and a
+   * shorter chain saves a second miss (bench-core, 1M objects). */
   uint64_t nb = 1;
-  while (2 * nb < mk) nb <<= 1; /* 8-byte buckets: the bytes of one 4-byte head per key */
+  while (2 * nb < mk) nb <<= 1;
 
   size_t sz_obj = table_bytes(mo + 1, sizeof(obj_t));
   size_t sz_key = table_bytes(mk + 1, sizeof(kent_t));
@@ -603,6 +606,13 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   size_t sz_ow = table_bytes(mw + 1, sizeof(owner_t));
   size_t sz_stk = table_bytes(mo + mk + mp + mx + mw, sizeof(uint32_t));
   size_t total = sz_obj + sz_key + sz_bkt + sz_pin + sz_xf + sz_ow + sz_stk;
+  bool large = total >= HUGE_TABLES_MIN;
+  if (large && nb < mk) {
+    nb <<= 1;
+    total -= sz_bkt;
+    sz_bkt = table_bytes(nb, sizeof(bucket_t));
+    total += sz_bkt;
+  }
 
   kvs_store_t *s = calloc(1, sizeof *s);
   if (!s) return -ENOMEM;
@@ -632,7 +642,6 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
    * 200 MiB of tables, and with 4 KiB pages (a KVM guest walks two page tables per TLB miss)
    * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11).
    * Small stores stay in 4 KiB pages: a touched huge page is backed whole. */
-  bool large = total >= HUGE_TABLES_MIN;
   if (large) kvs__prim_hugepage_hint(map, total);
   uint8_t *p = map;
   s->map = map;
