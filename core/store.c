@@ -4,16 +4,19 @@
  * backed lazily, on first use); index 0 of each is the nil sentinel, so zero-filled memory is
  * an empty list everywhere. Free slots are kept on a stack per table; slots never handed out
  * yet lie above the table's high-water mark (so a large, unused table costs no memory). When
- * the tables take HUGE_TABLES_MIN or more (the store is "large": its tables outgrow the
- * caches), the mapping asks for transparent huge pages (then a touched part of a table is
- * backed 2 MiB at a time: at most a few MiB more) and calls prefetch the records they will
- * load (prefetch_keys, evict_one); a small store does neither.
+ * the tables take LARGE_TABLES or more (the store is "large": its tables can outgrow the
+ * caches), calls prefetch the records they will load (prefetch_keys, evict_one). When they
+ * take HUGE_TABLES or more (a pool of 2.2 GiB and up in 4 KiB pages), the mapping asks for
+ * transparent huge pages: a touched part of a table is then backed 2 MiB at a time, which
+ * costs at most ~2 MiB per table (< 1% of such a pool) and the zeroing of a whole huge page at
+ * first touch. Not below: a default 1 GiB pool's store would pay 8-16 MiB and 1-50 ms more for
+ * its first 100 objects (measured), for a gain that only shows at ~1M objects.
  *
  *   objs    one per WRITING or READY object
  *   kents   key entries: a key and its object. Bound entries are in the hash table; an alias of a
  *           WRITING object waits unbound in its object's key list until commit
- *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2, or
- *           >= max_keys in a large store); each bucket also holds its head key's fingerprint
+ *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2); each
+ *           bucket also holds its head key's fingerprint
  *   pins    one per (read transfer, looked-up key); obj->pins == entries naming obj
  *   xfers   live transfers; id = gen << 24 | slot (gen bumped at each reuse of a slot)
  *   owners  open owners; id = gen << 24 | slot; slot 1 is KVS_OWNER_LOCAL (gen 0, always open)
@@ -59,7 +62,8 @@
 #define DEFAULT_LEASE_MS 30000u
 #define DEFAULT_MAX_XFERS 65536u
 #define DEFAULT_MAX_OWNERS 4096u
-#define HUGE_TABLES_MIN ((size_t)64 << 20) /* tables of ~150k objects and up */
+#define LARGE_TABLES ((size_t)64 << 20)  /* tables of ~150k objects and up */
+#define HUGE_TABLES ((size_t)256 << 20)  /* tables of ~580k objects and up */
 
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
@@ -135,7 +139,7 @@ struct kvs_store {
   kvs_stats_t *stats;
   uint64_t arena_bytes;
   uint32_t page_size;
-  bool large;             /* tables of HUGE_TABLES_MIN or more: huge pages, and prefetching */
+  bool large;             /* tables of LARGE_TABLES or more: prefetching */
   uint32_t lease_ms;
   uint32_t hmask;
   void *map;
@@ -592,9 +596,8 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   if (mo > TABLE_MAX || mk > TABLE_MAX || mp > TABLE_MAX || mx > KVS_STORE_MAX_SLOTS ||
       mw > KVS_STORE_MAX_SLOTS)
     return -EINVAL;
-  /* Buckets: a power of two >= max_keys / 2 (8 bytes each: the bytes of one 4-byte head per
-   * key), >= max_keys in a large store, where every bucket load misses the cache anyway and a
-   * shorter chain saves a second miss (bench-core, 1M objects). */
+  /* Buckets: a power of two >= max_keys / 2, 8 bytes each: the bytes of one 4-byte head per
+   * key, as before buckets carried fingerprints. */
   uint64_t nb = 1;
   while (2 * nb < mk) nb <<= 1;
 
@@ -606,13 +609,7 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   size_t sz_ow = table_bytes(mw + 1, sizeof(owner_t));
   size_t sz_stk = table_bytes(mo + mk + mp + mx + mw, sizeof(uint32_t));
   size_t total = sz_obj + sz_key + sz_bkt + sz_pin + sz_xf + sz_ow + sz_stk;
-  bool large = total >= HUGE_TABLES_MIN;
-  if (large && nb < mk) {
-    nb <<= 1;
-    total -= sz_bkt;
-    sz_bkt = table_bytes(nb, sizeof(bucket_t));
-    total += sz_bkt;
-  }
+  bool large = total >= LARGE_TABLES;
 
   kvs_store_t *s = calloc(1, sizeof *s);
   if (!s) return -ENOMEM;
@@ -638,11 +635,12 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
     free(s);
     return -rc;
   }
-  /* Large tables in transparent huge pages: at 1M objects the cycle's loads land all over
+  /* Huge tables in transparent huge pages: at 1M objects the cycle's loads land all over
    * 200 MiB of tables, and with 4 KiB pages (a KVM guest walks two page tables per TLB miss)
-   * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11).
-   * Small stores stay in 4 KiB pages: a touched huge page is backed whole. */
-  if (large) kvs__prim_hugepage_hint(map, total);
+   * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11;
+   * huge pages on the bucket array alone, or only after the first 1k-64k objects, gave
+   * nothing: every table must be in them from the start). */
+  if (total >= HUGE_TABLES) kvs__prim_hugepage_hint(map, total);
   uint8_t *p = map;
   s->map = map;
   s->map_len = total;
