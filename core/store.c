@@ -8,8 +8,9 @@
  * caches), calls prefetch the records they will load (prefetch_keys, evict_one). When they
  * take HUGE_TABLES or more (a pool of 2.2 GiB and up in 4 KiB pages), the mapping asks for
  * transparent huge pages: a touched part of a table is then backed 2 MiB at a time, which
- * costs at most ~2 MiB per table (< 1% of such a pool) and the zeroing of a whole huge page at
- * first touch. Not below: a default 1 GiB pool's store would pay 8-16 MiB and 1-50 ms more for
+ * costs the whole bucket array at once (it is touched at random) and up to 2 MiB per other
+ * table (a 4 GiB pool: 22 MiB, < 1% of it), and the zeroing of a whole huge page at first
+ * touch. Not below: a default 1 GiB pool's store would pay 8-16 MiB and 1-50 ms more for
  * its first 100 objects (measured), for a gain that only shows at ~1M objects.
  *
  *   objs    one per WRITING or READY object
@@ -123,7 +124,7 @@ typedef struct owner {
  * one cache miss (the bucket) instead of two (the bucket, then the head's entry). */
 typedef struct bucket {
   uint32_t head; /* first bound key entry, or NIL */
-  uint32_t tag;  /* 0 when empty; else fingerprint(head key) << 1 | (head->hnext != NIL) */
+  uint32_t tag;  /* fingerprint(head key) << 1 | (head->hnext != NIL); 0 when empty */
 } bucket_t;
 
 /* Slot allocator: slots 1..cap; a stack of freed slots, and those above hw never used. */
