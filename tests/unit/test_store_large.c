@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "pool.h"
 #include "store.h"
+#include "storefix.h"
 
 #define T_TIMEOUT .timeout = 120
 #define PAGES 2048u       /* cache arena of 8 MiB: 2048 objects of one page */
@@ -38,15 +39,7 @@ static void setup(void) {
   cr_assert_eq(kvs_store_create(&c, &st), 0);
 }
 
-static void teardown(void) {
-  if (st) {
-    VALID();
-    cr_assert_eq(kvs_store_destroy(st, true), 0);
-  }
-  st = NULL;
-  if (pool) cr_assert_eq(kvs_pool_destroy(pool, false), 0, "store left extents behind");
-  pool = NULL;
-}
+static void teardown(void) { storefix_close(&st, &pool); }
 
 static bool ready(kvs_key_t k) {
   int r = kvs_store_lookup(st, KVS_OWNER_LOCAL, &k, 1, false, NULL);
