@@ -305,8 +305,9 @@ static uint64_t resident_bytes(void) {
   return n == 2 ? (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
-/* A buffer of `bytes` (the same kind of mapping as the store's tables: anonymous, lazily
- * backed) whose cache lines form one random cycle: each line holds the address of the next. */
+/* A buffer of `bytes`, mapped as the 1M-object store's tables are (anonymous, lazily backed,
+ * in transparent huge pages: core/store.c asks for them from 256 MiB of tables), whose cache
+ * lines form one random cycle: each line holds the address of the next. */
 typedef struct chase {
   void *map;
   size_t bytes;
