@@ -22,6 +22,18 @@ int kvs__prim_alloc(size_t len, void **out) {
   return 0;
 }
 
+void kvs__prim_hugepage_hint(void *p, size_t len) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  uintptr_t from = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+  uintptr_t to = ((uintptr_t)p + len) & ~(huge - 1);
+  if (to > from) (void)madvise((void *)from, to - from, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)len;
+#endif
+}
+
 int kvs__prim_map_shared(int fd, size_t len, bool writable, void **out) {
   void *p = mmap(NULL, len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return -errno;

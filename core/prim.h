@@ -13,6 +13,11 @@
 /* len bytes of private, zero-filled memory, backed lazily (no swap reservation: untouched
  * pages cost nothing). Released with kvs__prim_unmap. */
 int kvs__prim_alloc(size_t len, void **out);
+/* Ask for transparent huge pages (MADV_HUGEPAGE) over the 2 MiB-aligned part of [p, p + len):
+ * a table read at random then costs one TLB entry per 2 MiB instead of per 4 KiB. Best effort
+ * (a kernel without THP, or with THP off, ignores it); untouched memory still costs nothing,
+ * touched memory is backed 2 MiB at a time. */
+void kvs__prim_hugepage_hint(void *p, size_t len);
 /* Map the first len bytes of fd shared, read-write or read-only. */
 int kvs__prim_map_shared(int fd, size_t len, bool writable, void **out);
 /* Unmap what kvs__prim_alloc or kvs__prim_map_shared returned (NULL or len 0: nothing). */

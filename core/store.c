@@ -3,12 +3,21 @@
  * Tables. Every table is an array in one anonymous mapping made at create time (pages are
  * backed lazily, on first use); index 0 of each is the nil sentinel, so zero-filled memory is
  * an empty list everywhere. Free slots are kept on a stack per table; slots never handed out
- * yet lie above the table's high-water mark (so a large, unused table costs no memory).
+ * yet lie above the table's high-water mark (so a large, unused table costs no memory). When
+ * the tables take LARGE_TABLES or more (the store is "large": its tables can outgrow the
+ * caches), calls prefetch the records they will load (prefetch_keys, evict_one). When they
+ * take HUGE_TABLES or more (a pool of 2.2 GiB and up in 4 KiB pages), the mapping asks for
+ * transparent huge pages: a touched part of a table is then backed 2 MiB at a time, which
+ * costs the whole bucket array at once (it is touched at random) and up to 2 MiB per other
+ * table (a 4 GiB pool: 22 MiB, < 1% of it), and the zeroing of a whole huge page at first
+ * touch. Not below: a default 1 GiB pool's store would pay 8-16 MiB and 1-50 ms more for
+ * its first 100 objects (measured), for a gain that only shows at ~1M objects.
  *
  *   objs    one per WRITING or READY object
  *   kents   key entries: a key and its object. Bound entries are in the hash table; an alias of a
  *           WRITING object waits unbound in its object's key list until commit
- *   buckets chained hash table key -> bound key entry (power of two >= max_keys)
+ *   buckets chained hash table key -> bound key entry (power of two >= max_keys / 2); each
+ *           bucket also holds its head key's fingerprint
  *   pins    one per (read transfer, looked-up key); obj->pins == entries naming obj
  *   xfers   live transfers; id = gen << 24 | slot (gen bumped at each reuse of a slot)
  *   owners  open owners; id = gen << 24 | slot; slot 1 is KVS_OWNER_LOCAL (gen 0, always open)
@@ -54,6 +63,8 @@
 #define DEFAULT_LEASE_MS 30000u
 #define DEFAULT_MAX_XFERS 65536u
 #define DEFAULT_MAX_OWNERS 4096u
+#define LARGE_TABLES ((size_t)64 << 20)  /* tables of ~150k objects and up */
+#define HUGE_TABLES ((size_t)256 << 20)  /* tables of ~580k objects and up */
 
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
@@ -108,6 +119,14 @@ typedef struct owner {
   uint32_t nxfers;
 } owner_t;
 
+/* A hash bucket: the head of its chain, and the head key's fingerprint with a bit saying
+ * whether the chain holds more than the head, so that a key absent from a large table costs
+ * one cache miss (the bucket) instead of two (the bucket, then the head's entry). */
+typedef struct bucket {
+  uint32_t head; /* first bound key entry, or NIL */
+  uint32_t tag;  /* fingerprint(head key) << 1 | (head->hnext != NIL); 0 when empty */
+} bucket_t;
+
 /* Slot allocator: slots 1..cap; a stack of freed slots, and those above hw never used. */
 typedef struct slots {
   uint32_t cap, hw, nfree;
@@ -121,13 +140,14 @@ struct kvs_store {
   kvs_stats_t *stats;
   uint64_t arena_bytes;
   uint32_t page_size;
+  bool large;             /* tables of LARGE_TABLES or more: prefetching */
   uint32_t lease_ms;
   uint32_t hmask;
   void *map;
   size_t map_len;
   obj_t *objs;
   kent_t *kents;
-  uint32_t *buckets;
+  bucket_t *buckets;
   pin_t *pins;
   xfer_t *xfers;
   owner_t *owners;
@@ -202,13 +222,24 @@ static inline uint64_t free_bytes(const kvs_store_t *s) {
 
 /* ---- hash table ------------------------------------------------------------------------ */
 
-static inline uint32_t bucket_of(const kvs_store_t *s, kvs_key_t k) {
+static inline uint64_t key_hash(kvs_key_t k) {
   /* Keys are XXH3 outputs in production, but tests use small integers: mix anyway. */
   uint64_t h = k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull);
   h ^= h >> 31;
   h *= 0xbf58476d1ce4e5b9ull;
   h ^= h >> 29;
-  return (uint32_t)h & s->hmask;
+  return h;
+}
+/* The bucket index takes the hash's low bits, the fingerprint its high 31. */
+static inline bucket_t *bucket_at(const kvs_store_t *s, uint64_t h) {
+  return &s->buckets[(uint32_t)h & s->hmask];
+}
+static inline uint32_t fp_of(uint64_t h) { return (uint32_t)(h >> 33); }
+/* A bucket's tag for a chain headed by entry `head` (NIL: 0). */
+static inline uint32_t tag_of(const kvs_store_t *s, uint32_t head) {
+  if (head == NIL) return 0;
+  const kent_t *ke = &s->kents[head];
+  return fp_of(key_hash(ke->key)) << 1 | (ke->hnext != NIL);
 }
 
 /* Warm the buckets of the first keys of a call before taking the lock: with a large table
@@ -216,30 +247,48 @@ static inline uint32_t bucket_of(const kvs_store_t *s, kvs_key_t k) {
  * are read-only after create; a prefetch has no effect on correctness. */
 #define PREFETCH_KEYS 16u
 static inline void prefetch_keys(const kvs_store_t *s, const kvs_key_t *keys, size_t n) {
+  if (!s->large) return; /* small tables stay in the cache: a prefetch is pure cost there */
   for (size_t i = 0; i < n && i < PREFETCH_KEYS; i++)
-    __builtin_prefetch(&s->buckets[bucket_of(s, keys[i])]);
+    __builtin_prefetch(bucket_at(s, key_hash(keys[i])));
 }
 
 static uint32_t key_find(const kvs_store_t *s, kvs_key_t k) {
-  for (uint32_t e = s->buckets[bucket_of(s, k)]; e != NIL; e = s->kents[e].hnext)
+  uint64_t h = key_hash(k);
+  const bucket_t *b = bucket_at(s, h);
+  uint32_t e = b->head;
+  if (e == NIL) return NIL;
+  if (b->tag >> 1 != fp_of(h)) { /* the head is another key */
+    if (!(b->tag & 1)) return NIL; /* ... and alone: absent, without loading its entry */
+    e = s->kents[e].hnext;
+  }
+  for (; e != NIL; e = s->kents[e].hnext)
     if (kvs_key_eq(s->kents[e].key, k)) return e;
   return NIL;
 }
 
 static void key_bind(kvs_store_t *s, uint32_t e) {
   kent_t *ke = &s->kents[e];
-  uint32_t *b = &s->buckets[bucket_of(s, ke->key)];
-  ke->hnext = *b;
-  *b = e;
+  uint64_t h = key_hash(ke->key);
+  bucket_t *b = bucket_at(s, h);
+  ke->hnext = b->head;
+  b->head = e;
+  b->tag = fp_of(h) << 1 | (ke->hnext != NIL);
   ke->bound = 1;
   s->nkeys++;
 }
 
 static void key_unbind(kvs_store_t *s, uint32_t e) {
   kent_t *ke = &s->kents[e];
-  uint32_t *link = &s->buckets[bucket_of(s, ke->key)];
-  while (*link != e) link = &s->kents[*link].hnext;
-  *link = ke->hnext;
+  bucket_t *b = bucket_at(s, key_hash(ke->key));
+  if (b->head == e) {
+    b->head = ke->hnext;
+    b->tag = tag_of(s, b->head);
+  } else {
+    uint32_t *link = &s->kents[b->head].hnext;
+    while (*link != e) link = &s->kents[*link].hnext;
+    *link = ke->hnext;
+    if (s->kents[b->head].hnext == NIL) b->tag &= ~1u; /* the head is alone now */
+  }
   ke->hnext = NIL;
   ke->bound = 0;
   s->nkeys--;
@@ -302,17 +351,26 @@ static bool evict_one(kvs_store_t *s) {
   uint32_t i = s->lru_head;
   if (i == NIL || s->objs[i].epoch == s->epoch) return false;
   /* A full cache evicts at (nearly) every reservation, walking the LRU from its head: warm
-   * the next victims' records so that their dependent loads (object -> key entry -> bucket)
-   * hit. Three stages, each using what the previous eviction prefetched. */
-  uint32_t n1 = s->objs[i].lru_next;
+   * the next victims' records so that their dependent loads (object -> key entry -> bucket ->
+   * the entry heading the bucket's chain, which the unbind walks) hit. Four stages, each
+   * using what the previous eviction prefetched; only the stage-1 bucket is read (warm). */
+  uint32_t n1 = s->large ? s->objs[i].lru_next : NIL; /* small tables: all in the cache */
   if (n1 != NIL) {
     const obj_t *o1 = &s->objs[n1];
-    if (o1->keys != NIL) __builtin_prefetch(&s->buckets[bucket_of(s, s->kents[o1->keys].key)]);
+    if (o1->keys != NIL) {
+      const bucket_t *b = bucket_at(s, key_hash(s->kents[o1->keys].key));
+      if (b->head != NIL && b->head != o1->keys) __builtin_prefetch(&s->kents[b->head]);
+    }
     uint32_t n2 = o1->lru_next;
     if (n2 != NIL) {
       const obj_t *o2 = &s->objs[n2];
-      if (o2->keys != NIL) __builtin_prefetch(&s->kents[o2->keys]);
-      if (o2->lru_next != NIL) __builtin_prefetch(&s->objs[o2->lru_next]);
+      if (o2->keys != NIL) __builtin_prefetch(bucket_at(s, key_hash(s->kents[o2->keys].key)));
+      uint32_t n3 = o2->lru_next;
+      if (n3 != NIL) {
+        const obj_t *o3 = &s->objs[n3];
+        if (o3->keys != NIL) __builtin_prefetch(&s->kents[o3->keys]);
+        if (o3->lru_next != NIL) __builtin_prefetch(&s->objs[o3->lru_next]);
+      }
     }
   }
   uint64_t bytes = s->objs[i].ext_len;
@@ -539,17 +597,20 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   if (mo > TABLE_MAX || mk > TABLE_MAX || mp > TABLE_MAX || mx > KVS_STORE_MAX_SLOTS ||
       mw > KVS_STORE_MAX_SLOTS)
     return -EINVAL;
+  /* Buckets: a power of two >= max_keys / 2, 8 bytes each: the bytes of one 4-byte head per
+   * key, as before buckets carried fingerprints. */
   uint64_t nb = 1;
-  while (nb < mk) nb <<= 1;
+  while (2 * nb < mk) nb <<= 1;
 
   size_t sz_obj = table_bytes(mo + 1, sizeof(obj_t));
   size_t sz_key = table_bytes(mk + 1, sizeof(kent_t));
-  size_t sz_bkt = table_bytes(nb, sizeof(uint32_t));
+  size_t sz_bkt = table_bytes(nb, sizeof(bucket_t));
   size_t sz_pin = table_bytes(mp + 1, sizeof(pin_t));
   size_t sz_xf = table_bytes(mx + 1, sizeof(xfer_t));
   size_t sz_ow = table_bytes(mw + 1, sizeof(owner_t));
   size_t sz_stk = table_bytes(mo + mk + mp + mx + mw, sizeof(uint32_t));
   size_t total = sz_obj + sz_key + sz_bkt + sz_pin + sz_xf + sz_ow + sz_stk;
+  bool large = total >= LARGE_TABLES;
 
   kvs_store_t *s = calloc(1, sizeof *s);
   if (!s) return -ENOMEM;
@@ -575,12 +636,18 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
     free(s);
     return -rc;
   }
+  /* Huge tables in transparent huge pages: at 1M objects the cycle's loads land all over
+   * 200 MiB of tables, and with 4 KiB pages (a KVM guest walks two page tables per TLB miss)
+   * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11;
+   * huge pages on the bucket array alone, or only after the first 1k-64k objects, gave
+   * nothing: every table must be in them from the start). */
+  if (total >= HUGE_TABLES) kvs__prim_hugepage_hint(map, total);
   uint8_t *p = map;
   s->map = map;
   s->map_len = total;
   s->objs = (obj_t *)p, p += sz_obj;
   s->kents = (kent_t *)p, p += sz_key;
-  s->buckets = (uint32_t *)p, p += sz_bkt;
+  s->buckets = (bucket_t *)p, p += sz_bkt;
   s->pins = (pin_t *)p, p += sz_pin;
   s->xfers = (xfer_t *)p, p += sz_xf;
   s->owners = (owner_t *)p, p += sz_ow;
@@ -595,6 +662,7 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   s->stats = cfg->stats ? cfg->stats : kvs_stats_global();
   s->arena_bytes = st.size;
   s->page_size = page;
+  s->large = large;
   s->lease_ms = cfg->lease_ms ? cfg->lease_ms : DEFAULT_LEASE_MS;
   uint32_t local = slots_get(&s->sowner); /* slot 1, gen 0: id 1 == KVS_OWNER_LOCAL */
   s->owners[local].open = 1;
@@ -770,8 +838,8 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
                             const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
                             kvs_extent_t *extents, kvs_xfer_t *xfer) {
   if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+  prefetch_keys(s, keys, n); /* first: the clock read below overlaps the misses */
   uint64_t now = kvs__now_ms();
-  prefetch_keys(s, keys, n);
   pthread_mutex_lock(&s->lock);
   sweep_locked(s, now);
   uint32_t o;
@@ -835,8 +903,8 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
                              size_t n_keys, const kvs_layout_t *layout, unsigned mode,
                              uint8_t *outcome, kvs_extent_t *extent, kvs_xfer_t *xfer) {
   if (!s || !keys || n_keys == 0 || !layout || !outcome || !extent || !xfer) return -EINVAL;
-  uint64_t now = kvs__now_ms();
   prefetch_keys(s, keys, n_keys);
+  uint64_t now = kvs__now_ms();
   pthread_mutex_lock(&s->lock);
   sweep_locked(s, now);
   uint32_t o;
@@ -981,8 +1049,8 @@ int kvs_store_release(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
 int kvs_store_lookup(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
                      bool pin, kvs_xfer_t *xfer) {
   if (!s || !keys || n == 0 || (pin && !xfer)) return -EINVAL;
-  uint64_t now = pin ? kvs__now_ms() : 0;
   prefetch_keys(s, keys, n);
+  uint64_t now = pin ? kvs__now_ms() : 0;
   pthread_mutex_lock(&s->lock);
   uint32_t o;
   int rc = owner_resolve(s, owner, &o);
@@ -1198,6 +1266,9 @@ static bool valid_locked(kvs_store_t *s) {
     const kent_t *ke = &s->kents[e];
     if (ke->obj == NIL) V(!ke->bound);
     else if (!ke->bound) V(key_find(s, ke->key) != e);
+    const bucket_t *b = bucket_at(s, key_hash(ke->key));
+    if (ke->bound) V(b->head != NIL && s->kents[b->head].bound);
+    if (ke->bound && b->head == e) V(b->tag == tag_of(s, e)); /* fingerprint, chain bit */
   }
 
   /* pool accounting: the invariant of store.h */

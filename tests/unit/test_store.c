@@ -8,6 +8,7 @@
 #include "internal.h"
 #include "pool.h"
 #include "store.h"
+#include "storefix.h"
 
 #define T_TIMEOUT .timeout = 30
 
@@ -40,15 +41,7 @@ static void setup_cfg(uint32_t pages, kvs_store_config_t *cfg) {
 }
 static void setup(uint32_t pages) { setup_cfg(pages, NULL); }
 
-static void teardown(void) {
-  if (st) {
-    VALID();
-    cr_assert_eq(kvs_store_destroy(st, true), 0);
-  }
-  st = NULL;
-  if (pool) cr_assert_eq(kvs_pool_destroy(pool, false), 0, "store left extents behind");
-  pool = NULL;
-}
+static void teardown(void) { storefix_close(&st, &pool); }
 
 static uint64_t pool_free(void) {
   kvs_pool_arena_stats_t a;
