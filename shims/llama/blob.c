@@ -5,10 +5,35 @@
 #include <time.h>
 
 #include "blob.h"
+#include "blob_hash.h"
 #include "pool.h"
 #include "proto.h"
 #include "runtime.h"
 #include "stats.h"
+
+/* ---- the checksum ----------------------------------------------------------------------------- */
+
+uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed) {
+  /* 1: AVX2 build, 0: portable, -1: not asked yet (a race asks twice, same answer). */
+  static int g_avx2 = -1;
+  int use = __atomic_load_n(&g_avx2, __ATOMIC_RELAXED);
+  if (use < 0) {
+    int have = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    have = kvs__llama_hash_avx2_built && __builtin_cpu_supports("avx2");
+#endif
+    use = have;
+    __atomic_store_n(&g_avx2, use, __ATOMIC_RELAXED);
+  }
+  if (use) return kvs__llama_hash_avx2(p, n, seed);
+  return XXH3_64bits_withSeed(p, n, seed);
+}
+
+uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len) {
+  uint64_t h = XXH3_64bits(blob, offsetof(kvs__llama_blob_hdr_t, checksum));
+  return kvs__llama_hash(blob + KVS_LLAMA_BLOB_HDR, (size_t)(blob_len - KVS_LLAMA_BLOB_HDR), h);
+}
 
 /* ---- the checker ------------------------------------------------------------------------------ */
 
@@ -40,7 +65,7 @@ kvs__llama_blob_status_t kvs__llama_blob_check(const uint8_t *blob, uint64_t len
   if (!want->model_fp || memcmp(h.model_fp, want->model_fp, KVS_LLAMA_FP_SIZE) != 0)
     return KVS_LLAMA_BLOB_MODEL;
   if (h.ns_lo != want->ns.lo || h.ns_hi != want->ns.hi) return KVS_LLAMA_BLOB_NAMESPACE;
-  if (kvs__llama_blob_checksum(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
+  if (kvs__llama_blob_checksum_fast(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
   if (hdr) *hdr = h;
   return KVS_LLAMA_BLOB_OK;
 }
@@ -145,7 +170,7 @@ static void hdr_fill(kvs__llama_blob_hdr_t *hdr, uint32_t n, uint64_t S) {
 static void seal(uint8_t *blob, uint64_t len, kvs__llama_blob_hdr_t *hdr) {
   hdr->checksum = 0;
   memcpy(blob, hdr, sizeof *hdr);
-  hdr->checksum = kvs__llama_blob_checksum(blob, len);
+  hdr->checksum = kvs__llama_blob_checksum_fast(blob, len);
   memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
          sizeof hdr->checksum);
 }

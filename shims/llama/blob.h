@@ -96,12 +96,18 @@ _Static_assert(offsetof(kvs__llama_blob_hdr_t, checksum) == 112, "blob header la
 #define KVS_LLAMA_BLOB_HDR ((uint64_t)sizeof(kvs__llama_blob_hdr_t))
 
 /* XXH3-64 of the header up to the checksum field, chained (as the seed) into XXH3-64 of
- * everything after the header: tokens and state. blob_len >= KVS_LLAMA_BLOB_HDR. */
+ * everything after the header: tokens and state. blob_len >= KVS_LLAMA_BLOB_HDR. The portable
+ * reference, as the tests compute it; kvshim computes the same value with
+ * kvs__llama_blob_checksum_fast (AVX2 where the CPU has it, blob_hash.h). */
 static inline uint64_t kvs__llama_blob_checksum(const uint8_t *blob, uint64_t blob_len) {
   uint64_t h = XXH3_64bits(blob, offsetof(kvs__llama_blob_hdr_t, checksum));
   return XXH3_64bits_withSeed(blob + KVS_LLAMA_BLOB_HDR, (size_t)(blob_len - KVS_LLAMA_BLOB_HDR),
                               h);
 }
+
+/* kvs__llama_blob_checksum, the same value, with the widest hash the CPU has (blob.c): what
+ * kvshim's own seal and check use. */
+uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len);
 
 /* The byte count llama_state_seq_save_file / _load_file return for n tokens and an in-memory
  * state of state_size (>= 8) bytes. */
