@@ -5,7 +5,8 @@
  * after building build/ (for libkvshim_core.a):
  *
  *   cc -std=gnu11 -Icore -Ishims/llama -Iruntime -Ishims/kvo/include \
- *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c shims/llama/blob_hash.c build/core/libkvshim_core.a \
+ *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c shims/llama/blob_hash.c \
+ *      build/core/libkvshim_core.a \
  *      -lxxhash -lhiredis -lpthread -o /tmp/gen_llama_corpus && \
  *      /tmp/gen_llama_corpus tests/fuzz/corpus
  *
