@@ -110,9 +110,9 @@ size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_contex
   return a->set_data ? a->set_data(ctx, src, size, seq) : 0;
 }
 
-kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt) {
+kvs__llama_blob_home_t kvs__llama_blob_home(struct kvs__runtime *rt) {
   kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers,
-                              rt->opts.one_copy != 0};
+                              rt->opts.one_copy != 0, rt};
   return h;
 }
 
@@ -120,7 +120,7 @@ uint64_t kvs__llama_blob_cache(const kvs__llama_blob_home_t *home) {
   if (!home->peers || !home->one_copy) return 0;
   KVS__REENTRY_GUARD();
   kvs_peers_discover(home->peers, false); /* rate-limited */
-  return kvs_peers_cache_peer(home->peers);
+  return kvs__runtime_cache_peer(home->rt); /* and the own pool lean or full, as it finds */
 }
 
 /* ---- save ------------------------------------------------------------------------------------- */
@@ -262,6 +262,10 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   if (cache) {
     int pr = begin_at_peer(home, cache, keys, nk, replace, api, ctx, seq, tokens, n, S, hdr, s);
     if (pr <= 0) return pr;
+    /* Into the own pool instead: if the cache peer just failed and is gone, the pool is the
+     * cache again (full size), not the lean staging area sized while it was there. */
+    KVS__REENTRY_GUARD();
+    (void)kvs__runtime_cache_peer(home->rt);
   }
   s->at_peer = false;
   kvs_extent_t ext;
@@ -349,7 +353,7 @@ int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance,
     f->len = out.extent.length;
     f->xfer = out.xfer;
     /* One copy per node: a blob the cache peer holds stays there only. */
-    uint64_t cache = home->one_copy ? kvs_peers_cache_peer(home->peers) : 0;
+    uint64_t cache = home->one_copy ? kvs__runtime_cache_peer(home->rt) : 0;
     f->staged = cache != 0 && instance == cache;
   }
   return out.status;

@@ -190,11 +190,14 @@ typedef struct kvs__llama_blob_home {
   uint8_t *base;
   kvs_peers_t *peers;
   bool one_copy; /* KVSHIM_ONE_COPY: a cache peer's pool holds the node's copy (design §3.5) */
+  struct kvs__runtime *rt; /* its runtime: the cache peer is asked through it
+                            * (kvs__runtime_cache_peer), which also sizes the own pool (lean
+                            * while a cache peer is known, design §5) */
 } kvs__llama_blob_home_t;
 
 /* The home of this process's runtime (its store, pool and peers). */
 struct kvs__runtime;
-kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt);
+kvs__llama_blob_home_t kvs__llama_blob_home(struct kvs__runtime *rt);
 
 /* The cache peer (`kvshim serve`) a save goes straight into with KVSHIM_ONE_COPY=1, or 0 (none
  * connected, or one copy off: saves go into the own pool, as without a cache peer). Runs the
