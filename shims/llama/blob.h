@@ -108,6 +108,9 @@ static inline uint64_t kvs__llama_blob_checksum(const uint8_t *blob, uint64_t bl
 /* kvs__llama_blob_checksum, the same value, with the widest hash the CPU has (blob.c): what
  * kvshim's own seal and check use. */
 uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len);
+/* XXH3_64bits_withSeed(p, n, seed), through the AVX2 build (blob_hash.h) when the CPU has AVX2
+ * (asked once), else the portable one (SSE2 on x86-64). */
+uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed);
 
 /* The byte count llama_state_seq_save_file / _load_file return for n tokens and an in-memory
  * state of state_size (>= 8) bytes. */
