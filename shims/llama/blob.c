@@ -5,10 +5,35 @@
 #include <time.h>
 
 #include "blob.h"
+#include "blob_hash.h"
 #include "pool.h"
 #include "proto.h"
 #include "runtime.h"
 #include "stats.h"
+
+/* ---- the checksum ----------------------------------------------------------------------------- */
+
+uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed) {
+  /* 1: AVX2 build, 0: portable, -1: not asked yet (a race asks twice, same answer). */
+  static int g_avx2 = -1;
+  int use = __atomic_load_n(&g_avx2, __ATOMIC_RELAXED);
+  if (use < 0) {
+    int have = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    have = kvs__llama_hash_avx2_built && __builtin_cpu_supports("avx2");
+#endif
+    use = have;
+    __atomic_store_n(&g_avx2, use, __ATOMIC_RELAXED);
+  }
+  if (use) return kvs__llama_hash_avx2(p, n, seed);
+  return XXH3_64bits_withSeed(p, n, seed);
+}
+
+uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len) {
+  uint64_t h = XXH3_64bits(blob, offsetof(kvs__llama_blob_hdr_t, checksum));
+  return kvs__llama_hash(blob + KVS_LLAMA_BLOB_HDR, (size_t)(blob_len - KVS_LLAMA_BLOB_HDR), h);
+}
 
 /* ---- the checker ------------------------------------------------------------------------------ */
 
@@ -40,7 +65,7 @@ kvs__llama_blob_status_t kvs__llama_blob_check(const uint8_t *blob, uint64_t len
   if (!want->model_fp || memcmp(h.model_fp, want->model_fp, KVS_LLAMA_FP_SIZE) != 0)
     return KVS_LLAMA_BLOB_MODEL;
   if (h.ns_lo != want->ns.lo || h.ns_hi != want->ns.hi) return KVS_LLAMA_BLOB_NAMESPACE;
-  if (kvs__llama_blob_checksum(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
+  if (kvs__llama_blob_checksum_fast(blob, len) != h.checksum) return KVS_LLAMA_BLOB_CHECKSUM;
   if (hdr) *hdr = h;
   return KVS_LLAMA_BLOB_OK;
 }
@@ -85,9 +110,9 @@ size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_contex
   return a->set_data ? a->set_data(ctx, src, size, seq) : 0;
 }
 
-kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt) {
+kvs__llama_blob_home_t kvs__llama_blob_home(struct kvs__runtime *rt) {
   kvs__llama_blob_home_t h = {rt->store, kvs_pool_base(rt->pool), rt->peers,
-                              rt->opts.one_copy != 0};
+                              rt->opts.one_copy != 0, rt};
   return h;
 }
 
@@ -95,7 +120,7 @@ uint64_t kvs__llama_blob_cache(const kvs__llama_blob_home_t *home) {
   if (!home->peers || !home->one_copy) return 0;
   KVS__REENTRY_GUARD();
   kvs_peers_discover(home->peers, false); /* rate-limited */
-  return kvs_peers_cache_peer(home->peers);
+  return kvs__runtime_cache_peer(home->rt); /* and the own pool lean or full, as it finds */
 }
 
 /* ---- save ------------------------------------------------------------------------------------- */
@@ -145,7 +170,7 @@ static void hdr_fill(kvs__llama_blob_hdr_t *hdr, uint32_t n, uint64_t S) {
 static void seal(uint8_t *blob, uint64_t len, kvs__llama_blob_hdr_t *hdr) {
   hdr->checksum = 0;
   memcpy(blob, hdr, sizeof *hdr);
-  hdr->checksum = kvs__llama_blob_checksum(blob, len);
+  hdr->checksum = kvs__llama_blob_checksum_fast(blob, len);
   memcpy(blob + offsetof(kvs__llama_blob_hdr_t, checksum), &hdr->checksum,
          sizeof hdr->checksum);
 }
@@ -237,6 +262,10 @@ int kvs__llama_blob_begin(const kvs__llama_blob_home_t *home, const kvs_key_t *k
   if (cache) {
     int pr = begin_at_peer(home, cache, keys, nk, replace, api, ctx, seq, tokens, n, S, hdr, s);
     if (pr <= 0) return pr;
+    /* Into the own pool instead: if the cache peer just failed and is gone, the pool is the
+     * cache again (full size), not the lean staging area sized while it was there. */
+    KVS__REENTRY_GUARD();
+    (void)kvs__runtime_cache_peer(home->rt);
   }
   s->at_peer = false;
   kvs_extent_t ext;
@@ -324,7 +353,7 @@ int kvs__llama_blob_fetch(const kvs__llama_blob_home_t *home, uint64_t instance,
     f->len = out.extent.length;
     f->xfer = out.xfer;
     /* One copy per node: a blob the cache peer holds stays there only. */
-    uint64_t cache = home->one_copy ? kvs_peers_cache_peer(home->peers) : 0;
+    uint64_t cache = home->one_copy ? kvs__runtime_cache_peer(home->rt) : 0;
     f->staged = cache != 0 && instance == cache;
   }
   return out.status;

@@ -96,12 +96,21 @@ _Static_assert(offsetof(kvs__llama_blob_hdr_t, checksum) == 112, "blob header la
 #define KVS_LLAMA_BLOB_HDR ((uint64_t)sizeof(kvs__llama_blob_hdr_t))
 
 /* XXH3-64 of the header up to the checksum field, chained (as the seed) into XXH3-64 of
- * everything after the header: tokens and state. blob_len >= KVS_LLAMA_BLOB_HDR. */
+ * everything after the header: tokens and state. blob_len >= KVS_LLAMA_BLOB_HDR. The portable
+ * reference, as the tests compute it; kvshim computes the same value with
+ * kvs__llama_blob_checksum_fast (AVX2 where the CPU has it, blob_hash.h). */
 static inline uint64_t kvs__llama_blob_checksum(const uint8_t *blob, uint64_t blob_len) {
   uint64_t h = XXH3_64bits(blob, offsetof(kvs__llama_blob_hdr_t, checksum));
   return XXH3_64bits_withSeed(blob + KVS_LLAMA_BLOB_HDR, (size_t)(blob_len - KVS_LLAMA_BLOB_HDR),
                               h);
 }
+
+/* kvs__llama_blob_checksum, the same value, with the widest hash the CPU has (blob.c): what
+ * kvshim's own seal and check use. */
+uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len);
+/* XXH3_64bits_withSeed(p, n, seed), through the AVX2 build (blob_hash.h) when the CPU has AVX2
+ * (asked once), else the portable one (SSE2 on x86-64). */
+uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed);
 
 /* The byte count llama_state_seq_save_file / _load_file return for n tokens and an in-memory
  * state of state_size (>= 8) bytes. */
@@ -184,11 +193,14 @@ typedef struct kvs__llama_blob_home {
   uint8_t *base;
   kvs_peers_t *peers;
   bool one_copy; /* KVSHIM_ONE_COPY: a cache peer's pool holds the node's copy (design §3.5) */
+  struct kvs__runtime *rt; /* its runtime: the cache peer is asked through it
+                            * (kvs__runtime_cache_peer), which also sizes the own pool (lean
+                            * while a cache peer is known, design §5) */
 } kvs__llama_blob_home_t;
 
 /* The home of this process's runtime (its store, pool and peers). */
 struct kvs__runtime;
-kvs__llama_blob_home_t kvs__llama_blob_home(const struct kvs__runtime *rt);
+kvs__llama_blob_home_t kvs__llama_blob_home(struct kvs__runtime *rt);
 
 /* The cache peer (`kvshim serve`) a save goes straight into with KVSHIM_ONE_COPY=1, or 0 (none
  * connected, or one copy off: saves go into the own pool, as without a cache peer). Runs the

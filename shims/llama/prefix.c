@@ -1063,8 +1063,12 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
       eligible = b->pos[i] == (int32_t)(n + (uint32_t)i);
   }
   if (!bi.single && bi.has_tokens && !c->disabled && bi.first_out == (uint32_t)b->n_tokens &&
-      px_mixed(c, ctx, b, p0))
+      px_mixed(c, ctx, b, p0)) {
+    /* Skipped whole: as after any batch that claims nothing, the claim held goes (a peer
+     * waiting on it would wait for a batch nobody computes). */
+    px_drop_held(c, kvs__runtime_get(), NULL);
     return 0;
+  }
   kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",

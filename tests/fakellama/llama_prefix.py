@@ -50,6 +50,10 @@ Cases:
               output) on a cached prefix: both restore it, batch by batch, and decode the rest;
               mixed batches that cannot be skipped whole (an output, a short or unaligned part,
               a token beyond the cached prefix) pass through: identical
+  held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
+              for the sequence's next batch) is dropped by the next batch even when that is a
+              batch of several sequences skipped whole (restored from serve): B, whose batch
+              has that claim key and nothing to restore, claims it itself and does not wait
 """
 import os
 import signal
@@ -419,6 +423,42 @@ def case_swa(ctx):
     expect(st, "sliding window, swa_full", snapshots=(">=", 1), restores=(">=", 1))
 
 
+def case_held_mixed(ctx):
+    a, _ = models(ctx)
+    ctx.serve()
+    # P0 stores a prefix (into serve) that A's mixed batch restores whole
+    ctx.run([f"model 0 {a}", "ctx 0 0 4", "prompt 0 0 r1400@5+r30@2 512", "gen 0 0 2"], what="P0")
+    ready, go = ctx.p("ready"), ctx.p("go")
+    # A computes r1024@1 in two claimed batches asking no output, so it holds the second claim
+    # (its snapshots fail: get_data fails, so only the claim tells a peer about the prefix),
+    # then a batch of sequences 1 and 2 inside P0's prefix, skipped whole; then A waits.
+    a_cmds = [f"model 0 {a}", "ctx 0 0 4", "prompt 0 0 r1024@1 512 none",
+              "multi 0 1 r256@5 2 r256@5 none", "pos 0 1", f"touch {ready}",
+              f"waitfile {go} 60"]
+    pa, sa = ctx.start(a_cmds, FAKELLAMA_GET_DATA_FAIL=1)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready):
+            check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
+            time.sleep(0.02)
+        # B's one batch of r1024@1 finds nothing to restore and has the claim key of A's second
+        # batch: with the claim still held, B would wait for A (up to its 20 s deadline)
+        t0 = time.monotonic()
+        _, err, sb = ctx.run([f"model 0 {a}", "ctx 0 0 4", "prompt 0 0 r1024@1 1024"],
+                             what="B", KVSHIM_LLAMA_WAIT_MS=20000)
+        waited = time.monotonic() - t0
+    finally:
+        with open(go, "w"):
+            pass
+    la, _ = ctx.finish(pa, "A")
+    check(la[4] == "pos 0..255", f"A's mixed batch: {la}")
+    st = read_stats(sa)
+    expect(st, "A", claims=("==", 2), restores=("==", 2), restored_tokens=("==", 512),
+           restore_failures=("==", 0))
+    expect(sb, "B", waits=("==", 0), claims=("==", 1))
+    check(waited < 15, f"B waited {waited:.1f} s on A's claim")
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -434,6 +474,7 @@ CASES = {
     "mixed": case_mixed,
     "flight": case_flight,
     "swa": case_swa,
+    "held-mixed": case_held_mixed,
 }
 
 

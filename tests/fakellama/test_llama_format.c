@@ -12,11 +12,17 @@
 #include <unistd.h>
 
 #include "blob.h"
+#include "runtime.h"
 #include "blobtest.h"
 #include "model.h"
 
 /* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
 __thread int kvs__hook_depth;
+/* ... and ask the runtime for the cache peer (no flow runs here: none). */
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
+  (void)rt;
+  return 0;
+}
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 

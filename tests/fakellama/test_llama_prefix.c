@@ -7,11 +7,17 @@
 
 #include "keys.h"
 #include "blob.h"
+#include "runtime.h"
 #include "blobtest.h"
 #include "prefix_shadow.h"
 
 /* blob.c raises libkvshim's re-entry depth around its store work (not exercised here). */
 __thread int kvs__hook_depth;
+/* ... and ask the runtime for the cache peer (no flow runs here: none). */
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
+  (void)rt;
+  return 0;
+}
 
 static const kvs__px_rules_t CPU = {512, 64, 64};
 static const kvs__px_rules_t GPU = {512, 512, 512};

@@ -5,7 +5,8 @@
  * after building build/ (for libkvshim_core.a):
  *
  *   cc -std=gnu11 -Icore -Ishims/llama -Iruntime -Ishims/kvo/include \
- *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c build/core/libkvshim_core.a \
+ *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c shims/llama/blob_hash.c \
+ *      build/core/libkvshim_core.a \
  *      -lxxhash -lhiredis -lpthread -o /tmp/gen_llama_corpus && \
  *      /tmp/gen_llama_corpus tests/fuzz/corpus
  *
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "blob.h"
+#include "runtime.h"
 #include "kvshim/kvo.h"
 
 static const char *root;
@@ -40,6 +42,11 @@ static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 /* blob.c's flows raise libkvshim's re-entry depth (runtime/runtime.c defines it); they are
  * linked here without the runtime and never called. */
 __thread int kvs__hook_depth;
+/* ... and ask the runtime for the cache peer (no flow runs here: none). */
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
+  (void)rt;
+  return 0;
+}
 
 /* One blob of the one format (shims/llama/blob.h) of kind, refused unless kvs__llama_blob_check
  * accepts it as that kind with the harness's expectations. SEQ: keyed 0 (chunk 0); PREFIX:

@@ -23,6 +23,10 @@ Cases:
               nothing and holds no reservation (aborted), A counts a store failure, not a store
   serve-gone  serve SIGKILLed between the save and the load: B's load falls back to the file
               (write-through on), exact line
+  lean-after-serve  A (KVSHIM_POOL_LEAN_SIZE=1M, pool 64M) saves a state straight into serve, serve
+              is killed, A saves a 1.5 MB state: with no cache peer left the own pool is the
+              cache again, full size (the save path's cache-peer lookup sizes the pool, as the
+              rest of the one-copy path does): kept (no store failure), loaded back exactly
 """
 import os
 import signal
@@ -160,6 +164,39 @@ def case_serve_gone(ctx):
     l2, e2, st2 = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"])
     check(l2[2] == load_line, f"load from the file: {l2[2]}\n{e2}")
     stat_eq(st2, hook_hits=0, cache_peer_loads=0)
+
+
+def case_lean_after_serve(ctx):
+    serve = ctx.serve()
+    m = ctx.p("big.gguf")
+    ctx.run([f"mkmodel {m} alpha 4 512 256 1"], preload=False)
+    f1, f2 = ctx.p("s1.bin"), ctx.p("s2.bin")
+    ready, go = ctx.p("ready"), ctx.p("go")
+    save_ret, load_line = baseline_save_load(ctx, m)
+    check(save_ret > 1 << 20, f"the state must be larger than the lean pool: {save_ret}")
+    cmds = [f"model 0 {m}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1", f"save 0 0 {f1}",
+            f"touch {ready}", f"waitfile {go}", f"save 0 0 {f2}", "clear 0 0", f"load 0 0 {f2}"]
+    pa, sa = ctx.start(cmds, KVSHIM_LLAMA_WRITE_THROUGH=0, KVSHIM_POOL_SIZE="64M",
+                       KVSHIM_POOL_LEAN_SIZE="1M")
+    try:
+        wait_file(pa, ready, "ready")
+        serve.send_signal(signal.SIGKILL)
+        serve.wait(timeout=30)
+        time.sleep(0.3)  # past the peer discovery's rate limit (200 ms)
+        with open(go, "w"):
+            pass
+        lines, err = ctx.finish(pa, "A", len(cmds))
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGKILL)
+            serve.wait(timeout=30)
+    check(fields(lines[3])["ret"] == str(save_ret), f"save into serve: {lines[3]}\n{err}")
+    check(fields(lines[6])["ret"] == str(save_ret), f"save after serve died: {lines[6]}\n{err}")
+    check(lines[8] == load_line, f"load of the state kept after serve died: {lines[8]}\n{err}")
+    st = read_stats(sa)
+    stat_eq(st, hook_stores=2, cache_peer_stores=1, hook_store_failures=0, hook_hits=1)
+    check(st["store_committed_objects"] == 1,
+          f"the state saved without a cache peer was not kept in the full-size pool: {st}")
 
 
 if __name__ == "__main__":

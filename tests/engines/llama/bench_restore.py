@@ -11,8 +11,15 @@ distinct prefixes of --prefix-tokens tokens (BOS + seeded random ids), each foll
              (llama_state_seq_load_file served by kvshim: peer retrieve into B's pool + the
              engine's set_data); B's first load also opens the connection to A;
   local      in the same B processes, the same prefixes again: served from B's own pool;
-  file       no kvshim: a process saves every prefix to state files, --reps fresh processes
-             load them (llama.cpp's own load_file, files in the page cache).
+  file       no kvshim: a process saves every prefix to state files, and after each B a fresh
+             process loads them (llama.cpp's own load_file, files in the page cache): the
+             engine's own restore, the limit of every restore path (node-llama-cpp exposes no
+             set_data from memory; its file load is read() into a buffer + the same copy into
+             the KV tensors that set_data makes).
+The limit is printed beside each restore figure, measured in the same run: per repetition, the
+median restore of B over the median load of the file process run right after it (peer / file,
+local / file: 1.00 is the engine's own load), then the median [min..max] of those ratios over
+the repetitions; likewise evaluate / peer (the issue's goal figure) per repetition.
 With --serve KVSHIM_CLI, `kvshim serve` (--serve-pool, default 1G) runs in the group first: A saves
 every prefix straight into serve's pool (one copy per node, KVSHIM_ONE_COPY=1), and every load of
 B (both passes: "peer" and "local") is checked and handed to set_data in place in serve's pool.
@@ -102,11 +109,27 @@ def main():
         if not k.startswith("KVSHIM_"):
             sys.exit("bench_restore: --env takes KVSHIM_* variables (got %r)" % kv_pair)
         kv[k] = v
+    load0 = os.getloadavg()[0]
     res = {"evaluate": [], "A_evaluate": [], "peer": [], "peer_first": [], "local": [],
            "file": [], "state_bytes": None}
 
     lines, _ = run(common + ["--prompts", once, "--no-cache"], base, "evaluate")
     res["evaluate"] = [x["prefix_ms"] for x in lines]
+
+    # The engine's own load (the limit): state files saved once, loaded by a fresh process
+    # before each B (page cache warm, as the pool is).
+    disk = os.path.join(work, "cache-disk")
+    lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file save")
+    res["state_bytes"] = lines[0]["state_bytes"]
+    per_rep = {"file": [], "peer": [], "local": []}
+
+    def file_load(rep):
+        lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file load")
+        if not all(x["prefix_source"] == "loaded" for x in lines):
+            sys.exit("bench_restore: the file run did not load every prefix")
+        ms = [x["prefix_ms"] for x in lines]
+        res["file"] += ms
+        per_rep["file"].append(statistics.median(ms))
 
     serve = None
     if a.serve:
@@ -128,6 +151,7 @@ def main():
                 sys.exit("bench_restore: A exited %d" % holder.returncode)
             time.sleep(0.05)
         for rep in range(a.reps):
+            file_load(rep)
             stats = os.path.join(work, "b%d.json" % rep)
             lines, _ = run(common + ["--prompts", twice, "--cache-dir", cache],
                            dict(kv, KVSHIM_STATS=stats), "B")
@@ -146,6 +170,8 @@ def main():
             res["peer_first"].append(ms[0])
             res["peer"] += ms[1:a.prefixes]
             res["local"] += ms[a.prefixes:]
+            per_rep["peer"].append(statistics.median(ms[1:a.prefixes]))
+            per_rep["local"].append(statistics.median(ms[a.prefixes:]))
     finally:
         with open(os.path.join(bar, "done.release"), "w") as f:
             f.write("bench\n")
@@ -156,24 +182,30 @@ def main():
     a_lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")][:-1]
     res["A_evaluate"] = [x["prefix_ms"] for x in a_lines]
 
-    disk = os.path.join(work, "cache-disk")
-    lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file save")
-    res["state_bytes"] = lines[0]["state_bytes"]
-    for rep in range(a.reps):
-        lines, _ = run(common + ["--prompts", once, "--cache-dir", disk], base, "file load")
-        if not all(x["prefix_source"] == "loaded" for x in lines):
-            sys.exit("bench_restore: the file run did not load every prefix")
-        res["file"] += [x["prefix_ms"] for x in lines]
-
     print("model %d layers x %d embd, %d prefixes of %d tokens, state file %d bytes, %d reps%s"
           % (a.layers, a.embd, a.prefixes, a.prefix_tokens, res["state_bytes"], a.reps,
              ", serve in the group: peer and local both restore in place from serve's pool"
              if serve else ""))
+    print("load average (1 min) at the start %.1f, at the end %.1f, %d CPUs"
+          % (load0, os.getloadavg()[0], os.cpu_count() or 0))
     for k in ("evaluate", "A_evaluate", "peer_first", "peer", "local", "file"):
         print(fig(k, res[k]))
     ev = statistics.median(res["evaluate"])
     for k in ("peer", "local", "file"):
-        print("evaluate / %-5s = %.0fx" % (k, ev / statistics.median(res[k])))
+        print("evaluate / %-5s = %.0fx (pooled medians)" % (k, ev / statistics.median(res[k])))
+    # Per repetition (B and the file process run back to back), then median [min..max].
+    ratios = {
+        "evaluate / peer": [ev / x for x in per_rep["peer"]],
+        "evaluate / local": [ev / x for x in per_rep["local"]],
+        "evaluate / file": [ev / x for x in per_rep["file"]],
+        "peer / file (limit 1.00)": [x / y for x, y in zip(per_rep["peer"], per_rep["file"])],
+        "local / file (limit 1.00)": [x / y for x, y in zip(per_rep["local"], per_rep["file"])],
+    }
+    print("per repetition (n=%d), median [min..max]:" % a.reps)
+    for k, xs in ratios.items():
+        print("  %-26s %8.2f  [%.2f .. %.2f]" % (k, statistics.median(xs), min(xs), max(xs)))
+    res["per_rep"] = per_rep
+    res["ratios"] = ratios
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
