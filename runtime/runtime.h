@@ -80,7 +80,8 @@ uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt);
 
 /* Keep-behind (cold start, README "Peer hits go through the local store"): chunks a hook has
  * just copied from peer `instance`'s pool straight into the engine's buffer are queued here,
- * and one background thread (nice 19) copies them from that peer into the local store
+ * and one background thread (nice 19, with a peer client of its own, so the engine's calls
+ * never wait on its connections) copies them from that peer into the local store
  * (kvs_peers_fetch, then commit), off the engine's path. keys[0..n) share layout. A chunk the
  * store cannot keep, or the peer no longer holds, is simply not kept. Drained (bounded) at
  * exit before KVSHIM_STATS is written. Returns 0 (queued), -ENOSPC (queue full: not kept),
