@@ -277,6 +277,8 @@ static pthread_t g_keep_thread;
  * connection's lock while it copies, so sharing rt->peers would make the engine's next load
  * wait behind a nice-19 copy (measured: +6..12 ms over 16 cold loads). */
 static kvs_peers_t *g_keep_peers;
+/* Fork child: the parent's keep-behind client, kept reachable as kvs__forgotten_rt is. */
+kvs_peers_t *kvs__forgotten_keep_peers;
 
 static kvs_peers_t *keep_peers_create(const kvs__runtime_t *rt) {
   kvs_options_t o = rt->opts;
@@ -403,7 +405,8 @@ static void keep_fork_child(void) {
   pthread_cond_init(&g_keep_idle, NULL);
   g_keep_head = g_keep_len = 0;
   g_keep_busy = g_keep_stop = g_keep_started = false;
-  g_keep_peers = NULL; /* the parent's, forgotten with its runtime */
+  kvs__forgotten_keep_peers = g_keep_peers; /* the parent's, forgotten with its runtime */
+  g_keep_peers = NULL;
 }
 
 /* ---- exit ------------------------------------------------------------------------------------ */
