@@ -42,18 +42,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: kvo_cold hold|load-alive|load-gone\n");
     return 2;
   }
-  kvo_desc_t d;
-  memset(&d, 0, sizeof d);
-  d.abi_version = KVO_ABI_VERSION;
-  d.size = sizeof d;
-  snprintf(d.model_id, sizeof d.model_id, "kvo-cold");
-  d.dtype = KVO_DTYPE_F32;
-  d.layers = 2;
-  d.kv_heads = 2;
-  d.head_dim = 16;
-  d.chunk_tokens = TOKENS_PER_CHUNK;
-  d.world_size = 1;
-  d.layout = KVO_LAYOUT_LKTHD;
+  kvo_desc_t d = {.abi_version = KVO_ABI_VERSION, .size = sizeof(kvo_desc_t),
+                  .model_id = "kvo-cold", .dtype = KVO_DTYPE_F32, .layers = 2, .kv_heads = 2,
+                  .head_dim = 16, .chunk_tokens = TOKENS_PER_CHUNK, .world_size = 1,
+                  .layout = KVO_LAYOUT_LKTHD};
   d.chunk_bytes = kvo_desc_chunk_bytes(&d);
   uint32_t tokens[N_CHUNKS * TOKENS_PER_CHUNK];
   for (uint32_t i = 0; i < N_CHUNKS * TOKENS_PER_CHUNK; i++) tokens[i] = 500 + 3 * i;
