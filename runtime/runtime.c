@@ -276,7 +276,7 @@ static pthread_t g_keep_thread;
 /* The keep-behind thread's own peer client (its own connections): a retrieve holds its
  * connection's lock while it copies, so sharing rt->peers would make the engine's next load
  * wait behind a nice-19 copy (measured: +6..12 ms over 16 cold loads). */
-static kvs_peers_t *g_keep_peers;
+static kvs_peers_t *g_keep_peers; /* written under g_keep_lock */
 /* Fork child: the parent's keep-behind client, kept reachable as kvs__forgotten_rt is. */
 kvs_peers_t *kvs__forgotten_keep_peers;
 
@@ -298,9 +298,10 @@ static void *keep_main(void *arg) {
   setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
   kvs_key_t keys[KEEP_BATCH];
   kvs_fetch_t fetched[KEEP_BATCH];
-  kvs_peers_t *peers = g_keep_peers = keep_peers_create(rt);
+  kvs_peers_t *peers = keep_peers_create(rt);
   if (!peers) kvs_log_info("keep-behind: no peer client of its own: sharing the engine's");
   pthread_mutex_lock(&g_keep_lock);
+  g_keep_peers = peers; /* destroyed by keep_stop, after the join */
   for (;;) {
     while (!g_keep_len && !g_keep_stop) pthread_cond_wait(&g_keep_work, &g_keep_lock);
     if (g_keep_stop) break;
