@@ -271,6 +271,7 @@ static pthread_cond_t g_keep_work = PTHREAD_COND_INITIALIZER; /* items queued, o
 static pthread_cond_t g_keep_idle = PTHREAD_COND_INITIALIZER; /* queue empty, thread idle */
 static keep_item_t g_keep_q[KEEP_CAP];
 static uint32_t g_keep_head, g_keep_len;
+static uint32_t g_keep_ready; /* the leading items released (kvs__runtime_keep_release) */
 static bool g_keep_busy, g_keep_stop, g_keep_started;
 static pthread_t g_keep_thread;
 /* The keep-behind thread's own peer client (its own connections): a retrieve holds its
@@ -303,20 +304,21 @@ static void *keep_main(void *arg) {
   pthread_mutex_lock(&g_keep_lock);
   g_keep_peers = peers; /* destroyed by keep_stop, after the join */
   for (;;) {
-    while (!g_keep_len && !g_keep_stop) pthread_cond_wait(&g_keep_work, &g_keep_lock);
+    while (!g_keep_ready && !g_keep_stop) pthread_cond_wait(&g_keep_work, &g_keep_lock);
     if (g_keep_stop) break;
     /* The leading items of one peer and one layout: one retrieve. */
     const keep_item_t *first = &g_keep_q[g_keep_head];
     uint64_t instance = first->instance;
     kvs_layout_t layout = first->layout;
     size_t n = 0;
-    while (n < KEEP_BATCH && n < g_keep_len) {
+    while (n < KEEP_BATCH && n < g_keep_ready) {
       const keep_item_t *it = &g_keep_q[(g_keep_head + n) % KEEP_CAP];
       if (it->instance != instance || memcmp(&it->layout, &layout, sizeof layout) != 0) break;
       keys[n++] = it->key;
     }
     g_keep_head = (g_keep_head + (uint32_t)n) % KEEP_CAP;
     g_keep_len -= (uint32_t)n;
+    g_keep_ready -= (uint32_t)n;
     g_keep_busy = true;
     pthread_mutex_unlock(&g_keep_lock);
     if (peers) kvs_peers_discover(peers, false); /* dials the peer (rate-limited) */
@@ -341,7 +343,7 @@ static void *keep_main(void *arg) {
 }
 
 int kvs__runtime_keep(kvs__runtime_t *rt, uint64_t instance, const kvs_key_t *keys, size_t n,
-                      const kvs_layout_t *layout) {
+                      const kvs_layout_t *layout, bool release) {
   if (!rt || !keys || !layout || n == 0 || !instance) return -EINVAL;
   if (!rt->peers) return -ENOTSUP;
   int rc = 0;
@@ -364,17 +366,31 @@ int kvs__runtime_keep(kvs__runtime_t *rt, uint64_t instance, const kvs_key_t *ke
       it->key = keys[i];
       it->layout = *layout;
     }
-    pthread_cond_signal(&g_keep_work);
+    if (release) {
+      g_keep_ready = g_keep_len;
+      pthread_cond_signal(&g_keep_work);
+    }
   }
   pthread_mutex_unlock(&g_keep_lock);
   if (rc < 0) kvs_log_debug("keep-behind: %zu chunks not queued: %s", n, strerror(-rc));
   return rc;
 }
 
-/* Wait (up to timeout_ms) for the queued keeps, then stop and join the thread. What is left
- * is not kept. */
+void kvs__runtime_keep_release(void) {
+  pthread_mutex_lock(&g_keep_lock);
+  if (g_keep_ready != g_keep_len) {
+    g_keep_ready = g_keep_len;
+    pthread_cond_signal(&g_keep_work);
+  }
+  pthread_mutex_unlock(&g_keep_lock);
+}
+
+/* Release and wait (up to timeout_ms) for the queued keeps, then stop and join the thread.
+ * What is left is not kept. */
 static void keep_stop(uint32_t timeout_ms) {
   pthread_mutex_lock(&g_keep_lock);
+  g_keep_ready = g_keep_len;
+  pthread_cond_signal(&g_keep_work);
   if (!g_keep_started) {
     g_keep_stop = true;
     pthread_mutex_unlock(&g_keep_lock);
@@ -389,7 +405,7 @@ static void keep_stop(uint32_t timeout_ms) {
          pthread_cond_timedwait(&g_keep_idle, &g_keep_lock, &until) == 0) {
   }
   if (g_keep_len) kvs_log_info("keep-behind: %u chunks not kept at exit", g_keep_len);
-  g_keep_len = 0;
+  g_keep_len = g_keep_ready = 0;
   g_keep_stop = true;
   pthread_cond_broadcast(&g_keep_work);
   pthread_mutex_unlock(&g_keep_lock);
@@ -404,7 +420,7 @@ static void keep_fork_child(void) {
   pthread_mutex_init(&g_keep_lock, NULL);
   pthread_cond_init(&g_keep_work, NULL);
   pthread_cond_init(&g_keep_idle, NULL);
-  g_keep_head = g_keep_len = 0;
+  g_keep_head = g_keep_len = g_keep_ready = 0;
   g_keep_busy = g_keep_stop = g_keep_started = false;
   kvs__forgotten_keep_peers = g_keep_peers; /* the parent's, forgotten with its runtime */
   g_keep_peers = NULL;

@@ -77,6 +77,10 @@
 /* The peer whose run this thread's last kvo_lookup counted (0: none): its loads copy from
  * there. A load on another thread, or one the peer no longer serves, takes kvs_peers_fetch. */
 static __thread uint64_t kvo_peer_hint __attribute__((tls_model("initial-exec")));
+/* Chunks of that run not loaded yet: the keeps of this thread's loads are released to the
+ * keep-behind thread when it reaches 0 (the request's loads are done), when a load from the
+ * peer fails, or at this thread's next lookup. */
+static __thread size_t kvo_peer_left __attribute__((tls_model("initial-exec")));
 
 /* The tables of the family (runtime/family_tables.h) from kvo_hooks.h: the engine's functions
  * (kvo_real_<name>(), never a libkvshim address; a miss is retried: the module may be loaded
@@ -224,7 +228,9 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
   kvs_key_t prev = kvo_ns_key(rt, d);
   const size_t C = d->chunk_tokens;
   size_t run = 0;
+  if (kvo_peer_left || kvo_peer_hint) kvs__runtime_keep_release();
   kvo_peer_hint = 0;
+  kvo_peer_left = 0;
   while (run < n_full) {
     size_t nb = kvs_keys_chunks(prev, tokens + run * C, (n_full - run) * C, d->chunk_tokens,
                                 keys, KVO_KEY_BATCH);
@@ -258,6 +264,7 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
       int pr = kvs_peers_lookup(rt->peers, keys + got, nb - got, &best);
       if (pr > 0 && best) {
         got += (size_t)pr;
+        kvo_peer_left = best == kvo_peer_hint ? kvo_peer_left + (size_t)pr : (size_t)pr;
         kvo_peer_hint = best;
       }
     }
@@ -338,10 +345,14 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
     int r = kvs_peers_retrieve_copy(rt->peers, hint, &key, 1, d->chunk_bytes, &dst,
                                     kvo_peer_copy_out, &buf_kind);
     if (r == 1) {
-      kvs__runtime_keep(rt, hint, &key, 1, &layout); /* a full queue: not kept, still served */
+      if (kvo_peer_left) kvo_peer_left--;
+      /* A full queue: not kept, still served. */
+      kvs__runtime_keep(rt, hint, &key, 1, &layout, kvo_peer_left == 0);
       return KVO_OK;
     }
     kvo_peer_hint = 0;
+    kvo_peer_left = 0;
+    kvs__runtime_keep_release();
   }
   kvs_fetch_t f;
   kvs_peers_fetch(rt->peers, 0, &key, 1, &layout, NULL, NULL, &f); /* errors: misses */
