@@ -417,6 +417,8 @@ static void unref(kvs_peers_t *p, pconn_t *c) {
 }
 
 /* Parse "<16 hex>.sock". */
+static void pool_pin_start(kvs_peers_t *p, pconn_t *c);
+
 static int parse_sock_name(const char *name, uint64_t *id) {
   if (strlen(name) != 21 || strcmp(name + 16, ".sock") != 0) return -EINVAL;
   uint64_t v = 0;
@@ -474,7 +476,9 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
     }
     if (d) closedir(d);
   }
-  /* Forget dead connections; recompute whether a cache peer is there. */
+  /* Forget dead connections; recompute whether a cache peer is there. A cache peer is adopted
+   * here: its pool mapping is registered with the accelerator (pool_pin_start), now or, when
+   * the accelerator is installed later, at the next discovery (every lookup runs one). */
   pconn_t *graveyard = NULL;
   int live = 0;
   pthread_mutex_lock(&p->table_lock);
@@ -488,7 +492,10 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
       continue;
     }
     live++;
-    if (c->info.role == KVS_PROTO_ROLE_CACHE) p->has_cache = true;
+    if (c->info.role == KVS_PROTO_ROLE_CACHE) {
+      p->has_cache = true;
+      pool_pin_start(p, c);
+    }
     pp = &c->next;
   }
   if (!recent) p->last_discover_ms = now;
@@ -1385,11 +1392,11 @@ static void *pool_pin_main(void *arg) {
   return NULL;
 }
 
-/* Under the table lock, on the first use of c as the cache peer. */
+/* Under the table lock, when discovery adopts c as the cache peer (kvs_peers_discover). */
 static void pool_pin_start(kvs_peers_t *p, pconn_t *c) {
   if (c->pin_started || !c->pool) return;
   const kvs_accel_ops_t *ops = kvs_accel_get();
-  if (ops == kvs_accel_default()) return; /* no accelerator yet: asked again on the next use */
+  if (ops == kvs_accel_default()) return; /* no accelerator yet: again at the next discovery */
   c->pin_started = true;
   c->pin_ops = ops;
   c->pin_stats = p->stats;
@@ -1418,10 +1425,7 @@ uint64_t kvs_peers_cache_peer(kvs_peers_t *p) {
   uint64_t id = 0;
   pthread_mutex_lock(&p->table_lock);
   for (pconn_t *c = p->conns; c && !id; c = c->next)
-    if (c->fd >= 0 && c->info.role == KVS_PROTO_ROLE_CACHE) {
-      id = c->info.instance_id;
-      pool_pin_start(p, c);
-    }
+    if (c->fd >= 0 && c->info.role == KVS_PROTO_ROLE_CACHE) id = c->info.instance_id;
   pthread_mutex_unlock(&p->table_lock);
   return id;
 }

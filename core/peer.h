@@ -58,7 +58,9 @@ int kvs_peers_create(const kvs_peers_config_t *cfg, kvs_peers_t **out);
 void kvs_peers_destroy(kvs_peers_t *p);
 
 /* Refresh the peer list: connect to new sockets, forget dead peers, remove stale socket files.
- * Returns the number of live peers. Rate-limited to once per 200 ms unless force. */
+ * Returns the number of live peers. Rate-limited to once per 200 ms unless force. Every call
+ * (rate-limited or not) adopts a connected cache peer: with an accelerator installed, its pool
+ * mapping is registered once, on an idle-priority thread (cache_peer_pool_pins). */
 int kvs_peers_discover(kvs_peers_t *p, bool force);
 /* Live peers (up to cap); returns how many there are. */
 int kvs_peers_list(kvs_peers_t *p, kvs_peer_info_t *out, size_t cap);
@@ -172,8 +174,9 @@ int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms);
 
 /* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
 
-/* Instance id of a connected `kvshim serve` cache peer, or 0 (none known). No discovery and no
- * I/O: one walk of the peer table. */
+/* Instance id of a connected `kvshim serve` cache peer, or 0 (none known). No discovery, no I/O
+ * and no side effect: one walk of the peer table. (Discovery adopts a cache peer: it starts the
+ * registration of its pool mapping with the accelerator, kvs_peers_discover.) */
 uint64_t kvs_peers_cache_peer(kvs_peers_t *p);
 
 /* The leading run of keys[0..n) that peer `instance` holds READY, in one LOOKUP (no discovery).

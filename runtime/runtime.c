@@ -10,9 +10,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hooks.h"
@@ -252,6 +254,178 @@ uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
   return rt->opts.one_copy ? id : 0;
 }
 
+/* ---- keep-behind ------------------------------------------------------------------------ */
+
+/* A ring of chunks to copy from a peer into the local store. Static (untouched, so not
+ * resident, until the first keep); guarded by g_keep_lock. */
+#define KEEP_CAP 512u
+#define KEEP_BATCH 64u
+typedef struct keep_item {
+  uint64_t instance;
+  kvs_key_t key;
+  kvs_layout_t layout;
+} keep_item_t;
+
+static pthread_mutex_t g_keep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_keep_work = PTHREAD_COND_INITIALIZER; /* items queued, or stop */
+static pthread_cond_t g_keep_idle = PTHREAD_COND_INITIALIZER; /* queue empty, thread idle */
+static keep_item_t g_keep_q[KEEP_CAP];
+static uint32_t g_keep_head, g_keep_len;
+static uint32_t g_keep_ready; /* the leading items released (kvs__runtime_keep_release) */
+static bool g_keep_busy, g_keep_stop, g_keep_started;
+static pthread_t g_keep_thread;
+/* The keep-behind thread's own peer client (its own connections): a retrieve holds its
+ * connection's lock while it copies, so sharing rt->peers would make the engine's next load
+ * wait behind a nice-19 copy (measured: +6..12 ms over 16 cold loads). */
+static kvs_peers_t *g_keep_peers; /* written under g_keep_lock */
+/* Fork child: the parent's keep-behind client, kept reachable as kvs__forgotten_rt is. */
+kvs_peers_t *kvs__forgotten_keep_peers;
+
+static kvs_peers_t *keep_peers_create(const kvs__runtime_t *rt) {
+  kvs_options_t o = rt->opts;
+  o.push = KVS_PUSH_OFF; /* it only fetches */
+  kvs_peers_config_t pc = {.opts = &o, .instance_id = rt->instance_id,
+                           .role = KVS_PROTO_ROLE_ENGINE, .local = rt->store};
+  kvs_peers_t *p = NULL;
+  if (kvs_peers_create(&pc, &p) < 0) return NULL;
+  return p;
+}
+
+static void *keep_main(void *arg) {
+  kvs__runtime_t *rt = arg;
+  KVS__REENTRY_GUARD(); /* hooks reached from here pass through */
+  /* Nice 19, not SCHED_IDLE: the copies yield to the engine's threads but still run on a busy
+   * machine, so a later request finds them local. */
+  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  kvs_key_t keys[KEEP_BATCH];
+  kvs_fetch_t fetched[KEEP_BATCH];
+  kvs_peers_t *peers = keep_peers_create(rt);
+  if (!peers) kvs_log_info("keep-behind: no peer client of its own: sharing the engine's");
+  pthread_mutex_lock(&g_keep_lock);
+  g_keep_peers = peers; /* destroyed by keep_stop, after the join */
+  for (;;) {
+    while (!g_keep_ready && !g_keep_stop) pthread_cond_wait(&g_keep_work, &g_keep_lock);
+    if (g_keep_stop) break;
+    /* The leading items of one peer and one layout: one retrieve. */
+    const keep_item_t *first = &g_keep_q[g_keep_head];
+    uint64_t instance = first->instance;
+    kvs_layout_t layout = first->layout;
+    size_t n = 0;
+    while (n < KEEP_BATCH && n < g_keep_ready) {
+      const keep_item_t *it = &g_keep_q[(g_keep_head + n) % KEEP_CAP];
+      if (it->instance != instance || memcmp(&it->layout, &layout, sizeof layout) != 0) break;
+      keys[n++] = it->key;
+    }
+    g_keep_head = (g_keep_head + (uint32_t)n) % KEEP_CAP;
+    g_keep_len -= (uint32_t)n;
+    g_keep_ready -= (uint32_t)n;
+    g_keep_busy = true;
+    pthread_mutex_unlock(&g_keep_lock);
+    if (peers) kvs_peers_discover(peers, false); /* dials the peer (rate-limited) */
+    int rc = kvs_peers_fetch(peers ? peers : rt->peers, instance, keys, n, &layout, NULL, NULL,
+                             fetched);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (fetched[i].status != KVS_FETCH_COPIED) continue;
+      kept += kvs_store_commit(rt->store, KVS_OWNER_LOCAL, fetched[i].xfer) == 0;
+    }
+    if (kept < n)
+      kvs_log_debug("keep-behind: %zu of %zu chunks kept from %016llx (%s)", kept, n,
+                    (unsigned long long)instance, rc < 0 ? strerror(-rc) : "ok");
+    pthread_mutex_lock(&g_keep_lock);
+    g_keep_busy = false;
+    if (!g_keep_len) pthread_cond_broadcast(&g_keep_idle);
+  }
+  g_keep_busy = false;
+  pthread_cond_broadcast(&g_keep_idle);
+  pthread_mutex_unlock(&g_keep_lock);
+  return NULL;
+}
+
+int kvs__runtime_keep(kvs__runtime_t *rt, uint64_t instance, const kvs_key_t *keys, size_t n,
+                      const kvs_layout_t *layout, bool release) {
+  if (!rt || !keys || !layout || n == 0 || !instance) return -EINVAL;
+  if (!rt->peers) return -ENOTSUP;
+  int rc = 0;
+  pthread_mutex_lock(&g_keep_lock);
+  if (g_keep_stop) {
+    rc = -ENOTSUP; /* exiting */
+  } else if (g_keep_len + n > KEEP_CAP) {
+    rc = -ENOSPC;
+  } else if (!g_keep_started) {
+    sigset_t old;
+    block_signals(&old);
+    g_keep_started = pthread_create(&g_keep_thread, NULL, keep_main, rt) == 0;
+    restore_signals(&old);
+    if (!g_keep_started) rc = -EAGAIN;
+  }
+  if (rc == 0) {
+    for (size_t i = 0; i < n; i++) {
+      keep_item_t *it = &g_keep_q[(g_keep_head + g_keep_len++) % KEEP_CAP];
+      it->instance = instance;
+      it->key = keys[i];
+      it->layout = *layout;
+    }
+    if (release) {
+      g_keep_ready = g_keep_len;
+      pthread_cond_signal(&g_keep_work);
+    }
+  }
+  pthread_mutex_unlock(&g_keep_lock);
+  if (rc < 0) kvs_log_debug("keep-behind: %zu chunks not queued: %s", n, strerror(-rc));
+  return rc;
+}
+
+void kvs__runtime_keep_release(void) {
+  pthread_mutex_lock(&g_keep_lock);
+  if (g_keep_ready != g_keep_len) {
+    g_keep_ready = g_keep_len;
+    pthread_cond_signal(&g_keep_work);
+  }
+  pthread_mutex_unlock(&g_keep_lock);
+}
+
+/* Release and wait (up to timeout_ms) for the queued keeps, then stop and join the thread.
+ * What is left is not kept. */
+static void keep_stop(uint32_t timeout_ms) {
+  pthread_mutex_lock(&g_keep_lock);
+  g_keep_ready = g_keep_len;
+  pthread_cond_signal(&g_keep_work);
+  if (!g_keep_started) {
+    g_keep_stop = true;
+    pthread_mutex_unlock(&g_keep_lock);
+    return;
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  while ((g_keep_len || g_keep_busy) &&
+         pthread_cond_timedwait(&g_keep_idle, &g_keep_lock, &until) == 0) {
+  }
+  if (g_keep_len) kvs_log_info("keep-behind: %u chunks not kept at exit", g_keep_len);
+  g_keep_len = g_keep_ready = 0;
+  g_keep_stop = true;
+  pthread_cond_broadcast(&g_keep_work);
+  pthread_mutex_unlock(&g_keep_lock);
+  pthread_join(g_keep_thread, NULL); /* a retrieve in progress ends by its RPC deadline */
+  g_keep_started = false;
+  kvs_peers_destroy(g_keep_peers);
+  g_keep_peers = NULL;
+}
+
+/* Fork child: the parent's thread is not ours, and its lock may have been held at the fork. */
+static void keep_fork_child(void) {
+  pthread_mutex_init(&g_keep_lock, NULL);
+  pthread_cond_init(&g_keep_work, NULL);
+  pthread_cond_init(&g_keep_idle, NULL);
+  g_keep_head = g_keep_len = g_keep_ready = 0;
+  g_keep_busy = g_keep_stop = g_keep_started = false;
+  kvs__forgotten_keep_peers = g_keep_peers; /* the parent's, forgotten with its runtime */
+  g_keep_peers = NULL;
+}
+
 /* ---- exit ------------------------------------------------------------------------------------ */
 
 /* KVSHIM_STATS with "%p" replaced by the pid; a fork child without "%p" in the path writes
@@ -291,6 +465,8 @@ void kvs__runtime_exit(void) {
     pthread_join(g_connect_thread, NULL);
     g_connect_started = 0;
   }
+  /* Keep-behind next (bounded), so the stats count what was kept. */
+  keep_stop(2000);
   /* Write-behind first (bounded), so the stats count what reached the cache peer. */
   if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
   if (g_opts.stats[0]) {
@@ -384,6 +560,7 @@ void kvs__runtime_fork(int phase) {
   g_tried = 0;
   g_hooked = 0;
   g_connect_started = 0; /* the parent's thread is not ours */
+  keep_fork_child();
   g_lean = -1;
   kvs_stats_init(kvs_stats_global());
   kvs__families_fork_child();

@@ -78,6 +78,21 @@ typedef struct kvs__runtime {
  * peer is known, KVSHIM_POOL_SIZE when none is. */
 uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt);
 
+/* Keep-behind (cold start, README "Peer hits go through the local store"): chunks a hook has
+ * just copied from peer `instance`'s pool straight into the engine's buffer are queued here,
+ * and one background thread (nice 19, with a peer client of its own, so the engine's calls
+ * never wait on its connections) copies them from that peer into the local store
+ * (kvs_peers_fetch, then commit), off the engine's path. keys[0..n) share layout. A chunk the
+ * store cannot keep, or the peer no longer holds, is simply not kept. Drained (bounded) at
+ * exit before KVSHIM_STATS is written. The thread starts on queued chunks only once they are
+ * released (release, or kvs__runtime_keep_release: the caller's loads from that peer are done),
+ * so it never competes with them for the peer's coordinator or the CPU. Returns 0 (queued),
+ * -ENOSPC (queue full: not kept), -ENOTSUP (no peers) or -EINVAL. */
+int kvs__runtime_keep(kvs__runtime_t *rt, uint64_t instance, const kvs_key_t *keys, size_t n,
+                      const kvs_layout_t *layout, bool release);
+/* Release every chunk queued for keep-behind (no-op when none is held). */
+void kvs__runtime_keep_release(void);
+
 extern kvs__runtime_t kvs__rt;
 extern int kvs__rt_state; /* atomic: KVS__RT_* */
 extern __thread int kvs__hook_depth __attribute__((tls_model("initial-exec")));

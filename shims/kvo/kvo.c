@@ -18,13 +18,18 @@
  *
  * What each call does (pass-through = the engine's function, with the caller's arguments):
  *   lookup   local leading run r of the full chunks; when r is short and peers exist, the
- *            peers' run of the rest, prefetched into the local store in one batched retrieve
- *            (so the loads that follow are local hits). When the run is still short of every
- *            full chunk, the engine's own lookup is asked too and the larger answer returned
- *            (a chunk beyond kvshim's run is then loaded by the engine's own load_chunk).
- *   load     local store (pin, copy to the caller's buffer, release), else one peer fetch into
- *            the local store (kvs_peers_fetch), copied to the buffer and kept, else
- *            pass-through. KVO_OK only after a complete copy.
+ *            peers' run of the rest (one LOOKUP per batch; nothing is copied yet), and the
+ *            peer that holds it is remembered for this thread's loads. When the run is still
+ *            short of every full chunk, the engine's own lookup is asked too and the larger
+ *            answer returned (a chunk beyond kvshim's run is then loaded by the engine's own
+ *            load_chunk).
+ *   load     local store (pin, copy to the caller's buffer, release), else the peer the lookup
+ *            found: copied from its pool straight into the buffer under its pin
+ *            (kvs_peers_retrieve_copy, one copy on the engine's path) and queued to be kept
+ *            in the local store by the runtime's keep-behind thread (kvs__runtime_keep: cold
+ *            start, the pages of the own pool are not touched on the request's path), else
+ *            one peer fetch into the local store (kvs_peers_fetch), copied to the buffer and
+ *            kept, else pass-through. KVO_OK only after a complete copy.
  *   store    reserve in the local store, copy from the caller's buffer, commit, queue a
  *            write-behind push to a cache peer; PRESENT is kept too. Anything else (no space,
  *            being written elsewhere, a failed copy) is counted and passed through, so the
@@ -68,6 +73,14 @@
 
 /* Keys chained per batch on the stack by kvo_lookup (16 bytes each). */
 #define KVO_KEY_BATCH 256
+
+/* The peer whose run this thread's last kvo_lookup counted (0: none): its loads copy from
+ * there. A load on another thread, or one the peer no longer serves, takes kvs_peers_fetch. */
+static __thread uint64_t kvo_peer_hint __attribute__((tls_model("initial-exec")));
+/* Chunks of that run not loaded yet: the keeps of this thread's loads are released to the
+ * keep-behind thread when it reaches 0 (the request's loads are done), when a load from the
+ * peer fails, or at this thread's next lookup. */
+static __thread size_t kvo_peer_left __attribute__((tls_model("initial-exec")));
 
 /* The tables of the family (runtime/family_tables.h) from kvo_hooks.h: the engine's functions
  * (kvo_real_<name>(), never a libkvshim address; a miss is retried: the module may be loaded
@@ -207,15 +220,17 @@ static bool kvo_settle(kvs__runtime_t *rt, const kvs_fetch_t *f, bool ok) {
   return false;
 }
 
-/* kvshim's leading run of the n_full chunks of tokens, prefetching peer runs locally. */
+/* kvshim's leading run of the n_full chunks of tokens: local, then a cache peer's or another
+ * peer's (remembered in kvo_peer_hint for the loads). */
 static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *tokens,
                       size_t n_full) {
   kvs_key_t keys[KVO_KEY_BATCH];
-  kvs_fetch_t fetched[KVO_KEY_BATCH];
   kvs_key_t prev = kvo_ns_key(rt, d);
-  const kvs_layout_t layout = kvo_layout(d);
   const size_t C = d->chunk_tokens;
   size_t run = 0;
+  if (kvo_peer_left || kvo_peer_hint) kvs__runtime_keep_release();
+  kvo_peer_hint = 0;
+  kvo_peer_left = 0;
   while (run < n_full) {
     size_t nb = kvs_keys_chunks(prev, tokens + run * C, (n_full - run) * C, d->chunk_tokens,
                                 keys, KVO_KEY_BATCH);
@@ -243,19 +258,14 @@ static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *t
       }
     }
     if (got < nb && rt->peers) {
+      /* Cold start: nothing is copied here. Each load copies its chunk from this peer's pool
+       * straight into the engine's buffer, and the local copy is made behind the engine. */
       uint64_t best = 0;
       int pr = kvs_peers_lookup(rt->peers, keys + got, nb - got, &best);
       if (pr > 0 && best) {
-        /* An object that cannot be kept locally still counts (the load falls back to a peer
-         * retrieve). */
-        int delivered = kvs_peers_fetch(rt->peers, best, keys + got, (size_t)pr, &layout, NULL,
-                                        NULL, fetched);
-        size_t kept = 0;
-        for (size_t i = 0; i < (size_t)pr; i++) kept += kvo_settle(rt, &fetched[i], true);
-        if (delivered > 0) got += (size_t)delivered;
-        if (delivered > 0 && kept < (size_t)delivered)
-          kvs_log_debug("kvo: prefetched %d chunks from a peer, %zu kept locally", delivered,
-                        kept);
+        got += (size_t)pr;
+        kvo_peer_left = best == kvo_peer_hint ? kvo_peer_left + (size_t)pr : (size_t)pr;
+        kvo_peer_hint = best;
       }
     }
     run += got;
@@ -327,6 +337,23 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
     if (r < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
   }
   const kvs_layout_t layout = kvo_layout(d);
+  uint64_t hint = kvo_peer_hint;
+  if (hint && hint != cache) {
+    /* The peer this thread's lookup counted: one copy, its pool -> the buffer, under its pin;
+     * the local copy is kept behind the engine. Any failure: the fetch below. */
+    void *dst = (void *)(uintptr_t)buf;
+    int r = kvs_peers_retrieve_copy(rt->peers, hint, &key, 1, d->chunk_bytes, &dst,
+                                    kvo_peer_copy_out, &buf_kind);
+    if (r == 1) {
+      if (kvo_peer_left) kvo_peer_left--;
+      /* A full queue: not kept, still served. */
+      kvs__runtime_keep(rt, hint, &key, 1, &layout, kvo_peer_left == 0);
+      return KVO_OK;
+    }
+    kvo_peer_hint = 0;
+    kvo_peer_left = 0;
+    kvs__runtime_keep_release();
+  }
   kvs_fetch_t f;
   kvs_peers_fetch(rt->peers, 0, &key, 1, &layout, NULL, NULL, &f); /* errors: misses */
   if (f.status == KVS_FETCH_LOCAL) /* it became local meanwhile */
@@ -370,19 +397,6 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
 
 /* ---- store ----------------------------------------------------------------------------------- */
 
-/* Whether a cache peer is among the connected peers (no discovery). kvs_peers_push runs a
- * discovery first, which dials every new or restarted socket in the caller's thread: a peer
- * that accepts but does not answer costs a whole RPC deadline each time. Stores are on the
- * engine's path, so they push only to a cache peer already found by a lookup's discovery. */
-static bool kvo_cache_peer_known(kvs_peers_t *peers) {
-  kvs_peer_info_t info[8];
-  int n = kvs_peers_list(peers, info, KVS__ARRAY_LEN(info));
-  if (n > (int)KVS__ARRAY_LEN(info)) return true; /* not all listed: let the push decide */
-  for (int i = 0; i < n; i++)
-    if (info[i].role == KVS_PROTO_ROLE_CACHE) return true;
-  return false;
-}
-
 /* 0 when the local store now holds chunk `key` (written now or already READY). */
 static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
                      uint64_t buf) {
@@ -418,8 +432,12 @@ static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int
   }
   KVS_TRY(kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer));
   /* Write-behind to a cache peer; -ENOTSUP (none, or KVSHIM_PUSH=off) and a full queue
-   * (counted by the peer client) do not change the answer: the chunk is kept here. */
-  if (rt->peers && !cache && kvo_cache_peer_known(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
+   * (counted by the peer client) do not change the answer: the chunk is kept here.
+   * kvs_peers_push runs a discovery first, which dials every new or restarted socket in the
+   * caller's thread (a peer that accepts but does not answer costs a whole RPC deadline each
+   * time). Stores are on the engine's path, so they push only to a cache peer already found
+   * by a lookup's discovery (kvs_peers_cache_peer: no discovery, no I/O). */
+  if (rt->peers && !cache && kvs_peers_cache_peer(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
   return 0;
 }
 

@@ -6,9 +6,10 @@
  * cuda hooks do at their first call) and holds device 0's primary context like an engine. A
  * `kvshim serve` in the same run directory is the cache peer; the engine maps its pool
  * writable. Checks, from the fake driver's call log:
- *   - the first use of the cache peer starts the registration of the whole mapping, PORTABLE
- *     (0x1: writable, stores copy into it), on another thread than the caller's, counted in
- *     cache_peer_pool_pins;
+ *   - the discovery after the accelerator is installed adopts the cache peer: it starts the
+ *     registration of the whole mapping, PORTABLE (0x1: writable, stores copy into it), on
+ *     another thread than the caller's, counted in cache_peer_pool_pins; asking which peer is
+ *     the cache peer (kvs_peers_cache_peer) starts nothing;
  *   - serve killed: the connection is forgotten and the mapping unregistered, before it is
  *     unmapped (the fake aborts a process at its next cuMemHostRegister/Unregister, or at exit,
  *     when a registered range is no longer mapped);
@@ -79,12 +80,21 @@ int main(int argc, char **argv) {
   }
   PT_CHECK(id != 0, "serve never became the cache peer");
   /* The default accelerator table: the mapping is used, nothing registers it. */
-  for (int i = 0; i < 20; i++) kvs__runtime_cache_peer(rt);
+  for (int i = 0; i < 20; i++) kvs_peers_discover(rt->peers, i == 0);
   PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 0,
            "pinned without an accelerator");
 
   PT_CHECK(kvs_accel_set(kvs__cuda_accel_ops(), NULL) == 0, "install the CUDA table");
-  PT_CHECK(kvs__runtime_cache_peer(rt) == id, "the cache peer changed");
+  /* A query has no side effect: the registration starts at the next discovery. */
+  for (int i = 0; i < 20; i++) PT_CHECK(kvs_peers_cache_peer(rt->peers) == id, "cache peer");
+  nap_ms(50);
+  PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 0,
+           "a query started the registration");
+  char *before = pt_read_file(log, NULL);
+  PT_CHECK(before && pt_count(before, "cuMemHostRegister_v2") == 0,
+           "a query registered memory:\n%s", before ? before : "");
+  free(before);
+  PT_CHECK(kvs_peers_discover(rt->peers, false) >= 1, "the cache peer is gone");
   for (int i = 0; i < 6000; i++) { /* an idle-priority thread: bounded wait, not a timing */
     if (kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) > 0) break;
     nap_ms(10);
@@ -92,7 +102,7 @@ int main(int argc, char **argv) {
   PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 1,
            "cache_peer_pool_pins %llu, expected 1",
            (unsigned long long)kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins));
-  for (int i = 0; i < 20; i++) kvs__runtime_cache_peer(rt); /* once per mapping */
+  for (int i = 0; i < 20; i++) kvs_peers_discover(rt->peers, false); /* once per mapping */
   char *text = pt_read_file(log, NULL);
   PT_CHECK(text, "read %s", log);
   char label[32] = "";

@@ -171,8 +171,9 @@ def check_pair(a, b, prefix=8, suffix=2, requests=2):
     check(bs["hook_hits"] == prefix * requests, f"B hook_hits: {bs['hook_hits']}")
     check(bs["hook_misses"] == 0 and bs["hook_fallbacks"] == 0, f"B misses/fallbacks: {bs}")
     check(bs["hook_stores"] == suffix * requests, f"B hook_stores: {bs['hook_stores']}")
-    # The prefix came in one batched retrieve (prefetch into B's store), not chunk by chunk:
-    # one LOOKUP per kvo_lookup, and the prefetched chunks are B's own objects now.
+    # One LOOKUP per kvo_lookup (the loads copy from the peer the lookup found, asking no
+    # one again), and the loaded chunks are B's own objects now (kept behind the engine,
+    # README "Peer hits go through the local store"; all kept by exit).
     check(bs["peer_lookups"] <= requests, f"B peer_lookups: {bs['peer_lookups']}")
     check(bs["store_committed_objects"] == prefix + suffix * requests,
           f"B store_committed_objects: {bs['store_committed_objects']}")
