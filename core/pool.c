@@ -75,7 +75,7 @@
 #define POISON_MAX_BYTES (256ull << 20)
 
 /* Prefault works in pieces of this many bytes, checking for cancellation between them. */
-#define PREFAULT_STEP (2ull << 20) /* small: each step holds the mmap lock, and an engine
+#define PREFAULT_STEP (2ull << 20) /* small: each step's populate holds the mmap lock, and a
                                        thread mapping or unmapping waits behind it */
 
 /* Debug builds validate the arena after each mutation; above this many extents only one
@@ -771,18 +771,44 @@ __attribute__((no_sanitize("address", "thread"))) static void touch_pages(uint8_
   }
 }
 
+/* How prefault_range works on this kernel and segment; each way found unsupported is dropped
+ * for the rest of the prefault. */
+typedef struct prefault_way {
+  bool allocate; /* fallocate the step's pages in the segment file first */
+  bool populate; /* MADV_POPULATE_*; false on a kernel before 5.14: touch each page instead */
+} prefault_way_t;
+#define PREFAULT_WAY_INIT {true, true}
+
 /* Fault [from, to) of the cache arena in (bytes from its start). 0, -ECANCELED once destroy
- * has started, or the populate errno. *use_madvise goes false on a kernel before 5.14. */
-static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, bool *use_madvise) {
-  uint8_t *start = pool->base + kvs_pool_header(pool)->cache_off;
+ * has started, or the allocate/populate errno (reported, never a fault in the engine).
+ *
+ * Each step first allocates its pages in the segment file (kvs__prim_allocate): the zeroing and
+ * allocation, most of the work, then happen outside the process's mmap lock, so the populate
+ * that follows only fills page tables under it. Prefault threads run at low priority; a
+ * populate holds the mmap lock for reading, and a thread preempted inside one while the machine
+ * is busy kept the coordinator's mmap/munmap (mapping a peer's pool at HELLO) waiting for
+ * seconds when the whole step's zeroing ran under it (kernel stacks: coordinator in
+ * vm_mmap_pgoff, prefault runnable in faultin_page_range). */
+static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, prefault_way_t *way) {
+  uint64_t cache_off = kvs_pool_header(pool)->cache_off;
+  uint8_t *start = pool->base + cache_off;
   for (uint64_t done = from; done < to;) {
     if (atomic_load(&pool->closing)) return -ECANCELED;
     size_t step = (size_t)(to - done < PREFAULT_STEP ? to - done : PREFAULT_STEP);
-    int prc = *use_madvise ? kvs__prim_populate(start + done, step, pool->writable) : 0;
+    if (way->allocate && pool->writable) {
+      int arc = kvs__prim_allocate(pool->fd, cache_off + done, step);
+      if (arc == -EINTR) continue;
+      if (arc == -EOPNOTSUPP || arc == -EINVAL || arc == -ENODEV || arc == -ENOSYS ||
+          arc == -EPERM || arc == -EBADF)
+        way->allocate = false; /* not this file system (or this fd): the populate does it all */
+      else if (arc < 0)
+        return arc; /* ENOSPC, ENOMEM: the pages do not exist; a fault would be SIGBUS */
+    }
+    int prc = way->populate ? kvs__prim_populate(start + done, step, pool->writable) : 0;
     if (prc == -EINTR || prc == -EAGAIN) continue;
     if (prc < 0 && prc != -EINVAL) return prc; /* ENOMEM, EFAULT, EHWPOISON: report, never fault the engine */
-    if (prc == -EINVAL) *use_madvise = false; /* kernel before 5.14 */
-    if (!*use_madvise) touch_pages(start + done, step, pool->page_size, pool->writable);
+    if (prc == -EINVAL) way->populate = false; /* kernel before 5.14 */
+    if (!way->populate) touch_pages(start + done, step, pool->page_size, pool->writable);
     done += step;
   }
   return 0;
@@ -791,10 +817,10 @@ static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, bool *us
 int kvs_pool_prefault(kvs_pool_t *pool) {
   if (!pool) return -EINVAL;
   atomic_fetch_add(&pool->prefaulting, 1);
-  bool use_madvise = true;
+  prefault_way_t way = PREFAULT_WAY_INIT;
   int rc = atomic_load(&pool->closing)
                ? -ECANCELED
-               : prefault_range(pool, 0, kvs_pool_header(pool)->cache_size, &use_madvise);
+               : prefault_range(pool, 0, kvs_pool_header(pool)->cache_size, &way);
   atomic_fetch_sub(&pool->prefaulting, 1);
   return rc;
 }
@@ -805,7 +831,7 @@ int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
   uint64_t size = kvs_pool_header(pool)->cache_size;
   ahead = KVS__ALIGN_UP(ahead, pool->page_size);
   atomic_store(&pool->pf_ahead, ahead);
-  bool use_madvise = true;
+  prefault_way_t way = PREFAULT_WAY_INIT;
   int rc = 0;
   uint64_t done = atomic_load(&pool->pf_done);
   while (rc == 0 && done < size) {
@@ -814,7 +840,7 @@ int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
      * node's copy may never allocate here) */
     uint64_t want = h == 0 ? 0 : h > size - ahead || size < ahead ? size : h + ahead;
     if (want > done) {
-      rc = prefault_range(pool, done, want, &use_madvise);
+      rc = prefault_range(pool, done, want, &way);
       if (rc == 0) atomic_store(&pool->pf_done, done = want);
       continue;
     }

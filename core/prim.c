@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #ifndef MFD_HUGETLB
@@ -76,6 +78,15 @@ int kvs__prim_shm_create(const char *name, uint64_t size) {
 
 void kvs__prim_shm_unlink(const char *name) {
   if (name) shm_unlink(name);
+}
+
+int kvs__prim_allocate(int fd, uint64_t off, uint64_t len) {
+  if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off) return -EINVAL;
+  return fallocate(fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : -errno;
+}
+
+void kvs__prim_thread_background(void) {
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* this thread only (Linux) */
 }
 
 int kvs__prim_populate(void *p, size_t len, bool write) {

@@ -36,4 +36,17 @@ void kvs__prim_shm_unlink(const char *name);
  * -EAGAIN: retry; any other negative errno: a real failure. */
 int kvs__prim_populate(void *p, size_t len, bool write);
 
+/* Allocate the pages of [off, off + len) of a shared-memory file (fallocate mode 0: contents
+ * kept, holes filled with zeroed pages) without mapping them: no page table and no mmap lock is
+ * involved, and a full tmpfs or memory cgroup answers -ENOSPC / -ENOMEM instead of the SIGBUS a
+ * fault would get. -EOPNOTSUPP (or -EINVAL for an unaligned hugetlbfs range): not supported
+ * there; -EINTR: retry. */
+int kvs__prim_allocate(int fd, uint64_t off, uint64_t len);
+
+/* Lower the calling thread to nice 19 (SCHED_OTHER), for work that must yield to the
+ * engine's threads (prefault, keep-behind). Not SCHED_IDLE: a SCHED_IDLE thread can wait for
+ * seconds on a busy machine, and one that waits inside a lock (the mmap lock of a populate)
+ * holds up every thread that needs it. Best effort: a failure leaves the priority as it was. */
+void kvs__prim_thread_background(void);
+
 #endif

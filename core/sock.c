@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdio.h> /* renameat2 */
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -60,11 +61,21 @@ static int fill_addr(struct sockaddr_un *a, const char *path) {
 int kvs_sock_listen(const char *path, int backlog, int *out_fd) {
   struct sockaddr_un a;
   KVS_TRY(fill_addr(&a, path));
+  size_t n = strlen(path);
+  char *tmp = a.sun_path; /* bound under the sibling name, renamed once it listens */
+  tmp[n - 1] = path[n - 1] == '~' ? '#' : '~';
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(path, 0600) < 0 ||
-      listen(fd, backlog) < 0) {
+  (void)unlink(tmp); /* a sibling left by a process killed between bind and rename */
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
     int e = -errno;
+    close(fd);
+    return e;
+  }
+  if (chmod(tmp, 0600) < 0 || listen(fd, backlog) < 0 ||
+      renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) < 0) {
+    int e = -errno;
+    (void)unlink(tmp);
     close(fd);
     return e;
   }

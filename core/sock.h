@@ -23,8 +23,13 @@ extern "C" {
  * line saying why). */
 int kvs_dir_ensure_private(const char *path);
 
-/* Bind and listen on path (which must not exist: the caller removes stale sockets). The socket
- * is non-blocking and close-on-exec; the file is made 0600. *out_fd owned by the caller. */
+/* Listen on path (which must not exist: the caller removes stale sockets). The socket is
+ * non-blocking and close-on-exec; the file is made 0600. *out_fd owned by the caller.
+ * path appears only once the socket listens: it is bound under a sibling name (path with its
+ * last character replaced by '~'), made 0600, listened on, then renamed to path (-EEXIST when path exists). A socket file
+ * that exists but refuses connections is therefore stale, which is what discovery assumes
+ * (core/peer.c removes it): binding path itself left a window in which a peer's discovery
+ * removed a starting process's socket and that process ran without a coordinator. */
 int kvs_sock_listen(const char *path, int backlog, int *out_fd);
 /* Accept one connection (non-blocking, close-on-exec). -EAGAIN when none is pending. */
 int kvs_sock_accept(int listen_fd, int *out_fd);

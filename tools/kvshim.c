@@ -16,7 +16,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +29,7 @@
 #include "inspect_cmd.h"
 #include "kvshim.h"
 #include "peer.h"
+#include "prim.h"
 #include "proto.h"
 #include "redis.h"
 #include "remote.h"
@@ -177,10 +177,9 @@ static kvs_key_t blob_key(const kvs_options_t *o, const char *name) {
 
 /* ---- serve ------------------------------------------------------------------------------- */
 
-/* serve prefaults its whole pool (design §5), at idle priority: it holds the node's copy. */
+/* serve prefaults its whole pool (design §5), at low priority: it holds the node's copy. */
 static void *serve_prefault(void *arg) {
-  struct sched_param idle = {0};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  kvs__prim_thread_background();
   int rc = kvs_pool_prefault(arg);
   if (rc < 0 && rc != -ECANCELED)
     fprintf(stderr, "kvshim serve: pool prefault stopped: %s\n", strerror(-rc));

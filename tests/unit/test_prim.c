@@ -3,12 +3,24 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "prim.h"
+
+static void *background_probe(void *arg) {
+  kvs__prim_thread_background();
+  errno = 0;
+  int nice = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+  *(int *)arg = errno ? -100 : nice;
+  return NULL;
+}
 
 Test(prim, alloc_is_zeroed_writable_and_unmapped, .timeout = 30) {
   void *p = NULL;
@@ -47,6 +59,46 @@ Test(prim, memfd_has_its_size_seals_and_maps_shared, .timeout = 30) {
   kvs__prim_unmap(r, 3 * 4096);
   close(fd);
   cr_assert_eq(kvs__prim_map_shared(-1, 4096, true, &w), -EBADF);
+}
+
+Test(prim, allocate_fills_the_file_without_a_mapping_and_keeps_contents, .timeout = 30) {
+  int fd = kvs__prim_memfd("kvshim-test", 64 * 4096, false);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(pwrite(fd, "kvshim", 7, 4096), 7);
+  struct stat st;
+  cr_assert_eq(fstat(fd, &st), 0);
+  blkcnt_t before = st.st_blocks;
+  cr_assert_eq(kvs__prim_allocate(fd, 0, 64 * 4096), 0);
+  cr_assert_eq(fstat(fd, &st), 0);
+  cr_assert_geq(st.st_blocks * 512, before * 512 + 63 * 4096, "every page allocated");
+  cr_assert_eq(st.st_size, 64 * 4096, "the size is unchanged");
+  char b[7] = {0};
+  cr_assert_eq(pread(fd, b, 7, 4096), 7);
+  cr_assert_str_eq(b, "kvshim", "allocation keeps what was written");
+  /* bad input: past the sealed size, a read-only descriptor, an overflowing range */
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals >= 0 && (seals & F_SEAL_GROW))
+    cr_assert_eq(kvs__prim_allocate(fd, 64 * 4096, 4096), -EPERM);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC);
+  cr_assert_geq(ro, 0);
+  cr_assert_eq(kvs__prim_allocate(ro, 0, 4096), -EBADF);
+  close(ro);
+  cr_assert_eq(kvs__prim_allocate(fd, UINT64_MAX - 10, 4096), -EINVAL);
+  close(fd);
+}
+
+Test(prim, thread_background_lowers_only_the_caller, .timeout = 30) {
+  errno = 0;
+  int was = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+  cr_assert_eq(errno, 0);
+  pthread_t t;
+  int seen = -100;
+  cr_assert_eq(pthread_create(&t, NULL, background_probe, &seen), 0);
+  cr_assert_eq(pthread_join(t, NULL), 0);
+  cr_assert_eq(seen, 19, "the thread runs at nice 19");
+  cr_assert_eq(getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid)), was, "the caller keeps its nice");
 }
 
 Test(prim, shm_create_is_exclusive_and_leaves_nothing_on_failure, .timeout = 30) {
