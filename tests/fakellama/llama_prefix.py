@@ -63,6 +63,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from harness import ScriptContext, check, read_stats  # noqa: E402
 import harness  # noqa: E402
+from llama_shim import stop_process  # noqa: E402
 
 
 class Ctx(ScriptContext):
@@ -248,7 +249,7 @@ def case_faults_peer(ctx):
     b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"]
     ref, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
     # the cache peer stops answering: B times out and decodes everything itself
-    serve.send_signal(signal.SIGSTOP)
+    stop_process(serve)  # every thread stopped before B starts: none can answer B
     t0 = time.monotonic()
     got, err, st = ctx.run(b_cmds, what="B, peer stopped", KVSHIM_RPC_TIMEOUT_MS=300)
     check(got == ref, f"B with a stopped peer differs:\n{ref}\n{got}\n{err[-2000:]}")
