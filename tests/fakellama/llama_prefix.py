@@ -55,8 +55,10 @@ Cases:
               batch of several sequences skipped whole (restored from serve): B, whose batch
               has that claim key and nothing to restore, claims it itself and does not wait
 """
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -82,6 +84,14 @@ class Ctx(ScriptContext):
 def prefix_stats(st):
     return {k[len("llama_prefix_"):]: v for k, v in (st or {}).items()
             if k.startswith("llama_prefix_")}
+
+
+def live_prefix_stats(ctx, p):
+    """The llama_prefix_* counters of the live process p (kvshim stats PID --json); {} while it
+    cannot answer yet (no coordinator before its runtime is up)."""
+    r = subprocess.run([ctx.kvshim, "stats", str(p.pid), "--json"], capture_output=True,
+                       text=True, env=ctx.env(preload=False), timeout=60)
+    return prefix_stats(json.loads(r.stdout)) if r.returncode == 0 else {}
 
 
 def same(ctx, cmds, what, preload_extra=None, ref_extra=None, **kw):
@@ -390,7 +400,14 @@ def case_flight(ctx):
     pa, _ = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512"],
                       FAKELLAMA_DECODE_DELAY_MS=60000, FAKELLAMA_DECODE_TOUCH=touch)
     pb, sb = ctx.start(b_cmds, KVSHIM_LLAMA_WAIT_MS=60000)
-    time.sleep(1.0)
+    # A is killed once B waits on its claim (B's live llama_prefix_waits): B's start, model
+    # load and first lookup can take longer than any fixed pause on a loaded machine, and with
+    # A killed first B finds no claim and rightly waits 0
+    deadline = time.monotonic() + 60
+    while live_prefix_stats(ctx, pb).get("waits", 0) < 1:
+        check(pa.poll() is None and pb.poll() is None and time.monotonic() < deadline,
+              "B never waited for A's claim")
+        time.sleep(0.05)
     pa.send_signal(signal.SIGKILL)
     pa.wait(timeout=10)
     got, err = ctx.finish(pb, "B, claimant killed", timeout=30)
