@@ -921,14 +921,19 @@ static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, const kvs_ke
 
 /* The claimant it followed on its previous batch still holds that claim: it has not reached its
  * next batch yet. Wait until it claims key (returns the holder), drops the old claim (0), or
- * the deadline (0). */
+ * the deadline (0). The claimant claims key before it drops the old claim (px_flight, then
+ * px_drop_held), but the two lookups here are not one: it can do both between them. So once
+ * the old claim is seen gone, key is asked again: a claim of key made before the drop is seen
+ * (without this the follower computed the batch beside its claimant). */
 static uint64_t px_wait_follow(px_ctx_t *c, kvs__runtime_t *rt, int32_t s, const kvs_key_t *key,
                                uint64_t deadline) {
   if (!c->follow_id || c->follow_seq != s) return 0;
   uint64_t holder = 0;
-  while (!(holder = px_peer_holding(rt, key)) &&
-         px_peer_holding(rt, &c->follow_key) == c->follow_id && kvs__now_ms() < deadline)
+  while (!(holder = px_peer_holding(rt, key))) {
+    if (px_peer_holding(rt, &c->follow_key) != c->follow_id) return px_peer_holding(rt, key);
+    if (kvs__now_ms() >= deadline) break;
     px_nap();
+  }
   return holder;
 }
 

@@ -55,14 +55,17 @@ Cases:
               batch of several sequences skipped whole (restored from serve): B, whose batch
               has that claim key and nothing to restore, claims it itself and does not wait
 """
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from harness import ScriptContext, check, read_stats  # noqa: E402
 import harness  # noqa: E402
+from llama_shim import stop_process  # noqa: E402
 
 
 class Ctx(ScriptContext):
@@ -81,6 +84,14 @@ class Ctx(ScriptContext):
 def prefix_stats(st):
     return {k[len("llama_prefix_"):]: v for k, v in (st or {}).items()
             if k.startswith("llama_prefix_")}
+
+
+def live_prefix_stats(ctx, p):
+    """The llama_prefix_* counters of the live process p (kvshim stats PID --json); {} while it
+    cannot answer yet (no coordinator before its runtime is up)."""
+    r = subprocess.run([ctx.kvshim, "stats", str(p.pid), "--json"], capture_output=True,
+                       text=True, env=ctx.env(preload=False), timeout=60)
+    return prefix_stats(json.loads(r.stdout)) if r.returncode == 0 else {}
 
 
 def same(ctx, cmds, what, preload_extra=None, ref_extra=None, **kw):
@@ -248,7 +259,7 @@ def case_faults_peer(ctx):
     b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P1000}", "gen 0 0 8"]
     ref, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
     # the cache peer stops answering: B times out and decodes everything itself
-    serve.send_signal(signal.SIGSTOP)
+    stop_process(serve)  # every thread stopped before B starts: none can answer B
     t0 = time.monotonic()
     got, err, st = ctx.run(b_cmds, what="B, peer stopped", KVSHIM_RPC_TIMEOUT_MS=300)
     check(got == ref, f"B with a stopped peer differs:\n{ref}\n{got}\n{err[-2000:]}")
@@ -389,7 +400,14 @@ def case_flight(ctx):
     pa, _ = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r30@2 512"],
                       FAKELLAMA_DECODE_DELAY_MS=60000, FAKELLAMA_DECODE_TOUCH=touch)
     pb, sb = ctx.start(b_cmds, KVSHIM_LLAMA_WAIT_MS=60000)
-    time.sleep(1.0)
+    # A is killed once B waits on its claim (B's live llama_prefix_waits): B's start, model
+    # load and first lookup can take longer than any fixed pause on a loaded machine, and with
+    # A killed first B finds no claim and rightly waits 0
+    deadline = time.monotonic() + 60
+    while live_prefix_stats(ctx, pb).get("waits", 0) < 1:
+        check(pa.poll() is None and pb.poll() is None and time.monotonic() < deadline,
+              "B never waited for A's claim")
+        time.sleep(0.05)
     pa.send_signal(signal.SIGKILL)
     pa.wait(timeout=10)
     got, err = ctx.finish(pb, "B, claimant killed", timeout=30)

@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "fakellama"))
 from harness import check, read_stats  # noqa: E402
 import harness  # noqa: E402
 from kvo_copy_test import live_stats  # noqa: E402
-from llama_shim import N_TOK, Ctx, baseline_save_load, fields, models, stat_eq  # noqa: E402
+from llama_shim import (N_TOK, Ctx, baseline_save_load, fields, models, stat_eq,  # noqa: E402
+                        stop_process)
 
 
 def save_then_load(ctx, **env):
@@ -111,7 +112,7 @@ def case_serve_stopped(ctx):
     serve2 = None
     try:
         wait_file(pa, ready, "ready")
-        serve.send_signal(signal.SIGSTOP)
+        stop_process(serve)  # every thread of serve stopped before A may send its next save
         with open(go, "w"):
             pass
         wait_file(pa, ready2, "to its second save")
