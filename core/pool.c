@@ -782,19 +782,22 @@ typedef struct prefault_way {
 /* Fault [from, to) of the cache arena in (bytes from its start). 0, -ECANCELED once destroy
  * has started, or the allocate/populate errno (reported, never a fault in the engine).
  *
- * Each step first allocates its pages in the segment file (kvs__prim_allocate): the zeroing and
- * allocation, most of the work, then happen outside the process's mmap lock, so the populate
- * that follows only fills page tables under it. Prefault threads run at low priority; a
- * populate holds the mmap lock for reading, and a thread preempted inside one while the machine
- * is busy kept the coordinator's mmap/munmap (mapping a peer's pool at HELLO) waiting for
- * seconds when the whole step's zeroing ran under it (kernel stacks: coordinator in
- * vm_mmap_pgoff, prefault runnable in faultin_page_range). */
+ * Each step first allocates its pages in the segment file (kvs__prim_allocate: the zeroing and
+ * allocation, most of the work, with no mmap lock and -ENOSPC instead of a SIGBUS), then maps
+ * them by touching each page: a fault on an existing page, which recent kernels serve under the
+ * mapping's own lock, not the process's mmap lock. Where the file cannot be allocated ahead
+ * (or on an attached pool), MADV_POPULATE_* does both under the mmap lock (touching, on a
+ * kernel before 5.14). Why it matters: prefault threads run at low priority, and a populate
+ * preempted on a busy machine held the mmap lock for seconds, so the coordinator's mmap of a
+ * peer's pool at HELLO waited behind it (kernel stacks: coordinator in vm_mmap_pgoff, prefault
+ * runnable in faultin_page_range; HELLO timeouts in tests). */
 static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, prefault_way_t *way) {
   uint64_t cache_off = kvs_pool_header(pool)->cache_off;
   uint8_t *start = pool->base + cache_off;
   for (uint64_t done = from; done < to;) {
     if (atomic_load(&pool->closing)) return -ECANCELED;
     size_t step = (size_t)(to - done < PREFAULT_STEP ? to - done : PREFAULT_STEP);
+    bool allocated = false;
     if (way->allocate && pool->writable) {
       int arc = kvs__prim_allocate(pool->fd, cache_off + done, step);
       if (arc == -EINTR) continue;
@@ -803,6 +806,13 @@ static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, prefault
         way->allocate = false; /* not this file system (or this fd): the populate does it all */
       else if (arc < 0)
         return arc; /* ENOSPC, ENOMEM: the pages do not exist; a fault would be SIGBUS */
+      else
+        allocated = true;
+    }
+    if (allocated) { /* the pages exist: map them by touching, one short fault each */
+      touch_pages(start + done, step, pool->page_size, pool->writable);
+      done += step;
+      continue;
     }
     int prc = way->populate ? kvs__prim_populate(start + done, step, pool->writable) : 0;
     if (prc == -EINTR || prc == -EAGAIN) continue;
