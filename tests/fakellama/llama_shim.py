@@ -56,7 +56,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import ScriptContext, check, read_stats  # noqa: E402
+from harness import ScriptContext, check, read_stats, stop_process  # noqa: E402,F401 (stop_process: re-exported)
 import harness  # noqa: E402
 
 
@@ -89,18 +89,6 @@ def wait_file(path, what, timeout=60):
 def touch(path):
     with open(path, "w"):
         pass
-
-
-def stop_process(p):
-    """SIGSTOP the child p and return once it is stopped. kill() only queues a stop: the thread
-    it picks stops when it next runs, and only then are the others told, so a thread of p that
-    is already running, or is woken by a request before the picked one gets a CPU, still
-    answers it (seen on a loaded machine: a request sent after kill() was served). The group
-    stop is complete, every thread stopped, when the parent's waitid(WSTOPPED) reports it
-    (man 2 waitid)."""
-    p.send_signal(signal.SIGSTOP)
-    r = os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
-    check(r is not None and r.si_code == os.CLD_STOPPED, f"pid {p.pid} did not stop: {r}")
 
 
 def stat_eq(st, **want):

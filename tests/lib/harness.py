@@ -34,6 +34,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,18 @@ def sum_stats(pattern):
 
 
 # ---- lines from running children --------------------------------------------------------------
+
+def stop_process(p):
+    """SIGSTOP the child p and return once it is stopped. kill() only queues a stop: the thread
+    it picks stops when it next runs, and only then are the others told, so a thread of p that
+    is already running, or is woken by a request before the picked one gets a CPU, still
+    answers it (seen on a loaded machine: a request sent after kill() was served). The group
+    stop is complete, every thread stopped, when the parent's waitid(WSTOPPED) reports it
+    (man 2 waitid)."""
+    p.send_signal(signal.SIGSTOP)
+    r = os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    check(r is not None and r.si_code == os.CLD_STOPPED, f"pid {p.pid} stopped (waitid: {r})")
+
 
 _pending = {}  # pid -> bytes read from stdout but not yet returned as lines
 

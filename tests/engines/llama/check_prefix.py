@@ -57,7 +57,7 @@ import sys
 import time
 
 from llama_e2e import HERE, LIBDIR, text  # noqa: E402 (puts tests/lib on sys.path)
-from harness import Context, Failure, check, sum_stats  # noqa: E402
+from harness import Context, Failure, check, stop_process, sum_stats  # noqa: E402
 import llama_e2e  # noqa: E402
 
 APP = os.path.join(HERE, "prefix_app.mjs")
@@ -335,7 +335,7 @@ def case_faults(c):
     check(b["completion"] == ref_b["completion"] and pstat(b, "snapshot_failures") >= 1
           and pstat(b, "restores") == 0, "a full pool stores nothing; identical %s" % show(b))
     # the cache peer stops answering, then dies while B waits for it
-    serve.send_signal(signal.SIGSTOP)
+    stop_process(serve)  # every thread of serve stopped: none can still answer B
     t0 = time.monotonic()
     b = c.cli("B, peer stopped", "B", True, 2048, KVSHIM_RPC_TIMEOUT_MS=300)
     check(b["completion"] == ref_b["completion"] and pstat(b, "restores") == 0,
