@@ -331,8 +331,7 @@ static pconn_t *dial(kvs_peers_t *p, const char *path, uint64_t id) {
   int fd;
   int rc = kvs_sock_connect(path, deadline_of(p), &fd);
   if (rc == -ECONNREFUSED) {
-    kvs_log_info("removing stale socket %s", path);
-    unlink(path);
+    (void)kvs_sock_remove_stale(path); /* kept while bound: its process may not listen yet */
     return NULL;
   }
   if (rc < 0) {
@@ -458,8 +457,7 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
         int fd;
         int rc = kvs_sock_connect(path, kvs__now_ns() + 50000000ull, &fd);
         if (rc == -ECONNREFUSED) {
-          kvs_log_info("removing stale socket %s", path);
-          unlink(path);
+          (void)kvs_sock_remove_stale(path);
         } else if (rc == 0) {
           close(fd);
         }

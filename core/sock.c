@@ -5,7 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
-#include <stdio.h> /* renameat2 */
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -61,26 +61,48 @@ static int fill_addr(struct sockaddr_un *a, const char *path) {
 int kvs_sock_listen(const char *path, int backlog, int *out_fd) {
   struct sockaddr_un a;
   KVS_TRY(fill_addr(&a, path));
-  size_t n = strlen(path);
-  char *tmp = a.sun_path; /* bound under the sibling name, renamed once it listens */
-  tmp[n - 1] = path[n - 1] == '~' ? '#' : '~';
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  (void)unlink(tmp); /* a sibling left by a process killed between bind and rename */
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(path, 0600) < 0 ||
+      listen(fd, backlog) < 0) {
     int e = -errno;
-    close(fd);
-    return e;
-  }
-  if (chmod(tmp, 0600) < 0 || listen(fd, backlog) < 0 ||
-      renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) < 0) {
-    int e = -errno;
-    (void)unlink(tmp);
     close(fd);
     return e;
   }
   *out_fd = fd;
   return 0;
+}
+
+/* Is a socket bound to path in /proc/net/unix? Each line ends with the bound path, after a
+ * space. -errno when the table cannot be read. */
+static int bound_in_proc(const char *path) {
+  FILE *f = fopen("/proc/net/unix", "re");
+  if (!f) return -errno;
+  size_t n = strlen(path);
+  char line[512];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    size_t k = strcspn(line, "\n");
+    if (!line[k] && !feof(f)) { /* a line longer than the buffer: skip the rest of it */
+      int c;
+      while ((c = fgetc(f)) != EOF && c != '\n') {
+      }
+      continue;
+    }
+    found = k > n && line[k - n - 1] == ' ' && memcmp(line + k - n, path, n) == 0;
+  }
+  fclose(f);
+  return found;
+}
+
+int kvs_sock_remove_stale(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) < 0) return -errno;
+  if (!S_ISSOCK(st.st_mode)) return -ENOTSOCK;
+  if (bound_in_proc(path) == 1) return 0;
+  if (unlink(path) < 0) return -errno;
+  kvs_log_info("removed stale socket %s", path);
+  return 1;
 }
 
 int kvs_sock_accept(int listen_fd, int *out_fd) {

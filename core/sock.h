@@ -23,19 +23,22 @@ extern "C" {
  * line saying why). */
 int kvs_dir_ensure_private(const char *path);
 
-/* Listen on path (which must not exist: the caller removes stale sockets). The socket is
- * non-blocking and close-on-exec; the file is made 0600. *out_fd owned by the caller.
- * path appears only once the socket listens: it is bound under a sibling name (path with its
- * last character replaced by '~'), made 0600, listened on, then renamed to path (-EEXIST when path exists). A socket file
- * that exists but refuses connections is therefore stale, which is what discovery assumes
- * (core/peer.c removes it): binding path itself left a window in which a peer's discovery
- * removed a starting process's socket and that process ran without a coordinator. */
+/* Bind and listen on path (which must not exist: the caller removes stale sockets). The socket
+ * is non-blocking and close-on-exec; the file is made 0600. *out_fd owned by the caller. */
 int kvs_sock_listen(const char *path, int backlog, int *out_fd);
 /* Accept one connection (non-blocking, close-on-exec). -EAGAIN when none is pending. */
 int kvs_sock_accept(int listen_fd, int *out_fd);
 /* Connect to path within the deadline. -ECONNREFUSED / -ENOENT: nobody listens there (stale);
  * -ETIMEDOUT. The returned fd is non-blocking and close-on-exec. */
 int kvs_sock_connect(const char *path, uint64_t deadline_ns, int *out_fd);
+
+/* Remove path, a socket file whose connect was just refused, unless a live socket is still
+ * bound to it: a process binds its socket file before it listens (kvs_sock_listen), and a
+ * connect in between is refused too. Bound sockets are those the kernel lists in /proc/net/unix
+ * (of this network namespace); when that cannot be read the file is removed. Returns 1 when
+ * removed (logged), 0 when kept (bound: its process may be about to listen), -ENOTSOCK (not a
+ * socket: never removed), or the errno of lstat/unlink. */
+int kvs_sock_remove_stale(const char *path);
 
 /* SO_PEERCRED of a connected socket. */
 int kvs_sock_peer_cred(int fd, uid_t *uid, pid_t *pid);

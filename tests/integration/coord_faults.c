@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -404,9 +406,20 @@ Test(server, stale_socket_is_removed_by_discovery, T_TIMEOUT) {
   FILE *f = fopen(other, "w");
   cr_assert_not_null(f);
   fclose(f);
+  /* a starting process's socket: bound, not yet listening (refused too, but not stale) */
+  char starting[700];
+  snprintf(starting, sizeof starting, "%s/00000000feedbeef.sock", dir);
+  int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  cr_assert_lt(strlen(starting), sizeof sa.sun_path);
+  memcpy(sa.sun_path, starting, strlen(starting) + 1);
+  cr_assert_eq(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
   kvs_stats_t st;
   kvs_peers_t *p = client(1000, &st); /* asserts exactly 1 live peer: the real server */
   cr_assert_neq(lstat(stale, &sb), 0, "stale socket left in place");
+  cr_assert_eq(lstat(starting, &sb), 0, "discovery removed a bound socket before its listen");
+  close(sfd);
+  unlink(starting);
   cr_assert_eq(lstat(other, &sb), 0, "discovery removed a file that is not a socket of ours");
   cr_assert_eq(lstat(S.path, &sb), 0, "discovery removed the live server's socket");
   kvs_peers_destroy(p);

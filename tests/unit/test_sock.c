@@ -1,13 +1,14 @@
-/* Unit tests of core/sock's listen: the socket file appears only once it listens (a file that
- * refuses connections is stale, as discovery assumes), and an existing file is refused with
- * nothing changed and nothing left behind. */
+/* Unit tests of core/sock's stale-socket rule: a socket file whose connect is refused is
+ * removed only when no live socket is bound to it (a process binds before it listens, and a
+ * connect in between is refused too); anything that is not a socket is never removed. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -20,38 +21,36 @@ static void make_dir(void) {
   cr_assert_not_null(mkdtemp(dir));
 }
 
-/* Entries of dir other than . and .. */
-static int entries(void) {
-  DIR *d = opendir(dir);
-  cr_assert_not_null(d);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  closedir(d);
-  return n;
+/* A socket bound at path and not listening, as a starting process's between bind and listen
+ * (its fd is returned). */
+static int bind_only(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  cr_assert_lt(strlen(path), sizeof a.sun_path);
+  memcpy(a.sun_path, path, strlen(path) + 1);
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
 }
 
-Test(sock, listen_publishes_a_listening_0600_socket_and_leaves_no_sibling, .timeout = 30) {
+Test(sock, a_bound_refused_socket_is_kept_until_its_process_closes_it, .timeout = 30) {
   make_dir();
   char path[128];
   snprintf(path, sizeof path, "%s/0123456789abcdef.sock", dir);
-  int lfd = -1;
-  cr_assert_eq(kvs_sock_listen(path, 4, &lfd), 0);
-  struct stat st;
-  cr_assert_eq(stat(path, &st), 0);
-  cr_assert(S_ISSOCK(st.st_mode), "a socket at the path");
-  cr_assert_eq(st.st_mode & 0777, 0600);
-  cr_assert_eq(entries(), 1, "the bind-time sibling is gone");
+  int fd = bind_only(path);
   int cfd = -1;
-  cr_assert_eq(kvs_sock_connect(path, kvs__now_ns() + 2000000000ull, &cfd), 0,
-               "the published path accepts connections at once");
-  close(cfd);
-  close(lfd);
-  unlink(path);
+  cr_assert_eq(kvs_sock_connect(path, kvs__now_ns() + 1000000000ull, &cfd), -ECONNREFUSED,
+               "bound, not listening: refused");
+  cr_assert_eq(kvs_sock_remove_stale(path), 0, "still bound: kept");
+  struct stat st;
+  cr_assert_eq(lstat(path, &st), 0, "the starting process's socket is still there");
+  close(fd); /* its process is gone */
+  cr_assert_eq(kvs_sock_remove_stale(path), 1, "nothing bound: removed");
+  cr_assert_neq(lstat(path, &st), 0);
   rmdir(dir);
 }
 
-Test(sock, listen_on_an_existing_path_is_refused_and_changes_nothing, .timeout = 30) {
+Test(sock, remove_stale_never_removes_what_is_not_a_socket, .timeout = 30) {
   make_dir();
   char path[128];
   snprintf(path, sizeof path, "%s/0123456789abcdef.sock", dir);
@@ -59,27 +58,11 @@ Test(sock, listen_on_an_existing_path_is_refused_and_changes_nothing, .timeout =
   cr_assert_not_null(f);
   fputs("keep", f);
   fclose(f);
-  int lfd = -7;
-  cr_assert_eq(kvs_sock_listen(path, 4, &lfd), -EEXIST);
-  cr_assert_eq(lfd, -7, "out-parameter untouched on failure");
-  char b[8] = {0};
-  f = fopen(path, "r");
-  cr_assert_not_null(f);
-  cr_assert_eq(fread(b, 1, sizeof b - 1, f), 4);
-  fclose(f);
-  cr_assert_str_eq(b, "keep", "the existing file is intact");
-  cr_assert_eq(entries(), 1, "no sibling left behind");
-  /* a path ending in '~' uses another sibling name, and too long a path is refused */
-  char tilde[128];
-  snprintf(tilde, sizeof tilde, "%s/x~", dir);
-  cr_assert_eq(kvs_sock_listen(tilde, 4, &lfd), 0);
-  cr_assert_eq(entries(), 2);
-  close(lfd);
-  unlink(tilde);
-  char longp[KVS_SOCK_PATH_MAX + 16];
-  memset(longp, 'a', sizeof longp - 1);
-  longp[sizeof longp - 1] = '\0';
-  cr_assert_eq(kvs_sock_listen(longp, 4, &lfd), -ENAMETOOLONG);
+  cr_assert_eq(kvs_sock_remove_stale(path), -ENOTSOCK);
+  struct stat st;
+  cr_assert_eq(lstat(path, &st), 0, "a regular file is never removed");
+  cr_assert_eq(st.st_size, 4);
   unlink(path);
+  cr_assert_eq(kvs_sock_remove_stale(path), -ENOENT, "a missing path");
   rmdir(dir);
 }

@@ -334,13 +334,9 @@ def case_isolation(c):
 
 
 def unix_socket_entries(path):
-    """Sockets bound to path in /proc/net/unix (the listener plus unaccepted connections).
-    A coordinator binds its socket under the sibling name (path's last character replaced by
-    '~') and renames the file to path once it listens (README "Design notes", core/sock.h), so
-    the kernel lists it under the bind name."""
-    bound = path[:-1] + ("#" if path.endswith("~") else "~")
+    """Sockets bound to path in /proc/net/unix (the listener plus unaccepted connections)."""
     with open("/proc/net/unix") as f:
-        return sum(1 for ln in f if ln.rstrip("\n").endswith(" " + bound))
+        return sum(1 for ln in f if ln.rstrip("\n").endswith(" " + path))
 
 
 def case_fault(c):
