@@ -84,9 +84,30 @@ def run(ctx, args, env, what):
     return parse(p.stdout, what)
 
 
+def proc_state(p):
+    """Each thread's state and kernel wait channel (why a process did not end)."""
+    out = []
+    try:
+        tasks = sorted(os.listdir(f"/proc/{p.pid}/task"))
+    except OSError:
+        tasks = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{p.pid}/task/{t}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p.pid}/task/{t}/wchan") as f:
+                out.append(f"{t}:{st}:{f.read().strip()}")
+        except OSError:
+            pass
+    return " ".join(out) or "gone"
+
+
 def stop(p, what):
     p.send_signal(signal.SIGTERM)
-    finish(p, 30, what)
+    try:
+        finish(p, 30, what)
+    except harness.Failure as e:
+        raise harness.Failure(f"{e} (threads: {proc_state(p)})")
 
 
 def case_one_copy(ctx):
@@ -217,18 +238,23 @@ def case_kill_load(ctx):
     a = read_stats(ctx.stats_path("a"))  # A filled serve with every prefix
     check(a["cache_peer_stores"] == n * 17 and a["cache_peer_fallbacks"] == 0,
           f"A did not store every chunk into serve: {a}")
+    # Progress on stderr as it happens: a run that ctest ends at its TIMEOUT still says where.
+    print("kill-load: A stored every chunk into serve", file=sys.stderr, flush=True)
     e = big_engine(ctx, n, {"KVSHIM_STATS": ctx.stats_path("e")})
     first = json.loads(read_line(e, 60, "engine line 1"))
     check(first["loaded"] == 16, f"engine request 0 did not load the prefix from serve: {first}")
+    print(f"kill-load: engine request 0: {first}", file=sys.stderr, flush=True)
     e.send_signal(signal.SIGSTOP)
     serve.send_signal(signal.SIGSTOP)  # the engine's next call to serve waits on it...
     e.send_signal(signal.SIGCONT)
     time.sleep(0.3)
     serve.send_signal(signal.SIGKILL)  # ...and fails
     serve.wait(timeout=30)
+    print("kill-load: serve killed", file=sys.stderr, flush=True)
     _, summ = until_summary(e, "engine")
     check(summ["verify"] == "ok" and summ["kvo_errors"] == 0, f"engine: {summ}")
     s = live_stats(ctx, e, "engine")
+    print("kill-load: engine done, stopping it", file=sys.stderr, flush=True)
     stop(e, "engine")
     check(s["cache_peer_loads"] >= 16, f"the engine did not load from serve first: {s}")
     check(s["cache_peer_fallbacks"] >= 1, f"no fallback counted: {s}")
