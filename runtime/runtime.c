@@ -274,6 +274,15 @@ static uint32_t g_keep_head, g_keep_len;
 static uint32_t g_keep_ready; /* the leading items released (kvs__runtime_keep_release) */
 static bool g_keep_busy, g_keep_stop, g_keep_started;
 static pthread_t g_keep_thread;
+static pid_t g_keep_tid; /* the thread's id for setpriority (keep_stop); 0: not yet known */
+static int g_keep_exit_prio = 20; /* the exit wait's nice value for the thread; 20: none yet */
+
+/* Under g_keep_lock, once both the thread's id and the exit wait's priority are known. */
+static void keep_lift(void) {
+  if (!g_keep_tid || g_keep_exit_prio >= 19) return;
+  if (setpriority(PRIO_PROCESS, (id_t)g_keep_tid, g_keep_exit_prio) != 0)
+    kvs_log_debug("keep-behind: stays at nice 19 for the exit wait: %s", strerror(errno));
+}
 /* The keep-behind thread's own peer client (its own connections): a retrieve holds its
  * connection's lock while it copies, so sharing rt->peers would make the engine's next load
  * wait behind a nice-19 copy (measured: +6..12 ms over 16 cold loads). */
@@ -296,13 +305,16 @@ static void *keep_main(void *arg) {
   KVS__REENTRY_GUARD(); /* hooks reached from here pass through */
   /* Nice 19, not SCHED_IDLE: the copies yield to the engine's threads but still run on a busy
    * machine, so a later request finds them local. */
-  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  pid_t tid = (pid_t)syscall(SYS_gettid);
+  setpriority(PRIO_PROCESS, (id_t)tid, 19);
   kvs_key_t keys[KEEP_BATCH];
   kvs_fetch_t fetched[KEEP_BATCH];
   kvs_peers_t *peers = keep_peers_create(rt);
   if (!peers) kvs_log_info("keep-behind: no peer client of its own: sharing the engine's");
   pthread_mutex_lock(&g_keep_lock);
   g_keep_peers = peers; /* destroyed by keep_stop, after the join */
+  g_keep_tid = tid;
+  keep_lift(); /* keep_stop came first */
   for (;;) {
     while (!g_keep_ready && !g_keep_stop) pthread_cond_wait(&g_keep_work, &g_keep_lock);
     if (g_keep_stop) break;
@@ -396,6 +408,14 @@ static void keep_stop(uint32_t timeout_ms) {
     pthread_mutex_unlock(&g_keep_lock);
     return;
   }
+  /* At exit the keeps no longer compete with requests, and at nice 19 a loaded machine may
+   * give the thread so little CPU (weight 15 against 1024 per nice-0 thread) that it misses
+   * the deadline. Lift it to the exiting thread's priority; without the privilege to lower a
+   * nice value (CAP_SYS_NICE or RLIMIT_NICE) it stays at 19 and the wait is as before. */
+  errno = 0;
+  int prio = getpriority(PRIO_PROCESS, 0); /* Linux: this thread's */
+  if (prio != -1 || errno == 0) g_keep_exit_prio = prio;
+  keep_lift();
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += timeout_ms / 1000;
@@ -411,6 +431,8 @@ static void keep_stop(uint32_t timeout_ms) {
   pthread_mutex_unlock(&g_keep_lock);
   pthread_join(g_keep_thread, NULL); /* a retrieve in progress ends by its RPC deadline */
   g_keep_started = false;
+  g_keep_tid = 0;
+  g_keep_exit_prio = 20;
   kvs_peers_destroy(g_keep_peers);
   g_keep_peers = NULL;
 }
@@ -422,6 +444,8 @@ static void keep_fork_child(void) {
   pthread_cond_init(&g_keep_idle, NULL);
   g_keep_head = g_keep_len = g_keep_ready = 0;
   g_keep_busy = g_keep_stop = g_keep_started = false;
+  g_keep_tid = 0;
+  g_keep_exit_prio = 20;
   kvs__forgotten_keep_peers = g_keep_peers; /* the parent's, forgotten with its runtime */
   g_keep_peers = NULL;
 }
@@ -457,10 +481,6 @@ void kvs__runtime_exit(void) {
   /* Hooks called by what follows (and by later destructors) pass through. */
   KVS__REENTRY_GUARD();
   kvs_stats_t *st = kvs_stats_global();
-  if (__atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE) == KVS__RT_ACTIVE) {
-    char scratch[16];
-    kvs_coord_render_stats(kvs__rt.store, st, 1, scratch, sizeof scratch); /* gauges only */
-  }
   if (g_connect_started) {
     pthread_join(g_connect_thread, NULL);
     g_connect_started = 0;
@@ -469,6 +489,11 @@ void kvs__runtime_exit(void) {
   keep_stop(2000);
   /* Write-behind first (bounded), so the stats count what reached the cache peer. */
   if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
+  /* The store's gauges after both, so they include what keep-behind kept. */
+  if (__atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE) == KVS__RT_ACTIVE) {
+    char scratch[16];
+    kvs_coord_render_stats(kvs__rt.store, st, 1, scratch, sizeof scratch); /* gauges only */
+  }
   if (g_opts.stats[0]) {
     char path[KVS_OPT_STR_MAX + 32];
     int rc = stats_path(g_opts.stats, path, sizeof path);

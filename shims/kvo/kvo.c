@@ -319,6 +319,22 @@ static int kvo_load_local(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key
   return 0;
 }
 
+/* Copies chunk `key` from peer `instance`'s pool straight into the buffer, under its pin
+ * (kvs_peers_retrieve_copy): 1 copied, 0 not there, negative errno. A copy that outlived its
+ * pin (-ESTALE: the pin had ended, docs/protocol.md 4.7 and 6; a thread preempted for pin_ms
+ * on a loaded machine) says nothing about the peer: it is redone under a fresh pin, up to
+ * KVO_STALE_RETRIES times, before the caller falls back. */
+#define KVO_STALE_RETRIES 2
+static int kvo_peer_copy(kvs__runtime_t *rt, uint64_t instance, const kvo_desc_t *d,
+                         kvs_key_t key, int *buf_kind, uint64_t buf) {
+  void *dst = (void *)(uintptr_t)buf;
+  int r = -ESTALE;
+  for (int i = 0; i <= KVO_STALE_RETRIES && r == -ESTALE; i++)
+    r = kvs_peers_retrieve_copy(rt->peers, instance, &key, 1, d->chunk_bytes, &dst,
+                                kvo_peer_copy_out, buf_kind);
+  return r;
+}
+
 /* KVO_OK when chunk `key` was copied into the buffer, KVO_MISS otherwise. A peer's chunk is
  * fetched into the local store, copied out, and kept. */
 static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
@@ -327,9 +343,7 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
   if (!rt->peers) return KVO_MISS;
   uint64_t cache = kvs__runtime_cache_peer(rt);
   if (cache) { /* one copy per node: from the cache peer's pool into the buffer, under its pin */
-    void *dst = (void *)(uintptr_t)buf;
-    int r = kvs_peers_retrieve_copy(rt->peers, cache, &key, 1, d->chunk_bytes, &dst,
-                                    kvo_peer_copy_out, &buf_kind);
+    int r = kvo_peer_copy(rt, cache, d, key, &buf_kind, buf);
     if (r == 1) {
       kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
       return KVO_OK;
@@ -341,9 +355,7 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
   if (hint && hint != cache) {
     /* The peer this thread's lookup counted: one copy, its pool -> the buffer, under its pin;
      * the local copy is kept behind the engine. Any failure: the fetch below. */
-    void *dst = (void *)(uintptr_t)buf;
-    int r = kvs_peers_retrieve_copy(rt->peers, hint, &key, 1, d->chunk_bytes, &dst,
-                                    kvo_peer_copy_out, &buf_kind);
+    int r = kvo_peer_copy(rt, hint, d, key, &buf_kind, buf);
     if (r == 1) {
       if (kvo_peer_left) kvo_peer_left--;
       /* A full queue: not kept, still served. */

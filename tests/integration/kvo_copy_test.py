@@ -46,7 +46,12 @@ BIG = ["--chunk-tokens", str(C), "--layers", "8", "--kv-heads", "4", "--head-dim
 
 
 class Ctx(Context):
-    defaults = {"KVSHIM_HOST_POOL_SIZE": "64M"}
+    # RPC deadline: these cases check where chunks go, not how fast a peer answers. On a
+    # loaded 2-core machine (load 10+, ASan) serve or an engine was seen to answer HELLO,
+    # LOOKUP and PREPARE_STORE after the 2 s default (the caller then falls back by design),
+    # so every process here waits up to 60 s. A SIGSTOPped serve is SIGKILLed, which ends a
+    # call waiting on it at once.
+    defaults = {"KVSHIM_HOST_POOL_SIZE": "64M", "KVSHIM_RPC_TIMEOUT_MS": "60000"}
 
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
@@ -59,7 +64,7 @@ def until_summary(p, what, timeout=120):
 
 def node_stats(ctx):
     p = subprocess.run([ctx.kvshim, "stats", "--json"], capture_output=True, text=True,
-                       env=ctx.env(preload=False), timeout=60)
+                       env=ctx.env(preload=False), timeout=120)
     check(p.returncode == 0, f"kvshim stats: exit {p.returncode}: {p.stderr}")
     return json.loads(p.stdout)
 
@@ -68,7 +73,7 @@ def live_stats(ctx, p, what):
     """The counters of a live engine (kvshim stats PID --json): SIGTERM ends refengine's hold
     without writing KVSHIM_STATS."""
     r = subprocess.run([ctx.kvshim, "stats", str(p.pid), "--json"], capture_output=True,
-                       text=True, env=ctx.env(preload=False), timeout=60)
+                       text=True, env=ctx.env(preload=False), timeout=120)
     check(r.returncode == 0, f"kvshim stats {what}: exit {r.returncode}: {r.stderr}")
     return json.loads(r.stdout)
 
@@ -79,9 +84,30 @@ def run(ctx, args, env, what):
     return parse(p.stdout, what)
 
 
+def proc_state(p):
+    """Each thread's state and kernel wait channel (why a process did not end)."""
+    out = []
+    try:
+        tasks = sorted(os.listdir(f"/proc/{p.pid}/task"))
+    except OSError:
+        tasks = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{p.pid}/task/{t}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p.pid}/task/{t}/wchan") as f:
+                out.append(f"{t}:{st}:{f.read().strip()}")
+        except OSError:
+            pass
+    return " ".join(out) or "gone"
+
+
 def stop(p, what):
     p.send_signal(signal.SIGTERM)
-    finish(p, 30, what)
+    try:
+        finish(p, 30, what)
+    except harness.Failure as e:
+        raise harness.Failure(f"{e} (threads: {proc_state(p)})")
 
 
 def case_one_copy(ctx):
@@ -109,9 +135,9 @@ def case_one_copy(ctx):
     for r, e in enumerate(engines):
         s = live_stats(ctx, e, f"engine {r}")
         check(s["cache_peer_stores"] == (prefix + suffix if r == 0 else suffix),
-              f"engine {r} cache_peer_stores {s['cache_peer_stores']}")
+              f"engine {r} cache_peer_stores {s['cache_peer_stores']}: {s}")
         check(s["cache_peer_loads"] == (0 if r == 0 else prefix),
-              f"engine {r} cache_peer_loads {s['cache_peer_loads']}")
+              f"engine {r} cache_peer_loads {s['cache_peer_loads']}: {s}")
         check(s["store_committed_objects"] == 0 and s["push_queued"] == 0,
               f"engine {r} kept its own copy: {s}")
         check(s["cache_peer_fallbacks"] == 0 and s["hook_fallbacks"] == 0, f"engine {r}: {s}")
@@ -175,7 +201,7 @@ def big_engine(ctx, n, extra_env):
     args = ["--requests", str(n), "--prefix-groups", str(n), "--prompt-tokens", str(17 * C),
             "--prefix-tokens", str(16 * C), *BIG, "--verify", "--hold-ms", "120000"]
     return ctx.spawn([ctx.engine] + args + ["--rank", "1"],
-                     ctx.env(KVSHIM_RPC_TIMEOUT_MS=1000, **extra_env), text=True)
+                     ctx.env(**extra_env), text=True)
 
 
 def case_kill_store(ctx):
@@ -208,18 +234,27 @@ def case_kill_load(ctx):
     n = 20
     args = ["--requests", str(n), "--prefix-groups", str(n), "--prompt-tokens", str(17 * C),
             "--prefix-tokens", str(16 * C), *BIG]
-    run(ctx, args + ["--rank", "0"], ctx.env(), "A")  # fills serve with every prefix
+    run(ctx, args + ["--rank", "0"], ctx.env(KVSHIM_STATS=ctx.stats_path("a")), "A")
+    a = read_stats(ctx.stats_path("a"))  # A filled serve with every prefix
+    check(a["cache_peer_stores"] == n * 17 and a["cache_peer_fallbacks"] == 0,
+          f"A did not store every chunk into serve: {a}")
+    # Progress on stderr as it happens: a run that ctest ends at its TIMEOUT still says where.
+    print("kill-load: A stored every chunk into serve", file=sys.stderr, flush=True)
     e = big_engine(ctx, n, {"KVSHIM_STATS": ctx.stats_path("e")})
-    read_line(e, 60, "engine line 1")
+    first = json.loads(read_line(e, 60, "engine line 1"))
+    check(first["loaded"] == 16, f"engine request 0 did not load the prefix from serve: {first}")
+    print(f"kill-load: engine request 0: {first}", file=sys.stderr, flush=True)
     e.send_signal(signal.SIGSTOP)
     serve.send_signal(signal.SIGSTOP)  # the engine's next call to serve waits on it...
     e.send_signal(signal.SIGCONT)
     time.sleep(0.3)
     serve.send_signal(signal.SIGKILL)  # ...and fails
     serve.wait(timeout=30)
+    print("kill-load: serve killed", file=sys.stderr, flush=True)
     _, summ = until_summary(e, "engine")
     check(summ["verify"] == "ok" and summ["kvo_errors"] == 0, f"engine: {summ}")
     s = live_stats(ctx, e, "engine")
+    print("kill-load: engine done, stopping it", file=sys.stderr, flush=True)
     stop(e, "engine")
     check(s["cache_peer_loads"] >= 16, f"the engine did not load from serve first: {s}")
     check(s["cache_peer_fallbacks"] >= 1, f"no fallback counted: {s}")

@@ -51,7 +51,11 @@ TIMING_KEYS = ("ttft_ms", "load_ms", "store_ms", "ttft_ms_mean", "ttft_ms_p50", 
 
 
 class Ctx(Context):
-    defaults = {"KVSHIM_HOST_POOL_SIZE": "64M"}
+    # RPC deadline: the cases check where chunks come from, not how fast a peer answers (the
+    # kill case sets its own). On a loaded 2-core machine (load 10+, ASan) engines and serve
+    # were seen to answer HELLO after the 2 s default (kvo_copy_test.py; the caller then
+    # computes the chunk, by design), so every process here waits up to 60 s.
+    defaults = {"KVSHIM_HOST_POOL_SIZE": "64M", "KVSHIM_RPC_TIMEOUT_MS": "60000"}
 
     def __init__(self, args, tmp, work):
         super().__init__(args, tmp, work)
