@@ -20,6 +20,7 @@
 #include "hooks.h"
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 #include "proto.h"
 #include "resolve.h"
 
@@ -84,11 +85,11 @@ const kvs_options_t *kvs__runtime_options(void) {
 /* ---- runtime ---------------------------------------------------------------------------------- */
 
 static void *prefault_main(void *arg) {
-  /* Idle priority: pre-faulting must never take CPU from the engine (on a small machine a
+  /* Low priority: pre-faulting must not take CPU from the engine (on a small machine a
    * normal-priority prefault of a 1 GiB pool slowed the engine's first requests 2-3x). Pages
-   * the engine touches before this thread gets to them are simply faulted by the engine. */
-  struct sched_param idle = {0};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+   * the engine touches before this thread gets to them are simply faulted by the engine. Nice
+   * 19, not SCHED_IDLE (kvs__prim_thread_background says why). */
+  kvs__prim_thread_background();
   /* Step-ahead (design §5): only KVS__PREFAULT_AHEAD past the highest extent allocated, so an
    * engine's resident memory follows what it keeps, not KVSHIM_POOL_SIZE. */
   int rc = kvs_pool_prefault_ahead(arg, KVS__PREFAULT_AHEAD);
@@ -306,7 +307,7 @@ static void *keep_main(void *arg) {
   /* Nice 19, not SCHED_IDLE: the copies yield to the engine's threads but still run on a busy
    * machine, so a later request finds them local. */
   pid_t tid = (pid_t)syscall(SYS_gettid);
-  setpriority(PRIO_PROCESS, (id_t)tid, 19);
+  kvs__prim_thread_background();
   kvs_key_t keys[KEEP_BATCH];
   kvs_fetch_t fetched[KEEP_BATCH];
   kvs_peers_t *peers = keep_peers_create(rt);

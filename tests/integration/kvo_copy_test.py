@@ -208,11 +208,11 @@ def case_kill_store(ctx):
     serve = ctx.serve("256M")
     e = big_engine(ctx, 60, {"KVSHIM_STATS": ctx.stats_path("e")})
     first = read_line(e, 60, "engine line 1")
-    serve.send_signal(signal.SIGSTOP)  # a store in flight waits on it...
+    harness.stop_process(serve)  # a store in flight waits on it...
     time.sleep(0.3)
     serve.send_signal(signal.SIGKILL)  # ...and fails
     serve.wait(timeout=30)
-    e.send_signal(signal.SIGSTOP)
+    harness.stop_process(e)
     serve2 = ctx.serve("256M")
     e.send_signal(signal.SIGCONT)
     reqs, summ = until_summary(e, "engine")
@@ -244,8 +244,8 @@ def case_kill_load(ctx):
     first = json.loads(read_line(e, 60, "engine line 1"))
     check(first["loaded"] == 16, f"engine request 0 did not load the prefix from serve: {first}")
     print(f"kill-load: engine request 0: {first}", file=sys.stderr, flush=True)
-    e.send_signal(signal.SIGSTOP)
-    serve.send_signal(signal.SIGSTOP)  # the engine's next call to serve waits on it...
+    harness.stop_process(e)
+    harness.stop_process(serve)  # the engine's next call to serve waits on it...
     e.send_signal(signal.SIGCONT)
     time.sleep(0.3)
     serve.send_signal(signal.SIGKILL)  # ...and fails

@@ -349,7 +349,7 @@ def case_kill(ctx):
         if when in ("first-line", "stopped", "frozen"):
             first = read_line(b, 60, f"round {rnd}: B")
         if when in ("stopped", "frozen"):
-            a.send_signal(signal.SIGSTOP)
+            harness.stop_process(a)
         if when == "stopped":
             time.sleep(0.3)
         elif when == "random":
