@@ -181,18 +181,31 @@ def show(r):
 # the floating-point sums. Measured without kvshim (node-llama-cpp 3.21.1, 2 sequences, 6 runs
 # each): 2 distinct outputs with 512-token batches and 2 with 2048. There, kvshim's output must
 # be one that the engine alone produces: the reference is sampled up to REF_SAMPLES times.
+# One of the engine's outputs is rare: in 50 runs without kvshim and 35 with it (under load,
+# batch 2048) it came once each, token for token the same, so 6 samples miss it ~88% of the
+# time and a kvshim run that lands on it would fail (2 in 16 runs did). Such a run is repeated,
+# up to KVSHIM_TRIES runs in all, against every reference sampled: an output that kvshim
+# changes fails every try.
 REF_SAMPLES = 6
+KVSHIM_TRIES = 3
 
 
 def same_app(c, what, prompts, flags=(), seed=7, **env_extra):
     ref = c.app(what + " (reference)", prompts, False, flags, seed)
     got = c.app(what, prompts, True, flags, seed, **env_extra)
     refs = [ref["outs"]]
-    while "--concurrent" in flags and got["outs"] not in refs and len(refs) < REF_SAMPLES:
-        refs.append(c.app(what + " (reference %d)" % len(refs), prompts, False, flags,
-                          seed)["outs"])
-    check(got["outs"] in refs, "%s: tokens identical to a run without kvshim (%d sampled) %s"
-          % (what, len(refs), show(got)))
+    tries = 1
+    while "--concurrent" in flags and got["outs"] not in refs:
+        if len(refs) < REF_SAMPLES:
+            refs.append(c.app(what + " (reference %d)" % len(refs), prompts, False, flags,
+                              seed)["outs"])
+        elif tries < KVSHIM_TRIES:
+            tries += 1
+            got = c.app(what + " (try %d)" % tries, prompts, True, flags, seed, **env_extra)
+        else:
+            break
+    check(got["outs"] in refs, "%s: tokens identical to a run without kvshim (%d sampled, "
+          "%d kvshim runs) %s" % (what, len(refs), tries, show(got)))
     return got
 
 
