@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -79,6 +80,11 @@ struct kvs_peers {
   pconn_t *conns;
   bool has_cache;
   uint64_t last_discover_ms;
+  /* The group directory's modification time when the last scan began (discover_lock): a
+   * socket created or removed since changes it, and the next discovery then scans at once
+   * instead of waiting out DISCOVER_INTERVAL_MS (a peer that starts just after a scan is found
+   * by the next lookup, not up to 200 ms later). */
+  struct timespec dir_mtime;
   /* Peers that failed recently are not re-dialled before retry_at (1 s, doubling to 30 s): a
    * stuck peer that still accepts connections would otherwise cost every discovery a whole
    * RPC deadline on the engine's thread. Guarded by table_lock. */
@@ -438,7 +444,13 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
   pthread_mutex_lock(&p->table_lock);
   bool recent = !force && p->last_discover_ms && now - p->last_discover_ms < DISCOVER_INTERVAL_MS;
   pthread_mutex_unlock(&p->table_lock);
+  struct stat dst;
+  bool dir_known = stat(p->dir, &dst) == 0;
+  if (recent && dir_known && (dst.st_mtim.tv_sec != p->dir_mtime.tv_sec ||
+                              dst.st_mtim.tv_nsec != p->dir_mtime.tv_nsec))
+    recent = false; /* the directory changed since the last scan: a peer came or went */
   if (!recent) {
+    if (dir_known) p->dir_mtime = dst.st_mtim; /* before the scan: a later change rescans */
     DIR *d = opendir(p->dir);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {

@@ -58,7 +58,8 @@ int kvs_peers_create(const kvs_peers_config_t *cfg, kvs_peers_t **out);
 void kvs_peers_destroy(kvs_peers_t *p);
 
 /* Refresh the peer list: connect to new sockets, forget dead peers, remove stale socket files.
- * Returns the number of live peers. Rate-limited to once per 200 ms unless force. Every call
+ * Returns the number of live peers. Rate-limited to once per 200 ms unless force or the group
+ * directory changed since the last scan (a socket came or went). Every call
  * (rate-limited or not) adopts a connected cache peer: with an accelerator installed, its pool
  * mapping is registered once, on an idle-priority thread (cache_peer_pool_pins). */
 int kvs_peers_discover(kvs_peers_t *p, bool force);

@@ -424,3 +424,23 @@ Test(server, stale_socket_is_removed_by_discovery, T_TIMEOUT) {
   cr_assert_eq(lstat(S.path, &sb), 0, "discovery removed the live server's socket");
   kvs_peers_destroy(p);
 }
+
+/* A peer that starts just after a scan is found by the next discovery at once: the group
+ * directory's modification time changed, so the 200 ms rate limit does not apply. */
+Test(server, a_new_socket_is_discovered_within_the_rate_limit, T_TIMEOUT) {
+  cr_assert_eq(ts_server_init(&S, 16u << 20), 0);
+  kvs_options_t o = S.opts;
+  kvs_stats_t st;
+  kvs_stats_init(&st);
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_ENGINE, .stats = &st};
+  kvs_peers_t *p = NULL;
+  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  cr_assert_eq(kvs_peers_discover(p, true), 0, "no server yet");
+  uint64_t t0 = kvs__now_ms();
+  cr_assert_eq(ts_server_start(&S), 0);
+  int n = kvs_peers_discover(p, false); /* not forced: within 200 ms of the last scan */
+  uint64_t dt = kvs__now_ms() - t0;
+  cr_assert_eq(n, 1, "the server started %llu ms after the last scan was not discovered",
+               (unsigned long long)dt);
+  kvs_peers_destroy(p);
+}
