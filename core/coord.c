@@ -15,6 +15,7 @@
 
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 #include "proto.h"
 #include "sock.h"
 
@@ -1423,11 +1424,7 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
   ev.data.ptr = &c->done_fd;
   epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->done_fd, &ev);
   /* The coordinator thread must not take signals meant for the engine. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = -pthread_create(&c->thread, NULL, coord_main, c);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  rc = kvs__prim_thread_start(&c->thread, NULL, coord_main, c);
   if (rc < 0) goto fail_unlink;
   *out = c;
   return 0;

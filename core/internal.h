@@ -27,6 +27,15 @@ static inline uint64_t kvs__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 static inline uint64_t kvs__now_ms(void) { return kvs__now_ns() / 1000000ull; }
+/* ms from now on CLOCK_REALTIME: the absolute deadline pthread_cond_timedwait takes. */
+static inline struct timespec kvs__realtime_after_ms(uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
+  ts.tv_sec += (time_t)(ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  return ts;
+}
 
 /* ---- ASan: poison free pool extents so stray accesses are caught (no-ops otherwise) ------ */
 #if defined(KVSHIM_ASAN) || defined(__SANITIZE_ADDRESS__)

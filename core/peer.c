@@ -23,6 +23,7 @@
 #include "internal.h"
 #include "log.h"
 #include "pool.h"
+#include "prim.h"
 #include "proto.h"
 #include "sock.h"
 #include "tensor.h"
@@ -1275,13 +1276,8 @@ int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n) {
     kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
     rc = -ENOSPC;
   } else {
-    if (!p->push_thread_started) {
-      sigset_t all, old;
-      sigfillset(&all);
-      pthread_sigmask(SIG_SETMASK, &all, &old);
-      p->push_thread_started = pthread_create(&p->push_thread, NULL, push_main, p) == 0;
-      pthread_sigmask(SIG_SETMASK, &old, NULL);
-    }
+    if (!p->push_thread_started)
+      p->push_thread_started = kvs__prim_thread_start(&p->push_thread, NULL, push_main, p) == 0;
     if (p->q_tail) p->q_tail->next = it;
     else p->q_head = it;
     p->q_tail = it;
@@ -1294,11 +1290,7 @@ int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n) {
 }
 
 int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-  ts.tv_sec += (time_t)(ns / 1000000000ull);
-  ts.tv_nsec = (long)(ns % 1000000000ull);
+  struct timespec ts = kvs__realtime_after_ms(timeout_ms);
   pthread_mutex_lock(&p->push_lock);
   while ((p->q_head || p->push_busy) && p->push_thread_started)
     if (pthread_cond_timedwait(&p->push_cond, &p->push_lock, &ts) == ETIMEDOUT) break;
@@ -1410,11 +1402,8 @@ static void pool_pin_start(kvs_peers_t *p, pconn_t *c) {
   c->pin_started = true;
   c->pin_ops = ops;
   c->pin_stats = p->stats;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  if (pthread_create(&c->pin_thread, NULL, pool_pin_main, c) != 0) c->pin_started = false;
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (kvs__prim_thread_start(&c->pin_thread, NULL, pool_pin_main, c) != 0)
+    c->pin_started = false;
 }
 
 static void pool_unpin(pconn_t *c) {

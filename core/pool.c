@@ -858,9 +858,7 @@ int kvs_pool_prefault_ahead(kvs_pool_t *pool, uint64_t ahead) {
      * bounds a missed wake-up. */
     pthread_mutex_lock(&pool->pf_lock);
     if (!atomic_load(&pool->closing) && atomic_load(&pool->hwm) == h) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_sec += 1;
+      struct timespec ts = kvs__realtime_after_ms(1000);
       pthread_cond_timedwait(&pool->pf_cond, &pool->pf_lock, &ts);
     }
     pthread_mutex_unlock(&pool->pf_lock);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -87,6 +88,16 @@ int kvs__prim_allocate(int fd, uint64_t off, uint64_t len) {
 
 void kvs__prim_thread_background(void) {
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* this thread only (Linux) */
+}
+
+int kvs__prim_thread_start(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *),
+                           void *arg) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(thread, attr, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return -rc;
 }
 
 int kvs__prim_populate(void *p, size_t len, bool write) {

@@ -1,11 +1,13 @@
 /* kvshim prim: the thin platform layer through which kvshim reaches the OS for memory (design
  * §2: "core reaches the OS through a thin platform layer", as mimalloc's src/prim does).
  * Every mmap, munmap, memfd_create, shm_open and madvise of the library is here; nothing else
- * includes <sys/mman.h>. Internal (the kvs__ tier); functions return 0 / a file descriptor or a
+ * includes <sys/mman.h>. So are the thread primitives every kvshim thread starts with (a full
+ * signal mask, a background priority). Internal (the kvs__ tier); functions return 0 / a file descriptor or a
  * negative errno, and write out-parameters only on success. */
 #ifndef KVSHIM_CORE_PRIM_H
 #define KVSHIM_CORE_PRIM_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,5 +50,11 @@ int kvs__prim_allocate(int fd, uint64_t off, uint64_t len);
  * seconds on a busy machine, and one that waits inside a lock (the mmap lock of a populate)
  * holds up every thread that needs it. Best effort: a failure leaves the priority as it was. */
 void kvs__prim_thread_background(void);
+
+/* pthread_create(thread, attr, fn, arg) with every signal blocked while it starts, so the new
+ * thread inherits a full mask: kvshim's threads never take the engine's (or serve's) signals.
+ * The caller's mask is restored. 0 or a negative errno. */
+int kvs__prim_thread_start(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *),
+                           void *arg);
 
 #endif

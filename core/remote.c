@@ -15,6 +15,7 @@
 
 #include "internal.h"
 #include "log.h"
+#include "prim.h"
 #include "redis.h"
 
 #define WRITE_BATCH 32               /* objects per pipeline on the write path */
@@ -898,16 +899,12 @@ int kvs_remote_create(const kvs_remote_config_t *cfg, kvs_remote_t **out, char *
   }
   kvs_redis_destroy(probe);
   /* The I/O threads must not take the signals serve waits for. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
   unsigned want = (unsigned)o->remote_threads;
   if (want > KVS__ARRAY_LEN(r->threads)) want = KVS__ARRAY_LEN(r->threads);
   for (; r->n_threads < want; r->n_threads++) {
-    rc = -pthread_create(&r->threads[r->n_threads], NULL, io_main, r);
+    rc = kvs__prim_thread_start(&r->threads[r->n_threads], NULL, io_main, r);
     if (rc < 0) break;
   }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (r->n_threads == 0) {
     snprintf(err, errlen, "remote tier: cannot start a thread: %s", strerror(-rc));
     kvs_remote_destroy(r, 0);
@@ -933,10 +930,7 @@ void kvs_remote_destroy(kvs_remote_t *r, uint32_t flush_ms) {
   /* Flush: let the threads drain the write queue, bounded. */
   uint64_t deadline = kvs__now_ms() + flush_ms;
   while ((r->write_head || r->busy) && kvs__now_ms() < deadline) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 20 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    struct timespec ts = kvs__realtime_after_ms(20);
     pthread_cond_timedwait(&r->idle, &r->lock, &ts);
   }
   if (r->write_head)

@@ -366,10 +366,7 @@ int kvs__runtime_keep(kvs__runtime_t *rt, uint64_t instance, const kvs_key_t *ke
   } else if (g_keep_len + n > KEEP_CAP) {
     rc = -ENOSPC;
   } else if (!g_keep_started) {
-    sigset_t old;
-    block_signals(&old);
-    g_keep_started = pthread_create(&g_keep_thread, NULL, keep_main, rt) == 0;
-    restore_signals(&old);
+    g_keep_started = kvs__prim_thread_start(&g_keep_thread, NULL, keep_main, rt) == 0;
     if (!g_keep_started) rc = -EAGAIN;
   }
   if (rc == 0) {
@@ -417,11 +414,7 @@ static void keep_stop(uint32_t timeout_ms) {
   int prio = getpriority(PRIO_PROCESS, 0); /* Linux: this thread's */
   if (prio != -1 || errno == 0) g_keep_exit_prio = prio;
   keep_lift();
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += timeout_ms / 1000;
-  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  struct timespec until = kvs__realtime_after_ms(timeout_ms);
   while ((g_keep_len || g_keep_busy) &&
          pthread_cond_timedwait(&g_keep_idle, &g_keep_lock, &until) == 0) {
   }
@@ -486,9 +479,9 @@ void kvs__runtime_exit(void) {
     pthread_join(g_connect_thread, NULL);
     g_connect_started = 0;
   }
-  /* Keep-behind next (bounded), so the stats count what was kept. */
+  /* Keep-behind (bounded), so the stats count what was kept. */
   keep_stop(2000);
-  /* Write-behind first (bounded), so the stats count what reached the cache peer. */
+  /* Write-behind (bounded), so the stats count what reached the cache peer. */
   if (kvs__rt.peers) kvs_peers_flush(kvs__rt.peers, 2000);
   /* The store's gauges after both, so they include what keep-behind kept. */
   if (__atomic_load_n(&kvs__rt_state, __ATOMIC_ACQUIRE) == KVS__RT_ACTIVE) {

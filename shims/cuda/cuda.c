@@ -73,6 +73,7 @@
 #include "internal.h"
 #include "log.h"
 #include "pool.h"
+#include "prim.h"
 #include "runtime.h"
 #include "stats.h"
 #include "tensor.h"
@@ -476,14 +477,10 @@ static void *cu_prepin_main(void *arg) {
 static int cu_spawn(void *(*fn)(void *), void *arg) {
   pthread_attr_t at;
   pthread_t t;
-  sigset_t all, old;
   int rc = pthread_attr_init(&at);
   if (rc == 0) {
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&t, &at, fn, arg);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    rc = -kvs__prim_thread_start(&t, &at, fn, arg);
     pthread_attr_destroy(&at);
   }
   return rc;
