@@ -363,15 +363,22 @@ def case_overwrite(ctx):
     stat_eq(st, hook_stores=2, hook_hits=2)
 
 
-def case_fallbacks(ctx):
-    a, _, _ = models(ctx)
-    f = ctx.p("s.bin")
-    save_ret, load_line = baseline_save_load(ctx, a)
+def save_uncacheable(ctx, a, f, save_ret):
+    """A save to f whose get_data fails (FAKELLAMA_GET_DATA_FAIL=1, write-through off): the real
+    function writes the file, with its exact return value. Returns (lines, stderr, stats)."""
     lines, err, st = ctx.run([f"model 0 {a}", "ctx 0 0", f"decode 0 0 r{N_TOK}@1",
                               f"save 0 0 {f}", f"exists {f}"], KVSHIM_LLAMA_WRITE_THROUGH=0,
                              FAKELLAMA_GET_DATA_FAIL=1)
     check(fields(lines[3])["ret"] == str(save_ret) and lines[4] == "exists 1",
-          f"an uncacheable save is written by the real function: {lines}")
+          f"an uncacheable save is written by the real function: {lines}\n{err[-2000:]}")
+    return lines, err, st
+
+
+def case_fallbacks(ctx):
+    a, _, _ = models(ctx)
+    f = ctx.p("s.bin")
+    save_ret, load_line = baseline_save_load(ctx, a)
+    _, _, st = save_uncacheable(ctx, a, f, save_ret)
     stat_eq(st, hook_stores=0, hook_store_failures=1)
     lines, _, st = ctx.run([f"model 0 {a}", "ctx 0 0", f"load 0 0 {f}"],
                            KVSHIM_LLAMA_WRITE_THROUGH=0)
