@@ -12,6 +12,8 @@ the code (X-macros) and reach users through the kvshim binary.
             (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*)
   cli       README's `kvshim` command table and exit codes against `kvshim --help` and the
             commands' exit codes for help and usage errors
+  design    every "design §N" / "design §N.M" cited anywhere in the tree (code, scripts, docs)
+            names a section of docs/design.md, and that file has its sections numbered in order
 
 usage: docs_contract.py CASE --cli build/tools/kvshim --source .   (--list: the cases)
 """
@@ -142,7 +144,7 @@ def case_options(ctx):
     scripts = {"KVSHIM_FUZZ_SECONDS", "KVSHIM_SOAK_MINUTES", "KVSHIM_CUDA_INCLUDE_DIR",
                "KVSHIM_BUILD_TESTS", "KVSHIM_BUILD_BENCH", "KVSHIM_DEBUG", "KVSHIM_SANITIZE",
                "KVSHIM_WERROR", "KVSHIM_FUZZ"}
-    for doc_name in ("README.md", "docs/protocol.md"):
+    for doc_name in ("README.md", "docs/protocol.md", "docs/design.md"):
         for n in sorted(set(re.findall(r"KVSHIM_[A-Z0-9_]*[A-Z0-9]", read(ctx, doc_name)))):
             check(n in code or n in scripts, f"{doc_name} names {n}, which is no variable")
 
@@ -206,7 +208,7 @@ def case_stats(ctx):
                  "cuda_preload_test", "pool_size", "pool_segment_size", "pool_arena_size",
                  "pool_arena_used", "remote_roundtrip"}
     gpu_prefixes = ("host_arena_", "cache_peer_", "cuda_device_", "cuda_ipc_opens")
-    for doc_name in ("README.md", "docs/protocol.md", "docs/gpu.md"):
+    for doc_name in ("README.md", "docs/protocol.md", "docs/design.md", "docs/gpu.md"):
         path = os.path.join(ctx.args.source, doc_name)
         if not os.path.exists(path):
             continue
@@ -287,6 +289,76 @@ def case_cli(ctx):
     r = run_cli(ctx, "peers", env=env)
     check("KVSHIM_NO_SUCH_THING" in r.stderr and "kvshim --help" in r.stderr,
           f"unknown variable warning: {r.stderr!r}")
+
+
+# ---- design --------------------------------------------------------------------------------
+
+# A citation: the word design, then a section (4, 9.1), then more joined by "-", "–", "," or
+# "and" (§9.1-§9.5, §4–§6, §10.2 and §10.3, §8, §2, §9.4).
+CITATION = re.compile(r"\bdesign\s+§(\d+(?:\.\d+)?)((?:\s*(?:,|-|–|and)\s*§\d+(?:\.\d+)?)*)", re.I)
+
+
+def design_sections(text):
+    """The numbers of docs/design.md's sections ("## N. Title") and subsections
+    ("### N.M Title"), checked to run in order: 1, 2, 2.1, 2.2, 3, ..."""
+    numbers = re.findall(r"^##+ (\d+(?:\.\d+)?)\.? ", text, re.M)
+    require(numbers, "docs/design.md has no numbered sections")
+    last_top, last_sub, disorder = 0, 0, []
+    for n in numbers:
+        top, _, sub = n.partition(".")
+        if sub:
+            if int(top) != last_top or int(sub) != last_sub + 1:
+                disorder.append(n)
+            last_sub = int(sub)
+        else:
+            if int(top) != last_top + 1:
+                disorder.append(n)
+            last_top, last_sub = int(top), 0
+    check(not disorder, f"docs/design.md numbers its sections in order (out of order: {disorder})")
+    return set(numbers)
+
+
+def tree_files(root):
+    """The files of the source tree: git's list where it is a checkout, else a walk that skips
+    build folders and hidden ones."""
+    p = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
+                        "--exclude-standard"], capture_output=True, timeout=60)
+    if p.returncode == 0 and p.stdout:
+        return [f for f in p.stdout.decode().split("\0") if f]
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith((".", "build", "node_modules"))]
+        out += [os.path.relpath(os.path.join(d, f), root) for f in files]
+    return out
+
+
+def citations(text):
+    """Every section number a text cites as "design §...", with its line number."""
+    for m in CITATION.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        for n in [m.group(1)] + re.findall(r"§(\d+(?:\.\d+)?)", m.group(2)):
+            yield line, n
+
+
+def case_design(ctx):
+    sections = design_sections(read(ctx, "docs/design.md"))
+    cited, unresolved = 0, []
+    for rel in tree_files(ctx.args.source):
+        path = os.path.join(ctx.args.source, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) > 4 << 20:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:  # binary (a fuzz corpus, a model)
+            continue
+        for line, n in citations(text):
+            cited += 1
+            if n not in sections:
+                unresolved.append(f"{rel}:{line} §{n}")
+    require(cited >= 50, f"only {cited} design citations found in the tree: is it the tree?")
+    check(not unresolved, f"every one of the {cited} design citations names a section of "
+                          f"docs/design.md (these do not: {unresolved})")
 
 
 class Ctx(harness.Context):
