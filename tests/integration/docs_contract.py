@@ -9,7 +9,9 @@ the code (X-macros) and reach users through the kvshim binary.
             INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names, order, kind, meaning;
             every counter named elsewhere in README.md or docs/protocol.md exists
   protocol  docs/protocol.md's opcode, error code and caps tables against core/proto.h
-            (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*)
+            (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*); the message schema
+            (KVS_PROTO_REQUESTS, KVS_PROTO_FIELDS_*): every request opcode has a handler row,
+            and each flat payload's size formula and field order are those of section 4
   cli       README's `kvshim` command table and exit codes against `kvshim --help` and the
             commands' exit codes for help and usage errors
   design    every "design §N" / "design §N.M" cited anywhere in the tree (code, scripts, docs)
@@ -245,6 +247,78 @@ def case_protocol(ctx):
     pr = [c for c in table(section(doc, "4.7 PREPARE_RETRIEVE")) if c[3] == "flags"][0][4]
     for n, v in flags:
         check(f"bit {int(v, 16).bit_length() - 1} `{n}`" in pr, f"PREPARE_RETRIEVE flag {n}")
+    schema(doc, hdr, ops)
+
+
+# The flat payloads of core/proto.h: where section 4 describes each (subsection, the words
+# before its byte count, or None for the subsection's heading) and the byte size of the
+# elements of its arrays (the structs' element types: key 16, slot 24, bytes 1).
+PAYLOAD_DOCS = {
+    "error": ("4.2", None), "lookup": ("4.3", "Request"), "lookup_reply": ("4.3", "Reply"),
+    "prepare_store": ("4.4", "Request"), "prepare_store_reply": ("4.4", "Reply"),
+    "commit_store_reply": ("4.5", "Reply"), "xfer": ("4.6", "Request"),
+    "prepare_retrieve": ("4.7", "Request"), "stats": ("4.8", "Request"),
+    "text": ("4.8", "Reply"), "ping": ("4.9", "Request and reply"),
+    "export": ("4.10", "Request"), "report": ("4.11", "Request"),
+    "report_reply": ("4.11", "Reply"),
+}
+ELEMENT_BYTES = {"keys": 16, "slots": 24, "outcomes": 1, "message": 1, "text": 1, "echo": 1}
+SCALAR_BYTES = {"U8": 1, "U16": 2, "U32": 4, "U64": 8, "ZERO16": 2, "ZERO32": 4}
+
+
+def subsection(doc, number):
+    m = re.search(r"^### %s (.*)$" % re.escape(number), doc, re.M)
+    require(m, f"docs/protocol.md has no section {number}")
+    return m.group(1), section(doc, f"{number} {m.group(1)}")
+
+
+def payload_size(fields):
+    """The size formula of a field list, as section 4 writes it: `24 + 8*ndim + 16*n_keys`."""
+    fixed, terms = 0, []
+    for kind, name, count in fields:
+        if kind in SCALAR_BYTES:
+            fixed += SCALAR_BYTES[kind]
+        elif kind == "LAYOUT":
+            fixed += 8
+            terms.append("8*ndim")
+        elif kind == "PAD8":
+            terms[-1] = f"pad8({terms[-1]})"
+        elif kind == "ARRAY":
+            e = ELEMENT_BYTES[name]
+            terms.append(count if e == 1 else f"{e}*{count}")
+    return " + ".join([str(fixed)] + terms) if terms else str(fixed)
+
+
+def schema(doc, hdr, ops):
+    reqs = re.findall(r"X\((\w+), (\w+), (\w+)\)",
+                      hdr[hdr.index("#define KVS_PROTO_REQUESTS(X)"):hdr.index("#define KVS_PROTO_FLAT")])
+    check(sorted(r[0] for r in reqs) == sorted(n for n, _ in ops if n != "ERROR"),
+          f"KVS_PROTO_REQUESTS rows {[r[0] for r in reqs]} vs the request opcodes")
+    flat = re.findall(r"X\((\w+)\)", hdr[hdr.index("#define KVS_PROTO_FLAT(X)"):
+                                          hdr.index("#define KVS_PROTO_FIELDS_")])
+    check(sorted(flat) == sorted(PAYLOAD_DOCS), f"flat payloads {flat} vs {sorted(PAYLOAD_DOCS)}")
+    for name in flat:
+        m = re.search(r"#define KVS_PROTO_FIELDS_%s\(F\)((?:[^\n]*\\\n)*[^\n]*)" % name, hdr)
+        require(m, f"no KVS_PROTO_FIELDS_{name}")
+        fields = re.findall(r"F\((\w+), ([\w.]+), (\w+)\)", m.group(1))
+        number, words = PAYLOAD_DOCS.get(name, ("?", None))
+        title, body = subsection(doc, number)
+        where = title if words is None else body
+        lead = "" if words is None else re.escape(words) + r" \("
+        said = re.search(lead + r"`?([^`()]*?(?:\([^()]*\)[^`()]*?)*)`? bytes?[);]", where)
+        got = said.group(1).replace(" ", "") if said else None
+        want = payload_size(fields)
+        check(got == want.replace(" ", ""),
+              f"{name}: docs/protocol.md {number} says {got!r} bytes, KVS_PROTO_FIELDS_{name} "
+              f"makes {want!r}")
+        # Where the subsection tabulates this payload, the fields and their order agree.
+        tables = [t for t in re.split(r"\n(?=Request|Reply|\| offset)", body) if "| offset" in t]
+        names = [("reserved" if k.startswith("ZERO") else "padding" if k == "PAD8" else
+                  "layout" if k == "LAYOUT" else n) for k, n, _ in fields]
+        for t in tables:
+            doc_names = [c[3] for c in table(t)]
+            if doc_names and doc_names[0] == names[0] and len(doc_names) == len(names):
+                check(doc_names == names, f"{name}: table fields {doc_names} vs schema {names}")
 
 
 # ---- cli -----------------------------------------------------------------------------------
