@@ -4,7 +4,7 @@ the code (X-macros) and reach users through the kvshim binary.
 
   options   README's configuration table against `kvshim --help` (KVS_OPTION_TABLE): the same
             variables, defaults, and every size/integer range stated and right; every KVSHIM_*
-            name the README mentions exists
+            name the README mentions exists; KVSHIM_HOOKS's choices are shims/families.h's
   stats     README's "Every counter" table against `kvshim stats --prometheus`, --json and the
             INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names, order, kind, meaning;
             every counter named elsewhere in README.md or docs/protocol.md exists
@@ -120,6 +120,11 @@ def help_variables(ctx):
 def case_options(ctx):
     readme = read(ctx, "README.md")
     code = help_variables(ctx)
+    # KVSHIM_HOOKS's choices are the hook families of shims/families.h, in their order (a
+    # family's bit is its row's position, asserted in preload/preload.c).
+    families = re.findall(r"\n  X\([A-Z_]+, ([a-z_]+), \"", read(ctx, "shims/families.h"))
+    check(code["KVSHIM_HOOKS"][0].endswith(" " + "|".join(families)),
+          f"KVSHIM_HOOKS choices {code['KVSHIM_HOOKS'][0]!r} vs shims/families.h {families}")
     doc = {}
     for cells in table(section(readme, "Configuration")):
         names = [n.strip() for n in cells[0].split("/")]

@@ -24,10 +24,10 @@ extern char **environ;
 #define ONE_(ret, name, params, args) +1
 #define SIZE_(id, name, title, rows) (0 rows(ONE_)),
 /* Hooks per family; a family's hooks follow those of the families before it. */
-static const unsigned char family_sizes[KVS_ELF_FAMILY_COUNT] = {KVS_ELF_FAMILIES(SIZE_)};
+static const unsigned char family_sizes[KVS_ELF_FAMILY_COUNT] = {KVS_HOOK_FAMILIES(SIZE_)};
 #define MAX_(id, name, title, rows)                                                           \
   _Static_assert((0 rows(ONE_)) <= KVS_ELF_FAMILY_MAX_HOOKS, #id " family too large");
-KVS_ELF_FAMILIES(MAX_)
+KVS_HOOK_FAMILIES(MAX_)
 #undef MAX_
 #undef SIZE_
 #undef ONE_
@@ -35,18 +35,18 @@ KVS_ELF_FAMILIES(MAX_)
 static const char *const hook_names[KVS_ELF_HOOK_COUNT] = {
 #define NAME_(ret, name, params, args) #name,
 #define FNAMES_(id, name, title, rows) rows(NAME_)
-    KVS_ELF_FAMILIES(FNAMES_)
+    KVS_HOOK_FAMILIES(FNAMES_)
 #undef FNAMES_
 #undef NAME_
 };
 static const char *const family_names[KVS_ELF_FAMILY_COUNT] = {
-#define FNAME_(id, name, title, rows) name,
-    KVS_ELF_FAMILIES(FNAME_)
+#define FNAME_(id, name, title, rows) #name,
+    KVS_HOOK_FAMILIES(FNAME_)
 #undef FNAME_
 };
 static const char *const family_titles[KVS_ELF_FAMILY_COUNT] = {
 #define FTITLE_(id, name, title, rows) title,
-    KVS_ELF_FAMILIES(FTITLE_)
+    KVS_HOOK_FAMILIES(FTITLE_)
 #undef FTITLE_
 };
 static const char *const reason_names[KVS_ELF_REASON_COUNT] = {

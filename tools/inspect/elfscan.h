@@ -47,31 +47,22 @@ extern "C" {
 /* ---- hook tables: generated from the families' rows (shims/<family>/<family>_hooks.h, the
  * lists libkvshim.so's exports are generated from), never retyped ------------------------- */
 
-#include "cuda_hooks.h"
-#include "kvo_hooks.h"
-#include "llama_hooks.h"
+#include "families.h"
 
-/* inspect's llama.cpp family: the state API adapter's hooks and the prefix cache's. */
-#define KVS__ELF_LLAMA_ROWS(X) KVS_LLAMA_HOOKS(X) KVS_LLAMA_PREFIX_HOOKS(X)
-
-/* Families: X(ID, short name used in JSON, title used in lines like "llama.cpp: ...", rows). */
-#define KVS_ELF_FAMILIES(X)                                                                   \
-  X(CUDA, "cuda", "CUDA driver", KVS_CUDA_HOOKS)                                              \
-  X(LLAMA, "llama", "llama.cpp", KVS__ELF_LLAMA_ROWS)                                         \
-  X(KVO, "kvo", "kvo", KVS_KVO_HOOKS)
-
+/* inspect's families are the engine families of shims/families.h (KVS_HOOK_FAMILIES):
+ * X(ID, name, title, rows). */
 typedef enum kvs_elf_family {
 #define KVS__ELF_FAM_ENUM(id, name, title, rows) KVS_ELF_FAMILY_##id,
-  KVS_ELF_FAMILIES(KVS__ELF_FAM_ENUM)
+  KVS_HOOK_FAMILIES(KVS__ELF_FAM_ENUM)
 #undef KVS__ELF_FAM_ENUM
   KVS_ELF_FAMILY_COUNT
 } kvs_elf_family_t;
 
-/* Every hook, families in KVS_ELF_FAMILIES order, so a family's hooks are contiguous. */
+/* Every hook, families in KVS_HOOK_FAMILIES order, so a family's hooks are contiguous. */
 typedef enum kvs_elf_hook {
 #define KVS__ELF_HOOK_ENUM(ret, name, params, args) KVS_ELF_HOOK_##name,
 #define KVS__ELF_FAM_HOOKS(id, name, title, rows) rows(KVS__ELF_HOOK_ENUM)
-  KVS_ELF_FAMILIES(KVS__ELF_FAM_HOOKS)
+  KVS_HOOK_FAMILIES(KVS__ELF_FAM_HOOKS)
 #undef KVS__ELF_FAM_HOOKS
 #undef KVS__ELF_HOOK_ENUM
   KVS_ELF_HOOK_COUNT
