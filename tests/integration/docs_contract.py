@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""README.md and docs/protocol.md against the lists they document, which are written once in
-the code (X-macros) and reach users through the kvshim binary.
+"""README.md, docs/reference.md and docs/protocol.md against the lists they document, which
+are written once in the code (X-macros) and reach users through the kvshim binary.
 
-  options   README's configuration table against `kvshim --help` (KVS_OPTION_TABLE): the same
-            variables, defaults, and every size/integer range stated and right; every KVSHIM_*
-            name the README mentions exists; KVSHIM_HOOKS's choices are shims/families.h's
-  stats     README's "Every counter" table against `kvshim stats --prometheus`, --json and the
-            INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names, order, kind, meaning;
-            every counter named elsewhere in README.md or docs/protocol.md exists
+  options   docs/reference.md's configuration table against `kvshim --help`
+            (KVS_OPTION_TABLE): the same variables, defaults, and every size/integer range
+            stated and right; every KVSHIM_* name the docs mention exists; KVSHIM_HOOKS's
+            choices are shims/families.h's
+  stats     docs/reference.md's "Every counter" table against `kvshim stats --prometheus`,
+            --json and the INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names,
+            order, kind, meaning; every counter named elsewhere in the docs exists
   protocol  docs/protocol.md's opcode, error code and caps tables against core/proto.h
             (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*); the message schema
             (KVS_PROTO_REQUESTS, KVS_PROTO_FIELDS_*): every request opcode has a handler row,
@@ -28,6 +29,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 from harness import check, require  # noqa: E402
+
+
+# The documents whose KVSHIM_* names and counter names must exist in the code.
+DOCS = ("README.md", "docs/reference.md", "docs/demo.md", "docs/protocol.md", "docs/design.md")
 
 
 def read(ctx, rel):
@@ -118,7 +123,6 @@ def help_variables(ctx):
 
 
 def case_options(ctx):
-    readme = read(ctx, "README.md")
     code = help_variables(ctx)
     # KVSHIM_HOOKS's choices are the hook families of shims/families.h, in their order (a
     # family's bit is its row's position, asserted in preload/preload.c).
@@ -126,13 +130,14 @@ def case_options(ctx):
     check(code["KVSHIM_HOOKS"][0].endswith(" " + "|".join(families)),
           f"KVSHIM_HOOKS choices {code['KVSHIM_HOOKS'][0]!r} vs shims/families.h {families}")
     doc = {}
-    for cells in table(section(readme, "Configuration")):
+    for cells in table(section(read(ctx, "docs/reference.md"), "Configuration")):
         names = [n.strip() for n in cells[0].split("/")]
         defaults = [d.strip() for d in cells[1].split("/")]
         for i, n in enumerate(names):
             doc[n] = (defaults[i] if len(defaults) == len(names) else cells[1], cells[2])
     check(sorted(doc) == sorted(code),
-          f"README options table vs kvshim --help: only in README {sorted(set(doc) - set(code))}, "
+          f"reference options table vs kvshim --help: only in the docs "
+          f"{sorted(set(doc) - set(code))}, "
           f"only in the code {sorted(set(code) - set(doc))}")
     for env, (kind, lo, hi, default, text) in code.items():
         if env not in doc:
@@ -151,7 +156,7 @@ def case_options(ctx):
     scripts = {"KVSHIM_FUZZ_SECONDS", "KVSHIM_SOAK_MINUTES", "KVSHIM_CUDA_INCLUDE_DIR",
                "KVSHIM_BUILD_TESTS", "KVSHIM_BUILD_BENCH", "KVSHIM_DEBUG", "KVSHIM_SANITIZE",
                "KVSHIM_WERROR", "KVSHIM_FUZZ"}
-    for doc_name in ("README.md", "docs/protocol.md", "docs/design.md"):
+    for doc_name in DOCS:
         for n in sorted(set(re.findall(r"KVSHIM_[A-Z0-9_]*[A-Z0-9]", read(ctx, doc_name)))):
             check(n in code or n in scripts, f"{doc_name} names {n}, which is no variable")
 
@@ -159,8 +164,8 @@ def case_options(ctx):
 # ---- stats ---------------------------------------------------------------------------------
 
 def case_stats(ctx):
-    readme = read(ctx, "README.md")
-    doc = [(c[0].strip("`"), c[1], c[2]) for c in table(section(readme, "Every counter"))]
+    doc = [(c[0].strip("`"), c[1], c[2])
+           for c in table(section(read(ctx, "docs/reference.md"), "Every counter"))]
     s = ctx.serve()
     prom = run_cli(ctx, "stats", "--prometheus")
     require(prom.returncode == 0, f"kvshim stats --prometheus: exit {prom.returncode} {prom.stderr}")
@@ -185,11 +190,11 @@ def case_stats(ctx):
         check(name in seen, f"{name}: no sample for the serve")
     want = [(n, k, t) for n, (_, k, t) in zip(names, code)]
     check([d[0] for d in doc] == names,
-          f"README 'Every counter' names vs kvshim stats: only in README "
+          f"reference 'Every counter' names vs kvshim stats: only in the docs "
           f"{[d[0] for d in doc if d[0] not in names]}, only in the code "
           f"{[n for n in names if n not in [d[0] for d in doc]]} (or another order)")
     for d, w in zip(doc, want):
-        check(d == w, f"README row {d} vs the code's {w}")
+        check(d == w, f"reference row {d} vs the code's {w}")
     js = run_cli(ctx, "stats", "--json")
     require(js.returncode == 0, f"kvshim stats --json: exit {js.returncode}")
     obj = json.loads(js.stdout)
@@ -215,7 +220,7 @@ def case_stats(ctx):
                  "cuda_preload_test", "pool_size", "pool_segment_size", "pool_arena_size",
                  "pool_arena_used", "remote_roundtrip"}
     gpu_prefixes = ("host_arena_", "cache_peer_", "cuda_device_", "cuda_ipc_opens")
-    for doc_name in ("README.md", "docs/protocol.md", "docs/design.md", "docs/gpu.md"):
+    for doc_name in DOCS + ("docs/gpu.md",):
         path = os.path.join(ctx.args.source, doc_name)
         if not os.path.exists(path):
             continue
@@ -295,8 +300,8 @@ def payload_size(fields):
 
 
 def schema(doc, hdr, ops):
-    reqs = re.findall(r"X\((\w+), (\w+), (\w+)\)",
-                      hdr[hdr.index("#define KVS_PROTO_REQUESTS(X)"):hdr.index("#define KVS_PROTO_FLAT")])
+    table_text = hdr[hdr.index("#define KVS_PROTO_REQUESTS(X)"):hdr.index("#define KVS_PROTO_FLAT")]
+    reqs = re.findall(r"X\((\w+), (\w+), (\w+)\)", table_text)
     check(sorted(r[0] for r in reqs) == sorted(n for n, _ in ops if n != "ERROR"),
           f"KVS_PROTO_REQUESTS rows {[r[0] for r in reqs]} vs the request opcodes")
     flat = re.findall(r"X\((\w+)\)", hdr[hdr.index("#define KVS_PROTO_FLAT(X)"):
@@ -374,7 +379,8 @@ def case_cli(ctx):
 
 # A citation: the word design, then a section (4, 9.1), then more joined by "-", "–", "," or
 # "and" (§9.1-§9.5, §4–§6, §10.2 and §10.3, §8, §2, §9.4).
-CITATION = re.compile(r"\bdesign\s+§(\d+(?:\.\d+)?)((?:\s*(?:,|-|–|and)\s*§\d+(?:\.\d+)?)*)", re.I)
+CITATION = re.compile(
+    r"\bdesign\s+§(\d+(?:\.\d+)?)((?:\s*(?:,|-|–|and)\s*§\d+(?:\.\d+)?)*)", re.I)
 
 
 def design_sections(text):
