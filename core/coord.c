@@ -298,10 +298,8 @@ static void outcomes_for(const conn_t *k, uint8_t *o, uint32_t n) {
     if (o[i] == KVS_RES_SKIPPED) o[i] = blocker;
 }
 
-static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_hello_t req;
-  int rc = kvs_proto_hello_decode(p, len, &req);
-  if (rc == 0) rc = kvs_proto_hello_check(&req, false);
+static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_hello_t *req) {
+  int rc = kvs_proto_hello_check(req, false);
   if (rc < 0) {
     protocol_error(c, k, rid, rc, "bad HELLO");
     return;
@@ -315,13 +313,13 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.version_min = KVS_PROTO_VERSION_MIN;
   me.version_max = KVS_PROTO_VERSION_MAX;
   uint16_t version;
-  if (kvs_proto_negotiate_version(&req, &me, &version) < 0) {
+  if (kvs_proto_negotiate_version(req, &me, &version) < 0) {
     protocol_error(c, k, rid, -EPROTONOSUPPORT, "no common protocol version");
     return;
   }
-  if (strcmp(req.group, c->group) != 0 && req.group[0]) {
+  if (strcmp(req->group, c->group) != 0 && req->group[0]) {
     /* docs/protocol.md §5: informational; the socket directory is what separates groups. */
-    kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req.group, c->group);
+    kvs_log_info("peer pid %ld says group '%s', ours is '%s'", (long)k->pid, req->group, c->group);
   }
   kvs_owner_t owner;
   rc = kvs_store_owner_open(c->store, &owner);
@@ -331,13 +329,13 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
     return;
   }
   bool can_offer = c->pool && kvs_pool_fd(c->pool) >= 0;
-  uint8_t strategy = kvs_proto_choose_strategy(c->strategy, &req, can_offer);
+  uint8_t strategy = kvs_proto_choose_strategy(c->strategy, req, can_offer);
   k->owner = owner;
   k->state = CONN_READY;
   k->strategy = strategy;
-  k->peer_role = req.role;
-  k->peer_max_frame = req.max_frame;
-  k->peer_caps = req.caps;
+  k->peer_role = req->role;
+  k->peer_max_frame = req->max_frame;
+  k->peer_caps = req->caps;
   kvs_store_info_t info;
   kvs_store_info(c->store, &info);
   me.role = c->role;
@@ -348,7 +346,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, 
   me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
             KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD | KVS_PROTO_CAP_AUTO_RELEASE |
             (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
-  if (req.caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
+  if (req->caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
   me.pool_segment_size = c->pool ? kvs_pool_segment_size(c->pool) : 0;
   me.pool_arena_size = info.arena_bytes;
@@ -402,42 +400,31 @@ static bool defer_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_prot
   return true;
 }
 
-static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_lookup_t req;
-  int rc = kvs_proto_lookup_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad LOOKUP");
-    return;
-  }
-  rc = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, false, NULL);
+static void on_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_lookup_t *req) {
+  int rc = kvs_store_lookup(c->store, k->owner, req->keys, req->n_keys, false, NULL);
   if (rc < 0) {
     queue_error(c, k, rid, rc, "lookup failed");
     return;
   }
-  if (defer_lookup(c, k, rid, &req, rc)) return;
+  if (defer_lookup(c, k, rid, req, rc)) return;
   kvs_proto_lookup_reply_t rep = {(uint32_t)rc};
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
 }
 
-static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
-                             size_t len) {
-  kvs_proto_prepare_store_t req;
-  int rc = kvs_proto_prepare_store_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad PREPARE_STORE");
-    return;
-  }
-  bool object = req.kind == KVS_PROTO_KIND_OBJECT;
-  uint32_t n_out = object ? 1 : req.n_keys;
+static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                             const kvs_proto_prepare_store_t *req) {
+  int rc;
+  bool object = req->kind == KVS_PROTO_KIND_OBJECT;
+  uint32_t n_out = object ? 1 : req->n_keys;
   uint8_t outcomes[KVS_PROTO_MAX_KEYS];
   kvs_proto_prepare_store_reply_t rep = {0};
   rep.n_outcomes = n_out;
   rep.outcomes = outcomes;
 
-  if (req.strategy == KVS_PROTO_STRATEGY_INLINE) {
+  if (req->strategy == KVS_PROTO_STRATEGY_INLINE) {
     /* An empty context: nothing is reserved; tell the peer which keys it need not send. */
     for (uint32_t i = 0; i < n_out; i++) {
-      int found = kvs_store_lookup(c->store, k->owner, &req.keys[i], 1, false, NULL);
+      int found = kvs_store_lookup(c->store, k->owner, &req->keys[i], 1, false, NULL);
       outcomes[i] = found == 1 ? KVS_RES_PRESENT : KVS_RES_RESERVED;
     }
     QUEUE_ENCODED(c, k, KVS_OP_PREPARE_STORE, rid, kvs_proto_prepare_store_reply_encode, &rep);
@@ -450,7 +437,7 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
 
   kvs_extent_t *ext = malloc(sizeof *ext * n_out);
   wxfer_t *w = malloc(sizeof *w + sizeof(kvs_proto_slot_t) * n_out +
-                      (c->has_remote ? sizeof(kvs_key_t) * req.n_keys : 0));
+                      (c->has_remote ? sizeof(kvs_key_t) * req->n_keys : 0));
   if (!ext || !w) {
     free(ext);
     free(w);
@@ -459,11 +446,11 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
   }
   kvs_xfer_t xfer = 0;
   if (object)
-    rc = kvs_store_reserve_object(c->store, k->owner, req.keys, req.n_keys, &req.layout, req.mode,
-                                  outcomes, ext, &xfer);
+    rc = kvs_store_reserve_object(c->store, k->owner, req->keys, req->n_keys, &req->layout,
+                                  req->mode, outcomes, ext, &xfer);
   else
-    rc = kvs_store_reserve_write(c->store, k->owner, req.keys, req.n_keys, &req.layout, req.mode,
-                                 outcomes, ext, &xfer);
+    rc = kvs_store_reserve_write(c->store, k->owner, req->keys, req->n_keys, &req->layout,
+                                 req->mode, outcomes, ext, &xfer);
   if (rc < 0) {
     free(ext);
     free(w);
@@ -483,9 +470,9 @@ static void on_prepare_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint
     w->xfer = xfer;
     w->n_slots = n_slots;
     w->object = object;
-    w->n_keys = c->has_remote ? req.n_keys : 0;
+    w->n_keys = c->has_remote ? req->n_keys : 0;
     w->keys = (kvs_key_t *)(void *)(w->slots + n_out);
-    if (w->n_keys) memcpy(w->keys, req.keys, sizeof(kvs_key_t) * w->n_keys);
+    if (w->n_keys) memcpy(w->keys, req->keys, sizeof(kvs_key_t) * w->n_keys);
     w->next = k->wxfers;
     k->wxfers = w;
   }
@@ -597,63 +584,52 @@ static void commit_inline(kvs_coord_t *c, conn_t *k, uint64_t rid,
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
 }
 
-static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
-                            size_t len) {
-  kvs_proto_commit_store_t req;
-  int rc = kvs_proto_commit_store_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad COMMIT_STORE");
-    return;
-  }
-  if (req.is_inline) {
-    if (req.xfer) { /* the SHM reservation this inline commit replaces: abort it, never leak */
-      rc = kvs_store_abort(c->store, k->owner, req.xfer);
-      forget_wxfer(k, req.xfer);
+static void on_commit_store(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                            const kvs_proto_commit_store_t *req) {
+  int rc;
+  if (req->is_inline) {
+    if (req->xfer) { /* the SHM reservation this inline commit replaces: abort it, never leak */
+      rc = kvs_store_abort(c->store, k->owner, req->xfer);
+      forget_wxfer(k, req->xfer);
       if (rc < 0 && rc != -ENOENT) {
         queue_error(c, k, rid, rc, "cannot abort that transfer");
         return;
       }
     }
-    commit_inline(c, k, rid, &req);
+    commit_inline(c, k, rid, req);
     return;
   }
-  wxfer_t *w = find_wxfer(k, req.xfer);
-  rc = check_commit_slots(c, w, req.slots, req.n_slots);
+  wxfer_t *w = find_wxfer(k, req->xfer);
+  rc = check_commit_slots(c, w, req->slots, req->n_slots);
   if (rc == -EFAULT) {
-    if (w) kvs_store_abort(c->store, k->owner, req.xfer), forget_wxfer(k, req.xfer);
+    if (w) kvs_store_abort(c->store, k->owner, req->xfer), forget_wxfer(k, req->xfer);
     protocol_error(c, k, rid, -EFAULT, "slot outside the pool or outside the transfer");
     return;
   }
   if (rc < 0) {
-    kvs_store_abort(c->store, k->owner, req.xfer);
-    forget_wxfer(k, req.xfer);
+    kvs_store_abort(c->store, k->owner, req->xfer);
+    forget_wxfer(k, req->xfer);
     queue_error(c, k, rid, rc, "commit must name every slot of the transfer");
     return;
   }
-  rc = kvs_store_commit(c->store, k->owner, req.xfer);
+  rc = kvs_store_commit(c->store, k->owner, req->xfer);
   if (rc < 0) {
     queue_error(c, k, rid, rc, "commit refused");
     return;
   }
   if (w) publish_remote(c, w->keys, w->n_keys, w->object, NULL, w->slots, w->n_slots);
   kvs_proto_commit_store_reply_t rep = {w ? w->n_slots : 0, 0, NULL};
-  forget_wxfer(k, req.xfer);
+  forget_wxfer(k, req->xfer);
   QUEUE_ENCODED(c, k, KVS_OP_COMMIT_STORE, rid, kvs_proto_commit_store_reply_encode, &rep);
 }
 
-static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_xfer_t req;
-  int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad ABORT");
-    return;
-  }
-  rc = kvs_store_abort(c->store, k->owner, req.xfer);
+static void on_abort(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_xfer_t *req) {
+  int rc = kvs_store_abort(c->store, k->owner, req->xfer);
   if (rc < 0) {
     queue_error(c, k, rid, rc, "abort refused");
     return;
   }
-  forget_wxfer(k, req.xfer);
+  forget_wxfer(k, req->xfer);
   queue_msg(k, KVS_OP_ABORT, rid, malloc(1), 0, -1);
 }
 
@@ -675,21 +651,15 @@ static void expire_auto(kvs_coord_t *c, uint64_t now) {
     if (k->auto_xfer && now >= k->auto_until_ms) auto_release(c, k);
 }
 
-static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
-                                size_t len) {
-  kvs_proto_prepare_retrieve_t req;
-  int rc = kvs_proto_prepare_retrieve_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad PREPARE_RETRIEVE");
-    return;
-  }
-  bool shm = req.strategy == KVS_PROTO_STRATEGY_SHM;
+static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                                const kvs_proto_prepare_retrieve_t *req) {
+  bool shm = req->strategy == KVS_PROTO_STRATEGY_SHM;
   if (shm && k->strategy != KVS_PROTO_STRATEGY_SHM) {
     queue_error(c, k, rid, -EOPNOTSUPP, "SHM was not negotiated on this connection");
     return;
   }
   kvs_xfer_t xfer = 0;
-  int found = kvs_store_lookup(c->store, k->owner, req.keys, req.n_keys, true, &xfer);
+  int found = kvs_store_lookup(c->store, k->owner, req->keys, req->n_keys, true, &xfer);
   if (found < 0) {
     queue_error(c, k, rid, found, "lookup failed");
     return;
@@ -718,7 +688,7 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
    * themselves pin_ms from now (never later than the lease would end them), or when the
    * client's next request arrives; the client trusts a copy finished within pin_ms of its
    * request without asking. */
-  if (shm && xfer && (req.flags & KVS_PROTO_RETRIEVE_AUTO_RELEASE) &&
+  if (shm && xfer && (req->flags & KVS_PROTO_RETRIEVE_AUTO_RELEASE) &&
       (k->peer_caps & KVS_PROTO_CAP_AUTO_RELEASE)) {
     uint32_t lease = kvs_store_lease_ms(c->store);
     rep.pin_ms = lease < AUTO_PIN_MAX_MS ? lease : AUTO_PIN_MAX_MS;
@@ -744,7 +714,7 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   }
   rep.n_objects = no;
   size_t n = 0;
-  rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
+  int rc = kvs_proto_prepare_retrieve_reply_encode(&rep, NULL, 0, &n);
   uint8_t *out = rc == 0 ? malloc(n ? n : 1) : NULL;
   if (out) rc = kvs_proto_prepare_retrieve_reply_encode(&rep, out, n, &n);
   /* Large inline replies go out straight from the pool (sendmsg over the pinned extents, the
@@ -799,16 +769,10 @@ static void on_prepare_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const u
   queue_msg(k, KVS_OP_PREPARE_RETRIEVE, rid, out, n, -1);
 }
 
-static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
-                               size_t len) {
-  kvs_proto_xfer_t req;
-  int rc = kvs_proto_xfer_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad COMMIT_RETRIEVE");
-    return;
-  }
-  if (req.xfer) {
-    rc = kvs_store_release(c->store, k->owner, req.xfer);
+static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                               const kvs_proto_xfer_t *req) {
+  if (req->xfer) {
+    int rc = kvs_store_release(c->store, k->owner, req->xfer);
     if (rc < 0) {
       queue_error(c, k, rid, rc, "release refused");
       return;
@@ -817,45 +781,28 @@ static void on_commit_retrieve(kvs_coord_t *c, conn_t *k, uint64_t rid, const ui
   queue_msg(k, KVS_OP_COMMIT_RETRIEVE, rid, malloc(1), 0, -1);
 }
 
-static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_stats_t req;
-  int rc = kvs_proto_stats_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad STATS");
-    return;
-  }
+static void on_stats(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_stats_t *req) {
   char text[16384];
-  size_t n = kvs_coord_render_stats(c->store, c->stats, req.format == KVS_PROTO_STATS_JSON, text,
+  size_t n = kvs_coord_render_stats(c->store, c->stats, req->format == KVS_PROTO_STATS_JSON, text,
                                     sizeof text);
   if (n >= sizeof text) n = sizeof text - 1;
   kvs_proto_text_t rep = {(uint32_t)n, text};
   QUEUE_ENCODED(c, k, KVS_OP_STATS, rid, kvs_proto_text_encode, &rep);
 }
 
-static void on_ping(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_ping_t req;
-  int rc = kvs_proto_ping_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad PING");
-    return;
-  }
-  QUEUE_ENCODED(c, k, KVS_OP_PING, rid, kvs_proto_ping_encode, &req);
+static void on_ping(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_ping_t *req) {
+  QUEUE_ENCODED(c, k, KVS_OP_PING, rid, kvs_proto_ping_encode, req);
 }
 
-static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p, size_t len) {
-  kvs_proto_export_t req;
-  int rc = kvs_proto_export_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad EXPORT_TENSORS");
-    return;
-  }
+static void on_export_tensors(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                              const kvs_proto_export_t *req) {
   kvs_proto_export_reply_t rep = {0};
   kvs_tensor_desc_t *descs = NULL;
   kvs_proto_blob_t *blobs = NULL;
   uint8_t *enc = NULL;
   int n = 0;
   if (c->tensors) {
-    n = kvs_tensor_registry_query(c->tensors, req.address, req.length, NULL, 0, NULL);
+    n = kvs_tensor_registry_query(c->tensors, req->address, req->length, NULL, 0, NULL);
     if (n < 0) {
       queue_error(c, k, rid, n, "bad address range");
       return;
@@ -871,7 +818,7 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
       queue_error(c, k, rid, -ENOMEM, "out of memory");
       return;
     }
-    n = kvs_tensor_registry_query(c->tensors, req.address, req.length, descs, (size_t)n, NULL);
+    n = kvs_tensor_registry_query(c->tensors, req->address, req->length, descs, (size_t)n, NULL);
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
     for (int i = 0; i < n; i++) {
       uint8_t *dst = enc + (size_t)i * KVS_PROTO_MAX_DESC_BYTES;
@@ -893,30 +840,24 @@ static void on_export(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
 /* REPORT_BAD (docs/protocol.md 4.11): drop the object under key when its bytes are exactly the
  * ones the reporter judged bad (same length and XXH3-64): a report about an object rewritten
  * since it was read is ignored. Hashing happens under our own pin, outside the store lock. */
-static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid, const uint8_t *p,
-                          size_t len) {
-  kvs_proto_report_t req;
-  int rc = kvs_proto_report_decode(p, len, &req);
-  if (rc < 0) {
-    protocol_error(c, k, rid, rc, "bad REPORT_BAD");
-    return;
-  }
+static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid,
+                          const kvs_proto_report_t *req) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_bad_reports);
   kvs_proto_report_reply_t rep = {0};
   kvs_xfer_t xfer = 0;
   kvs_object_view_t v;
-  if (kvs_store_lookup(c->store, k->owner, &req.key, 1, true, &xfer) == 1) {
+  if (kvs_store_lookup(c->store, k->owner, &req->key, 1, true, &xfer) == 1) {
     bool same = kvs_store_read_pinned(c->store, k->owner, xfer, &v, 1) == 1 &&
-                v.extent.length == req.length &&
+                v.extent.length == req->length &&
                 kvs_checksum64(kvs_pool_base(c->pool) + v.extent.offset, v.extent.length) ==
-                    req.checksum;
+                    req->checksum;
     kvs_store_release(c->store, k->owner, xfer);
-    if (same && kvs_store_remove(c->store, &req.key) == 0) rep.dropped = 1;
+    if (same && kvs_store_remove(c->store, &req->key) == 0) rep.dropped = 1;
   }
   if (rep.dropped) {
     kvs_stats_inc(c->stats, KVS_STAT_coord_bad_dropped);
     kvs_log_info("peer pid %ld reported a bad object (%" PRIu64 " bytes): dropped", (long)k->pid,
-                 req.length);
+                 req->length);
   }
   QUEUE_ENCODED(c, k, KVS_OP_REPORT_BAD, rid, kvs_proto_report_reply_encode, &rep);
 }
@@ -941,17 +882,21 @@ static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const
     return;
   }
   switch (op) {
-    case KVS_OP_HELLO: on_hello(c, k, rid, p, len); break;
-    case KVS_OP_LOOKUP: on_lookup(c, k, rid, p, len); break;
-    case KVS_OP_PREPARE_STORE: on_prepare_store(c, k, rid, p, len); break;
-    case KVS_OP_COMMIT_STORE: on_commit_store(c, k, rid, p, len); break;
-    case KVS_OP_ABORT: on_abort(c, k, rid, p, len); break;
-    case KVS_OP_PREPARE_RETRIEVE: on_prepare_retrieve(c, k, rid, p, len); break;
-    case KVS_OP_COMMIT_RETRIEVE: on_commit_retrieve(c, k, rid, p, len); break;
-    case KVS_OP_STATS: on_stats(c, k, rid, p, len); break;
-    case KVS_OP_PING: on_ping(c, k, rid, p, len); break;
-    case KVS_OP_EXPORT_TENSORS: on_export(c, k, rid, p, len); break;
-    case KVS_OP_REPORT_BAD: on_report_bad(c, k, rid, p, len); break;
+    /* Every request's opening (KVS_PROTO_REQUESTS): decode its payload (docs/protocol.md
+     * section 4); a malformed one is answered ERROR and closes the connection; the handler gets
+     * the decoded request. */
+#define KVS__COORD_REQUEST(OP, handler, request)                                              \
+  case KVS_OP_##OP: {                                                                         \
+    kvs_proto_##request##_t req;                                                              \
+    int rc = kvs_proto_##request##_decode(p, len, &req);                                      \
+    if (rc < 0)                                                                               \
+      protocol_error(c, k, rid, rc, "bad " #OP);                                              \
+    else                                                                                      \
+      on_##handler(c, k, rid, &req);                                                          \
+    break;                                                                                    \
+  }
+    KVS_PROTO_REQUESTS(KVS__COORD_REQUEST)
+#undef KVS__COORD_REQUEST
     default: protocol_error(c, k, rid, -EOPNOTSUPP, "not a request opcode"); break;
   }
 }

@@ -452,30 +452,9 @@ uint8_t kvs_proto_choose_strategy(uint8_t local, const kvs_proto_hello_t *client
 
 static bool error_code_ok(int64_t code) { return code < 0 && code >= -ERRNO_MAX; }
 
-int kvs_proto_error_encode(const kvs_proto_error_t *m, void *buf, size_t cap, size_t *len) {
-  if (!error_code_ok(m->code) || m->message_len > KVS_PROTO_MAX_ERROR_MSG ||
-      (m->message_len && !m->message))
-    return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, (uint32_t)m->code);
-  kvs_proto_write_u16(&w, m->message_len);
-  kvs_proto_write_bytes(&w, m->message, m->message_len);
-  return finish(&w, len);
-}
-
-int kvs_proto_error_decode(const void *p, size_t len, kvs_proto_error_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_error_t m;
-  m.code = (int32_t)kvs_proto_read_u32(&r);
-  m.message_len = kvs_proto_read_u16(&r);
-  require(&r, error_code_ok(m.code) && m.message_len <= KVS_PROTO_MAX_ERROR_MSG);
-  m.message = kvs_proto_read_bytes(&r, r.err ? 0 : m.message_len);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
+static bool error_ok(const kvs_proto_error_t *m) {
+  return error_code_ok(m->code) && m->message_len <= KVS_PROTO_MAX_ERROR_MSG &&
+         (m->message_len == 0 || m->message);
 }
 
 void kvs_proto_error_init(kvs_proto_error_t *m, int code, const char *msg) {
@@ -488,84 +467,13 @@ void kvs_proto_error_init(kvs_proto_error_t *m, int code, const char *msg) {
 
 /* ---- key lists (LOOKUP, PREPARE_RETRIEVE) ------------------------------------------------------ */
 
-int kvs_proto_lookup_encode(const kvs_proto_lookup_t *m, void *buf, size_t cap, size_t *len) {
-  if (!keys_count_ok(m->n_keys) || !m->keys) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->n_keys);
-  kvs_proto_write_u32(&w, m->remote_wait_ms);
-  kvs_proto_write_bytes(&w, m->keys, (size_t)m->n_keys * sizeof(kvs_key_t));
-  return finish(&w, len);
+static bool lookup_ok(const kvs_proto_lookup_t *m) { return keys_count_ok(m->n_keys) && m->keys; }
+static bool lookup_reply_ok(const kvs_proto_lookup_reply_t *m) {
+  return m->found <= KVS_PROTO_MAX_KEYS;
 }
-
-int kvs_proto_lookup_decode(const void *p, size_t len, kvs_proto_lookup_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_lookup_t m;
-  m.n_keys = kvs_proto_read_u32(&r);
-  m.remote_wait_ms = kvs_proto_read_u32(&r);
-  require(&r, keys_count_ok(m.n_keys));
-  m.keys = kvs_proto_read_array(&r, m.n_keys, sizeof(kvs_key_t));
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
-
-int kvs_proto_lookup_reply_encode(const kvs_proto_lookup_reply_t *m, void *buf, size_t cap,
-                                  size_t *len) {
-  if (m->found > KVS_PROTO_MAX_KEYS) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->found);
-  kvs_proto_write_u32(&w, 0);
-  return finish(&w, len);
-}
-
-int kvs_proto_lookup_reply_decode(const void *p, size_t len, kvs_proto_lookup_reply_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_lookup_reply_t m;
-  m.found = kvs_proto_read_u32(&r);
-  zero32(&r);
-  require(&r, m.found <= KVS_PROTO_MAX_KEYS);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
-
-int kvs_proto_prepare_retrieve_encode(const kvs_proto_prepare_retrieve_t *m, void *buf,
-                                      size_t cap, size_t *len) {
-  if (!strategy_explicit(m->strategy) || !keys_count_ok(m->n_keys) || !m->keys ||
-      (m->flags & ~KVS_PROTO_RETRIEVE_F_ALL))
-    return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u8(&w, m->strategy);
-  kvs_proto_write_u8(&w, m->flags);
-  kvs_proto_write_u16(&w, 0);
-  kvs_proto_write_u32(&w, m->n_keys);
-  kvs_proto_write_bytes(&w, m->keys, (size_t)m->n_keys * sizeof(kvs_key_t));
-  return finish(&w, len);
-}
-
-int kvs_proto_prepare_retrieve_decode(const void *p, size_t len,
-                                      kvs_proto_prepare_retrieve_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_prepare_retrieve_t m;
-  m.strategy = kvs_proto_read_u8(&r);
-  m.flags = kvs_proto_read_u8(&r);
-  zero16(&r);
-  m.n_keys = kvs_proto_read_u32(&r);
-  require(&r, strategy_explicit(m.strategy) && keys_count_ok(m.n_keys) &&
-                  !(m.flags & ~KVS_PROTO_RETRIEVE_F_ALL));
-  m.keys = kvs_proto_read_array(&r, m.n_keys, sizeof(kvs_key_t));
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
+static bool prepare_retrieve_ok(const kvs_proto_prepare_retrieve_t *m) {
+  return strategy_explicit(m->strategy) && keys_count_ok(m->n_keys) && m->keys &&
+         !(m->flags & ~KVS_PROTO_RETRIEVE_F_ALL);
 }
 
 /* ---- PREPARE_STORE ------------------------------------------------------------------------------ */
@@ -573,42 +481,9 @@ int kvs_proto_prepare_retrieve_decode(const void *p, size_t len,
 static bool mode_ok(uint32_t mode) { return !(mode & ~(uint32_t)KVS_PROTO_MODE_ALL); }
 static bool kind_ok(uint8_t kind) { return kind <= KVS_PROTO_KIND_OBJECT; }
 
-int kvs_proto_prepare_store_encode(const kvs_proto_prepare_store_t *m, void *buf, size_t cap,
-                                   size_t *len) {
-  if (!strategy_explicit(m->strategy) || !kind_ok(m->kind) || !mode_ok(m->mode) ||
-      m->layout.ndim > KVS_LAYOUT_MAX_DIMS || !keys_count_ok(m->n_keys) || !m->keys)
-    return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u8(&w, m->strategy);
-  kvs_proto_write_u8(&w, m->kind);
-  kvs_proto_write_u16(&w, 0);
-  kvs_proto_write_u32(&w, m->mode);
-  kvs_proto_write_u32(&w, m->n_keys);
-  kvs_proto_write_u32(&w, 0);
-  write_layout(&w, &m->layout);
-  kvs_proto_write_bytes(&w, m->keys, (size_t)m->n_keys * sizeof(kvs_key_t));
-  return finish(&w, len);
-}
-
-int kvs_proto_prepare_store_decode(const void *p, size_t len, kvs_proto_prepare_store_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_prepare_store_t m;
-  m.strategy = kvs_proto_read_u8(&r);
-  m.kind = kvs_proto_read_u8(&r);
-  zero16(&r);
-  m.mode = kvs_proto_read_u32(&r);
-  m.n_keys = kvs_proto_read_u32(&r);
-  zero32(&r);
-  require(&r, strategy_explicit(m.strategy) && kind_ok(m.kind) && mode_ok(m.mode) &&
-                  keys_count_ok(m.n_keys));
-  read_layout(&r, &m.layout);
-  m.keys = kvs_proto_read_array(&r, m.n_keys, sizeof(kvs_key_t));
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
+static bool prepare_store_ok(const kvs_proto_prepare_store_t *m) {
+  return strategy_explicit(m->strategy) && kind_ok(m->kind) && mode_ok(m->mode) &&
+         m->layout.ndim <= KVS_LAYOUT_MAX_DIMS && keys_count_ok(m->n_keys) && m->keys;
 }
 
 /* A slot list: key_index strictly increasing, reserved 0, offset + length does not overflow. */
@@ -642,45 +517,9 @@ static void write_slots(kvs_proto_writer_t *w, const kvs_proto_slot_t *s, uint32
 
 static bool prepare_store_reply_ok(const kvs_proto_prepare_store_reply_t *m) {
   return m->n_outcomes <= KVS_PROTO_MAX_KEYS && m->n_slots <= m->n_outcomes &&
-         (m->n_slots == 0 || m->xfer != 0);
-}
-
-int kvs_proto_prepare_store_reply_encode(const kvs_proto_prepare_store_reply_t *m, void *buf,
-                                         size_t cap, size_t *len) {
-  if (!prepare_store_reply_ok(m) || (m->n_outcomes && !m->outcomes) ||
-      (m->n_slots && !m->slots) || !outcomes_ok(m->outcomes, m->n_outcomes) ||
-      !slots_ok(m->slots, m->n_slots, m->outcomes, m->n_outcomes))
-    return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->xfer);
-  kvs_proto_write_u32(&w, m->n_outcomes);
-  kvs_proto_write_u32(&w, m->n_slots);
-  kvs_proto_write_bytes(&w, m->outcomes, m->n_outcomes);
-  kvs_proto_write_pad(&w, 8);
-  write_slots(&w, m->slots, m->n_slots);
-  return finish(&w, len);
-}
-
-int kvs_proto_prepare_store_reply_decode(const void *p, size_t len,
-                                         kvs_proto_prepare_store_reply_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_prepare_store_reply_t m;
-  m.xfer = kvs_proto_read_u64(&r);
-  m.n_outcomes = kvs_proto_read_u32(&r);
-  m.n_slots = kvs_proto_read_u32(&r);
-  require(&r, prepare_store_reply_ok(&m));
-  m.outcomes = kvs_proto_read_array(&r, m.n_outcomes, 1);
-  kvs_proto_read_pad(&r, 8);
-  m.slots = kvs_proto_read_array(&r, m.n_slots, sizeof(kvs_proto_slot_t));
-  KVS_TRY(kvs_proto_reader_end(&r));
-  if (!outcomes_ok(m.outcomes, m.n_outcomes) ||
-      !slots_ok(m.slots, m.n_slots, m.outcomes, m.n_outcomes))
-    return -EBADMSG;
-  *out = m;
-  return 0;
+         (m->n_slots == 0 || m->xfer != 0) && (m->n_outcomes == 0 || m->outcomes) &&
+         (m->n_slots == 0 || m->slots) && outcomes_ok(m->outcomes, m->n_outcomes) &&
+         slots_ok(m->slots, m->n_slots, m->outcomes, m->n_outcomes);
 }
 
 /* ---- COMMIT_STORE ------------------------------------------------------------------------------- */
@@ -772,52 +611,16 @@ int kvs_proto_commit_store_decode(const void *p, size_t len, kvs_proto_commit_st
   return 0;
 }
 
-int kvs_proto_commit_store_reply_encode(const kvs_proto_commit_store_reply_t *m, void *buf,
-                                        size_t cap, size_t *len) {
-  if (m->committed > KVS_PROTO_MAX_KEYS || m->n_outcomes > KVS_PROTO_MAX_KEYS ||
-      (m->n_outcomes && !m->outcomes) || !outcomes_ok(m->outcomes, m->n_outcomes))
-    return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->committed);
-  kvs_proto_write_u32(&w, m->n_outcomes);
-  kvs_proto_write_bytes(&w, m->outcomes, m->n_outcomes);
-  return finish(&w, len);
-}
-
-int kvs_proto_commit_store_reply_decode(const void *p, size_t len,
-                                        kvs_proto_commit_store_reply_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_commit_store_reply_t m;
-  m.committed = kvs_proto_read_u32(&r);
-  m.n_outcomes = kvs_proto_read_u32(&r);
-  require(&r, m.committed <= KVS_PROTO_MAX_KEYS && m.n_outcomes <= KVS_PROTO_MAX_KEYS);
-  m.outcomes = kvs_proto_read_array(&r, m.n_outcomes, 1);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  if (!outcomes_ok(m.outcomes, m.n_outcomes)) return -EBADMSG;
-  *out = m;
-  return 0;
+static bool commit_store_reply_ok(const kvs_proto_commit_store_reply_t *m) {
+  return m->committed <= KVS_PROTO_MAX_KEYS && m->n_outcomes <= KVS_PROTO_MAX_KEYS &&
+         (m->n_outcomes == 0 || m->outcomes) && outcomes_ok(m->outcomes, m->n_outcomes);
 }
 
 /* ---- ABORT / COMMIT_RETRIEVE / empty ------------------------------------------------------------ */
 
-int kvs_proto_xfer_encode(const kvs_proto_xfer_t *m, void *buf, size_t cap, size_t *len) {
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->xfer);
-  return finish(&w, len);
-}
-
-int kvs_proto_xfer_decode(const void *p, size_t len, kvs_proto_xfer_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  uint64_t x = kvs_proto_read_u64(&r);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  out->xfer = x;
-  return 0;
+static bool xfer_ok(const kvs_proto_xfer_t *m) {
+  (void)m; /* any transfer id is well formed */
+  return true;
 }
 
 int kvs_proto_empty_decode(const void *p, size_t len) {
@@ -959,100 +762,18 @@ int kvs_proto_prepare_retrieve_reply_decode_table(const void *p, size_t len,
 
 /* ---- STATS -------------------------------------------------------------------------------------- */
 
-int kvs_proto_stats_encode(const kvs_proto_stats_t *m, void *buf, size_t cap, size_t *len) {
-  if (m->format > KVS_PROTO_STATS_JSON) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u8(&w, m->format);
-  return finish(&w, len);
-}
-
-int kvs_proto_stats_decode(const void *p, size_t len, kvs_proto_stats_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  uint8_t f = kvs_proto_read_u8(&r);
-  require(&r, f <= KVS_PROTO_STATS_JSON);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  out->format = f;
-  return 0;
-}
-
-int kvs_proto_text_encode(const kvs_proto_text_t *m, void *buf, size_t cap, size_t *len) {
-  if (m->len && !m->text) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->len);
-  kvs_proto_write_bytes(&w, m->text, m->len);
-  return finish(&w, len);
-}
-
-int kvs_proto_text_decode(const void *p, size_t len, kvs_proto_text_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_text_t m;
-  m.len = kvs_proto_read_u32(&r);
-  m.text = kvs_proto_read_bytes(&r, r.err ? 0 : m.len);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
+static bool stats_ok(const kvs_proto_stats_t *m) { return m->format <= KVS_PROTO_STATS_JSON; }
+static bool text_ok(const kvs_proto_text_t *m) { return m->len == 0 || m->text; }
 
 /* ---- PING --------------------------------------------------------------------------------------- */
 
-int kvs_proto_ping_encode(const kvs_proto_ping_t *m, void *buf, size_t cap, size_t *len) {
-  if (m->echo_len && !m->echo) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->nonce);
-  kvs_proto_write_u32(&w, m->echo_len);
-  kvs_proto_write_u32(&w, 0);
-  kvs_proto_write_bytes(&w, m->echo, m->echo_len);
-  return finish(&w, len);
-}
-
-int kvs_proto_ping_decode(const void *p, size_t len, kvs_proto_ping_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_ping_t m;
-  m.nonce = kvs_proto_read_u64(&r);
-  m.echo_len = kvs_proto_read_u32(&r);
-  zero32(&r);
-  m.echo = kvs_proto_read_bytes(&r, r.err ? 0 : m.echo_len);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
+static bool ping_ok(const kvs_proto_ping_t *m) { return m->echo_len == 0 || m->echo; }
 
 /* ---- EXPORT_TENSORS ----------------------------------------------------------------------------- */
 
 static bool export_ok(const kvs_proto_export_t *m) {
   uint64_t end;
   return !__builtin_add_overflow(m->address, m->length, &end);
-}
-
-int kvs_proto_export_encode(const kvs_proto_export_t *m, void *buf, size_t cap, size_t *len) {
-  if (!export_ok(m)) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->address);
-  kvs_proto_write_u64(&w, m->length);
-  return finish(&w, len);
-}
-
-int kvs_proto_export_decode(const void *p, size_t len, kvs_proto_export_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_export_t m;
-  m.address = kvs_proto_read_u64(&r);
-  m.length = kvs_proto_read_u64(&r);
-  require(&r, export_ok(&m));
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
 }
 
 static bool blob_len_ok(uint32_t n) { return n >= 1 && n <= KVS_PROTO_MAX_DESC_BYTES; }
@@ -1107,51 +828,56 @@ int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *d
 
 /* ---- REPORT_BAD ---------------------------------------------------------------------------- */
 
-int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len) {
-  if (m->length == 0) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->key.lo);
-  kvs_proto_write_u64(&w, m->key.hi);
-  kvs_proto_write_u64(&w, m->length);
-  kvs_proto_write_u64(&w, m->checksum);
-  return finish(&w, len);
-}
+static bool report_ok(const kvs_proto_report_t *m) { return m->length != 0; }
+static bool report_reply_ok(const kvs_proto_report_reply_t *m) { return m->dropped <= 1; }
 
-int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_report_t m;
-  m.key.lo = kvs_proto_read_u64(&r);
-  m.key.hi = kvs_proto_read_u64(&r);
-  m.length = kvs_proto_read_u64(&r);
-  m.checksum = kvs_proto_read_u64(&r);
-  require(&r, m.length != 0);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
+/* ---- the flat payloads (proto.h KVS_PROTO_FLAT): encode and decode from their field lists ---
+ * Each payload's field list is walked once to write (after <payload>_ok: -EINVAL) and once to
+ * read (then <payload>_ok: -EBADMSG); the reader's sticky error makes a short payload, a
+ * non-zero reserved field or an overflowing count fail the decode before the rule is judged,
+ * and *out is written only on success. */
 
-int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
-                                  size_t *len) {
-  if (m->dropped > 1) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->dropped);
-  kvs_proto_write_u32(&w, 0);
-  return finish(&w, len);
-}
+#define KVS__PUT(kind, field, count) KVS__PUT_##kind(field, count)
+#define KVS__PUT_U8(field, count) kvs_proto_write_u8(&w, m->field);
+#define KVS__PUT_U16(field, count) kvs_proto_write_u16(&w, m->field);
+#define KVS__PUT_U32(field, count) kvs_proto_write_u32(&w, (uint32_t)m->field);
+#define KVS__PUT_U64(field, count) kvs_proto_write_u64(&w, m->field);
+#define KVS__PUT_ZERO16(field, count) kvs_proto_write_u16(&w, 0);
+#define KVS__PUT_ZERO32(field, count) kvs_proto_write_u32(&w, 0);
+#define KVS__PUT_PAD8(field, count) kvs_proto_write_pad(&w, 8);
+#define KVS__PUT_LAYOUT(field, count) write_layout(&w, &m->field);
+#define KVS__PUT_ARRAY(field, count)                                                          \
+  kvs_proto_write_bytes(&w, m->field, (size_t)m->count * sizeof *m->field);
 
-int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out) {
-  KVS_TRY(payload_ok(p, len));
-  kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
-  kvs_proto_report_reply_t m;
-  m.dropped = kvs_proto_read_u32(&r);
-  zero32(&r);
-  require(&r, m.dropped <= 1);
-  KVS_TRY(kvs_proto_reader_end(&r));
-  *out = m;
-  return 0;
-}
+#define KVS__GET(kind, field, count) KVS__GET_##kind(field, count)
+#define KVS__GET_U8(field, count) m.field = kvs_proto_read_u8(&r);
+#define KVS__GET_U16(field, count) m.field = kvs_proto_read_u16(&r);
+#define KVS__GET_U32(field, count) m.field = kvs_proto_read_u32(&r);
+#define KVS__GET_U64(field, count) m.field = kvs_proto_read_u64(&r);
+#define KVS__GET_ZERO16(field, count) zero16(&r);
+#define KVS__GET_ZERO32(field, count) zero32(&r);
+#define KVS__GET_PAD8(field, count) kvs_proto_read_pad(&r, 8);
+#define KVS__GET_LAYOUT(field, count) read_layout(&r, &m.field);
+#define KVS__GET_ARRAY(field, count) m.field = kvs_proto_read_array(&r, m.count, sizeof *m.field);
+
+#define KVS__PROTO_FLAT_CODEC(msg)                                                            \
+  int kvs_proto_##msg##_encode(const kvs_proto_##msg##_t *m, void *buf, size_t cap,           \
+                               size_t *len) {                                                 \
+    if (!msg##_ok(m)) return -EINVAL;                                                         \
+    kvs_proto_writer_t w;                                                                     \
+    kvs_proto_writer_init(&w, buf, cap);                                                      \
+    KVS_PROTO_FIELDS_##msg(KVS__PUT) return finish(&w, len);                                  \
+  }                                                                                           \
+  int kvs_proto_##msg##_decode(const void *p, size_t len, kvs_proto_##msg##_t *out) {         \
+    KVS_TRY(payload_ok(p, len));                                                              \
+    kvs_proto_reader_t r;                                                                     \
+    kvs_proto_reader_init(&r, p, len);                                                        \
+    kvs_proto_##msg##_t m;                                                                    \
+    memset(&m, 0, sizeof m);                                                                  \
+    KVS_PROTO_FIELDS_##msg(KVS__GET) KVS_TRY(kvs_proto_reader_end(&r));                       \
+    if (!msg##_ok(&m)) return -EBADMSG;                                                       \
+    *out = m;                                                                                 \
+    return 0;                                                                                 \
+  }
+KVS_PROTO_FLAT(KVS__PROTO_FLAT_CODEC)
+

@@ -360,8 +360,6 @@ typedef struct kvs_proto_error {
   const char *message; /* into the payload (decode); may be NULL when message_len == 0 */
 } kvs_proto_error_t;
 
-int kvs_proto_error_encode(const kvs_proto_error_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_error_decode(const void *p, size_t len, kvs_proto_error_t *out);
 /* Fill *m from a code and a C string, cut to KVS_PROTO_MAX_ERROR_MSG bytes (msg NULL: the
  * code's kvs_proto_strerror text). A code outside [-4095, -1] becomes -EIO. m->message points
  * at msg (or a static string): keep msg alive until encoded. */
@@ -380,11 +378,6 @@ typedef struct kvs_proto_lookup_reply {
   uint32_t found;
 } kvs_proto_lookup_reply_t;
 
-int kvs_proto_lookup_encode(const kvs_proto_lookup_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_lookup_decode(const void *p, size_t len, kvs_proto_lookup_t *out);
-int kvs_proto_lookup_reply_encode(const kvs_proto_lookup_reply_t *m, void *buf, size_t cap,
-                                  size_t *len);
-int kvs_proto_lookup_reply_decode(const void *p, size_t len, kvs_proto_lookup_reply_t *out);
 
 /* PREPARE_STORE request. strategy SHM or INLINE; kind CHUNKS or OBJECT; mode only
  * KVS_PROTO_MODE_ALL bits; layout.ndim <= 8 (other layout rules are the store's: an invalid
@@ -413,13 +406,6 @@ typedef struct kvs_proto_prepare_store_reply {
   const kvs_proto_slot_t *slots; /* into the payload */
 } kvs_proto_prepare_store_reply_t;
 
-int kvs_proto_prepare_store_encode(const kvs_proto_prepare_store_t *m, void *buf, size_t cap,
-                                   size_t *len);
-int kvs_proto_prepare_store_decode(const void *p, size_t len, kvs_proto_prepare_store_t *out);
-int kvs_proto_prepare_store_reply_encode(const kvs_proto_prepare_store_reply_t *m, void *buf,
-                                         size_t cap, size_t *len);
-int kvs_proto_prepare_store_reply_decode(const void *p, size_t len,
-                                         kvs_proto_prepare_store_reply_t *out);
 
 /* COMMIT_STORE request.
  * SHM (is_inline 0): commit write transfer xfer, naming the slots written (as received in the
@@ -459,10 +445,6 @@ typedef struct kvs_proto_commit_store_reply {
 int kvs_proto_commit_store_encode(const kvs_proto_commit_store_t *m, void *buf, size_t cap,
                                   size_t *len);
 int kvs_proto_commit_store_decode(const void *p, size_t len, kvs_proto_commit_store_t *out);
-int kvs_proto_commit_store_reply_encode(const kvs_proto_commit_store_reply_t *m, void *buf,
-                                        size_t cap, size_t *len);
-int kvs_proto_commit_store_reply_decode(const void *p, size_t len,
-                                        kvs_proto_commit_store_reply_t *out);
 
 /* ABORT and COMMIT_RETRIEVE requests: a transfer id. Their replies are empty. COMMIT_RETRIEVE
  * with xfer 0 (after an inline retrieve) is a valid no-op. */
@@ -470,8 +452,6 @@ typedef struct kvs_proto_xfer {
   uint64_t xfer;
 } kvs_proto_xfer_t;
 
-int kvs_proto_xfer_encode(const kvs_proto_xfer_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_xfer_decode(const void *p, size_t len, kvs_proto_xfer_t *out);
 /* Empty payloads (ABORT, COMMIT_RETRIEVE replies): 0 when len == 0, else -EBADMSG. */
 int kvs_proto_empty_decode(const void *p, size_t len);
 
@@ -518,10 +498,6 @@ typedef struct kvs_proto_prepare_retrieve_reply {
                                   only with xfer != 0 */
 } kvs_proto_prepare_retrieve_reply_t;
 
-int kvs_proto_prepare_retrieve_encode(const kvs_proto_prepare_retrieve_t *m, void *buf,
-                                      size_t cap, size_t *len);
-int kvs_proto_prepare_retrieve_decode(const void *p, size_t len,
-                                      kvs_proto_prepare_retrieve_t *out);
 int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_reply_t *m,
                                             void *buf, size_t cap, size_t *len);
 int kvs_proto_prepare_retrieve_reply_decode(const void *p, size_t len,
@@ -546,10 +522,6 @@ typedef struct kvs_proto_text {
   const char *text; /* into the payload */
 } kvs_proto_text_t;
 
-int kvs_proto_stats_encode(const kvs_proto_stats_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_stats_decode(const void *p, size_t len, kvs_proto_stats_t *out);
-int kvs_proto_text_encode(const kvs_proto_text_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_text_decode(const void *p, size_t len, kvs_proto_text_t *out);
 
 /* PING request and reply (the reply echoes nonce and bytes). */
 typedef struct kvs_proto_ping {
@@ -558,8 +530,6 @@ typedef struct kvs_proto_ping {
   const uint8_t *echo; /* into the payload */
 } kvs_proto_ping_t;
 
-int kvs_proto_ping_encode(const kvs_proto_ping_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_ping_decode(const void *p, size_t len, kvs_proto_ping_t *out);
 
 /* EXPORT_TENSORS request: the descriptors covering [address, address + length) (no overflow). */
 typedef struct kvs_proto_export {
@@ -583,8 +553,6 @@ typedef struct kvs_proto_export_reply {
   kvs_proto_blob_t *descs; /* caller's array */
 } kvs_proto_export_reply_t;
 
-int kvs_proto_export_encode(const kvs_proto_export_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_export_decode(const void *p, size_t len, kvs_proto_export_t *out);
 int kvs_proto_export_reply_encode(const kvs_proto_export_reply_t *m, void *buf, size_t cap,
                                   size_t *len);
 int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *descs,
@@ -603,11 +571,88 @@ typedef struct kvs_proto_report_reply {
   uint32_t dropped; /* 0 or 1 */
 } kvs_proto_report_reply_t;
 
-int kvs_proto_report_encode(const kvs_proto_report_t *m, void *buf, size_t cap, size_t *len);
-int kvs_proto_report_decode(const void *p, size_t len, kvs_proto_report_t *out);
-int kvs_proto_report_reply_encode(const kvs_proto_report_reply_t *m, void *buf, size_t cap,
-                                  size_t *len);
-int kvs_proto_report_reply_decode(const void *p, size_t len, kvs_proto_report_reply_t *out);
+
+/* ---- the message schema ----------------------------------------------------------------------
+ * docs/protocol.md section 4 is the contract for every payload; the docs contract test
+ * (docs_fake_protocol) holds the tables below to it.
+ *
+ * KVS_PROTO_REQUESTS(X): X(OPCODE, handler, request): every request opcode, the name of its
+ * handler and its request payload (kvs_proto_<request>_t, kvs_proto_<request>_decode). The
+ * coordinator's dispatch and the opening of every handler (decode the payload; a malformed one
+ * is answered ERROR with "bad <OPCODE>" and the connection is closed) are generated from it
+ * (core/coord.c); a handler starts with a decoded request. ERROR is a reply only.
+ *
+ * KVS_PROTO_FLAT(X): X(payload): the payloads whose bytes are a flat list of fields, each with
+ * its field list KVS_PROTO_FIELDS_<payload>(F) in wire order. proto.c generates their encode
+ * and decode from these lists (declared below); the other payloads (HELLO, COMMIT_STORE, the
+ * PREPARE_RETRIEVE and EXPORT_TENSORS replies: optional tails, branches, nested tables) are
+ * written by hand. A field is F(kind, field, count):
+ *     U8 U16 U32 U64     the struct's field, fixed width
+ *     ZERO16 ZERO32      reserved: written 0, must read 0 (field and count unused: _)
+ *     PAD8               zeros up to the next multiple of 8 from the payload's start
+ *     LAYOUT             a kvs_layout_t: dtype u32, ndim u32 (<= 8), shape u64[ndim]
+ *     ARRAY              `count` elements of *field, read in place (count: a field before it)
+ * The rules beyond the framing (limits, ranges, non-NULL arrays) are one predicate per payload
+ * in proto.c, checked before encoding (-EINVAL) and after decoding (-EBADMSG). */
+#define KVS_PROTO_REQUESTS(X)                                                                 \
+  X(HELLO, hello, hello)                                                                      \
+  X(LOOKUP, lookup, lookup)                                                                   \
+  X(PREPARE_STORE, prepare_store, prepare_store)                                              \
+  X(COMMIT_STORE, commit_store, commit_store)                                                 \
+  X(ABORT, abort, xfer)                                                                       \
+  X(PREPARE_RETRIEVE, prepare_retrieve, prepare_retrieve)                                     \
+  X(COMMIT_RETRIEVE, commit_retrieve, xfer)                                                   \
+  X(STATS, stats, stats)                                                                      \
+  X(PING, ping, ping)                                                                         \
+  X(EXPORT_TENSORS, export_tensors, export)                                                   \
+  X(REPORT_BAD, report_bad, report)
+
+#define KVS_PROTO_FLAT(X)                                                                     \
+  X(error) X(lookup) X(lookup_reply) X(prepare_store) X(prepare_store_reply)                  \
+  X(commit_store_reply) X(xfer) X(prepare_retrieve) X(stats) X(text) X(ping) X(export)        \
+  X(report) X(report_reply)
+
+/* 4.2 ERROR */
+#define KVS_PROTO_FIELDS_error(F)                                                             \
+  F(U32, code, _) F(U16, message_len, _) F(ARRAY, message, message_len)
+/* 4.3 LOOKUP request and reply */
+#define KVS_PROTO_FIELDS_lookup(F)                                                            \
+  F(U32, n_keys, _) F(U32, remote_wait_ms, _) F(ARRAY, keys, n_keys)
+#define KVS_PROTO_FIELDS_lookup_reply(F) F(U32, found, _) F(ZERO32, _, _)
+/* 4.4 PREPARE_STORE request and reply */
+#define KVS_PROTO_FIELDS_prepare_store(F)                                                     \
+  F(U8, strategy, _) F(U8, kind, _) F(ZERO16, _, _) F(U32, mode, _) F(U32, n_keys, _)         \
+  F(ZERO32, _, _) F(LAYOUT, layout, _) F(ARRAY, keys, n_keys)
+#define KVS_PROTO_FIELDS_prepare_store_reply(F)                                               \
+  F(U64, xfer, _) F(U32, n_outcomes, _) F(U32, n_slots, _) F(ARRAY, outcomes, n_outcomes)     \
+  F(PAD8, _, _) F(ARRAY, slots, n_slots)
+/* 4.5 COMMIT_STORE reply */
+#define KVS_PROTO_FIELDS_commit_store_reply(F)                                                \
+  F(U32, committed, _) F(U32, n_outcomes, _) F(ARRAY, outcomes, n_outcomes)
+/* 4.6 ABORT and COMMIT_RETRIEVE requests */
+#define KVS_PROTO_FIELDS_xfer(F) F(U64, xfer, _)
+/* 4.7 PREPARE_RETRIEVE request */
+#define KVS_PROTO_FIELDS_prepare_retrieve(F)                                                  \
+  F(U8, strategy, _) F(U8, flags, _) F(ZERO16, _, _) F(U32, n_keys, _) F(ARRAY, keys, n_keys)
+/* 4.8 STATS request and reply */
+#define KVS_PROTO_FIELDS_stats(F) F(U8, format, _)
+#define KVS_PROTO_FIELDS_text(F) F(U32, len, _) F(ARRAY, text, len)
+/* 4.9 PING request and reply */
+#define KVS_PROTO_FIELDS_ping(F)                                                              \
+  F(U64, nonce, _) F(U32, echo_len, _) F(ZERO32, _, _) F(ARRAY, echo, echo_len)
+/* 4.10 EXPORT_TENSORS request */
+#define KVS_PROTO_FIELDS_export(F) F(U64, address, _) F(U64, length, _)
+/* 4.11 REPORT_BAD request and reply */
+#define KVS_PROTO_FIELDS_report(F)                                                            \
+  F(U64, key.lo, _) F(U64, key.hi, _) F(U64, length, _) F(U64, checksum, _)
+#define KVS_PROTO_FIELDS_report_reply(F) F(U32, dropped, _) F(ZERO32, _, _)
+
+#define KVS__PROTO_FLAT_DECL(msg)                                                             \
+  int kvs_proto_##msg##_encode(const kvs_proto_##msg##_t *m, void *buf, size_t cap,           \
+                               size_t *len);                                                  \
+  int kvs_proto_##msg##_decode(const void *p, size_t len, kvs_proto_##msg##_t *out);
+KVS_PROTO_FLAT(KVS__PROTO_FLAT_DECL)
+#undef KVS__PROTO_FLAT_DECL
 
 #ifdef __cplusplus
 }

@@ -1,26 +1,38 @@
-/* preload: the assembly of libkvshim.so (design §2). The only file that names every hook
- * family: their list, the constructor and the fork handlers. The runtime they stand on is
+/* preload: the assembly of libkvshim.so (design §2): the hook families of shims/families.h,
+ * the constructor and the fork handlers. The runtime they stand on is
  * runtime/ (runtime.h: the life of the process); the dlsym trampoline is dlsym.c; the export
- * map is exports.map.c. A new family adds its row here and its objects in CMakeLists.txt. */
+ * map is exports.map.c. */
 #include <pthread.h>
 
+#include "families.h"
 #include "hooks.h"
 #include "internal.h"
 #include "runtime.h"
 
-/* X(name): the family object kvs__family_<name>, defined by its shim. Order is the order of
- * init and of the dlsym name match. */
-#define KVS_PRELOAD_FAMILIES(X) X(cuda) X(llama) X(llama_prefix) X(kvo)
-
-#define KVS__FAMILY_DECL(n) extern const kvs__family_t kvs__family_##n;
-KVS_PRELOAD_FAMILIES(KVS__FAMILY_DECL)
+/* The family objects kvs__family_<object>, defined by the shims, in the order of
+ * shims/families.h's KVS_HOOK_FAMILY_OBJECTS: the order of init and of the dlsym name match. */
+#define KVS__FAMILY_DECL(id, object) extern const kvs__family_t kvs__family_##object;
+KVS_HOOK_FAMILY_OBJECTS(KVS__FAMILY_DECL)
 #undef KVS__FAMILY_DECL
 
 const kvs__family_t *const kvs__families[] = {
-#define KVS__FAMILY_PTR(n) &kvs__family_##n,
-    KVS_PRELOAD_FAMILIES(KVS__FAMILY_PTR)
+#define KVS__FAMILY_PTR(id, object) &kvs__family_##object,
+    KVS_HOOK_FAMILY_OBJECTS(KVS__FAMILY_PTR)
 #undef KVS__FAMILY_PTR
 };
+
+/* A family's KVSHIM_HOOKS bit is its position in KVS_HOOK_FAMILIES (core/options.h lists the
+ * choices in that order). */
+enum {
+#define KVS__FAMILY_POS(id, name, title, rows) KVS__FAMILY_POS_##id,
+  KVS_HOOK_FAMILIES(KVS__FAMILY_POS)
+#undef KVS__FAMILY_POS
+};
+#define KVS__FAMILY_BIT(id, name, title, rows)                                                \
+  _Static_assert(KVS_HOOK_##id == 1u << KVS__FAMILY_POS_##id,                                 \
+                 "KVS_HOOK_" #id " is not the bit of " #name "'s row in shims/families.h");
+KVS_HOOK_FAMILIES(KVS__FAMILY_BIT)
+#undef KVS__FAMILY_BIT
 const size_t kvs__n_families = KVS__ARRAY_LEN(kvs__families);
 
 static void fork_prepare(void) { kvs__runtime_fork(0); }

@@ -78,7 +78,7 @@ typedef struct kvs__runtime {
  * peer is known, KVSHIM_POOL_SIZE when none is. */
 uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt);
 
-/* Keep-behind (cold start, README "Peer hits go through the local store"): chunks a hook has
+/* Keep-behind (cold start, design §21.9): chunks a hook has
  * just copied from peer `instance`'s pool straight into the engine's buffer are queued here,
  * and one background thread (nice 19, with a peer client of its own, so the engine's calls
  * never wait on its connections) copies them from that peer into the local store

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""README.md and docs/protocol.md against the lists they document, which are written once in
-the code (X-macros) and reach users through the kvshim binary.
+"""README.md, docs/reference.md and docs/protocol.md against the lists they document, which
+are written once in the code (X-macros) and reach users through the kvshim binary.
 
-  options   README's configuration table against `kvshim --help` (KVS_OPTION_TABLE): the same
-            variables, defaults, and every size/integer range stated and right; every KVSHIM_*
-            name the README mentions exists
-  stats     README's "Every counter" table against `kvshim stats --prometheus`, --json and the
-            INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names, order, kind, meaning;
-            every counter named elsewhere in README.md or docs/protocol.md exists
+  options   docs/reference.md's configuration table against `kvshim --help`
+            (KVS_OPTION_TABLE): the same variables, defaults, and every size/integer range
+            stated and right; every KVSHIM_* name the docs mention exists; KVSHIM_HOOKS's
+            choices are shims/families.h's
+  stats     docs/reference.md's "Every counter" table against `kvshim stats --prometheus`,
+            --json and the INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names,
+            order, kind, meaning; every counter named elsewhere in the docs exists
   protocol  docs/protocol.md's opcode, error code and caps tables against core/proto.h
-            (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*)
+            (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*); the message schema
+            (KVS_PROTO_REQUESTS, KVS_PROTO_FIELDS_*): every request opcode has a handler row,
+            and each flat payload's size formula and field order are those of section 4
   cli       README's `kvshim` command table and exit codes against `kvshim --help` and the
             commands' exit codes for help and usage errors
+  design    every "design §N" / "design §N.M" cited anywhere in the tree (code, scripts, docs)
+            names a section of docs/design.md, and that file has its sections numbered in order
 
 usage: docs_contract.py CASE --cli build/tools/kvshim --source .   (--list: the cases)
 """
@@ -24,6 +29,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 from harness import check, require  # noqa: E402
+
+
+# The documents whose KVSHIM_* names and counter names must exist in the code.
+DOCS = ("README.md", "docs/reference.md", "docs/demo.md", "docs/protocol.md", "docs/design.md")
 
 
 def read(ctx, rel):
@@ -114,16 +123,21 @@ def help_variables(ctx):
 
 
 def case_options(ctx):
-    readme = read(ctx, "README.md")
     code = help_variables(ctx)
+    # KVSHIM_HOOKS's choices are the hook families of shims/families.h, in their order (a
+    # family's bit is its row's position, asserted in preload/preload.c).
+    families = re.findall(r"\n  X\([A-Z_]+, ([a-z_]+), \"", read(ctx, "shims/families.h"))
+    check(code["KVSHIM_HOOKS"][0].endswith(" " + "|".join(families)),
+          f"KVSHIM_HOOKS choices {code['KVSHIM_HOOKS'][0]!r} vs shims/families.h {families}")
     doc = {}
-    for cells in table(section(readme, "Configuration")):
+    for cells in table(section(read(ctx, "docs/reference.md"), "Configuration")):
         names = [n.strip() for n in cells[0].split("/")]
         defaults = [d.strip() for d in cells[1].split("/")]
         for i, n in enumerate(names):
             doc[n] = (defaults[i] if len(defaults) == len(names) else cells[1], cells[2])
     check(sorted(doc) == sorted(code),
-          f"README options table vs kvshim --help: only in README {sorted(set(doc) - set(code))}, "
+          f"reference options table vs kvshim --help: only in the docs "
+          f"{sorted(set(doc) - set(code))}, "
           f"only in the code {sorted(set(code) - set(doc))}")
     for env, (kind, lo, hi, default, text) in code.items():
         if env not in doc:
@@ -142,7 +156,7 @@ def case_options(ctx):
     scripts = {"KVSHIM_FUZZ_SECONDS", "KVSHIM_SOAK_MINUTES", "KVSHIM_CUDA_INCLUDE_DIR",
                "KVSHIM_BUILD_TESTS", "KVSHIM_BUILD_BENCH", "KVSHIM_DEBUG", "KVSHIM_SANITIZE",
                "KVSHIM_WERROR", "KVSHIM_FUZZ"}
-    for doc_name in ("README.md", "docs/protocol.md"):
+    for doc_name in DOCS:
         for n in sorted(set(re.findall(r"KVSHIM_[A-Z0-9_]*[A-Z0-9]", read(ctx, doc_name)))):
             check(n in code or n in scripts, f"{doc_name} names {n}, which is no variable")
 
@@ -150,8 +164,8 @@ def case_options(ctx):
 # ---- stats ---------------------------------------------------------------------------------
 
 def case_stats(ctx):
-    readme = read(ctx, "README.md")
-    doc = [(c[0].strip("`"), c[1], c[2]) for c in table(section(readme, "Every counter"))]
+    doc = [(c[0].strip("`"), c[1], c[2])
+           for c in table(section(read(ctx, "docs/reference.md"), "Every counter"))]
     s = ctx.serve()
     prom = run_cli(ctx, "stats", "--prometheus")
     require(prom.returncode == 0, f"kvshim stats --prometheus: exit {prom.returncode} {prom.stderr}")
@@ -176,11 +190,11 @@ def case_stats(ctx):
         check(name in seen, f"{name}: no sample for the serve")
     want = [(n, k, t) for n, (_, k, t) in zip(names, code)]
     check([d[0] for d in doc] == names,
-          f"README 'Every counter' names vs kvshim stats: only in README "
+          f"reference 'Every counter' names vs kvshim stats: only in the docs "
           f"{[d[0] for d in doc if d[0] not in names]}, only in the code "
           f"{[n for n in names if n not in [d[0] for d in doc]]} (or another order)")
     for d, w in zip(doc, want):
-        check(d == w, f"README row {d} vs the code's {w}")
+        check(d == w, f"reference row {d} vs the code's {w}")
     js = run_cli(ctx, "stats", "--json")
     require(js.returncode == 0, f"kvshim stats --json: exit {js.returncode}")
     obj = json.loads(js.stdout)
@@ -206,7 +220,7 @@ def case_stats(ctx):
                  "cuda_preload_test", "pool_size", "pool_segment_size", "pool_arena_size",
                  "pool_arena_used", "remote_roundtrip"}
     gpu_prefixes = ("host_arena_", "cache_peer_", "cuda_device_", "cuda_ipc_opens")
-    for doc_name in ("README.md", "docs/protocol.md", "docs/gpu.md"):
+    for doc_name in DOCS + ("docs/gpu.md",):
         path = os.path.join(ctx.args.source, doc_name)
         if not os.path.exists(path):
             continue
@@ -243,6 +257,78 @@ def case_protocol(ctx):
     pr = [c for c in table(section(doc, "4.7 PREPARE_RETRIEVE")) if c[3] == "flags"][0][4]
     for n, v in flags:
         check(f"bit {int(v, 16).bit_length() - 1} `{n}`" in pr, f"PREPARE_RETRIEVE flag {n}")
+    schema(doc, hdr, ops)
+
+
+# The flat payloads of core/proto.h: where section 4 describes each (subsection, the words
+# before its byte count, or None for the subsection's heading) and the byte size of the
+# elements of its arrays (the structs' element types: key 16, slot 24, bytes 1).
+PAYLOAD_DOCS = {
+    "error": ("4.2", None), "lookup": ("4.3", "Request"), "lookup_reply": ("4.3", "Reply"),
+    "prepare_store": ("4.4", "Request"), "prepare_store_reply": ("4.4", "Reply"),
+    "commit_store_reply": ("4.5", "Reply"), "xfer": ("4.6", "Request"),
+    "prepare_retrieve": ("4.7", "Request"), "stats": ("4.8", "Request"),
+    "text": ("4.8", "Reply"), "ping": ("4.9", "Request and reply"),
+    "export": ("4.10", "Request"), "report": ("4.11", "Request"),
+    "report_reply": ("4.11", "Reply"),
+}
+ELEMENT_BYTES = {"keys": 16, "slots": 24, "outcomes": 1, "message": 1, "text": 1, "echo": 1}
+SCALAR_BYTES = {"U8": 1, "U16": 2, "U32": 4, "U64": 8, "ZERO16": 2, "ZERO32": 4}
+
+
+def subsection(doc, number):
+    m = re.search(r"^### %s (.*)$" % re.escape(number), doc, re.M)
+    require(m, f"docs/protocol.md has no section {number}")
+    return m.group(1), section(doc, f"{number} {m.group(1)}")
+
+
+def payload_size(fields):
+    """The size formula of a field list, as section 4 writes it: `24 + 8*ndim + 16*n_keys`."""
+    fixed, terms = 0, []
+    for kind, name, count in fields:
+        if kind in SCALAR_BYTES:
+            fixed += SCALAR_BYTES[kind]
+        elif kind == "LAYOUT":
+            fixed += 8
+            terms.append("8*ndim")
+        elif kind == "PAD8":
+            terms[-1] = f"pad8({terms[-1]})"
+        elif kind == "ARRAY":
+            e = ELEMENT_BYTES[name]
+            terms.append(count if e == 1 else f"{e}*{count}")
+    return " + ".join([str(fixed)] + terms) if terms else str(fixed)
+
+
+def schema(doc, hdr, ops):
+    table_text = hdr[hdr.index("#define KVS_PROTO_REQUESTS(X)"):hdr.index("#define KVS_PROTO_FLAT")]
+    reqs = re.findall(r"X\((\w+), (\w+), (\w+)\)", table_text)
+    check(sorted(r[0] for r in reqs) == sorted(n for n, _ in ops if n != "ERROR"),
+          f"KVS_PROTO_REQUESTS rows {[r[0] for r in reqs]} vs the request opcodes")
+    flat = re.findall(r"X\((\w+)\)", hdr[hdr.index("#define KVS_PROTO_FLAT(X)"):
+                                          hdr.index("#define KVS_PROTO_FIELDS_")])
+    check(sorted(flat) == sorted(PAYLOAD_DOCS), f"flat payloads {flat} vs {sorted(PAYLOAD_DOCS)}")
+    for name in flat:
+        m = re.search(r"#define KVS_PROTO_FIELDS_%s\(F\)((?:[^\n]*\\\n)*[^\n]*)" % name, hdr)
+        require(m, f"no KVS_PROTO_FIELDS_{name}")
+        fields = re.findall(r"F\((\w+), ([\w.]+), (\w+)\)", m.group(1))
+        number, words = PAYLOAD_DOCS.get(name, ("?", None))
+        title, body = subsection(doc, number)
+        where = title if words is None else body
+        lead = "" if words is None else re.escape(words) + r" \("
+        said = re.search(lead + r"`?([^`()]*?(?:\([^()]*\)[^`()]*?)*)`? bytes?[);]", where)
+        got = said.group(1).replace(" ", "") if said else None
+        want = payload_size(fields)
+        check(got == want.replace(" ", ""),
+              f"{name}: docs/protocol.md {number} says {got!r} bytes, KVS_PROTO_FIELDS_{name} "
+              f"makes {want!r}")
+        # Where the subsection tabulates this payload, the fields and their order agree.
+        tables = [t for t in re.split(r"\n(?=Request|Reply|\| offset)", body) if "| offset" in t]
+        names = [("reserved" if k.startswith("ZERO") else "padding" if k == "PAD8" else
+                  "layout" if k == "LAYOUT" else n) for k, n, _ in fields]
+        for t in tables:
+            doc_names = [c[3] for c in table(t)]
+            if doc_names and doc_names[0] == names[0] and len(doc_names) == len(names):
+                check(doc_names == names, f"{name}: table fields {doc_names} vs schema {names}")
 
 
 # ---- cli -----------------------------------------------------------------------------------
@@ -287,6 +373,77 @@ def case_cli(ctx):
     r = run_cli(ctx, "peers", env=env)
     check("KVSHIM_NO_SUCH_THING" in r.stderr and "kvshim --help" in r.stderr,
           f"unknown variable warning: {r.stderr!r}")
+
+
+# ---- design --------------------------------------------------------------------------------
+
+# A citation: the word design, then a section (4, 9.1), then more joined by "-", "–", "," or
+# "and" (§9.1-§9.5, §4–§6, §10.2 and §10.3, §8, §2, §9.4).
+CITATION = re.compile(
+    r"\bdesign\s+§(\d+(?:\.\d+)?)((?:\s*(?:,|-|–|and)\s*§\d+(?:\.\d+)?)*)", re.I)
+
+
+def design_sections(text):
+    """The numbers of docs/design.md's sections ("## N. Title") and subsections
+    ("### N.M Title"), checked to run in order: 1, 2, 2.1, 2.2, 3, ..."""
+    numbers = re.findall(r"^##+ (\d+(?:\.\d+)?)\.? ", text, re.M)
+    require(numbers, "docs/design.md has no numbered sections")
+    last_top, last_sub, disorder = 0, 0, []
+    for n in numbers:
+        top, _, sub = n.partition(".")
+        if sub:
+            if int(top) != last_top or int(sub) != last_sub + 1:
+                disorder.append(n)
+            last_sub = int(sub)
+        else:
+            if int(top) != last_top + 1:
+                disorder.append(n)
+            last_top, last_sub = int(top), 0
+    check(not disorder, f"docs/design.md numbers its sections in order (out of order: {disorder})")
+    return set(numbers)
+
+
+def tree_files(root):
+    """The files of the source tree: git's list where it is a checkout, else a walk that skips
+    build folders and hidden ones."""
+    p = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
+                        "--exclude-standard"], capture_output=True, timeout=60)
+    if p.returncode == 0 and p.stdout:
+        return [f for f in p.stdout.decode().split("\0") if f]
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith((".", "build", "node_modules"))]
+        out += [os.path.relpath(os.path.join(d, f), root) for f in files]
+    return out
+
+
+def citations(text):
+    """Every section number a text cites as "design §...", with its line number."""
+    for m in CITATION.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        for n in [m.group(1)] + re.findall(r"§(\d+(?:\.\d+)?)", m.group(2)):
+            yield line, n
+
+
+def case_design(ctx):
+    sections = design_sections(read(ctx, "docs/design.md"))
+    cited, unresolved = 0, []
+    for rel in tree_files(ctx.args.source):
+        path = os.path.join(ctx.args.source, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) > 4 << 20:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:  # binary (a fuzz corpus, a model)
+            continue
+        for line, n in citations(text):
+            cited += 1
+            if n not in sections:
+                unresolved.append(f"{rel}:{line} §{n}")
+    require(cited >= 50, f"only {cited} design citations found in the tree: is it the tree?")
+    check(not unresolved, f"every one of the {cited} design citations names a section of "
+                          f"docs/design.md (these do not: {unresolved})")
 
 
 class Ctx(harness.Context):

@@ -105,14 +105,6 @@ target_link_libraries(fx_host PRIVATE ${CMAKE_DL_LIBS})
 kvs_fx(fx_probe SHARED probe.c)
 target_link_libraries(fx_probe PRIVATE ${CMAKE_DL_LIBS})
 
-# the run-time scan, linked into a program (kvshim_elfscan; libkvshim.so has its own, runtime/hooks.c)
-foreach(t fx_rt_main fx_rt_exe)
-  kvs_fx(${t} EXEC fx_rt_main.c)
-  target_link_libraries(${t} PRIVATE kvshim_elfscan kvshim_flags fx_kvo ${CMAKE_DL_LIBS})
-endforeach()
-target_compile_definitions(fx_rt_exe PRIVATE FX_DEFINE_KVO)
-set_target_properties(fx_rt_exe PROPERTIES ENABLE_EXPORTS ON)
-
 # a relocatable object (.o) for the bad-input case
 add_library(fx_kvo_obj OBJECT ${fx_src}/fx_kvo_lib.c)
 target_include_directories(fx_kvo_obj PRIVATE ${fx_src} ${PROJECT_SOURCE_DIR}/shims/kvo/include)

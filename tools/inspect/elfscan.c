@@ -9,7 +9,6 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <limits.h>
-#include <link.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,10 +24,10 @@ extern char **environ;
 #define ONE_(ret, name, params, args) +1
 #define SIZE_(id, name, title, rows) (0 rows(ONE_)),
 /* Hooks per family; a family's hooks follow those of the families before it. */
-static const unsigned char family_sizes[KVS_ELF_FAMILY_COUNT] = {KVS_ELF_FAMILIES(SIZE_)};
+static const unsigned char family_sizes[KVS_ELF_FAMILY_COUNT] = {KVS_HOOK_FAMILIES(SIZE_)};
 #define MAX_(id, name, title, rows)                                                           \
   _Static_assert((0 rows(ONE_)) <= KVS_ELF_FAMILY_MAX_HOOKS, #id " family too large");
-KVS_ELF_FAMILIES(MAX_)
+KVS_HOOK_FAMILIES(MAX_)
 #undef MAX_
 #undef SIZE_
 #undef ONE_
@@ -36,18 +35,18 @@ KVS_ELF_FAMILIES(MAX_)
 static const char *const hook_names[KVS_ELF_HOOK_COUNT] = {
 #define NAME_(ret, name, params, args) #name,
 #define FNAMES_(id, name, title, rows) rows(NAME_)
-    KVS_ELF_FAMILIES(FNAMES_)
+    KVS_HOOK_FAMILIES(FNAMES_)
 #undef FNAMES_
 #undef NAME_
 };
 static const char *const family_names[KVS_ELF_FAMILY_COUNT] = {
-#define FNAME_(id, name, title, rows) name,
-    KVS_ELF_FAMILIES(FNAME_)
+#define FNAME_(id, name, title, rows) #name,
+    KVS_HOOK_FAMILIES(FNAME_)
 #undef FNAME_
 };
 static const char *const family_titles[KVS_ELF_FAMILY_COUNT] = {
 #define FTITLE_(id, name, title, rows) title,
-    KVS_ELF_FAMILIES(FTITLE_)
+    KVS_HOOK_FAMILIES(FTITLE_)
 #undef FTITLE_
 };
 static const char *const reason_names[KVS_ELF_REASON_COUNT] = {
@@ -951,311 +950,4 @@ int kvs_elf_feature_check(const kvs_elf_report_t *r, kvs_elf_feature_t f,
 const char *kvs_elf_object_basename(const kvs_elf_object_t *o) {
   if (o == NULL) return "?";
   return base_name(o->path ? o->path : o->name ? o->name : "?");
-}
-
-/* ==== run time: the objects of this process, read in memory ============================== */
-
-#define RT_MAX_SEGS 16
-
-/* Native-class accessors (link.h's ElfW names the types; these name the macros). */
-#if __ELF_NATIVE_CLASS == 64
-#define RT_R_SYM(i) ELF64_R_SYM(i)
-#define RT_ST_BIND(i) ELF64_ST_BIND(i)
-#define RT_ST_TYPE(i) ELF64_ST_TYPE(i)
-#define RT_ST_VIS(o) ELF64_ST_VISIBILITY(o)
-#else
-#define RT_R_SYM(i) ELF32_R_SYM(i)
-#define RT_ST_BIND(i) ELF32_ST_BIND(i)
-#define RT_ST_TYPE(i) ELF32_ST_TYPE(i)
-#define RT_ST_VIS(o) ELF32_ST_VISIBILITY(o)
-#endif
-
-typedef struct rt_obj {
-  uintptr_t base;
-  unsigned n_segs;
-  uintptr_t lo[RT_MAX_SEGS], hi[RT_MAX_SEGS]; /* readable PT_LOAD ranges [lo, hi) */
-} rt_obj_t;
-
-typedef struct rt_ctx {
-  const void *self;
-  kvs_elf_process_t *out;
-  unsigned idx;
-  unsigned best[KVS_ELF_FAMILY_COUNT]; /* hooks defined by each family's current definer */
-} rt_ctx_t;
-
-static bool rt_ok(const rt_obj_t *o, uintptr_t a, size_t len) {
-  for (unsigned i = 0; i < o->n_segs; i++)
-    if (a >= o->lo[i] && a <= o->hi[i] && len <= o->hi[i] - a) return true;
-  return false;
-}
-
-/* An address from the dynamic section: already relocated by the loader on most targets, an
- * offset from the base where the section is read-only (the vDSO, some architectures). */
-static uintptr_t rt_addr(const rt_obj_t *o, uintptr_t v) {
-  if (rt_ok(o, v, 1)) return v;
-  if (rt_ok(o, v + o->base, 1)) return v + o->base;
-  return 0;
-}
-
-/* Whether the string at strtab[off] (strsz bytes in all) equals s. */
-static bool rt_name_is(const rt_obj_t *o, const char *strtab, size_t strsz, size_t off,
-                       const char *s) {
-  size_t L = strlen(s) + 1;
-  if (off >= strsz || L > strsz - off || !rt_ok(o, (uintptr_t)(strtab + off), L)) return false;
-  return memcmp(strtab + off, s, L) == 0;
-}
-
-typedef struct rt_dyn {
-  const ElfW(Sym) * sym;
-  const char *str;
-  size_t strsz;
-  const uint32_t *gnu_hash, *hash;
-  const ElfW(Half) * versym;
-  uintptr_t jmprel, rela, rel;
-  size_t pltrelsz, relasz, relsz, relaent, relent;
-  long pltrel;
-  bool symbolic;
-} rt_dyn_t;
-
-/* The index of the defined, default-version symbol named s, or 0. */
-static size_t rt_lookup(const rt_obj_t *o, const rt_dyn_t *d, const char *s) {
-  if (d->gnu_hash != NULL) {
-    const uint32_t *g = d->gnu_hash;
-    if (!rt_ok(o, (uintptr_t)g, 16)) return 0;
-    uint32_t nb = g[0], symoff = g[1], bloom_n = g[2], shift = g[3];
-    const ElfW(Addr) *bloom = (const ElfW(Addr) *)(g + 4);
-    const uint32_t *buckets = (const uint32_t *)(bloom + bloom_n), *chain = buckets + nb;
-    if (nb == 0 || bloom_n == 0 || !rt_ok(o, (uintptr_t)bloom, (size_t)bloom_n * sizeof *bloom) ||
-        !rt_ok(o, (uintptr_t)buckets, (size_t)nb * 4))
-      return 0;
-    uint32_t h = 5381;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) h = h * 33 + *p;
-    const unsigned bits = sizeof(ElfW(Addr)) * 8;
-    ElfW(Addr) w = bloom[(h / bits) % bloom_n];
-    ElfW(Addr) m = ((ElfW(Addr))1 << (h % bits)) | ((ElfW(Addr))1 << ((h >> shift) % bits));
-    if ((w & m) != m) return 0;
-    uint32_t i = buckets[h % nb];
-    if (i < symoff) return 0;
-    for (;; i++) {
-      const uint32_t *cp = chain + (i - symoff);
-      if (!rt_ok(o, (uintptr_t)cp, 4)) return 0;
-      uint32_t h2 = *cp;
-      const ElfW(Sym) *sy = d->sym + i;
-      if ((h | 1) == (h2 | 1) && rt_ok(o, (uintptr_t)sy, sizeof *sy) && sy->st_shndx != SHN_UNDEF &&
-          rt_name_is(o, d->str, d->strsz, sy->st_name, s)) {
-        const ElfW(Half) *vs = d->versym ? d->versym + i : NULL;
-        if (vs == NULL || !rt_ok(o, (uintptr_t)vs, sizeof *vs) || !(*vs & 0x8000)) return i;
-      }
-      if (h2 & 1) return 0;
-    }
-  }
-  if (d->hash != NULL) {
-    const uint32_t *hh = d->hash;
-    if (!rt_ok(o, (uintptr_t)hh, 8)) return 0;
-    uint32_t nb = hh[0], nc = hh[1];
-    if (nb == 0 || !rt_ok(o, (uintptr_t)(hh + 2), ((size_t)nb + nc) * 4)) return 0;
-    uint32_t h = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-      h = (h << 4) + *p;
-      uint32_t g = h & 0xf0000000u;
-      if (g) h ^= g >> 24;
-      h &= ~g;
-    }
-    unsigned guard = 0;
-    for (uint32_t i = hh[2 + h % nb]; i != 0 && i < nc && guard++ < nc; i = hh[2 + nb + i]) {
-      const ElfW(Sym) *sy = d->sym + i;
-      if (!rt_ok(o, (uintptr_t)sy, sizeof *sy) || sy->st_shndx == SHN_UNDEF ||
-          !rt_name_is(o, d->str, d->strsz, sy->st_name, s))
-        continue;
-      const ElfW(Half) *vs = d->versym ? d->versym + i : NULL;
-      if (vs == NULL || !rt_ok(o, (uintptr_t)vs, sizeof *vs) || !(*vs & 0x8000)) return i;
-    }
-  }
-  return 0;
-}
-
-/* Marks the hooks this object imports (undefined symbols named by a relocation) in imported,
- * and every hook a relocation of it names (imports, and its own PLT/GOT calls to a hook it
- * defines: the loader binds both in the global order) in reached. */
-static void rt_imports(const rt_obj_t *o, const rt_dyn_t *d, uintptr_t tab, size_t sz, size_t ent,
-                       bool rela, uint64_t *imported, uint64_t *reached) {
-  if (tab == 0 || ent == 0 || !rt_ok(o, tab, sz)) return;
-  for (size_t off = 0; off + ent <= sz; off += ent) {
-    ElfW(Xword) info =
-        rela ? ((const ElfW(Rela) *)(tab + off))->r_info : ((const ElfW(Rel) *)(tab + off))->r_info;
-    size_t si = RT_R_SYM(info);
-    if (si == 0) continue;
-    const ElfW(Sym) *sy = d->sym + si;
-    if (!rt_ok(o, (uintptr_t)sy, sizeof *sy)) continue;
-    bool undef = sy->st_shndx == SHN_UNDEF;
-    if (!undef && (RT_ST_BIND(sy->st_info) == STB_LOCAL || RT_ST_VIS(sy->st_other) != STV_DEFAULT))
-      continue; /* bound to itself at link or load time */
-    size_t no = sy->st_name;
-    if (no >= d->strsz || !rt_ok(o, (uintptr_t)(d->str + no), 1)) continue;
-    char c0 = d->str[no];
-    if (c0 != 'c' && c0 != 'l' && c0 != 'k') continue;
-    for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
-      if (rt_name_is(o, d->str, d->strsz, no, hook_names[h])) {
-        if (undef) imported[h / 64] |= 1ull << (h % 64);
-        reached[h / 64] |= 1ull << (h % 64);
-        break;
-      }
-  }
-}
-
-static void rt_copy_path(char *dst, const char *src) {
-  size_t n = strlen(src);
-  if (n >= KVS_ELF_RT_PATH_MAX) n = KVS_ELF_RT_PATH_MAX - 1;
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
-/* Position of hook h within its family (the bit of the family masks). */
-static unsigned fam_index(unsigned h) {
-  kvs_elf_hook_t first = 0;
-  unsigned count = 0;
-  kvs_elf_family_hooks(kvs_elf_hook_family((kvs_elf_hook_t)h), &first, &count);
-  return h - (unsigned)first;
-}
-
-static int rt_visit(struct dl_phdr_info *info, size_t size, void *arg) {
-  rt_ctx_t *c = arg;
-  kvs_elf_process_t *out = c->out;
-  unsigned idx = c->idx++;
-  out->n_objects++;
-  rt_obj_t o = {.base = info->dlpi_addr};
-  uintptr_t dyn_addr = 0;
-  bool interp = false, self = false;
-  for (unsigned i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type == PT_LOAD && ph->p_memsz > 0) {
-      uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-      if (c->self && (uintptr_t)c->self >= lo && (uintptr_t)c->self < hi) self = true;
-      if ((ph->p_flags & PF_R) && o.n_segs < RT_MAX_SEGS) {
-        o.lo[o.n_segs] = lo;
-        o.hi[o.n_segs++] = hi;
-      }
-    } else if (ph->p_type == PT_DYNAMIC) {
-      dyn_addr = info->dlpi_addr + ph->p_vaddr;
-    } else if (ph->p_type == PT_INTERP) {
-      interp = true;
-    }
-  }
-  /* a main program without an interpreter (static, static-pie) never ran the loader */
-  if (idx == 0 && !interp) out->static_process = true;
-  if (self || dyn_addr == 0) return 0;
-  rt_dyn_t d = {0};
-  uintptr_t symtab = 0, strtab = 0, gnu = 0, hash = 0, versym = 0;
-  for (const ElfW(Dyn) *dy = (const ElfW(Dyn) *)dyn_addr;
-       rt_ok(&o, (uintptr_t)dy, sizeof *dy) && dy->d_tag != DT_NULL; dy++) {
-    uintptr_t v = (uintptr_t)dy->d_un.d_ptr;
-    switch (dy->d_tag) {
-    case DT_SYMTAB: symtab = rt_addr(&o, v); break;
-    case DT_STRTAB: strtab = rt_addr(&o, v); break;
-    case DT_STRSZ: d.strsz = (size_t)dy->d_un.d_val; break;
-    case DT_GNU_HASH: gnu = rt_addr(&o, v); break;
-    case DT_HASH: hash = rt_addr(&o, v); break;
-    case DT_VERSYM: versym = rt_addr(&o, v); break;
-    case DT_JMPREL: d.jmprel = rt_addr(&o, v); break;
-    case DT_PLTRELSZ: d.pltrelsz = (size_t)dy->d_un.d_val; break;
-    case DT_PLTREL: d.pltrel = (long)dy->d_un.d_val; break;
-    case DT_RELA: d.rela = rt_addr(&o, v); break;
-    case DT_RELASZ: d.relasz = (size_t)dy->d_un.d_val; break;
-    case DT_RELAENT: d.relaent = (size_t)dy->d_un.d_val; break;
-    case DT_REL: d.rel = rt_addr(&o, v); break;
-    case DT_RELSZ: d.relsz = (size_t)dy->d_un.d_val; break;
-    case DT_RELENT: d.relent = (size_t)dy->d_un.d_val; break;
-    case DT_SYMBOLIC: d.symbolic = true; break;
-    case DT_FLAGS:
-      if (dy->d_un.d_val & DF_SYMBOLIC) d.symbolic = true;
-      break;
-    default: break;
-    }
-  }
-  if (symtab == 0 || strtab == 0) return 0;
-  d.sym = (const ElfW(Sym) *)symtab;
-  d.str = (const char *)strtab;
-  d.gnu_hash = (const uint32_t *)gnu;
-  d.hash = (const uint32_t *)hash;
-  d.versym = (const ElfW(Half) *)versym;
-  bool exe = idx == 0;
-  unsigned defines[KVS_ELF_FAMILY_COUNT] = {0};
-  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
-    size_t si = rt_lookup(&o, &d, hook_names[h]);
-    if (si == 0) continue;
-    const ElfW(Sym) *sy = d.sym + si;
-    unsigned vis = RT_ST_VIS(sy->st_other), bind = RT_ST_BIND(sy->st_info);
-    if (bind == STB_LOCAL || vis == STV_HIDDEN || vis == STV_INTERNAL) continue;
-    kvs_elf_rt_family_t *fam = &out->family[kvs_elf_hook_family((kvs_elf_hook_t)h)];
-    uint64_t bit = 1ull << fam_index(h);
-    defines[kvs_elf_hook_family((kvs_elf_hook_t)h)]++;
-    if (fam->defined & bit) continue; /* shadowed by an earlier definition */
-    fam->defined |= bit;
-    fam->present |= bit;
-    if (!exe && !out->static_process)
-      fam->interposable |= bit;
-    else
-      fam->interposable &= ~bit;
-    if (vis == STV_PROTECTED || d.symbolic) fam->bound_inside |= bit;
-    out->definition[h] =
-        RT_ST_TYPE(sy->st_info) == STT_GNU_IFUNC ? NULL : (void *)(info->dlpi_addr + sy->st_value);
-    if (sy->st_shndx == SHN_ABS) out->definition[h] = (void *)sy->st_value;
-  }
-  for (unsigned f = 0; f < KVS_ELF_FAMILY_COUNT; f++) {
-    if (defines[f] == 0) continue;
-    out->family[f].n_definers++;
-    if (defines[f] <= c->best[f]) continue; /* the first object defining the most wins */
-    c->best[f] = defines[f];
-    char exe_path[KVS_ELF_RT_PATH_MAX];
-    const char *name = info->dlpi_name;
-    if (exe || name == NULL || name[0] == '\0') {
-      ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
-      exe_path[n > 0 ? n : 0] = '\0';
-      name = n > 0 ? exe_path : "(executable)";
-    }
-    rt_copy_path(out->family[f].definer, name);
-  }
-  uint64_t imported[(KVS_ELF_HOOK_COUNT + 63) / 64] = {0};
-  uint64_t reached[(KVS_ELF_HOOK_COUNT + 63) / 64] = {0};
-  rt_imports(&o, &d, d.jmprel, d.pltrelsz,
-             d.pltrel == DT_REL ? sizeof(ElfW(Rel)) : sizeof(ElfW(Rela)), d.pltrel != DT_REL,
-             imported, reached);
-  rt_imports(&o, &d, d.rela, d.relasz, d.relaent ? d.relaent : sizeof(ElfW(Rela)), true, imported,
-             reached);
-  rt_imports(&o, &d, d.rel, d.relsz, d.relent ? d.relent : sizeof(ElfW(Rel)), false, imported,
-             reached);
-  for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++) {
-    kvs_elf_rt_family_t *fam = &out->family[kvs_elf_hook_family((kvs_elf_hook_t)h)];
-    uint64_t bit = 1ull << fam_index(h);
-    if (reached[h / 64] >> (h % 64) & 1) fam->reached |= bit;
-    if (!(imported[h / 64] >> (h % 64) & 1)) continue;
-    fam->present |= bit;
-    if (!(fam->defined & bit) && !out->static_process) fam->interposable |= bit;
-  }
-  (void)size;
-  return 0;
-}
-
-int kvs_elf_scan_process(const void *self, kvs_elf_process_t *out) {
-  if (out == NULL) return -EINVAL;
-  kvs_elf_process_t p;
-  memset(&p, 0, sizeof p);
-  rt_ctx_t c = {.self = self, .out = &p};
-  dl_iterate_phdr(rt_visit, &c);
-  for (unsigned f = 0; f < KVS_ELF_FAMILY_COUNT; f++) {
-    kvs_elf_rt_family_t *fam = &p.family[f];
-    fam->interposable &= fam->present & fam->reached; /* a definition no relocation reaches:
-                                                          LD_PRELOAD sees no call to it */
-    fam->n_present = (unsigned)__builtin_popcountll(fam->present);
-    fam->n_interposable = (unsigned)__builtin_popcountll(fam->present & fam->interposable);
-  }
-  *out = p;
-  return 0;
-}
-
-int kvs_elf_process_line(const kvs_elf_process_t *p, kvs_elf_family_t f, char *buf, size_t n) {
-  if (p == NULL || (unsigned)f >= KVS_ELF_FAMILY_COUNT) return -EINVAL;
-  const kvs_elf_rt_family_t *fam = &p->family[f];
-  return kvs_elf_summary_line(buf, n, family_titles[f], base_name(fam->definer),
-                              fam->n_interposable, fam->n_present);
 }

@@ -1,15 +1,11 @@
 /* kvshim elfscan: which hook families a binary or a running process contains, where each hook
  * symbol is defined, who calls it, and whether LD_PRELOAD can interpose those calls
- * (design.md §11).
+ * (design §11).
  *
- * Two entry points over one set of hook tables:
- *
- *   kvs_elf_inspect()       offline, for `kvshim inspect`: opens a binary with libelf, resolves
- *                           its DT_NEEDED closure as the dynamic loader would and reads every
- *                           object's symbols, dynamic relocations and code.
- *   kvs_elf_scan_process()  at run time, in a process that links it: walks the objects mapped in
- *                           this process (dl_iterate_phdr) and reads their dynamic sections in
- *                           memory. No allocation, no dlsym, no libelf, no stdio.
+ * One entry point, offline, for `kvshim inspect`: kvs_elf_inspect() opens a binary with libelf,
+ * resolves its DT_NEEDED closure as the dynamic loader would and reads every object's symbols,
+ * dynamic relocations and code. At run time the library answers KVSHIM_HOOKS=auto with its own
+ * scan of the loaded objects (runtime/hooks.c), which needs no libelf.
  *
  * Interposition rules the verdicts encode (glibc's loader; code is decoded on x86 and aarch64):
  *   - a call from object A to a symbol A does not define goes through a dynamic relocation
@@ -36,8 +32,7 @@
  *
  * Ownership: a report is owned by the caller of kvs_elf_inspect() and freed with
  * kvs_elf_report_destroy(); every pointer inside it lives as long as the report. Hook and
- * family names are static strings. Thread safety: the offline functions share no state; the
- * run-time scan takes the loader's lock (dl_iterate_phdr) and writes only *out. */
+ * family names are static strings. Thread safety: the functions share no state. */
 #ifndef KVSHIM_INSPECT_ELFSCAN_H
 #define KVSHIM_INSPECT_ELFSCAN_H
 
@@ -52,31 +47,22 @@ extern "C" {
 /* ---- hook tables: generated from the families' rows (shims/<family>/<family>_hooks.h, the
  * lists libkvshim.so's exports are generated from), never retyped ------------------------- */
 
-#include "cuda_hooks.h"
-#include "kvo_hooks.h"
-#include "llama_hooks.h"
+#include "families.h"
 
-/* inspect's llama.cpp family: the state API adapter's hooks and the prefix cache's. */
-#define KVS__ELF_LLAMA_ROWS(X) KVS_LLAMA_HOOKS(X) KVS_LLAMA_PREFIX_HOOKS(X)
-
-/* Families: X(ID, short name used in JSON, title used in lines like "llama.cpp: ...", rows). */
-#define KVS_ELF_FAMILIES(X)                                                                   \
-  X(CUDA, "cuda", "CUDA driver", KVS_CUDA_HOOKS)                                              \
-  X(LLAMA, "llama", "llama.cpp", KVS__ELF_LLAMA_ROWS)                                         \
-  X(KVO, "kvo", "kvo", KVS_KVO_HOOKS)
-
+/* inspect's families are the engine families of shims/families.h (KVS_HOOK_FAMILIES):
+ * X(ID, name, title, rows). */
 typedef enum kvs_elf_family {
 #define KVS__ELF_FAM_ENUM(id, name, title, rows) KVS_ELF_FAMILY_##id,
-  KVS_ELF_FAMILIES(KVS__ELF_FAM_ENUM)
+  KVS_HOOK_FAMILIES(KVS__ELF_FAM_ENUM)
 #undef KVS__ELF_FAM_ENUM
   KVS_ELF_FAMILY_COUNT
 } kvs_elf_family_t;
 
-/* Every hook, families in KVS_ELF_FAMILIES order, so a family's hooks are contiguous. */
+/* Every hook, families in KVS_HOOK_FAMILIES order, so a family's hooks are contiguous. */
 typedef enum kvs_elf_hook {
 #define KVS__ELF_HOOK_ENUM(ret, name, params, args) KVS_ELF_HOOK_##name,
 #define KVS__ELF_FAM_HOOKS(id, name, title, rows) rows(KVS__ELF_HOOK_ENUM)
-  KVS_ELF_FAMILIES(KVS__ELF_FAM_HOOKS)
+  KVS_HOOK_FAMILIES(KVS__ELF_FAM_HOOKS)
 #undef KVS__ELF_FAM_HOOKS
 #undef KVS__ELF_HOOK_ENUM
   KVS_ELF_HOOK_COUNT
@@ -311,52 +297,6 @@ int kvs_elf_feature_check(const kvs_elf_report_t *r, kvs_elf_feature_t f,
 
 /* Base name of an object (its path's, else its name's). Never NULL. */
 const char *kvs_elf_object_basename(const kvs_elf_object_t *o);
-
-/* ---- run time: the current process (no allocation, no dlsym) ------------------------------ */
-
-#define KVS_ELF_RT_PATH_MAX 256
-
-typedef struct kvs_elf_rt_family {
-  uint64_t present;      /* bit i: hook first+i is defined (outside self) or imported */
-  uint64_t defined;      /* bit i: defined in some object other than self */
-  uint64_t interposable; /* bit i: some object other than self reaches it through a dynamic
-                            relocation (reached), and its first definition outside self is
-                            exported from a shared object (not the executable) with default or
-                            protected visibility, so imports bind to an LD_PRELOAD definition;
-                            or it is only imported (no definition outside self) */
-  uint64_t reached;      /* bit i: a relocation of an object other than self names it (an
-                            import, or its definer's own PLT/GOT call): the offline rule */
-  uint64_t bound_inside; /* bit i: the definer binds its own references (protected, or
-                            DF_SYMBOLIC): calls inside that object are not interposed */
-  unsigned n_present, n_interposable; /* popcounts of present and present & interposable */
-  unsigned n_definers;   /* distinct objects (other than self) defining family hooks */
-  char definer[KVS_ELF_RT_PATH_MAX]; /* path of the object (other than self) defining the most
-                                        family hooks, the first in load order on ties ("" when
-                                        none; cut to fit): the same rule as inspect's */
-} kvs_elf_rt_family_t;
-
-typedef struct kvs_elf_process {
-  kvs_elf_rt_family_t family[KVS_ELF_FAMILY_COUNT];
-  /* Address of the first definition outside self (load order) of each hook: what an import
-   * binds to when self is not preloaded. NULL when none or when it is an IFUNC. */
-  void *definition[KVS_ELF_HOOK_COUNT];
-  unsigned n_objects;    /* objects visited, self included */
-  bool static_process;   /* the executable has no interpreter (static or static-pie): the
-                            loader never ran, LD_PRELOAD cannot work */
-} kvs_elf_process_t;
-
-/* Scans the loaded objects. self: any address inside the caller's own object (the preload),
- * whose definitions and references are ignored; NULL ignores nothing. Reads only mapped,
- * readable memory of each object's dynamic section, symbol, string, hash and relocation
- * tables, each access checked against its PT_LOAD segments. Direct calls bound at link time
- * (-Bsymbolic-functions) are not looked for: kvshim inspect does that from the files.
- * Returns 0 or -EINVAL (out NULL). Writes *out only on success. Async-signal-unsafe (takes
- * the loader lock); no malloc, no stdio, no dlsym. */
-int kvs_elf_scan_process(const void *self, kvs_elf_process_t *out);
-
-/* The family's line for the init log (kvs_elf_summary_line with the definer's base name).
- * Returns as kvs_elf_summary_line, or -EINVAL (bad arguments). */
-int kvs_elf_process_line(const kvs_elf_process_t *p, kvs_elf_family_t f, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

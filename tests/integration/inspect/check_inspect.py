@@ -340,46 +340,6 @@ def case_runpath_chain():
     check(kvo[0]["via"] == "LD_LIBRARY_PATH", f"via: {kvo}")
 
 
-def rt_lines(p):
-    return [l for l in p.stdout.splitlines()]
-
-
-def case_runtime():
-    exe, plugin = fx("fx_rt_main"), fx("libfx_plugin.so")
-    p = run([exe, plugin])
-    out = p.stdout
-    check("start: family kvo: kvo: libfx_kvo.so, 2/3 hooks interposable (definers=1)" in out,
-          f"run-time kvo line:\n{out}")
-    check("start: family llama" not in out and "start: family cuda" not in out,
-          f"families reported that are not loaded:\n{out}")
-    check("plugin: family llama: llama.cpp: libfx_state.so, 1/1 hooks interposable (definers=1)"
-          in out, f"run-time line after dlopen RTLD_LOCAL:\n{out}")
-    check(" bad" not in out and "start: definition kvo_lookup ok" in out and
-          "plugin: definition llama_state_seq_save_file ok" in out,
-          f"definitions differ from the loader's:\n{out}")
-    # the same line offline
-    doc = inspect_json(exe)
-    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 2/3 hooks interposable",
-          f"offline and run-time lines differ: {summary_of(doc, 'kvo')}")
-    # self (the preload's own object) is ignored: only the executable's import is left
-    p = run([exe, "--self-kvo"])
-    check("start: family kvo: kvo: no definition, 2/2 hooks interposable (definers=0)" in p.stdout
-          and " bad" not in p.stdout, f"self not ignored:\n{p.stdout}")
-
-
-def case_runtime_exe():
-    exe = fx("fx_rt_exe")
-    p = run([exe])
-    check("start: family kvo: kvo: libfx_kvo.so, 1/3 hooks interposable (definers=2)" in p.stdout
-          and " bad" not in p.stdout, f"an executable's definition is interposable at run time:\n"
-          f"{p.stdout}")
-    doc = inspect_json(exe)
-    s = symbol(doc, "kvo", "kvo_lookup")
-    check((s["verdict"], s["reason"]) == ("no", "executable"), f"offline: {s}")
-    check(summary_of(doc, "kvo") == "kvo: libfx_kvo.so, 1/3 hooks interposable",
-          f"offline summary: {summary_of(doc, 'kvo')}")
-
-
 def case_bad_input():
     with tempfile.TemporaryDirectory() as tmp:
         def bad(args, rc, needle):
