@@ -84,11 +84,12 @@
   X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), \
     (pdptr, handle, Flags))                                                                   \
   X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                 \
-  X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \
-    (dstDevice, srcHost, ByteCount))                                                          \
-  X(CUresult, cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),       \
-    (dstHost, srcDevice, ByteCount))                                                          \
-  X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), \
-    (dstDevice, srcDevice, ByteCount))
+  X(CUresult, cuMemcpyDtoDAsync_v2,                                                            \
+    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),       \
+    (dstDevice, srcDevice, ByteCount, hStream))                                               \
+  X(CUresult, cuCtxSynchronize, (void), ())                                                    \
+  X(CUresult, cuStreamCreate, (CUstream * phStream, unsigned int Flags), (phStream, Flags))    \
+  X(CUresult, cuStreamSynchronize, (CUstream hStream), (hStream))                              \
+  X(CUresult, cuStreamDestroy_v2, (CUstream hStream), (hStream))
 
 #endif
