@@ -54,6 +54,7 @@
 #include <cuda.h>
 #undef cuGetProcAddress /* cuda.h renames it to cuGetProcAddress_v2: both are hooked rows */
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -726,25 +727,34 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
   return pp && bytesize > 0 && rt->host_hi && bytesize >= rt->opts.host_min;
 }
 
-/* ---- IPC leases (issue 14 item 3) ----------------------------------------------------------
+/* ---- IPC leases (issue 14 item 3, issue 23 item 5) ------------------------------------------
  * cuda.h (cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before calling
  * cuIpcCloseMemHandle in the importing context will result in undefined behavior." So every
- * export carries a generation, pid << 32 | seq (seq = 1, 2, ... per process), and the process
- * keeps one lease file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), where byte seq is 1
- * while the export of that generation lives and 0 after its free. An importer (open_ipc) opens
- * the exporter's file, takes an open-file-description read lock on byte seq and reads it: a
- * missing file or a 0 is a stale generation (-ESTALE); it holds the lock until close_ipc. The
- * exporter's cuMemFree takes the write lock on the byte (waiting while an importer holds it, at
- * most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, and frees. No file, no
- * generation: the allocation is recorded as not exportable. */
+ * export carries a generation, pid << 32 | slot << 16 | tag, and the process keeps one lease
+ * file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), of 2-byte cells: cell slot holds tag
+ * (little-endian) while the export of that generation lives and 0 after its free. Slots are
+ * reused (a freed one goes on g_lease_free; its next export gets the next tag, 1..65535), so the
+ * file is at most 2 * CU_LEASE_SLOTS bytes (NCCL shares /dev/shm) and grows only with the
+ * exports alive at once; with every slot live, a new allocation gets no generation. An importer
+ * (open_ipc) opens the exporter's file, takes an open-file-description read lock on the cell and
+ * reads it: a missing file or another tag is a stale generation (-ESTALE); it holds the lock
+ * until close_ipc. The exporter's cuMemFree takes the write lock on the cell (waiting while an
+ * importer holds it, at most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, frees,
+ * and the slot is free again. No file, no generation: the allocation is recorded as not
+ * exportable. The file is removed at exit; when a process makes its file, it also removes the
+ * files of this uid's processes that no longer exist (killed ones never ran their exit). */
 #define CU_LEASE_DIR "/dev/shm"
+#define CU_LEASE_PREFIX "kvshim-ipc-"
 #define CU_LEASE_WAIT_MS 5000
+#define CU_LEASE_SLOTS 16384 /* exports alive at once */
 static int g_lease_fd = -1;
-static uint32_t g_lease_seq;
+static uint16_t g_lease_tag[CU_LEASE_SLOTS];  /* tag of each slot's last export */
+static uint16_t g_lease_free[CU_LEASE_SLOTS]; /* free slots below g_lease_high (a stack) */
+static uint32_t g_lease_nfree, g_lease_high;
 static pthread_mutex_t g_lease_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void cu_lease_path(char *buf, size_t cap, uint32_t pid) {
-  snprintf(buf, cap, CU_LEASE_DIR "/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)pid);
+  snprintf(buf, cap, CU_LEASE_DIR "/" CU_LEASE_PREFIX "%u-%u", (unsigned)getuid(), (unsigned)pid);
 }
 static void cu_lease_atexit(void) {
   char path[128];
@@ -752,8 +762,31 @@ static void cu_lease_atexit(void) {
   cu_lease_path(path, sizeof path, (uint32_t)getpid());
   unlink(path);
 }
+static uint32_t cu_gen_slot(uint64_t gen) { return (uint32_t)(gen >> 16) & 0xffffu; }
+static uint16_t cu_gen_tag(uint64_t gen) { return (uint16_t)gen; }
 
-/* A new generation with its byte set to 1, or 0 when there is no lease file. */
+/* Remove the lease files of this uid's processes that no longer exist. Importers that still
+ * hold one open keep their own inode; a new process with a dead one's pid unlinks it anyway. */
+static void cu_lease_sweep(void) {
+  char prefix[64];
+  int n = snprintf(prefix, sizeof prefix, CU_LEASE_PREFIX "%u-", (unsigned)getuid());
+  DIR *d = opendir(CU_LEASE_DIR);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, (size_t)n) != 0) continue;
+    char *end;
+    errno = 0;
+    unsigned long pid = strtoul(e->d_name + n, &end, 10);
+    if (errno || *end || pid == 0 || pid > INT32_MAX) continue;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+      if (unlinkat(dirfd(d), e->d_name, 0) == 0) kvs_log_debug("removed the IPC lease file of dead process %lu", pid);
+    }
+  }
+  closedir(d);
+}
+
+/* A new generation with its cell set, or 0 when there is no lease file or no free slot. */
 static uint64_t cu_lease_new(void) {
   static bool atexit_done;
   uint64_t gen = 0;
@@ -761,27 +794,39 @@ static uint64_t cu_lease_new(void) {
   pthread_mutex_lock(&g_lease_lock);
   if (g_lease_fd < 0) {
     char path[128];
+    cu_lease_sweep();
     cu_lease_path(path, sizeof path, pid);
     unlink(path); /* a dead process's with this pid: its importers keep their own inode */
     g_lease_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (g_lease_fd < 0) kvs_log_debug("no IPC lease file %s: %s", path, strerror(errno));
     if (g_lease_fd >= 0 && !atexit_done) atexit_done = atexit(cu_lease_atexit) == 0;
   }
-  if (g_lease_fd >= 0 && g_lease_seq < UINT32_MAX &&
-      pwrite(g_lease_fd, "\1", 1, (off_t)g_lease_seq + 1) == 1)
-    gen = (uint64_t)pid << 32 | ++g_lease_seq;
+  uint32_t slot = UINT32_MAX;
+  if (g_lease_fd >= 0 && g_lease_nfree) slot = g_lease_free[--g_lease_nfree];
+  else if (g_lease_fd >= 0 && g_lease_high < CU_LEASE_SLOTS) slot = g_lease_high++;
+  if (slot != UINT32_MAX) {
+    uint16_t tag = (uint16_t)(g_lease_tag[slot] + 1u);
+    if (!tag) tag = 1;
+    uint8_t cell[2] = {(uint8_t)tag, (uint8_t)(tag >> 8)};
+    if (pwrite(g_lease_fd, cell, 2, (off_t)slot * 2) == 2) {
+      g_lease_tag[slot] = tag;
+      gen = (uint64_t)pid << 32 | (uint64_t)slot << 16 | tag;
+    } else {
+      g_lease_free[g_lease_nfree++] = (uint16_t)slot;
+    }
+  }
   pthread_mutex_unlock(&g_lease_lock);
   return gen;
 }
 
 static int cu_lease_lock(int fd, uint64_t gen, short type) {
-  struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)(uint32_t)gen,
-                     .l_len = 1};
+  struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
+                     .l_start = (off_t)cu_gen_slot(gen) * 2, .l_len = 2};
   return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
-/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale.
- * wait: false for an allocation already gone (freed behind kvshim's back). */
+/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale and
+ * free its slot. wait: false for an allocation already gone (freed behind kvshim's back). */
 static void cu_lease_end(uint64_t gen, bool wait) {
   if (!gen || gen >> 32 != (uint32_t)getpid() || g_lease_fd < 0) return;
   struct timespec t0, now, nap = {0, 1000000};
@@ -796,9 +841,14 @@ static void cu_lease_end(uint64_t gen, bool wait) {
   if (rc < 0 && wait)
     kvs_log_warn("freeing device memory another process still has open after %d ms (generation "
                  "%llx): %s", CU_LEASE_WAIT_MS, (unsigned long long)gen, strerror(-rc));
-  if (pwrite(g_lease_fd, "", 1, (off_t)(uint32_t)gen) != 1)
+  uint32_t slot = cu_gen_slot(gen);
+  if (pwrite(g_lease_fd, "\0\0", 2, (off_t)slot * 2) != 2)
     kvs_log_debug("IPC lease %llx not marked: %s", (unsigned long long)gen, strerror(errno));
   if (rc == 0) cu_lease_lock(g_lease_fd, gen, F_UNLCK);
+  pthread_mutex_lock(&g_lease_lock);
+  if (slot < g_lease_high && g_lease_tag[slot] == cu_gen_tag(gen) && g_lease_nfree < CU_LEASE_SLOTS)
+    g_lease_free[g_lease_nfree++] = (uint16_t)slot;
+  pthread_mutex_unlock(&g_lease_lock);
 }
 
 /* Importer: take the lease of d's generation into *fd (held until closed; -1 for a descriptor
@@ -811,10 +861,10 @@ static int cu_lease_take(const kvs_tensor_desc_t *d, int *fd) {
   cu_lease_path(path, sizeof path, (uint32_t)(gen >> 32));
   int f = open(path, O_RDONLY | O_CLOEXEC);
   if (f < 0) return errno == ENOENT ? -ESTALE : -errno;
-  char b = 0;
+  uint8_t cell[2] = {0, 0};
   int rc = cu_lease_lock(f, gen, F_RDLCK); /* -EAGAIN: the exporter is freeing it now */
-  if (rc == 0 && pread(f, &b, 1, (off_t)(uint32_t)gen) != 1) b = 0;
-  if (rc < 0 || b != 1) {
+  if (rc == 0 && pread(f, cell, 2, (off_t)cu_gen_slot(gen) * 2) != 2) cell[0] = cell[1] = 0;
+  if (rc < 0 || (uint16_t)(cell[0] | cell[1] << 8) != cu_gen_tag(gen) || !cu_gen_tag(gen)) {
     close(f);
     return -ESTALE;
   }
@@ -1662,7 +1712,7 @@ static void cu_fork_child(void) {
   pthread_mutex_init(&g_lease_lock, NULL);
   if (g_lease_fd >= 0) close(g_lease_fd); /* the parent's file: the child makes its own */
   g_lease_fd = -1;
-  g_lease_seq = 0;
+  g_lease_nfree = g_lease_high = 0;
   memset(g_big_pins, 0, sizeof g_big_pins);
 }
 

@@ -46,6 +46,8 @@
  *                   piece plus the buffer locked
  *   freesync        cuMemFreeHost of a pooled buffer waits for the copy queued on it before
  *                   the extent is handed out again (FAKECUDA_DEFER_ASYNC=1)
+ *   leases          IPC lease files reuse their slots (bounded by the exports alive at once)
+ *                   and a dead process's file is removed
  *   zerocopy        a PTX kernel (cuModuleLoadData, no nvcc) reads and writes pooled buffers
  *                   through their host pointers
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
@@ -638,6 +640,31 @@ static int w_first16(void) {
   return 0;
 }
 
+/* IPC lease files are bounded (issue 23 item 5): 1000 exported allocation/free pairs, then
+ * three allocations alive at once, leave this process's lease file at the size of three cells
+ * (2 bytes each: slots are reused), and the lease file of a dead process (KVS_TEST_DEAD_LEASE,
+ * made by the case) is gone once this process made its own. */
+static int w_leases(void) {
+  pt_cuda_setup();
+  CUdeviceptr d[3] = {0};
+  for (int i = 0; i < 1000; i++) {
+    PT_CHECK(cuMemAlloc(&d[0], 64 * KiB) == 0, "alloc %d", i);
+    PT_CHECK(cuMemFree(d[0]) == 0, "free %d", i);
+  }
+  for (int i = 0; i < 3; i++) PT_CHECK(cuMemAlloc(&d[i], 64 * KiB) == 0, "alloc %d", i);
+  const char *dead = getenv("KVS_TEST_DEAD_LEASE");
+  PT_CHECK(!dead || access(dead, F_OK) != 0, "a dead process's lease file stayed: %s", dead);
+  char path[128];
+  snprintf(path, sizeof path, "/dev/shm/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)getpid());
+  struct stat sb;
+  PT_CHECK(stat(path, &sb) == 0, "no lease file %s", path);
+  PT_CHECK(sb.st_size <= 6, "lease file of %lld bytes after 1000 pairs and 3 alive",
+           (long long)sb.st_size);
+  for (int i = 0; i < 3; i++) PT_CHECK(cuMemFree(d[i]) == 0, "free %d", i);
+  say("done");
+  return 0;
+}
+
 /* cuMemFreeHost keeps the real call's guarantee: an async copy queued from a buffer is done
  * before the buffer's memory is handed out again (FAKECUDA_DEFER_ASYNC=1: the fake runs async
  * copies only at a synchronisation). The engine frees the buffer right after queueing the copy,
@@ -788,6 +815,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "pieces")) return w_pieces();
   if (!strcmp(w, "first16")) return w_first16();
   if (!strcmp(w, "freesync")) return w_freesync();
+  if (!strcmp(w, "leases")) return w_leases();
   if (!strcmp(w, "pinarena")) return w_pinarena();
   if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
@@ -1588,6 +1616,26 @@ static int case_first16(void) {
   return 0;
 }
 
+/* Bounded lease files, and a dead process's removed (issue 23 item 5). */
+static int case_leases(void) {
+  tcase_t c = {0};
+  tc_init(&c, "leases", true);
+  pid_t gone = fork();
+  PT_CHECK(gone >= 0, "fork");
+  if (gone == 0) _exit(0);
+  PT_CHECK(waitpid(gone, NULL, 0) == gone, "waitpid");
+  char dead[128];
+  snprintf(dead, sizeof dead, "/dev/shm/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)gone);
+  int fd = open(dead, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  PT_CHECK(fd >= 0 && write(fd, "\1", 1) == 1 && close(fd) == 0, "make %s", dead);
+  pt_env_set(&c.env, "KVS_TEST_DEAD_LEASE", "%s", dead);
+  int rc = run_child(&c, "leases", 0);
+  unlink(dead);
+  PT_CHECK(rc == 0, "child failed (see %s)", c.err);
+  tc_done(&c);
+  return 0;
+}
+
 /* cuMemFreeHost of a pooled buffer waits for the work queued on it (issue 23 item 4), with
  * the default pieces and with each buffer registered on its own (KVSHIM_CUDA_PIN_ARENA=0). */
 static int case_freesync(void) {
@@ -1803,6 +1851,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "pieces")) rc = case_pieces();
   else if (!strcmp(k, "first16")) rc = case_first16();
   else if (!strcmp(k, "freesync")) rc = case_freesync();
+  else if (!strcmp(k, "leases")) rc = case_leases();
   else if (!strcmp(k, "zerocopy")) rc = case_zerocopy();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
