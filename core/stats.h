@@ -128,7 +128,9 @@ extern "C" {
   X(host_arena_pinned_bytes, G,                                                               \
     "bytes of the host arena registered with the CUDA driver now (pieces and own extents)")    \
   X(host_arena_pieces_ahead, C,                                                               \
-    "host-arena pieces registered ahead of use by the background thread")
+    "host-arena pieces registered ahead of use by the background thread")                     \
+  X(cuda_vmm_allocs, C, "VMM physical allocations (cuMemCreate) passed through, not exportable") \
+  X(cuda_vmm_bytes, C, "bytes of VMM physical allocations (cuMemCreate) passed through")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

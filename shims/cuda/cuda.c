@@ -22,6 +22,7 @@
  *                                        holding the lease (IPC leases, below)
  *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
  *                                        (cuda_device_unexportable)
+ *   cuMemCreate (VMM)                    forwarded and counted (cuda_vmm_allocs, _bytes)
  *   async copies                         forwarded; bytes touching the host arena are counted
  *
  * Host allocations must behave as the driver's own pinned memory (design §9.6): that memory is
@@ -942,7 +943,7 @@ static bool cu_is_alloc_row(size_t row) {
   return row == kvs__row_cuMemAlloc_v2 || row == kvs__row_cuMemAllocPitch_v2 ||
          row == kvs__row_cuMemAllocHost_v2 || row == kvs__row_cuMemHostAlloc ||
          row == kvs__row_cuMemAllocAsync || row == kvs__row_cuMemAllocAsync_ptsz ||
-         row == kvs__row_cuMemAllocManaged;
+         row == kvs__row_cuMemAllocManaged || row == kvs__row_cuMemCreate;
 }
 __attribute__((destructor)) static void cu_check_interception(void) {
   bool handed = false;
@@ -1204,6 +1205,23 @@ CU_HOOK_FREE_ASYNC(cuMemFreeAsync)
 CU_HOOK_FREE_ASYNC(cuMemFreeAsync_ptsz)
 #undef CU_HOOK_UNEXPORTABLE
 #undef CU_HOOK_FREE_ASYNC
+
+/* VMM physical allocations (cuMemCreate; llama.cpp's CUDA pool and PyTorch's expandable
+ * segments map them with cuMemMap): forwarded and counted (cuda_vmm_allocs, cuda_vmm_bytes), so
+ * an operator sees why such memory is never exported (a handle, not an address: no CUDA IPC
+ * handle; design §9.4). */
+static CUresult hk_cuMemCreate(kvs__cu_pfn_cuMemCreate real, CUmemGenericAllocationHandle *handle,
+                               size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+  cu_alloc_seen();
+  kvs__runtime_t *rt = cu_rt();
+  CUresult r = real(handle, size, prop, flags);
+  if (rt && r == CUDA_SUCCESS) {
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_vmm_allocs);
+    kvs_stats_add(kvs_stats_global(), KVS_STAT_cuda_vmm_bytes, size);
+  }
+  return r;
+}
 
 static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
                                      size_t bytesize) {

@@ -33,6 +33,10 @@
   X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))      \
   X(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),    \
     (dptr, bytesize, flags))                                                                   \
+  X(CUresult, cuMemCreate,                                                                     \
+    (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp *prop,     \
+     unsigned long long flags),                                                               \
+    (handle, size, prop, flags))                                                              \
   X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                 \
   X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags)) \
   X(CUresult, cuMemFreeHost, (void *p), (p))                                                   \

@@ -1506,6 +1506,32 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStre
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
   return mem_alloc_origin("cuMemAllocManaged", dptr, bytesize, FK_FROM_MANAGED, 0, NULL, flags);
 }
+/* Virtual memory management, only as far as kvshim observes it: cuMemCreate hands out a
+ * physical allocation handle (never an address: cuMemMap places it, so it has no CUDA IPC
+ * handle and kvshim only counts it), cuMemRelease takes it back. cuda.h (cuMemCreate): size
+ * "must be a multiple of the the granularity" (the fake's: 2 MiB, the real minimum on current
+ * GPUs) and prop->type CU_MEM_ALLOCATION_TYPE_PINNED; an allocation, so unsafe in a capture. */
+#define FK_VMM_GRANULARITY (2u << 20)
+static atomic_ullong vmm_handles; /* handles handed out so far (1, 2, ...) */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
+  if (r == CUDA_SUCCESS && (!handle || !prop || !size || size % FK_VMM_GRANULARITY || flags ||
+                            prop->type != CU_MEM_ALLOCATION_TYPE_PINNED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  unsigned long long h = 0;
+  if (r == CUDA_SUCCESS) *handle = h = atomic_fetch_add(&vmm_handles, 1) + 1;
+  fk_log("cuMemCreate size=%zu -> %d%s%llu", size, (int)r, r ? "" : " handle=", h);
+  return r;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!handle || handle > atomic_load(&vmm_handles)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  fk_log("cuMemRelease handle=%llu -> %d", (unsigned long long)handle, (int)r);
+  return r;
+}
 static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS) {
@@ -2677,6 +2703,8 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   P(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                  \
   P(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
   X(cuMemAllocManaged, 6000, cuMemAllocManaged)                                     \
+  X(cuMemCreate, 10020, cuMemCreate)                                                \
+  X(cuMemRelease, 10020, cuMemRelease)                                              \
   X(cuMemGetAddressRange, 2000, cuMemGetAddressRange)                               \
   X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                            \
   X(cuMemAllocHost, 2000, cuMemAllocHost)                                           \

@@ -48,6 +48,7 @@
  *                   the extent is handed out again (FAKECUDA_DEFER_ASYNC=1)
  *   leases          IPC lease files reuse their slots (bounded by the exports alive at once)
  *                   and a dead process's file is removed
+ *   vmm             VMM physical allocations (cuMemCreate) pass through and are counted
  *   zerocopy        a PTX kernel (cuModuleLoadData, no nvcc) reads and writes pooled buffers
  *                   through their host pointers
  *   cudart <prog>   a CUDA runtime program behaves the same with and without the preload and
@@ -665,6 +666,21 @@ static int w_leases(void) {
   return 0;
 }
 
+/* VMM physical allocations (cuMemCreate) pass through and are counted (issue 23 item 7). */
+static int w_vmm(void) {
+  pt_cuda_setup();
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h[2];
+  for (int i = 0; i < 2; i++) PT_CHECK(cuMemCreate(&h[i], 2 * MiB, &prop, 0) == 0, "cuMemCreate");
+  for (int i = 0; i < 2; i++) PT_CHECK(cuMemRelease(h[i]) == 0, "cuMemRelease");
+  say("done");
+  return 0;
+}
+
 /* cuMemFreeHost keeps the real call's guarantee: an async copy queued from a buffer is done
  * before the buffer's memory is handed out again (FAKECUDA_DEFER_ASYNC=1: the fake runs async
  * copies only at a synchronisation). The engine frees the buffer right after queueing the copy,
@@ -816,6 +832,7 @@ static int child_main(const char *w) {
   if (!strcmp(w, "first16")) return w_first16();
   if (!strcmp(w, "freesync")) return w_freesync();
   if (!strcmp(w, "leases")) return w_leases();
+  if (!strcmp(w, "vmm")) return w_vmm();
   if (!strcmp(w, "pinarena")) return w_pinarena();
   if (!strcmp(w, "zerocopy")) return w_zerocopy();
   fprintf(stderr, "unknown workload %s\n", w);
@@ -1616,6 +1633,18 @@ static int case_first16(void) {
   return 0;
 }
 
+static int case_vmm(void) {
+  tcase_t c = {0};
+  tc_init_pin_default(&c, "vmm", true);
+  PT_CHECK(run_child(&c, "vmm", 0) == 0, "child failed (see %s)", c.err);
+  char *st = must_read(c.stats);
+  expect_stat(st, "cuda_vmm_allocs", 2);
+  expect_stat(st, "cuda_vmm_bytes", 4 * MiB);
+  free(st);
+  tc_done(&c);
+  return 0;
+}
+
 /* Bounded lease files, and a dead process's removed (issue 23 item 5). */
 static int case_leases(void) {
   tcase_t c = {0};
@@ -1852,6 +1881,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(k, "first16")) rc = case_first16();
   else if (!strcmp(k, "freesync")) rc = case_freesync();
   else if (!strcmp(k, "leases")) rc = case_leases();
+  else if (!strcmp(k, "vmm")) rc = case_vmm();
   else if (!strcmp(k, "zerocopy")) rc = case_zerocopy();
   else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
   else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
