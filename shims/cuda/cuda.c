@@ -10,12 +10,13 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
- *                                        (by default the whole arena is registered once in the
- *                                        background at the first one, nothing inline after;
+ *                                        (by default from 64 MiB pieces registered on demand,
+ *                                        one per call: "pinning on demand, in pieces" below;
  *                                        KVSHIM_CUDA_PIN_ARENA=0: each buffer inline)
- *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
- *                                        the next request that fits (or unregister and free
- *                                        it); everything else is forwarded
+ *   cuMemFreeHost                        arena buffers: synchronise the context (the real
+ *                                        call's guarantee), forget, return the buffer to its
+ *                                        piece (or keep/unregister its own extent); everything
+ *                                        else is forwarded
  *   device allocations                   forwarded, then recorded (with a CUDA IPC handle and
  *                                        a lease generation when the driver gives one); frees
  *                                        forget the record, then wait (bounded) for importers
