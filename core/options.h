@@ -82,7 +82,7 @@ extern "C" {
   X(remote_queue, "KVSHIM_REMOTE_QUEUE", INT, "1024", 1, 1048576, "", "objects",              \
     "write-behind queue to the remote store (a full queue drops and counts)")                 \
   X(cuda_pin_arena, "KVSHIM_CUDA_PIN_ARENA", BOOL, "1", 0, 1, "", "",                         \
-    "register the CUDA host arena whole in the background at the first host allocation")       \
+    "pin the CUDA host arena on demand in 64 MiB pieces (0: register each buffer inline)")   \
   X(one_copy, "KVSHIM_ONE_COPY", BOOL, "1", 0, 1, "", "",                                     \
     "with a kvshim serve cache peer: store into and load from its pool, keep no own copy")    \
   X(pool_lean_size, "KVSHIM_POOL_LEAN_SIZE", SIZE, "32M", 1ull << 20, 1ull << 40, "", "bytes", \

@@ -1366,7 +1366,7 @@ void kvs_peers_destroy(kvs_peers_t *p) {
 /* The cache peer's pool mapping registered with the accelerator's driver, so the device copies
  * from and to it by DMA instead of through the driver's staging buffers. Registration faults in
  * and page-locks the whole mapping (serve prefaults its pool anyway), which takes long for a
- * large pool: one thread at idle priority does it, never the engine's call. The mapping is
+ * large pool: one thread at nice 19 does it, never the engine's call. The mapping is
  * writable (stores copy device buffers into it), so it is registered with pin; a mapping
  * attached read-only would use pin_readonly (READ_ONLY where the device supports it). Only with
  * an accelerator installed (the default table pins nothing). A failure changes nothing: copies
@@ -1374,8 +1374,7 @@ void kvs_peers_destroy(kvs_peers_t *p) {
  * unmaps. */
 static void *pool_pin_main(void *arg) {
   pconn_t *c = arg;
-  struct sched_param idle = {0};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  kvs__prim_thread_background(); /* nice 19, never SCHED_IDLE (core/prim.h says why) */
   const kvs_accel_ops_t *ops = c->pin_ops;
   int (*pin)(void *, size_t) =
       !kvs_pool_is_writable(c->pool) && ops->pin_readonly ? ops->pin_readonly : ops->pin;

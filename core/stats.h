@@ -115,7 +115,8 @@ extern "C" {
   X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")     \
   X(host_arena_inline_pins, C, "host-arena registrations made inside an engine's allocation")  \
   X(host_arena_pinning_forwards, C,                                                           \
-    "host allocations left to the driver while the host arena was being registered")           \
+    "host allocations left to the driver while the host arena was being registered "          \
+    "(0 since pinning in pieces)")                                                            \
   X(cache_peer_stores, C, "one copy: objects stored straight into the cache peer's pool")      \
   X(cache_peer_loads, C, "one copy: objects read from the cache peer's pool into the caller's") \
   X(cache_peer_fallbacks, C,                                                                  \
@@ -123,7 +124,13 @@ extern "C" {
   X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
   X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
   X(cache_peer_pool_pins, C,                                                                  \
-    "one copy: cache peer pool mappings registered with the device driver in the background")
+    "one copy: cache peer pool mappings registered with the device driver in the background")  \
+  X(host_arena_pinned_bytes, G,                                                               \
+    "bytes of the host arena registered with the CUDA driver now (pieces and own extents)")    \
+  X(host_arena_pieces_ahead, C,                                                               \
+    "host-arena pieces registered ahead of use by the background thread")                     \
+  X(cuda_vmm_allocs, C, "VMM physical allocations (cuMemCreate) passed through, not exportable") \
+  X(cuda_vmm_bytes, C, "bytes of VMM physical allocations (cuMemCreate) passed through")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

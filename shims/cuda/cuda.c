@@ -10,18 +10,20 @@
  *                                        real cuMemHostRegister_v2, recorded in the tensor
  *                                        registry as CPU_SHM (EXPORT_TENSORS hands them out);
  *                                        arena full or registration refused -> the real allocator
- *                                        (by default the whole arena is registered once in the
- *                                        background at the first one, nothing inline after;
+ *                                        (by default from 64 MiB pieces registered on demand,
+ *                                        one per call: "pinning on demand, in pieces" below;
  *                                        KVSHIM_CUDA_PIN_ARENA=0: each buffer inline)
- *   cuMemFreeHost                        arena buffers: forget, keep the extent registered for
- *                                        the next request that fits (or unregister and free
- *                                        it); everything else is forwarded
+ *   cuMemFreeHost                        arena buffers: synchronise the context (the real
+ *                                        call's guarantee), forget, return the buffer to its
+ *                                        piece (or keep/unregister its own extent); everything
+ *                                        else is forwarded
  *   device allocations                   forwarded, then recorded (with a CUDA IPC handle and
  *                                        a lease generation when the driver gives one); frees
  *                                        forget the record, then wait (bounded) for importers
  *                                        holding the lease (IPC leases, below)
  *   cuMemAllocAsync, managed memory      forwarded, then recorded as not exportable
  *                                        (cuda_device_unexportable)
+ *   cuMemCreate (VMM)                    forwarded and counted (cuda_vmm_allocs, _bytes)
  *   async copies                         forwarded; bytes touching the host arena are counted
  *
  * Host allocations must behave as the driver's own pinned memory (design §9.6): that memory is
@@ -54,6 +56,7 @@
 #include <cuda.h>
 #undef cuGetProcAddress /* cuda.h renames it to cuGetProcAddress_v2: both are hooked rows */
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -271,20 +274,32 @@ static void cu_host_gauge(int64_t delta) {
   kvs_stats_set(kvs_stats_global(), KVS_STAT_host_arena_used_bytes, v);
 }
 
-/* The flags each live pooled buffer was asked with (cuMemHostGetFlags answers them). Open
- * addressing by pointer, linear probing, deletion by backward shift; g_host_flags_lock. */
-static struct { uintptr_t p; unsigned flags; } g_host_flags[CU_HOST_BUFS];
+/* Bytes of the host arena registered with the driver now (pieces and own extents, kept ones
+ * included): stat host_arena_pinned_bytes. */
+static atomic_uint_fast64_t g_pinned; /* bytes of the host arena registered now */
+
+static void cu_pinned_gauge(int64_t delta) {
+  uint64_t v = delta >= 0 ? atomic_fetch_add(&g_pinned, (uint64_t)delta) + (uint64_t)delta
+                          : atomic_fetch_sub(&g_pinned, (uint64_t)-delta) - (uint64_t)-delta;
+  kvs_stats_set(kvs_stats_global(), KVS_STAT_host_arena_pinned_bytes, v);
+}
+
+/* Each live pooled buffer: the flags it was asked with (cuMemHostGetFlags answers them) and its
+ * length in bytes (rounded to the pool page size). Open addressing by pointer, linear probing,
+ * deletion by backward shift; g_host_flags_lock. */
+static struct { uintptr_t p; uint64_t len; unsigned flags; } g_host_flags[CU_HOST_BUFS];
 static pthread_mutex_t g_host_flags_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t cu_hf_slot(uintptr_t p) { return (size_t)((p >> 12) * 0x9E3779B97F4A7C15ull >> 52); }
 _Static_assert(CU_HOST_BUFS == 1u << 12, "cu_hf_slot gives 12 bits");
 
 /* -ENOSPC when the table is full (the request is then forwarded). */
-static int cu_hf_put(uintptr_t p, unsigned flags) {
+static int cu_hf_put(uintptr_t p, uint64_t len, unsigned flags) {
   int rc = -ENOSPC;
   pthread_mutex_lock(&g_host_flags_lock);
   for (size_t n = 0, i = cu_hf_slot(p); n < CU_HOST_BUFS - 1; n++, i = (i + 1) % CU_HOST_BUFS)
     if (!g_host_flags[i].p) {
       g_host_flags[i].p = p;
+      g_host_flags[i].len = len;
       g_host_flags[i].flags = flags;
       rc = 0;
       break;
@@ -292,14 +307,16 @@ static int cu_hf_put(uintptr_t p, unsigned flags) {
   pthread_mutex_unlock(&g_host_flags_lock);
   return rc;
 }
-/* The flags of buffer p (and forget them when drop): -ENOENT when p is no pooled buffer. */
-static int cu_hf_get(uintptr_t p, unsigned *flags, bool drop) {
+/* The flags and length of buffer p (and forget them when drop): -ENOENT when p is no pooled
+ * buffer. len may be NULL. */
+static int cu_hf_get(uintptr_t p, unsigned *flags, uint64_t *len, bool drop) {
   int rc = -ENOENT;
   pthread_mutex_lock(&g_host_flags_lock);
   size_t i = cu_hf_slot(p);
   for (size_t n = 0; n < CU_HOST_BUFS && g_host_flags[i].p; n++, i = (i + 1) % CU_HOST_BUFS)
     if (g_host_flags[i].p == p) {
       *flags = g_host_flags[i].flags;
+      if (len) *len = g_host_flags[i].len;
       rc = 0;
       break;
     }
@@ -389,13 +406,6 @@ static bool cu_keep_put(uint64_t off, uint64_t len) {
   pthread_mutex_unlock(&g_keep_lock);
   return kept;
 }
-static bool cu_keep_empty(void) {
-  bool empty = true;
-  pthread_mutex_lock(&g_keep_lock);
-  for (int i = 0; i < CU_KEEP && empty; i++) empty = !g_keep[i].len;
-  pthread_mutex_unlock(&g_keep_lock);
-  return empty;
-}
 /* Unregister a pooled extent (in a context of its device, from any thread) and return it. */
 static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
   void *p = kvs_pool_base(rt->pool) + off;
@@ -406,7 +416,21 @@ static void cu_host_release(kvs__runtime_t *rt, uint64_t off, uint64_t len) {
   cu_ctx_leave(&g_real, &sc);
   cu_unrelax(rx);
   if (u != CUDA_SUCCESS) kvs_log_debug("cuMemHostUnregister of a host-arena buffer: %d", (int)u);
+  cu_pinned_gauge(-(int64_t)len);
   kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+}
+/* Wait for the work queued on host-arena memory p (cuMemFreeHost's guarantee, below): a
+ * synchronisation of the context that holds it (the thread's current one on p's device, else
+ * the device's primary context while the engine holds it). */
+static void cu_host_quiesce(void *p) {
+  cu_ctx_scope_t sc;
+  cu_relax_t rx = cu_relax();
+  if (cu_ctx_enter(&g_real, p, &sc) == 0 && g_real.cuCtxSynchronize) {
+    CUresult r = g_real.cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) kvs_log_debug("cuCtxSynchronize at a pooled cuMemFreeHost: %d", (int)r);
+  }
+  cu_ctx_leave(&g_real, &sc);
+  cu_unrelax(rx);
 }
 /* Release every kept extent; true when there was one. */
 static bool cu_keep_release_all(kvs__runtime_t *rt) {
@@ -427,93 +451,61 @@ static bool cu_keep_release_all(kvs__runtime_t *rt) {
   }
 }
 
-/* Pinning ahead of use (issue 14 item 6, design §9.6: "prefault and register the host arena in
- * the background ... never inside an engine call when avoidable"). After the engine takes a
- * host buffer of at least CU_PREPIN_MIN from the arena, one background thread at idle priority
- * takes a spare extent of the same size from the arena, registers it (which faults its pages in)
- * and keeps it (g_keep), so the engine's next request of that size (PyTorch's pinned block
- * cache, vLLM's per-layer swap buffers: many equal sizes) finds it registered and pays no
- * pinning inline. One spare at a time; a spare that finds no room, no context or a driver
- * error just ends (the next request registers inline as before). When the arena is full, the
- * spare is released with the other kept extents (cu_keep_release_all). Smaller buffers are
- * left alone: their pinning is cheap (~0.1 ms per MiB) and a spare would only hold memory. */
-#define CU_PREPIN_MIN (64ull << 20)
-static atomic_bool g_prepin_busy; /* a spare is being made */
-
-static void *cu_prepin_main(void *arg) {
-  uint64_t len = (uint64_t)(uintptr_t)arg;
-  /* Idle priority, like the cache arena's prefault (runtime.c): never take CPU from the
-   * engine. */
-  struct sched_param idle = {0};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
-  kvs__runtime_t *rt = cu_rt_if_active();
-  uint64_t off;
-  if (rt && kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, len, &off) == 0) {
-    void *p = kvs_pool_base(rt->pool) + off;
-    cu_ctx_scope_t sc;
-    /* Relaxed: under a global-mode capture in another thread, this thread's register must not
-     * invalidate it (cuda.h, cuThreadExchangeStreamCaptureMode). */
-    cu_relax_t rx = cu_relax();
-    CUresult r = cu_ctx_enter(&g_real, p, &sc) == 0
-                     ? cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE |
-                                               CU_MEMHOSTREGISTER_DEVICEMAP)
-                     : CUDA_ERROR_INVALID_CONTEXT;
-    cu_ctx_leave(&g_real, &sc);
-    cu_unrelax(rx);
-    if (r != CUDA_SUCCESS) {
-      kvs_log_debug("host-arena spare of %llu bytes not registered: %d", (unsigned long long)len,
-                    (int)r);
-      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
-    } else if (!cu_keep_put(off, len)) {
-      cu_host_release(rt, off, len);
-    }
-  }
-  atomic_store(&g_prepin_busy, false);
-  return NULL;
-}
-
 /* Start fn(arg) on a detached thread with every signal blocked (kvshim's threads must not take
- * the engine's signals); the thread lowers itself to idle priority. 0 or an errno. */
+ * the engine's signals). 0 or a negative errno. */
 static int cu_spawn(void *(*fn)(void *), void *arg) {
   pthread_attr_t at;
   pthread_t t;
   int rc = pthread_attr_init(&at);
   if (rc == 0) {
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    rc = -kvs__prim_thread_start(&t, &at, fn, arg);
+    rc = kvs__prim_thread_start(&t, &at, fn, arg);
     pthread_attr_destroy(&at);
+  } else {
+    rc = -rc;
   }
   return rc;
 }
 
-/* The whole host arena pinned in the background (default; KVSHIM_CUDA_PIN_ARENA=0 turns it
- * off; design §9.6: "prefault and register the host arena in the background ... keep extents
- * registered across free and alloc"). At the first host allocation the arena could serve
- * (cuMemHostAlloc, cuMemAllocHost_v2, and so cudaHostAlloc/cudaMallocHost; a process that
- * never asks for pinned host memory pins nothing), one idle-priority thread registers the
- * whole arena PORTABLE|DEVICEMAP in a context of an active primary context (which faults every
- * page in). Meanwhile host requests go to the driver (stat host_arena_pinning_forwards: a
- * registration of a part would overlap it, and cuMemHostRegister refuses that); once it is
- * done, every arena buffer is served without any registration inside the engine's call and
- * freed without an unregistration (the arena never shrinks). Any failure (no active primary
- * context, a driver error, the registration gone after the engine reset its device) turns it
- * off for good: buffers are then registered one by one as with the option off. */
-enum { CU_AP_OFF = 0, CU_AP_PINNING = 1, CU_AP_PINNED = 2, CU_AP_FAILED = 3 };
-static atomic_int g_arena_pin;
+/* ---- pinning on demand, in pieces (design §9.6; issue 23 items 1-3) --------------------------
+ * KVSHIM_CUDA_PIN_ARENA=1 (the default). A buffer of at most one piece is carved from a piece:
+ * an extent of the host arena of g_piece_len bytes (CU_PIN_PIECE, or the whole arena when it is
+ * smaller), registered PORTABLE|DEVICEMAP by exactly one cuMemHostRegister call. So:
+ *   - the first pinned allocation is served from a piece registered inside it (the engine
+ *     waits for one piece, ~6 ms at 0.1 s/GB, never for the arena);
+ *   - a buffer never straddles two pieces (two registrations are two driver allocations: a copy
+ *     or kernel spanning both is refused, as the fake driver's span check enforces);
+ *   - when less than half a piece is left free in the registered pieces, one background thread
+ *     at nice 19 (kvs__prim_thread_background, never SCHED_IDLE: the driver pins under the
+ *     mmap read lock, and an idle thread holding it stalls the engine's mmap/munmap) registers
+ *     the next piece, one piece per call; the engine's call registers one itself only when
+ *     the pieces ran out before that thread was done;
+ *   - a piece whose buffers are all freed stays registered for reuse while it is the only free
+ *     margin; beyond half a piece of other free room it is unregistered and returned.
+ * Locked memory (stat host_arena_pinned_bytes) is therefore what the pieces hand out plus less
+ * than one and a half pieces: after one 16 MiB allocation, one 64 MiB piece.
+ * Within a piece, buffers are handed out by bumping: bump is the end of the highest buffer,
+ * live the number of buffers alive; when live drops to 0, bump returns to 0 (the whole piece is
+ * free again). Buffers larger than a piece (and every buffer with the option off) get their own
+ * extent and registration, inline, as the driver's own cuMemHostAlloc would pin them.
+ * Invariants (g_piece_lock): for every used slot, 0 <= bump <= g_piece_len and live == 0 =>
+ * bump == 0; the buffers of a piece lie in [off, off + bump). */
+#define CU_PIN_PIECE (64ull << 20)
+#define CU_PIECES 4096 /* pieces registered at once (256 GiB of 64 MiB pieces) */
+typedef struct cu_piece {
+  uint64_t off;  /* segment offset of the piece's extent */
+  uint64_t bump; /* bytes from off handed out (buffers and the holes freed among them) */
+  uint32_t live; /* buffers alive in the piece */
+  bool used;     /* slot holds a registered piece */
+} cu_piece_t;
+static cu_piece_t g_pieces[CU_PIECES];
+static pthread_mutex_t g_piece_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_piece_len;      /* bytes per piece, set at family init; 0: no pieces */
+static atomic_bool g_ahead_busy;  /* the background thread is registering a piece */
 
-static bool cu_arena_pinned(void) {
-  return atomic_load_explicit(&g_arena_pin, memory_order_acquire) == CU_AP_PINNED;
-}
-static int cu_arena_state(void) {
-  return atomic_load_explicit(&g_arena_pin, memory_order_acquire);
-}
-
-static void *cu_arena_pin_main(void *arg) {
-  kvs__runtime_t *rt = arg;
-  struct sched_param idle = {0};
-  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
-  void *p = (void *)rt->host_lo;
-  uint64_t len = (uint64_t)(rt->host_hi - rt->host_lo);
+/* Register [p, p + len) of the host arena from any thread, in a context of the device that
+ * holds it (cu_ctx_enter), in relaxed capture mode. */
+static CUresult cu_host_register(void *p, uint64_t len) {
   cu_ctx_scope_t sc;
   cu_relax_t rx = cu_relax();
   CUresult r = cu_ctx_enter(&g_real, p, &sc) == 0
@@ -521,44 +513,145 @@ static void *cu_arena_pin_main(void *arg) {
                    : CUDA_ERROR_INVALID_CONTEXT;
   cu_ctx_leave(&g_real, &sc);
   cu_unrelax(rx);
-  if (r == CUDA_SUCCESS) {
-    kvs_log_info("host arena registered whole in the background: %llu bytes",
-                 (unsigned long long)len);
-  } else {
-    kvs_log_info("host arena not registered whole (%d): buffers are registered one by one",
-                 (int)r);
+  if (r == CUDA_SUCCESS) cu_pinned_gauge((int64_t)len);
+  return r;
+}
+
+/* Caller holds g_piece_lock. Free bytes left in the registered pieces. */
+static uint64_t cu_piece_room_locked(void) {
+  uint64_t room = 0;
+  for (int i = 0; i < CU_PIECES; i++)
+    if (g_pieces[i].used) room += g_piece_len - g_pieces[i].bump;
+  return room;
+}
+/* Caller holds g_piece_lock. Take len bytes from a piece: the fullest piece with room first,
+ * so empty pieces stay empty (and can be given back). The buffer's offset, or 0 when none
+ * has room. */
+static uint64_t cu_piece_take_locked(uint64_t len) {
+  int best = -1;
+  for (int i = 0; i < CU_PIECES; i++)
+    if (g_pieces[i].used && g_piece_len - g_pieces[i].bump >= len &&
+        (best < 0 || g_pieces[i].bump > g_pieces[best].bump))
+      best = i;
+  if (best < 0) return 0;
+  uint64_t off = g_pieces[best].off + g_pieces[best].bump;
+  g_pieces[best].bump += len;
+  g_pieces[best].live++;
+  return off;
+}
+/* Caller holds g_piece_lock. Adds the registered piece at off; false when the table is full. */
+static bool cu_piece_add_locked(uint64_t off) {
+  for (int i = 0; i < CU_PIECES; i++)
+    if (!g_pieces[i].used) {
+      g_pieces[i] = (cu_piece_t){.off = off, .bump = 0, .live = 0, .used = true};
+      return true;
+    }
+  return false;
+}
+
+/* Register one more piece (its extent taken from the pool) and add it: 0 or a negative errno
+ * (-ENOSPC: no room in the arena or the table). */
+static int cu_piece_new(kvs__runtime_t *rt) {
+  uint64_t off;
+  int rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, g_piece_len, &off);
+  if (rc < 0) return rc;
+  void *p = kvs_pool_base(rt->pool) + off;
+  CUresult r = cu_host_register(p, g_piece_len);
+  if (r != CUDA_SUCCESS) {
+    kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    kvs_log_debug("host-arena piece of %llu bytes not registered: %d",
+                  (unsigned long long)g_piece_len, (int)r);
+    return cu_errno(r);
   }
-  atomic_store_explicit(&g_arena_pin, r == CUDA_SUCCESS ? CU_AP_PINNED : CU_AP_FAILED,
-                        memory_order_release);
+  pthread_mutex_lock(&g_piece_lock);
+  bool added = cu_piece_add_locked(off);
+  pthread_mutex_unlock(&g_piece_lock);
+  if (!added) {
+    cu_host_release(rt, off, g_piece_len);
+    return -ENOSPC;
+  }
+  return 0;
+}
+
+static void *cu_piece_ahead_main(void *arg) {
+  kvs__runtime_t *rt = arg;
+  kvs__prim_thread_background();
+  pthread_mutex_lock(&g_piece_lock);
+  bool need = cu_piece_room_locked() < g_piece_len / 2;
+  pthread_mutex_unlock(&g_piece_lock);
+  if (need && cu_rt_if_active() == rt && cu_piece_new(rt) == 0)
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_pieces_ahead);
+  atomic_store(&g_ahead_busy, false);
   return NULL;
 }
-
-static bool cu_keep_empty(void);
-/* Start the whole-arena registration when the option is on and no arena buffer is registered
- * yet; true when it is in flight (started now or before). */
-static bool cu_arena_pin_start(kvs__runtime_t *rt) {
-  int st = cu_arena_state();
-  if (st != CU_AP_OFF) return st == CU_AP_PINNING;
-  if (!rt->opts.cuda_pin_arena || !rt->host_hi || atomic_load(&g_host_used) != 0 ||
-      atomic_load(&g_prepin_busy) || !cu_keep_empty() || !cu_host_devices_ok())
-    return false;
-  int off = CU_AP_OFF;
-  if (!atomic_compare_exchange_strong(&g_arena_pin, &off, CU_AP_PINNING))
-    return off == CU_AP_PINNING;
-  if (cu_spawn(cu_arena_pin_main, rt) != 0) {
-    atomic_store(&g_arena_pin, CU_AP_FAILED);
-    return false;
-  }
-  return true;
+/* After a piece handed out a buffer: start the background registration of the next piece when
+ * less than half a piece is left and none is being registered. */
+static void cu_piece_ahead(kvs__runtime_t *rt) {
+  pthread_mutex_lock(&g_piece_lock);
+  bool need = cu_piece_room_locked() < g_piece_len / 2;
+  pthread_mutex_unlock(&g_piece_lock);
+  if (!need || atomic_exchange(&g_ahead_busy, true)) return;
+  if (cu_spawn(cu_piece_ahead_main, rt) != 0) atomic_store(&g_ahead_busy, false);
 }
 
-/* Start a spare of len bytes unless one is being made (or the arena is registered whole). */
-static void cu_prepin_ahead(uint64_t len) {
-  int st = cu_arena_state();
-  if (len < CU_PREPIN_MIN || (st != CU_AP_OFF && st != CU_AP_FAILED) ||
-      atomic_exchange(&g_prepin_busy, true))
-    return;
-  if (cu_spawn(cu_prepin_main, (void *)(uintptr_t)len) != 0) atomic_store(&g_prepin_busy, false);
+/* A buffer of len bytes (at most one piece) from the pieces, registering one inline when none
+ * has room: its offset, or 0 (the caller then gives the buffer an extent of its own). */
+static uint64_t cu_piece_alloc(kvs__runtime_t *rt, uint64_t len) {
+  pthread_mutex_lock(&g_piece_lock);
+  uint64_t off = cu_piece_take_locked(len);
+  pthread_mutex_unlock(&g_piece_lock);
+  if (!off && cu_piece_new(rt) == 0) {
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_inline_pins);
+    pthread_mutex_lock(&g_piece_lock);
+    off = cu_piece_take_locked(len);
+    pthread_mutex_unlock(&g_piece_lock);
+  }
+  if (off) cu_piece_ahead(rt);
+  return off;
+}
+
+/* The buffer at off (len bytes) goes back to its piece; false when off lies in no piece. A
+ * piece left empty is given back (unregistered, its extent freed) when the other pieces keep
+ * at least half a piece free. */
+static bool cu_piece_free(kvs__runtime_t *rt, uint64_t off) {
+  int at = -1;
+  bool give_back = false;
+  pthread_mutex_lock(&g_piece_lock);
+  for (int i = 0; i < CU_PIECES && at < 0; i++)
+    if (g_pieces[i].used && off >= g_pieces[i].off && off < g_pieces[i].off + g_pieces[i].bump)
+      at = i;
+  uint64_t poff = at >= 0 ? g_pieces[at].off : 0;
+  if (at >= 0 && --g_pieces[at].live == 0) {
+    g_pieces[at].bump = 0;
+    give_back = cu_piece_room_locked() - g_piece_len >= g_piece_len / 2;
+    if (give_back) g_pieces[at].used = false;
+  }
+  pthread_mutex_unlock(&g_piece_lock);
+  if (give_back) cu_host_release(rt, poff, g_piece_len);
+  return at >= 0;
+}
+
+/* Give back every empty piece (the arena is full and a buffer larger than a piece needs
+ * room); true when there was one. */
+static bool cu_piece_release_empty(kvs__runtime_t *rt) {
+  bool any = false;
+  for (;;) {
+    uint64_t off = 0;
+    pthread_mutex_lock(&g_piece_lock);
+    for (int i = 0; i < CU_PIECES && !off; i++)
+      if (g_pieces[i].used && !g_pieces[i].live) {
+        off = g_pieces[i].off;
+        g_pieces[i].used = false;
+      }
+    pthread_mutex_unlock(&g_piece_lock);
+    if (!off) return any;
+    cu_host_release(rt, off, g_piece_len);
+    any = true;
+  }
+}
+
+static bool cu_pieces_on(const kvs__runtime_t *rt) {
+  return rt->opts.cuda_pin_arena && g_piece_len;
 }
 
 /* Serve a host allocation from the arena. 0 with *pp set, or a negative errno (the caller then
@@ -570,17 +663,14 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     return -ENOTSUP;
   }
-  if (cu_arena_pin_start(rt)) { /* the whole arena is being registered: the driver serves */
-    kvs_stats_inc(st, KVS_STAT_host_arena_pinning_forwards);
-    return -EBUSY;
-  }
-  bool whole = cu_arena_pinned(); /* registered already: nothing to register here */
-  uint64_t off, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
-  bool kept = !whole && cu_keep_take(len, &off, &len);
+  uint64_t off = 0, len = KVS__ALIGN_UP((uint64_t)bytesize, (uint64_t)kvs_pool_page_size(rt->pool));
+  bool pieces = cu_pieces_on(rt);
+  bool in_piece = pieces && len <= g_piece_len && (off = cu_piece_alloc(rt, len)) != 0;
+  bool kept = !in_piece && !pieces && cu_keep_take(len, &off, &len);
   int rc = 0;
-  if (!kept) {
+  if (!in_piece && !kept) {
     rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
-    if (rc < 0 && cu_keep_release_all(rt))
+    if (rc < 0 && (pieces ? cu_piece_release_empty(rt) : cu_keep_release_all(rt)))
       rc = kvs_pool_alloc(rt->pool, KVS_ARENA_HOST, bytesize, &off);
   }
   if (rc < 0) {
@@ -589,32 +679,35 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   }
   void *p = kvs_pool_base(rt->pool) + off;
   cu_relax_t rx = cu_relax();
-  const unsigned regflags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
   CUresult r = CUDA_SUCCESS;
-  if (!kept && !whole) {
-    r = cu_register(p, len, regflags);
+  bool own = !in_piece && !kept; /* registered here for this buffer alone */
+  if (own) {
+    r = cu_register(p, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     kvs_stats_inc(st, KVS_STAT_host_arena_inline_pins);
+    if (r == CUDA_SUCCESS) cu_pinned_gauge((int64_t)len);
   }
   if (r == CUDA_SUCCESS) {
     /* Usable only where the driver's own buffer would be: at its host address (a kept extent
-     * too: its registration went away if the engine reset its device). */
+     * or a piece too: its registration went away if the engine reset its device). */
     CUdeviceptr dp = 0;
     if (!g_real.cuMemHostGetDevicePointer_v2 ||
         g_real.cuMemHostGetDevicePointer_v2(&dp, p, 0) != CUDA_SUCCESS ||
-        dp != (CUdeviceptr)(uintptr_t)p) {
-      if (whole) atomic_store(&g_arena_pin, CU_AP_FAILED); /* gone with a reset context */
-      else cu_unregister(p, len);
+        dp != (CUdeviceptr)(uintptr_t)p)
       r = CUDA_ERROR_NOT_SUPPORTED;
-    } else if (cu_hf_put((uintptr_t)p, asked) < 0) {
-      if (!whole) cu_unregister(p, len);
+    else if (cu_hf_put((uintptr_t)p, len, asked) < 0)
       r = CUDA_ERROR_OUT_OF_MEMORY;
-    }
   }
   cu_unrelax(rx);
   if (r != CUDA_SUCCESS) {
     /* Typically CUDA not initialised or no current context: the driver's own allocator will
      * report exactly that to the caller. */
-    kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
+    if (in_piece) {
+      cu_piece_free(rt, off);
+    } else if (own && r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_OUT_OF_MEMORY) {
+      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off); /* the registration failed */
+    } else {
+      cu_host_release(rt, off, len);
+    }
     kvs_stats_inc(st, KVS_STAT_host_arena_fallbacks);
     kvs_log_debug("host-arena buffer not usable (%d): forwarded", (int)r);
     return -EIO;
@@ -629,7 +722,6 @@ static int cu_host_take(kvs__runtime_t *rt, void **pp, size_t bytesize, unsigned
   cu_host_gauge((int64_t)len);
   kvs_stats_inc(st, KVS_STAT_host_arena_allocs);
   *pp = p;
-  cu_prepin_ahead(len);
   return 0;
 }
 
@@ -637,25 +729,34 @@ static bool cu_host_eligible(const kvs__runtime_t *rt, void **pp, size_t bytesiz
   return pp && bytesize > 0 && rt->host_hi && bytesize >= rt->opts.host_min;
 }
 
-/* ---- IPC leases (issue 14 item 3) ----------------------------------------------------------
+/* ---- IPC leases (issue 14 item 3, issue 23 item 5) ------------------------------------------
  * cuda.h (cuIpcOpenMemHandle): "Calling cuMemFree on an exported memory region before calling
  * cuIpcCloseMemHandle in the importing context will result in undefined behavior." So every
- * export carries a generation, pid << 32 | seq (seq = 1, 2, ... per process), and the process
- * keeps one lease file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), where byte seq is 1
- * while the export of that generation lives and 0 after its free. An importer (open_ipc) opens
- * the exporter's file, takes an open-file-description read lock on byte seq and reads it: a
- * missing file or a 0 is a stale generation (-ESTALE); it holds the lock until close_ipc. The
- * exporter's cuMemFree takes the write lock on the byte (waiting while an importer holds it, at
- * most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, and frees. No file, no
- * generation: the allocation is recorded as not exportable. */
+ * export carries a generation, pid << 32 | slot << 16 | tag, and the process keeps one lease
+ * file, CU_LEASE_DIR/kvshim-ipc-<uid>-<pid> (mode 0600), of 2-byte cells: cell slot holds tag
+ * (little-endian) while the export of that generation lives and 0 after its free. Slots are
+ * reused (a freed one goes on g_lease_free; its next export gets the next tag, 1..65535), so the
+ * file is at most 2 * CU_LEASE_SLOTS bytes (NCCL shares /dev/shm) and grows only with the
+ * exports alive at once; with every slot live, a new allocation gets no generation. An importer
+ * (open_ipc) opens the exporter's file, takes an open-file-description read lock on the cell and
+ * reads it: a missing file or another tag is a stale generation (-ESTALE); it holds the lock
+ * until close_ipc. The exporter's cuMemFree takes the write lock on the cell (waiting while an
+ * importer holds it, at most CU_LEASE_WAIT_MS, then warns and frees anyway), writes 0, frees,
+ * and the slot is free again. No file, no generation: the allocation is recorded as not
+ * exportable. The file is removed at exit; when a process makes its file, it also removes the
+ * files of this uid's processes that no longer exist (killed ones never ran their exit). */
 #define CU_LEASE_DIR "/dev/shm"
+#define CU_LEASE_PREFIX "kvshim-ipc-"
 #define CU_LEASE_WAIT_MS 5000
+#define CU_LEASE_SLOTS 16384 /* exports alive at once */
 static int g_lease_fd = -1;
-static uint32_t g_lease_seq;
+static uint16_t g_lease_tag[CU_LEASE_SLOTS];  /* tag of each slot's last export */
+static uint16_t g_lease_free[CU_LEASE_SLOTS]; /* free slots below g_lease_high (a stack) */
+static uint32_t g_lease_nfree, g_lease_high;
 static pthread_mutex_t g_lease_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void cu_lease_path(char *buf, size_t cap, uint32_t pid) {
-  snprintf(buf, cap, CU_LEASE_DIR "/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)pid);
+  snprintf(buf, cap, CU_LEASE_DIR "/" CU_LEASE_PREFIX "%u-%u", (unsigned)getuid(), (unsigned)pid);
 }
 static void cu_lease_atexit(void) {
   char path[128];
@@ -663,8 +764,31 @@ static void cu_lease_atexit(void) {
   cu_lease_path(path, sizeof path, (uint32_t)getpid());
   unlink(path);
 }
+static uint32_t cu_gen_slot(uint64_t gen) { return (uint32_t)(gen >> 16) & 0xffffu; }
+static uint16_t cu_gen_tag(uint64_t gen) { return (uint16_t)gen; }
 
-/* A new generation with its byte set to 1, or 0 when there is no lease file. */
+/* Remove the lease files of this uid's processes that no longer exist. Importers that still
+ * hold one open keep their own inode; a new process with a dead one's pid unlinks it anyway. */
+static void cu_lease_sweep(void) {
+  char prefix[64];
+  int n = snprintf(prefix, sizeof prefix, CU_LEASE_PREFIX "%u-", (unsigned)getuid());
+  DIR *d = opendir(CU_LEASE_DIR);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, (size_t)n) != 0) continue;
+    char *end;
+    errno = 0;
+    unsigned long pid = strtoul(e->d_name + n, &end, 10);
+    if (errno || *end || pid == 0 || pid > INT32_MAX) continue;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+      if (unlinkat(dirfd(d), e->d_name, 0) == 0) kvs_log_debug("removed the IPC lease file of dead process %lu", pid);
+    }
+  }
+  closedir(d);
+}
+
+/* A new generation with its cell set, or 0 when there is no lease file or no free slot. */
 static uint64_t cu_lease_new(void) {
   static bool atexit_done;
   uint64_t gen = 0;
@@ -672,27 +796,39 @@ static uint64_t cu_lease_new(void) {
   pthread_mutex_lock(&g_lease_lock);
   if (g_lease_fd < 0) {
     char path[128];
+    cu_lease_sweep();
     cu_lease_path(path, sizeof path, pid);
     unlink(path); /* a dead process's with this pid: its importers keep their own inode */
     g_lease_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (g_lease_fd < 0) kvs_log_debug("no IPC lease file %s: %s", path, strerror(errno));
     if (g_lease_fd >= 0 && !atexit_done) atexit_done = atexit(cu_lease_atexit) == 0;
   }
-  if (g_lease_fd >= 0 && g_lease_seq < UINT32_MAX &&
-      pwrite(g_lease_fd, "\1", 1, (off_t)g_lease_seq + 1) == 1)
-    gen = (uint64_t)pid << 32 | ++g_lease_seq;
+  uint32_t slot = UINT32_MAX;
+  if (g_lease_fd >= 0 && g_lease_nfree) slot = g_lease_free[--g_lease_nfree];
+  else if (g_lease_fd >= 0 && g_lease_high < CU_LEASE_SLOTS) slot = g_lease_high++;
+  if (slot != UINT32_MAX) {
+    uint16_t tag = (uint16_t)(g_lease_tag[slot] + 1u);
+    if (!tag) tag = 1;
+    uint8_t cell[2] = {(uint8_t)tag, (uint8_t)(tag >> 8)};
+    if (pwrite(g_lease_fd, cell, 2, (off_t)slot * 2) == 2) {
+      g_lease_tag[slot] = tag;
+      gen = (uint64_t)pid << 32 | (uint64_t)slot << 16 | tag;
+    } else {
+      g_lease_free[g_lease_nfree++] = (uint16_t)slot;
+    }
+  }
   pthread_mutex_unlock(&g_lease_lock);
   return gen;
 }
 
 static int cu_lease_lock(int fd, uint64_t gen, short type) {
-  struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)(uint32_t)gen,
-                     .l_len = 1};
+  struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
+                     .l_start = (off_t)cu_gen_slot(gen) * 2, .l_len = 2};
   return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
-/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale.
- * wait: false for an allocation already gone (freed behind kvshim's back). */
+/* The export of gen ends: wait (bounded) until no importer holds it, then mark it stale and
+ * free its slot. wait: false for an allocation already gone (freed behind kvshim's back). */
 static void cu_lease_end(uint64_t gen, bool wait) {
   if (!gen || gen >> 32 != (uint32_t)getpid() || g_lease_fd < 0) return;
   struct timespec t0, now, nap = {0, 1000000};
@@ -707,9 +843,14 @@ static void cu_lease_end(uint64_t gen, bool wait) {
   if (rc < 0 && wait)
     kvs_log_warn("freeing device memory another process still has open after %d ms (generation "
                  "%llx): %s", CU_LEASE_WAIT_MS, (unsigned long long)gen, strerror(-rc));
-  if (pwrite(g_lease_fd, "", 1, (off_t)(uint32_t)gen) != 1)
+  uint32_t slot = cu_gen_slot(gen);
+  if (pwrite(g_lease_fd, "\0\0", 2, (off_t)slot * 2) != 2)
     kvs_log_debug("IPC lease %llx not marked: %s", (unsigned long long)gen, strerror(errno));
   if (rc == 0) cu_lease_lock(g_lease_fd, gen, F_UNLCK);
+  pthread_mutex_lock(&g_lease_lock);
+  if (slot < g_lease_high && g_lease_tag[slot] == cu_gen_tag(gen) && g_lease_nfree < CU_LEASE_SLOTS)
+    g_lease_free[g_lease_nfree++] = (uint16_t)slot;
+  pthread_mutex_unlock(&g_lease_lock);
 }
 
 /* Importer: take the lease of d's generation into *fd (held until closed; -1 for a descriptor
@@ -722,10 +863,10 @@ static int cu_lease_take(const kvs_tensor_desc_t *d, int *fd) {
   cu_lease_path(path, sizeof path, (uint32_t)(gen >> 32));
   int f = open(path, O_RDONLY | O_CLOEXEC);
   if (f < 0) return errno == ENOENT ? -ESTALE : -errno;
-  char b = 0;
+  uint8_t cell[2] = {0, 0};
   int rc = cu_lease_lock(f, gen, F_RDLCK); /* -EAGAIN: the exporter is freeing it now */
-  if (rc == 0 && pread(f, &b, 1, (off_t)(uint32_t)gen) != 1) b = 0;
-  if (rc < 0 || b != 1) {
+  if (rc == 0 && pread(f, cell, 2, (off_t)cu_gen_slot(gen) * 2) != 2) cell[0] = cell[1] = 0;
+  if (rc < 0 || (uint16_t)(cell[0] | cell[1] << 8) != cu_gen_tag(gen) || !cu_gen_tag(gen)) {
     close(f);
     return -ESTALE;
   }
@@ -803,7 +944,7 @@ static bool cu_is_alloc_row(size_t row) {
   return row == kvs__row_cuMemAlloc_v2 || row == kvs__row_cuMemAllocPitch_v2 ||
          row == kvs__row_cuMemAllocHost_v2 || row == kvs__row_cuMemHostAlloc ||
          row == kvs__row_cuMemAllocAsync || row == kvs__row_cuMemAllocAsync_ptsz ||
-         row == kvs__row_cuMemAllocManaged;
+         row == kvs__row_cuMemAllocManaged || row == kvs__row_cuMemCreate;
 }
 __attribute__((destructor)) static void cu_check_interception(void) {
   bool handed = false;
@@ -1066,6 +1207,23 @@ CU_HOOK_FREE_ASYNC(cuMemFreeAsync_ptsz)
 #undef CU_HOOK_UNEXPORTABLE
 #undef CU_HOOK_FREE_ASYNC
 
+/* VMM physical allocations (cuMemCreate; llama.cpp's CUDA pool and PyTorch's expandable
+ * segments map them with cuMemMap): forwarded and counted (cuda_vmm_allocs, cuda_vmm_bytes), so
+ * an operator sees why such memory is never exported (a handle, not an address: no CUDA IPC
+ * handle; design §9.4). */
+static CUresult hk_cuMemCreate(kvs__cu_pfn_cuMemCreate real, CUmemGenericAllocationHandle *handle,
+                               size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+  cu_alloc_seen();
+  kvs__runtime_t *rt = cu_rt();
+  CUresult r = real(handle, size, prop, flags);
+  if (rt && r == CUDA_SUCCESS) {
+    kvs_stats_inc(kvs_stats_global(), KVS_STAT_cuda_vmm_allocs);
+    kvs_stats_add(kvs_stats_global(), KVS_STAT_cuda_vmm_bytes, size);
+  }
+  return r;
+}
+
 static CUresult hk_cuMemAllocHost_v2(kvs__cu_pfn_cuMemAllocHost_v2 real, void **pp,
                                      size_t bytesize) {
   cu_alloc_seen();
@@ -1099,28 +1257,30 @@ static CUresult hk_cuMemFreeHost(kvs__cu_pfn_cuMemFreeHost real, void *p) {
   kvs__runtime_t *rt = cu_rt_if_active();
   if (!rt || !cu_in_host_arena(rt, p)) return real(p);
   KVS__HOOK_ENTER();
-  CUresult r;
-  uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off;
-  int64_t len = kvs_pool_extent_len(rt->pool, KVS_ARENA_HOST, off);
+  uint64_t off = (uint64_t)((uintptr_t)p - rt->host_lo) + rt->host_off, len = 0;
   unsigned asked;
-  /* Not the start of a buffer handed to the engine (an interior pointer, a double free: kept
-   * extents are still allocated in the pool): let the driver judge it. */
-  if (len <= 0 || cu_hf_get((uintptr_t)p, &asked, true) < 0) {
-    r = real(p);
-  } else {
-    /* Forget it, then keep it registered for the next allocation that fits, or unregister
-     * it before the extent can be handed out again (cu_host_release: from a thread without a
-     * current context, in one of the buffer's device while the engine still holds it; when it
-     * does not, the driver dropped the registration with the context). */
-    kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
-    if (cu_arena_pinned()) /* the whole arena stays registered */
-      kvs_pool_free(rt->pool, KVS_ARENA_HOST, off);
-    else if (!cu_keep_put(off, (uint64_t)len))
-      cu_host_release(rt, off, (uint64_t)len);
-    cu_host_gauge(-len);
-    r = CUDA_SUCCESS;
-  }
-  return r;
+  /* Not the start of a buffer handed to the engine (an interior pointer, a double free): let
+   * the driver judge it. */
+  if (cu_hf_get((uintptr_t)p, &asked, &len, true) < 0) return real(p);
+  /* The real call returns the memory only once the work queued on it is done (it synchronises
+   * the device: PyTorch's CachingHostAllocator exists to avoid "device synchronizations due to
+   * cudaFreeHost calls", ATen/cuda/CachingHostAllocator.h), so an engine may free a buffer right
+   * after queueing a copy from it. The extent is handed out again by kvshim with no driver
+   * call, so the same guarantee is kept here: a context synchronisation before the extent is
+   * reused (the fake driver defers async copies under FAKECUDA_DEFER_ASYNC=1 and runs them
+   * only at synchronisations, so a reuse before it shows). Without a context there is no
+   * queued work. */
+  cu_host_quiesce(p);
+  /* Forget it, then: a piece's buffer goes back to its piece; an own extent is kept
+   * registered for the next allocation that fits (option off) or unregistered before the
+   * extent can be handed out again (cu_host_release: from a thread without a current context,
+   * in one of the buffer's device while the engine still holds it; when it does not, the
+   * driver dropped the registration with the context). */
+  kvs_tensor_registry_remove(rt->tensors, (uint64_t)(uintptr_t)p, NULL);
+  if (!cu_piece_free(rt, off) && (cu_pieces_on(rt) || !cu_keep_put(off, len)))
+    cu_host_release(rt, off, len);
+  cu_host_gauge(-(int64_t)len);
+  return CUDA_SUCCESS;
 }
 
 static CUresult hk_cuMemHostGetDevicePointer_v2(kvs__cu_pfn_cuMemHostGetDevicePointer_v2 real,
@@ -1144,7 +1304,7 @@ static CUresult hk_cuMemHostGetFlags(kvs__cu_pfn_cuMemHostGetFlags real, unsigne
     uintptr_t base = kvs_tensor_registry_lookup(rt->tensors, (uint64_t)(uintptr_t)p, &rec) == 0
                          ? (uintptr_t)rec.base
                          : (uintptr_t)p;
-    if (cu_hf_get(base, &asked, false) == 0) *pFlags = asked;
+    if (cu_hf_get(base, &asked, NULL, false) == 0) *pFlags = asked;
   }
   return r;
 }
@@ -1259,30 +1419,39 @@ static void cu_ctx_leave(const cu_real_t *R, const cu_ctx_scope_t *sc) {
   if (sc->retained >= 0) R->cuDevicePrimaryCtxRelease_v2(sc->retained);
 }
 
+/* kvshim's own copies run on a non-blocking stream of kvshim's own, created for the copy and
+ * destroyed after it (no handle is kept: cudaDeviceReset would invalidate it). Never on the
+ * legacy stream (the synchronous cuMemcpy* use it): the legacy stream synchronises with every
+ * blocking stream of its context, so using it while the engine captures a blocking stream is
+ * an implicit dependency on the capture, which the driver refuses and which invalidates the
+ * capture whatever the capture mode (CUDA C++ Programming Guide, "Prohibited and Unhandled
+ * Operations": "it is also invalid to use the legacy stream when any stream in the same
+ * context is being captured and was not created with cudaStreamNonBlocking"; the fake driver
+ * enforces it). */
 static int cu_accel_copy(void *dst, const void *src, size_t len, kvs_copy_dir_t dir) {
   if (dir == KVS_COPY_H2H) {
     memcpy(dst, src, len);
     return 0;
   }
+  if (dir != KVS_COPY_H2D && dir != KVS_COPY_D2H && dir != KVS_COPY_D2D) return -EINVAL;
   const cu_real_t *R = cu_real();
+  if (!R->cuStreamCreate || !R->cuStreamSynchronize || !R->cuStreamDestroy_v2 ||
+      !R->cuMemcpyHtoDAsync_v2 || !R->cuMemcpyDtoHAsync_v2 || !R->cuMemcpyDtoDAsync_v2)
+    return cu_errno(cu_missing());
   cu_ctx_scope_t sc;
   int rc = cu_ctx_enter(R, dir == KVS_COPY_D2H ? src : dst, &sc);
   if (rc < 0) return rc;
   cu_relax_t rx = cu_relax();
-  CUresult r;
-  switch (dir) {
-  case KVS_COPY_H2D:
-    r = R->cuMemcpyHtoD_v2 ? R->cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)dst, src, len) : cu_missing();
-    break;
-  case KVS_COPY_D2H:
-    r = R->cuMemcpyDtoH_v2 ? R->cuMemcpyDtoH_v2(dst, (CUdeviceptr)(uintptr_t)src, len) : cu_missing();
-    break;
-  case KVS_COPY_D2D:
-    r = R->cuMemcpyDtoD_v2 ? R->cuMemcpyDtoD_v2((CUdeviceptr)(uintptr_t)dst,
-                                                (CUdeviceptr)(uintptr_t)src, len)
-                           : cu_missing();
-    break;
-  default: r = CUDA_ERROR_INVALID_VALUE; break;
+  CUstream s = NULL;
+  CUresult r = R->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) {
+    CUdeviceptr dd = (CUdeviceptr)(uintptr_t)dst, ds = (CUdeviceptr)(uintptr_t)src;
+    r = dir == KVS_COPY_H2D   ? R->cuMemcpyHtoDAsync_v2(dd, src, len, s)
+        : dir == KVS_COPY_D2H ? R->cuMemcpyDtoHAsync_v2(dst, ds, len, s)
+                              : R->cuMemcpyDtoDAsync_v2(dd, ds, len, s);
+    CUresult w = R->cuStreamSynchronize(s); /* the copy is done (or failed) when this returns */
+    if (r == CUDA_SUCCESS) r = w;
+    R->cuStreamDestroy_v2(s);
   }
   cu_unrelax(rx);
   cu_ctx_leave(R, &sc);
@@ -1538,8 +1707,9 @@ static const kvs_accel_ops_t g_cuda_ops = {
 /* ---- family ------------------------------------------------------------------------------ */
 
 static int cu_family_init(kvs__runtime_t *rt) {
-  (void)rt;
   atomic_store(&g_host_used, 0);
+  uint64_t arena = (uint64_t)(rt->host_hi - rt->host_lo), page = kvs_pool_page_size(rt->pool);
+  g_piece_len = arena < CU_PIN_PIECE ? arena / page * page : CU_PIN_PIECE;
   return 0;
 }
 
@@ -1547,8 +1717,10 @@ static void cu_fork_child(void) {
   /* The child's runtime starts afresh; handles the parent opened are the parent's business.
    * The resolved driver table stays valid (same mappings). */
   atomic_store(&g_forked, true);
-  atomic_store(&g_prepin_busy, false); /* the parent's spare thread does not exist here */
-  atomic_store(&g_arena_pin, CU_AP_OFF); /* registrations do not cross fork */
+  atomic_store(&g_ahead_busy, false); /* the parent's piece thread does not exist here */
+  pthread_mutex_init(&g_piece_lock, NULL);
+  memset(g_pieces, 0, sizeof g_pieces); /* registrations do not cross fork */
+  atomic_store(&g_pinned, 0);
   pthread_mutex_init(&g_ipc_lock, NULL);
   pthread_mutex_init(&g_pin_lock, NULL);
   pthread_mutex_init(&g_host_flags_lock, NULL);
@@ -1559,7 +1731,7 @@ static void cu_fork_child(void) {
   pthread_mutex_init(&g_lease_lock, NULL);
   if (g_lease_fd >= 0) close(g_lease_fd); /* the parent's file: the child makes its own */
   g_lease_fd = -1;
-  g_lease_seq = 0;
+  g_lease_nfree = g_lease_high = 0;
   memset(g_big_pins, 0, sizeof g_big_pins);
 }
 

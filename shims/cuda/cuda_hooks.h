@@ -33,6 +33,10 @@
   X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))      \
   X(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),    \
     (dptr, bytesize, flags))                                                                   \
+  X(CUresult, cuMemCreate,                                                                     \
+    (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp *prop,     \
+     unsigned long long flags),                                                               \
+    (handle, size, prop, flags))                                                              \
   X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize), (pp, bytesize))                 \
   X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags)) \
   X(CUresult, cuMemFreeHost, (void *p), (p))                                                   \
@@ -84,11 +88,12 @@
   X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), \
     (pdptr, handle, Flags))                                                                   \
   X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                 \
-  X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \
-    (dstDevice, srcHost, ByteCount))                                                          \
-  X(CUresult, cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount),       \
-    (dstHost, srcDevice, ByteCount))                                                          \
-  X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), \
-    (dstDevice, srcDevice, ByteCount))
+  X(CUresult, cuMemcpyDtoDAsync_v2,                                                            \
+    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream),       \
+    (dstDevice, srcDevice, ByteCount, hStream))                                               \
+  X(CUresult, cuCtxSynchronize, (void), ())                                                    \
+  X(CUresult, cuStreamCreate, (CUstream * phStream, unsigned int Flags), (phStream, Flags))    \
+  X(CUresult, cuStreamSynchronize, (CUstream hStream), (hStream))                              \
+  X(CUresult, cuStreamDestroy_v2, (CUstream hStream), (hStream))
 
 #endif

@@ -39,6 +39,11 @@
  *   FAKECUDA_NO_READONLY_REGISTER  bitmask of device ordinals whose
  *                       CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0 (default 0:
  *                       all have it); CU_MEMHOSTREGISTER_READ_ONLY fails NOT_SUPPORTED there
+ *   FAKECUDA_DEFER_ASYNC  1: async copies on a stream are queued and run only at a
+ *                       synchronisation (cuStreamSynchronize of their stream, cuCtxSynchronize,
+ *                       a synchronous copy, cuMemFreeHost, cuMemFree, cuMemHostUnregister), as
+ *                       the real driver runs them later than the call (default 0: at the call).
+ *                       So a host buffer reused before the work queued on it is done shows.
  *   FAKECUDA_ET_TRACE   set: every call of an export-table entry the fake does not implement
  *                       is also written to stderr with its first four arguments (to find what
  *                       a new libcudart asks for; the log names the table and entry only)
@@ -102,6 +107,7 @@ static int cfg_uva = 1;              /* CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING o
 static unsigned long cfg_no_hostptr; /* devices without CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
 static unsigned long cfg_no_roreg;   /* devices without READ_ONLY_HOST_REGISTER_SUPPORTED */
 static int cfg_gpa_alias;            /* FAKECUDA_GPA_ALIAS */
+static int cfg_defer_async;          /* FAKECUDA_DEFER_ASYNC */
 /* Pinning cost, ns per MiB (FAKECUDA_REGISTER_NS_PER_MIB). The real driver pins page-locked
  * memory at roughly 0.1 s per GB (design §5 and §9.6, measured): ~100000 ns/MiB. The default is
  * that scaled down 100x so tests stay fast while a 4 GiB pin still costs a visible ~4 ms. Both
@@ -228,6 +234,13 @@ static void cfg_load(void) {
       cfg_register_ns_per_mib = ns;
   }
   cfg_mask("FAKECUDA_NO_READONLY_REGISTER", &cfg_no_roreg);
+  v = getenv("FAKECUDA_DEFER_ASYNC");
+  if (v && *v) {
+    if (strcmp(v, "0") && strcmp(v, "1"))
+      cfg_warn("FAKECUDA_DEFER_ASYNC", v, "expected 0 or 1, using 0");
+    else
+      cfg_defer_async = !strcmp(v, "1");
+  }
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
@@ -753,19 +766,82 @@ static int ro_target(uintptr_t p) {
   return r && r->kind == FK_REG && (r->flags & CU_MEMHOSTREGISTER_READ_ONLY);
 }
 
+/* Async copies queued under FAKECUDA_DEFER_ASYNC, oldest first (reg_lock). */
+typedef struct fk_pending {
+  uintptr_t dst, src;
+  size_t n;
+  CUstream s;
+  struct fk_pending *next;
+} fk_pending_t;
+static fk_pending_t *pending_head, **pending_tail = &pending_head;
+
+/* Caller holds reg_lock. Run the queued copies of stream s (every stream when all), in order:
+ * what a synchronisation waits for. */
+static void drain_locked(CUstream s, int all) {
+  for (fk_pending_t **pp = &pending_head; *pp;) {
+    fk_pending_t *q = *pp;
+    if (!all && q->s != s) {
+      pp = &q->next;
+      continue;
+    }
+    memmove((void *)q->dst, (const void *)q->src, q->n);
+    *pp = q->next;
+    if (pending_tail == &q->next) pending_tail = pp;
+    free(q);
+  }
+}
+static void drain_all(void) {
+  lock();
+  drain_locked(NULL, 1);
+  unlock();
+}
+
+/* The legacy stream (NULL or CU_STREAM_LEGACY; the synchronous copies use it) synchronises with
+ * every blocking stream of its context, so using it while such a stream captures is an
+ * implicit dependency on the capture: refused with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and the
+ * capture invalidated, whatever the capture mode (CUDA C++ Programming Guide, stream capture,
+ * "Prohibited and Unhandled Operations": "it is also invalid to use the legacy stream when any
+ * stream in the same context is being captured and was not created with
+ * cudaStreamNonBlocking"). Caller holds reg_lock. */
+static CUresult legacy_guard_locked(void) {
+  struct CUctx_st *c = tls_depth > 0 ? tls_ctx[tls_depth - 1] : NULL;
+  CUresult r = CUDA_SUCCESS;
+  for (size_t i = 0; i < stream_n; i++) {
+    struct CUstream_st *st = stream_list[i];
+    if (st->alive && st->capturing && st->ctx == c && !(st->flags & CU_STREAM_NON_BLOCKING)) {
+      st->cap_invalid = 1;
+      r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+  }
+  return r;
+}
+
 /* Every copy entry point: checks, then memmove under the lock (so a concurrent free cannot
- * unmap either side mid-copy). Async copies complete before returning. */
-static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
-                          int src_side, size_t n, int async, CUstream s) {
+ * unmap either side mid-copy). Async copies complete before returning, unless
+ * FAKECUDA_DEFER_ASYNC queues them (then a synchronous copy runs the queue first). legacy: the
+ * copy runs on the legacy stream (the synchronous ones, and async ones given NULL or
+ * CU_STREAM_LEGACY; the _ptds/_ptsz ones use the per-thread stream). */
+static CUresult copy_core_on(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
+                             int src_side, size_t n, int async, CUstream s, int legacy) {
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS && !async) r = capture_guard();
   if (r == CUDA_SUCCESS) {
     lock();
     if (async && !stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && legacy) r = legacy_guard_locked();
     if (r == CUDA_SUCCESS && n) r = span_ok(dst, n, dst_side);
     if (r == CUDA_SUCCESS && n && ro_target(dst)) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS && n) r = span_ok(src, n, src_side);
-    if (r == CUDA_SUCCESS && n) memmove((void *)dst, (const void *)src, n);
+    if (r == CUDA_SUCCESS && !async) drain_locked(NULL, 1);
+    fk_pending_t *q = NULL;
+    if (r == CUDA_SUCCESS && n && async && cfg_defer_async && s && s != CU_STREAM_LEGACY &&
+        s != CU_STREAM_PER_THREAD && (q = malloc(sizeof *q))) {
+      *q = (fk_pending_t){.dst = dst, .src = src, .n = n, .s = s, .next = NULL};
+      *pending_tail = q;
+      pending_tail = &q->next;
+    } else if (r == CUDA_SUCCESS && n) {
+      memmove((void *)dst, (const void *)src, n);
+    }
     unlock();
   }
   if (log_on()) {
@@ -780,6 +856,12 @@ static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr
     }
   }
   return r;
+}
+static CUresult copy_core(const char *name, uintptr_t dst, int dst_side, uintptr_t src,
+                          int src_side, size_t n, int async, CUstream s) {
+  int per_thread = strstr(name, "_ptds") || strstr(name, "_ptsz");
+  int legacy = !per_thread && (!async || !s || s == CU_STREAM_LEGACY);
+  return copy_core_on(name, dst, dst_side, src, src_side, n, async, s, legacy);
 }
 
 /* ---- initialization and devices ----------------------------------------------------------- */
@@ -1176,12 +1258,14 @@ CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
 
 CUresult cuCtxSynchronize(void) {
   CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) drain_all();
   fk_log("cuCtxSynchronize -> %d", (int)r);
   return r;
 }
 CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   struct CUctx_st *c = NULL;
   CUresult r = ctx_resolve(ctx, &c);
+  if (r == CUDA_SUCCESS) drain_all();
   fk_log("cuCtxSynchronize_v2 -> %d", (int)r);
   return r;
 }
@@ -1229,6 +1313,7 @@ static CUresult stream_destroy(const char *name, CUstream s) {
     lock();
     for (size_t i = 0; i < stream_n; i++)
       if (stream_list[i] == s && s->alive) {
+        drain_locked(s, 0); /* its queued work still runs */
         s->alive = 0;
         r = CUDA_SUCCESS;
       }
@@ -1247,6 +1332,7 @@ static CUresult stream_sync(const char *name, CUstream s) {
   if (r == CUDA_SUCCESS) {
     lock();
     if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    else drain_locked(s, !s || s == CU_STREAM_LEGACY); /* the legacy stream waits for all */
     unlock();
   }
   char ls[FK_LABEL_MAX];
@@ -1420,6 +1506,32 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStre
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
   return mem_alloc_origin("cuMemAllocManaged", dptr, bytesize, FK_FROM_MANAGED, 0, NULL, flags);
 }
+/* Virtual memory management, only as far as kvshim observes it: cuMemCreate hands out a
+ * physical allocation handle (never an address: cuMemMap places it, so it has no CUDA IPC
+ * handle and kvshim only counts it), cuMemRelease takes it back. cuda.h (cuMemCreate): size
+ * "must be a multiple of the the granularity" (the fake's: 2 MiB, the real minimum on current
+ * GPUs) and prop->type CU_MEM_ALLOCATION_TYPE_PINNED; an allocation, so unsafe in a capture. */
+#define FK_VMM_GRANULARITY (2u << 20)
+static atomic_ullong vmm_handles; /* handles handed out so far (1, 2, ...) */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags) {
+  CUresult r = need_ctx(NULL);
+  if (r == CUDA_SUCCESS) r = capture_guard();
+  if (r == CUDA_SUCCESS && (!handle || !prop || !size || size % FK_VMM_GRANULARITY || flags ||
+                            prop->type != CU_MEM_ALLOCATION_TYPE_PINNED))
+    r = CUDA_ERROR_INVALID_VALUE;
+  unsigned long long h = 0;
+  if (r == CUDA_SUCCESS) *handle = h = atomic_fetch_add(&vmm_handles, 1) + 1;
+  fk_log("cuMemCreate size=%zu -> %d%s%llu", size, (int)r, r ? "" : " handle=", h);
+  return r;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  CUresult r = need_init();
+  if (r == CUDA_SUCCESS && (!handle || handle > atomic_load(&vmm_handles)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  fk_log("cuMemRelease handle=%llu -> %d", (unsigned long long)handle, (int)r);
+  return r;
+}
 static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS) {
@@ -1429,6 +1541,7 @@ static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
   }
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) drain_all();
   if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
   fk_log("%s dptr=%s -> %d", name, lb, (int)r);
   return r;
@@ -1499,6 +1612,7 @@ static CUresult mem_free(const char *name, CUdeviceptr dptr) {
   if (r == CUDA_SUCCESS) r = capture_guard();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) drain_all();
   if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
   fk_log("%s dptr=%s -> %d", name, lb, (int)r);
   return r;
@@ -1646,9 +1760,14 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
   return host_alloc("cuMemHostAlloc", pp, bytesize, Flags, 1);
 }
 
+/* The real cuMemFreeHost returns the memory only once the work queued on it is done: it
+ * synchronises the device (PyTorch's ATen/cuda/CachingHostAllocator.h exists to avoid "device
+ * synchronizations due to cudaFreeHost calls"). So do cuMemFree and cuMemHostUnregister here:
+ * each runs the queued copies first. */
 CUresult cuMemFreeHost(void *p) {
   CUresult r = need_init();
   if (r == CUDA_SUCCESS) r = capture_guard();
+  if (r == CUDA_SUCCESS) drain_all();
   char lb[FK_LABEL_MAX];
   ptr_label((uintptr_t)p, lb, sizeof lb);
   fk_range_t copy = {0};
@@ -1787,6 +1906,7 @@ CUresult cuMemHostUnregister(void *p) {
   ptr_label((uintptr_t)p, lb, sizeof lb);
   if (r == CUDA_SUCCESS) {
     lock();
+    drain_locked(NULL, 1);
     fk_range_t *rg = range_find((uintptr_t)p);
     if (!p || !rg || rg->kind != FK_REG || rg->base != (uintptr_t)p)
       r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
@@ -2583,6 +2703,8 @@ typedef void (*fk_fn_t)(void); /* the generic function pointer type (-Wcast-func
   P(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                  \
   P(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
   X(cuMemAllocManaged, 6000, cuMemAllocManaged)                                     \
+  X(cuMemCreate, 10020, cuMemCreate)                                                \
+  X(cuMemRelease, 10020, cuMemRelease)                                              \
   X(cuMemGetAddressRange, 2000, cuMemGetAddressRange)                               \
   X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2)                            \
   X(cuMemAllocHost, 2000, cuMemAllocHost)                                           \

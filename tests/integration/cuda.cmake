@@ -3,7 +3,8 @@
 if(NOT TARGET cuda_preload_test)
   return()
 endif()
-set(kc_cases host_devaccess gpa_alias unexportable bypass keep zerocopy prepin ipc_free pin_arena)
+set(kc_cases host_devaccess gpa_alias unexportable bypass keep zerocopy pieces first16 freesync leases vmm ipc_free
+    pin_arena)
 foreach(c IN LISTS kc_cases)
   add_test(NAME cuda_preload_${c} COMMAND cuda_preload_test ${c})
   set_tests_properties(cuda_preload_${c} PROPERTIES TIMEOUT 120 LABELS "integration")

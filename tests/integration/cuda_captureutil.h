@@ -2,7 +2,7 @@
  * works, for the CUDA tests (the fake models global capture: an unsafe call from another thread
  * in GLOBAL mode fails and invalidates it).
  *
- * Use: set ctx and pthread_barrier_init(&bar, NULL, 2), start capture_thread, wait on bar (the
+ * Use: set ctx (and blocking, to capture a blocking stream) and pthread_barrier_init(&bar, NULL, 2), start capture_thread, wait on bar (the
  * capture has begun), do the work, wait on bar again (the capture ends), join; then begin and
  * end must both be CUDA_SUCCESS. */
 #ifndef KVSHIM_TESTS_CUDA_CAPTUREUTIL_H
@@ -15,6 +15,7 @@ typedef struct cap {
   CUcontext ctx;
   pthread_barrier_t bar;
   CUresult begin, end;
+  int blocking; /* capture a blocking stream (flags 0), else a CU_STREAM_NON_BLOCKING one */
 } cap_t;
 
 static inline void *capture_thread(void *p) {
@@ -22,7 +23,7 @@ static inline void *capture_thread(void *p) {
   CUstream s = NULL;
   CUgraph g = NULL;
   c->begin = cuCtxSetCurrent(c->ctx);
-  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (c->begin == CUDA_SUCCESS) c->begin = cuStreamCreate(&s, c->blocking ? 0u : CU_STREAM_NON_BLOCKING);
   if (c->begin == CUDA_SUCCESS) c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
   pthread_barrier_wait(&c->bar);
   pthread_barrier_wait(&c->bar);

@@ -13,8 +13,8 @@
  * FAKECUDA_REGISTER_NS_PER_MIB (default 1000 ns/MiB); on a real GPU it is the driver's.
  * --warm-ms W first allocates 1 MiB of device memory and a 2 MiB pinned buffer (freed), and
  * idles W ms, as an engine loads its weights and sets up before it allocates its large pinned
- * buffers (under kvshim that first host allocation starts registering the host arena in the
- * background, unless KVSHIM_CUDA_PIN_ARENA=0). */
+ * buffers (under kvshim that first host allocation registers the first 64 MiB piece of the
+ * host arena, unless KVSHIM_CUDA_PIN_ARENA=0). */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
