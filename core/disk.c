@@ -462,7 +462,6 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
 
 static void *writer_main(void *arg) {
   kvs_disk_t *d = arg;
-  kvs__prim_thread_background(); /* write-behind yields to the engines and the reader */
   pthread_mutex_lock(&d->qlock);
   for (;;) {
     while (!d->stop && !d->w_head) pthread_cond_wait(&d->wcond, &d->qlock);
