@@ -16,25 +16,6 @@
 _Static_assert(WALK_WINDOW >= KVS_DISK_HEAD_MAX, "a whole head fits in the walk window");
 _Static_assert(KVS_DISK_HDR_SIZE == 64 + 8 * KVS_LAYOUT_MAX_DIMS, "record header layout");
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-
 uint64_t kvs_disk_record_len(uint32_t n_aliases, uint64_t payload_len) {
   return KVS__ALIGN_UP(KVS_DISK_HDR_SIZE + 16ull * n_aliases + payload_len,
                        (uint64_t)KVS_DISK_ALIGN);
@@ -53,41 +34,41 @@ void kvs_disk_encode_head(uint8_t *h, kvs_key_t key, const kvs_key_t *aliases,
                           uint32_t n_aliases, const kvs_layout_t *layout, uint64_t payload_len,
                           uint64_t payload_hash, uint64_t seq) {
   memset(h, 0, KVS_DISK_HDR_SIZE);
-  put32(h, KVS_DISK_MAGIC);
-  put16(h + 4, KVS_DISK_VERSION);
-  put16(h + 6, (uint16_t)n_aliases);
-  put64(h + 8, key.lo);
-  put64(h + 16, key.hi);
-  put64(h + 24, payload_len);
-  put64(h + 32, payload_hash);
-  put64(h + 40, seq);
-  put32(h + 48, layout->dtype);
-  put32(h + 52, layout->ndim);
+  kvs__put32(h, KVS_DISK_MAGIC);
+  kvs__put16(h + 4, KVS_DISK_VERSION);
+  kvs__put16(h + 6, (uint16_t)n_aliases);
+  kvs__put64(h + 8, key.lo);
+  kvs__put64(h + 16, key.hi);
+  kvs__put64(h + 24, payload_len);
+  kvs__put64(h + 32, payload_hash);
+  kvs__put64(h + 40, seq);
+  kvs__put32(h + 48, layout->dtype);
+  kvs__put32(h + 52, layout->ndim);
   for (uint32_t i = 0; i < layout->ndim && i < KVS_LAYOUT_MAX_DIMS; i++)
-    put64(h + 64 + 8 * i, layout->shape[i]);
+    kvs__put64(h + 64 + 8 * i, layout->shape[i]);
   for (uint32_t a = 0; a < n_aliases; a++) {
-    put64(h + KVS_DISK_HDR_SIZE + 16 * a, aliases[a].lo);
-    put64(h + KVS_DISK_HDR_SIZE + 16 * a + 8, aliases[a].hi);
+    kvs__put64(h + KVS_DISK_HDR_SIZE + 16 * a, aliases[a].lo);
+    kvs__put64(h + KVS_DISK_HDR_SIZE + 16 * a + 8, aliases[a].hi);
   }
-  put64(h + HASH_AT, head_hash(h, KVS_DISK_HDR_SIZE + 16ull * n_aliases));
+  kvs__put64(h + HASH_AT, head_hash(h, KVS_DISK_HDR_SIZE + 16ull * n_aliases));
 }
 
 int kvs_disk_parse_header(const uint8_t *h, size_t len, kvs_disk_record_t *rec) {
   if (len < KVS_DISK_HDR_SIZE) return -EAGAIN;
-  if (get32(h) != KVS_DISK_MAGIC || get16(h + 4) != KVS_DISK_VERSION) return -EBADMSG;
+  if (kvs__get32(h) != KVS_DISK_MAGIC || kvs__get16(h + 4) != KVS_DISK_VERSION) return -EBADMSG;
   kvs_disk_record_t r;
   memset(&r, 0, sizeof r);
-  r.n_aliases = get16(h + 6);
+  r.n_aliases = kvs__get16(h + 6);
   if (r.n_aliases > KVS_DISK_MAX_ALIASES) return -EBADMSG;
-  r.key = (kvs_key_t){get64(h + 8), get64(h + 16)};
-  r.payload_len = get64(h + 24);
-  r.payload_hash = get64(h + 32);
-  r.seq = get64(h + 40);
-  r.layout.dtype = get32(h + 48);
-  r.layout.ndim = get32(h + 52);
+  r.key = (kvs_key_t){kvs__get64(h + 8), kvs__get64(h + 16)};
+  r.payload_len = kvs__get64(h + 24);
+  r.payload_hash = kvs__get64(h + 32);
+  r.seq = kvs__get64(h + 40);
+  r.layout.dtype = kvs__get32(h + 48);
+  r.layout.ndim = kvs__get32(h + 52);
   if (r.layout.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
   for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
-    uint64_t d = get64(h + 64 + 8 * i);
+    uint64_t d = kvs__get64(h + 64 + 8 * i);
     if (i >= r.layout.ndim && d) return -EBADMSG;
     if (i < r.layout.ndim) r.layout.shape[i] = d;
   }
@@ -103,12 +84,12 @@ int kvs_disk_parse_header(const uint8_t *h, size_t len, kvs_disk_record_t *rec) 
 }
 
 int kvs_disk_check_head(const uint8_t *head, const kvs_disk_record_t *rec) {
-  return head_hash(head, rec->head_len) == get64(head + HASH_AT) ? 0 : -EBADMSG;
+  return head_hash(head, rec->head_len) == kvs__get64(head + HASH_AT) ? 0 : -EBADMSG;
 }
 
 kvs_key_t kvs_disk_alias(const uint8_t *head, uint32_t i) {
   const uint8_t *p = head + KVS_DISK_HDR_SIZE + 16ull * i;
-  return (kvs_key_t){get64(p), get64(p + 8)};
+  return (kvs_key_t){kvs__get64(p), kvs__get64(p + 8)};
 }
 
 int kvs_disk_walk(uint64_t size, kvs_disk_read_fn read_at, void *read_ctx,
