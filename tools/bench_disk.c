@@ -11,7 +11,7 @@
  *                touched buffer.
  *   write-behind N objects committed to the store, handed to the tier as the coordinator does,
  *                timed until every one is written and synced (--disk-sync batch: one
- *                fdatasync when the queue drains). Limit: plain sequential write of the same
+ *                fdatasync when the queue drains) and the writer has stopped. Limit: plain sequential write of the same
  *                bytes to one file, then fdatasync.
  *   scan         a directory of M 4 KiB objects (written through the record encoder into
  *                256 MiB segments), page cache warm: the tier's start-up scan (its own
@@ -226,8 +226,10 @@ static void io_bench(const char *dir, int reps, uint64_t size, int n, const char
     double t0 = now_s();
     r.hooks->published(r.hooks->ctx, keys, (size_t)n, false);
     wait_stats(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, (uint64_t)n);
-    rig_close(&r); /* the queue drained: its batch fdatasync ran; destroy joins the writer */
+    kvs_disk_destroy(r.disk, 60000); /* joins the writer after its last fdatasync */
     wt[rep] = now_s() - t0;
+    r.disk = NULL;
+    rig_close(&r);
     wp[rep] = plain_write(plain, src, total);
     /* cold read: a fresh serve on the directory, its files out of the page cache */
     drop_cache_dir(tdir);
