@@ -65,21 +65,27 @@ static double vmax(const double *v, int n) {
   return m;
 }
 
-static void rm_rf(const char *dir) {
+/* Call fn on the path of every file of dir (names starting with '.' skipped). */
+static void each_file(const char *dir, void (*fn)(const char *path)) {
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *de;
-  char p[4096];
+  char p[4500];
   while ((de = readdir(d)) != NULL) {
     if (de->d_name[0] == '.') continue;
     snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-    unlink(p);
+    fn(p);
   }
   closedir(d);
+}
+
+static void unlink_file(const char *path) { unlink(path); }
+static void rm_rf(const char *dir) {
+  each_file(dir, unlink_file);
   rmdir(dir);
 }
 
-/* fdatasync then drop from the page cache every file of dir (or one file). */
+/* fdatasync then drop from the page cache a file, or every file of a directory. */
 static void drop_cache_file(const char *path) {
   int fd = open(path, O_RDONLY);
   if (fd < 0) return;
@@ -87,18 +93,7 @@ static void drop_cache_file(const char *path) {
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   close(fd);
 }
-static void drop_cache_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *de;
-  char p[4096];
-  while ((de = readdir(d)) != NULL) {
-    if (de->d_name[0] == '.') continue;
-    snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-    drop_cache_file(p);
-  }
-  closedir(d);
-}
+static void drop_cache_dir(const char *dir) { each_file(dir, drop_cache_file); }
 
 typedef struct rig {
   kvs_options_t o;
