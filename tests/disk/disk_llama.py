@@ -14,50 +14,19 @@ usage: disk_llama.py --preload LIBKVSHIM --kvshim CLI [--asan-runtime LIBASAN] [
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
 """
 import argparse
-import inspect
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "engines", "llama"))
-sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-import check_prefix as cp  # noqa: E402
-import llama_e2e  # noqa: E402
-import time  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "remote"))
+import remote_llama as rl  # noqa: E402  (its Case adapters, checks and serve helpers)
+from remote_llama import Failure, check, cp, llama_e2e, serve_stats, stop_serve  # noqa: E402
 
-# check_prefix's Case before and after the shared harness (tests/lib/harness.py): the
-# constructor gained a work directory, and its errors became harness.Failure.
-if hasattr(cp, "Fatal"):
-    Failure = cp.Fatal
-else:
-    import harness  # noqa: E402
-    Failure = harness.Failure
 SKIP = 77
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-    return ok
-
-
-def make_case(args, work):
-    args.no_setup = True  # main() ran the setup step already
-    if len(inspect.signature(cp.Case.__init__).parameters) == 4:  # (self, args, tmp, work)
-        return cp.Case(args, work, work)
-    return cp.Case(args, work)
-
-
-def close_case(c):
-    (getattr(c, "close", None) or getattr(c, "cleanup"))()
 
 
 def start_serve(c, disk):
@@ -69,20 +38,6 @@ def start_serve(c, disk):
     if "disk tier on" not in banner:
         raise Failure("kvshim serve did not start with its disk tier: %r" % banner)
     return s
-
-
-def stop_serve(s):
-    s.send_signal(signal.SIGTERM)
-    _, err = s.communicate(timeout=60)
-    if s.returncode != 0:
-        raise Failure("kvshim serve exited %d: %s" % (s.returncode, err))
-
-
-def serve_stats(c):
-    p = subprocess.run([c.kvshim, "stats", "--json"], capture_output=True, text=True,
-                       env=c.env(False), timeout=60)
-    arr = json.loads(p.stdout or "[]")
-    return arr[0] if arr else {}
 
 
 def run(c):
@@ -134,17 +89,17 @@ def main():
         if rc != 0:
             print("FAIL scripts/llama-setup exited %d" % rc, flush=True)
             return 1
-    work = tempfile.mkdtemp(prefix="kvs-dl-")  # short: the run directories' sockets live here
-    c = make_case(args, work)
+    work = tempfile.mkdtemp(prefix="kvs-dl-")  # short: the run directory's socket lives here
+    c = rl.make_case(args, work)
     try:
         run(c)
     except Failure as e:
         check(False, str(e))
     finally:
-        close_case(c)
+        rl.close_case(c)
         shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures), flush=True)
+    if rl.failures:
+        print("%d check(s) failed" % len(rl.failures), flush=True)
         return 1
     print("all checks passed", flush=True)
     return 0
