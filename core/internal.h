@@ -60,4 +60,25 @@ _Noreturn void kvs__debug_fail(const char *what, const char *file, int line);
 int kvs__parse_size(const char *s, uint64_t *out);
 int kvs__parse_bool(const char *s, int *out);
 
+/* Little-endian fixed-width fields of the on-disk and remote value formats (disk_format.c,
+ * remote.c), byte by byte: no alignment, any host. */
+static inline void kvs__put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static inline void kvs__put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kvs__put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t kvs__get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t kvs__get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+static inline uint64_t kvs__get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
 #endif

@@ -88,11 +88,18 @@ extern "C" {
   X(pool_lean_size, "KVSHIM_POOL_LEAN_SIZE", SIZE, "32M", 1ull << 20, 1ull << 40, "", "bytes", \
     "usable pool while a cache peer is in the group (KVSHIM_POOL_SIZE without one)")           \
   X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
-    "llama prefix cache: longest wait for another process computing the same prefix (0: never)")
+    "llama prefix cache: longest wait for another process computing the same prefix (0: never)") \
+  X(disk, "KVSHIM_DISK", STR, "", 0, 0, "", "",                                               \
+    "kvshim serve only: directory of the disk tier below the pool (empty = off)")              \
+  X(disk_size, "KVSHIM_DISK_SIZE", SIZE, "10G", 1ull << 20, 1ull << 50, "", "bytes",          \
+    "disk tier bound: the oldest segments are deleted past it")                               \
+  X(disk_sync, "KVSHIM_DISK_SYNC", ENUM, "batch", 0, 0, "none|batch|always", "",              \
+    "disk tier fsync: none, batch (when the write queue drains, every 64 MiB) or always")
 
 /* ENUM values, in the order of their choices strings. */
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;
 typedef enum { KVS_PUSH_AUTO = 0, KVS_PUSH_OFF = 1 } kvs_push_t;
+typedef enum { KVS_DISK_SYNC_NONE = 0, KVS_DISK_SYNC_BATCH = 1, KVS_DISK_SYNC_ALWAYS = 2 } kvs_disk_sync_t;
 /* FLAGS bits for KVSHIM_HOOKS, in the order of its choices string. */
 #define KVS_HOOK_CUDA  (1u << 0)
 #define KVS_HOOK_LLAMA (1u << 1)

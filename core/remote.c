@@ -66,25 +66,6 @@ struct kvs_remote {
 
 /* ---- value format --------------------------------------------------------------------------- */
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-
 void kvs_remote_key_name(kvs_key_t key, char *buf) {
   memcpy(buf, KVS_REMOTE_KEY_PREFIX, sizeof KVS_REMOTE_KEY_PREFIX - 1);
   kvs_key_format(key, buf + sizeof KVS_REMOTE_KEY_PREFIX - 1);
@@ -94,20 +75,20 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
                        const kvs_layout_t *layout, const void *payload, uint64_t len,
                        uint64_t producer, uint64_t created_ms) {
   memset(h, 0, KVS_REMOTE_HDR_SIZE);
-  put32(h, KVS_REMOTE_MAGIC);
-  put16(h + 4, KVS_REMOTE_VERSION);
-  put16(h + 6, (uint16_t)kind);
-  put64(h + 8, key.lo);
-  put64(h + 16, key.hi);
-  put64(h + 24, len);
-  put64(h + 32, XXH3_64bits(payload, (size_t)len));
-  put64(h + 40, producer);
-  put64(h + 48, created_ms);
+  kvs__put32(h, KVS_REMOTE_MAGIC);
+  kvs__put16(h + 4, KVS_REMOTE_VERSION);
+  kvs__put16(h + 6, (uint16_t)kind);
+  kvs__put64(h + 8, key.lo);
+  kvs__put64(h + 16, key.hi);
+  kvs__put64(h + 24, len);
+  kvs__put64(h + 32, XXH3_64bits(payload, (size_t)len));
+  kvs__put64(h + 40, producer);
+  kvs__put64(h + 48, created_ms);
   if (layout) {
-    put32(h + 56, layout->dtype);
-    put32(h + 60, layout->ndim);
+    kvs__put32(h + 56, layout->dtype);
+    kvs__put32(h + 60, layout->ndim);
     for (uint32_t i = 0; i < layout->ndim && i < KVS_LAYOUT_MAX_DIMS; i++)
-      put64(h + 64 + 8 * i, layout->shape[i]);
+      kvs__put64(h + 64 + 8 * i, layout->shape[i]);
   }
 }
 
@@ -116,19 +97,19 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
 static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *kind,
                         kvs_layout_t *layout, uint64_t *payload_len) {
   if (!h || len < KVS_REMOTE_HDR_SIZE) return -EBADMSG;
-  if (get32(h) != KVS_REMOTE_MAGIC || get16(h + 4) != KVS_REMOTE_VERSION) return -EBADMSG;
-  unsigned k = get16(h + 6);
+  if (kvs__get32(h) != KVS_REMOTE_MAGIC || kvs__get16(h + 4) != KVS_REMOTE_VERSION) return -EBADMSG;
+  unsigned k = kvs__get16(h + 6);
   if (k > KVS_REMOTE_KIND_ALIAS) return -EBADMSG;
-  if (get64(h + 8) != key.lo || get64(h + 16) != key.hi) return -EBADMSG;
-  uint64_t n = get64(h + 24);
+  if (kvs__get64(h + 8) != key.lo || kvs__get64(h + 16) != key.hi) return -EBADMSG;
+  uint64_t n = kvs__get64(h + 24);
   if (n != len - KVS_REMOTE_HDR_SIZE) return -EBADMSG;
   kvs_layout_t l;
   memset(&l, 0, sizeof l);
-  l.dtype = get32(h + 56);
-  l.ndim = get32(h + 60);
+  l.dtype = kvs__get32(h + 56);
+  l.ndim = kvs__get32(h + 60);
   if (l.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
   for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
-    uint64_t d = get64(h + 64 + 8 * i);
+    uint64_t d = kvs__get64(h + 64 + 8 * i);
     if (i >= l.ndim && d) return -EBADMSG;
     if (i < l.ndim) l.shape[i] = d;
   }
@@ -142,7 +123,7 @@ static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *k
 }
 
 /* The payload hash a checked header names. */
-static uint64_t header_hash(const uint8_t *h) { return get64(h + 32); }
+static uint64_t header_hash(const uint8_t *h) { return kvs__get64(h + 32); }
 
 int kvs_remote_check(const void *value, size_t len, kvs_key_t key, unsigned *kind,
                      kvs_layout_t *layout, const uint8_t **payload, uint64_t *payload_len) {
@@ -281,8 +262,8 @@ static void write_batch(worker_t *w, job_t **jobs, size_t n_jobs) {
     uint64_t len = views[j].extent.length;
     for (uint32_t a = 0; a < jb->n; a++, c++) {
       set_cmd_t *sc = &cmds[c];
-      put64(sc->prim, jb->keys[0].lo);
-      put64(sc->prim + 8, jb->keys[0].hi);
+      kvs__put64(sc->prim, jb->keys[0].lo);
+      kvs__put64(sc->prim + 8, jb->keys[0].hi);
       const uint8_t *src = a ? sc->prim : payload;
       uint64_t n = a ? sizeof sc->prim : len;
       kvs_remote_header(sc->hdr, jb->keys[a], a ? KVS_REMOTE_KIND_ALIAS : KVS_REMOTE_KIND_OBJECT,
@@ -501,18 +482,18 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
         break;
       }
       const uint8_t *h = (const uint8_t *)x->str;
-      bool ok = x->len >= KVS_REMOTE_HDR_SIZE && get32(h) == KVS_REMOTE_MAGIC &&
-                get16(h + 4) == KVS_REMOTE_VERSION && get64(h + 8) == key.lo &&
-                get64(h + 16) == key.hi && get16(h + 6) <= KVS_REMOTE_KIND_ALIAS;
+      bool ok = x->len >= KVS_REMOTE_HDR_SIZE && kvs__get32(h) == KVS_REMOTE_MAGIC &&
+                kvs__get16(h + 4) == KVS_REMOTE_VERSION && kvs__get64(h + 8) == key.lo &&
+                kvs__get64(h + 16) == key.hi && kvs__get16(h + 6) <= KVS_REMOTE_KIND_ALIAS;
       unsigned kind = 0;
       kvs_layout_t layout;
       const uint8_t *payload = NULL;
       uint64_t plen = 0;
-      if (ok && get16(h + 6) == KVS_REMOTE_KIND_ALIAS)
+      if (ok && kvs__get16(h + 6) == KVS_REMOTE_KIND_ALIAS)
         ok = kvs_remote_check(x->str, x->len, key, &kind, &layout, &payload, &plen) == 0;
       else if (ok) /* an object: the probe holds min(value, PROBE_LAST + 1) bytes */
-        ok = x->len == (get64(h + 24) + KVS_REMOTE_HDR_SIZE < PROBE_LAST + 1
-                            ? get64(h + 24) + KVS_REMOTE_HDR_SIZE : PROBE_LAST + 1);
+        ok = x->len == (kvs__get64(h + 24) + KVS_REMOTE_HDR_SIZE < PROBE_LAST + 1
+                            ? kvs__get64(h + 24) + KVS_REMOTE_HDR_SIZE : PROBE_LAST + 1);
       if (!ok) {
         kvs_redis_results_release(w->redis);
         bad_value(w, key);
@@ -521,7 +502,7 @@ static size_t probe_run(worker_t *w, const kvs_key_t *keys, size_t n, probe_t *p
       }
       kvs_stats_add(r->stats, KVS_STAT_remote_bytes_in, x->len);
       pr[run + i].prim = kind == KVS_REMOTE_KIND_ALIAS
-                             ? (kvs_key_t){get64(payload), get64(payload + 8)} : key;
+                             ? (kvs_key_t){kvs__get64(payload), kvs__get64(payload + 8)} : key;
       pr[run + i].done = false;
     }
     kvs_redis_results_release(w->redis);

@@ -130,7 +130,23 @@ extern "C" {
   X(host_arena_pieces_ahead, C,                                                               \
     "host-arena pieces registered ahead of use by the background thread")                     \
   X(cuda_vmm_allocs, C, "VMM physical allocations (cuMemCreate) passed through, not exportable") \
-  X(cuda_vmm_bytes, C, "bytes of VMM physical allocations (cuMemCreate) passed through")
+  X(cuda_vmm_bytes, C, "bytes of VMM physical allocations (cuMemCreate) passed through") \
+  X(disk_objects, G, "disk tier: objects on disk (in its index)")                             \
+  X(disk_bytes, G, "disk tier: bytes of its segment files")                                   \
+  X(disk_hits, C, "disk tier: keys read from disk into the pool")                             \
+  X(disk_misses, C, "disk tier: lookups that stopped at a key the disk lacks or the pool could not take") \
+  X(disk_bytes_read, C, "disk tier: payload bytes read from disk into the pool")              \
+  X(disk_writes, C, "disk tier: objects written behind to disk")                              \
+  X(disk_bytes_written, C, "disk tier: record bytes written to disk")                         \
+  X(disk_write_drops, C,                                                                      \
+    "disk tier: objects not written (queue full, writes paused by a fault, larger than the bound)") \
+  X(disk_evictions, C, "disk tier: objects deleted with their segment to stay under KVSHIM_DISK_SIZE") \
+  X(disk_bad, C, "disk tier: records that failed a check (torn, corrupt): dropped, never served") \
+  X(disk_write_errors, C,                                                                     \
+    "disk tier: write faults (no space, no inodes, I/O error, read-only or missing directory)") \
+  X(disk_read_errors, C, "disk tier: read faults (I/O errors), served as misses")             \
+  X(disk_scan_ms, G, "disk tier: time the start-up scan of the directory took, ms")           \
+  X(disk_scan_objects, G, "disk tier: objects the start-up scan found")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

@@ -8,6 +8,7 @@
  *   kvshim get NAME [OUT]               fetch a named blob (OUT '-' or absent = stdout)
  *   kvshim inspect BINARY [--json]      hook families in BINARY and whether LD_PRELOAD reaches them
  *   kvshim remote [--remote URL]        check the remote store (KVSHIM_REMOTE) serve would use
+ *   kvshim disk DIR                     check a disk tier directory offline (objects, bytes, bad)
  *   kvshim help [COMMAND]               usage (with every KVSHIM_* variable), or a command's
  *
  * Every KVSHIM_* variable can also be given as a flag: --pool-size 2G is KVSHIM_POOL_SIZE=2G.
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "coord.h"
+#include "disk.h"
 #include "inspect_cmd.h"
 #include "kvshim.h"
 #include "peer.h"
@@ -51,6 +53,7 @@ static const char *const usage_text =
     "                      interpose them (exit 1: unreadable or not ELF)\n"
     "  remote [--remote URL]\n"
     "                      connect to the remote store (KVSHIM_REMOTE) and describe it\n"
+    "  disk DIR            check a disk tier directory (KVSHIM_DISK) offline\n"
     "  help [COMMAND]      this text, or a command's\n"
     "\n"
     "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
@@ -66,7 +69,16 @@ static const char *const help_serve =
     "to it (KVSHIM_PUSH=auto), so cached state outlives the engine that computed it.\n"
     "Prints the socket path, then serves until SIGINT or SIGTERM and stops cleanly.\n"
     "With --remote URL (KVSHIM_REMOTE) it also writes what it holds behind to Redis and fetches\n"
-    "what its peers ask for and it lacks from there (README \"Several nodes\").\n";
+    "what its peers ask for and it lacks from there (README \"Several nodes\").\n"
+    "With --disk DIR [--disk-size SIZE] [--disk-sync none|batch|always] (KVSHIM_DISK...) it\n"
+    "also writes what it holds behind to DIR and reads what its pool lacks from there, across\n"
+    "restarts (README \"A disk tier\"); exit 1 when another serve holds DIR.\n";
+static const char *const help_disk =
+    "usage: kvshim disk DIR\n"
+    "Checks a disk tier directory offline (read only; a running serve may hold it): walks\n"
+    "every segment, checks every record's header and payload hash, and prints segments:,\n"
+    "objects:, keys:, bytes: and bad:. Exit 0 all good, 1 bad records found, 2 DIR missing or\n"
+    "unreadable.\n";
 static const char *const help_peers =
     "usage: kvshim peers [--json]\n"
     "Lists the live peers of the group: instance id, pid, role, strategy, pool size and use.\n"
@@ -225,13 +237,39 @@ static int cmd_serve(kvs_options_t *o) {
     else if (err[0])
       fprintf(stderr, "kvshim serve: remote tier: %s\n", err);
   }
+  /* The disk tier, between the pool and the remote tier: another serve on its directory is
+   * refused; any other problem is one line, and serve goes on from memory. */
+  kvs_disk_t *disk = NULL;
+  if (o->disk[0]) {
+    kvs_disk_config_t dcfg = {.opts = o, .store = store,
+                              .next = remote ? kvs_remote_hooks(remote) : NULL};
+    char err[512] = "";
+    rc = kvs_disk_create(&dcfg, &disk, err, sizeof err);
+    if (rc == -EBUSY) {
+      fprintf(stderr, "kvshim serve: %s\n", err);
+      kvs_remote_destroy(remote, 0);
+      kvs_store_destroy(store, true);
+      kvs_pool_destroy(pool, true);
+      return EXIT_MISS;
+    }
+    if (rc < 0) {
+      fprintf(stderr, "kvshim serve: disk tier off: %s\n", err[0] ? err : strerror(-rc));
+    } else {
+      uint64_t found = 0, ms = 0;
+      kvs_disk_scan_result(disk, &found, &ms);
+      fprintf(stderr, "kvshim serve: disk tier %s: %" PRIu64 " objects found in %" PRIu64
+              " ms%s%s\n", o->disk, found, ms, err[0] ? "; " : "", err);
+    }
+  }
+  const kvs_coord_remote_t *tiers = disk ? kvs_disk_hooks(disk)
+                                         : remote ? kvs_remote_hooks(remote) : NULL;
   kvs_coord_config_t ccfg = {.store = store, .pool = pool, .opts = o,
-                             .role = KVS_PROTO_ROLE_CACHE, .instance_id = id,
-                             .remote = remote ? kvs_remote_hooks(remote) : NULL};
+                             .role = KVS_PROTO_ROLE_CACHE, .instance_id = id, .remote = tiers};
   kvs_coord_t *coord = NULL;
   rc = kvs_coord_start(&ccfg, &coord);
   if (rc < 0) {
     fprintf(stderr, "kvshim serve: cannot start the coordinator: %s\n", strerror(-rc));
+    kvs_disk_destroy(disk, 0);
     kvs_remote_destroy(remote, 0);
     kvs_store_destroy(store, true);
     kvs_pool_destroy(pool, true);
@@ -242,15 +280,19 @@ static int cmd_serve(kvs_options_t *o) {
   char size[32];
   kvs_options_format_value(o, KVS_OPT_pool_size, size, sizeof size);
   kvs_remote_attach(remote, coord);
-  printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s%s\n",
+  kvs_disk_attach(disk, coord);
+  printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s%s%s\n",
          (long)getpid(), id, o->group, size, kvs_coord_socket_path(coord),
-         remote ? ", remote tier on" : "");
+         disk ? ", disk tier on" : "", remote ? ", remote tier on" : "");
   fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
   fprintf(stderr, "kvshim serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  kvs_disk_attach(disk, NULL);
   kvs_remote_attach(remote, NULL);
   kvs_coord_stop(coord);
+  /* The disk tier first: its reader hands misses to the remote tier. */
+  kvs_disk_destroy(disk, 10000);
   /* What was pushed before the signal is written behind first (bounded). */
   kvs_remote_destroy(remote, (uint32_t)o->remote_timeout_ms * 2 + 3000);
   kvs_store_destroy(store, true);
@@ -419,6 +461,24 @@ static int cmd_remote(kvs_options_t *o) {
   return EXIT_OK;
 }
 
+/* ---- disk --------------------------------------------------------------------------------- */
+
+static int cmd_disk(const char *dir) {
+  kvs_disk_report_t rep;
+  char err[512] = "";
+  int rc = kvs_disk_check(dir, &rep, err, sizeof err);
+  if (rc < 0) {
+    fprintf(stderr, "kvshim disk: %s\n", err);
+    return EXIT_USAGE;
+  }
+  if (rep.in_use)
+    fprintf(stderr, "kvshim disk: %s is in use by kvshim serve (pid %ld): its newest segment "
+            "may be growing\n", dir, rep.holder_pid);
+  printf("segments: %" PRIu64 "\nobjects: %" PRIu64 "\nkeys: %" PRIu64 "\nbytes: %" PRIu64
+         "\nbad: %" PRIu64 "\n", rep.segments, rep.objects, rep.keys, rep.bytes, rep.bad);
+  return rep.bad ? EXIT_MISS : EXIT_OK;
+}
+
 /* ---- put, get ------------------------------------------------------------------------------ */
 
 static int read_all(const char *path, uint8_t **out, size_t *len) {
@@ -541,7 +601,8 @@ static int cmd_get(kvs_options_t *o, const char *name, const char *out) {
 static const char *command_help(const char *cmd) {
   static const struct { const char *name, *help; } table[] = {
       {"serve", help_serve}, {"peers", help_peers}, {"stats", help_stats},
-      {"put", help_put},     {"get", help_get},   {"remote", help_remote}};
+      {"put", help_put},     {"get", help_get},   {"remote", help_remote},
+      {"disk", help_disk}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (strcmp(cmd, table[i].name) == 0) return table[i].help;
   return NULL;
@@ -595,6 +656,12 @@ int main(int argc, char **argv) {
     return cmd_remote(&o);
   }
   if (argc - 2 > 64) return usage_error("too many arguments%s", "");
+  if (strcmp(cmd, "disk") == 0) {
+    int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
+    if (r) return r;
+    if (n_rest != 1) return usage_error("disk needs one DIR%s", "");
+    return cmd_disk(rest[0]);
+  }
   int rc = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, takes_json ? &json : NULL);
   if (rc) return rc;
   if (strcmp(cmd, "serve") == 0) {

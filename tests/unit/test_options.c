@@ -58,7 +58,8 @@ Test(options, every_row_is_read_from_the_environment) {
       "KVSHIM_REMOTE=redis://h:6379/2", "KVSHIM_REMOTE_PASSWORD_FILE=/etc/kvs.pw",
       "KVSHIM_REMOTE_TTL=60000", "KVSHIM_REMOTE_TIMEOUT_MS=250", "KVSHIM_REMOTE_THREADS=3",
       "KVSHIM_REMOTE_QUEUE=64", "KVSHIM_CUDA_PIN_ARENA=1", "KVSHIM_ONE_COPY=0",
-      "KVSHIM_POOL_LEAN_SIZE=8M", "KVSHIM_LLAMA_WAIT_MS=250", NULL};
+      "KVSHIM_POOL_LEAN_SIZE=8M", "KVSHIM_LLAMA_WAIT_MS=250", "KVSHIM_DISK=/var/lib/kvs",
+      "KVSHIM_DISK_SIZE=2G", "KVSHIM_DISK_SYNC=always", NULL};
   kvs_options_t o;
   cr_assert_eq(kvs_options_load(&o, env, 0), 0, "no problems expected");
   cr_expect_eq(o.enable, 0);
@@ -90,6 +91,9 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_expect_eq(o.one_copy, 0);
   cr_expect_eq(o.pool_lean_size, 8ull << 20);
   cr_expect_eq(o.llama_wait_ms, 250);
+  cr_expect_str_eq(o.disk, "/var/lib/kvs");
+  cr_expect_eq(o.disk_size, 2ull << 30);
+  cr_expect_eq(o.disk_sync, KVS_DISK_SYNC_ALWAYS);
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
   cr_expect_eq(o.log, KVS_LOG_DEBUG);

@@ -1,0 +1,40 @@
+# tests/disk/disk.cmake: the disk tier of `kvshim serve` (core/disk.c, design §18).
+# disk_test.py runs one case per test, each with its own run directory and disk directory:
+# restart survival (blobs, refengine's kvo chunks), a torn write, flipped bytes, ENOSPC (a 4 MiB
+# tmpfs) and a read-only DIR (both in a private mount namespace, skipped without one), a DIR
+# that cannot be made, --disk-size, two serves on one DIR, a pool smaller than a disk object;
+# disk_llama.py: node-llama-cpp restores a prefix from disk after serve was SIGKILLed.
+# Included from tests/CMakeLists.txt.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+if(NOT TARGET kvshim)
+  return()
+endif()
+set(disk_args --cli $<TARGET_FILE:kvshim>)
+set(disk_exclude "")
+if(TARGET refengine AND TARGET kvshim_preload)
+  list(APPEND disk_args --engine $<TARGET_FILE:refengine> --preload $<TARGET_FILE:kvshim_preload>)
+else()
+  set(disk_exclude EXCLUDE refengine)
+endif()
+kvshim_add_py_cases(disk fake ${CMAKE_CURRENT_SOURCE_DIR}/disk/disk_test.py
+  LABELS integration TIMEOUT 180 ASAN_RUNTIME FAKECUDA SKIP_RETURN_CODE 77 ${disk_exclude}
+  ENVIRONMENT ${KVSHIM_TEST_LSAN}
+  ARGS ${disk_args})
+
+# The node-llama-cpp CLI across a crash of serve (tests/engines/llama's engine; exit 77 =
+# skipped when Node.js or its node_modules cannot be prepared).
+if(TARGET kvshim_preload)
+  set(disk_llama_asan "")
+  if(KVSHIM_SANITIZE MATCHES "address")
+    execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
+      OUTPUT_VARIABLE disk_asan OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(IS_ABSOLUTE "${disk_asan}" AND EXISTS "${disk_asan}")
+      set(disk_llama_asan --asan-runtime ${disk_asan})
+    endif()
+  endif()
+  add_test(NAME disk_node_restart
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/disk/disk_llama.py
+            --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
+            ${disk_llama_asan})
+  set_tests_properties(disk_node_restart PROPERTIES TIMEOUT 600 LABELS "e2e" SKIP_RETURN_CODE 77)
+endif()
