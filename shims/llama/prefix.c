@@ -7,10 +7,12 @@
  *                           struct llama_context_params is a known release's (px_layout_ok), the
  *                           model was fingerprinted (llama.c), no embeddings, no backend
  *                           samplers, no shared context, no encoder / recurrent / hybrid /
- *                           diffusion model, and one sequence or a per-sequence KV cache
- *                           (kv_unified with several sequences mixes the sequences' cells, so a
- *                           restored sequence would not sit where the engine's own decode puts
- *                           it). The namespace (design §6) is the model fingerprint plus the KV
+ *                           diffusion model. A unified KV cache (kv_unified: llama-server's
+ *                           default, -np auto) is cached like a per-sequence one: a sequence
+ *                           state load there removes the destination's cells and puts the
+ *                           state's cells into free cells of the one stream
+ *                           (llama-kv-cache.cpp:2341, 2418), and its state carries n_stream 1,
+ *                           so it loads only where the namespace's n_stream is 1 too. The namespace (design §6) is the model fingerprint plus the KV
  *                           settings: K/V types, flash attention, whether the build can offload
  *                           (then also n_ubatch: see prefix_shadow.h), RoPE/YaRN parameters.
  *   llama_free              forgets it.
@@ -140,6 +142,19 @@ static int px_layout_ok(void) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 #define PX_CTX_MAX 64
+
+/* A sequence state the engine saved itself (llama_state_seq_get_data: llama-server's
+ * --cache-ram prompt cache, server-context.cpp:304-317) while kvshim knew the sequence: when the
+ * engine loads the same bytes back into a sequence (server-task.cpp:1832), kvshim knows its
+ * tokens again. The bytes are known by their length and checksum; the tokens are a copy
+ * (kvs__prim_alloc, cap tokens; owned by the entry). */
+#define PX_MEMO_MAX 16
+typedef struct px_memo {
+  uint64_t len, sum;   /* len 0: free */
+  uint32_t n, canon;   /* the shadow's n and canon at the save */
+  int32_t *tok;        /* n tokens */
+  size_t tok_cap;      /* bytes mapped at tok */
+} px_memo_t;
 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
 #define PX_CPU_CLASS 64
 
@@ -172,6 +187,13 @@ typedef struct px_ctx {
   int32_t follow_seq;
   kvs_key_t follow_key;   /* its claim then */
   _Atomic int32_t skip;   /* tokens not decoded at the front of the last batch (remap) */
+  /* A used sequence's state before a restore that replaces it (px_restore, rebase): its cells
+   * cannot be decoded again byte-identically, so an undo loads this copy back. Owned here
+   * (kvs__prim_alloc, saved_cap bytes); saved_len 0: none for the current batch. */
+  uint8_t *saved;
+  size_t saved_len, saved_cap;
+  px_memo_t memo[PX_MEMO_MAX]; /* states the engine saved itself (px_memo_*) */
+  uint32_t memo_next;
 } px_ctx_t;
 
 static px_ctx_t g_ctx[PX_CTX_MAX];
@@ -231,7 +253,6 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   if (p->samplers || p->n_samplers) return "it samples on the backend";
   if (p->ctx_other) return "it shares another context's state";
   if (p->ctx_type != 0) return "it is not a default context";
-  if (p->n_seq_max > 1 && p->kv_unified) return "its sequences share one KV cache (kv_unified)";
   kvs__llama_model_t mm;
   if (!kvs__llama_model_get(model, &mm)) return "its model was not fingerprinted";
   memcpy(c->fp, mm.fp, sizeof c->fp);
@@ -410,6 +431,14 @@ static void px_forget(struct llama_context *ctx) {
     map = c->map;
     len = c->map_len;
     c->map = NULL;
+    kvs__prim_unmap(c->saved, c->saved_cap);
+    c->saved = NULL;
+    c->saved_len = c->saved_cap = 0;
+    for (size_t i = 0; i < PX_MEMO_MAX; i++) {
+      kvs__prim_unmap(c->memo[i].tok, c->memo[i].tok_cap);
+      memset(&c->memo[i], 0, sizeof c->memo[i]);
+    }
+    c->memo_next = 0;
     pthread_mutex_destroy(&c->lock);
   }
   pthread_mutex_unlock(&g_table_lock);
@@ -475,6 +504,87 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
   pthread_mutex_unlock(&c->lock);
 }
 
+static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
+
+/* The engine's memory of sequence s is now tok[0, n) at positions 0..n-1 (a state load whose
+ * tokens kvshim knows), canon of them computed in canonical ubatches. Caller holds c->lock.
+ * px_decode's check of memory positions still taints s if the memory disagrees. */
+static void px_learn(px_ctx_t *c, int32_t s, const int32_t *tok, uint32_t n, uint32_t canon) {
+  kvs__px_clear(&c->sh, s);
+  if (n == 0 || n > c->sh.cap) return;
+  kvs__px_seq_t *q = &c->sh.seq[s];
+  memcpy(kvs__px_tok(&c->sh, (uint32_t)s), tok, (size_t)n * 4);
+  q->n = n;
+  q->canon = canon < n ? canon : n;
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_states_known);
+}
+
+static px_ctx_t *px_state_ctx(struct llama_context *ctx, int32_t seq) {
+  if (px_depth || !kvs__family_on(&kvs__family_llama_prefix)) return NULL;
+  px_ctx_t *c = px_find(ctx);
+  return c && seq >= 0 && (uint32_t)seq < c->sh.n_seq ? c : NULL;
+}
+
+void kvs__llama_prefix_state_saved(struct llama_context *ctx, int32_t seq, const uint8_t *state,
+                                   size_t len) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !state || !len) return;
+  pthread_mutex_lock(&c->lock);
+  const kvs__px_seq_t *q = &c->sh.seq[seq];
+  if (!q->tainted && q->n && !c->disabled) {
+    uint64_t sum = kvs_checksum64(state, len);
+    px_memo_t *e = NULL;
+    for (size_t i = 0; i < PX_MEMO_MAX && !e; i++)
+      if (c->memo[i].len == len && c->memo[i].sum == sum) e = &c->memo[i];
+    if (!e) e = &c->memo[c->memo_next++ % PX_MEMO_MAX];
+    size_t need = (size_t)q->n * 4;
+    if (need > e->tok_cap) {
+      void *p = NULL;
+      int rc;
+      {
+        KVS__REENTRY_GUARD();
+        rc = kvs__prim_alloc(need, &p);
+      }
+      kvs__prim_unmap(e->tok, e->tok_cap);
+      e->tok = rc < 0 ? NULL : p;
+      e->tok_cap = rc < 0 ? 0 : need;
+    }
+    e->len = e->tok ? len : 0;
+    e->sum = sum;
+    e->n = q->n;
+    e->canon = q->canon;
+    if (e->tok) memcpy(e->tok, kvs__px_tok(&c->sh, (uint32_t)seq), need);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvs__llama_prefix_state_loaded(struct llama_context *ctx, int32_t seq, const uint8_t *state,
+                                    size_t len) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !state || !len) return;
+  pthread_mutex_lock(&c->lock);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < PX_MEMO_MAX; i++) {
+    const px_memo_t *e = &c->memo[i];
+    if (e->len != len) continue;
+    if (!sum) sum = kvs_checksum64(state, len);
+    if (e->sum == sum) {
+      px_learn(c, seq, e->tok, e->n, e->canon);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvs__llama_prefix_state_tokens(struct llama_context *ctx, int32_t seq, const int32_t *tok,
+                                    size_t n) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !tok || n > UINT32_MAX) return;
+  pthread_mutex_lock(&c->lock);
+  px_learn(c, seq, tok, (uint32_t)n, 0); /* how its cells were computed is not known */
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* ---- restore ----------------------------------------------------------------------------------- */
 
 typedef enum px_res {
@@ -484,8 +594,6 @@ typedef enum px_res {
   PX_BAD,        /* the blob failed a check; the engine was not touched */
   PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
 } px_res_t;
-
-static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
 
 /* Decode the sequence's first n shadow tokens again into the (empty) sequence, in canonical
  * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix_shadow.h), so
@@ -511,11 +619,46 @@ static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint3
   return true;
 }
 
-/* Undo a restore that touched the engine: sequence s back to its n old tokens. */
+/* Keep a copy of sequence s's state (c->saved) before a restore replaces it. */
+static bool px_save_seq(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
+  c->saved_len = 0;
+  size_t need = kvs__llama_state_size(&api, ctx, s);
+  if (!need) return false;
+  if (need > c->saved_cap) {
+    void *p = NULL;
+    int rc;
+    {
+      KVS__REENTRY_GUARD();
+      rc = kvs__prim_alloc(need, &p);
+    }
+    if (rc < 0) return false;
+    kvs__prim_unmap(c->saved, c->saved_cap);
+    c->saved = p;
+    c->saved_cap = need;
+  }
+  if (kvs__llama_state_get(&api, ctx, c->saved, need, s) != need) return false;
+  c->saved_len = need;
+  return true;
+}
+
+/* Undo a restore that touched the engine: sequence s back to its n old tokens (the copy kept
+ * before a restore that replaced the sequence, else decoded again). */
 static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n) {
   kvs__px_pfn_llama_memory_seq_rm rm = px_real_llama_memory_seq_rm();
   if (rm) rm(c->mem, s, -1, -1);
   if (n == 0) return; /* it was empty, and is again */
+  if (c->saved_len) {
+    kvs__llama_state_api_t api;
+    px_state_api(&api);
+    if (kvs__llama_state_set(&api, ctx, c->saved, c->saved_len, s) == c->saved_len) return;
+    if (rm) rm(c->mem, s, -1, -1);
+    kvs__px_clear(&c->sh, s);
+    kvs_log_warn("llama.cpp prefix cache: could not load the %u tokens of sequence %d back after "
+                 "a failed restore: the sequence is empty", n, s);
+    return;
+  }
   if (!px_redecode(c, ctx, s, n)) {
     if (rm) rm(c->mem, s, -1, -1);
     kvs__px_clear(&c->sh, s); /* the engine's batch will now fail on its positions */
@@ -531,7 +674,19 @@ typedef struct px_plan {
   uint32_t n, m, first_out;
   uint32_t keyed; /* the chunk key the blob was found under covers this many tokens */
   bool whole;     /* only k == n + m will do (a batch of several sequences, skipped whole) */
+  bool rebase;    /* a used sequence (its n tokens not a canonical, aligned prefix): the load
+                   * replaces it, and the batch is judged as the engine would compute the
+                   * whole prompt in a fresh sequence (n 0, m n + m) */
 } px_plan_t;
+
+/* May the restore of pl stop at k (kvs__px_restore_ok, for a rebase as a fresh sequence)? */
+static bool px_point_ok(const px_ctx_t *c, const px_plan_t *pl, uint32_t k) {
+  if (pl->rebase)
+    return k > pl->n && kvs__px_restore_ok(&c->rules, c->min_tokens, 0, 0, pl->n + pl->m,
+                                           pl->n + pl->first_out, k);
+  return kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
+                            pl->first_out, k);
+}
 
 /* The restore point for a checked blob: the largest k the kernel-class rules allow
  * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
@@ -547,21 +702,12 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   const uint32_t al = c->rules.align;
   if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
     return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
-                   (!pl->whole || same == pl->n + pl->m) &&
-                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
-                                      pl->m, pl->first_out, same)
+                   (!pl->whole || same == pl->n + pl->m) && px_point_ok(c, pl, same)
                ? same
                : 0;
-  if (pl->whole)
-    return same == pl->n + pl->m &&
-                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
-                                      pl->m, pl->first_out, same)
-               ? same
-               : 0;
+  if (pl->whole) return same == pl->n + pl->m && px_point_ok(c, pl, same) ? same : 0;
   for (uint32_t k = same / al * al; k > pl->n; k -= al)
-    if (kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
-                           pl->first_out, k))
-      return k;
+    if (px_point_ok(c, pl, k)) return k;
   return 0;
 }
 
@@ -592,6 +738,7 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
   if (!k) return PX_NONE;
   const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
+  if (pl->rebase && !c->saved_len && !px_save_seq(c, ctx, s)) return PX_SKIP;
   kvs__llama_state_api_t api;
   px_state_api(&api);
   size_t rd = kvs__llama_state_set(&api, ctx, state, (size_t)h.state_size, s);
@@ -713,13 +860,24 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   uint32_t n = q->n, C = c->chunk, al = c->rules.align;
   if (possible) *possible = false;
   if ((uint64_t)n + m > c->sh.cap) return 0;
-  /* Is any restore point possible at all (at most n + m)? */
+  /* Is any restore point possible at all (at most n + m)? A used sequence holding fewer tokens
+   * than one row group (llama-server keeps the common start of a slot's older prompt: BOS when
+   * the prompts are unrelated) can still take a longer cached prefix: the load replaces it
+   * (rebase), and the outputs are those of the prompt in a fresh sequence. A longer kept prefix
+   * that is not canonical and aligned is left to the engine (bit-identical outputs). */
+  px_plan_t pl = {s, n, m, first_out, 0, whole, false};
   bool any = false;
-  for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
-    any = (!whole || k == n + m) &&
-          kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, first_out, k);
+  for (int pass = 0; pass < 2 && !any; pass++) {
+    pl.rebase = pass == 1;
+    if (pl.rebase && (whole || n == 0 || n >= al || c->swa)) break;
+    for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
+      any = (!whole || k == n + m) && px_point_ok(c, &pl, k);
+  }
   uint32_t jmax = (n + m) / C;
-  if (!any || !jmax) return 0;
+  if (!any || !jmax) {
+    if (!whole && m > 1) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_refused_rules);
+    return 0;
+  }
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
@@ -729,7 +887,6 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   }
   if (possible) *possible = true;
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  px_plan_t pl = {s, n, m, first_out, 0, whole};
   uint32_t k = 0;
   for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
     int here;
@@ -1029,9 +1186,22 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
   return true;
 }
 
+/* Why a prompt batch (more than one token) that was not restored into could not be (the
+ * llama_prefix_refused_* counters; restores of eligible batches are judged in px_restore). */
+static void px_count_refusal(const px_ctx_t *c, const kvs__llama_batch_t *b,
+                             const kvs__px_batch_info_t *bi, bool eligible) {
+  if (b->n_tokens < 2 || !bi->has_tokens || eligible) return;
+  kvs_stats_t *st = px_stats();
+  if (c->disabled) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_disabled);
+  else if (!bi->single) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_several);
+  else kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_unknown);
+}
+
 static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
                          const kvs__llama_batch_t *b) {
   px_set_skip(c, 0);
+  c->saved_len = 0;
+  if (b->n_tokens > 1) kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_prompt_tokens, (uint64_t)b->n_tokens);
   kvs__px_batch_info_t bi;
   kvs__px_batch_scan(b, c->sh.n_seq, false, &bi);
   if (!bi.valid) {
@@ -1078,7 +1248,10 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",
                 bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
-  if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
+  if (!eligible) {
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
+    px_count_refusal(c, b, &bi, eligible);
+  }
   int32_t r;
   if (eligible)
     memcpy(kvs__px_tok(&c->sh, (uint32_t)bi.seq) + c->sh.seq[bi.seq].n, b->token,
@@ -1122,8 +1295,8 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
        * the engine knows of, then its own batch. */
       px_set_skip(c, 0);
       kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restore_failures);
-      if (!px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)n, -1)) {
-        px_undo(c, ctx, s, n);
+      if (c->saved_len || !px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)n, -1)) {
+        px_undo(c, ctx, s, n); /* a replaced sequence: its own copy back */
       }
       q->n = n;
       q->canon = n;
