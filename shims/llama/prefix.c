@@ -54,7 +54,9 @@
  * undone the same way (trim back to n) and the original batch decoded.
  *
  * Batches of several sequences (px_mixed): skipped whole when they ask no output and every
- * sequence's part is a whole restore; else passed through.
+ * sequence's part is a whole restore; else (px_multi) each part of two or more tokens restores
+ * its cached prefix up to its first output and the rest of every sequence is decoded in one
+ * batch, indices remapped through an index table.
  *
  * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
  * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
@@ -192,6 +194,15 @@ typedef struct px_ctx {
    * (kvs__prim_alloc, saved_cap bytes); saved_len 0: none for the current batch. */
   uint8_t *saved;
   size_t saved_len, saved_cap;
+  /* A batch of several sequences with restored parts (px_multi): the decoded batch's arrays
+   * and the engine's index -> decoded index map (skip == PX_SKIP_MAP). One mapping of
+   * multi_cap tokens (kvs__prim_alloc), owned here. */
+  void *multi;
+  size_t multi_len;
+  uint32_t multi_cap, imap_n;
+  int32_t *imap, *mtok, *mpos, *mnseq;
+  int32_t **mseq;
+  int8_t *mlogits;
   px_memo_t memo[PX_MEMO_MAX]; /* states the engine saved itself (px_memo_*) */
   uint32_t memo_next;
 } px_ctx_t;
@@ -214,10 +225,16 @@ static void px_set_skip(px_ctx_t *c, int32_t s) {
   else if (old && !s) atomic_fetch_sub(&g_nskip, 1);
 }
 
+/* skip value: the last batch's indices map through c->imap (px_multi) */
+#define PX_SKIP_MAP INT32_MIN
+
 static int32_t px_map(const struct llama_context *ctx, int32_t i) {
   if (i < 0 || atomic_load_explicit(&g_nskip, memory_order_acquire) == 0) return i;
   px_ctx_t *c = px_find(ctx);
-  return c ? kvs__px_map_index(atomic_load_explicit(&c->skip, memory_order_acquire), i) : i;
+  if (!c) return i;
+  int32_t skip = atomic_load_explicit(&c->skip, memory_order_acquire);
+  if (skip == PX_SKIP_MAP) return (uint32_t)i < c->imap_n ? c->imap[i] : INT32_MAX;
+  return kvs__px_map_index(skip, i);
 }
 
 /* The engine's sequence state functions (blob.h: the _ext forms with flags 0 when present). */
@@ -433,6 +450,9 @@ static void px_forget(struct llama_context *ctx) {
     c->map = NULL;
     kvs__prim_unmap(c->saved, c->saved_cap);
     c->saved = NULL;
+    kvs__prim_unmap(c->multi, c->multi_len);
+    c->multi = NULL;
+    c->multi_len = c->multi_cap = c->imap_n = 0;
     c->saved_len = c->saved_cap = 0;
     for (size_t i = 0; i < PX_MEMO_MAX; i++) {
       kvs__prim_unmap(c->memo[i].tok, c->memo[i].tok_cap);
@@ -677,10 +697,18 @@ typedef struct px_plan {
   bool rebase;    /* a used sequence (its n tokens not a canonical, aligned prefix): the load
                    * replaces it, and the batch is judged as the engine would compute the
                    * whole prompt in a fresh sequence (n 0, m n + m) */
+  bool part_of_many; /* the part of one sequence in a batch of several (px_multi): the engine
+                      * splits such a batch across sequences, so no kernel-class rule can hold;
+                      * any k up to the first output will do */
 } px_plan_t;
+
+/* What px_restore is asked for. */
+enum { PX_PART = 0, PX_WHOLE = 1, PX_PART_OF_MANY = 2 };
 
 /* May the restore of pl stop at k (kvs__px_restore_ok, for a rebase as a fresh sequence)? */
 static bool px_point_ok(const px_ctx_t *c, const px_plan_t *pl, uint32_t k) {
+  if (pl->part_of_many)
+    return k > pl->n && k - pl->n <= pl->first_out && k - pl->n <= pl->m && k >= c->min_tokens;
   if (pl->rebase)
     return k > pl->n && kvs__px_restore_ok(&c->rules, c->min_tokens, 0, 0, pl->n + pl->m,
                                            pl->n + pl->first_out, k);
@@ -706,6 +734,11 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
                ? same
                : 0;
   if (pl->whole) return same == pl->n + pl->m && px_point_ok(c, pl, same) ? same : 0;
+  if (pl->part_of_many) {
+    uint32_t k = pl->first_out < pl->m ? pl->n + pl->first_out : pl->n + pl->m;
+    if (same < k) k = same;
+    return px_point_ok(c, pl, k) ? k : 0;
+  }
   for (uint32_t k = same / al * al; k > pl->n; k -= al)
     if (px_point_ok(c, pl, k)) return k;
   return 0;
@@ -855,7 +888,8 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
  * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
  * Returns k (0: nothing restored; the engine is as it was). */
 static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
-                           uint32_t first_out, bool whole, bool *possible) {
+                           uint32_t first_out, int mode, bool *possible) {
+  bool whole = mode == PX_WHOLE;
   kvs__px_seq_t *q = &c->sh.seq[s];
   uint32_t n = q->n, C = c->chunk, al = c->rules.align;
   if (possible) *possible = false;
@@ -865,17 +899,19 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
    * the prompts are unrelated) can still take a longer cached prefix: the load replaces it
    * (rebase), and the outputs are those of the prompt in a fresh sequence. A longer kept prefix
    * that is not canonical and aligned is left to the engine (bit-identical outputs). */
-  px_plan_t pl = {s, n, m, first_out, 0, whole, false};
+  px_plan_t pl = {s, n, m, first_out, 0, whole, false, mode == PX_PART_OF_MANY};
   bool any = false;
   for (int pass = 0; pass < 2 && !any; pass++) {
     pl.rebase = pass == 1;
-    if (pl.rebase && (whole || n == 0 || n >= al || c->swa)) break;
+    if (pl.rebase && (mode != PX_PART || n == 0 || n >= al || c->swa)) break;
+    if (pl.part_of_many)
+      any = px_point_ok(c, &pl, n + (first_out < m ? first_out : m));
     for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
       any = (!whole || k == n + m) && px_point_ok(c, &pl, k);
   }
   uint32_t jmax = (n + m) / C;
   if (!any || !jmax) {
-    if (!whole && m > 1) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_refused_rules);
+    if (mode == PX_PART && m > 1) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_refused_rules);
     return 0;
   }
   kvs__runtime_t *rt = kvs__runtime_get();
@@ -1189,12 +1225,143 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
 /* Why a prompt batch (more than one token) that was not restored into could not be (the
  * llama_prefix_refused_* counters; restores of eligible batches are judged in px_restore). */
 static void px_count_refusal(const px_ctx_t *c, const kvs__llama_batch_t *b,
-                             const kvs__px_batch_info_t *bi, bool eligible) {
-  if (b->n_tokens < 2 || !bi->has_tokens || eligible) return;
+                             const kvs__px_batch_info_t *bi, const uint64_t *in, bool eligible) {
+  int seqs = 0;
+  for (size_t w = 0; w < KVS_PX_MAX_SEQ / 64; w++) seqs += __builtin_popcountll(in[w]);
+  /* a generation step (one token per sequence) is no prompt */
+  if (b->n_tokens <= seqs || !bi->has_tokens || eligible) return;
   kvs_stats_t *st = px_stats();
   if (c->disabled) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_disabled);
   else if (!bi->single) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_several);
   else kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_unknown);
+}
+
+/* The decoded batch's arrays for a batch of m tokens (c->multi). */
+static bool px_multi_arrays(px_ctx_t *c, uint32_t m) {
+  if (m <= c->multi_cap) return true;
+  size_t len = (size_t)m * (5 * sizeof(int32_t) + sizeof(int32_t *) + 1) + 64;
+  void *p = NULL;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs__prim_alloc(len, &p);
+  }
+  if (rc < 0) return false;
+  kvs__prim_unmap(c->multi, c->multi_len);
+  c->multi = p;
+  c->multi_len = len;
+  c->multi_cap = m;
+  c->mseq = (int32_t **)p; /* pointers first: aligned */
+  c->imap = (int32_t *)(void *)(c->mseq + m);
+  c->mtok = c->imap + m;
+  c->mpos = c->mtok + m;
+  c->mnseq = c->mpos + m;
+  c->mlogits = (int8_t *)(c->mnseq + m);
+  return true;
+}
+
+/* A batch of several sequences (llama-server slots started together) that px_mixed could not
+ * skip whole: every sequence part of at least two tokens extending a CLEAN sequence restores its
+ * cached prefix (up to its first output), and the rest of every sequence is decoded in one
+ * batch, its output indices remapped (c->imap). The engine splits such a batch across
+ * sequences, so its own KV for them depends on which slots arrived together: the outputs are
+ * one the engine produces, not bit-identical to one particular run. Returns false (nothing
+ * done, the engine untouched) when no part could be restored; else *rc is the decode's result
+ * (a decode the engine refused is undone and the batch decoded unchanged). */
+static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
+                     const kvs__llama_batch_t *b, const kvs__px_batch_info_t *bi,
+                     const int32_t *p0, const uint64_t *in, int32_t *rc) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  static __thread uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ], kk[KVS_PX_MAX_SEQ];
+  static __thread kvs__px_seq_t old[KVS_PX_MAX_SEQ];
+  if (c->swa || !b->token || !px_multi_arrays(c, m)) return false;
+  memset(cnt, 0, sizeof cnt);
+  memset(kk, 0, sizeof kk);
+  for (uint32_t i = 0; i < m; i++) {
+    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t at = q->n + cnt[s];
+    if (q->tainted || at >= c->sh.cap) return false;
+    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
+    if (pos != (int32_t)at) return false;
+    if (cnt[s] == 0) first[s] = UINT32_MAX;
+    bool out = b->logits ? b->logits[i] != 0 : i == m - 1;
+    if (out && first[s] == UINT32_MAX) first[s] = cnt[s];
+    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
+    cnt[s]++;
+  }
+  bool any = false;
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    if (cnt[s] < 2) continue;
+    old[s] = c->sh.seq[s];
+    uint32_t fo = first[s] == UINT32_MAX ? cnt[s] : first[s];
+    kk[s] = px_restore(c, ctx, (int32_t)s, cnt[s], fo, PX_PART_OF_MANY, NULL);
+    any |= kk[s] != 0;
+  }
+  if (!any) return false;
+  /* the decoded batch: every token but the restored ones, at their own positions */
+  uint32_t o = 0;
+  memset(cnt, 0, sizeof cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    uint32_t j = cnt[s]++, n_old = kk[s] ? old[s].n : c->sh.seq[s].n;
+    if (kk[s] && n_old + j < kk[s]) {
+      c->imap[i] = INT32_MAX;
+      continue;
+    }
+    c->imap[i] = (int32_t)o;
+    c->mtok[o] = b->token[i];
+    c->mpos[o] = (int32_t)(n_old + j);
+    c->mnseq[o] = 1;
+    c->mseq[o] = b->seq_id ? b->seq_id[i] : &c->rseqval;
+    c->mlogits[o] = (int8_t)(b->logits ? b->logits[i] != 0 : i == m - 1);
+    o++;
+  }
+  c->rseqval = 0;
+  c->imap_n = m;
+  int32_t p1[KVS_PX_MAX_SEQ];
+  memcpy(p1, p0, sizeof p1);
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    if (!kk[s]) continue;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    q->n = q->canon = kk[s];
+    if (q->nkeys > kk[s] / c->chunk) q->nkeys = kk[s] / c->chunk;
+    if (q->snap < kk[s] / c->chunk * c->chunk) q->snap = kk[s] / c->chunk * c->chunk;
+    p1[s] = (int32_t)kk[s];
+  }
+  kvs__llama_batch_t sub = {(int32_t)o, c->mtok, NULL, c->mpos, c->mnseq, c->mseq, c->mlogits};
+  px_set_skip(c, PX_SKIP_MAP);
+  int32_t r = o ? real(ctx, sub) : 0;
+  if (r == 0) {
+    if (o) {
+      kvs__px_batch_info_t bi2;
+      kvs__px_batch_scan(&sub, c->sh.n_seq, false, &bi2);
+      px_after(c, &sub, &bi2, p1, in, 0);
+    }
+    for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+      if (!kk[s]) continue;
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
+      kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, kk[s] - old[s].n);
+    }
+  } else if (r == 1 || r == -1) {
+    /* the engine kept its memory as before this call: each restored sequence back to its own
+     * tokens, then the engine's batch */
+    px_set_skip(c, 0);
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restore_failures);
+    for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+      if (!kk[s]) continue;
+      c->sh.seq[s] = old[s];
+      px_undo(c, ctx, (int32_t)s, old[s].n);
+    }
+    r = real(ctx, *b);
+    px_after(c, b, bi, p0, in, r);
+  } else {
+    for (uint32_t s = 0; s < c->sh.n_seq; s++)
+      if (in[s / 64] >> (s % 64) & 1) kvs__px_taint(&c->sh, (int32_t)s);
+  }
+  *rc = r;
+  return true;
 }
 
 static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
@@ -1244,13 +1411,18 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     px_drop_held(c, kvs__runtime_get(), NULL);
     return 0;
   }
+  int32_t multi_rc;
+  if (!bi.single && bi.has_tokens && !c->disabled && px_multi(c, ctx, real, b, &bi, p0, in, &multi_rc)) {
+    px_drop_held(c, kvs__runtime_get(), NULL);
+    return multi_rc;
+  }
   kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",
                 bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
   if (!eligible) {
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
-    px_count_refusal(c, b, &bi, eligible);
+    px_count_refusal(c, b, &bi, in, eligible);
   }
   int32_t r;
   if (eligible)

@@ -56,6 +56,9 @@ Cases:
   used        a used sequence (BOS kept from an older prompt) takes the longer cached prefix
               (the load replaces it): outputs are a fresh sequence's; a refused load is undone
               from the sequence's own copy: identical
+  multi       batches of several sequences with an output: each part restores its cached prefix,
+              the rest of all sequences decoded together, outputs remapped: every output there,
+              positions identical (logits differ: the engine's mixed ubatches)
   known       a state the engine saved and loaded back itself (--cache-ram) is known again
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
@@ -458,6 +461,31 @@ def case_unified(ctx):
     expect(st, "unified, full", restores=("==", 1), restore_failures=("==", 0))
 
 
+def case_multi(ctx):
+    """Batches of several sequences that cannot be skipped whole (llama-server slots started
+    together, an output asked): each sequence's part restores its cached prefix up to its first
+    output and the rest of every sequence is decoded in one batch, outputs remapped."""
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 4 1 8192 2048 512 1 1",
+            "prompt 0 0 r1400@1+r30@2 2048", "gen 0 0 2",
+            "multi 0 1 r1024@1 2 r1024@1",               # output on 2's last token
+            "multi 0 1 r1400@1/1024+r20@3 2 r1400@1/1024+r20@4",
+            "gen 0 2 4", "pos 0 1", "pos 0 2"]
+    # The engine's own KV for these parts comes from ubatches mixing both sequences (another
+    # kernel class than a restored prefix's, as in the real backend): the logits differ, every
+    # output is still there (bad=0: each remapped index has an output) and the memory is the
+    # engine's (positions), and the decode succeeds.
+    def shape(lines):
+        return [" ".join(w for w in ln.split() if w.split("=")[0] not in ("out", "toks", "last"))
+                for ln in lines]
+    ref, _, _ = ctx.run(cmds, preload=False, what="multi (reference)")
+    got, err, st = ctx.run(cmds, what="multi", KVSHIM_PEERS=0)
+    check(shape(got) == shape(ref) and all("bad=0" in ln for ln in got if " bad=" in ln),
+          f"multi:\n{ref}\n{got}\n{prefix_stats(st)}\n{err[-3000:]}")
+    expect(st, "multi", restores=(">=", 3), restored_tokens=(">=", 1024 + 1023 + 300),
+           restore_failures=("==", 0))
+
+
 def case_used(ctx):
     """A used sequence (llama-server keeps the common start of a slot's older prompt, BOS at
     least): the longer cached prefix is restored and the load replaces the sequence. Its
@@ -582,6 +610,7 @@ CASES = {
     "held-mixed": case_held_mixed,
     "unified": case_unified,
     "used": case_used,
+    "multi": case_multi,
     "known": case_known,
 }
 

@@ -27,6 +27,11 @@ Cases:
               the restored slot's tokens are known again; identical
   cache-reuse --cache-reuse 64: llama-server's own chunk reuse shifts the cells (kvshim leaves
               that sequence alone until it is cleared); identical
+  concurrent  four requests sent at once to a fresh replica with defaults (its slots' prompts
+              arrive in multi-sequence batches): every slot restores >= 90% of the document
+              (restored in each batch, the rest of all slots decoded together); each completion
+              is one the replica without kvshim gives (its own concurrent run, or the same
+              question alone)
   killed      replica A stores the document, then is SIGKILLed in the middle of another
               request; B restores >= 90% of the document from `kvshim serve`; identical
 """
@@ -272,6 +277,36 @@ def case_cache_reuse(ctx):
                          ask(DOC + question(3))], "cache-reuse")
 
 
+def case_concurrent(ctx):
+    doc = producer(ctx)
+    prompts = [DOC + question(i) for i in range(2, 6)]
+
+    def together(p):
+        out = [None] * len(prompts)
+
+        def one(i):
+            out[i] = ctx.complete(p, prompts[i])[0]
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=300)
+        return out
+    ref_p = ctx.start_server(False)
+    ref = together(ref_p)
+    alone = [ctx.complete(ref_p, q)[0] for q in prompts]
+    ctx.stop(ref_p)
+    p = ctx.start_server(True)
+    got = together(p)
+    st = ctx.stats(p)
+    print(f"concurrent: {st}")
+    for i, g in enumerate(got):
+        check(g in (ref[i], alone[i]), f"concurrent: request {i}: {g!r} is neither the "
+              f"replica's concurrent {ref[i]!r} nor alone {alone[i]!r}\n{st}\n{ctx.tail(p)}")
+    check(st.get("restored_tokens", 0) >= 0.9 * doc * len(prompts),
+          f"concurrent: restored {st.get('restored_tokens')} of 4 x {doc}: {st}\n{ctx.tail(p)}")
+
+
 def case_killed(ctx):
     ctx.serve(pool="512M")
     a = ctx.start_server(True)
@@ -304,6 +339,7 @@ CASES = {
     "slots": case_slots,
     "cache-reuse": case_cache_reuse,
     "killed": case_killed,
+    "concurrent": case_concurrent,
 }
 
 if __name__ == "__main__":
