@@ -154,7 +154,7 @@ static int px_layout_ok(void) {
 typedef struct px_memo {
   uint64_t len, sum;   /* len 0: free */
   uint32_t n, canon;   /* the shadow's n and canon at the save */
-  int32_t *tok;        /* n tokens */
+  void *tok;           /* n tokens (int32_t) */
   size_t tok_cap;      /* bytes mapped at tok */
 } px_memo_t;
 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
@@ -192,7 +192,7 @@ typedef struct px_ctx {
   /* A used sequence's state before a restore that replaces it (px_restore, rebase): its cells
    * cannot be decoded again byte-identically, so an undo loads this copy back. Owned here
    * (kvs__prim_alloc, saved_cap bytes); saved_len 0: none for the current batch. */
-  uint8_t *saved;
+  void *saved;
   size_t saved_len, saved_cap;
   /* A batch of several sequences with restored parts (px_multi): the decoded batch's arrays
    * and the engine's index -> decoded index map (skip == PX_SKIP_MAP). One mapping of
@@ -526,6 +526,23 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
 
 static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
 
+/* Make the mapping *buf (kvs__prim_alloc, *cap bytes, owned by the caller's context) hold at
+ * least need bytes; its contents are not kept. False: no memory, *buf unchanged. */
+static bool px_grow(void **buf, size_t *cap, size_t need) {
+  if (need <= *cap) return true;
+  void *p = NULL;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs__prim_alloc(need, &p);
+  }
+  if (rc < 0) return false;
+  kvs__prim_unmap(*buf, *cap);
+  *buf = p;
+  *cap = need;
+  return true;
+}
+
 /* The engine's memory of sequence s is now tok[0, n) at positions 0..n-1 (a state load whose
  * tokens kvshim knows), canon of them computed in canonical ubatches. Caller holds c->lock.
  * px_decode's check of memory positions still taints s if the memory disagrees. */
@@ -558,22 +575,12 @@ void kvs__llama_prefix_state_saved(struct llama_context *ctx, int32_t seq, const
       if (c->memo[i].len == len && c->memo[i].sum == sum) e = &c->memo[i];
     if (!e) e = &c->memo[c->memo_next++ % PX_MEMO_MAX];
     size_t need = (size_t)q->n * 4;
-    if (need > e->tok_cap) {
-      void *p = NULL;
-      int rc;
-      {
-        KVS__REENTRY_GUARD();
-        rc = kvs__prim_alloc(need, &p);
-      }
-      kvs__prim_unmap(e->tok, e->tok_cap);
-      e->tok = rc < 0 ? NULL : p;
-      e->tok_cap = rc < 0 ? 0 : need;
-    }
-    e->len = e->tok ? len : 0;
+    bool room = px_grow(&e->tok, &e->tok_cap, need);
+    e->len = room ? len : 0;
     e->sum = sum;
     e->n = q->n;
     e->canon = q->canon;
-    if (e->tok) memcpy(e->tok, kvs__px_tok(&c->sh, (uint32_t)seq), need);
+    if (room) memcpy(e->tok, kvs__px_tok(&c->sh, (uint32_t)seq), need);
   }
   pthread_mutex_unlock(&c->lock);
 }
@@ -645,19 +652,7 @@ static bool px_save_seq(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   px_state_api(&api);
   c->saved_len = 0;
   size_t need = kvs__llama_state_size(&api, ctx, s);
-  if (!need) return false;
-  if (need > c->saved_cap) {
-    void *p = NULL;
-    int rc;
-    {
-      KVS__REENTRY_GUARD();
-      rc = kvs__prim_alloc(need, &p);
-    }
-    if (rc < 0) return false;
-    kvs__prim_unmap(c->saved, c->saved_cap);
-    c->saved = p;
-    c->saved_cap = need;
-  }
+  if (!need || !px_grow(&c->saved, &c->saved_cap, need)) return false;
   if (kvs__llama_state_get(&api, ctx, c->saved, need, s) != need) return false;
   c->saved_len = need;
   return true;
@@ -1172,6 +1167,30 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   return px_restore(c, ctx, s, m, first_out, false, NULL);
 }
 
+/* Split a batch of several sequences into its parts: true when every token belongs to one
+ * CLEAN sequence at its next position (then its tokens are in the shadow after the sequence's
+ * n, cnt[s] counts them and first[s] is the part index of its first output, UINT32_MAX none). */
+static bool px_parts(px_ctx_t *c, const kvs__llama_batch_t *b, const int32_t *p0, uint32_t *cnt,
+                     uint32_t *first) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  memset(cnt, 0, KVS_PX_MAX_SEQ * sizeof *cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t at = q->n + cnt[s];
+    if (q->tainted || at >= c->sh.cap) return false;
+    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
+    if (pos != (int32_t)at) return false;
+    if (cnt[s] == 0) first[s] = UINT32_MAX;
+    bool out = b->logits ? b->logits[i] != 0 : i == m - 1;
+    if (out && first[s] == UINT32_MAX) first[s] = cnt[s];
+    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
+    cnt[s]++;
+  }
+  return true;
+}
+
 /* A batch of several sequences that asks no output: when every token belongs to one CLEAN
  * sequence at its next position and each sequence's part is a whole restore (k = n_s + m_s,
  * kvs__px_restore_ok), and the batch itself splits into long ubatches only (m a multiple of
@@ -1183,19 +1202,8 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
   uint32_t m = (uint32_t)b->n_tokens;
   if (m % c->rules.align || kvs__px_last_ubatch(m, c->rules.ubatch) < c->rules.min_rows)
     return false;
-  uint32_t cnt[KVS_PX_MAX_SEQ];
-  memset(cnt, 0, sizeof cnt);
-  for (uint32_t i = 0; i < m; i++) {
-    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
-    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
-    kvs__px_seq_t *q = &c->sh.seq[s];
-    uint32_t at = q->n + cnt[s];
-    if (q->tainted || at >= c->sh.cap) return false;
-    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
-    if (pos != (int32_t)at) return false;
-    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
-    cnt[s]++;
-  }
+  uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ];
+  if (!px_parts(c, b, p0, cnt, first)) return false;
   uint32_t done[KVS_PX_MAX_SEQ], nd = 0;
   bool ok = true;
   for (uint32_t s = 0; s < c->sh.n_seq && ok; s++) {
@@ -1240,18 +1248,9 @@ static void px_count_refusal(const px_ctx_t *c, const kvs__llama_batch_t *b,
 static bool px_multi_arrays(px_ctx_t *c, uint32_t m) {
   if (m <= c->multi_cap) return true;
   size_t len = (size_t)m * (5 * sizeof(int32_t) + sizeof(int32_t *) + 1) + 64;
-  void *p = NULL;
-  int rc;
-  {
-    KVS__REENTRY_GUARD();
-    rc = kvs__prim_alloc(len, &p);
-  }
-  if (rc < 0) return false;
-  kvs__prim_unmap(c->multi, c->multi_len);
-  c->multi = p;
-  c->multi_len = len;
+  if (!px_grow(&c->multi, &c->multi_len, len)) return false;
   c->multi_cap = m;
-  c->mseq = (int32_t **)p; /* pointers first: aligned */
+  c->mseq = (int32_t **)c->multi; /* pointers first: aligned */
   c->imap = (int32_t *)(void *)(c->mseq + m);
   c->mtok = c->imap + m;
   c->mpos = c->mtok + m;
@@ -1275,22 +1274,8 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
   static __thread uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ], kk[KVS_PX_MAX_SEQ];
   static __thread kvs__px_seq_t old[KVS_PX_MAX_SEQ];
   if (c->swa || !b->token || !px_multi_arrays(c, m)) return false;
-  memset(cnt, 0, sizeof cnt);
   memset(kk, 0, sizeof kk);
-  for (uint32_t i = 0; i < m; i++) {
-    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
-    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
-    kvs__px_seq_t *q = &c->sh.seq[s];
-    uint32_t at = q->n + cnt[s];
-    if (q->tainted || at >= c->sh.cap) return false;
-    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
-    if (pos != (int32_t)at) return false;
-    if (cnt[s] == 0) first[s] = UINT32_MAX;
-    bool out = b->logits ? b->logits[i] != 0 : i == m - 1;
-    if (out && first[s] == UINT32_MAX) first[s] = cnt[s];
-    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
-    cnt[s]++;
-  }
+  if (!px_parts(c, b, p0, cnt, first)) return false;
   bool any = false;
   for (uint32_t s = 0; s < c->sh.n_seq; s++) {
     if (cnt[s] < 2) continue;
