@@ -123,6 +123,18 @@ extern "C" {
     "one copy: stores and loads the cache peer failed, served by the own pool instead")        \
   X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
   X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
+  X(llama_prefix_prompt_tokens, C,                                                            \
+    "llama prefix cache: tokens of decode batches of more than one token (prompt tokens seen)") \
+  X(llama_prefix_refused_rules, C,                                                            \
+    "llama prefix cache: batches that could not take a restore (too short, outputs, ubatch rules)") \
+  X(llama_prefix_refused_unknown, C,                                                          \
+    "llama prefix cache: prompt batches not restored into: the sequence's KV is not what kvshim knows") \
+  X(llama_prefix_refused_several, C,                                                          \
+    "llama prefix cache: prompt batches not restored into: several sequences in one batch")    \
+  X(llama_prefix_refused_disabled, C,                                                         \
+    "llama prefix cache: prompt batches not restored into: the context is no longer cached")   \
+  X(llama_prefix_states_known, C,                                                             \
+    "llama prefix cache: engine state loads whose tokens kvshim knew (a state it saw saved, a file)") \
   X(cache_peer_pool_pins, C,                                                                  \
     "one copy: cache peer pool mappings registered with the device driver in the background")  \
   X(host_arena_pinned_bytes, G,                                                               \

@@ -98,8 +98,8 @@ size_t kvs__llama_state_size(const kvs__llama_state_api_t *a, struct llama_conte
   return a->get_size ? a->get_size(ctx, seq) : 0;
 }
 
-static size_t state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
-                        size_t size, int32_t seq) {
+size_t kvs__llama_state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
+                            size_t size, int32_t seq) {
   if (a->get_data_ext) return a->get_data_ext(ctx, dst, size, seq, 0);
   return a->get_data ? a->get_data(ctx, dst, size, seq) : 0;
 }
@@ -179,7 +179,7 @@ static void seal(uint8_t *blob, uint64_t len, kvs__llama_blob_hdr_t *hdr) {
  * the state get_size announced. Called with kvs__hook_depth lowered to the engine's. */
 static bool state_write(const kvs__llama_state_api_t *api, struct llama_context *ctx,
                         uint8_t *state, size_t S, int32_t seq) {
-  size_t w = state_get(api, ctx, state, S, seq);
+  size_t w = kvs__llama_state_get(api, ctx, state, S, seq);
   uint32_t smagic = 0;
   if (w == S) memcpy(&smagic, state, sizeof smagic);
   return w == S && smagic == KVS_LLAMA_STATE_MAGIC;

@@ -182,6 +182,8 @@ bool kvs__llama_state_api_ok(const kvs__llama_state_api_t *a);
 /* The engine's functions (0 when the api lacks one: the engine's own failure value). */
 size_t kvs__llama_state_size(const kvs__llama_state_api_t *a, struct llama_context *ctx,
                              int32_t seq);
+size_t kvs__llama_state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
+                            size_t size, int32_t seq);
 size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_context *ctx,
                             const uint8_t *src, size_t size, int32_t seq);
 

@@ -491,8 +491,9 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
 
 /* ---- the wrappers ---------------------------------------------------------------------------- */
 
-/* Pass-through hooks: `first` runs, then the engine's function, counted once per engine call. */
-#define LL_PASSTHROUGH_AFTER(first, ret, name, params, args, missing)                          \
+/* Pass-through hooks: `first` runs, then the engine's function (its result in r_), counted
+ * once per engine call, then `then` (only when the call was observed). */
+#define LL_PASSTHROUGH_AROUND(first, then, ret, name, params, args, missing)                   \
   ret name params {                                                                           \
     first;                                                                                    \
     kvs__llama_pfn_##name real = ll_real_##name();                                            \
@@ -502,24 +503,31 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
     kvs__hook_count();                                                                        \
     ret r_ = real args;                                                                       \
     ll_depth--;                                                                               \
+    then;                                                                                     \
     return r_;                                                                                \
   }
 #define LL_PASSTHROUGH(ret, name, params, args, missing)                                      \
-  LL_PASSTHROUGH_AFTER((void)0, ret, name, params, args, missing)
+  LL_PASSTHROUGH_AROUND((void)0, (void)0, ret, name, params, args, missing)
+/* Sequence state reads: the prefix cache remembers what the engine saved (prefix.h). */
+#define LL_PASSTHROUGH_SAVE(ret, name, params, args, missing)                                 \
+  LL_PASSTHROUGH_AROUND((void)0, if (r_ && r_ <= size) kvs__llama_prefix_state_saved(ctx, seq_id, dst, r_), \
+                        ret, name, params, args, missing)
 /* Hooks that replace a sequence's KV: the prefix cache (prefix.c) hears of it first, whatever
- * the hook then does. */
+ * the hook then does, and of a state it knows after the engine loaded all of it. */
 #define LL_PASSTHROUGH_LOAD(ret, name, params, args, missing, ctx_, seq_)                     \
-  LL_PASSTHROUGH_AFTER(kvs__llama_prefix_state_load(ctx_, seq_), ret, name, params, args, missing)
+  LL_PASSTHROUGH_AROUND(kvs__llama_prefix_state_load(ctx_, seq_),                             \
+                        if (r_ == size) kvs__llama_prefix_state_loaded(ctx_, seq_, src, size), \
+                        ret, name, params, args, missing)
 
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size, (struct llama_context * ctx, int32_t seq_id),
                (ctx, seq_id), 0)
 LL_PASSTHROUGH(size_t, llama_state_seq_get_size_ext,
                (struct llama_context * ctx, int32_t seq_id, uint32_t flags), (ctx, seq_id, flags),
                0)
-LL_PASSTHROUGH(size_t, llama_state_seq_get_data,
+LL_PASSTHROUGH_SAVE(size_t, llama_state_seq_get_data,
                (struct llama_context * ctx, uint8_t *dst, size_t size, int32_t seq_id),
                (ctx, dst, size, seq_id), 0)
-LL_PASSTHROUGH(size_t, llama_state_seq_get_data_ext,
+LL_PASSTHROUGH_SAVE(size_t, llama_state_seq_get_data_ext,
                (struct llama_context * ctx, uint8_t *dst, size_t size, int32_t seq_id,
                 uint32_t flags),
                (ctx, dst, size, seq_id, flags), 0)
@@ -534,13 +542,14 @@ LL_PASSTHROUGH(bool, llama_state_save_file,
                (struct llama_context * ctx, const char *path_session, const int32_t *tokens,
                 size_t n_token_count),
                (ctx, path_session, tokens, n_token_count), false)
-LL_PASSTHROUGH_LOAD(bool, llama_state_load_file,
+LL_PASSTHROUGH_AROUND(kvs__llama_prefix_state_load(ctx, -1), (void)0, bool, llama_state_load_file,
                (struct llama_context * ctx, const char *path_session, int32_t *tokens_out,
                 size_t n_token_capacity, size_t *n_token_count_out),
-               (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false, ctx, -1)
+               (ctx, path_session, tokens_out, n_token_capacity, n_token_count_out), false)
 #undef LL_PASSTHROUGH
+#undef LL_PASSTHROUGH_SAVE
 #undef LL_PASSTHROUGH_LOAD
-#undef LL_PASSTHROUGH_AFTER
+#undef LL_PASSTHROUGH_AROUND
 
 /* The runtime for a caching hook (NULL: pass through; a FAILED runtime was counted). */
 static kvs__runtime_t *ll_rt(void) {
@@ -577,6 +586,9 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *filepath
   size_t r = ll_seq_load(rt, real, ctx, filepath, dest_seq_id, tokens_out, n_token_capacity,
                          n_token_count_out);
   ll_depth--;
+  /* llama-server's /slots?action=restore: the file's tokens are the sequence's now */
+  if (r && tokens_out && n_token_count_out && *n_token_count_out <= n_token_capacity)
+    kvs__llama_prefix_state_tokens(ctx, dest_seq_id, tokens_out, *n_token_count_out);
   return r;
 }
 

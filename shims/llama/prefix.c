@@ -7,10 +7,12 @@
  *                           struct llama_context_params is a known release's (px_layout_ok), the
  *                           model was fingerprinted (llama.c), no embeddings, no backend
  *                           samplers, no shared context, no encoder / recurrent / hybrid /
- *                           diffusion model, and one sequence or a per-sequence KV cache
- *                           (kv_unified with several sequences mixes the sequences' cells, so a
- *                           restored sequence would not sit where the engine's own decode puts
- *                           it). The namespace (design §6) is the model fingerprint plus the KV
+ *                           diffusion model. A unified KV cache (kv_unified: llama-server's
+ *                           default, -np auto) is cached like a per-sequence one: a sequence
+ *                           state load there removes the destination's cells and puts the
+ *                           state's cells into free cells of the one stream
+ *                           (llama-kv-cache.cpp:2341, 2418), and its state carries n_stream 1,
+ *                           so it loads only where the namespace's n_stream is 1 too. The namespace (design §6) is the model fingerprint plus the KV
  *                           settings: K/V types, flash attention, whether the build can offload
  *                           (then also n_ubatch: see prefix_shadow.h), RoPE/YaRN parameters.
  *   llama_free              forgets it.
@@ -52,7 +54,9 @@
  * undone the same way (trim back to n) and the original batch decoded.
  *
  * Batches of several sequences (px_mixed): skipped whole when they ask no output and every
- * sequence's part is a whole restore; else passed through.
+ * sequence's part is a whole restore; else (px_multi) each part of two or more tokens restores
+ * its cached prefix up to its first output and the rest of every sequence is decoded in one
+ * batch, indices remapped through an index table.
  *
  * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
  * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
@@ -140,6 +144,19 @@ static int px_layout_ok(void) {
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 #define PX_CTX_MAX 64
+
+/* A sequence state the engine saved itself (llama_state_seq_get_data: llama-server's
+ * --cache-ram prompt cache, server-context.cpp:304-317) while kvshim knew the sequence: when the
+ * engine loads the same bytes back into a sequence (server-task.cpp:1832), kvshim knows its
+ * tokens again. The bytes are known by their length and checksum; the tokens are a copy
+ * (kvs__prim_alloc, cap tokens; owned by the entry). */
+#define PX_MEMO_MAX 16
+typedef struct px_memo {
+  uint64_t len, sum;   /* len 0: free */
+  uint32_t n, canon;   /* the shadow's n and canon at the save */
+  void *tok;           /* n tokens (int32_t) */
+  size_t tok_cap;      /* bytes mapped at tok */
+} px_memo_t;
 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
 #define PX_CPU_CLASS 64
 
@@ -172,6 +189,22 @@ typedef struct px_ctx {
   int32_t follow_seq;
   kvs_key_t follow_key;   /* its claim then */
   _Atomic int32_t skip;   /* tokens not decoded at the front of the last batch (remap) */
+  /* A used sequence's state before a restore that replaces it (px_restore, rebase): its cells
+   * cannot be decoded again byte-identically, so an undo loads this copy back. Owned here
+   * (kvs__prim_alloc, saved_cap bytes); saved_len 0: none for the current batch. */
+  void *saved;
+  size_t saved_len, saved_cap;
+  /* A batch of several sequences with restored parts (px_multi): the decoded batch's arrays
+   * and the engine's index -> decoded index map (skip == PX_SKIP_MAP). One mapping of
+   * multi_cap tokens (kvs__prim_alloc), owned here. */
+  void *multi;
+  size_t multi_len;
+  uint32_t multi_cap, imap_n;
+  int32_t *imap, *mtok, *mpos, *mnseq;
+  int32_t **mseq;
+  int8_t *mlogits;
+  px_memo_t memo[PX_MEMO_MAX]; /* states the engine saved itself (px_memo_*) */
+  uint32_t memo_next;
 } px_ctx_t;
 
 static px_ctx_t g_ctx[PX_CTX_MAX];
@@ -192,10 +225,16 @@ static void px_set_skip(px_ctx_t *c, int32_t s) {
   else if (old && !s) atomic_fetch_sub(&g_nskip, 1);
 }
 
+/* skip value: the last batch's indices map through c->imap (px_multi) */
+#define PX_SKIP_MAP INT32_MIN
+
 static int32_t px_map(const struct llama_context *ctx, int32_t i) {
   if (i < 0 || atomic_load_explicit(&g_nskip, memory_order_acquire) == 0) return i;
   px_ctx_t *c = px_find(ctx);
-  return c ? kvs__px_map_index(atomic_load_explicit(&c->skip, memory_order_acquire), i) : i;
+  if (!c) return i;
+  int32_t skip = atomic_load_explicit(&c->skip, memory_order_acquire);
+  if (skip == PX_SKIP_MAP) return (uint32_t)i < c->imap_n ? c->imap[i] : INT32_MAX;
+  return kvs__px_map_index(skip, i);
 }
 
 /* The engine's sequence state functions (blob.h: the _ext forms with flags 0 when present). */
@@ -231,7 +270,6 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   if (p->samplers || p->n_samplers) return "it samples on the backend";
   if (p->ctx_other) return "it shares another context's state";
   if (p->ctx_type != 0) return "it is not a default context";
-  if (p->n_seq_max > 1 && p->kv_unified) return "its sequences share one KV cache (kv_unified)";
   kvs__llama_model_t mm;
   if (!kvs__llama_model_get(model, &mm)) return "its model was not fingerprinted";
   memcpy(c->fp, mm.fp, sizeof c->fp);
@@ -410,6 +448,17 @@ static void px_forget(struct llama_context *ctx) {
     map = c->map;
     len = c->map_len;
     c->map = NULL;
+    kvs__prim_unmap(c->saved, c->saved_cap);
+    c->saved = NULL;
+    kvs__prim_unmap(c->multi, c->multi_len);
+    c->multi = NULL;
+    c->multi_len = c->multi_cap = c->imap_n = 0;
+    c->saved_len = c->saved_cap = 0;
+    for (size_t i = 0; i < PX_MEMO_MAX; i++) {
+      kvs__prim_unmap(c->memo[i].tok, c->memo[i].tok_cap);
+      memset(&c->memo[i], 0, sizeof c->memo[i]);
+    }
+    c->memo_next = 0;
     pthread_mutex_destroy(&c->lock);
   }
   pthread_mutex_unlock(&g_table_lock);
@@ -475,6 +524,94 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
   pthread_mutex_unlock(&c->lock);
 }
 
+static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
+
+/* Make the mapping *buf (kvs__prim_alloc, *cap bytes, owned by the caller's context) hold at
+ * least need bytes; its contents are not kept. False: no memory, *buf unchanged. */
+static bool px_grow(void **buf, size_t *cap, size_t need) {
+  if (need <= *cap) return true;
+  void *p = NULL;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = kvs__prim_alloc(need, &p);
+  }
+  if (rc < 0) return false;
+  kvs__prim_unmap(*buf, *cap);
+  *buf = p;
+  *cap = need;
+  return true;
+}
+
+/* The engine's memory of sequence s is now tok[0, n) at positions 0..n-1 (a state load whose
+ * tokens kvshim knows), canon of them computed in canonical ubatches. Caller holds c->lock.
+ * px_decode's check of memory positions still taints s if the memory disagrees. */
+static void px_learn(px_ctx_t *c, int32_t s, const int32_t *tok, uint32_t n, uint32_t canon) {
+  kvs__px_clear(&c->sh, s);
+  if (n == 0 || n > c->sh.cap) return;
+  kvs__px_seq_t *q = &c->sh.seq[s];
+  memcpy(kvs__px_tok(&c->sh, (uint32_t)s), tok, (size_t)n * 4);
+  q->n = n;
+  q->canon = canon < n ? canon : n;
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_states_known);
+}
+
+static px_ctx_t *px_state_ctx(struct llama_context *ctx, int32_t seq) {
+  if (px_depth || !kvs__family_on(&kvs__family_llama_prefix)) return NULL;
+  px_ctx_t *c = px_find(ctx);
+  return c && seq >= 0 && (uint32_t)seq < c->sh.n_seq ? c : NULL;
+}
+
+void kvs__llama_prefix_state_saved(struct llama_context *ctx, int32_t seq, const uint8_t *state,
+                                   size_t len) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !state || !len) return;
+  pthread_mutex_lock(&c->lock);
+  const kvs__px_seq_t *q = &c->sh.seq[seq];
+  if (!q->tainted && q->n && !c->disabled) {
+    uint64_t sum = kvs_checksum64(state, len);
+    px_memo_t *e = NULL;
+    for (size_t i = 0; i < PX_MEMO_MAX && !e; i++)
+      if (c->memo[i].len == len && c->memo[i].sum == sum) e = &c->memo[i];
+    if (!e) e = &c->memo[c->memo_next++ % PX_MEMO_MAX];
+    size_t need = (size_t)q->n * 4;
+    bool room = px_grow(&e->tok, &e->tok_cap, need);
+    e->len = room ? len : 0;
+    e->sum = sum;
+    e->n = q->n;
+    e->canon = q->canon;
+    if (room) memcpy(e->tok, kvs__px_tok(&c->sh, (uint32_t)seq), need);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvs__llama_prefix_state_loaded(struct llama_context *ctx, int32_t seq, const uint8_t *state,
+                                    size_t len) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !state || !len) return;
+  pthread_mutex_lock(&c->lock);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < PX_MEMO_MAX; i++) {
+    const px_memo_t *e = &c->memo[i];
+    if (e->len != len) continue;
+    if (!sum) sum = kvs_checksum64(state, len);
+    if (e->sum == sum) {
+      px_learn(c, seq, e->tok, e->n, e->canon);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvs__llama_prefix_state_tokens(struct llama_context *ctx, int32_t seq, const int32_t *tok,
+                                    size_t n) {
+  px_ctx_t *c = px_state_ctx(ctx, seq);
+  if (!c || !tok || n > UINT32_MAX) return;
+  pthread_mutex_lock(&c->lock);
+  px_learn(c, seq, tok, (uint32_t)n, 0); /* how its cells were computed is not known */
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* ---- restore ----------------------------------------------------------------------------------- */
 
 typedef enum px_res {
@@ -484,8 +621,6 @@ typedef enum px_res {
   PX_BAD,        /* the blob failed a check; the engine was not touched */
   PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
 } px_res_t;
-
-static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
 
 /* Decode the sequence's first n shadow tokens again into the (empty) sequence, in canonical
  * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix_shadow.h), so
@@ -511,11 +646,34 @@ static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint3
   return true;
 }
 
-/* Undo a restore that touched the engine: sequence s back to its n old tokens. */
+/* Keep a copy of sequence s's state (c->saved) before a restore replaces it. */
+static bool px_save_seq(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
+  c->saved_len = 0;
+  size_t need = kvs__llama_state_size(&api, ctx, s);
+  if (!need || !px_grow(&c->saved, &c->saved_cap, need)) return false;
+  if (kvs__llama_state_get(&api, ctx, c->saved, need, s) != need) return false;
+  c->saved_len = need;
+  return true;
+}
+
+/* Undo a restore that touched the engine: sequence s back to its n old tokens (the copy kept
+ * before a restore that replaced the sequence, else decoded again). */
 static void px_undo(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t n) {
   kvs__px_pfn_llama_memory_seq_rm rm = px_real_llama_memory_seq_rm();
   if (rm) rm(c->mem, s, -1, -1);
   if (n == 0) return; /* it was empty, and is again */
+  if (c->saved_len) {
+    kvs__llama_state_api_t api;
+    px_state_api(&api);
+    if (kvs__llama_state_set(&api, ctx, c->saved, c->saved_len, s) == c->saved_len) return;
+    if (rm) rm(c->mem, s, -1, -1);
+    kvs__px_clear(&c->sh, s);
+    kvs_log_warn("llama.cpp prefix cache: could not load the %u tokens of sequence %d back after "
+                 "a failed restore: the sequence is empty", n, s);
+    return;
+  }
   if (!px_redecode(c, ctx, s, n)) {
     if (rm) rm(c->mem, s, -1, -1);
     kvs__px_clear(&c->sh, s); /* the engine's batch will now fail on its positions */
@@ -531,7 +689,27 @@ typedef struct px_plan {
   uint32_t n, m, first_out;
   uint32_t keyed; /* the chunk key the blob was found under covers this many tokens */
   bool whole;     /* only k == n + m will do (a batch of several sequences, skipped whole) */
+  bool rebase;    /* a used sequence (its n tokens not a canonical, aligned prefix): the load
+                   * replaces it, and the batch is judged as the engine would compute the
+                   * whole prompt in a fresh sequence (n 0, m n + m) */
+  bool part_of_many; /* the part of one sequence in a batch of several (px_multi): the engine
+                      * splits such a batch across sequences, so no kernel-class rule can hold;
+                      * any k up to the first output will do */
 } px_plan_t;
+
+/* What px_restore is asked for. */
+enum { PX_PART = 0, PX_WHOLE = 1, PX_PART_OF_MANY = 2 };
+
+/* May the restore of pl stop at k (kvs__px_restore_ok, for a rebase as a fresh sequence)? */
+static bool px_point_ok(const px_ctx_t *c, const px_plan_t *pl, uint32_t k) {
+  if (pl->part_of_many)
+    return k > pl->n && k - pl->n <= pl->first_out && k - pl->n <= pl->m && k >= c->min_tokens;
+  if (pl->rebase)
+    return k > pl->n && kvs__px_restore_ok(&c->rules, c->min_tokens, 0, 0, pl->n + pl->m,
+                                           pl->n + pl->first_out, k);
+  return kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
+                            pl->first_out, k);
+}
 
 /* The restore point for a checked blob: the largest k the kernel-class rules allow
  * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
@@ -547,21 +725,17 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   const uint32_t al = c->rules.align;
   if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
     return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
-                   (!pl->whole || same == pl->n + pl->m) &&
-                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
-                                      pl->m, pl->first_out, same)
+                   (!pl->whole || same == pl->n + pl->m) && px_point_ok(c, pl, same)
                ? same
                : 0;
-  if (pl->whole)
-    return same == pl->n + pl->m &&
-                   kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon,
-                                      pl->m, pl->first_out, same)
-               ? same
-               : 0;
+  if (pl->whole) return same == pl->n + pl->m && px_point_ok(c, pl, same) ? same : 0;
+  if (pl->part_of_many) {
+    uint32_t k = pl->first_out < pl->m ? pl->n + pl->first_out : pl->n + pl->m;
+    if (same < k) k = same;
+    return px_point_ok(c, pl, k) ? k : 0;
+  }
   for (uint32_t k = same / al * al; k > pl->n; k -= al)
-    if (kvs__px_restore_ok(&c->rules, c->min_tokens, pl->n, c->sh.seq[pl->s].canon, pl->m,
-                           pl->first_out, k))
-      return k;
+    if (px_point_ok(c, pl, k)) return k;
   return 0;
 }
 
@@ -592,6 +766,7 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
   if (!k) return PX_NONE;
   const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
+  if (pl->rebase && !c->saved_len && !px_save_seq(c, ctx, s)) return PX_SKIP;
   kvs__llama_state_api_t api;
   px_state_api(&api);
   size_t rd = kvs__llama_state_set(&api, ctx, state, (size_t)h.state_size, s);
@@ -708,18 +883,32 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
  * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
  * Returns k (0: nothing restored; the engine is as it was). */
 static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
-                           uint32_t first_out, bool whole, bool *possible) {
+                           uint32_t first_out, int mode, bool *possible) {
+  bool whole = mode == PX_WHOLE;
   kvs__px_seq_t *q = &c->sh.seq[s];
   uint32_t n = q->n, C = c->chunk, al = c->rules.align;
   if (possible) *possible = false;
   if ((uint64_t)n + m > c->sh.cap) return 0;
-  /* Is any restore point possible at all (at most n + m)? */
+  /* Is any restore point possible at all (at most n + m)? A used sequence holding fewer tokens
+   * than one row group (llama-server keeps the common start of a slot's older prompt: BOS when
+   * the prompts are unrelated) can still take a longer cached prefix: the load replaces it
+   * (rebase), and the outputs are those of the prompt in a fresh sequence. A longer kept prefix
+   * that is not canonical and aligned is left to the engine (bit-identical outputs). */
+  px_plan_t pl = {s, n, m, first_out, 0, whole, false, mode == PX_PART_OF_MANY};
   bool any = false;
-  for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
-    any = (!whole || k == n + m) &&
-          kvs__px_restore_ok(&c->rules, c->min_tokens, n, q->canon, m, first_out, k);
+  for (int pass = 0; pass < 2 && !any; pass++) {
+    pl.rebase = pass == 1;
+    if (pl.rebase && (mode != PX_PART || n == 0 || n >= al || c->swa)) break;
+    if (pl.part_of_many)
+      any = px_point_ok(c, &pl, n + (first_out < m ? first_out : m));
+    for (uint32_t k = (n + m) / al * al; k > n && !any; k -= al)
+      any = (!whole || k == n + m) && px_point_ok(c, &pl, k);
+  }
   uint32_t jmax = (n + m) / C;
-  if (!any || !jmax) return 0;
+  if (!any || !jmax) {
+    if (mode == PX_PART && m > 1) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_refused_rules);
+    return 0;
+  }
   kvs__runtime_t *rt = kvs__runtime_get();
   if (!rt) return 0;
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_lookups);
@@ -729,7 +918,6 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   }
   if (possible) *possible = true;
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
-  px_plan_t pl = {s, n, m, first_out, 0, whole};
   uint32_t k = 0;
   for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
     int here;
@@ -979,6 +1167,30 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   return px_restore(c, ctx, s, m, first_out, false, NULL);
 }
 
+/* Split a batch of several sequences into its parts: true when every token belongs to one
+ * CLEAN sequence at its next position (then its tokens are in the shadow after the sequence's
+ * n, cnt[s] counts them and first[s] is the part index of its first output, UINT32_MAX none). */
+static bool px_parts(px_ctx_t *c, const kvs__llama_batch_t *b, const int32_t *p0, uint32_t *cnt,
+                     uint32_t *first) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  memset(cnt, 0, KVS_PX_MAX_SEQ * sizeof *cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    uint32_t at = q->n + cnt[s];
+    if (q->tainted || at >= c->sh.cap) return false;
+    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
+    if (pos != (int32_t)at) return false;
+    if (cnt[s] == 0) first[s] = UINT32_MAX;
+    bool out = b->logits ? b->logits[i] != 0 : i == m - 1;
+    if (out && first[s] == UINT32_MAX) first[s] = cnt[s];
+    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
+    cnt[s]++;
+  }
+  return true;
+}
+
 /* A batch of several sequences that asks no output: when every token belongs to one CLEAN
  * sequence at its next position and each sequence's part is a whole restore (k = n_s + m_s,
  * kvs__px_restore_ok), and the batch itself splits into long ubatches only (m a multiple of
@@ -990,19 +1202,8 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
   uint32_t m = (uint32_t)b->n_tokens;
   if (m % c->rules.align || kvs__px_last_ubatch(m, c->rules.ubatch) < c->rules.min_rows)
     return false;
-  uint32_t cnt[KVS_PX_MAX_SEQ];
-  memset(cnt, 0, sizeof cnt);
-  for (uint32_t i = 0; i < m; i++) {
-    if (b->n_seq_id && b->n_seq_id[i] != 1) return false;
-    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
-    kvs__px_seq_t *q = &c->sh.seq[s];
-    uint32_t at = q->n + cnt[s];
-    if (q->tainted || at >= c->sh.cap) return false;
-    int32_t pos = b->pos ? b->pos[i] : p0[s] + (int32_t)cnt[s];
-    if (pos != (int32_t)at) return false;
-    kvs__px_tok(&c->sh, (uint32_t)s)[at] = b->token[i];
-    cnt[s]++;
-  }
+  uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ];
+  if (!px_parts(c, b, p0, cnt, first)) return false;
   uint32_t done[KVS_PX_MAX_SEQ], nd = 0;
   bool ok = true;
   for (uint32_t s = 0; s < c->sh.n_seq && ok; s++) {
@@ -1029,9 +1230,130 @@ static bool px_mixed(px_ctx_t *c, struct llama_context *ctx, const kvs__llama_ba
   return true;
 }
 
+/* Why a prompt batch (more than one token) that was not restored into could not be (the
+ * llama_prefix_refused_* counters; restores of eligible batches are judged in px_restore). */
+static void px_count_refusal(const px_ctx_t *c, const kvs__llama_batch_t *b,
+                             const kvs__px_batch_info_t *bi, const uint64_t *in, bool eligible) {
+  int seqs = 0;
+  for (size_t w = 0; w < KVS_PX_MAX_SEQ / 64; w++) seqs += __builtin_popcountll(in[w]);
+  /* a generation step (one token per sequence) is no prompt */
+  if (b->n_tokens <= seqs || !bi->has_tokens || eligible) return;
+  kvs_stats_t *st = px_stats();
+  if (c->disabled) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_disabled);
+  else if (!bi->single) kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_several);
+  else kvs_stats_inc(st, KVS_STAT_llama_prefix_refused_unknown);
+}
+
+/* The decoded batch's arrays for a batch of m tokens (c->multi). */
+static bool px_multi_arrays(px_ctx_t *c, uint32_t m) {
+  if (m <= c->multi_cap) return true;
+  size_t len = (size_t)m * (5 * sizeof(int32_t) + sizeof(int32_t *) + 1) + 64;
+  if (!px_grow(&c->multi, &c->multi_len, len)) return false;
+  c->multi_cap = m;
+  c->mseq = (int32_t **)c->multi; /* pointers first: aligned */
+  c->imap = (int32_t *)(void *)(c->mseq + m);
+  c->mtok = c->imap + m;
+  c->mpos = c->mtok + m;
+  c->mnseq = c->mpos + m;
+  c->mlogits = (int8_t *)(c->mnseq + m);
+  return true;
+}
+
+/* A batch of several sequences (llama-server slots started together) that px_mixed could not
+ * skip whole: every sequence part of at least two tokens extending a CLEAN sequence restores its
+ * cached prefix (up to its first output), and the rest of every sequence is decoded in one
+ * batch, its output indices remapped (c->imap). The engine splits such a batch across
+ * sequences, so its own KV for them depends on which slots arrived together: the outputs are
+ * one the engine produces, not bit-identical to one particular run. Returns false (nothing
+ * done, the engine untouched) when no part could be restored; else *rc is the decode's result
+ * (a decode the engine refused is undone and the batch decoded unchanged). */
+static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
+                     const kvs__llama_batch_t *b, const kvs__px_batch_info_t *bi,
+                     const int32_t *p0, const uint64_t *in, int32_t *rc) {
+  uint32_t m = (uint32_t)b->n_tokens;
+  static __thread uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ], kk[KVS_PX_MAX_SEQ];
+  static __thread kvs__px_seq_t old[KVS_PX_MAX_SEQ];
+  if (c->swa || !b->token || !px_multi_arrays(c, m)) return false;
+  memset(kk, 0, sizeof kk);
+  if (!px_parts(c, b, p0, cnt, first)) return false;
+  bool any = false;
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    if (cnt[s] < 2) continue;
+    old[s] = c->sh.seq[s];
+    uint32_t fo = first[s] == UINT32_MAX ? cnt[s] : first[s];
+    kk[s] = px_restore(c, ctx, (int32_t)s, cnt[s], fo, PX_PART_OF_MANY, NULL);
+    any |= kk[s] != 0;
+  }
+  if (!any) return false;
+  /* the decoded batch: every token but the restored ones, at their own positions */
+  uint32_t o = 0;
+  memset(cnt, 0, sizeof cnt);
+  for (uint32_t i = 0; i < m; i++) {
+    int32_t s = b->seq_id ? b->seq_id[i][0] : 0;
+    uint32_t j = cnt[s]++, n_old = kk[s] ? old[s].n : c->sh.seq[s].n;
+    if (kk[s] && n_old + j < kk[s]) {
+      c->imap[i] = INT32_MAX;
+      continue;
+    }
+    c->imap[i] = (int32_t)o;
+    c->mtok[o] = b->token[i];
+    c->mpos[o] = (int32_t)(n_old + j);
+    c->mnseq[o] = 1;
+    c->mseq[o] = b->seq_id ? b->seq_id[i] : &c->rseqval;
+    c->mlogits[o] = (int8_t)(b->logits ? b->logits[i] != 0 : i == m - 1);
+    o++;
+  }
+  c->rseqval = 0;
+  c->imap_n = m;
+  int32_t p1[KVS_PX_MAX_SEQ];
+  memcpy(p1, p0, sizeof p1);
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    if (!kk[s]) continue;
+    kvs__px_seq_t *q = &c->sh.seq[s];
+    q->n = q->canon = kk[s];
+    if (q->nkeys > kk[s] / c->chunk) q->nkeys = kk[s] / c->chunk;
+    if (q->snap < kk[s] / c->chunk * c->chunk) q->snap = kk[s] / c->chunk * c->chunk;
+    p1[s] = (int32_t)kk[s];
+  }
+  kvs__llama_batch_t sub = {(int32_t)o, c->mtok, NULL, c->mpos, c->mnseq, c->mseq, c->mlogits};
+  px_set_skip(c, PX_SKIP_MAP);
+  int32_t r = o ? real(ctx, sub) : 0;
+  if (r == 0) {
+    if (o) {
+      kvs__px_batch_info_t bi2;
+      kvs__px_batch_scan(&sub, c->sh.n_seq, false, &bi2);
+      px_after(c, &sub, &bi2, p1, in, 0);
+    }
+    for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+      if (!kk[s]) continue;
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
+      kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, kk[s] - old[s].n);
+    }
+  } else if (r == 1 || r == -1) {
+    /* the engine kept its memory as before this call: each restored sequence back to its own
+     * tokens, then the engine's batch */
+    px_set_skip(c, 0);
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restore_failures);
+    for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+      if (!kk[s]) continue;
+      c->sh.seq[s] = old[s];
+      px_undo(c, ctx, (int32_t)s, old[s].n);
+    }
+    r = real(ctx, *b);
+    px_after(c, b, bi, p0, in, r);
+  } else {
+    for (uint32_t s = 0; s < c->sh.n_seq; s++)
+      if (in[s / 64] >> (s % 64) & 1) kvs__px_taint(&c->sh, (int32_t)s);
+  }
+  *rc = r;
+  return true;
+}
+
 static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
                          const kvs__llama_batch_t *b) {
   px_set_skip(c, 0);
+  c->saved_len = 0;
+  if (b->n_tokens > 1) kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_prompt_tokens, (uint64_t)b->n_tokens);
   kvs__px_batch_info_t bi;
   kvs__px_batch_scan(b, c->sh.n_seq, false, &bi);
   if (!bi.valid) {
@@ -1074,11 +1396,19 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     px_drop_held(c, kvs__runtime_get(), NULL);
     return 0;
   }
+  int32_t multi_rc;
+  if (!bi.single && bi.has_tokens && !c->disabled && px_multi(c, ctx, real, b, &bi, p0, in, &multi_rc)) {
+    px_drop_held(c, kvs__runtime_get(), NULL);
+    return multi_rc;
+  }
   kvs_log_trace("llama.cpp prefix cache: decode of %d tokens: %s sequence %d (%s, %u known)",
                 b->n_tokens, bi.single ? "one" : "several", bi.seq,
                 eligible ? "eligible" : "passed through",
                 bi.single && !c->sh.seq[bi.seq].tainted ? c->sh.seq[bi.seq].n : 0);
-  if (!eligible) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
+  if (!eligible) {
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_passthrough);
+    px_count_refusal(c, b, &bi, in, eligible);
+  }
   int32_t r;
   if (eligible)
     memcpy(kvs__px_tok(&c->sh, (uint32_t)bi.seq) + c->sh.seq[bi.seq].n, b->token,
@@ -1122,8 +1452,8 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
        * the engine knows of, then its own batch. */
       px_set_skip(c, 0);
       kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restore_failures);
-      if (!px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)n, -1)) {
-        px_undo(c, ctx, s, n);
+      if (c->saved_len || !px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)n, -1)) {
+        px_undo(c, ctx, s, n); /* a replaced sequence: its own copy back */
       }
       q->n = n;
       q->canon = n;

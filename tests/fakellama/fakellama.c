@@ -36,7 +36,12 @@ typedef struct seq {
 struct llama_context {
   struct llama_model *model;
   uint32_t n_seq, kv_type;
-  uint32_t n_ctx, n_batch, n_ubatch; /* n_ctx: cells per sequence */
+  uint32_t n_ctx, n_batch, n_ubatch; /* n_ctx: cells per sequence, or of all (unified) */
+  /* kv_unified: one KV stream shared by every sequence (llama-context.cpp:291, n_ctx_seq =
+   * n_ctx), else one stream per sequence. The cells of all sequences then count against one
+   * n_ctx, and a sequence state carries the stream count (llama-kv-cache.cpp:2150-2154: a load
+   * into a context with another count fails). */
+  bool unified;
   bool embeddings;
   seq_t seq[MAX_SEQ];
   /* outputs of the last llama_decode: rows[r] = n_vocab logits then n_embd embedding */
@@ -217,6 +222,7 @@ struct llama_context *llama_init_from_model(struct llama_model *model,
   if (c->n_batch > c->n_ctx) c->n_batch = c->n_ctx;
   c->n_ubatch = params.n_ubatch && params.n_ubatch < c->n_batch ? params.n_ubatch : c->n_batch;
   c->embeddings = params.embeddings;
+  c->unified = params.kv_unified;
   c->params_hash = XXH3_64bits(&params, sizeof params);
   return c;
 }
@@ -345,7 +351,17 @@ int fakellama_seq_check(struct llama_context *ctx, llama_seq_id s, const llama_t
 
 /* ---- serialisation --------------------------------------------------------------------------- */
 
-#define BODY_HDR 16u
+#define BODY_HDR 20u
+
+static uint32_t n_stream(const struct llama_context *ctx) { return ctx->unified ? 1 : ctx->n_seq; }
+
+/* Cells held by every sequence but except (a unified context's stream). */
+static uint32_t cells_except(const struct llama_context *ctx, const seq_t *except) {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < ctx->n_seq; s++)
+    if (&ctx->seq[s] != except) n += ctx->seq[s].n_cells;
+  return n;
+}
 
 static size_t body_size(const struct llama_context *ctx, const seq_t *q) {
   return BODY_HDR + (size_t)q->n_cells * cell_size(ctx->model);
@@ -355,7 +371,8 @@ static void body_write(const struct llama_context *ctx, const seq_t *q, uint8_t 
   put32(dst, ctx->model->n_layer);
   put32(dst + 4, ctx->model->n_embd);
   put32(dst + 8, ctx->kv_type);
-  put32(dst + 12, q->n_cells);
+  put32(dst + 12, n_stream(ctx));
+  put32(dst + 16, q->n_cells);
   if (q->n_cells) memcpy(dst + BODY_HDR, q->cells, (size_t)q->n_cells * cell_size(ctx->model));
 }
 
@@ -366,11 +383,15 @@ static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src,
   q->n_cells = 0;
   if (avail < BODY_HDR) return (size_t)-1;
   if (get32(src) != ctx->model->n_layer || get32(src + 4) != ctx->model->n_embd ||
-      get32(src + 8) != ctx->kv_type)
-    return 0;
-  uint32_t n = get32(src + 12);
+      get32(src + 8) != ctx->kv_type || get32(src + 12) != n_stream(ctx))
+    return 0; /* the stream count: llama-kv-cache.cpp:2150-2154 "n_stream mismatch" */
+  uint32_t n = get32(src + 16);
   size_t cs = cell_size(ctx->model);
   if ((avail - BODY_HDR) / cs < n) return (size_t)-1;
+  /* One sequence loads into the free cells of its stream after its own were removed
+   * (llama-kv-cache.cpp:2341 seq_rm, 2418-2421 find_slot: "failed to find %d available cells"):
+   * in a unified context the other sequences' cells take room. */
+  if (ctx->unified && cells_except(ctx, q) + n > ctx->n_ctx) return 0;
   if (seq_reserve(q, cs, n) != 0) return 0;
   if (n) memcpy(q->cells, src + BODY_HDR, (size_t)n * cs);
   q->n_cells = n;
@@ -409,13 +430,21 @@ size_t llama_state_seq_get_data_ext(struct llama_context *ctx, uint8_t *dst, siz
   return n;
 }
 
+/* FAKELLAMA_SET_DATA_FAIL_OVER=N: a state of more than N cells does not load (the engine's
+ * failure: 0, the destination emptied). */
+static bool set_data_fails(const uint8_t *src, size_t size) {
+  const char *e = getenv("FAKELLAMA_SET_DATA_FAIL_OVER");
+  return e && size >= 8 + BODY_HDR && get32(src + 8 + 16) > strtoul(e, NULL, 10);
+}
+
 size_t llama_state_seq_set_data_ext(struct llama_context *ctx, const uint8_t *src, size_t size,
                                     llama_seq_id dest, llama_state_seq_flags flags) {
   (void)flags;
   pthread_mutex_lock(&g_lock);
   seq_t *q = seq_of(ctx, dest);
   size_t n = 0;
-  if (q && src && size >= 8 && get32(src) == IO_MAGIC) {
+  if (q && src && set_data_fails(src, size)) q->n_cells = 0;
+  else if (q && src && size >= 8 && get32(src) == IO_MAGIC) {
     size_t b = body_read(ctx, q, src + 8, size - 8);
     n = b == 0 || b == (size_t)-1 ? 0 : 8 + b;
   }
@@ -739,11 +768,14 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
       count[s]++;
     }
   }
-  for (uint32_t s = 0; s < ctx->n_seq; s++)
-    if (ctx->seq[s].n_cells + (uint32_t)count[s] > ctx->n_ctx) {
+  uint32_t all = 0;
+  for (uint32_t s = 0; s < ctx->n_seq; s++) {
+    all += ctx->seq[s].n_cells + (uint32_t)count[s];
+    if (ctx->seq[s].n_cells + (uint32_t)count[s] > ctx->n_ctx || (ctx->unified && all > ctx->n_ctx)) {
       rc = 1; /* no KV slot: nothing changes */
       goto out;
     }
+  }
   int32_t n_out = 0;
   for (int32_t i = 0; i < m; i++)
     n_out += ctx->embeddings ? 1 : b.logits ? b.logits[i] != 0 : i == m - 1;

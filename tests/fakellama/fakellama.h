@@ -21,7 +21,7 @@
  * with chain_i = H(chain_{i-1}, token_i) and payload = PRNG(model id, kv_type, chain_i, pos):
  * the KV depends on the weights and on every token before it, so restoring another model's
  * state (even of the same shape) or another prefix is detected by fakellama_seq_check.
- * Body: u32 n_layer, u32 n_embd, u32 kv_type, u32 n_cells, cells. A context's kv_type (its
+ * Body: u32 n_layer, u32 n_embd, u32 kv_type, u32 n_stream, u32 n_cells, cells. A context's kv_type (its
  * type_k) stands for the KV dtype: a state saved under one kv_type does not fit a context of
  * another. chain_i also mixes in the previous cell's payload and the kernel class of the
  * ubatch that computed cell i, as a real backend's numerics depend on it (measured on the
@@ -46,7 +46,8 @@
  * the shipped libllama does. FAKELLAMA_GPU=1 makes llama_supports_gpu_offload return true.
  *
  * Test knobs (environment, read at each call): FAKELLAMA_GET_DATA_FAIL=1 makes
- * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_DECODE_TOUCH=PATH
+ * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_SET_DATA_FAIL_OVER=N makes
+ * llama_state_seq_set_data[_ext] refuse a state of more than N cells (0, destination emptied); FAKELLAMA_DECODE_TOUCH=PATH
  * creates PATH when a llama_decode call starts, FAKELLAMA_DECODE_DELAY_MS=N then sleeps N ms
  * (a slow engine, caught in the middle of a prompt by another process). */
 #ifndef KVSHIM_FAKELLAMA_H
@@ -90,9 +91,12 @@ struct llama_model_params {
 
 /* The pinned llama.h's struct llama_context_params, field for field (160 bytes on LP64), and
  * llama_context_default_params returns the pinned defaults: kvshim's prefix cache reads this
- * struct only after recognising those defaults. The fake uses n_ctx (tokens per sequence),
- * n_batch, n_ubatch, n_seq_max (sequences 0 .. n_seq_max-1), type_k (stands for the KV dtype:
- * a state saved under one type_k does not fit a context of another) and embeddings. */
+ * struct only after recognising those defaults. The fake uses n_ctx (tokens per sequence;
+ * with kv_unified, of all sequences together), n_batch, n_ubatch, n_seq_max (sequences
+ * 0 .. n_seq_max-1), type_k (stands for the KV dtype: a state saved under one type_k does not
+ * fit a context of another), embeddings and kv_unified (one KV stream: a sequence state saved
+ * there carries n_stream 1 and loads only into a context with one stream, and only when the
+ * other sequences leave room for its cells). */
 struct llama_context_params {
   uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
   int32_t n_threads, n_threads_batch;

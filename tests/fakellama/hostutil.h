@@ -21,7 +21,7 @@
 #ifndef HOST_NAME
 #error "define HOST_NAME (the host's name in its error messages) before including hostutil.h"
 #endif
-#define MAX_ARGS 8
+#define MAX_ARGS 9
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, HOST_NAME ": ");

@@ -50,6 +50,16 @@ Cases:
               output) on a cached prefix: both restore it, batch by batch, and decode the rest;
               mixed batches that cannot be skipped whole (an output, a short or unaligned part,
               a token beyond the cached prefix) pass through: identical
+  unified     llama-server's defaults, kv_unified: sequences of one KV stream restore (from the
+              process and from serve), a load that finds no room beside the other sequences is
+              refused by the engine and undone: identical
+  used        a used sequence (BOS kept from an older prompt) takes the longer cached prefix
+              (the load replaces it): outputs are a fresh sequence's; a refused load is undone
+              from the sequence's own copy: identical
+  multi       batches of several sequences with an output: each part restores its cached prefix,
+              the rest of all sequences decoded together, outputs remapped: every output there,
+              positions identical (logits differ: the engine's mixed ubatches)
+  known       a state the engine saved and loaded back itself (--cache-ram) is known again
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -421,6 +431,111 @@ def case_flight(ctx):
     expect(st, "B, KVSHIM_LLAMA_WAIT_MS=0", waits=("==", 0), claims=("==", 0))
 
 
+def case_unified(ctx):
+    a, _ = models(ctx)
+    # llama-server's defaults: 4 sequences in one unified KV cache (kv_unified, -np auto)
+    cmds = [f"model 0 {a}", "ctx 0 0 4 1 8192 2048 512 1 1",
+            f"prompt 0 0 {P}", "gen 0 0 4",
+            f"prompt 0 1 {P1000}", "gen 0 1 4",                  # 960 restored into sequence 1
+            f"prompt 0 2 {P}+r30@3", "gen 0 2 4",                # 1024 restored into 2
+            "pos 0 0", "pos 0 1", "pos 0 2"]
+    st, _ = same(ctx, cmds, "unified", KVSHIM_PEERS=0)
+    expect(st, "unified", restores=("==", 2), restored_tokens=("==", 960 + 1024),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+    # a fresh replica with defaults restores from serve what another one stored (n_stream 1 in
+    # both: a -np 1 replica shares the namespace)
+    ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {P}", "gen 0 0 2"], what="A, -np 1")
+    st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 4 1 8192 2048 512 1 1", f"prompt 0 3 {P1000}",
+                       "gen 0 3 4"], "B, unified")
+    expect(st, "B, unified", restored_tokens=("==", 960), peer_restores=("==", 1))
+    # the stream holds no room for the state beside the other sequences' cells: the engine
+    # refuses the load (llama-kv-cache.cpp:2421), kvshim undoes it and the batch is the
+    # engine's own
+    cmds = [f"model 0 {a}", "ctx 0 0 2 1 1200 1200 512 1 1",
+            f"prompt 0 0 {P}", "gen 0 0 2", "rm 0 0 0 -1",
+            "prompt 0 1 r50@60", "prompt 0 0 r1000@1", "gen 0 0 2",      # fits beside: restored
+            "rm 0 0 -1 -1", "prompt 0 1 r100@61", "prompt 0 0 r1000@1", "gen 0 0 2",  # no room
+            "pos 0 0", "pos 0 1"]
+    st, _ = same(ctx, cmds, "unified, full", KVSHIM_PEERS=0)
+    expect(st, "unified, full", restores=("==", 1), restore_failures=("==", 0))
+
+
+def case_multi(ctx):
+    """Batches of several sequences that cannot be skipped whole (llama-server slots started
+    together, an output asked): each sequence's part restores its cached prefix up to its first
+    output and the rest of every sequence is decoded in one batch, outputs remapped."""
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 4 1 8192 2048 512 1 1",
+            "prompt 0 0 r1400@1+r30@2 2048", "gen 0 0 2",
+            "multi 0 1 r1024@1 2 r1024@1",               # output on 2's last token
+            "multi 0 1 r1400@1/1024+r20@3 2 r1400@1/1024+r20@4",
+            "gen 0 2 4", "pos 0 1", "pos 0 2"]
+    # The engine's own KV for these parts comes from ubatches mixing both sequences (another
+    # kernel class than a restored prefix's, as in the real backend): the logits differ, every
+    # output is still there (bad=0: each remapped index has an output) and the memory is the
+    # engine's (positions), and the decode succeeds.
+    def shape(lines):
+        return [" ".join(w for w in ln.split() if w.split("=")[0] not in ("out", "toks", "last"))
+                for ln in lines]
+    ref, _, _ = ctx.run(cmds, preload=False, what="multi (reference)")
+    got, err, st = ctx.run(cmds, what="multi", KVSHIM_PEERS=0)
+    check(shape(got) == shape(ref) and all("bad=0" in ln for ln in got if " bad=" in ln),
+          f"multi:\n{ref}\n{got}\n{prefix_stats(st)}\n{err[-3000:]}")
+    expect(st, "multi", restores=(">=", 3), restored_tokens=(">=", 1024 + 1023 + 300),
+           restore_failures=("==", 0))
+
+
+def case_used(ctx):
+    """A used sequence (llama-server keeps the common start of a slot's older prompt, BOS at
+    least): the longer cached prefix is restored and the load replaces the sequence. Its
+    outputs are then those the engine computes for the prompt in a fresh sequence (the kept
+    cells of an unaligned prefix cannot be matched byte for byte), which is what the reference
+    runs here: the same commands with the sequence cleared instead of kept."""
+    a, _ = models(ctx)
+    bos, doc = "1-1", "r1400@1"
+    ctx.serve()
+    ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {bos}+{doc}+r30@2", "gen 0 0 2"],
+            what="producer")
+
+    def used(keep):
+        return [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {bos}+r300@7", "gen 0 0 4",
+                f"rm 0 0 {keep} -1", f"prompt 0 0 {bos + '+' if not keep else ''}{doc}+r32@3",
+                "gen 0 0 8",
+                "pos 0 0"]
+    ref, _, _ = ctx.run(used(0), preload=False, what="used (reference: a fresh sequence)")
+    got, err, st = ctx.run(used(1), what="used")
+    # the batch sizes differ (n=): the outputs (out=), generated tokens and positions may not
+    def outputs(lines):
+        return [" ".join(w for w in ln.split() if not w.startswith("n=")) for ln in lines[5:]]
+    check(outputs(got) == outputs(ref), f"used: outputs differ from a fresh sequence's:\n{ref}\n"
+                                        f"{got}\n{prefix_stats(st)}\n{err[-3000:]}")
+    expect(st, "used", restores=("==", 1), restored_tokens=("==", 1344 - 1),
+           peer_restores=("==", 1), restore_failures=("==", 0))
+    # the engine refuses the load: the sequence's own kept cells are loaded back (a copy kept
+    # before the restore), and the batch is the engine's own: identical to the reference
+    # without kvshim
+    got, err, st = ctx.run(used(1), what="used, load refused", FAKELLAMA_SET_DATA_FAIL_OVER=100)
+    ref1, _, _ = ctx.run(used(1), preload=False, what="used (reference)")
+    check(got == ref1, f"used, load refused: differs:\n{ref1}\n{got}\n{err[-3000:]}")
+    expect(st, "used, load refused", restores=("==", 0))
+
+
+def case_known(ctx):
+    """A sequence the engine saved itself (llama_state_seq_get_data) and loaded back
+    (set_data, into another sequence: llama-server's --cache-ram prompt cache) is known again:
+    restored into and stored, identical."""
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 2",
+            "prompt 0 0 r1400@1 512", "gen 0 0 2",
+            "copyseq 0 0 1",                        # get_data of 0, set_data into 1
+            "rm 0 0 -1 -1",
+            "prompt 0 1 r60@5", "gen 0 1 2",         # continues the known sequence 1
+            "pos 0 1"]
+    st, _ = same(ctx, cmds, "known", KVSHIM_PEERS=0)
+    expect(st, "known", states_known=("==", 1), refused_unknown=("==", 0))
+
+
 def case_swa(ctx):
     a, _ = models(ctx)
     w = ctx.p("swa.gguf")
@@ -493,6 +608,10 @@ CASES = {
     "flight": case_flight,
     "swa": case_swa,
     "held-mixed": case_held_mixed,
+    "unified": case_unified,
+    "used": case_used,
+    "multi": case_multi,
+    "known": case_known,
 }
 
 
