@@ -649,13 +649,14 @@ int main(int argc, char **argv) {
   char *rest[64];
   int n_rest = 0, json = 0;
   bool takes_json = strcmp(cmd, "peers") == 0 || strcmp(cmd, "stats") == 0;
+  /* rest[] holds at most 64 arguments: checked before any command parses into it. */
+  if (argc - 2 > 64) return usage_error("too many arguments%s", "");
   if (strcmp(cmd, "remote") == 0) {
     int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
     if (r) return r;
     if (n_rest) return usage_error("remote takes no argument '%s'", rest[0]);
     return cmd_remote(&o);
   }
-  if (argc - 2 > 64) return usage_error("too many arguments%s", "");
   if (strcmp(cmd, "disk") == 0) {
     int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
     if (r) return r;

@@ -55,6 +55,10 @@ expect 2 "unknown command" -- "$K" frobnicate
 expect 2 "put without FILE" -- "$K" put onlyname
 expect 2 "get without NAME" -- "$K" get
 expect 2 "get with too many args" -- "$K" get a b c
+# More than 64 arguments are refused before any is parsed, by every command (remote parsed
+# them into its 64-entry array first, past its end).
+expect 2 "remote with 70 arguments" -- "$K" remote $(seq 70)
+grep -q 'too many arguments' "$T/err" || fail "remote with 70 arguments: stderr $(head -c 300 "$T/err")"
 expect 2 "peers with an argument" -- "$K" peers extra
 expect 2 "serve with an argument" -- "$K" serve extra
 expect 2 "unknown option" -- "$K" get foo --no-such-option 1
