@@ -13,7 +13,6 @@ reused, as tests/remote/remote_llama.py does).
 usage: disk_llama.py --preload LIBKVSHIM --kvshim CLI [--asan-runtime LIBASAN] [--no-setup]
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "remote"))
 import remote_llama as rl  # noqa: E402  (its Case adapters, checks and serve helpers)
-from remote_llama import Failure, check, cp, llama_e2e, serve_stats, stop_serve  # noqa: E402
+from remote_llama import Failure, check, cp, serve_stats, stop_serve  # noqa: E402
 
 SKIP = 77
 
@@ -75,34 +74,7 @@ def run(c):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--asan-runtime", default="")
-    ap.add_argument("--no-setup", action="store_true")
-    args = ap.parse_args()
-    if not args.no_setup:
-        rc = subprocess.run([llama_e2e.SETUP]).returncode
-        if rc == SKIP:
-            print("SKIP: the node-llama-cpp engine cannot be prepared here", flush=True)
-            return SKIP
-        if rc != 0:
-            print("FAIL scripts/llama-setup exited %d" % rc, flush=True)
-            return 1
-    work = tempfile.mkdtemp(prefix="kvs-dl-")  # short: the run directory's socket lives here
-    c = rl.make_case(args, work)
-    try:
-        run(c)
-    except Failure as e:
-        check(False, str(e))
-    finally:
-        rl.close_case(c)
-        shutil.rmtree(work, ignore_errors=True)
-    if rl.failures:
-        print("%d check(s) failed" % len(rl.failures), flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return rl.drive(run, "kvs-dl-")
 
 
 if __name__ == "__main__":

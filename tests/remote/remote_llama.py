@@ -112,7 +112,10 @@ def run(c, redis):
         shutil.rmtree(nodes, ignore_errors=True)
 
 
-def main():
+def drive(body, prefix):
+    """The driver's main, shared with tests/disk/disk_llama.py: options, the setup step, one
+    Case in a short work directory (its run directories' sockets live there), body(case), the
+    summary line. Exit status 0, 1 or SKIP."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--preload", required=True)
     ap.add_argument("--kvshim", required=True)
@@ -127,11 +130,10 @@ def main():
         if rc != 0:
             print("FAIL scripts/llama-setup exited %d" % rc, flush=True)
             return 1
-    work = tempfile.mkdtemp(prefix="kvs-rl-")  # short: the run directories' sockets live here
+    work = tempfile.mkdtemp(prefix=prefix)
     c = make_case(args, work)
     try:
-        with servers.Standalone() as redis:
-            run(c, redis)
+        body(c)
     except Failure as e:
         check(False, str(e))
     finally:
@@ -142,6 +144,13 @@ def main():
         return 1
     print("all checks passed", flush=True)
     return 0
+
+
+def main():
+    def body(c):
+        with servers.Standalone() as redis:
+            run(c, redis)
+    return drive(body, "kvs-rl-")
 
 
 if __name__ == "__main__":
