@@ -638,9 +638,9 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   }
   /* Huge tables in transparent huge pages: at 1M objects the cycle's loads land all over
    * 200 MiB of tables, and with 4 KiB pages (a KVM guest walks two page tables per TLB miss)
-   * each miss cost ~1.5x a huge-page one (bench-core: cycle 540 -> 455 ns; docs/PERF.md §11;
-   * huge pages on the bucket array alone, or only after the first 1k-64k objects, gave
-   * nothing: every table must be in them from the start). */
+   * each miss cost ~1.5x a huge-page one (bench-core: the 1M cycle 80-90 ns faster in huge
+   * pages; docs/PERF.md §11; huge pages on the bucket array alone, or only after the first
+   * 1k-64k objects, gave nothing: every table must be in them from the start). */
   if (total >= HUGE_TABLES) kvs__prim_hugepage_hint(map, total);
   uint8_t *p = map;
   s->map = map;
