@@ -20,6 +20,7 @@
 #include "sock.h"
 
 #define SWEEP_INTERVAL_MS 500
+#define WATCH_TICK_MS 1 /* a waiting WATCH is checked at least this often (a local lookup) */
 #define STOP_FLUSH_MS 200
 #define MSG_KEEP_BYTES (1u << 20) /* a receive buffer larger than this is freed after use */
 /* Out of file descriptors (EMFILE/ENFILE): the listener leaves epoll for a back-off that
@@ -73,13 +74,15 @@ typedef struct wxfer {
   kvs_proto_slot_t slots[]; /* as sent in the PREPARE_STORE reply */
 } wxfer_t;
 
-/* A LOOKUP whose reply waits for the remote tier (kvs_coord_remote_t.fetch). */
+/* A reply that waits: a LOOKUP waiting for the remote tier (kvs_coord_remote_t.fetch), or a
+ * WATCH waiting for its keys to change (re-checked every WATCH_TICK_MS and at kvs_coord_wake). */
 typedef struct deferred {
   struct deferred *next;
-  uint64_t token;       /* unique per coordinator */
+  uint64_t token;       /* unique per coordinator (0: a WATCH, never a tier's done token) */
   struct conn *conn;
   uint64_t request_id;
   uint64_t deadline_ms; /* kvs__now_ms clock */
+  bool watch;           /* a WATCH (docs/protocol.md 4.12), else a LOOKUP */
   uint32_t n_keys;
   kvs_key_t keys[];
 } deferred_t;
@@ -149,6 +152,7 @@ struct kvs_coord {
   bool has_remote;
   kvs_coord_remote_t remote;
   deferred_t *deferred;
+  uint32_t n_watches; /* WATCHes among them */
   uint64_t next_token;
   int done_fd;
   pthread_mutex_t done_lock;
@@ -344,7 +348,7 @@ static void on_hello(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_he
   me.flags = strategy == KVS_PROTO_STRATEGY_SHM ? KVS_PROTO_HELLO_POOL_FD : 0;
   me.pid = (uint32_t)getpid();
   me.caps = KVS_PROTO_CAP_INLINE | (can_offer ? KVS_PROTO_CAP_SHM : 0) | KVS_PROTO_CAP_SKIPPED |
-            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD | KVS_PROTO_CAP_AUTO_RELEASE |
+            KVS_PROTO_CAP_MAX_MESSAGE | KVS_PROTO_CAP_REPORT_BAD | KVS_PROTO_CAP_AUTO_RELEASE | KVS_PROTO_CAP_WATCH |
             (c->has_remote ? KVS_PROTO_CAP_REMOTE : 0);
   if (req->caps & KVS_PROTO_CAP_MAX_MESSAGE) me.max_message = c->max_message;
   me.instance_id = c->instance_id;
@@ -862,6 +866,48 @@ static void on_report_bad(kvs_coord_t *c, conn_t *k, uint64_t rid,
   QUEUE_ENCODED(c, k, KVS_OP_REPORT_BAD, rid, kvs_proto_report_reply_encode, &rep);
 }
 
+/* ---- WATCH (docs/protocol.md 4.12) ---------------------------------------------------------- */
+
+/* The state a WATCH of keys would report now, or -1: nothing changed yet (keys[0] held). */
+static int watch_state(kvs_coord_t *c, const conn_t *k, const kvs_key_t *keys, uint32_t n) {
+  if (kvs_store_lookup(c->store, k->owner, &keys[0], 1, false, NULL) != 1)
+    return (int)KVS_PROTO_WATCH_GONE;
+  for (uint32_t i = 1; i < n; i++)
+    if (kvs_store_lookup(c->store, k->owner, &keys[i], 1, false, NULL) == 1)
+      return (int)KVS_PROTO_WATCH_PRESENT;
+  return -1;
+}
+
+static void reply_watch(kvs_coord_t *c, conn_t *k, uint64_t rid, uint32_t state) {
+  kvs_proto_watch_reply_t rep = {state};
+  QUEUE_ENCODED(c, k, KVS_OP_WATCH, rid, kvs_proto_watch_reply_encode, &rep);
+}
+
+static void on_watch(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_watch_t *req) {
+  kvs_stats_inc(c->stats, KVS_STAT_coord_watches);
+  int st = watch_state(c, k, req->keys, req->n_keys);
+  if (st >= 0 || req->wait_ms == 0) {
+    reply_watch(c, k, rid, st >= 0 ? (uint32_t)st : KVS_PROTO_WATCH_HELD);
+    return;
+  }
+  deferred_t *d = malloc(sizeof *d + sizeof(kvs_key_t) * req->n_keys);
+  if (!d) {
+    queue_error(c, k, rid, -ENOMEM, "cannot wait");
+    return;
+  }
+  d->token = 0;
+  d->conn = k;
+  d->request_id = rid;
+  d->deadline_ms = kvs__now_ms() + req->wait_ms;
+  d->watch = true;
+  d->n_keys = req->n_keys;
+  memcpy(d->keys, req->keys, sizeof(kvs_key_t) * req->n_keys);
+  d->next = c->deferred;
+  c->deferred = d;
+  c->n_watches++;
+  k->deferred = true; /* requests are answered in order: read nothing until it is */
+}
+
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
                      size_t len) {
   kvs_stats_inc(c->stats, KVS_STAT_coord_requests);
@@ -911,6 +957,7 @@ static void close_conn(kvs_coord_t *c, conn_t *k) {
       continue;
     }
     *pp = d->next; /* the tier's late done is ignored */
+    if (d->watch) c->n_watches--;
     free(d);
   }
   epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, k->fd, NULL);
@@ -1199,7 +1246,8 @@ static void accept_all(kvs_coord_t *c) {
   }
 }
 
-/* Answer a deferred LOOKUP from the pool as it is now, and read the connection again. */
+/* Answer a deferred LOOKUP from the pool as it is now (a WATCH: its state, HELD when it timed
+ * out unchanged), and read the connection again. */
 static void finish_deferred(kvs_coord_t *c, deferred_t *d, bool timed_out) {
   for (deferred_t **pp = &c->deferred; *pp; pp = &(*pp)->next)
     if (*pp == d) {
@@ -1207,9 +1255,15 @@ static void finish_deferred(kvs_coord_t *c, deferred_t *d, bool timed_out) {
       break;
     }
   conn_t *k = d->conn;
-  if (timed_out) kvs_stats_inc(c->stats, KVS_STAT_remote_timeouts);
   k->deferred = false;
-  reply_lookup(c, k, d->request_id, d->keys, d->n_keys);
+  if (d->watch) {
+    int st = watch_state(c, k, d->keys, d->n_keys);
+    c->n_watches--;
+    reply_watch(c, k, d->request_id, st >= 0 ? (uint32_t)st : KVS_PROTO_WATCH_HELD);
+  } else {
+    if (timed_out) kvs_stats_inc(c->stats, KVS_STAT_remote_timeouts);
+    reply_lookup(c, k, d->request_id, d->keys, d->n_keys);
+  }
   free(d);
   service(c, k, EPOLLOUT); /* send it, then read what the peer pipelined meanwhile */
 }
@@ -1225,19 +1279,32 @@ static void handle_done(kvs_coord_t *c) {
     pthread_mutex_unlock(&c->done_lock);
     if (!token) return;
     for (deferred_t *d = c->deferred; d; d = d->next)
-      if (d->token == token) {
+      if (!d->watch && d->token == token) {
         finish_deferred(c, d, false);
         break;
       }
   }
 }
 
-/* Milliseconds epoll may sleep: the sweep interval, or less when a deferred LOOKUP is due. */
+/* Milliseconds epoll may sleep: the sweep interval, or less when a deferred reply is due (a
+ * WATCH: its next check). */
 static int wait_ms(kvs_coord_t *c) {
-  uint64_t now = kvs__now_ms(), due = now + SWEEP_INTERVAL_MS;
+  uint64_t now = kvs__now_ms(), due = now + (c->n_watches ? WATCH_TICK_MS : SWEEP_INTERVAL_MS);
   for (deferred_t *d = c->deferred; d; d = d->next)
     if (d->deadline_ms < due) due = d->deadline_ms;
   return due <= now ? 0 : (int)(due - now);
+}
+
+/* Answer every WATCH whose keys changed (the store is this process's: its engine thread or a
+ * peer's request changed it). */
+static void check_watches(kvs_coord_t *c) {
+  for (;;) {
+    deferred_t *ready = NULL;
+    for (deferred_t *d = c->deferred; d && !ready; d = d->next)
+      if (d->watch && watch_state(c, d->conn, d->keys, d->n_keys) >= 0) ready = d;
+    if (!ready) return;
+    finish_deferred(c, ready, false);
+  }
 }
 
 static void expire_deferred(kvs_coord_t *c, uint64_t now) {
@@ -1285,6 +1352,7 @@ static void *coord_main(void *arg) {
       else if (p == &c->done_fd) handle_done(c);
       else service(c, p, evs[i].events);
     }
+    if (c->n_watches) check_watches(c);
     if (c->deferred) expire_deferred(c, kvs__now_ms());
   }
 }

@@ -1464,6 +1464,35 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
   return store_with(p, instance, keys, n, layout, object, bufs, outcomes, copy, ctx);
 }
 
+int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    uint32_t wait_ms) {
+  if (!p || !keys || n == 0 || n > KVS_PROTO_MAX_WATCH_KEYS) return -EINVAL;
+  pconn_t *c = grab(p, instance, false);
+  if (!c) return -ENOENT;
+  if (!(c->peer_caps & KVS_PROTO_CAP_WATCH)) {
+    unref(p, c);
+    return -ENOTSUP;
+  }
+  /* The reply must come within our own deadline: leave the server a quarter of it to send it
+   * (as for a LOOKUP's remote_wait_ms, docs/protocol.md 4.3). */
+  uint32_t most = (uint32_t)(p->opts.rpc_timeout_ms - p->opts.rpc_timeout_ms / 4);
+  if (most > KVS_PROTO_MAX_WATCH_MS) most = KVS_PROTO_MAX_WATCH_MS;
+  kvs_proto_watch_t m = {.n_keys = (uint32_t)n, .wait_ms = wait_ms < most ? wait_ms : most,
+                         .keys = keys};
+  uint8_t *rep = NULL;
+  size_t rn = 0;
+  pthread_mutex_lock(&c->lock);
+  kvs_stats_inc(p->stats, KVS_STAT_peer_watches);
+  int rc;
+  RPC_ENCODED(rc, p, c, KVS_OP_WATCH, kvs_proto_watch_encode, &m, &rep, &rn);
+  pthread_mutex_unlock(&c->lock);
+  unref(p, c);
+  kvs_proto_watch_reply_t r;
+  if (rc == 0) rc = kvs_proto_watch_reply_decode(rep, rn, &r);
+  free(rep);
+  return rc < 0 ? rc : (int)r.state;
+}
+
 int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n) {
   if (!p || !keys || n == 0) return -EINVAL;
   if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;

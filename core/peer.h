@@ -184,6 +184,15 @@ uint64_t kvs_peers_cache_peer(kvs_peers_t *p);
  * Returns the run (>= 0), -ENOENT (no such live peer) or the call's negative errno. */
 int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n);
 
+/* Wait at peer `instance` (one WATCH, no discovery) until keys[0] is no longer stored there, or
+ * one of keys[1..n) is, or wait_ms passed (cut to three quarters of KVSHIM_RPC_TIMEOUT_MS, so
+ * the reply comes within the call's deadline: call again to wait longer). 1 <= n <=
+ * KVS_PROTO_MAX_WATCH_KEYS. Returns KVS_PROTO_WATCH_GONE, _PRESENT or _HELD (time passed),
+ * -ENOENT (no such live peer), -ENOTSUP (the peer predates WATCH: poll it with LOOKUPs) or the
+ * call's negative errno. The connection to that peer is busy while it waits. */
+int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
+                    uint32_t wait_ms);
+
 /* Copies one retrieved object (len bytes at src, the peer's pool under a pin, or the reply)
  * into its destination dst (the caller's buffer i). 0, or a negative errno to stop. */
 typedef int (*kvs_peer_copy_fn)(void *ctx, size_t i, void *dst, const void *src, size_t len);

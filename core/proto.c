@@ -831,6 +831,16 @@ int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *d
 static bool report_ok(const kvs_proto_report_t *m) { return m->length != 0; }
 static bool report_reply_ok(const kvs_proto_report_reply_t *m) { return m->dropped <= 1; }
 
+/* ---- WATCH --------------------------------------------------------------------------------- */
+
+static bool watch_ok(const kvs_proto_watch_t *m) {
+  return m->n_keys >= 1 && m->n_keys <= KVS_PROTO_MAX_WATCH_KEYS && m->keys &&
+         m->wait_ms <= KVS_PROTO_MAX_WATCH_MS;
+}
+static bool watch_reply_ok(const kvs_proto_watch_reply_t *m) {
+  return m->state <= KVS_PROTO_WATCH_HELD;
+}
+
 /* ---- the flat payloads (proto.h KVS_PROTO_FLAT): encode and decode from their field lists ---
  * Each payload's field list is walked once to write (after <payload>_ok: -EINVAL) and once to
  * read (then <payload>_ok: -EBADMSG); the reader's sticky error makes a short payload, a

@@ -97,6 +97,8 @@ extern "C" {
 #define KVS_PROTO_MAX_ERROR_MSG 256u    /* ERROR message bytes */
 #define KVS_PROTO_MAX_DESCS 4096u       /* EXPORT_TENSORS reply descriptors */
 #define KVS_PROTO_MAX_DESC_BYTES 4096u  /* bytes of one opaque tensor descriptor */
+#define KVS_PROTO_MAX_WATCH_KEYS 16u    /* keys of one WATCH */
+#define KVS_PROTO_MAX_WATCH_MS 60000u   /* the longest wait one WATCH may ask for */
 #define KVS_PROTO_MAX_FDS 253u          /* SCM_RIGHTS fds announced by one EXPORT_TENSORS reply */
 
 /* Opcodes: X(NAME, number, name string). Numbers are pinned forever and never reused; a new
@@ -113,6 +115,7 @@ extern "C" {
   X(PING, 9, "PING")                                                                          \
   X(EXPORT_TENSORS, 10, "EXPORT_TENSORS")                                                     \
   X(REPORT_BAD, 11, "REPORT_BAD")                                                             \
+  X(WATCH, 32, "WATCH")                                                                       \
   X(ERROR, 255, "ERROR")
 
 typedef enum kvs_proto_opcode {
@@ -177,6 +180,7 @@ const char *kvs_proto_strerror(int code);
 #define KVS_PROTO_CAP_AUTO_RELEASE 0x40u /* both: PREPARE_RETRIEVE flag AUTO_RELEASE (the pins end
                                             by themselves: no COMMIT_RETRIEVE needed); a client
                                             sets it only to a server that announced the bit */
+#define KVS_PROTO_CAP_WATCH 0x80u      /* server: takes WATCH (a client sends it only then) */
 #define KVS_PROTO_HELLO_POOL_FD 0x1u    /* HELLO flag: the pool memfd travels with this frame */
 #define KVS_PROTO_HELLO_F_ALL KVS_PROTO_HELLO_POOL_FD
 
@@ -571,6 +575,21 @@ typedef struct kvs_proto_report_reply {
   uint32_t dropped; /* 0 or 1 */
 } kvs_proto_report_reply_t;
 
+/* WATCH request: "answer when keys[0] is no longer stored here, or when any of keys[1..n) is
+ * stored here (READY), or after wait_ms, whichever comes first". 1 <= n_keys <=
+ * KVS_PROTO_MAX_WATCH_KEYS, wait_ms <= KVS_PROTO_MAX_WATCH_MS. Reply: state (below). A waiter
+ * sleeps on one reply instead of asking again and again (design §10.3, single flight). */
+typedef struct kvs_proto_watch {
+  uint32_t n_keys;
+  uint32_t wait_ms;
+  const kvs_key_t *keys; /* into the payload */
+} kvs_proto_watch_t;
+#define KVS_PROTO_WATCH_GONE 0u    /* keys[0] is not stored (now, or was never) */
+#define KVS_PROTO_WATCH_PRESENT 1u /* keys[0] still stored, and one of keys[1..n) is READY */
+#define KVS_PROTO_WATCH_HELD 2u    /* wait_ms passed: keys[0] still stored, none of the others */
+typedef struct kvs_proto_watch_reply {
+  uint32_t state; /* KVS_PROTO_WATCH_* */
+} kvs_proto_watch_reply_t;
 
 /* ---- the message schema ----------------------------------------------------------------------
  * docs/protocol.md section 4 is the contract for every payload; the docs contract test
@@ -605,12 +624,13 @@ typedef struct kvs_proto_report_reply {
   X(STATS, stats, stats)                                                                      \
   X(PING, ping, ping)                                                                         \
   X(EXPORT_TENSORS, export_tensors, export)                                                   \
-  X(REPORT_BAD, report_bad, report)
+  X(REPORT_BAD, report_bad, report)                                                           \
+  X(WATCH, watch, watch)
 
 #define KVS_PROTO_FLAT(X)                                                                     \
   X(error) X(lookup) X(lookup_reply) X(prepare_store) X(prepare_store_reply)                  \
   X(commit_store_reply) X(xfer) X(prepare_retrieve) X(stats) X(text) X(ping) X(export)        \
-  X(report) X(report_reply)
+  X(report) X(report_reply) X(watch) X(watch_reply)
 
 /* 4.2 ERROR */
 #define KVS_PROTO_FIELDS_error(F)                                                             \
@@ -646,6 +666,9 @@ typedef struct kvs_proto_report_reply {
 #define KVS_PROTO_FIELDS_report(F)                                                            \
   F(U64, key.lo, _) F(U64, key.hi, _) F(U64, length, _) F(U64, checksum, _)
 #define KVS_PROTO_FIELDS_report_reply(F) F(U32, dropped, _) F(ZERO32, _, _)
+/* 4.12 WATCH request and reply */
+#define KVS_PROTO_FIELDS_watch(F) F(U32, n_keys, _) F(U32, wait_ms, _) F(ARRAY, keys, n_keys)
+#define KVS_PROTO_FIELDS_watch_reply(F) F(U32, state, _) F(ZERO32, _, _)
 
 #define KVS__PROTO_FLAT_DECL(msg)                                                             \
   int kvs_proto_##msg##_encode(const kvs_proto_##msg##_t *m, void *buf, size_t cap,           \

@@ -101,6 +101,8 @@ extern "C" {
   X(peer_bad_reports, C, "REPORT_BAD sent: an object a peer delivered failed a format check")  \
   X(coord_bad_reports, C, "REPORT_BAD requests received")                                    \
   X(coord_bad_dropped, C, "objects dropped after a REPORT_BAD whose bytes matched ours")       \
+  X(peer_watches, C, "WATCHes sent: waits on a peer's claim, answered when it changes")       \
+  X(coord_watches, C, "WATCH requests received")                                              \
   X(remote_lookups, C, "remote tier: lookups that consulted the remote store")                 \
   X(remote_hits, C, "remote tier: keys fetched from the remote store into the pool")          \
   X(remote_misses, C, "remote tier: lookups that stopped at a key the remote store lacks")     \

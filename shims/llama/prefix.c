@@ -95,6 +95,7 @@
 #include "prefix_shadow.h"
 #include "runtime.h"
 #include "prim.h"
+#include "proto.h"
 #include "stats.h"
 #include "store.h"
 
@@ -952,14 +953,16 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
 
 /* ---- snapshot ---------------------------------------------------------------------------------- */
 
-static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+static bool px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   kvs__px_seq_t *q = &c->sh.seq[s];
-  if (q->tainted) return;
+  if (q->tainted) return false;
   uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
-  if (J == 0 || J * C < c->min_tokens || J * C < q->snap + C) return;
-  if (c->swa && (N != J * C || cov != N)) return; /* could only be restored trimmed: never */
+  if (J == 0 || J * C < c->min_tokens) return false;
+  /* known cached up to here (restored or stored; after a failure too, which is not retried) */
+  if (J * C < q->snap + C) return true;
+  if (c->swa && (N != J * C || cov != N)) return false; /* only restorable trimmed: never */
   kvs__runtime_t *rt = kvs__runtime_get();
-  if (!rt) return;
+  if (!rt) return false;
   kvs_stats_t *st = px_stats();
   const kvs_key_t *keys;
   bool cached;
@@ -974,7 +977,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   }
   if (cached) {
     q->snap = J * C;
-    return;
+    return true;
   }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;
@@ -998,7 +1001,7 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
                                  kvs__px_tok(&c->sh, (uint32_t)s), N, &h, &sv);
   if (rc == -EEXIST) {
     q->snap = J * C;
-    return;
+    return true;
   }
   if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, c->swa ? 1 : J, &h, &sv) < 0)
     rc = -EPIPE;
@@ -1015,12 +1018,13 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   kvs_stats_add(st, KVS_STAT_llama_prefix_snapshot_bytes, total);
   kvs_log_debug("llama.cpp prefix cache: sequence %d: %u tokens stored (%u keyed, %llu bytes)", s,
                 N, J * C, (unsigned long long)total);
-  return;
+  return true;
 failed:
   q->snap = J * C; /* do not retry until it grows by another chunk */
   kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshot_failures);
   kvs_log_info("llama.cpp prefix cache: state of sequence %d (%u tokens) not stored: %s", s, N,
                why);
+  return false;
 }
 
 /* ---- decode ------------------------------------------------------------------------------------ */
@@ -1060,13 +1064,23 @@ static void px_after(px_ctx_t *c, const kvs__llama_batch_t *b, const kvs__px_bat
  * when the prompt is finished) and removes its claim after it. Two processes that claim at once:
  * the one that sees a peer's claim of a lower instance id withdraws and waits (a race can still
  * leave two computing, never none). A claimant that dies leaves a claim its peers stop seeing
- * with its coordinator; one that hangs is waited for until the deadline. No new message: claims
- * are store objects found with LOOKUP (docs/protocol.md). */
+ * with its coordinator; one that hangs is waited for until the deadline. Claims are store
+ * objects found with LOOKUP; a waiter sleeps on one WATCH at the claimant (docs/protocol.md 4.12)
+ * answered when the claim goes or the claimant marks its progress stored (the progress mark, a
+ * second tiny object beside the claim), and polls with LOOKUPs only a peer without WATCH. */
 #define PX_CLAIM_MARK 0xffffffffu
+#define PX_STORED_MARK 0xfffffffeu
 
 static kvs_key_t px_claim_key(const px_ctx_t *c, int32_t s, uint32_t j) {
   const uint32_t mark = PX_CLAIM_MARK;
   return kvs_keys_chain(kvs__px_keys(&c->sh, (uint32_t)s)[j - 1], &mark, 1);
+}
+
+/* The progress mark of claim key: present while the claimant holds the claim and has stored
+ * the state of the batch it claimed. */
+static kvs_key_t px_stored_key(const kvs_key_t *claim) {
+  const uint32_t mark = PX_STORED_MARK;
+  return kvs_keys_chain(*claim, &mark, 1);
 }
 
 /* The instance id of a peer holding key (0: none). */
@@ -1078,10 +1092,13 @@ static uint64_t px_peer_holding(kvs__runtime_t *rt, const kvs_key_t *key) {
 
 static void px_unclaim(kvs__runtime_t *rt, const kvs_key_t *key) {
   KVS__REENTRY_GUARD();
+  kvs_key_t stored = px_stored_key(key);
+  (void)kvs_store_remove(rt->store, &stored); /* first: a mark never outlives its claim */
   (void)kvs_store_remove(rt->store, key);
 }
 
-static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) {
+/* A tiny object (the instance id) under key in this process's own pool. */
+static bool px_put_mark(kvs__runtime_t *rt, const kvs_key_t *key) {
   KVS__REENTRY_GUARD();
   kvs_layout_t l = kvs_layout_blob(8);
   uint8_t outcome = 0;
@@ -1094,6 +1111,14 @@ static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) {
   return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, x) == 0;
 }
 
+static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) { return px_put_mark(rt, key); }
+
+/* The state of the claimed batch is stored: wake the processes waiting on the claim. */
+static void px_mark_stored(kvs__runtime_t *rt, const kvs_key_t *claim) {
+  kvs_key_t stored = px_stored_key(claim);
+  (void)px_put_mark(rt, &stored);
+}
+
 static void px_nap(void) {
   struct timespec ts = {0, 2 * 1000 * 1000};
   nanosleep(&ts, NULL);
@@ -1101,8 +1126,19 @@ static void px_nap(void) {
 
 /* Wait until no peer holds the claim key or the claimant's progress (its state under done, the
  * batch's longest chunk key) can be found, or the deadline (ms, the epoch of kvs__now_ms). */
-static void px_wait_claim(kvs__runtime_t *rt, const kvs_key_t *key, const kvs_key_t *done,
-                          uint64_t deadline) {
+static void px_wait_claim(kvs__runtime_t *rt, uint64_t holder, const kvs_key_t *key,
+                          const kvs_key_t *done, uint64_t deadline) {
+  kvs_key_t w[2] = {*key, px_stored_key(key)};
+  for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
+    int r;
+    {
+      KVS__REENTRY_GUARD();
+      r = kvs_peers_watch(rt->peers, holder, w, 2, (uint32_t)(deadline - now));
+    }
+    if (r == (int)KVS_PROTO_WATCH_HELD) continue;
+    if (r != -ENOTSUP) return; /* gone, stored, or the claimant is gone: look up again */
+    break;
+  }
   while (px_peer_holding(rt, key) && !px_peer_holding(rt, done) && kvs__now_ms() < deadline)
     px_nap();
 }
@@ -1117,6 +1153,18 @@ static uint64_t px_wait_follow(px_ctx_t *c, kvs__runtime_t *rt, int32_t s, const
                                uint64_t deadline) {
   if (!c->follow_id || c->follow_seq != s) return 0;
   uint64_t holder = 0;
+  /* One WATCH at the claimant: answered when the old claim goes or it claims key. */
+  kvs_key_t w[2] = {c->follow_key, *key};
+  for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
+    int r;
+    {
+      KVS__REENTRY_GUARD();
+      r = kvs_peers_watch(rt->peers, c->follow_id, w, 2, (uint32_t)(deadline - now));
+    }
+    if (r == (int)KVS_PROTO_WATCH_HELD) continue;
+    if (r != -ENOTSUP) return px_peer_holding(rt, key);
+    break;
+  }
   while (!(holder = px_peer_holding(rt, key))) {
     if (px_peer_holding(rt, &c->follow_key) != c->follow_id) return px_peer_holding(rt, key);
     if (kvs__now_ms() >= deadline) break;
@@ -1160,7 +1208,7 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_waits);
   kvs_log_debug("llama.cpp prefix cache: sequence %d: waiting for process %016llx, which "
                 "computes the same prefix", s, (unsigned long long)holder);
-  px_wait_claim(rt, ck, &kvs__px_keys(&c->sh, (uint32_t)s)[jmax - 1], deadline);
+  px_wait_claim(rt, holder, ck, &kvs__px_keys(&c->sh, (uint32_t)s)[jmax - 1], deadline);
   c->follow_id = holder;
   c->follow_seq = s;
   c->follow_key = *ck;
@@ -1470,8 +1518,9 @@ static int32_t px_decode(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_lla
     px_after(c, b, &bi, p0, in, r);
   }
   /* A claimed batch is stored when done (progress for the processes waiting on it). */
-  if (r == 0 && eligible && (bi.last_out || claimed || c->swa) && !c->disabled)
-    px_snapshot(c, ctx, bi.seq);
+  bool stored = r == 0 && eligible && (bi.last_out || claimed || c->swa) && !c->disabled &&
+                px_snapshot(c, ctx, bi.seq);
+  if (claimed && stored && !bi.last_out) px_mark_stored(kvs__runtime_get(), &ck);
   if (claimed) {
     /* Kept until the next batch of the sequence (px_drop_held), unless none follows. */
     if (r == 0 && !bi.last_out) {

@@ -40,7 +40,8 @@ Cases:
               cached prefix (not decoded at all), under engine batches of 512, 2048, 576, 544,
               100 and 96 tokens: identical, and the whole canonical shared prefix restored
   flight      single flight: A computes a prefix slowly; B, started while A is in its first
-              batch, waits for A's claims and restores A's progress batch by batch (identical,
+              batch, waits for A's claims (on WATCHes, a bounded number of LOOKUPs) and
+              restores A's progress batch by batch (identical,
               the whole prefix restored, nothing computed twice); the claimant killed while B
               waits: B goes on at once; KVSHIM_LLAMA_WAIT_MS=0: no wait
   swa         a model with a sliding window: with swa_full off only states ending on a chunk
@@ -402,6 +403,12 @@ def case_flight(ctx):
     got, err, st = ctx.run(b_cmds, what="B")
     check(got == ref_b, f"B after waiting differs:\n{ref_b}\n{got}\n{err[-2000:]}")
     expect(st, "B", waits=(">=", 1), restored_tokens=("==", 1344), claims=("==", 0))
+    # B slept on WATCHes at A (docs/protocol.md 4.12), answered when A's claim went or its
+    # progress was marked stored: a few messages in all, not a LOOKUP every 2 ms of ~2 s of
+    # waiting (about a thousand before WATCH)
+    check(st.get("peer_watches", 0) >= 1, f"B sent no WATCH: {st.get('peer_watches')}")
+    check(st.get("peer_lookups", 0) <= 60,
+          f"B asked its peers {st.get('peer_lookups')} times while waiting (polling?)")
     ctx.finish(pa, "A")
     expect(read_stats(sa), "A", claims=("==", 3), snapshots=("==", 3), waits=("==", 0))
     # a claimant that dies: its claim goes with its coordinator, and B goes on at once (long

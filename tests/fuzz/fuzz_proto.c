@@ -115,6 +115,27 @@ static void fuzz_payload(const uint8_t *p, size_t n) {
     }
   }
   {
+    kvs_proto_watch_t a, b;
+    if (kvs_proto_watch_decode(p, n, &a) == 0) {
+      q = REENC(kvs_proto_watch_encode, &a);
+      CHECK(kvs_proto_watch_decode(q, n, &b) == 0);
+      CHECK(a.n_keys == b.n_keys && a.wait_ms == b.wait_ms &&
+            same(a.keys, b.keys, a.n_keys * sizeof(kvs_key_t)));
+      CHECK(a.n_keys >= 1 && a.n_keys <= KVS_PROTO_MAX_WATCH_KEYS &&
+            a.wait_ms <= KVS_PROTO_MAX_WATCH_MS);
+      free(q);
+    }
+  }
+  {
+    kvs_proto_watch_reply_t a, b;
+    if (kvs_proto_watch_reply_decode(p, n, &a) == 0) {
+      q = REENC(kvs_proto_watch_reply_encode, &a);
+      CHECK(kvs_proto_watch_reply_decode(q, n, &b) == 0 && a.state == b.state);
+      CHECK(a.state <= KVS_PROTO_WATCH_HELD);
+      free(q);
+    }
+  }
+  {
     kvs_proto_lookup_reply_t a, b;
     if (kvs_proto_lookup_reply_decode(p, n, &a) == 0) {
       q = REENC(kvs_proto_lookup_reply_encode, &a);

@@ -155,5 +155,10 @@ int main(int argc, char **argv) {
   EMIT("report_bad_req", KVS_OP_REPORT_BAD, 0, kvs_proto_report_encode, &rb);
   kvs_proto_report_reply_t rbr = {1};
   EMIT("report_bad_rep", KVS_OP_REPORT_BAD, R, kvs_proto_report_reply_encode, &rbr);
+  kvs_key_t wk[2] = {{0x1111111111111111ull, 0x2222222222222222ull}, {3, 4}};
+  kvs_proto_watch_t wt = {.n_keys = 2, .wait_ms = 750, .keys = wk};
+  EMIT("watch_req", KVS_OP_WATCH, 0, kvs_proto_watch_encode, &wt);
+  kvs_proto_watch_reply_t wtr = {KVS_PROTO_WATCH_PRESENT};
+  EMIT("watch_rep", KVS_OP_WATCH, R, kvs_proto_watch_reply_encode, &wtr);
   return 0;
 }

@@ -5,6 +5,7 @@
  * mkdtemp KVSHIM_RUN_DIR) and talks to it with the raw client of coord_client.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -709,4 +710,187 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
   cr_assert_geq(ts_wait_baseline(S.store, &base, S.coord, 0, 2000), 0);
   cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), 0);
   for (int i = 0; i < N; i++) free(bufs[i]);
+}
+
+/* ---- WATCH (docs/protocol.md 4.12) ----------------------------------------------------------- */
+
+/* One WATCH on a raw connection: 0 and its state, or the ERROR code / transport errno. */
+static int cc_watch(cc_t *c, const kvs_key_t *keys, uint32_t n, uint32_t wait_ms,
+                    uint32_t *state) {
+  kvs_proto_watch_t m = {.n_keys = n, .wait_ms = wait_ms, .keys = keys};
+  uint8_t buf[8 + 16 * KVS_PROTO_MAX_WATCH_KEYS];
+  size_t len = 0;
+  int rc = kvs_proto_watch_encode(&m, buf, sizeof buf, &len);
+  if (rc < 0) return rc;
+  cc_msg_t r;
+  rc = cc_call(c, KVS_OP_WATCH, buf, len, &r);
+  if (rc == 0) {
+    kvs_proto_watch_reply_t rep;
+    rc = kvs_proto_watch_reply_decode(r.payload, r.len, &rep);
+    if (rc == 0) *state = rep.state;
+  }
+  cc_msg_free(&r);
+  return rc;
+}
+
+typedef struct {
+  kvs_key_t key;
+  bool put;       /* put key (else remove it) */
+  int after_ms;
+} change_t;
+
+static void *change_later(void *arg) {
+  change_t *ch = arg;
+  usleep((useconds_t)ch->after_ms * 1000);
+  kvs_layout_t l = kvs_layout_blob(64);
+  if (ch->put)
+    ts_local_put(S.store, &ch->key, 1, &l);
+  else
+    kvs_store_remove(S.store, &ch->key);
+  return NULL;
+}
+
+Test(ops, watch_answers_at_once_when_nothing_is_held_and_held_after_wait, T_TIMEOUT) {
+  start(4, NULL);
+  cc_t a;
+  open_shm(&a);
+  cr_assert(a.server.caps & KVS_PROTO_CAP_WATCH, "the server does not announce WATCH");
+  kvs_key_t k[2] = {tk(40, 0), tk(40, 1)};
+  uint32_t st = 99;
+  cr_assert_eq(cc_watch(&a, k, 2, 30000, &st), 0);
+  cr_assert_eq(st, KVS_PROTO_WATCH_GONE, "an absent key is GONE at once");
+  kvs_layout_t l = blob(64);
+  cr_assert_eq(ts_local_put(S.store, &k[0], 1, &l), 1);
+  cr_assert_eq(cc_watch(&a, k, 2, 0, &st), 0);
+  cr_assert_eq(st, KVS_PROTO_WATCH_HELD, "wait 0: answered with the state now");
+  uint64_t t0 = ts_now_ms();
+  cr_assert_eq(cc_watch(&a, k, 2, 100, &st), 0);
+  cr_assert_eq(st, KVS_PROTO_WATCH_HELD);
+  cr_assert_geq(ts_now_ms() - t0, 100, "a HELD answer came before wait_ms");
+  cr_assert_eq(ts_local_put(S.store, &k[1], 1, &l), 1);
+  cr_assert_eq(cc_watch(&a, k, 2, 30000, &st), 0);
+  cr_assert_eq(st, KVS_PROTO_WATCH_PRESENT, "keys[1] stored: PRESENT at once");
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_watches), 4);
+  cc_close(&a);
+}
+
+Test(ops, watch_wakes_on_removal_and_arrival_before_its_deadline, T_TIMEOUT) {
+  start(4, NULL);
+  cc_t a;
+  open_shm(&a);
+  kvs_key_t k[2] = {tk(41, 0), tk(41, 1)};
+  kvs_layout_t l = blob(64);
+  cr_assert_eq(ts_local_put(S.store, &k[0], 1, &l), 1);
+  /* The claim goes 50 ms in: answered GONE long before the 20 s asked for. */
+  change_t gone = {k[0], false, 50};
+  pthread_t t;
+  pthread_create(&t, NULL, change_later, &gone);
+  uint64_t t0 = ts_now_ms();
+  uint32_t st = 99;
+  cr_assert_eq(cc_watch(&a, k, 2, 20000, &st), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(st, KVS_PROTO_WATCH_GONE);
+  cr_assert_lt(ts_now_ms() - t0, 10000, "the WATCH was answered at its deadline, not the change");
+  /* keys[1] arrives while keys[0] stays: PRESENT. */
+  cr_assert_eq(ts_local_put(S.store, &k[0], 1, &l), 1);
+  change_t arrive = {k[1], true, 50};
+  pthread_create(&t, NULL, change_later, &arrive);
+  t0 = ts_now_ms();
+  cr_assert_eq(cc_watch(&a, k, 2, 20000, &st), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(st, KVS_PROTO_WATCH_PRESENT);
+  cr_assert_lt(ts_now_ms() - t0, 10000);
+  cc_close(&a);
+}
+
+Test(ops, watch_keeps_requests_in_order_and_closing_cancels_it, T_TIMEOUT) {
+  start(4, NULL);
+  cc_t a;
+  open_shm(&a);
+  kvs_key_t k = tk(42, 0);
+  kvs_layout_t l = blob(64);
+  cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
+  /* A WATCH of 200 ms, then a PING sent behind it: the PING's reply comes second. */
+  kvs_proto_watch_t m = {.n_keys = 1, .wait_ms = 200, .keys = &k};
+  uint8_t buf[64];
+  size_t len = 0;
+  cr_assert_eq(kvs_proto_watch_encode(&m, buf, sizeof buf, &len), 0);
+  uint64_t rid_w = 0, rid_p = 0;
+  cr_assert_eq(cc_send(&a, KVS_OP_WATCH, buf, len, &rid_w), 0);
+  kvs_proto_ping_t ping = {.nonce = 7};
+  uint8_t pb[64];
+  size_t pl = 0;
+  cr_assert_eq(kvs_proto_ping_encode(&ping, pb, sizeof pb, &pl), 0);
+  cr_assert_eq(cc_send(&a, KVS_OP_PING, pb, pl, &rid_p), 0);
+  cc_msg_t r1, r2;
+  cr_assert_eq(cc_recv(&a, &r1, 5000), 0);
+  cr_assert_eq(cc_recv(&a, &r2, 5000), 0);
+  cr_assert_eq(r1.h.request_id, rid_w, "the WATCH must be answered first");
+  cr_assert_eq(r2.h.request_id, rid_p);
+  cc_msg_free(&r1);
+  cc_msg_free(&r2);
+  /* A client that closes while its WATCH waits: the server forgets it and goes on serving. */
+  m.wait_ms = 30000;
+  cr_assert_eq(kvs_proto_watch_encode(&m, buf, sizeof buf, &len), 0);
+  cr_assert_eq(cc_send(&a, KVS_OP_WATCH, buf, len, NULL), 0);
+  cc_close(&a);
+  cc_t b;
+  open_shm(&b);
+  uint32_t found = 0;
+  cr_assert_eq(cc_lookup(&b, &k, 1, &found), 0);
+  cr_assert_eq(found, 1);
+  cc_close(&b);
+}
+
+Test(ops, watch_bad_input_is_refused_and_nothing_changes, T_TIMEOUT) {
+  start(4, NULL);
+  kvs_key_t k[KVS_PROTO_MAX_WATCH_KEYS + 1];
+  for (uint32_t i = 0; i <= KVS_PROTO_MAX_WATCH_KEYS; i++) k[i] = tk(43, i);
+  kvs_layout_t l = blob(64);
+  cr_assert_eq(ts_local_put(S.store, &k[0], 1, &l), 1);
+  /* The encoder refuses what the decoder would. */
+  kvs_proto_watch_t m = {.n_keys = 0, .wait_ms = 0, .keys = k};
+  uint8_t buf[8 + 16 * (KVS_PROTO_MAX_WATCH_KEYS + 1)];
+  size_t len = 0;
+  cr_assert_eq(kvs_proto_watch_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.n_keys = KVS_PROTO_MAX_WATCH_KEYS + 1;
+  cr_assert_eq(kvs_proto_watch_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.n_keys = 1, m.wait_ms = KVS_PROTO_MAX_WATCH_MS + 1;
+  cr_assert_eq(kvs_proto_watch_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  /* Raw bytes on the wire: each is an ERROR EBADMSG and the connection closes. */
+  struct { uint32_t n, wait; } bad[] = {{0, 0}, {KVS_PROTO_MAX_WATCH_KEYS + 1, 0},
+                                       {1, KVS_PROTO_MAX_WATCH_MS + 1}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cc_t a;
+    open_shm(&a);
+    uint32_t n = bad[i].n;
+    memcpy(buf, &n, 4);
+    memcpy(buf + 4, &bad[i].wait, 4);
+    memcpy(buf + 8, k, 16 * (size_t)(n ? n : 1));
+    cc_msg_t r;
+    int rc = cc_call(&a, KVS_OP_WATCH, buf, 8 + 16 * (size_t)n, &r);
+    cr_assert_eq(rc, -EBADMSG, "case %zu: %d", i, rc);
+    cc_msg_free(&r);
+    cc_close(&a);
+  }
+  cr_assert_eq(ts_local_count(S.store, k, 1), 1, "a refused WATCH changed the store");
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_watches), 0);
+}
+
+Test(ops, peers_watch_waits_at_one_peer_in_one_call, T_TIMEOUT) {
+  start(4, NULL);
+  kvs_key_t k[2] = {tk(44, 0), tk(44, 1)};
+  kvs_layout_t l = blob(64);
+  cr_assert_eq(ts_local_put(S.store, &k[0], 1, &l), 1);
+  kvs_peers_t *p = peers_for(KVS_STRATEGY_AUTO);
+  cr_assert_eq(kvs_peers_watch(p, S.instance_id, k, 2, 0), (int)KVS_PROTO_WATCH_HELD);
+  change_t gone = {k[0], false, 50};
+  pthread_t t;
+  pthread_create(&t, NULL, change_later, &gone);
+  cr_assert_eq(kvs_peers_watch(p, S.instance_id, k, 2, 60000), (int)KVS_PROTO_WATCH_GONE);
+  pthread_join(t, NULL);
+  cr_assert_eq(kvs_peers_watch(p, 12345, k, 2, 10), -ENOENT, "no such peer");
+  cr_assert_eq(kvs_peers_watch(p, S.instance_id, k, 0, 10), -EINVAL);
+  cr_assert_eq(kvs_peers_watch(p, S.instance_id, k, KVS_PROTO_MAX_WATCH_KEYS + 1, 10), -EINVAL);
+  kvs_peers_destroy(p);
 }

@@ -270,7 +270,8 @@ PAYLOAD_DOCS = {
     "prepare_retrieve": ("4.7", "Request"), "stats": ("4.8", "Request"),
     "text": ("4.8", "Reply"), "ping": ("4.9", "Request and reply"),
     "export": ("4.10", "Request"), "report": ("4.11", "Request"),
-    "report_reply": ("4.11", "Reply"),
+    "report_reply": ("4.11", "Reply"), "watch": ("4.12", "Request"),
+    "watch_reply": ("4.12", "Reply"),
 }
 ELEMENT_BYTES = {"keys": 16, "slots": 24, "outcomes": 1, "message": 1, "text": 1, "echo": 1}
 SCALAR_BYTES = {"U8": 1, "U16": 2, "U32": 4, "U64": 8, "ZERO16": 2, "ZERO32": 4}

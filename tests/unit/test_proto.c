@@ -218,14 +218,18 @@ T(opcode_numbers_are_pinned) {
   cr_assert_eq(KVS_OP_PING, 9);
   cr_assert_eq(KVS_OP_EXPORT_TENSORS, 10);
   cr_assert_eq(KVS_OP_REPORT_BAD, 11);
+  cr_assert_eq(KVS_OP_WATCH, 32);
   cr_assert_eq(KVS_OP_ERROR, 255);
   cr_assert_str_eq(kvs_proto_opcode_name(2), "LOOKUP");
   cr_assert_str_eq(kvs_proto_opcode_name(255), "ERROR");
   unsigned valid = 0;
   for (unsigned op = 0; op < 65536; op++) valid += kvs_proto_opcode_valid(op);
-  cr_assert_eq(valid, 12, "exactly the 12 pinned opcodes are valid, got %u", valid);
+  cr_assert_eq(valid, 13, "exactly the 13 pinned opcodes are valid, got %u", valid);
+  cr_assert_str_eq(kvs_proto_opcode_name(32), "WATCH");
   cr_assert_null(kvs_proto_opcode_name(0));
   cr_assert_null(kvs_proto_opcode_name(12));
+  cr_assert_null(kvs_proto_opcode_name(31));
+  cr_assert_null(kvs_proto_opcode_name(33));
   cr_assert_null(kvs_proto_opcode_name(254));
 }
 
