@@ -500,6 +500,10 @@ typedef struct cu_piece {
 } cu_piece_t;
 static cu_piece_t g_pieces[CU_PIECES];
 static pthread_mutex_t g_piece_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held by an engine thread registering a piece inline (never by the background thread, so an
+ * engine never waits for a nice-19 thread): concurrent first calls register one piece, and
+ * the others wait for it instead of registering one each or forwarding to the driver. */
+static pthread_mutex_t g_piece_inline_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_piece_len;      /* bytes per piece, set at family init; 0: no pieces */
 static atomic_bool g_ahead_busy;  /* the background thread is registering a piece */
 
@@ -595,16 +599,24 @@ static void cu_piece_ahead(kvs__runtime_t *rt) {
 }
 
 /* A buffer of len bytes (at most one piece) from the pieces, registering one inline when none
- * has room: its offset, or 0 (the caller then gives the buffer an extent of its own). */
+ * has room (one engine thread at a time: a thread that waited takes from the piece the other
+ * registered): its offset, or 0 (the caller then gives the buffer an extent of its own). */
 static uint64_t cu_piece_alloc(kvs__runtime_t *rt, uint64_t len) {
   pthread_mutex_lock(&g_piece_lock);
   uint64_t off = cu_piece_take_locked(len);
   pthread_mutex_unlock(&g_piece_lock);
-  if (!off && cu_piece_new(rt) == 0) {
-    kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_inline_pins);
+  if (!off) {
+    pthread_mutex_lock(&g_piece_inline_lock);
     pthread_mutex_lock(&g_piece_lock);
     off = cu_piece_take_locked(len);
     pthread_mutex_unlock(&g_piece_lock);
+    if (!off && cu_piece_new(rt) == 0) {
+      kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_inline_pins);
+      pthread_mutex_lock(&g_piece_lock);
+      off = cu_piece_take_locked(len);
+      pthread_mutex_unlock(&g_piece_lock);
+    }
+    pthread_mutex_unlock(&g_piece_inline_lock);
   }
   if (off) cu_piece_ahead(rt);
   return off;
@@ -1719,6 +1731,7 @@ static void cu_fork_child(void) {
   atomic_store(&g_forked, true);
   atomic_store(&g_ahead_busy, false); /* the parent's piece thread does not exist here */
   pthread_mutex_init(&g_piece_lock, NULL);
+  pthread_mutex_init(&g_piece_inline_lock, NULL);
   memset(g_pieces, 0, sizeof g_pieces); /* registrations do not cross fork */
   atomic_store(&g_pinned, 0);
   pthread_mutex_init(&g_ipc_lock, NULL);
