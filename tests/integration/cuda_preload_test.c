@@ -868,6 +868,17 @@ static void tc_init(tcase_t *c, const char *tag, bool preload) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "32M");
   pt_env_set(&c->env, "FAKECUDA_LOG", "%s", c->log);
 }
+/* Drop name from the child's environment (the shipped default applies). */
+static void tc_unset(tcase_t *c, const char *name) {
+  size_t nl = strlen(name);
+  for (int i = 0; i < c->env.n; i++)
+    if (!strncmp(c->env.v[i], name, nl) && c->env.v[i][nl] == '=') {
+      free(c->env.v[i]);
+      c->env.v[i] = c->env.v[--c->env.n];
+      c->env.v[c->env.n] = NULL;
+      return;
+    }
+}
 static void tc_init_own(tcase_t *c, const char *tag, bool preload) {
   tc_init(c, tag, preload);
   pt_env_set(&c->env, "KVSHIM_CUDA_PIN_ARENA", "0");
@@ -1650,7 +1661,8 @@ static int case_pieces(void) {
 static int case_first16(void) {
   tcase_t c = {0};
   tc_init(&c, "first16", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4G"); /* the default, written out */
+  tc_unset(&c, "KVSHIM_POOL_SIZE"); /* every option at its default (4 GiB host arena) */
+  tc_unset(&c, "KVSHIM_HOST_POOL_SIZE");
   PT_CHECK(run_child(&c, "first16", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 1);
