@@ -47,3 +47,10 @@ add_executable(cuda_hostalloc_bench cuda_hostalloc_bench.c)
 target_link_libraries(cuda_hostalloc_bench PRIVATE kvshim_fakecuda kvshim_flags kvshim_cuda_headers)
 set_target_properties(cuda_hostalloc_bench PROPERTIES INSTALL_RPATH "$ORIGIN"
   BUILD_WITH_INSTALL_RPATH ON)
+
+# What scripts/gpu-check --pack carries has no build-machine path (RUNPATH $ORIGIN or none,
+# libcudart next to the program that needs it): the files it copies out of this build.
+add_test(NAME gpu_pack_runpath COMMAND ${CMAKE_COMMAND} -DREADELF=${CMAKE_READELF}
+  -DSCRIPT=${PROJECT_SOURCE_DIR}/scripts/gpu-check -DBUILD=${PROJECT_BINARY_DIR}
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/check_runpath.cmake)
+set_tests_properties(gpu_pack_runpath PROPERTIES TIMEOUT 60 LABELS "integration")
