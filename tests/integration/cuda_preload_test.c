@@ -1382,7 +1382,6 @@ static int case_threads(void) {
   st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", NTHREADS);
   expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
@@ -1631,7 +1630,6 @@ static int case_pieces(void) {
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 4);
   expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_used_bytes", 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
@@ -1666,7 +1664,6 @@ static int case_first16(void) {
   PT_CHECK(run_child(&c, "first16", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_used_bytes", 16 * MiB);
   long long pinned = pt_stat(st, "host_arena_pinned_bytes");
   PT_CHECK(pinned > 0 && pinned <= 64 * MiB + 16 * MiB,
@@ -1747,7 +1744,6 @@ static int case_pin_arena(void) {
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 7);
   expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     char *log = must_read(c.log);
@@ -1769,7 +1765,6 @@ static int case_pin_arena(void) {
   PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child without the option failed (see %s)", c.err);
   st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 7);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_inline_pins", 3);
   free(st);
   tc_done(&c);
@@ -1838,7 +1833,6 @@ static int case_cudart(const char *prog) {
        * by the arena, from one piece registered inside the first. */
       char *dflt = run_cudart(&c, prog, "default", true, true, plain), *st2 = must_read(c.stats);
       expect_stat(st2, "host_arena_allocs", 2);
-      expect_stat(st2, "host_arena_pinning_forwards", 0);
       expect_stat(st2, "host_arena_fallbacks", 0);
       expect_stat(st2, "host_arena_inline_pins", 1);
       expect_stat(st2, "host_arena_used_bytes", 0);
