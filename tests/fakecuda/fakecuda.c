@@ -748,7 +748,14 @@ static CUresult dev_destroy(uintptr_t p) {
 enum { SIDE_ANY = 0, SIDE_DEV = 1 };
 
 /* Caller holds reg_lock. [p, p+n) must lie inside one range when it touches a known one; a
- * SIDE_DEV span must be device-accessible. Unknown host memory is the caller's business. */
+ * SIDE_DEV span must be device-accessible. Unknown host memory is the caller's business.
+ * Source: the CUDA Runtime API reference (cudaMemcpyBatchAsync, cudaMemcpyWithAttributesAsync
+ * notes): "Memory regions requested must be either entirely registered with CUDA, or in the
+ * case of host pageable transfers, not registered at all. Memory regions spanning over
+ * allocations that are both registered and not registered with CUDA are not supported and will
+ * return CUDA_ERROR_INVALID_VALUE". A span over two registrations is documented nowhere as
+ * supported either (each is its own allocation: cuMemGetAddressRange answers one of them), so
+ * the fake refuses it too, and kvshim never hands out a buffer straddling two pieces. */
 static CUresult span_ok(uintptr_t p, size_t n, int side) {
   if (!p || p + n < p) return CUDA_ERROR_INVALID_VALUE;
   const fk_range_t *r = range_find(p);

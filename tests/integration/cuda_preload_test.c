@@ -499,8 +499,16 @@ static int w_gpa_alias(void) {
                cuGetProcAddress("cuMemcpyHtoDAsync", (void **)&h2d_pt, CUDA_VERSION,
                                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == 0,
            "lookups");
+  /* libcudart asks for the v1 resolver at 11030 (then cuGetProcAddress_v2 at 12000): an older
+   * hooked ABI, whose alias kvshim must know too; lookups through it reach kvshim. */
+  CUresult (*gpa1)(const char *, void **, int, cuuint64_t) = NULL;
+  PT_CHECK(cuGetProcAddress("cuGetProcAddress", (void **)&gpa1, 11030, 0, &st) == 0 && gpa1,
+           "v1 resolver at 11030");
+  CUresult (*halloc1)(void **, size_t, unsigned) = NULL;
+  PT_CHECK(gpa1("cuMemHostAlloc", (void **)&halloc1, 2020, 0) == 0 && halloc1,
+           "cuMemHostAlloc at 2020 through the v1 resolver");
   void *fns[] = {(void *)dalloc, (void *)dfree, (void *)halloc, (void *)hallochost,
-                 (void *)hfree, (void *)h2d_pt};
+                 (void *)hfree, (void *)h2d_pt, (void *)gpa1, (void *)halloc1};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     const char *sym, *obj = obj_name(fns[i], &sym);
     say("entry %zu obj=%s", i, obj);
@@ -512,6 +520,7 @@ static int w_gpa_alias(void) {
   fill(a, 4096, 5);
   PT_CHECK(h2d_pt(d, a, 4096, 0) == 0 && cuStreamSynchronize(0) == 0, "ptsz copy");
   PT_CHECK(dfree(d) == 0 && hfree(a) == 0 && hfree(b) == 0, "frees");
+  PT_CHECK(halloc1(&a, 2 * MiB, 0) == 0 && hfree(a) == 0, "allocation through the v1 lookup");
   say("used");
   return 0;
 }
@@ -1508,9 +1517,9 @@ static int case_gpa_alias(void) {
   pt_env_set(&c.env, "KVSHIM_LOG", "debug");
   PT_CHECK(run_child(&c, "gpa_alias", 0) == 0, "child failed (see %s)", c.err);
   char *out = must_read(c.out), *st = must_read(c.stats), *err = must_read(c.err);
-  expect_count(out, "obj=libkvshim.so", 6);
+  expect_count(out, "obj=libkvshim.so", 8);
   expect_stat(st, "cuda_device_allocs", 1);
-  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_allocs", 3);
   expect_stat(st, "host_arena_used_bytes", 0);
   expect_stat(st, "host_arena_h2d_bytes", 4096); /* counted by the _ptsz wrapper */
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
