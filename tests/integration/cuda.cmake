@@ -54,3 +54,13 @@ add_test(NAME gpu_pack_runpath COMMAND ${CMAKE_COMMAND} -DREADELF=${CMAKE_READEL
   -DSCRIPT=${PROJECT_SOURCE_DIR}/scripts/gpu-check -DBUILD=${PROJECT_BINARY_DIR}
   -P ${CMAKE_CURRENT_SOURCE_DIR}/check_runpath.cmake)
 set_tests_properties(gpu_pack_runpath PROPERTIES TIMEOUT 60 LABELS "integration")
+
+# A required step that is skipped fails the run (issue 23): with a 1 s deadline every step is
+# skipped, and scripts/gpu-check must exit 1 with the skips in its summary (the full run, where
+# only torch is skipped and marked optional, passes: scripts/test).
+add_test(NAME gpu_check_skip_fails COMMAND bash -c
+  "out=$(mktemp -d) && KVS_GPU_DEADLINE=1 '${PROJECT_SOURCE_DIR}/scripts/gpu-check' --fake \
+   --build-dir '${PROJECT_BINARY_DIR}' --out \"$out\" >/dev/null 2>&1; rc=$?; \
+   grep -q '^facts *SKIP: past the 1s deadline' \"$out/summary.txt\"; found=$?; rm -rf \"$out\"; \
+   [ $rc -eq 1 ] && [ $found -eq 0 ]")
+set_tests_properties(gpu_check_skip_fails PROPERTIES TIMEOUT 60 LABELS "integration")
