@@ -26,13 +26,15 @@
  *   fork            the driver refuses CUDA in a fork child: the child's allocation fails
  *                   with the driver's error, it builds no pool or coordinator and has closed
  *                   the parent's sockets
- *   threads         8 threads' concurrent first calls initialise once
+ *   threads         8 threads' concurrent first calls initialise once and are all pooled; with
+ *                   the default 4 GiB arena they register one piece between them
  *   notouch         processes that call no hook (sh, true, an idle CUDA program): no socket,
  *                   no pool, no thread, no output
  *   gpa             cuGetProcAddress_v2 (with and without the per-thread flag) and dlopen+dlsym
  *                   return the wrapper of exactly the variant the driver returned
  *   gpa_alias       the driver's resolver answers are not its exported symbols
- *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim
+ *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim, the
+ *                   v1 resolver asked for at 11030 (as libcudart does) too
  *   unexportable    cuMemAllocAsync and managed memory are recorded as not exportable
  *                   (cuda_device_unexportable), never in an EXPORT_TENSORS answer
  *   bypass          allocation wrappers handed out by the resolver, driver in use, and no
@@ -58,6 +60,9 @@
  *                   hooks, per buffer and with the default pinning in pieces
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
  *                   ways, the preloaded buffer from the host arena (figures printed)
+ *
+ * Every case runs with the shipped defaults but small pools (tc_init) unless it is about
+ * KVSHIM_CUDA_PIN_ARENA=0 (tc_init_own); each run prints the options it set ("options (...)").
  *
  * PT_REAL_DRIVER=1 (scripts/gpu-check) runs the cases on the real driver: the checks that read
  * the fake driver's call log are skipped and fake-only behaviour is not assumed; the fork case
