@@ -39,6 +39,13 @@ add_test(NAME cuda_facts_alias COMMAND cuda_facts)
 set_tests_properties(cuda_facts_alias PROPERTIES TIMEOUT 60 LABELS "integration" WILL_FAIL ON
   ENVIRONMENT "FAKECUDA_GPA_ALIAS=1")
 kvs_fakecuda_env(cuda_facts_alias)
+# The per-version check can fail: answers that are no exported symbol are refused at every
+# version asked (the pass is the FAIL line, whatever the exit status).
+add_test(NAME cuda_facts_alias_versions COMMAND cuda_facts)
+set_tests_properties(cuda_facts_alias_versions PROPERTIES TIMEOUT 60 LABELS "integration"
+  ENVIRONMENT "FAKECUDA_GPA_ALIAS=1"
+  PASS_REGULAR_EXPRESSION "versions cuMemHostAlloc [(]default[)]: 2000:none 2020:unknown[^\n]* -> FAIL")
+kvs_fakecuda_env(cuda_facts_alias_versions)
 
 # Benchmark (not a test): large cuMemHostAlloc calls, the driver's against kvshim's host arena
 # with pinning ahead of use (issue 14 item 6). Run:
