@@ -116,9 +116,6 @@ extern "C" {
   X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
   X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")     \
   X(host_arena_inline_pins, C, "host-arena registrations made inside an engine's allocation")  \
-  X(host_arena_pinning_forwards, C,                                                           \
-    "host allocations left to the driver while the host arena was being registered "          \
-    "(0 since pinning in pieces)")                                                            \
   X(cache_peer_stores, C, "one copy: objects stored straight into the cache peer's pool")      \
   X(cache_peer_loads, C, "one copy: objects read from the cache peer's pool into the caller's") \
   X(cache_peer_fallbacks, C,                                                                  \

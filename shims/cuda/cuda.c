@@ -500,6 +500,10 @@ typedef struct cu_piece {
 } cu_piece_t;
 static cu_piece_t g_pieces[CU_PIECES];
 static pthread_mutex_t g_piece_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held by an engine thread registering a piece inline (never by the background thread, so an
+ * engine never waits for a nice-19 thread): concurrent first calls register one piece, and
+ * the others wait for it instead of registering one each or forwarding to the driver. */
+static pthread_mutex_t g_piece_inline_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_piece_len;      /* bytes per piece, set at family init; 0: no pieces */
 static atomic_bool g_ahead_busy;  /* the background thread is registering a piece */
 
@@ -595,16 +599,24 @@ static void cu_piece_ahead(kvs__runtime_t *rt) {
 }
 
 /* A buffer of len bytes (at most one piece) from the pieces, registering one inline when none
- * has room: its offset, or 0 (the caller then gives the buffer an extent of its own). */
+ * has room (one engine thread at a time: a thread that waited takes from the piece the other
+ * registered): its offset, or 0 (the caller then gives the buffer an extent of its own). */
 static uint64_t cu_piece_alloc(kvs__runtime_t *rt, uint64_t len) {
   pthread_mutex_lock(&g_piece_lock);
   uint64_t off = cu_piece_take_locked(len);
   pthread_mutex_unlock(&g_piece_lock);
-  if (!off && cu_piece_new(rt) == 0) {
-    kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_inline_pins);
+  if (!off) {
+    pthread_mutex_lock(&g_piece_inline_lock);
     pthread_mutex_lock(&g_piece_lock);
     off = cu_piece_take_locked(len);
     pthread_mutex_unlock(&g_piece_lock);
+    if (!off && cu_piece_new(rt) == 0) {
+      kvs_stats_inc(kvs_stats_global(), KVS_STAT_host_arena_inline_pins);
+      pthread_mutex_lock(&g_piece_lock);
+      off = cu_piece_take_locked(len);
+      pthread_mutex_unlock(&g_piece_lock);
+    }
+    pthread_mutex_unlock(&g_piece_inline_lock);
   }
   if (off) cu_piece_ahead(rt);
   return off;
@@ -967,13 +979,24 @@ __attribute__((destructor)) static void cu_check_interception(void) {
 
 /* What the real resolver itself answers for each hooked row: the driver may hand out entry
  * points at other addresses than its exported symbols, and a wrapper chosen by dlsym's answer
- * alone would then never be substituted (interception silently lost). Learned once by asking for each row's base name at the newest version (the row must
- * be the newest ABI of its base: cuMemAlloc -> cuMemAlloc_v2) with the default or per-thread
- * flag (_ptsz/_ptds rows), the first time an answer matches no dlsym pointer (cu_gpa_wrapper).
+ * alone would then never be substituted (interception silently lost). Learned once, the first
+ * time an answer matches no dlsym pointer (cu_gpa_wrapper), by asking for each row's base name
+ * with the default or per-thread flag (_ptsz/_ptds rows):
+ *   - the newest hooked ABI of a base at the newest version both cuda.h (at build time) and
+ *     the driver know (cuMemAlloc -> cuMemAlloc_v2): the resolver's answer there is the ABI
+ *     cuda.h names, which is that row;
+ *   - an older hooked ABI (cuGetProcAddress, v1, which libcudart asks for at 11030 before
+ *     asking for cuGetProcAddress_v2 at 12000) by walking the versions engines ask down from
+ *     there: the resolver answers ABIs newest first, so the k-th distinct answer is the k-th
+ *     older ABI, learned only when every ABI between it and the newest is a hooked row (no
+ *     unhooked ABI can be mistaken for it).
  * g_gpa_ptr is written before the release store of g_gpa_state. */
 static void *g_gpa_ptr[KVS__NHOOKS];
 static atomic_int g_gpa_state; /* 0 not learned, 1 learning, 2 learned */
-static int g_gpa_version;      /* the version asked with */
+static int g_gpa_version;      /* the version asked with (the newest) */
+/* Versions engines ask at (tests/integration/cuda_facts.c lists who asks which), descending. */
+static const int g_gpa_walk[] = {13000, 12080, 12020, 12000, 11030, 11020, 10020,
+                                 7000,  6000,  4000,  3020,  2030,  2020,  2000};
 
 /* Base name (into out) of an ELF name, whether it is a per-thread twin, and its ABI number
  * (1 for no _v suffix). */
@@ -995,10 +1018,25 @@ static int cu_row_base(const char *name, char *out, size_t cap, bool *pt) {
   return abi;
 }
 
+/* Row i's place below the newest hooked ABI of its base and flavour: 0 for the newest, k when
+ * k ABIs lie above it and all of them are hooked rows, -1 when one in between is not. */
+static int cu_gpa_rank(size_t i) {
+  char base[64], other[64];
+  bool pt, opt;
+  int abi = cu_row_base(kvs__row_names[i], base, sizeof base, &pt), newest = abi, have = 0;
+  for (size_t j = 0; j < KVS__NHOOKS; j++) {
+    int a = cu_row_base(kvs__row_names[j], other, sizeof other, &opt);
+    if (opt != pt || strcmp(base, other) != 0 || a < abi) continue;
+    if (a > newest) newest = a;
+    have++; /* the rows from abi up, this one included */
+  }
+  return have == newest - abi + 1 ? newest - abi : -1;
+}
+
 static void cu_gpa_learn(void) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&g_gpa_state, &expected, 1)) {
-    /* Another thread is asking the driver (a dozen lookups, no lock held): wait for it. */
+    /* Another thread is asking the driver (a few dozen lookups, no lock held): wait for it. */
     while (atomic_load_explicit(&g_gpa_state, memory_order_acquire) == 1) sched_yield();
     return;
   }
@@ -1009,21 +1047,24 @@ static void cu_gpa_learn(void) {
   }
   g_gpa_version = ver;
   for (size_t i = 0; i < KVS__NHOOKS && g_real.cuGetProcAddress_v2; i++) {
-    char base[64], other[64];
-    bool pt, opt;
-    int abi = cu_row_base(kvs__row_names[i], base, sizeof base, &pt), newest = 1;
-    for (size_t j = 0; j < KVS__NHOOKS; j++)
-      if (j != i && cu_row_base(kvs__row_names[j], other, sizeof other, &opt) > abi &&
-          opt == pt && !strcmp(base, other))
-        newest = 0;
-    if (!newest) continue;
-    void *p = NULL;
-    CUdriverProcAddressQueryResult qs;
+    char base[64];
+    bool pt;
+    cu_row_base(kvs__row_names[i], base, sizeof base, &pt);
+    int rank = cu_gpa_rank(i), seen = -1;
+    if (rank < 0) continue;
     cuuint64_t fl =
         pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
-    if (g_real.cuGetProcAddress_v2(base, &p, ver, fl, &qs) == CUDA_SUCCESS && p &&
-        p != kvs__family_peek(&kvs__family_cuda, i))
-      g_gpa_ptr[i] = p;
+    void *last = NULL;
+    for (size_t k = 0; k <= sizeof g_gpa_walk / sizeof g_gpa_walk[0] && seen < rank; k++) {
+      int v = k == 0 ? ver : g_gpa_walk[k - 1];
+      if (k > 0 && v >= ver) continue;
+      void *p = NULL;
+      CUdriverProcAddressQueryResult qs;
+      if (g_real.cuGetProcAddress_v2(base, &p, v, fl, &qs) != CUDA_SUCCESS || !p) break;
+      if (p == last) continue;
+      last = p;
+      if (++seen == rank && p != kvs__family_peek(&kvs__family_cuda, i)) g_gpa_ptr[i] = p;
+    }
   }
   atomic_store_explicit(&g_gpa_state, 2, memory_order_release);
 }
@@ -1719,6 +1760,7 @@ static void cu_fork_child(void) {
   atomic_store(&g_forked, true);
   atomic_store(&g_ahead_busy, false); /* the parent's piece thread does not exist here */
   pthread_mutex_init(&g_piece_lock, NULL);
+  pthread_mutex_init(&g_piece_inline_lock, NULL);
   memset(g_pieces, 0, sizeof g_pieces); /* registrations do not cross fork */
   atomic_store(&g_pinned, 0);
   pthread_mutex_init(&g_ipc_lock, NULL);

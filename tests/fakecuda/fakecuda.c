@@ -748,7 +748,14 @@ static CUresult dev_destroy(uintptr_t p) {
 enum { SIDE_ANY = 0, SIDE_DEV = 1 };
 
 /* Caller holds reg_lock. [p, p+n) must lie inside one range when it touches a known one; a
- * SIDE_DEV span must be device-accessible. Unknown host memory is the caller's business. */
+ * SIDE_DEV span must be device-accessible. Unknown host memory is the caller's business.
+ * Source: the CUDA Runtime API reference (cudaMemcpyBatchAsync, cudaMemcpyWithAttributesAsync
+ * notes): "Memory regions requested must be either entirely registered with CUDA, or in the
+ * case of host pageable transfers, not registered at all. Memory regions spanning over
+ * allocations that are both registered and not registered with CUDA are not supported and will
+ * return CUDA_ERROR_INVALID_VALUE". A span over two registrations is documented nowhere as
+ * supported either (each is its own allocation: cuMemGetAddressRange answers one of them), so
+ * the fake refuses it too, and kvshim never hands out a buffer straddling two pieces. */
 static CUresult span_ok(uintptr_t p, size_t n, int side) {
   if (!p || p + n < p) return CUDA_ERROR_INVALID_VALUE;
   const fk_range_t *r = range_find(p);
@@ -2792,7 +2799,17 @@ static void *proc_ptr(size_t i, int pt) {
 #define FK_GPA_FLAGS \
   (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
 
-/* pfn is written on every outcome once the arguments are valid (NULL when not found), as the
+/* Per version, as cuda.h (13.0, cuGetProcAddress) states: "if the specified CUDA version is
+ * greater than or equal to the CUDA version in which the driver symbol was introduced, this
+ * API will return the function pointer to the corresponding versioned function" (the row with
+ * the highest version <= the caller's: cuMemAlloc at 2000 is the legacy ABI, at 3020 and later
+ * cuMemAlloc_v2), "if the specified CUDA version is greater than the driver version, the API
+ * will return CUDA_ERROR_INVALID_VALUE", and a per-thread lookup "will return the legacy
+ * version" where no per-thread one exists (before 7.0 here). libcudart 13 asks each entry
+ * point at the version of its ABI (cuMemHostAlloc 2020, cuMemAlloc 3020, the _ptsz copies
+ * 7000, cuGetProcAddress 11030 then 12000: the fake's log of cuda_cudart_prog); cuda_facts
+ * asks every hooked base at those versions and the ones NCCL and PyTorch use.
+ * pfn is written on every outcome once the arguments are valid (NULL when not found), as the
  * driver does; status only when the caller passed one. Flags: PER_THREAD without LEGACY picks
  * the per-thread twin; DEFAULT (0) means legacy, since the driver cannot see how the caller
  * was compiled (cuda.h's inline wrapper adds PER_THREAD for per-thread builds). */

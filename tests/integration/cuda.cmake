@@ -39,6 +39,13 @@ add_test(NAME cuda_facts_alias COMMAND cuda_facts)
 set_tests_properties(cuda_facts_alias PROPERTIES TIMEOUT 60 LABELS "integration" WILL_FAIL ON
   ENVIRONMENT "FAKECUDA_GPA_ALIAS=1")
 kvs_fakecuda_env(cuda_facts_alias)
+# The per-version check can fail: answers that are no exported symbol are refused at every
+# version asked (the pass is the FAIL line, whatever the exit status).
+add_test(NAME cuda_facts_alias_versions COMMAND cuda_facts)
+set_tests_properties(cuda_facts_alias_versions PROPERTIES TIMEOUT 60 LABELS "integration"
+  ENVIRONMENT "FAKECUDA_GPA_ALIAS=1"
+  PASS_REGULAR_EXPRESSION "versions cuMemHostAlloc [(]default[)]: 2000:none 2020:unknown[^\n]* -> FAIL")
+kvs_fakecuda_env(cuda_facts_alias_versions)
 
 # Benchmark (not a test): large cuMemHostAlloc calls, the driver's against kvshim's host arena
 # with pinning ahead of use (issue 14 item 6). Run:
@@ -47,3 +54,20 @@ add_executable(cuda_hostalloc_bench cuda_hostalloc_bench.c)
 target_link_libraries(cuda_hostalloc_bench PRIVATE kvshim_fakecuda kvshim_flags kvshim_cuda_headers)
 set_target_properties(cuda_hostalloc_bench PROPERTIES INSTALL_RPATH "$ORIGIN"
   BUILD_WITH_INSTALL_RPATH ON)
+
+# What scripts/gpu-check --pack carries has no build-machine path (RUNPATH $ORIGIN or none,
+# libcudart next to the program that needs it): the files it copies out of this build.
+add_test(NAME gpu_pack_runpath COMMAND ${CMAKE_COMMAND} -DREADELF=${CMAKE_READELF}
+  -DSCRIPT=${PROJECT_SOURCE_DIR}/scripts/gpu-check -DBUILD=${PROJECT_BINARY_DIR}
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/check_runpath.cmake)
+set_tests_properties(gpu_pack_runpath PROPERTIES TIMEOUT 60 LABELS "integration")
+
+# A required step that is skipped fails the run (issue 23): with a 1 s deadline every step is
+# skipped, and scripts/gpu-check must exit 1 with the skips in its summary (the full run, where
+# only torch is skipped and marked optional, passes: scripts/test).
+add_test(NAME gpu_check_skip_fails COMMAND bash -c
+  "out=$(mktemp -d) && KVS_GPU_DEADLINE=1 '${PROJECT_SOURCE_DIR}/scripts/gpu-check' --fake \
+   --build-dir '${PROJECT_BINARY_DIR}' --out \"$out\" >/dev/null 2>&1; rc=$?; \
+   grep -q '^facts *SKIP: past the 1s deadline' \"$out/summary.txt\"; found=$?; rm -rf \"$out\"; \
+   [ $rc -eq 1 ] && [ $found -eq 0 ]")
+set_tests_properties(gpu_check_skip_fails PROPERTIES TIMEOUT 60 LABELS "integration")

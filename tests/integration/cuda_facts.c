@@ -14,11 +14,24 @@
  *                 base name (default flags, or per-thread flags for _ptsz/_ptds rows) at the
  *                 driver's version. When they differ kvshim learns the resolver's answers
  *                 (shims/cuda), but the fact is reported as a failure: the routing then rests on
- *                 that learning. */
+ *                 that learning.
+ *   versions <base>  every hooked base name (and flavour) asked of both resolvers
+ *                 (cuGetProcAddress, cuGetProcAddress_v2) at every version an engine asks, up
+ *                 to the driver's: each found answer must be the dlsym pointer of a hooked row
+ *                 of that base (kvshim substitutes it) or of an older ABI of the base that
+ *                 kvshim leaves alone by design (the legacy 32-bit cuMemAlloc); an answer that
+ *                 is neither (a newer ABI kvshim does not hook, or an unknown pointer) fails.
+ *                 The versions: what libcudart 12/13 asks (each entry point at the version of
+ *                 the ABI it was built against: 2000 ... 11030 for cuGetProcAddress, 12000 for
+ *                 cuGetProcAddress_v2, seen in the fake's log of cuda_cudart_prog), NCCL's
+ *                 src/misc/cudawrap.cc (cuMemCreate at 10020 through the v1 resolver), PyTorch's
+ *                 c10/cuda/driver_api.h (12000, and 12080 for the optional rows), programs
+ *                 asking at CUDART_VERSION (12020 ... 13000), and the driver's own version. */
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,6 +52,97 @@ static int split(const char *name, char *base, size_t cap, bool *pt) {
   int abi = 1;
   if (v && v[1] == 'v' && v[2] >= '0' && v[2] <= '9' && sscanf(v + 2, "%d", &abi) == 1) *v = '\0';
   return abi;
+}
+
+/* The versions engines ask at (see the header), ascending; those above the driver's are not
+ * asked (cuda.h, cuGetProcAddress: "If the specified CUDA version is greater than the driver
+ * version, the API will return CUDA_ERROR_INVALID_VALUE"). */
+static const int versions[] = {2000,  2020,  2030,  3020,  4000,  6000,  7000,  10020,
+                               11020, 11030, 12000, 12020, 12080, 13000, 13020};
+
+typedef CUresult (*gpa_v1_t)(const char *, void **, int, cuuint64_t);
+
+/* The ELF name of p among the names of base: a hooked row (*hooked true, *abi its number) or
+ * base, base_v2 ... base_v9, legacy or per-thread (a per-thread lookup answers the legacy
+ * variant where the base has no per-thread one: cuda.h, cuGetProcAddress); NULL when none. */
+static const char *name_of(void *lib, void *p, const char *base, bool *hooked, int *abi,
+                           char *buf, size_t cap) {
+  for (size_t i = 0; i < NROWS; i++) {
+    char b[64];
+    bool rpt;
+    int a = split(rows[i], b, sizeof b, &rpt);
+    if (!strcmp(b, base) && dlsym(lib, rows[i]) == p) {
+      *hooked = true, *abi = a;
+      return rows[i];
+    }
+  }
+  static const char *const sfx[] = {"", "_ptsz", "_ptds"};
+  for (int a = 1; a <= 9; a++)
+    for (int k = 0; k < 3; k++) {
+      char v[8] = "";
+      if (a > 1) snprintf(v, sizeof v, "_v%d", a);
+      snprintf(buf, cap, "%s%s%s", base, v, sfx[k]);
+      if (dlsym(lib, buf) == p) {
+        *hooked = false, *abi = a;
+        return buf;
+      }
+    }
+  return NULL;
+}
+
+static int check_versions(void *lib, int drv) {
+  gpa_v1_t v1 = (gpa_v1_t)(uintptr_t)dlsym(lib, "cuGetProcAddress");
+  int bad = 0;
+  for (size_t i = 0; i < NROWS; i++) {
+    char base[64], other[64];
+    bool pt, opt, seen = false;
+    int lowest = 1 << 30;
+    split(rows[i], base, sizeof base, &pt);
+    for (size_t j = 0; j < NROWS; j++) { /* once per base and flavour; its lowest hooked ABI */
+      int a = split(rows[j], other, sizeof other, &opt);
+      if (opt == pt && !strcmp(base, other)) {
+        if (j < i) seen = true;
+        if (a < lowest) lowest = a;
+      }
+    }
+    if (seen) continue;
+    char line[2048];
+    size_t n = 0;
+    int fails = 0;
+    for (size_t k = 0; k < sizeof versions / sizeof versions[0] + 1; k++) {
+      int v = k < sizeof versions / sizeof versions[0] ? versions[k] : drv;
+      if (v > drv || (k < sizeof versions / sizeof versions[0] && v == drv)) continue;
+      for (int r = 0; r < 2; r++) {
+        void *p = NULL;
+        cuuint64_t fl = pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                           : CU_GET_PROC_ADDRESS_DEFAULT;
+        CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+        CUresult g = r ? (v1 ? v1(base, &p, v, fl) : CUDA_ERROR_NOT_FOUND)
+                       : cuGetProcAddress_v2(base, &p, v, fl, &st);
+        if (g != CUDA_SUCCESS || !p || st != CU_GET_PROC_ADDRESS_SUCCESS) {
+          if (r == 0 && n < sizeof line)
+            n += (size_t)snprintf(line + n, sizeof line - n, " %d:none", v);
+          continue;
+        }
+        char buf[96];
+        bool hooked = false;
+        int abi = 0;
+        const char *nm = name_of(lib, p, base, &hooked, &abi, buf, sizeof buf);
+        bool ok = nm && (hooked || abi < lowest);
+        if (!ok) fails++;
+        if (r == 0 && n < sizeof line)
+          n += (size_t)snprintf(line + n, sizeof line - n, " %d:%s%s", v, nm ? nm : "unknown",
+                                !nm ? "" : hooked ? "" : abi < lowest ? "(older,unhooked)"
+                                                                       : "(NEWER,unhooked)");
+        else if (!ok && n < sizeof line)
+          n += (size_t)snprintf(line + n, sizeof line - n, " v1@%d:%s", v, nm ? nm : "unknown");
+      }
+    }
+    bad += fails > 0;
+    printf("versions %s (%s):%s -> %s\n", base, pt ? "per-thread" : "default", line,
+           fails ? "FAIL" : "PASS");
+  }
+  return bad;
 }
 
 int main(void) {
@@ -90,5 +194,6 @@ int main(void) {
            g != CUDA_SUCCESS ? "failed" : a == b ? "same pointer" : "another pointer",
            ok ? "PASS" : "FAIL");
   }
+  bad += check_versions(lib, ver);
   return bad ? 1 : 0;
 }

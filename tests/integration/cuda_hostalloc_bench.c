@@ -3,6 +3,7 @@
  *
  *   cuda_hostalloc_bench [--mib N] [--count K] [--gap-ms G] [--warm-ms W]
  *   cuda_hostalloc_bench --compare LIBKVSHIM [--mib N] [--count K] [--gap-ms G] [--warm-ms W]
+ *                        [--max-ratio R]
  *
  * Allocates K buffers of N MiB with cuMemHostAlloc, idle G ms between them (an engine does
  * other work between allocations), then frees them; prints one JSON line with the median,
@@ -14,8 +15,11 @@
  * --warm-ms W first allocates 1 MiB of device memory and a 2 MiB pinned buffer (freed), and
  * idles W ms, as an engine loads its weights and sets up before it allocates its large pinned
  * buffers (under kvshim that first host allocation registers the first 64 MiB piece of the
- * host arena, unless KVSHIM_CUDA_PIN_ARENA=0). */
+ * host arena, unless KVSHIM_CUDA_PIN_ARENA=0). --max-ratio R makes it a verdict (scripts/gpu-check
+ * steps hostalloc and hostalloc-pin): a last line "verdict: ... PASS" and exit status 0 when
+ * the ratio of the medians is at most R, "FAIL" and 1 otherwise. */
 #include <cuda.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +96,7 @@ static int child(const char *self, const char *preload, char **args, double *ms,
 int main(int argc, char **argv) {
   size_t mib = 256;
   int k = 4, gap_ms = 50, warm_ms = 0, raw = 0;
+  double max_ratio = 0; /* 0: figures only */
   const char *lib = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
@@ -100,14 +105,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warm-ms") && i + 1 < argc) warm_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--compare") && i + 1 < argc) lib = argv[++i];
     else if (!strcmp(argv[i], "--raw")) raw = 1;
+    else if (!strcmp(argv[i], "--max-ratio") && i + 1 < argc) max_ratio = strtod(argv[++i], NULL);
     else {
       fprintf(stderr,
-              "usage: %s [--compare LIBKVSHIM] [--mib N] [--count K] [--gap-ms G] [--warm-ms W]\n",
+              "usage: %s [--compare LIBKVSHIM] [--mib N] [--count K] [--gap-ms G] [--warm-ms W] "
+              "[--max-ratio R]\n",
               argv[0]);
       return 2;
     }
   }
-  if (k < 1 || k > MAX_K || mib == 0 || gap_ms < 0 || warm_ms < 0) {
+  if (k < 1 || k > MAX_K || mib == 0 || gap_ms < 0 || warm_ms < 0 || max_ratio < 0 ||
+      (max_ratio > 0 && !lib)) {
     fprintf(stderr, "bad arguments\n");
     return 2;
   }
@@ -155,5 +163,11 @@ int main(int argc, char **argv) {
          "\"ratio_min\":%.3f,\"ratio_max\":%.3f,\"first_ms_driver\":%.3f,"
          "\"first_ms_kvshim\":%.3f}\n",
          mib, k, dmed, kmed, dmed > 0 ? kmed / dmed : 0, ratio[0], ratio[k - 1], drv[0], kvs[0]);
+  if (max_ratio > 0) {
+    bool ok = dmed > 0 && kmed / dmed <= max_ratio;
+    printf("verdict: median cuMemHostAlloc(%zu MiB) under kvshim %.3fx the driver's (bound "
+           "%.2fx) -> %s\n", mib, dmed > 0 ? kmed / dmed : 0, max_ratio, ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  }
   return 0;
 }

@@ -26,13 +26,15 @@
  *   fork            the driver refuses CUDA in a fork child: the child's allocation fails
  *                   with the driver's error, it builds no pool or coordinator and has closed
  *                   the parent's sockets
- *   threads         8 threads' concurrent first calls initialise once
+ *   threads         8 threads' concurrent first calls initialise once and are all pooled; with
+ *                   the default 4 GiB arena they register one piece between them
  *   notouch         processes that call no hook (sh, true, an idle CUDA program): no socket,
  *                   no pool, no thread, no output
  *   gpa             cuGetProcAddress_v2 (with and without the per-thread flag) and dlopen+dlsym
  *                   return the wrapper of exactly the variant the driver returned
  *   gpa_alias       the driver's resolver answers are not its exported symbols
- *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim
+ *                   (FAKECUDA_GPA_ALIAS): every hooked entry point still reaches kvshim, the
+ *                   v1 resolver asked for at 11030 (as libcudart does) too
  *   unexportable    cuMemAllocAsync and managed memory are recorded as not exportable
  *                   (cuda_device_unexportable), never in an EXPORT_TENSORS answer
  *   bypass          allocation wrappers handed out by the resolver, driver in use, and no
@@ -58,6 +60,9 @@
  *                   hooks, per buffer and with the default pinning in pieces
  *   bandwidth <prog> [MiB [reps]]  cuda_bandwidth with and without the preload: data intact both
  *                   ways, the preloaded buffer from the host arena (figures printed)
+ *
+ * Every case runs with the shipped defaults but small pools (tc_init) unless it is about
+ * KVSHIM_CUDA_PIN_ARENA=0 (tc_init_own); each run prints the options it set ("options (...)").
  *
  * PT_REAL_DRIVER=1 (scripts/gpu-check) runs the cases on the real driver: the checks that read
  * the fake driver's call log are skipped and fake-only behaviour is not assumed; the fork case
@@ -499,8 +504,16 @@ static int w_gpa_alias(void) {
                cuGetProcAddress("cuMemcpyHtoDAsync", (void **)&h2d_pt, CUDA_VERSION,
                                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == 0,
            "lookups");
+  /* libcudart asks for the v1 resolver at 11030 (then cuGetProcAddress_v2 at 12000): an older
+   * hooked ABI, whose alias kvshim must know too; lookups through it reach kvshim. */
+  CUresult (*gpa1)(const char *, void **, int, cuuint64_t) = NULL;
+  PT_CHECK(cuGetProcAddress("cuGetProcAddress", (void **)&gpa1, 11030, 0, &st) == 0 && gpa1,
+           "v1 resolver at 11030");
+  CUresult (*halloc1)(void **, size_t, unsigned) = NULL;
+  PT_CHECK(gpa1("cuMemHostAlloc", (void **)&halloc1, 2020, 0) == 0 && halloc1,
+           "cuMemHostAlloc at 2020 through the v1 resolver");
   void *fns[] = {(void *)dalloc, (void *)dfree, (void *)halloc, (void *)hallochost,
-                 (void *)hfree, (void *)h2d_pt};
+                 (void *)hfree, (void *)h2d_pt, (void *)gpa1, (void *)halloc1};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     const char *sym, *obj = obj_name(fns[i], &sym);
     say("entry %zu obj=%s", i, obj);
@@ -512,6 +525,7 @@ static int w_gpa_alias(void) {
   fill(a, 4096, 5);
   PT_CHECK(h2d_pt(d, a, 4096, 0) == 0 && cuStreamSynchronize(0) == 0, "ptsz copy");
   PT_CHECK(dfree(d) == 0 && hfree(a) == 0 && hfree(b) == 0, "frees");
+  PT_CHECK(halloc1(&a, 2 * MiB, 0) == 0 && hfree(a) == 0, "allocation through the v1 lookup");
   say("used");
   return 0;
 }
@@ -848,15 +862,12 @@ typedef struct tcase {
 } tcase_t;
 
 /* A fresh temporary directory (the run directory lives inside it) and an environment for a
- * preloaded (or plain) child with small pools. Host buffers are registered one by one
- * (KVSHIM_CUDA_PIN_ARENA=0), so the cases can count each registration; the default, pinning in
- * pieces, is case pin_arena's, pieces' and first16's (tc_init_pin_default). */
-static void tc_init_pin_default(tcase_t *c, const char *tag, bool preload);
+ * preloaded (or plain) child with the shipped defaults, except small pools
+ * (KVSHIM_POOL_SIZE=8M, KVSHIM_HOST_POOL_SIZE=32M: the host arena is then one piece) and the
+ * test's own KVSHIM_RUN_DIR and KVSHIM_STATS. Every run prints the options it set
+ * ("options: ..."), which scripts/gpu-check shows for its step. Cases about registering each
+ * buffer on its own (KVSHIM_CUDA_PIN_ARENA=0) use tc_init_own. */
 static void tc_init(tcase_t *c, const char *tag, bool preload) {
-  tc_init_pin_default(c, tag, preload);
-  pt_env_set(&c->env, "KVSHIM_CUDA_PIN_ARENA", "0");
-}
-static void tc_init_pin_default(tcase_t *c, const char *tag, bool preload) {
   if (!c->tmp[0]) pt_mkdtemp(c->tmp, sizeof c->tmp, tag);
   snprintf(c->run, sizeof c->run, "%s/run", c->tmp);
   snprintf(c->stats, sizeof c->stats, "%s/stats.json", c->tmp);
@@ -870,6 +881,21 @@ static void tc_init_pin_default(tcase_t *c, const char *tag, bool preload) {
   pt_env_set(&c->env, "KVSHIM_POOL_SIZE", "8M");
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "32M");
   pt_env_set(&c->env, "FAKECUDA_LOG", "%s", c->log);
+}
+/* Drop name from the child's environment (the shipped default applies). */
+static void tc_unset(tcase_t *c, const char *name) {
+  size_t nl = strlen(name);
+  for (int i = 0; i < c->env.n; i++)
+    if (!strncmp(c->env.v[i], name, nl) && c->env.v[i][nl] == '=') {
+      free(c->env.v[i]);
+      c->env.v[i] = c->env.v[--c->env.n];
+      c->env.v[c->env.n] = NULL;
+      return;
+    }
+}
+static void tc_init_own(tcase_t *c, const char *tag, bool preload) {
+  tc_init(c, tag, preload);
+  pt_env_set(&c->env, "KVSHIM_CUDA_PIN_ARENA", "0");
 }
 /* New output files for the next run in the same directory. */
 static void tc_next(tcase_t *c, const char *suffix) {
@@ -885,12 +911,32 @@ static void tc_done(tcase_t *c) {
   pt_rm_rf(c->tmp);
 }
 
+/* "options: ..." on stdout: the KVSHIM_* options a run of workload sets (scripts/gpu-check
+ * shows them for its step; docs/gpu.md lists them). */
+static void say_options(const tcase_t *c, const char *workload) {
+  char line[1024];
+  size_t n = 0;
+  bool preload = false;
+  line[0] = '\0';
+  for (int i = 0; i < c->env.n; i++)
+    if (!strncmp(c->env.v[i], "LD_PRELOAD=", 11) && strstr(c->env.v[i], "libkvshim")) preload = true;
+  for (int i = 0; i < c->env.n && n < sizeof line; i++)
+    if (!strncmp(c->env.v[i], "KVSHIM_", 7) && strncmp(c->env.v[i], "KVSHIM_RUN_DIR=", 15) &&
+        strncmp(c->env.v[i], "KVSHIM_STATS=", 13))
+      n += (size_t)snprintf(line + n, sizeof line - n, " %s", c->env.v[i]);
+  printf("options (%s%s):%s%s\n", workload, preload ? "" : ", not preloaded",
+         line[0] ? line : " shipped defaults", " (and KVSHIM_RUN_DIR, KVSHIM_STATS)");
+  fflush(stdout);
+}
+
 static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload) {
+  say_options(c, workload);
   char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
   pt_spawn_opts_t o = {.pipes = true, .err_path = c->err};
   pt_spawn(p, argv, &c->env, &o);
 }
 static int run_child(tcase_t *c, const char *workload, rlim_t fsize) {
+  say_options(c, workload);
   char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
   pt_proc_t p;
   pt_spawn_opts_t o = {.out_path = c->out, .err_path = c->err, .fsize_limit = fsize};
@@ -968,9 +1014,10 @@ static int case_host_pool(void) {
   expect_stat(st, "host_arena_fallbacks", 0);
   expect_stat(st, "hook_fallbacks", 0);
   if (log) {
-  expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
-  expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
-  /* Freed pooled buffers stay registered for the next allocation that fits. */
+  /* The defaults: one piece (the whole 32 MiB arena, smaller than 64 MiB) registered inside
+   * the first host allocation; both buffers from it; freed back without an unregistration. */
+  expect_count(log, "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1", 1);
+  expect_count(log, "cuMemHostRegister_v2", 1);
   expect_count(log, "cuMemHostUnregister", 0);
   expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
   expect_count(log, "cuMemHostAlloc bytesize=4194304", 0);
@@ -1025,7 +1072,10 @@ static int case_arena_full(void) {
   expect_stat(st, "host_arena_fallbacks", 1);
   expect_stat(st, "host_arena_used_bytes", 0);
   if (log) {
-    expect_count(log, "cuMemHostRegister_v2 bytesize=3145728 flags=0x3 -> 0", 1);
+    /* The defaults: the 4 MiB arena is one piece, registered for the first buffer; the second
+     * does not fit beside it and goes to the driver. */
+    expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
+    expect_count(log, "cuMemHostRegister_v2", 1);
     expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
     expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
     expect_count(log, "cuMemHostUnregister", 0); /* kept registered */
@@ -1338,6 +1388,19 @@ static int case_threads(void) {
   expect_stat(st, "host_arena_allocs", NTHREADS);
   expect_stat(st, "host_arena_fallbacks", 0);
   free(out), free(err), free(st);
+  /* The default 4 GiB arena: the concurrent first calls register one piece between them (the
+   * others wait for it), not one each, and none goes to the driver. */
+  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4G");
+  tc_next(&c, "4g");
+  PT_CHECK(run_child(&c, "threads", 0) == 0, "child failed with a 4G arena (see %s)", c.err);
+  st = must_read(c.stats);
+  expect_stat(st, "host_arena_allocs", NTHREADS);
+  expect_stat(st, "host_arena_fallbacks", 0);
+  if (!g_real_driver) {
+    expect_stat(st, "host_arena_inline_pins", 1);
+    expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
+  }
+  free(st);
   tc_done(&c);
   return 0;
 }
@@ -1459,9 +1522,9 @@ static int case_gpa_alias(void) {
   pt_env_set(&c.env, "KVSHIM_LOG", "debug");
   PT_CHECK(run_child(&c, "gpa_alias", 0) == 0, "child failed (see %s)", c.err);
   char *out = must_read(c.out), *st = must_read(c.stats), *err = must_read(c.err);
-  expect_count(out, "obj=libkvshim.so", 6);
+  expect_count(out, "obj=libkvshim.so", 8);
   expect_stat(st, "cuda_device_allocs", 1);
-  expect_stat(st, "host_arena_allocs", 2);
+  expect_stat(st, "host_arena_allocs", 3);
   expect_stat(st, "host_arena_used_bytes", 0);
   expect_stat(st, "host_arena_h2d_bytes", 4096); /* counted by the _ptsz wrapper */
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
@@ -1542,7 +1605,7 @@ static int case_zerocopy(void) {
 /* Run workload w with a host arena of pool bytes; every buffer came from the arena (allocs of
  * them, no fallback) and went back to it. */
 static void run_arena_case(tcase_t *c, const char *w, const char *pool, long long allocs) {
-  tc_init(c, w, true);
+  tc_init_own(c, w, true);
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "%s", pool);
   PT_CHECK(run_child(c, w, 0) == 0, "child failed (see %s)", c->err);
   char *st = must_read(c->stats);
@@ -1575,13 +1638,12 @@ static int case_keep(void) {
  * next ahead of use off the engine's thread (issue 23 items 1-3). */
 static int case_pieces(void) {
   tcase_t c = {0};
-  tc_init_pin_default(&c, "pieces", true);
+  tc_init(&c, "pieces", true);
   pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "256M");
   PT_CHECK(run_child(&c, "pieces", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 4);
   expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_used_bytes", 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
@@ -1610,12 +1672,12 @@ static int case_pieces(void) {
  * the whole arena used to be registered, and the buffer left to the driver). */
 static int case_first16(void) {
   tcase_t c = {0};
-  tc_init_pin_default(&c, "first16", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4G"); /* the default, written out */
+  tc_init(&c, "first16", true);
+  tc_unset(&c, "KVSHIM_POOL_SIZE"); /* every option at its default (4 GiB host arena) */
+  tc_unset(&c, "KVSHIM_HOST_POOL_SIZE");
   PT_CHECK(run_child(&c, "first16", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_used_bytes", 16 * MiB);
   long long pinned = pt_stat(st, "host_arena_pinned_bytes");
   PT_CHECK(pinned > 0 && pinned <= 64 * MiB + 16 * MiB,
@@ -1635,7 +1697,7 @@ static int case_first16(void) {
 
 static int case_vmm(void) {
   tcase_t c = {0};
-  tc_init_pin_default(&c, "vmm", true);
+  tc_init(&c, "vmm", true);
   PT_CHECK(run_child(&c, "vmm", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "cuda_vmm_allocs", 2);
@@ -1670,8 +1732,8 @@ static int case_leases(void) {
 static int case_freesync(void) {
   tcase_t c = {0};
   for (int own = 0; own < 2; own++) {
-    if (own) tc_init(&c, "freesync", true);
-    else tc_init_pin_default(&c, "freesync", true);
+    if (own) tc_init_own(&c, "freesync", true);
+    else tc_init(&c, "freesync", true);
     pt_env_set(&c.env, "FAKECUDA_DEFER_ASYNC", "1");
     PT_CHECK(run_child(&c, "freesync", 0) == 0, "child failed (%s; see %s)",
              own ? "KVSHIM_CUDA_PIN_ARENA=0" : "defaults", c.err);
@@ -1690,13 +1752,12 @@ static int case_freesync(void) {
  * host_arena_inline_pins counts them. */
 static int case_pin_arena(void) {
   tcase_t c = {0};
-  tc_init_pin_default(&c, "pinarena", true);
+  tc_init(&c, "pinarena", true);
   pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "256M");
   PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child failed (see %s)", c.err);
   char *st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 7);
   expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     char *log = must_read(c.log);
@@ -1712,13 +1773,12 @@ static int case_pin_arena(void) {
   free(st);
   /* KVSHIM_CUDA_PIN_ARENA=0: each size's first buffer is registered inline (the first 8M
    * extent is kept and reused, and the second round reuses the kept extents). */
-  tc_init(&c, "pinarena", true);
+  tc_init_own(&c, "pinarena", true);
   tc_next(&c, "own");
   pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
   PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child without the option failed (see %s)", c.err);
   st = must_read(c.stats);
   expect_stat(st, "host_arena_allocs", 7);
-  expect_stat(st, "host_arena_pinning_forwards", 0);
   expect_stat(st, "host_arena_inline_pins", 3);
   free(st);
   tc_done(&c);
@@ -1730,11 +1790,12 @@ static int case_pin_arena(void) {
  * given. Returns its stdout. */
 static char *run_cudart(tcase_t *c, const char *prog, const char *tag, bool preload,
                         bool pin_default, const char *plain) {
-  if (pin_default) tc_init_pin_default(c, "cudart", preload);
-  else tc_init(c, "cudart", preload);
+  if (pin_default) tc_init(c, "cudart", preload);
+  else tc_init_own(c, "cudart", preload);
   pt_env_foreign(&c->env);
   if (preload) pt_env_set(&c->env, "KVSHIM_LOG", "debug");
   tc_next(c, tag);
+  say_options(c, tag);
   char *argv[] = {(char *)prog, NULL};
   PT_CHECK(pt_run(argv, &c->env, c->out, c->err, TIMEOUT_S) == 0, "%s failed (%s)", prog, tag);
   char *out = must_read(c->out);
@@ -1786,7 +1847,6 @@ static int case_cudart(const char *prog) {
        * by the arena, from one piece registered inside the first. */
       char *dflt = run_cudart(&c, prog, "default", true, true, plain), *st2 = must_read(c.stats);
       expect_stat(st2, "host_arena_allocs", 2);
-      expect_stat(st2, "host_arena_pinning_forwards", 0);
       expect_stat(st2, "host_arena_fallbacks", 0);
       expect_stat(st2, "host_arena_inline_pins", 1);
       expect_stat(st2, "host_arena_used_bytes", 0);
@@ -1817,12 +1877,14 @@ static int case_bandwidth(const char *prog, const char *mib, const char *reps) {
   tcase_t c = {0};
   tc_init(&c, "bandwidth", false);
   tc_next(&c, "plain");
+  say_options(&c, "cuda_bandwidth");
   char *argv[] = {(char *)prog, "--mib", (char *)mib, "--reps", (char *)reps, NULL};
   PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
   char *plain = must_read(c.out);
   tc_init(&c, "bandwidth", true);
   pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "%lluM", 2ull * strtoull(mib, NULL, 10) + 8);
   tc_next(&c, "preload");
+  say_options(&c, "cuda_bandwidth");
   PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed under the preload",
            prog);
   char *pre = must_read(c.out), *st = must_read(c.stats);

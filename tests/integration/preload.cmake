@@ -94,8 +94,21 @@ foreach(kind shared static)
   if(kind STREQUAL "static")
     target_link_libraries(cuda_cudart_${kind} PRIVATE ${CMAKE_DL_LIBS} Threads::Threads rt)
   else()
-    get_filename_component(pt_cudart_dir "${KVSHIM_CUDART_${K}}" DIRECTORY)
-    set_target_properties(cuda_cudart_${kind} PROPERTIES BUILD_RPATH "${pt_cudart_dir}")
+    # No build-machine path in the program (scripts/gpu-check carries it to a GPU machine:
+    # test gpu_pack_runpath): the toolkit's libcudart is copied next to it, under its soname,
+    # and found through $ORIGIN, here and in the packed directory.
+    file(REAL_PATH "${KVSHIM_CUDART_${K}}" pt_cudart_real)
+    get_filename_component(pt_cudart_name "${pt_cudart_real}" NAME)
+    string(REGEX MATCH "^libcudart\\.so\\.[0-9]+" pt_cudart_soname "${pt_cudart_name}")
+    if(NOT pt_cudart_soname)
+      set(pt_cudart_soname "${pt_cudart_name}")
+    endif()
+    set_target_properties(cuda_cudart_${kind} PROPERTIES INSTALL_RPATH "$ORIGIN"
+      BUILD_WITH_INSTALL_RPATH ON)
+    add_custom_command(TARGET cuda_cudart_${kind} POST_BUILD
+      COMMAND ${CMAKE_COMMAND} -E copy_if_different "${pt_cudart_real}"
+              "$<TARGET_FILE_DIR:cuda_cudart_${kind}>/${pt_cudart_soname}"
+      VERBATIM)
   endif()
   add_dependencies(cuda_preload_test cuda_cudart_${kind})
   add_test(NAME cuda_preload_cudart_${kind}
