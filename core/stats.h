@@ -90,6 +90,14 @@ extern "C" {
   X(llama_prefix_peer_restores, C, "llama prefix cache: restores of a state fetched from a peer") \
   X(llama_prefix_snapshots, C, "llama prefix cache: sequence states stored")                  \
   X(llama_prefix_snapshot_bytes, C, "llama prefix cache: bytes of sequence states stored")    \
+  X(llama_prefix_snapshot_ns, C,                                                              \
+    "llama prefix cache: nanoseconds spent storing states on the decode path (all included)") \
+  X(llama_prefix_restore_ns, C,                                                               \
+    "llama prefix cache: nanoseconds spent looking up and restoring before decodes")         \
+  X(llama_state_get_ns, C,                                                                    \
+    "nanoseconds inside the engine's llama_state_seq_get_size/get_data called by kvshim")    \
+  X(llama_state_set_ns, C,                                                                    \
+    "nanoseconds inside the engine's llama_state_seq_set_data called by kvshim")             \
   X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
   X(llama_prefix_passthrough, C,                                                              \
     "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \

@@ -6,6 +6,7 @@
 
 #include "blob.h"
 #include "blob_hash.h"
+#include "internal.h"
 #include "pool.h"
 #include "proto.h"
 #include "runtime.h"
@@ -92,22 +93,39 @@ bool kvs__llama_state_api_ok(const kvs__llama_state_api_t *a) {
          (a->set_data || a->set_data_ext);
 }
 
+/* The engine's own time in the state calls kvshim makes (llama_state_{get,set}_ns): what a
+ * snapshot or restore costs that kvshim cannot shrink, beside what it adds (docs/PERF.md 13). */
+static void state_time(kvs_stat_id_t id, uint64_t t0) {
+  kvs_stats_add(kvs_stats_global(), id, kvs__now_ns() - t0);
+}
+
 size_t kvs__llama_state_size(const kvs__llama_state_api_t *a, struct llama_context *ctx,
                              int32_t seq) {
-  if (a->get_size_ext) return a->get_size_ext(ctx, seq, 0);
-  return a->get_size ? a->get_size(ctx, seq) : 0;
+  uint64_t t0 = kvs__now_ns();
+  size_t r = a->get_size_ext ? a->get_size_ext(ctx, seq, 0) : a->get_size ? a->get_size(ctx, seq)
+                                                                          : 0;
+  state_time(KVS_STAT_llama_state_get_ns, t0);
+  return r;
 }
 
 size_t kvs__llama_state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
                             size_t size, int32_t seq) {
-  if (a->get_data_ext) return a->get_data_ext(ctx, dst, size, seq, 0);
-  return a->get_data ? a->get_data(ctx, dst, size, seq) : 0;
+  uint64_t t0 = kvs__now_ns();
+  size_t r = a->get_data_ext ? a->get_data_ext(ctx, dst, size, seq, 0)
+             : a->get_data   ? a->get_data(ctx, dst, size, seq)
+                             : 0;
+  state_time(KVS_STAT_llama_state_get_ns, t0);
+  return r;
 }
 
 size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_context *ctx,
                             const uint8_t *src, size_t size, int32_t seq) {
-  if (a->set_data_ext) return a->set_data_ext(ctx, src, size, seq, 0);
-  return a->set_data ? a->set_data(ctx, src, size, seq) : 0;
+  uint64_t t0 = kvs__now_ns();
+  size_t r = a->set_data_ext ? a->set_data_ext(ctx, src, size, seq, 0)
+             : a->set_data   ? a->set_data(ctx, src, size, seq)
+                             : 0;
+  state_time(KVS_STAT_llama_state_set_ns, t0);
+  return r;
 }
 
 kvs__llama_blob_home_t kvs__llama_blob_home(struct kvs__runtime *rt) {

@@ -883,8 +883,8 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
  * probed key by key from the longest; else the peers' longest run), restored up to the restore
  * point px_restore_point chooses, which may lie beyond its keyed chunks (whole: exactly n + m).
  * Returns k (0: nothing restored; the engine is as it was). */
-static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
-                           uint32_t first_out, int mode, bool *possible) {
+static uint32_t px_restore_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                                 uint32_t first_out, int mode, bool *possible) {
   bool whole = mode == PX_WHOLE;
   kvs__px_seq_t *q = &c->sh.seq[s];
   uint32_t n = q->n, C = c->chunk, al = c->rules.align;
@@ -951,9 +951,18 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   return r == PX_OK ? k : 0;
 }
 
+/* px_restore_timed, its time in llama_prefix_restore_ns. */
+static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
+                           uint32_t first_out, int mode, bool *possible) {
+  uint64_t t0 = kvs__now_ns();
+  uint32_t k = px_restore_timed(c, ctx, s, m, first_out, mode, possible);
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restore_ns, kvs__now_ns() - t0);
+  return k;
+}
+
 /* ---- snapshot ---------------------------------------------------------------------------------- */
 
-static bool px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   kvs__px_seq_t *q = &c->sh.seq[s];
   if (q->tainted) return false;
   uint32_t C = c->chunk, N = q->n, cov = N < q->canon ? N : q->canon, J = cov / C;
@@ -1025,6 +1034,14 @@ failed:
   kvs_log_info("llama.cpp prefix cache: state of sequence %d (%u tokens) not stored: %s", s, N,
                why);
   return false;
+}
+
+/* px_snapshot_timed, its time in llama_prefix_snapshot_ns (the producer's cost: docs/PERF.md 13). */
+static bool px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
+  uint64_t t0 = kvs__now_ns();
+  bool ok = px_snapshot_timed(c, ctx, s);
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_snapshot_ns, kvs__now_ns() - t0);
+  return ok;
 }
 
 /* ---- decode ------------------------------------------------------------------------------------ */

@@ -149,6 +149,14 @@ def case_local(ctx):
     st, _ = same(ctx, cmds, "local")
     expect(st, "local", restores=(">=", 4), restored_tokens=(">=", 768 + 512 + 1024),
            snapshots=(">=", 1), bad_blobs=("==", 0), restore_failures=("==", 0))
+    # the time counters nest: the engine's own state calls happen inside kvshim's snapshots
+    # and restores (nothing failed here, so nothing was undone outside a restore)
+    snap, rest = st.get("llama_prefix_snapshot_ns", 0), st.get("llama_prefix_restore_ns", 0)
+    get, put = st.get("llama_state_get_ns", 0), st.get("llama_state_set_ns", 0)
+    check(snap > 0 and rest > 0 and get > 0 and put > 0,
+          f"time counters: snapshot {snap}, restore {rest}, get {get}, set {put}")
+    check(get <= snap + rest and put <= rest,
+          f"engine time outside kvshim's: get {get} > {snap} + {rest} or set {put} > {rest}")
 
 
 def case_sequences(ctx):

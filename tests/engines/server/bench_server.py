@@ -12,6 +12,11 @@ model with llama-server's default flags (4 slots, kv_unified), 2 threads:
             and the share of the document restored (goal >= 90%). Next to the TTFT ratio: its
             limit in the same run, the share of the prompt B still has to decode
             ((prompt - restored) / prompt), the ratio a free restore would give.
+  where the time goes (kvshim's own counters, immune to the machine's noise): on A, the time
+            its snapshot took inside the request (llama_prefix_snapshot_ns) against A's prompt
+            time, and the engine's own serialisation inside it (llama_state_get_ns); on B, the
+            restore (llama_prefix_restore_ns, the engine's llama_state_set_ns inside it)
+            against B's TTFT. Their limit is 0 (a free store or restore).
 Medians and spread (min-max) over the repetitions are printed; docs/PERF.md quotes them.
 """
 import argparse
@@ -42,6 +47,10 @@ def one_rep(args, i):
             r[f"producer_{int(preload)}"] = t["prompt_ms"]
             if preload:
                 r["doc_tokens"] = cs.ntokens(ctx, a, cs.DOC)
+                st = ctx.stats(a, everything=True)
+                r["snapshot_ms"] = st.get("llama_prefix_snapshot_ns", 0) / 1e6
+                r["serialise_ms"] = st.get("llama_state_get_ns", 0) / 1e6
+                r["snapshot_bytes"] = st.get("llama_prefix_snapshot_bytes", 0)
             ctx.stop(a)
         for preload in (False, True):
             b = ctx.start_server(preload)
@@ -51,7 +60,10 @@ def one_rep(args, i):
             r[f"prompt_{int(preload)}"] = t["prompt_ms"]
             r["prompt_n"] = t["prompt_n"]
             if preload:
-                r["restored"] = ctx.stats(b).get("restored_tokens", 0)
+                st = ctx.stats(b, everything=True)
+                r["restored"] = st.get("llama_prefix_restored_tokens", 0)
+                r["restore_ms"] = st.get("llama_prefix_restore_ns", 0) / 1e6
+                r["load_ms"] = st.get("llama_state_set_ns", 0) / 1e6
                 r["prompt_tokens"] = cs.ntokens(ctx, b, second)
             ctx.stop(b)
         return r
@@ -90,6 +102,17 @@ def main():
     print(summary("second replica TTFT ms on", [r["ttft_1"] for r in reps], "{:.0f}"))
     print(summary("second replica prompt time on/off", prompt))
     print(summary("share of the shared document restored (goal >= 0.90)", share))
+    print("where the time goes (kvshim's counters; limit 0):")
+    print(summary("  producer: snapshot / prompt time on", [r["snapshot_ms"] / r["producer_1"]
+                                                          for r in reps]))
+    print(summary("  producer: snapshot ms", [r["snapshot_ms"] for r in reps], "{:.1f}"))
+    print(summary("  producer: of it, the engine's llama_state_seq_get_data ms",
+                  [r["serialise_ms"] for r in reps], "{:.1f}"))
+    print(summary("  producer: snapshot MB", [r["snapshot_bytes"] / 1e6 for r in reps], "{:.1f}"))
+    print(summary("  consumer: restore / TTFT on", [r["restore_ms"] / r["ttft_1"] for r in reps]))
+    print(summary("  consumer: restore ms", [r["restore_ms"] for r in reps], "{:.1f}"))
+    print(summary("  consumer: of it, the engine's llama_state_seq_set_data ms",
+                  [r["load_ms"] for r in reps], "{:.1f}"))
     return 0
 
 

@@ -149,11 +149,14 @@ class Ctx(Context):
                                          "temperature": 0, "top_k": 1, "seed": 1, **kw})
         return r["content"], r.get("timings", {})
 
-    def stats(self, p):
+    def stats(self, p, everything=False):
+        """p's llama_prefix_* counters without their prefix (everything: all its counters)."""
         r = subprocess.run([self.kvshim, "stats", str(p.pid), "--json"], capture_output=True,
                            text=True, env=self.env(preload=False), timeout=60)
         check(r.returncode == 0, f"kvshim stats {p.pid}: {r.stderr}")
         st = json.loads(r.stdout)
+        if everything:
+            return st
         return {k[len("llama_prefix_"):]: v for k, v in st.items()
                 if k.startswith("llama_prefix_")}
 
