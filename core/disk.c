@@ -462,6 +462,7 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
 
 static void *writer_main(void *arg) {
   kvs_disk_t *d = arg;
+  pthread_setname_np(pthread_self(), "kvshim-disk-w"); /* for top and perf; best effort */
   pthread_mutex_lock(&d->qlock);
   for (;;) {
     while (!d->stop && !d->w_head) pthread_cond_wait(&d->wcond, &d->qlock);
@@ -636,6 +637,7 @@ static void fetch(kvs_disk_t *d, const job_t *jb) {
 
 static void *reader_main(void *arg) {
   kvs_disk_t *d = arg;
+  pthread_setname_np(pthread_self(), "kvshim-disk-r");
   pthread_mutex_lock(&d->qlock);
   for (;;) {
     while (!d->stop && !d->r_head) pthread_cond_wait(&d->rcond, &d->qlock);

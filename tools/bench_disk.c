@@ -3,24 +3,27 @@
  * never run by ctest).
  *
  *   cold read    N objects of 2 MiB / 16 MiB on disk, their segment files dropped from the page
- *                cache (fdatasync, posix_fadvise DONTNEED), the pool emptied; one fetch of all
- *                N keys through the tier's hooks, timed until every object is READY in the
- *                pool (header read, extent reserved, payload pread straight into it, XXH3
- *                checked, committed). Limit: plain sequential pread of the same bytes from a
- *                file of the same size, dropped from the page cache the same way, into a
- *                touched buffer.
+ *                cache (fdatasync, posix_fadvise DONTNEED), the pool empty; one fetch of all N
+ *                keys through the tier's hooks, timed until every object is READY in the pool
+ *                (header read, extent reserved, payload pread straight into it, XXH3 checked,
+ *                committed). Limit: plain sequential pread, in chunks of the object size, of
+ *                the same segment files (the same bytes), dropped from the page cache the same
+ *                way, into a touched buffer.
  *   write-behind N objects committed to the store, handed to the tier as the coordinator does,
- *                timed until every one is written and synced (--disk-sync batch: one
- *                fdatasync when the queue drains) and the writer has stopped. Limit: plain sequential write of the same
- *                bytes to one file, then fdatasync.
+ *                timed until every one is written and synced (--disk-sync batch) and the
+ *                writer has stopped. Limit: plain sequential write of the same bytes to one
+ *                file, then fdatasync.
+ *                Tier and limit alternate which goes first (io_bench says why); the ratio is
+ *                taken per repetition.
  *   scan         a directory of M 4 KiB objects (written through the record encoder into
  *                256 MiB segments), page cache warm: the tier's start-up scan (its own
  *                disk_scan_ms), per million objects. Limit: plain sequential read of the same files (64 KiB reads).
- * Every figure is repeated --reps times (default 5) and printed as median and min-max, with
+ * Every figure is repeated --reps times (default 6) and printed as median and min-max, with
  * the ratio tier / limit (throughput) or the time per million objects.
  *
- * usage: kvshim-bench-disk [--dir DIR] [--reps N] [--scan-objects M] [--quick]
- *   DIR (default /var/tmp/kvshim-bench-disk) is emptied and removed. */
+ * usage: kvshim-bench-disk [--dir DIR] [--reps N] [--scan-objects M] [--quick] [--only WHAT]
+ *   DIR (default /var/tmp/kvshim-bench-disk) is emptied and removed; WHAT (2m, 16m or scan)
+ *   runs one part only. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -133,7 +136,7 @@ static void rig_close(rig_t *r) {
 
 /* Wait until the counters a + b reach want (60 s at most: then the bench stops). */
 static void wait_stats(rig_t *r, kvs_stat_id_t a, kvs_stat_id_t b, uint64_t want) {
-  struct timespec ts = {0, 50000};
+  struct timespec ts = {0, 1000000}; /* 1 ms: a tighter poll takes CPU from the tier */
   double deadline = now_s() + 60;
   while (kvs_stats_get(&r->stats, a) + kvs_stats_get(&r->stats, b) < want)
     if (now_s() > deadline) {
@@ -184,69 +187,121 @@ static double plain_write(const char *path, const uint8_t *src, uint64_t total) 
   return now_s() - t0;
 }
 
-/* Sequential pread of the file into dst in chunks of size: seconds. */
-static double plain_read(const char *path, uint8_t *dst, uint64_t total, uint64_t chunk) {
-  drop_cache_file(path);
-  double t0 = now_s();
+#define DST_BYTES (1ull << 30) /* the limit's read buffer (touched before timing) */
+
+/* Sequential pread, in chunks of size, of every segment file of dir (dropped from the page
+ * cache first) into dst: seconds; *bytes gets the bytes read. */
+static uint8_t *pr_dst;
+static uint64_t pr_chunk, pr_bytes;
+static void plain_read_file(const char *path) {
+  if (!strstr(path, KVS_DISK_SEG_SUFFIX)) return;
   int fd = open(path, O_RDONLY);
-  for (uint64_t off = 0; off < total;) {
-    uint64_t c = total - off < chunk ? total - off : chunk;
-    ssize_t r = pread(fd, dst + off, c, (off_t)off);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) exit(1);
+  for (uint64_t off = 0; off < (uint64_t)st.st_size;) {
+    uint64_t c = (uint64_t)st.st_size - off < pr_chunk ? (uint64_t)st.st_size - off : pr_chunk;
+    uint64_t at = pr_bytes + c <= DST_BYTES ? pr_bytes : 0; /* dst holds every bench's bytes */
+    ssize_t r = pread(fd, pr_dst + at, c, (off_t)off);
     if (r <= 0) break;
-    off += (uint64_t)r;
+    off += (uint64_t)r, pr_bytes += (uint64_t)r;
   }
   close(fd);
+}
+static double plain_read(const char *dir, uint8_t *dst, uint64_t chunk, uint64_t *bytes) {
+  drop_cache_dir(dir);
+  pr_dst = dst, pr_chunk = chunk, pr_bytes = 0;
+  double t0 = now_s();
+  each_file(dir, plain_read_file);
+  double t = now_s() - t0;
+  *bytes = pr_bytes;
+  return t;
+}
+
+/* The tier's cold read of all n keys through the coordinator's fetch hook: seconds. */
+static double tier_read(rig_t *r, const char *dir, const kvs_key_t *keys, int n) {
+  drop_cache_dir(dir);
+  double t0 = now_s();
+  if (r->hooks->fetch(r->hooks->ctx, keys, 0, (size_t)n, kvs__now_ms() + 600000, 1) < 0) exit(1);
+  wait_stats(r, KVS_STAT_disk_hits, KVS_STAT_disk_misses, (uint64_t)n);
   return now_s() - t0;
 }
 
+/* The write-behind of the n committed objects (a fresh tier on an empty dir): seconds. Then
+ * the limit from the pool's memory (*from_pool): the same number of bytes written plainly from
+ * the extents the objects occupy (the pool's low end, where they were allocated). */
+static double tier_write(const char *dir, const uint8_t *src, uint64_t size, int n,
+                         const kvs_key_t *keys, const char *plain, double *from_pool) {
+  rm_rf(dir);
+  rig_t r;
+  uint64_t total = size * (uint64_t)n;
+  if (rig_open(&r, dir, 4 * total + (64u << 20)) < 0 || commit_objects(&r, src, size, n, 9) < 0) {
+    fprintf(stderr, "bench setup failed\n");
+    exit(1);
+  }
+  double t0 = now_s();
+  r.hooks->published(r.hooks->ctx, keys, (size_t)n, false);
+  wait_stats(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, (uint64_t)n);
+  kvs_disk_destroy(r.disk, 60000); /* joins the writer after its last fdatasync */
+  double t = now_s() - t0;
+  r.disk = NULL;
+  *from_pool = plain_write(plain, kvs_pool_base(r.pool), total);
+  rig_close(&r);
+  return t;
+}
+
+static void print_pair(const char *what, const char *name, int n, double mb, const double *t,
+                       const char *limit, double lmb, const double *l, int reps) {
+  double ratio[MAX_REPS];
+  for (int i = 0; i < reps; i++) ratio[i] = (mb / t[i]) / (lmb / l[i]);
+  printf("%-12s %-4s x%-3d tier %5.0f MiB/s [%.0f-%.0f]  %-24s %5.0f MiB/s [%.0f-%.0f]  "
+         "ratio %.2f [%.2f-%.2f]\n", what, name, n, mb / median((double *)t, reps),
+         mb / vmax(t, reps), mb / vmin(t, reps), limit, lmb / median((double *)l, reps),
+         lmb / vmax(l, reps), lmb / vmin(l, reps), median(ratio, reps), vmin(ratio, reps),
+         vmax(ratio, reps));
+}
+
+/* Each repetition measures the tier and two limits on the same bytes: the plain copy with a
+ * malloc'd buffer (the issue's limit) and the plain copy with the pool's own memory (the tier
+ * reads into and writes from pool extents: on this VM a kernel copy to or from the pool's
+ * shared mapping runs slower than one to or from a private buffer, docs/PERF.md section 12).
+ * The three run in an order rotated every repetition: on a VM the host's cache makes a file's
+ * first read after it was written slower than later ones, so a fixed order would favour
+ * whichever goes later. Ratios are taken per repetition (median and spread over them). */
 static void io_bench(const char *dir, int reps, uint64_t size, int n, const char *name) {
   uint64_t total = size * (uint64_t)n;
-  uint8_t *src = malloc(total), *dst = malloc(total);
+  uint8_t *src = malloc(total), *dst = malloc(DST_BYTES);
   for (uint64_t i = 0; i < total; i += 8) *(uint64_t *)(src + i) = XXH64(&i, sizeof i, 7);
-  memset(dst, 1, total);
+  memset(dst, 1, DST_BYTES);
   char tdir[4096], plain[4200];
   snprintf(tdir, sizeof tdir, "%s/tier", dir);
   snprintf(plain, sizeof plain, "%s/plain", dir);
-  double wt[MAX_REPS], wp[MAX_REPS], rt[MAX_REPS], rp[MAX_REPS];
+  double wt[MAX_REPS], wp[MAX_REPS], wpp[MAX_REPS], rt[MAX_REPS], rp[MAX_REPS], rpp[MAX_REPS];
+  uint64_t plain_bytes = total;
+  kvs_key_t *keys = malloc((size_t)n * sizeof *keys);
+  for (int i = 0; i < n; i++) keys[i] = key_of((uint64_t)i, 9);
   for (int rep = 0; rep < reps; rep++) {
-    rm_rf(tdir);
+    /* write: the tier (with the from-pool limit right after it) and the malloc'd limit */
+    if (rep % 2) wp[rep] = plain_write(plain, src, total);
+    wt[rep] = tier_write(tdir, src, size, n, keys, plain, &wpp[rep]);
+    if (rep % 2 == 0) wp[rep] = plain_write(plain, src, total);
+    /* cold read: a fresh serve on the directory (its scan done), the files out of the page
+     * cache; the limits read the same segment files, into dst or into the pool past the
+     * extents the tier fills */
     rig_t r;
-    if (rig_open(&r, tdir, 4 * total + (64u << 20)) < 0 || commit_objects(&r, src, size, n, 9) < 0) {
-      fprintf(stderr, "bench setup failed\n");
-      exit(1);
-    }
-    kvs_key_t *keys = malloc((size_t)n * sizeof *keys);
-    for (int i = 0; i < n; i++) keys[i] = key_of((uint64_t)i, 9);
-    /* write-behind: hand every object over, wait until written and synced */
-    double t0 = now_s();
-    r.hooks->published(r.hooks->ctx, keys, (size_t)n, false);
-    wait_stats(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, (uint64_t)n);
-    kvs_disk_destroy(r.disk, 60000); /* joins the writer after its last fdatasync */
-    wt[rep] = now_s() - t0;
-    r.disk = NULL;
-    rig_close(&r);
-    wp[rep] = plain_write(plain, src, total);
-    /* cold read: a fresh serve on the directory, its files out of the page cache */
-    drop_cache_dir(tdir);
     if (rig_open(&r, tdir, 4 * total + (64u << 20)) < 0) exit(1);
-    drop_cache_dir(tdir);
-    t0 = now_s();
-    if (r.hooks->fetch(r.hooks->ctx, keys, 0, (size_t)n, kvs__now_ms() + 600000, 1) < 0) exit(1);
-    wait_stats(&r, KVS_STAT_disk_hits, KVS_STAT_disk_misses, (uint64_t)n);
-    rt[rep] = now_s() - t0;
-    rp[rep] = plain_read(plain, dst, total, size);
+    for (int k = 0; k < 3; k++) switch ((rep + k) % 3) {
+      case 0: rt[rep] = tier_read(&r, tdir, keys, n); break;
+      case 1: rp[rep] = plain_read(tdir, dst, size, &plain_bytes); break;
+      default: rpp[rep] = plain_read(tdir, kvs_pool_base(r.pool) + 2 * total, size, &plain_bytes);
+      }
     rig_close(&r);
-    free(keys);
   }
-  double mb = (double)total / 1048576.0;
-  printf("write-behind %-4s x%-3d tier %7.0f MiB/s [%.0f-%.0f]  plain write+fdatasync %7.0f "
-         "MiB/s [%.0f-%.0f]  ratio %.2f\n", name, n, mb / median(wt, reps), mb / vmax(wt, reps),
-         mb / vmin(wt, reps), mb / median(wp, reps), mb / vmax(wp, reps), mb / vmin(wp, reps),
-         median(wp, reps) / median(wt, reps));
-  printf("cold read    %-4s x%-3d tier %7.0f MiB/s [%.0f-%.0f]  plain pread (DONTNEED) %7.0f "
-         "MiB/s [%.0f-%.0f]  ratio %.2f\n", name, n, mb / median(rt, reps), mb / vmax(rt, reps),
-         mb / vmin(rt, reps), mb / median(rp, reps), mb / vmax(rp, reps), mb / vmin(rp, reps),
-         median(rp, reps) / median(rt, reps));
+  free(keys);
+  double mb = (double)total / 1048576.0, pmb = (double)plain_bytes / 1048576.0;
+  print_pair("write-behind", name, n, mb, wt, "plain write+fdatasync", mb, wp, reps);
+  print_pair("write-behind", name, n, mb, wt, "  the same from the pool", mb, wpp, reps);
+  print_pair("cold read", name, n, mb, rt, "plain pread of its files", pmb, rp, reps);
+  print_pair("cold read", name, n, mb, rt, "  the same into the pool", pmb, rpp, reps);
   fflush(stdout);
   rm_rf(tdir);
   unlink(plain);
@@ -327,30 +382,32 @@ static void scan_bench(const char *dir, int reps, uint64_t m) {
 
 int main(int argc, char **argv) {
   const char *dir = "/var/tmp/kvshim-bench-disk";
-  int reps = 5;
+  int reps = 6;
   uint64_t scan_m = 200000;
   bool quick = false;
+  const char *only = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) dir = argv[++i];
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "--scan-objects") == 0 && i + 1 < argc)
       scan_m = strtoull(argv[++i], NULL, 10);
     else if (strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else {
       fprintf(stderr, "usage: kvshim-bench-disk [--dir DIR] [--reps N] [--scan-objects M] "
-              "[--quick]\n");
+              "[--quick] [--only 2m|16m|scan]\n");
       return 2;
     }
   }
-  if (reps < 1 || reps > MAX_REPS) reps = 5;
-  if (quick) reps = 3, scan_m = 50000;
+  if (reps < 1 || reps > MAX_REPS) reps = 6;
+  if (quick) reps = 4, scan_m = 50000;
   kvs_log_set_level(KVS_LOG_ERROR);
   mkdir(dir, 0700);
   printf("kvshim-bench-disk: %s, %d reps (median [min-max])\n", dir, reps);
   fflush(stdout);
-  io_bench(dir, reps, 2u << 20, quick ? 16 : 64, "2m");
-  io_bench(dir, reps, 16u << 20, quick ? 4 : 16, "16m");
-  scan_bench(dir, reps, scan_m);
+  if (!only || strcmp(only, "2m") == 0) io_bench(dir, reps, 2u << 20, quick ? 16 : 64, "2m");
+  if (!only || strcmp(only, "16m") == 0) io_bench(dir, reps, 16u << 20, quick ? 4 : 16, "16m");
+  if (!only || strcmp(only, "scan") == 0) scan_bench(dir, reps, scan_m);
   rm_rf(dir);
   return 0;
 }

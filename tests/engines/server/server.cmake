@@ -11,3 +11,9 @@ kvshim_add_py_cases(server real ${CMAKE_CURRENT_LIST_DIR}/check_server.py LABELS
   TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL
   ARGS --preload $<TARGET_FILE:kvshim_preload> --cli $<TARGET_FILE:kvshim>
        --work-dir ${CMAKE_CURRENT_BINARY_DIR}/server/{case})
+
+# The disk tier across a crash of serve (issue 26, design §18): disk_server.py's header says how.
+kvshim_add_py_cases(server_disk real ${CMAKE_CURRENT_LIST_DIR}/disk_server.py LABELS e2e server
+  TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL
+  ARGS --preload $<TARGET_FILE:kvshim_preload> --cli $<TARGET_FILE:kvshim>
+       --work-dir ${CMAKE_CURRENT_BINARY_DIR}/server/{case})
