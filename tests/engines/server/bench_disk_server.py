@@ -18,7 +18,6 @@ decode ((prompt - restored) / prompt), the ratio a free restore would give. Medi
 import argparse
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_server as cs  # noqa: E402
 import disk_server as ds  # noqa: E402
+import bench_server as bs  # noqa: E402
 
 
 def drop_cache(d):
@@ -48,7 +48,7 @@ def one_rep(args, i):
     tmp = tempfile.mkdtemp(prefix="kvs-bds-")
     ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
                             keep=False)
-    ctx = ds.Ctx(ns, tmp, tmp)
+    ctx = ds.Ctx(ns, tmp, args.work_dir or tmp)
     os.makedirs(ctx.run_dir, exist_ok=True)
     try:
         first = cs.DOC + cs.question(1 + 10 * i)
@@ -78,29 +78,15 @@ def one_rep(args, i):
         ctx.cleanup()
 
 
-def summary(name, xs, fmt="{:.3f}"):
-    return (f"{name}: median " + fmt.format(statistics.median(xs)) + " (min " +
-            fmt.format(min(xs)) + ", max " + fmt.format(max(xs)) + f", n={len(xs)})")
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
-    reps = []
-    for i in range(args.reps):
-        r = one_rep(args, i)
-        print(f"rep {i}: {r}", flush=True)
-        reps.append(r)
-    print(summary("restart-warm TTFT on/off (goal <= 0.3)",
+    reps = bs.run_reps(__doc__, one_rep)
+    print(bs.summary("restart-warm TTFT on/off (goal <= 0.3)",
                   [r["ttft_on"] / r["ttft_off"] for r in reps]))
-    print(summary("  its limit: share of the prompt left to decode",
+    print(bs.summary("  its limit: share of the prompt left to decode",
                   [(r["prompt_tokens"] - r["restored"]) / r["prompt_tokens"] for r in reps]))
-    print(summary("TTFT ms without kvshim (computing the prefix)", [r["ttft_off"] for r in reps],
+    print(bs.summary("TTFT ms without kvshim (computing the prefix)", [r["ttft_off"] for r in reps],
                   "{:.0f}"))
-    print(summary("TTFT ms after serve's restart (prefix from disk)",
+    print(bs.summary("TTFT ms after serve's restart (prefix from disk)",
                   [r["ttft_on"] for r in reps], "{:.0f}"))
     return 0
 

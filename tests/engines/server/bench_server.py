@@ -76,8 +76,10 @@ def summary(name, xs, fmt="{:.3f}"):
             fmt.format(min(xs)) + ", max " + fmt.format(max(xs)) + f", n={len(xs)})")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_reps(doc, one_rep):
+    """Parse the benchmarks' common options (--preload, --cli, --reps, --work-dir; doc's first
+    line is the description) and run one_rep(args, i) --reps times, printing each: the list."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--preload", required=True)
     ap.add_argument("--cli", required=True)
     ap.add_argument("--reps", type=int, default=3)
@@ -88,6 +90,11 @@ def main():
         r = one_rep(args, i)
         print(f"rep {i}: {r}", flush=True)
         reps.append(r)
+    return reps
+
+
+def main():
+    reps = run_reps(__doc__, one_rep)
     prod = [r["producer_1"] / r["producer_0"] for r in reps]
     ttft = [r["ttft_1"] / r["ttft_0"] for r in reps]
     prompt = [r["prompt_1"] / r["prompt_0"] for r in reps]
