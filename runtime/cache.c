@@ -1,4 +1,4 @@
-/* runtime/cache: the tiers behind one facade (cache.h; design §22). The only file under shims/
+/* runtime/cache: the tiers behind one facade (cache.h; design §3.7). The only file under shims/
  * and runtime/ besides runtime.c that calls the store and the peer client. */
 #include "cache.h"
 

@@ -1,4 +1,4 @@
-/* runtime/cache: the one facade the hook families reach the cache tiers through (design §22).
+/* runtime/cache: the one facade the hook families reach the cache tiers through (design §3.7).
  *
  * A shim computes keys and copies bytes; everything about where an object lives is here:
  *     tier order   local store (the own pool) -> the cache peer (`kvshim serve`, one copy per

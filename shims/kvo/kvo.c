@@ -17,7 +17,7 @@
  * descriptor's dtype (kvo dtype codes are kvs dtype codes), nbytes == desc->chunk_bytes.
  *
  * What each call does (pass-through = the engine's function, with the caller's arguments). The
- * tiers are the runtime's (runtime/cache.h, design §22): this file computes keys and copies
+ * tiers are the runtime's (runtime/cache.h, design §3.7): this file computes keys and copies
  * bytes between a pool and the caller's buffer.
  *   lookup   the cache's leading run of the full chunks, batch by batch (kvs__cache_lookup:
  *            local, then the cache peer alone in one-copy mode, else the other peers; nothing

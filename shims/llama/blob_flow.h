@@ -1,5 +1,5 @@
 /* shims/llama/blob_flow.c: the flows every blob (blob.h) goes through, over the runtime's cache
- * facade (runtime/cache.h, design §22), which owns where a blob lives (local store, cache peer,
+ * facade (runtime/cache.h, design §3.7), which owns where a blob lives (local store, cache peer,
  * other peers): the engine writes a blob into a cache slot, then commit (save); pin and unpin
  * (local restore); fetch from a peer into a local extent (peer restore). Internal. */
 #ifndef KVSHIM_LLAMA_BLOB_FLOW_H

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cache facade's include rule (design §22): no file under shims/ includes core's store or
+"""The cache facade's include rule (design §3.7): no file under shims/ includes core's store or
 peer client, calls them, or reaches the runtime's store, peers, one-copy or keep-behind
 directly; the tiers are runtime/cache.h's. (shims/cuda's pool use for pinned host memory is
 memory, not a cache tier: kvs_pool_* stays allowed.)

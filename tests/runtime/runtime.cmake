@@ -1,6 +1,6 @@
 # tests/runtime: the runtime's own tests (runtime/). Included from tests/CMakeLists.txt after
 # tests/integration (the in-process coordinators of coord_client.c).
-#   test_cache   the cache facade (runtime/cache.c, design §22): tier order, one copy per node,
+#   test_cache   the cache facade (runtime/cache.c, design §3.7): tier order, one copy per node,
 #                keep-behind and the fallbacks, against in-process coordinators (a cache peer
 #                and an engine peer) and a runtime built around a third (Criterion)
 if(NOT TARGET kvs_coord_client)

@@ -1,4 +1,4 @@
-/* runtime/cache (design §22): the facade's tier order and fallbacks, against real in-process
+/* runtime/cache (design §3.7): the facade's tier order and fallbacks, against real in-process
  * coordinators (tests/integration/coord_client.h's ts_server): L is this process's own pool and
  * store (the runtime's), C a `kvshim serve` cache peer (role CACHE), O another engine (role
  * ENGINE), all three in one group. The runtime under test is built by hand around L, with its
