@@ -17,7 +17,9 @@
  *   save_tier_order              one copy: a save lands in the cache peer only; off: locally
  *   failed_save_publishes_nothing  a copy that fails publishes nothing anywhere
  *   object_flows                 reserve/commit/pin, fetch + keep, a fetch from the cache peer
- *                                staged only, marks */
+ *                                staged only, marks
+ *   watch                        a WATCH at a peer: held while keys[0] stays, gone once it goes;
+ *                                no peer client: -ENOENT, nothing asked */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -318,4 +320,22 @@ Test(cache, object_flows, T_TIMEOUT, .fini = down) {
   cr_assert(kvs__cache_has_local(&rt, mark));
   kvs__cache_unmark(&rt, mark);
   cr_assert_not(kvs__cache_has_local(&rt, mark));
+}
+
+Test(cache, watch, T_TIMEOUT, .fini = down) {
+  start(false, true);
+  kvs_key_t k[N];
+  keys(k, 10);
+  kvs_layout_t l = kvs_layout_blob(8);
+  cr_assert_eq(ts_local_put(O.store, k, 1, &l), 1);
+  kvs_key_t w[2] = {k[0], k[1]}; /* wait for k[0] to go or k[1] to come */
+  cr_assert_eq(kvs__cache_watch(&rt, O.instance_id, w, 2, 50), (int)KVS_PROTO_WATCH_HELD);
+  cr_assert_eq(kvs_store_remove(O.store, &k[0]), 0);
+  cr_assert_eq(kvs__cache_watch(&rt, O.instance_id, w, 2, 2000), (int)KVS_PROTO_WATCH_GONE);
+  kvs_peers_t *p = rt.peers;
+  rt.peers = NULL;
+  uint64_t o0 = asked(&O);
+  cr_assert_eq(kvs__cache_watch(&rt, O.instance_id, w, 2, 50), -ENOENT);
+  cr_assert_eq(asked(&O), o0);
+  rt.peers = p;
 }
