@@ -121,6 +121,11 @@ static int load_all(const kvs_key_t *k) {
   return loaded;
 }
 
+/* Release this thread's keep-behind chunks and wait (10 s at most) until the keep-behind thread
+ * has them all in the local store; returns how many it holds. A test whose loads queued keeps
+ * waits for them before its teardown destroys the store the thread commits into. */
+static int wait_kept(const kvs_key_t *k);
+
 static size_t lookup(const kvs_key_t *k) {
   kvs__cache_lookup_start();
   return kvs__cache_lookup(&rt, k, N);
@@ -130,6 +135,13 @@ static int local_count(const kvs_key_t *k) {
   int n = 0;
   for (int i = 0; i < N; i++) n += kvs__cache_has_local(&rt, k[i]);
   return n;
+}
+
+static int wait_kept(const kvs_key_t *k) {
+  kvs__cache_lookup_start();
+  uint64_t t0 = ts_now_ms();
+  while (local_count(k) < N && ts_now_ms() - t0 < 10000) usleep(10000);
+  return local_count(k);
 }
 
 Test(cache, local_hit_asks_no_peer, T_TIMEOUT, .fini = down) {
@@ -185,10 +197,7 @@ Test(cache, no_cache_peer_asks_others, T_TIMEOUT, .fini = down) {
   cr_assert_gt(asked(&O), o0, "the peer holding the chunks was not asked");
   cr_assert_eq(load_all(k), N);
   /* Kept behind the engine: the keep-behind thread fetches them into the local store. */
-  kvs__cache_lookup_start();
-  uint64_t t0 = ts_now_ms();
-  while (local_count(k) < N && ts_now_ms() - t0 < 10000) usleep(10000);
-  cr_assert_eq(local_count(k), N, "the chunks a peer served were not kept locally");
+  cr_assert_eq(wait_kept(k), N, "the chunks a peer served were not kept locally");
   uint64_t after = asked(&O);
   cr_assert_eq(lookup(k), N);
   cr_assert_eq(load_all(k), N);
@@ -206,6 +215,7 @@ Test(cache, dead_cache_peer_falls_back, T_TIMEOUT, .fini = down) {
   memset(&C, 0, sizeof C);
   cr_assert_eq(lookup(k), N);
   cr_assert_eq(load_all(k), N);
+  cr_assert_eq(wait_kept(k), N); /* served by O, so kept behind */
 }
 
 Test(cache, refused_load_leaves_buffer, T_TIMEOUT, .fini = down) {
