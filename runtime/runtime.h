@@ -72,7 +72,9 @@ typedef struct kvs__runtime {
 /* An engine's pool is prefaulted this far ahead of the highest extent it allocated. */
 #define KVS__PREFAULT_AHEAD (32ull << 20)
 
-/* One copy per node (design §3.5): the instance id of the connected `kvshim serve` cache peer
+/* The two below are the cache facade's (runtime/cache.c, design §3.7): no hook family calls them.
+ *
+ * One copy per node (design §3.5): the instance id of the connected `kvshim serve` cache peer
  * that holds the node's copy (KVSHIM_ONE_COPY=1), or 0 (none known, or KVSHIM_ONE_COPY=0: keep
  * an own copy). No I/O. Also sizes the own pool: KVSHIM_POOL_LEAN_SIZE usable while a cache
  * peer is known, KVSHIM_POOL_SIZE when none is. */

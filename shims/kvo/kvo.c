@@ -16,31 +16,21 @@
  * Objects are stored with the layout [layers][2][chunk_tokens][kv_heads][head_dim] of the
  * descriptor's dtype (kvo dtype codes are kvs dtype codes), nbytes == desc->chunk_bytes.
  *
- * What each call does (pass-through = the engine's function, with the caller's arguments):
- *   lookup   local leading run r of the full chunks; when r is short and peers exist, the
- *            peers' run of the rest (one LOOKUP per batch; nothing is copied yet), and the
- *            peer that holds it is remembered for this thread's loads. When the run is still
- *            short of every full chunk, the engine's own lookup is asked too and the larger
- *            answer returned (a chunk beyond kvshim's run is then loaded by the engine's own
- *            load_chunk).
- *   load     local store (pin, copy to the caller's buffer, release), else the peer the lookup
- *            found: copied from its pool straight into the buffer under its pin
- *            (kvs_peers_retrieve_copy, one copy on the engine's path) and queued to be kept
- *            in the local store by the runtime's keep-behind thread (kvs__runtime_keep: cold
- *            start, the pages of the own pool are not touched on the request's path), else
- *            one peer fetch into the local store (kvs_peers_fetch), copied to the buffer and
- *            kept, else pass-through. KVO_OK only after a complete copy.
- *   store    reserve in the local store, copy from the caller's buffer, commit, queue a
- *            write-behind push to a cache peer; PRESENT is kept too. Anything else (no space,
- *            being written elsewhere, a failed copy) is counted and passed through, so the
- *            engine's module may still keep the chunk.
- * One copy per node (KVSHIM_ONE_COPY=1, design §3.5): while a `kvshim serve` cache peer is
- * connected (kvs__runtime_cache_peer), lookup asks it alone (one LOOKUP per batch) and
- * prefetches nothing, load copies from its pool straight into the buffer under its pin
- * (kvs_peers_retrieve_copy), and store copies the buffer straight into a slot of its pool
- * (kvs_peers_store_into: PREPARE_STORE, copy, COMMIT_STORE); nothing is kept locally. A call
- * it fails or refuses falls back to the paths above (cache_peer_fallbacks); a cache peer
- * reached inline gets the own copy + write-behind.
+ * What each call does (pass-through = the engine's function, with the caller's arguments). The
+ * tiers are the runtime's (runtime/cache.h, design §3.7): this file computes keys and copies
+ * bytes between a pool and the caller's buffer.
+ *   lookup   the cache's leading run of the full chunks, batch by batch (kvs__cache_lookup:
+ *            local, then the cache peer alone in one-copy mode, else the other peers; nothing
+ *            is copied yet). When the run is still short of every full chunk, the engine's own
+ *            lookup is asked too and the larger answer returned (a chunk beyond kvshim's run is
+ *            then loaded by the engine's own load_chunk).
+ *   load     kvs__cache_load copies the chunk into the caller's buffer from whichever tier
+ *            holds it (a peer's chunk is kept behind the engine), else pass-through. KVO_OK
+ *            only after a complete copy.
+ *   store    kvs__cache_save copies the caller's buffer into the cache (the cache peer's pool
+ *            in one-copy mode, else the own store + write-behind); PRESENT is kept too.
+ *            Anything else (no space, being written elsewhere, a failed copy) is counted and
+ *            passed through, so the engine's module may still keep the chunk.
  * Device buffers are copied through kvs_accel_get() (the CUDA shim installs copies through the
  * real driver). With the default accelerator table a "device" pointer is not host memory:
  * such calls pass through untouched.
@@ -60,27 +50,16 @@
 
 #include <kvshim/kvo.h>
 
+#include "cache.h"
 #include "internal.h"
 #include "keys.h"
 #include "kvo_hooks.h"
-#include "log.h"
-#include "peer.h"
-#include "proto.h"
 #include "runtime.h"
 #include "stats.h"
-#include "store.h"
 #include "tensor.h"
 
 /* Keys chained per batch on the stack by kvo_lookup (16 bytes each). */
 #define KVO_KEY_BATCH 256
-
-/* The peer whose run this thread's last kvo_lookup counted (0: none): its loads copy from
- * there. A load on another thread, or one the peer no longer serves, takes kvs_peers_fetch. */
-static __thread uint64_t kvo_peer_hint __attribute__((tls_model("initial-exec")));
-/* Chunks of that run not loaded yet: the keeps of this thread's loads are released to the
- * keep-behind thread when it reaches 0 (the request's loads are done), when a load from the
- * peer fails, or at this thread's next lookup. */
-static __thread size_t kvo_peer_left __attribute__((tls_model("initial-exec")));
 
 /* The tables of the family (runtime/family_tables.h) from kvo_hooks.h: the engine's functions
  * (kvo_real_<name>(), never a libkvshim address; a miss is retried: the module may be loaded
@@ -196,78 +175,33 @@ static int kvo_copy_in(void *dst, int buf_kind, uint64_t buf, size_t len) {
   return kvs_accel_get()->copy(dst, (const void *)(uintptr_t)buf, len, KVS_COPY_D2H);
 }
 
-/* kvs_peer_copy_fn for the cache peer's pool: ctx is the kvo buffer kind. */
-static int kvo_peer_copy_out(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+/* kvs__cache_copy_fn between a pool and the caller's buffer: ctx is the kvo buffer kind. */
+static int kvo_cache_out(void *ctx, size_t i, void *dst, const void *src, size_t len) {
   (void)i;
   return kvo_copy_out(*(const int *)ctx, (uint64_t)(uintptr_t)dst, src, len);
 }
-static int kvo_peer_copy_in(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+static int kvo_cache_in(void *ctx, size_t i, void *dst, const void *src, size_t len) {
   (void)i;
   return kvo_copy_in(dst, *(const int *)ctx, (uint64_t)(uintptr_t)src, len);
 }
 
 /* ---- lookup --------------------------------------------------------------------------------- */
 
-/* Peer chunks are fetched into local extents (kvs_peers_fetch: a chunk of the wrong size stops
- * the delivery). The one place they are settled: a COPIED chunk whose copy to the caller
- * succeeded (or that was only prefetched) is committed and kept, any other is aborted. Returns
- * whether chunk f is now held READY locally. */
-static bool kvo_settle(kvs__runtime_t *rt, const kvs_fetch_t *f, bool ok) {
-  if (f->status == KVS_FETCH_LOCAL) return true;
-  if (f->status != KVS_FETCH_COPIED) return false;
-  if (ok) return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, f->xfer) == 0;
-  kvs_store_abort(rt->store, KVS_OWNER_LOCAL, f->xfer);
-  return false;
-}
-
-/* kvshim's leading run of the n_full chunks of tokens: local, then a cache peer's or another
- * peer's (remembered in kvo_peer_hint for the loads). */
+/* kvshim's leading run of the n_full chunks of tokens, batch by batch through the cache facade
+ * (local, then the cache peer or another peer, remembered there for this thread's loads). */
 static size_t kvo_run(kvs__runtime_t *rt, const kvo_desc_t *d, const uint32_t *tokens,
                       size_t n_full) {
   kvs_key_t keys[KVO_KEY_BATCH];
   kvs_key_t prev = kvo_ns_key(rt, d);
   const size_t C = d->chunk_tokens;
   size_t run = 0;
-  if (kvo_peer_left || kvo_peer_hint) kvs__runtime_keep_release();
-  kvo_peer_hint = 0;
-  kvo_peer_left = 0;
+  kvs__cache_lookup_start();
   while (run < n_full) {
     size_t nb = kvs_keys_chunks(prev, tokens + run * C, (n_full - run) * C, d->chunk_tokens,
                                 keys, KVO_KEY_BATCH);
     if (nb == 0) break;
     prev = keys[nb - 1];
-    int r = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, keys, nb, false, NULL);
-    size_t got = r > 0 ? (size_t)r : 0;
-    uint64_t cache = 0;
-    if (got < nb && rt->peers) {
-      kvs_peers_discover(rt->peers, false); /* rate-limited; kvs_peers_lookup would run it */
-      cache = kvs__runtime_cache_peer(rt);
-    }
-    if (cache) {
-      /* One copy per node: what the cache peer holds stays there (each load reads it in
-       * place); one LOOKUP to it for the whole batch. */
-      int cr = kvs_peers_lookup_at(rt->peers, cache, keys + got, nb - got);
-      if (cr > 0) got += (size_t)cr;
-      else if (cr < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
-      /* The cache peer answered: the other engines keep no copies of their own (one copy per
-       * node), so it is the only peer asked. */
-      if (cr >= 0) {
-        run += got;
-        if (got < nb) break;
-        continue;
-      }
-    }
-    if (got < nb && rt->peers) {
-      /* Cold start: nothing is copied here. Each load copies its chunk from this peer's pool
-       * straight into the engine's buffer, and the local copy is made behind the engine. */
-      uint64_t best = 0;
-      int pr = kvs_peers_lookup(rt->peers, keys + got, nb - got, &best);
-      if (pr > 0 && best) {
-        got += (size_t)pr;
-        kvo_peer_left = best == kvo_peer_hint ? kvo_peer_left + (size_t)pr : (size_t)pr;
-        kvo_peer_hint = best;
-      }
-    }
+    size_t got = kvs__cache_lookup(rt, keys, nb);
     run += got;
     if (got < nb) break;
   }
@@ -297,84 +231,14 @@ KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_
 
 /* ---- load ------------------------------------------------------------------------------------ */
 
-/* Copy the local chunk `key` into the buffer: 1 copied, 0 not here, -1 here but not copied. */
-static int kvo_load_local(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
-                          uint64_t buf) {
-  kvs_xfer_t xfer = 0;
-  int r = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, true, &xfer);
-  if (r == 1) {
-    kvs_object_view_t v;
-    int rc = kvs_store_read_pinned(rt->store, KVS_OWNER_LOCAL, xfer, &v, 1);
-    if (rc == 1 && v.extent.length == d->chunk_bytes)
-      rc = kvo_copy_out(buf_kind, buf, kvs_pool_base(rt->pool) + v.extent.offset,
-                        (size_t)d->chunk_bytes);
-    else
-      rc = -EPROTO; /* another object under this key (not a kvo chunk of this size) */
-    kvs_store_release(rt->store, KVS_OWNER_LOCAL, xfer);
-    if (rc == 0) return 1;
-    kvs__hook_fallback();
-    kvs_log_debug("kvo: local chunk not copied: %s", strerror(-rc));
-    return -1;
-  }
-  return 0;
-}
-
-/* Copies chunk `key` from peer `instance`'s pool straight into the buffer, under its pin
- * (kvs_peers_retrieve_copy): 1 copied, 0 not there, negative errno. A copy that outlived its
- * pin (-ESTALE: the pin had ended, docs/protocol.md 4.7 and 6; a thread preempted for pin_ms
- * on a loaded machine) says nothing about the peer: it is redone under a fresh pin, up to
- * KVO_STALE_RETRIES times, before the caller falls back. */
-#define KVO_STALE_RETRIES 2
-static int kvo_peer_copy(kvs__runtime_t *rt, uint64_t instance, const kvo_desc_t *d,
-                         kvs_key_t key, int *buf_kind, uint64_t buf) {
-  void *dst = (void *)(uintptr_t)buf;
-  int r = -ESTALE;
-  for (int i = 0; i <= KVO_STALE_RETRIES && r == -ESTALE; i++)
-    r = kvs_peers_retrieve_copy(rt->peers, instance, &key, 1, d->chunk_bytes, &dst,
-                                kvo_peer_copy_out, buf_kind);
-  return r;
-}
-
-/* KVO_OK when chunk `key` was copied into the buffer, KVO_MISS otherwise. A peer's chunk is
- * fetched into the local store, copied out, and kept. */
+/* KVO_OK when chunk `key` was copied into the buffer (from whichever tier holds it), KVO_MISS
+ * otherwise. */
 static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
                     uint64_t buf) {
-  if (kvo_load_local(rt, d, key, buf_kind, buf) == 1) return KVO_OK;
-  if (!rt->peers) return KVO_MISS;
-  uint64_t cache = kvs__runtime_cache_peer(rt);
-  if (cache) { /* one copy per node: from the cache peer's pool into the buffer, under its pin */
-    int r = kvo_peer_copy(rt, cache, d, key, &buf_kind, buf);
-    if (r == 1) {
-      kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
-      return KVO_OK;
-    }
-    if (r < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
-  }
   const kvs_layout_t layout = kvo_layout(d);
-  uint64_t hint = kvo_peer_hint;
-  if (hint && hint != cache) {
-    /* The peer this thread's lookup counted: one copy, its pool -> the buffer, under its pin;
-     * the local copy is kept behind the engine. Any failure: the fetch below. */
-    int r = kvo_peer_copy(rt, hint, d, key, &buf_kind, buf);
-    if (r == 1) {
-      if (kvo_peer_left) kvo_peer_left--;
-      /* A full queue: not kept, still served. */
-      kvs__runtime_keep(rt, hint, &key, 1, &layout, kvo_peer_left == 0);
-      return KVO_OK;
-    }
-    kvo_peer_hint = 0;
-    kvo_peer_left = 0;
-    kvs__runtime_keep_release();
-  }
-  kvs_fetch_t f;
-  kvs_peers_fetch(rt->peers, 0, &key, 1, &layout, NULL, NULL, &f); /* errors: misses */
-  if (f.status == KVS_FETCH_LOCAL) /* it became local meanwhile */
-    return kvo_load_local(rt, d, key, buf_kind, buf) == 1 ? KVO_OK : KVO_MISS;
-  if (f.status != KVS_FETCH_COPIED) return KVO_MISS;
-  int rc = kvo_copy_out(buf_kind, buf, kvs_pool_base(rt->pool) + f.extent.offset,
-                        (size_t)d->chunk_bytes);
-  kvo_settle(rt, &f, rc == 0);
-  return rc == 0 ? KVO_OK : KVO_MISS;
+  return kvs__cache_load(rt, key, &layout, (void *)(uintptr_t)buf, kvo_cache_out, &buf_kind)
+             ? KVO_OK
+             : KVO_MISS;
 }
 
 /* The runtime when kvshim serves this chunk call, and the chunk's key; NULL: pass through. */
@@ -409,48 +273,12 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
 
 /* ---- store ----------------------------------------------------------------------------------- */
 
-/* 0 when the local store now holds chunk `key` (written now or already READY). */
+/* 0 when the cache now holds chunk `key` (written now or already there). */
 static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
                      uint64_t buf) {
   const kvs_layout_t layout = kvo_layout(d);
-  uint64_t cache = rt->peers ? kvs__runtime_cache_peer(rt) : 0;
-  if (cache) {
-    /* One copy per node: straight into the cache peer's pool (PREPARE_STORE slot, the buffer
-     * copied into it, COMMIT_STORE); PRESENT is kept too. Anything else keeps the chunk here,
-     * as without a cache peer. */
-    const void *src = (const void *)(uintptr_t)buf;
-    uint8_t oc = 0;
-    int r = kvs_peers_store_into(rt->peers, cache, &key, 1, &layout, false, &src, &oc,
-                                 kvo_peer_copy_in, &buf_kind);
-    if (r == 1) {
-      kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
-      return 0;
-    }
-    if (r == -ENOTSUP) cache = 0; /* served inline: own copy + write-behind, as before */
-    else kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
-  }
-  uint8_t outcome = 0;
-  kvs_extent_t ext;
-  kvs_xfer_t xfer = 0;
-  int rc = kvs_store_reserve_write(rt->store, KVS_OWNER_LOCAL, &key, 1, &layout, 0, &outcome,
-                                   &ext, &xfer);
-  if (rc < 0) return rc;
-  if (rc == 0) return outcome == KVS_RES_PRESENT ? 0 : -ENOSPC;
-  rc = kvo_copy_in(kvs_pool_base(rt->pool) + ext.offset, buf_kind, buf, (size_t)d->chunk_bytes);
-  if (rc < 0) {
-    kvs_store_abort(rt->store, KVS_OWNER_LOCAL, xfer); /* never published */
-    kvs__hook_fallback();
-    return rc;
-  }
-  KVS_TRY(kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer));
-  /* Write-behind to a cache peer; -ENOTSUP (none, or KVSHIM_PUSH=off) and a full queue
-   * (counted by the peer client) do not change the answer: the chunk is kept here.
-   * kvs_peers_push runs a discovery first, which dials every new or restarted socket in the
-   * caller's thread (a peer that accepts but does not answer costs a whole RPC deadline each
-   * time). Stores are on the engine's path, so they push only to a cache peer already found
-   * by a lookup's discovery (kvs_peers_cache_peer: no discovery, no I/O). */
-  if (rt->peers && !cache && kvs_peers_cache_peer(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
-  return 0;
+  return kvs__cache_save(rt, key, &layout, (const void *)(uintptr_t)buf, kvo_cache_in,
+                         &buf_kind);
 }
 
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,

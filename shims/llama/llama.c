@@ -76,16 +76,15 @@
 #include <time.h>
 
 #include "blob.h"
+#include "blob_flow.h"
+#include "cache.h"
 #include "internal.h"
 #include "keys.h"
 #include "log.h"
 #include "model.h"
-#include "peer.h"
-#include "pool.h"
 #include "prefix.h"
 #include "runtime.h"
 #include "stats.h"
-#include "store.h"
 
 /* ---- kvshim's declaration of the llama.h ABI it touches ----------------------------------- */
 
@@ -359,7 +358,7 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   const uint8_t *blob;
   uint64_t len;
-  kvs_xfer_t xfer;
+  kvs__cache_ref_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return LL_MISS;
   /* Restored straight from the pool while the pin keeps the extent. */
   ll_res_t res = ll_restore(q, blob, len, ret);
@@ -367,7 +366,7 @@ static ll_res_t ll_load_local(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_ke
   return res;
 }
 
-/* The keys of a peer's copy (kvs_fetch_keys_fn): the path key asked for, and the prefix key
+/* The keys of a peer's copy (kvs__cache_keys_fn): the path key asked for, and the prefix key
  * of the blob's own tokens. A blob that is plainly not ours is refused before the copy; the
  * full check runs on the copy. */
 typedef struct ll_fetch_keys {
@@ -415,35 +414,30 @@ static int ll_inplace_sink(void *ctx, size_t i, const kvs_layout_t *layout, cons
 
 /* One copy per node: LL_HIT/LL_REFUSED/LL_BAD when the cache peer had the blob (LL_REFUSED
  * too when its pin lapsed while set_data read it: the real function loads the sequence again),
- * LL_MISS when it had not or failed (counted: the other peers are asked as before). */
-static ll_res_t ll_load_cache_peer(kvs__runtime_t *rt, uint64_t cache, const ll_load_req_t *q,
-                                   kvs_key_t key, size_t *ret) {
+ * LL_MISS when there is none, it had not or it failed (counted by the facade: the other peers
+ * are asked as before). */
+static ll_res_t ll_load_cache_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
+                                   size_t *ret) {
   ll_inplace_t x = {q, ret, LL_MISS};
-  int r = kvs_peers_retrieve(rt->peers, cache, &key, 1, ll_inplace_sink, &x);
+  int r = kvs__cache_read_cache_peer(rt, key, ll_inplace_sink, &x);
   if (r == 1) {
     if (x.res == LL_HIT) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
     return x.res;
   }
-  if (r == -ESTALE) return LL_REFUSED;
-  if (r < 0) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
-  return LL_MISS;
+  return r == -ESTALE ? LL_REFUSED : LL_MISS;
 }
 
 static ll_res_t ll_load_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                              size_t *ret) {
-  kvs_peers_discover(rt->peers, false); /* rate-limited; the fetch below would run it */
-  uint64_t cache = kvs__runtime_cache_peer(rt);
-  if (cache) {
-    ll_res_t res = ll_load_cache_peer(rt, cache, q, key, ret);
-    if (res != LL_MISS) return res;
-  }
+  ll_res_t res = ll_load_cache_peer(rt, q, key, ret);
+  if (res != LL_MISS) return res;
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   ll_fetch_keys_t k = {q->m, {key, {0, 0}}, 1};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, 0, key, ll_fetch_keys, &k, &f);
-  if (st == KVS_FETCH_LOCAL) return LL_LOCAL_NOW;
-  if (st != KVS_FETCH_COPIED) return LL_MISS;
-  ll_res_t res = ll_restore(q, f.blob, f.len, ret);
+  if (st == KVS__CACHE_LOCAL) return LL_LOCAL_NOW;
+  if (st != KVS__CACHE_COPIED) return LL_MISS;
+  res = ll_restore(q, f.blob, f.len, ret);
   /* The alias was computed from the peer's bytes: it must name the tokens we now hold, or the
    * copy is not kept (this call's result stands: the blob itself passed every check). Keep a
    * good copy locally (also when only this call could not use it). */
@@ -475,7 +469,7 @@ static size_t ll_seq_load(kvs__runtime_t *rt, ll_load_fn real, struct llama_cont
   }
   size_t ret = 0;
   ll_res_t res = ll_load_local(rt, &q, key, &ret);
-  if (res == LL_MISS && rt->peers) {
+  if (res == LL_MISS && kvs__cache_has_peers(rt)) {
     res = ll_load_peer(rt, &q, key, &ret);
     if (res == LL_LOCAL_NOW) res = ll_load_local(rt, &q, key, &ret);
   }

@@ -85,19 +85,18 @@
 #include <time.h>
 
 #include "blob.h"
+#include "blob_flow.h"
+#include "cache.h"
 #include "internal.h"
 #include "keys.h"
 #include "log.h"
 #include "model.h"
-#include "peer.h"
-#include "pool.h"
 #include "prefix.h"
 #include "prefix_shadow.h"
 #include "runtime.h"
 #include "prim.h"
 #include "proto.h"
 #include "stats.h"
-#include "store.h"
 
 #include "llama_hooks.h"
 
@@ -796,14 +795,14 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   kvs_key_t key = kvs__px_keys(&c->sh, (uint32_t)pl->s)[pl->keyed / c->chunk - 1];
   const uint8_t *blob;
   uint64_t len;
-  kvs_xfer_t xfer;
+  kvs__cache_ref_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
   px_res_t res = px_restore_blob(c, ctx, pl, blob, len, k);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
 }
 
-/* The keys of a peer's copy (kvs_fetch_keys_fn): every chunk key of the tokens it covers, as
+/* The keys of a peer's copy (kvs__cache_keys_fn): every chunk key of the tokens it covers, as
  * at its producer (computed from its tokens; the one asked for must be among them), in
  * kscratch: [h(J-1), h(0) .. h(J-2)]. The full check, tokens included, runs on the copy before
  * it is kept. */
@@ -854,7 +853,7 @@ static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, 
     kvs_log_warn("llama.cpp prefix cache: a peer's cached state refused: malformed header");
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
   }
-  if (instance) kvs_peers_report_bad(rt->peers, instance, key, len, sum);
+  kvs__cache_report_bad(rt, instance, key, len, sum);
 }
 
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
@@ -864,8 +863,8 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)pl->s)[j - 1], j, 0, 0};
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
-  if (st == KVS_FETCH_LOCAL) return px_restore_local(c, rt, ctx, pl, k);
-  if (st != KVS_FETCH_COPIED) {
+  if (st == KVS__CACHE_LOCAL) return px_restore_local(c, rt, ctx, pl, k);
+  if (st != KVS__CACHE_COPIED) {
     if (fk.bad_len) px_report_bad(rt, instance, fk.want, fk.bad_len, fk.bad_sum, false);
     return PX_SKIP;
   }
@@ -921,29 +920,21 @@ static uint32_t px_restore_timed(px_ctx_t *c, struct llama_context *ctx, int32_t
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   uint32_t k = 0;
   for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
-    int here;
-    {
-      KVS__REENTRY_GUARD();
-      here = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[j - 1], 1, false, NULL);
-    }
-    if (here != 1) continue;
+    if (!kvs__cache_has_local(rt, keys[j - 1])) continue;
     pl.keyed = j * C;
     px_res_t r = px_restore_local(c, rt, ctx, &pl, &k);
     if (r == PX_OK) return k;
     if (r == PX_ENGINE) return 0;
     if (r == PX_NONE) break; /* shorter keys find the same or an older, shorter state */
   }
-  if (!rt->peers) return 0;
+  if (!kvs__cache_has_peers(rt)) return 0;
   uint64_t best = 0;
   int run = 0;
   if (c->swa) { /* window states are bound under their own key only: probe key by key */
-    for (uint32_t j = jmax; j * C > n && !run; j--) {
-      KVS__REENTRY_GUARD();
-      if (kvs_peers_lookup(rt->peers, &keys[j - 1], 1, &best) == 1) run = (int)j;
-    }
+    for (uint32_t j = jmax; j * C > n && !run; j--)
+      if (kvs__cache_peers_run(rt, &keys[j - 1], 1, &best) == 1) run = (int)j;
   } else {
-    KVS__REENTRY_GUARD();
-    run = kvs_peers_lookup(rt->peers, keys, jmax, &best);
+    run = kvs__cache_peers_run(rt, keys, jmax, &best);
   }
   if (run <= 0 || !best || (uint32_t)run * C <= n) return 0;
   pl.keyed = (uint32_t)run * C;
@@ -980,9 +971,8 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
     q->nkeys = J;
     keys = kvs__px_keys(&c->sh, (uint32_t)s);
-    uint64_t best = 0;
-    cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
-             (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
+    cached = kvs__cache_has_local(rt, keys[J - 1]) ||
+             kvs__cache_peers_run(rt, &keys[J - 1], 1, NULL) == 1;
   }
   if (cached) {
     q->snap = J * C;
@@ -1103,29 +1093,17 @@ static kvs_key_t px_stored_key(const kvs_key_t *claim) {
 /* The instance id of a peer holding key (0: none). */
 static uint64_t px_peer_holding(kvs__runtime_t *rt, const kvs_key_t *key) {
   uint64_t best = 0;
-  KVS__REENTRY_GUARD();
-  return kvs_peers_lookup(rt->peers, key, 1, &best) == 1 ? best : 0;
+  return kvs__cache_peers_run(rt, key, 1, &best) == 1 ? best : 0;
 }
 
 static void px_unclaim(kvs__runtime_t *rt, const kvs_key_t *key) {
-  KVS__REENTRY_GUARD();
-  kvs_key_t stored = px_stored_key(key);
-  (void)kvs_store_remove(rt->store, &stored); /* first: a mark never outlives its claim */
-  (void)kvs_store_remove(rt->store, key);
+  kvs__cache_unmark(rt, px_stored_key(key)); /* first: a mark never outlives its claim */
+  kvs__cache_unmark(rt, *key);
 }
 
 /* A tiny object (the instance id) under key in this process's own pool. */
 static bool px_put_mark(kvs__runtime_t *rt, const kvs_key_t *key) {
-  KVS__REENTRY_GUARD();
-  kvs_layout_t l = kvs_layout_blob(8);
-  uint8_t outcome = 0;
-  kvs_extent_t ext;
-  kvs_xfer_t x = 0;
-  if (kvs_store_reserve_object(rt->store, KVS_OWNER_LOCAL, key, 1, &l, KVS_RESERVE_NO_EVICT,
-                               &outcome, &ext, &x) != 1)
-    return false;
-  memcpy(kvs_pool_base(rt->pool) + ext.offset, &rt->instance_id, 8);
-  return kvs_store_commit(rt->store, KVS_OWNER_LOCAL, x) == 0;
+  return kvs__cache_mark(rt, *key, rt->instance_id);
 }
 
 static bool px_claim(kvs__runtime_t *rt, const kvs_key_t *key) { return px_put_mark(rt, key); }
@@ -1147,11 +1125,7 @@ static void px_wait_claim(kvs__runtime_t *rt, uint64_t holder, const kvs_key_t *
                           const kvs_key_t *done, uint64_t deadline) {
   kvs_key_t w[2] = {*key, px_stored_key(key)};
   for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
-    int r;
-    {
-      KVS__REENTRY_GUARD();
-      r = kvs_peers_watch(rt->peers, holder, w, 2, (uint32_t)(deadline - now));
-    }
+    int r = kvs__cache_watch(rt, holder, w, 2, (uint32_t)(deadline - now));
     if (r == (int)KVS_PROTO_WATCH_HELD) continue;
     if (r != -ENOTSUP) return; /* gone, stored, or the claimant is gone: look up again */
     break;
@@ -1173,11 +1147,7 @@ static uint64_t px_wait_follow(px_ctx_t *c, kvs__runtime_t *rt, int32_t s, const
   /* One WATCH at the claimant: answered when the old claim goes or it claims key. */
   kvs_key_t w[2] = {c->follow_key, *key};
   for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
-    int r;
-    {
-      KVS__REENTRY_GUARD();
-      r = kvs_peers_watch(rt->peers, c->follow_id, w, 2, (uint32_t)(deadline - now));
-    }
+    int r = kvs__cache_watch(rt, c->follow_id, w, 2, (uint32_t)(deadline - now));
     if (r == (int)KVS_PROTO_WATCH_HELD) continue;
     if (r != -ENOTSUP) return px_peer_holding(rt, key);
     break;
@@ -1206,7 +1176,7 @@ static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uin
   const kvs_options_t *o = kvs__runtime_options();
   uint32_t jmax = (c->sh.seq[s].n + m) / c->chunk;
   *claimed = false;
-  if (!rt || !rt->peers || !o || o->llama_wait_ms <= 0 || !jmax) return 0;
+  if (!rt || !kvs__cache_has_peers(rt) || !o || o->llama_wait_ms <= 0 || !jmax) return 0;
   *ck = px_claim_key(c, s, jmax);
   uint64_t deadline = kvs__now_ms() + (uint64_t)o->llama_wait_ms;
   uint64_t holder = px_peer_holding(rt, ck);

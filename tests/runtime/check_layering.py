@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""The cache facade's include rule (design §3.7): no file under shims/ includes core's store,
+pool or peer client, calls them, or reaches the runtime's store, pool, peers, one-copy or
+keep-behind directly; the tiers are runtime/cache.h's. (shims/cuda's pool use for pinned host
+memory is memory, not a cache tier: the pool rules do not apply under shims/cuda.)
+
+    check_layering.py <source root>
+
+Prints every offending line and exits 1 when there is one; exits 2 when it finds no shim."""
+import pathlib
+import re
+import sys
+
+RULES = [
+    (re.compile(r'#\s*include\s*["<](store|peer)\.h[">]'), "includes core/store.h or core/peer.h"),
+    (re.compile(r'\bkvs_(store|peers)_\w+\s*\('), "calls the store or the peer client"),
+    (re.compile(r'\bkvs__runtime_(cache_peer|keep|keep_release)\s*\('),
+     "runs one-copy mode or keep-behind itself"),
+    (re.compile(r'->\s*(store|peers)\b'), "reaches the runtime's store or peers"),
+]
+POOL_RULES = [  # everywhere but shims/cuda
+    (re.compile(r'#\s*include\s*["<]pool\.h[">]'), "includes core/pool.h"),
+    (re.compile(r'\bkvs_pool_\w+\s*\('), "calls the pool"),
+    (re.compile(r'->\s*pool\b'), "reaches the runtime's pool"),
+]
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = pathlib.Path(argv[1])
+    files = sorted(p for p in (root / "shims").rglob("*") if p.suffix in (".c", ".h"))
+    if not files:
+        print(f"check_layering: no file under {root / 'shims'}", file=sys.stderr)
+        return 2
+    bad = 0
+    for f in files:
+        rules = RULES if f.parent.name == "cuda" else RULES + POOL_RULES
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            for rule, why in rules:
+                if rule.search(line):
+                    print(f"{f.relative_to(root)}:{n}: {why}, past runtime/cache.h: {line.strip()}")
+                    bad += 1
+                    break
+    if bad:
+        print(f"check_layering: {bad} line(s) in shims/ bypass the cache facade", file=sys.stderr)
+        return 1
+    print(f"check_layering: {len(files)} files under shims/ reach the tiers only through "
+          "runtime/cache.h")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
