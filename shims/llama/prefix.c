@@ -856,11 +856,57 @@ static void px_report_bad(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, 
   kvs__cache_report_bad(rt, instance, key, len, sum);
 }
 
+/* Restore in place from the cache peer (one copy per node), as the state adapter does
+ * (llama.c): the blob is checked and handed to llama_state_seq_set_data where it lies in the
+ * peer's pool, under its pin, with no copy into our own memory first (the copy and its page
+ * faults were most of a restore's time: docs/PERF.md 13). */
+typedef struct px_inplace {
+  px_ctx_t *c;
+  struct llama_context *ctx;
+  const px_plan_t *pl;
+  uint32_t *k;
+  px_res_t res;
+  uint64_t bad_len, bad_sum; /* a blob that failed a check (REPORT_BAD) */
+} px_inplace_t;
+
+static int px_inplace_sink(void *ctx, size_t i, const kvs_layout_t *layout, const void *bytes,
+                           uint64_t len) {
+  (void)i;
+  (void)layout;
+  px_inplace_t *x = ctx;
+  x->res = px_restore_blob(x->c, x->ctx, x->pl, bytes, len, x->k);
+  if (x->res == PX_BAD) x->bad_len = len, x->bad_sum = kvs_checksum64(bytes, (size_t)len);
+  return 0;
+}
+
+/* 1: the cache peer had the state (*res says what came of it), 0: ask the peers as before. */
+static int px_restore_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                               const px_plan_t *pl, kvs_key_t key, uint32_t *k, px_res_t *res) {
+  px_inplace_t x = {c, ctx, pl, k, PX_SKIP, 0, 0};
+  int r = kvs__cache_read_cache_peer(rt, key, px_inplace_sink, &x);
+  if (r == -ESTALE && x.res == PX_OK) {
+    /* the pin lapsed while the engine read the bytes: they may have changed under it */
+    px_undo(c, ctx, pl->s, pl->n);
+    *res = PX_ENGINE;
+    return 1;
+  }
+  if (r != 1) return 0;
+  if (x.res == PX_BAD) px_report_bad(rt, kvs__cache_peer(rt), key, x.bad_len, x.bad_sum, true);
+  if (x.res == PX_OK) {
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
+    kvs_stats_inc(px_stats(), KVS_STAT_cache_peer_loads);
+  }
+  *res = x.res;
+  return 1;
+}
+
 static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                 const px_plan_t *pl, uint64_t instance, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   uint32_t j = pl->keyed / c->chunk;
   px_fetch_keys_t fk = {c, kvs__px_keys(&c->sh, (uint32_t)pl->s)[j - 1], j, 0, 0};
+  px_res_t inplace;
+  if (px_restore_in_place(c, rt, ctx, pl, fk.want, k, &inplace)) return inplace;
   kvs__llama_blob_fetch_t f;
   int st = kvs__llama_blob_fetch(&home, instance, fk.want, px_fetch_keys, &fk, &f);
   if (st == KVS__CACHE_LOCAL) return px_restore_local(c, rt, ctx, pl, k);

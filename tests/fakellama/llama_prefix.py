@@ -205,6 +205,10 @@ def case_serve(ctx):
     check(got == ref_b, f"B from serve differs:\n{ref_b}\n{got}\n{err[-2000:]}")
     expect(st, "B", peer_restores=(">=", 1), restored_tokens=(">=", 512))
     check(st.get("store_used_bytes") == 0, f"B kept a copy of serve's snapshot: {st}")
+    # restored in place from serve's pool, under its pin (cache_peer_loads), not fetched into
+    # a buffer of B's first
+    check(st.get("cache_peer_loads", 0) >= 1,
+          f"B did not restore in place from serve: cache_peer_loads {st.get('cache_peer_loads')}")
 
 
 def case_divergence(ctx):
