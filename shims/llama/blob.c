@@ -309,6 +309,27 @@ void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_s
   kvs_store_abort(home->store, KVS_OWNER_LOCAL, s->xfer);
 }
 
+int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t len,
+                         int (*fill)(void *arg, uint8_t *dst), void *arg) {
+  kvs_extent_t ext;
+  kvs_xfer_t xfer = 0;
+  int rc;
+  {
+    KVS__REENTRY_GUARD();
+    rc = reserve(home->store, &key, 1, len, false, &ext, &xfer);
+  }
+  if (rc < 0) return rc;
+  rc = fill(arg, home->base + ext.offset);
+  KVS__REENTRY_GUARD();
+  if (rc != 0) {
+    kvs_store_abort(home->store, KVS_OWNER_LOCAL, xfer);
+    return rc;
+  }
+  rc = kvs_store_commit(home->store, KVS_OWNER_LOCAL, xfer);
+  if (rc == 0 && home->peers) kvs_peers_push(home->peers, &key, 1); /* -ENOTSUP: no cache peer */
+  return rc;
+}
+
 /* ---- local restore ---------------------------------------------------------------------------- */
 
 bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, const uint8_t **blob,

@@ -246,6 +246,14 @@ int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *
                            kvs__llama_blob_hdr_t *hdr, kvs__llama_blob_save_t *s);
 void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_save_t *s);
 
+/* A small object of kvshim's own (a chunk frame or chunk object, chunks.h; design §10.4): len
+ * bytes written by fill(arg, dst) into a reserved extent of the own pool, committed under key
+ * (never replacing: -EEXIST when a READY object is there) and pushed to the cache peer
+ * (write-behind, as any commit; one copy per node is not used for these). fill returning
+ * nonzero aborts the object and is returned. 0, or -EEXIST / -ENOSPC / -EFBIG / -EBUSY. */
+int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t len,
+                         int (*fill)(void *arg, uint8_t *dst), void *arg);
+
 /* Pin the READY object under key in the local store. Returns true with *blob, *len (into the
  * pool, valid until kvs__llama_blob_unpin) and *xfer; false when it is not there. */
 bool kvs__llama_blob_pin(const kvs__llama_blob_home_t *home, kvs_key_t key, const uint8_t **blob,
