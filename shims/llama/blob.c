@@ -309,8 +309,44 @@ void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_s
   kvs_store_abort(home->store, KVS_OWNER_LOCAL, s->xfer);
 }
 
+/* kvs_peer_copy_fn over a kvs__llama_obj_store fill. */
+typedef struct obj_fill {
+  int (*fill)(void *arg, uint8_t *dst);
+  void *arg;
+  int rc;
+} obj_fill_t;
+
+static int obj_fill(void *ctx, size_t i, void *dst, const void *src, size_t len) {
+  (void)i;
+  (void)src;
+  (void)len;
+  obj_fill_t *f = ctx;
+  return f->rc = f->fill(f->arg, dst);
+}
+
 int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t len,
                          int (*fill)(void *arg, uint8_t *dst), void *arg) {
+  uint64_t cache = kvs__llama_blob_cache(home);
+  if (cache) { /* one copy per node: straight into the cache peer's pool, as a blob save */
+    kvs_layout_t l = kvs_layout_blob(len);
+    obj_fill_t f = {fill, arg, 0};
+    const void *buf = NULL;
+    uint8_t oc[KVS_PROTO_MAX_KEYS] = {0};
+    int r;
+    {
+      KVS__REENTRY_GUARD();
+      r = kvs_peers_store_into(home->peers, cache, &key, 1, &l, true, &buf, oc, obj_fill, &f);
+    }
+    if (f.rc) return f.rc;
+    if (r == 1 && oc[0] == KVS_RES_RESERVED) {
+      kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_stores);
+      return 0;
+    }
+    if (r == 1 && oc[0] == KVS_RES_PRESENT) return -EEXIST;
+    if (r != -ENOTSUP) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_fallbacks);
+    KVS__REENTRY_GUARD();
+    (void)kvs__runtime_cache_peer(home->rt); /* the own pool is the cache again if it is gone */
+  }
   kvs_extent_t ext;
   kvs_xfer_t xfer = 0;
   int rc;

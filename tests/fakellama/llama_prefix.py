@@ -62,7 +62,8 @@ Cases:
   known       a state the engine saved and loaded back itself (--cache-ram) is known again
   chunks      KVSHIM_LLAMA_CHUNKS=1: a shared prefix with four suffixes stores the prefix's chunks
               once (dedup counted), restores by assembly, fewer bytes than whole blobs; a fresh
-              process restores from the first one's chunks: identical
+              process restores from the first one's chunks, and from `kvshim serve`'s pool
+              (one copy per node: no engine keeps a copy): identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -641,6 +642,18 @@ def case_chunks(ctx):
     with open(done, "w"):
         pass
     ctx.finish(pa, "A")
+    # one copy per node: `kvshim serve` holds the chunks, no engine keeps a copy
+    ctx.serve()
+    _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4"],
+                       what="A to serve", KVSHIM_LLAMA_CHUNKS="1")
+    check(chunk_stats(sa).get("llama_chunks_stored") == 5 and sa.get("cache_peer_stores") == 6
+          and sa.get("store_used_bytes") == 0,
+          f"A's frame and 5 chunks went straight into serve's pool: {chunk_stats(sa)} {sa}")
+    got, err, sb = ctx.run(b_cmds, what="B from serve", KVSHIM_LLAMA_CHUNKS="1")
+    check(got == ref_b, f"B from serve's chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(sb, "B from serve", peer_restores=(">=", 1), restored_tokens=(">=", 1024))
+    check(sb.get("store_used_bytes") == 0 and chunk_stats(sb).get("llama_chunks_dedup", 0) >= 4,
+          f"B kept no copy and stored only its own chunks: {chunk_stats(sb)} {sb}")
 
 
 CASES = {
