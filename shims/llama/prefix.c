@@ -1233,6 +1233,8 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
   uint32_t k = 0;
   if (c->chunks) {
     px_res_t r = px_restore_chunks(c, rt, ctx, &pl, jmax, &k);
+    if (r == PX_BAD) /* its first damaged chunk was dropped: the run before it */
+      r = px_restore_chunks(c, rt, ctx, &pl, jmax, &k);
     if (r == PX_OK) return k;
     if (r == PX_ENGINE || r == PX_NONE) return 0;
     /* no chunk run: a state stored whole (it could not be split) may be there */
@@ -1287,8 +1289,12 @@ static void px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
     q->nkeys = J;
     keys = kvs__px_keys(&c->sh, (uint32_t)s);
     uint64_t best = 0;
-    cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
-             (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
+    if (c->chunks) /* every chunk there (a dropped or evicted middle one is stored again) */
+      cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, keys, J, false, NULL) == (int)J ||
+               (rt->peers && kvs_peers_lookup(rt->peers, keys, J, &best) == (int)J);
+    else
+      cached = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &keys[J - 1], 1, false, NULL) == 1 ||
+               (rt->peers && kvs_peers_lookup(rt->peers, &keys[J - 1], 1, &best) == 1);
   }
   if (cached) {
     q->snap = J * C;

@@ -61,7 +61,9 @@ Cases:
               positions identical (logits differ: the engine's mixed ubatches)
   known       a state the engine saved and loaded back itself (--cache-ram) is known again
   chunks      KVSHIM_LLAMA_CHUNKS=1: a shared prefix with four suffixes stores the prefix's chunks
-              once (dedup counted), restores by assembly, fewer bytes than whole blobs; a fresh
+              once (dedup counted), restores by assembly, fewer bytes than whole blobs; a
+              damaged chunk is refused, counted, dropped, the restore stops before it and the
+              chunk is stored again; a fresh
               process restores from the first one's chunks, and from `kvshim serve`'s pool
               (one copy per node: no engine keeps a copy): identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
@@ -625,6 +627,22 @@ def case_chunks(ctx):
     on_b, off_b = st["llama_prefix_snapshot_bytes"], st_off["llama_prefix_snapshot_bytes"]
     print(f"chunks: stored {on_b} bytes as chunks, {off_b} as whole blobs ({off_b / on_b:.2f}x)")
     check(2 * on_b < off_b, f"chunk storage did not save: {on_b} vs {off_b} bytes")
+    # a damaged chunk: refused, counted and dropped; the restore retries with the run before
+    # it; the next prompt's snapshot stores chunk 1 again
+    dmg = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+           "corruptchunk 1", "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@3", "gen 0 0 4",
+           "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@4", "gen 0 0 4"]
+    ref, _, _ = ctx.run(dmg[:4] + dmg[5:], preload=False, what="damaged chunk (reference)")
+    got, err, sd = ctx.run(dmg, what="damaged chunk", **on)
+    check(got[4] == "corruptchunk ok 1" and got[:4] + got[5:] == ref,
+          f"damaged chunk: differs with kvshim:\n{ref}\n{got}\n{err[-2000:]}")
+    cd = chunk_stats(sd)
+    check("chunk objects refused: checksum mismatch" in err, f"no refusal logged:\n{err[-2000:]}")
+    # (the 256 tokens before the damaged chunk are no restore point for that batch under the
+    # kernel-class rules; the next prompt restores the whole prefix again)
+    expect(sd, "damaged chunk", bad_blobs=("==", 1), restores=(">=", 1),
+           restored_tokens=(">=", 1024))
+    check(cd.get("llama_chunks_stored") == 5 + 1 + 1 + 1, f"chunk 1 stored again once: {cd}")
     # a fresh process B restores A's chunks through A's coordinator
     ready, done = ctx.p("a.ready"), ctx.p("b.done")
     b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@9", "gen 0 0 4"]
