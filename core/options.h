@@ -65,6 +65,8 @@ extern "C" {
     "transparent prefix cache for llama.cpp")                                                 \
   X(llama_min_tokens, "KVSHIM_LLAMA_MIN_TOKENS", INT, "256", 1, 1 << 24, "", "tokens",        \
     "smallest prefix worth restoring")                                                        \
+  X(llama_chunks, "KVSHIM_LLAMA_CHUNKS", BOOL, "0", 0, 1, "", "",                             \
+    "llama prefix cache: store states as one object per chunk, each chunk once (design 10.4)") \
   X(log, "KVSHIM_LOG", ENUM, "warn", 0, 0, "off|error|warn|info|debug|trace", "",             \
     "log level")                                                                              \
   X(log_file, "KVSHIM_LOG_FILE", STR, "", 0, 0, "", "", "log destination (default stderr)")    \

@@ -142,6 +142,13 @@ extern "C" {
     "llama prefix cache: prompt batches not restored into: the context is no longer cached")   \
   X(llama_prefix_states_known, C,                                                             \
     "llama prefix cache: engine state loads whose tokens kvshim knew (a state it saw saved, a file)") \
+  X(llama_chunks_stored, C, "llama chunk storage: chunk objects stored")                     \
+  X(llama_chunks_dedup, C, "llama chunk storage: chunks of a snapshot found already stored (not stored again)") \
+  X(llama_chunks_saved_bytes, C, "llama chunk storage: bytes of chunks not stored again (dedup)") \
+  X(llama_chunks_whole, C,                                                                    \
+    "llama chunk storage: states that cannot be split (window cache, unknown layout), stored whole") \
+  X(llama_chunks_assembled, C, "llama chunk storage: states assembled from chunk objects for a restore") \
+  X(llama_chunks_assemble_ns, C, "llama chunk storage: time spent assembling states, ns")     \
   X(cache_peer_pool_pins, C,                                                                  \
     "one copy: cache peer pool mappings registered with the device driver in the background")  \
   X(host_arena_pinned_bytes, G,                                                               \

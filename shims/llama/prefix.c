@@ -64,6 +64,14 @@
  * Sliding-window models without swa_full (c->swa): states are stored only when they end on a
  * chunk boundary with every token canonical, under their own key, and restored only whole.
  *
+ * Chunk storage (KVSHIM_LLAMA_CHUNKS=1, not for window caches; design §10.4; its own
+ * namespace): a snapshot is split (chunks.c) into a frame, stored under a key of its id, and
+ * one object per whole chunk under that chunk's key; a chunk already cached here or at a peer
+ * is not stored again. A state that cannot be split is stored as a whole blob (counted). A
+ * restore pins the longest local run of chunk objects, fetches the rest of the run from the
+ * best peer, assembles the state into a scratch blob and restores it as any blob
+ * (px_restore_chunks).
+ *
  * Snapshot. After a successful single-sequence decode whose last token has an output, when
  * floor(min(n, canon) / chunk) chunks >= min tokens and >= the last snapshot + one chunk: unless
  * the longest key is already cached here or at a peer, the engine's get_size/get_data write the
@@ -87,6 +95,7 @@
 #include "blob.h"
 #include "blob_flow.h"
 #include "cache.h"
+#include "chunks.h"
 #include "internal.h"
 #include "keys.h"
 #include "log.h"
@@ -204,6 +213,12 @@ typedef struct px_ctx {
   int32_t **mseq;
   int8_t *mlogits;
   px_memo_t memo[PX_MEMO_MAX]; /* states the engine saved itself (px_memo_*) */
+  /* Chunk storage (px_snapshot_chunks, px_restore_chunks): chunks set at registration; cbuf
+   * holds a state being split or a blob being assembled, cpin the pieces of a restore (both
+   * kvs__prim_alloc, owned here). */
+  bool chunks;
+  void *cbuf, *cpin;
+  size_t cbuf_cap, cpin_cap;
   uint32_t memo_next;
 } px_ctx_t;
 
@@ -301,6 +316,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   const kvs_options_t *o = kvs__runtime_options();
   c->chunk = (uint32_t)o->chunk_tokens;
   c->min_tokens = (uint32_t)o->llama_min_tokens;
+  c->chunks = o->llama_chunks && !c->swa; /* a window cache's states do not split */
   kvs__px_pfn_llama_supports_gpu_offload gpu_fn = px_real_llama_supports_gpu_offload();
   bool gpu = gpu_fn ? gpu_fn() : true; /* unknown: the strict rules */
   c->rules.ubatch = ub;
@@ -308,7 +324,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
 
   px_sig_t sig;
   memset(&sig, 0, sizeof sig);
-  sig.version = 2;
+  sig.version = c->chunks ? 3 : 2; /* chunk objects and whole blobs never share a namespace */
   sig.gpu = gpu;
   sig.offload_kqv = p->offload_kqv;
   sig.swa_full = p->swa_full;
@@ -398,6 +414,9 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->mem = tmp.mem;
     slot->disabled = false;
     slot->swa = tmp.swa;
+    slot->chunks = tmp.chunks;
+    slot->cbuf = slot->cpin = NULL;
+    slot->cbuf_cap = slot->cpin_cap = 0;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
     slot->ns = tmp.ns;
     slot->rules = tmp.rules;
@@ -452,6 +471,10 @@ static void px_forget(struct llama_context *ctx) {
     c->saved = NULL;
     kvs__prim_unmap(c->multi, c->multi_len);
     c->multi = NULL;
+    kvs__prim_unmap(c->cbuf, c->cbuf_cap);
+    kvs__prim_unmap(c->cpin, c->cpin_cap);
+    c->cbuf = c->cpin = NULL;
+    c->cbuf_cap = c->cpin_cap = 0;
     c->multi_len = c->multi_cap = c->imap_n = 0;
     c->saved_len = c->saved_cap = 0;
     for (size_t i = 0; i < PX_MEMO_MAX; i++) {
@@ -797,6 +820,12 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   uint64_t len;
   kvs__cache_ref_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
+  uint32_t magic = 0;
+  if (len >= 4) memcpy(&magic, blob, 4);
+  if (magic == KVS_LLAMA_CHUNK_MAGIC) { /* chunk storage's, not a blob: px_restore_chunks */
+    kvs__llama_blob_unpin(&home, key, xfer, false);
+    return PX_SKIP;
+  }
   px_res_t res = px_restore_blob(c, ctx, pl, blob, len, k);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
@@ -819,6 +848,8 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
   const px_ctx_t *c = k->c;
   kvs__llama_blob_hdr_t h;
   if (key_index != 0) return -1;
+  if (len >= 4 && memcmp(bytes, &(uint32_t){KVS_LLAMA_CHUNK_MAGIC}, 4) == 0)
+    return -1; /* a chunk object (chunk storage): not a blob, and not a bad one */
   if (len < KVS_LLAMA_BLOB_HDR) goto bad;
   memcpy(&h, bytes, sizeof h);
   if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX ||
@@ -922,6 +953,265 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
   return res;
 }
 
+/* ---- chunk storage (design §10.4) -------------------------------------------------------------- */
+
+/* The key of the frame whose id is id: a chain from the namespace over words no token chain
+ * holds (the frame magic, above any vocabulary). */
+static kvs_key_t px_frame_key(const px_ctx_t *c, uint64_t id) {
+  uint32_t w[3] = {KVS_LLAMA_FRAME_MAGIC, (uint32_t)id, (uint32_t)(id >> 32)};
+  return kvs_keys_chain(c->ns, w, 3);
+}
+
+/* What a chunk or frame object is written from (kvs__llama_obj_store's fill). */
+typedef struct px_fill {
+  const uint8_t *state, *frame;
+  const kvs__llama_chunks_scan_t *sc;
+  const int32_t *tok;
+  uint32_t T, index;
+  uint64_t id, flen;
+  kvs_key_t ns;
+} px_fill_t;
+
+static int px_fill_frame(void *arg, uint8_t *dst) {
+  const px_fill_t *f = arg;
+  memcpy(dst, f->frame, (size_t)f->flen);
+  return 0;
+}
+
+static int px_fill_chunk(void *arg, uint8_t *dst) {
+  const px_fill_t *f = arg;
+  uint64_t len = kvs__llama_chunk_size(f->sc, f->T, f->index);
+  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->id, f->ns, dst,
+                                (size_t)len) == KVS_LLAMA_CHUNKS_OK
+             ? 0
+             : -EIO;
+}
+
+/* Store sequence s's state as a frame and its first J chunks, each chunk already cached here
+ * or at a peer counted and not stored again. 0 (stored; *bytes what was written), 1 (the
+ * state cannot be split: store it whole), or a negative errno. */
+static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                              int32_t s, const kvs_key_t *keys, uint32_t J, uint64_t *bytes) {
+  kvs_stats_t *st = px_stats();
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
+  size_t S = kvs__llama_state_size(&api, ctx, s);
+  if (S < KVS_LLAMA_STATE_HDR) return -ENODATA;
+  /* the state, then its frame (px_grow keeps no contents: sized once for both) */
+  const size_t fmax = sizeof(kvs__llama_frame_hdr_t) +
+                      KVS_LLAMA_CHUNKS_MAX_SECTIONS * (sizeof(kvs__llama_frame_sec_t) +
+                      KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
+  if (!px_grow(&c->cbuf, &c->cbuf_cap, S + fmax)) return -ENOMEM;
+  if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
+  kvs__llama_chunks_scan_t sc;
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_scan(c->cbuf, S, &sc);
+  if (r != KVS_LLAMA_CHUNKS_OK || sc.n_cells < J * c->chunk) {
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_whole);
+    kvs_log_info("llama.cpp prefix cache: state of sequence %d stored whole: %s", s,
+                 r != KVS_LLAMA_CHUNKS_OK ? kvs__llama_chunks_status_name(r)
+                                          : "fewer cells than tokens");
+    return 1;
+  }
+  const uint8_t *state = c->cbuf;
+  uint8_t *frame = (uint8_t *)c->cbuf + S;
+  uint64_t id = kvs__llama_chunks_frame(state, &sc, c->chunk, c->ns, frame, (size_t)sc.frame_size);
+  if (!id) return -EIO;
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0, id,
+                 sc.frame_size, c->ns};
+  int rc = kvs__llama_obj_store(&home, px_frame_key(c, id), sc.frame_size, px_fill_frame, &f);
+  if (rc < 0 && rc != -EEXIST) return rc;
+  int prun = kvs__cache_peers_run(rt, keys, J, NULL);
+  uint64_t wrote = 0;
+  for (uint32_t i = 0; i < J; i++) {
+    uint64_t len = kvs__llama_chunk_size(&sc, c->chunk, i);
+    if ((int)i < prun || kvs__cache_has_local(rt, keys[i])) {
+      kvs_stats_inc(st, KVS_STAT_llama_chunks_dedup);
+      kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, len);
+      continue;
+    }
+    f.index = i;
+    rc = kvs__llama_obj_store(&home, keys[i], len, px_fill_chunk, &f);
+    if (rc == -EEXIST) { /* stored meanwhile by another process */
+      kvs_stats_inc(st, KVS_STAT_llama_chunks_dedup);
+      kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, len);
+      continue;
+    }
+    if (rc < 0) return rc; /* the chunks before it stay: a later restore uses their run */
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_stored);
+    wrote += len;
+  }
+  *bytes = wrote + sc.frame_size;
+  return 0;
+}
+
+/* One object of a restore by assembly: pinned in the local run (ref, ended by
+ * kvs__llama_blob_unpin), or a peer's copy being written locally (f, ended by
+ * kvs__llama_blob_keep). */
+typedef struct px_piece {
+  const uint8_t *p;
+  size_t len;
+  bool fetched;
+  kvs__cache_ref_t ref;
+  kvs__llama_blob_fetch_t f;
+} px_piece_t;
+
+/* kvs__cache_keys_fn for one chunk or frame object: bound under the key asked for only. */
+typedef struct px_one_key {
+  kvs_key_t key;
+  uint32_t magic;
+} px_one_key_t;
+
+static int px_one_key(void *ctx, size_t key_index, const void *bytes, uint64_t len,
+                      const kvs_key_t **keys) {
+  const px_one_key_t *o = ctx;
+  if (key_index != 0 || len < 4 || memcmp(bytes, &o->magic, 4) != 0) return -1;
+  *keys = &o->key;
+  return 1;
+}
+
+/* A peer's copy of the object under key (its magic) into *pc: true when copied. */
+static bool px_fetch_piece(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key, uint32_t magic,
+                           px_piece_t *pc) {
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  px_one_key_t ok = {key, magic};
+  if (kvs__llama_blob_fetch(&home, instance, key, px_one_key, &ok, &pc->f) != KVS__CACHE_COPIED)
+    return false;
+  pc->p = pc->f.blob;
+  pc->len = (size_t)pc->f.len;
+  pc->fetched = true;
+  return true;
+}
+
+/* Restore sequence pl->s from the longest run of chunk objects of the prompt (jmax chunks at
+ * most): the local run, then the best peer's run after it; the first chunks' tokens must be
+ * the prompt's; every object is checked by the assembler; the state is assembled into cbuf as
+ * a PREFIX blob of the run's tokens and restored by px_restore_blob. A damaged chunk is
+ * counted, dropped (locally; a peer is told) and ends the run. PX_SKIP: no chunk run. */
+static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                                  px_plan_t *pl, uint32_t jmax, uint32_t *k) {
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)pl->s);
+  const uint32_t C = c->chunk;
+  size_t need = (size_t)(jmax + 1) * (sizeof(px_piece_t) + sizeof(const uint8_t *) +
+                                      sizeof(size_t));
+  if (!px_grow(&c->cpin, &c->cpin_cap, need)) return PX_SKIP;
+  px_piece_t *pc = c->cpin;
+  const uint8_t **ptr = (const uint8_t **)(void *)(pc + jmax + 1);
+  size_t *lens = (size_t *)(void *)(ptr + jmax + 1);
+  /* the local run: each chunk pinned (unpinned at out) */
+  uint32_t run = 0;
+  while (run < jmax) {
+    uint64_t plen = 0;
+    if (!kvs__llama_blob_pin(&home, keys[run], &pc[run].p, &plen, &pc[run].ref)) break;
+    pc[run].len = (size_t)plen;
+    pc[run].fetched = false;
+    run++;
+  }
+  uint32_t n = run;
+  uint64_t best = 0;
+  if (n < jmax && kvs__cache_has_peers(rt)) {
+    int prun = kvs__cache_peers_run(rt, keys + n, jmax - n, &best);
+    for (int i = 0; i < prun && best; i++, n++)
+      if (!px_fetch_piece(rt, best, keys[n], KVS_LLAMA_CHUNK_MAGIC, &pc[n])) break;
+  }
+  px_res_t res = PX_SKIP;
+  bool bad[1] = {false}; /* a damaged chunk (bad_i): dropped locally, reported to a peer */
+  uint32_t bad_i = 0;
+  kvs__llama_chunk_hdr_t h0;
+  px_piece_t fr = {NULL, 0, false, 0, {0}};
+  kvs__cache_ref_t fxfer = 0;
+  kvs_key_t fkey = {0, 0};
+  bool fpinned = false;
+  /* the first piece must be a chunk object (a whole blob under this key: the blob path) */
+  if (n == 0 || n * C <= pl->n || pc[0].len < sizeof h0 ||
+      (memcpy(&h0, pc[0].p, sizeof h0), h0.magic != KVS_LLAMA_CHUNK_MAGIC))
+    goto out;
+  /* its frame: local, else at a peer */
+  fkey = px_frame_key(c, h0.frame_id);
+  uint64_t flen64 = 0;
+  fpinned = kvs__llama_blob_pin(&home, fkey, &fr.p, &flen64, &fxfer);
+  fr.len = (size_t)flen64;
+  if (!fpinned && !(kvs__cache_has_peers(rt) &&
+                    px_fetch_piece(rt, best, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
+    goto out;
+  /* the chunks' tokens must be the prompt's: the run stops at the first that differs */
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
+  uint32_t good = 0;
+  while (good < n && pc[good].len >= sizeof h0 + 4ull * C &&
+         memcmp(pc[good].p + sizeof h0, tok + (size_t)good * C, 4ull * C) == 0)
+    good++;
+  if (good * C <= pl->n) goto out;
+  for (uint32_t i = 0; i < good; i++) {
+    ptr[i] = pc[i].p;
+    lens[i] = pc[i].len;
+  }
+  uint64_t N = (uint64_t)good * C;
+  uint64_t S = kvs__llama_chunks_state_size(fr.p, N);
+  if (fr.len < sizeof(kvs__llama_frame_hdr_t) || !S || N > c->sh.cap) goto out;
+  uint64_t blen = KVS_LLAMA_BLOB_HDR + 4 * N + S;
+  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)blen)) goto out;
+  uint8_t *blob = c->cbuf;
+  size_t got = 0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
+      fr.p, fr.len, C, c->ns, ptr, lens, good, pl->s, blob + KVS_LLAMA_BLOB_HDR + 4 * N,
+      (size_t)S, &got);
+  if (r != KVS_LLAMA_CHUNKS_OK) {
+    kvs__llama_frame_hdr_t fh;
+    kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
+                 kvs__llama_chunks_status_name(r));
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) == KVS_LLAMA_CHUNKS_OK)
+      for (uint32_t i = 0; i < good && !bad[0]; i++)
+        if (kvs__llama_chunk_check(ptr[i], lens[i], &fh, i, NULL) != KVS_LLAMA_CHUNKS_OK) {
+          bad[0] = true; /* the first damaged chunk: dropped below */
+          bad_i = i;
+        }
+    res = PX_BAD;
+    goto out;
+  }
+  for (uint32_t i = 0; i < good; i++) /* the tokens, as a blob carries them */
+    memcpy(blob + KVS_LLAMA_BLOB_HDR + 4ull * i * C, pc[i].p + sizeof h0, 4ull * C);
+  kvs__llama_blob_hdr_t bh;
+  memset(&bh, 0, sizeof bh);
+  bh.magic = KVS_LLAMA_BLOB_MAGIC;
+  bh.version = KVS_LLAMA_BLOB_VERSION;
+  bh.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
+  bh.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
+  bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
+  bh.chunk_tokens = C;
+  bh.state_size = got;
+  memcpy(bh.model_fp, c->fp, sizeof bh.model_fp);
+  bh.ns_lo = c->ns.lo;
+  bh.ns_hi = c->ns.hi;
+  memcpy(blob, &bh, sizeof bh);
+  bh.checksum = kvs__llama_blob_checksum_fast(blob, blen);
+  memcpy(blob, &bh, sizeof bh);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns,
+                (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
+                    (uint64_t)t0.tv_nsec);
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+  pl->keyed = (uint32_t)N;
+  res = px_restore_blob(c, ctx, pl, blob, blen, k);
+  if (res == PX_OK && n > run)
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
+out:
+  if (fpinned) kvs__llama_blob_unpin(&home, fkey, fxfer, false);
+  else if (fr.fetched) kvs__llama_blob_keep(&home, &fr.f, true);
+  for (uint32_t i = run; i < n; i++) { /* peer copies: kept unless damaged */
+    bool drop = bad[0] && i == bad_i;
+    if (drop)
+      kvs__cache_report_bad(rt, best, keys[i], pc[i].len, kvs_checksum64(pc[i].p, pc[i].len));
+    kvs__llama_blob_keep(&home, &pc[i].f, !drop);
+  }
+  for (uint32_t i = 0; i < run; i++) /* local pins: a damaged chunk is dropped */
+    kvs__llama_blob_unpin(&home, keys[i], pc[i].ref, bad[0] && i == bad_i);
+  return res;
+}
+
 /* Find and restore the longest usable cached prefix k of sequence s, whose m batch tokens are
  * already in the shadow after its n (positions beyond n become real only if the decode
  * succeeds): the blob under the longest cached chunk key of the prompt so far (local store,
@@ -965,6 +1255,14 @@ static uint32_t px_restore_timed(px_ctx_t *c, struct llama_context *ctx, int32_t
   if (possible) *possible = true;
   const kvs_key_t *keys = kvs__px_keys(&c->sh, (uint32_t)s);
   uint32_t k = 0;
+  if (c->chunks) {
+    px_res_t r = px_restore_chunks(c, rt, ctx, &pl, jmax, &k);
+    if (r == PX_BAD) /* its first damaged chunk was dropped: the run before it */
+      r = px_restore_chunks(c, rt, ctx, &pl, jmax, &k);
+    if (r == PX_OK) return k;
+    if (r == PX_ENGINE || r == PX_NONE) return 0;
+    /* no chunk run: a state stored whole (it could not be split) may be there */
+  }
   for (uint32_t j = jmax; j * C > n; j--) { /* a state keyed within n rarely reaches beyond */
     if (!kvs__cache_has_local(rt, keys[j - 1])) continue;
     pl.keyed = j * C;
@@ -1017,12 +1315,35 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
     q->nkeys = J;
     keys = kvs__px_keys(&c->sh, (uint32_t)s);
-    cached = kvs__cache_has_local(rt, keys[J - 1]) ||
-             kvs__cache_peers_run(rt, &keys[J - 1], 1, NULL) == 1;
+    if (c->chunks) { /* every chunk there (a dropped or evicted middle one is stored again) */
+      uint32_t here = 0;
+      while (here < J && kvs__cache_has_local(rt, keys[here])) here++;
+      cached = here == J || kvs__cache_peers_run(rt, keys, J, NULL) == (int)J;
+    } else {
+      cached = kvs__cache_has_local(rt, keys[J - 1]) ||
+               kvs__cache_peers_run(rt, &keys[J - 1], 1, NULL) == 1;
+    }
   }
   if (cached) {
     q->snap = J * C;
     return true;
+  }
+  if (c->chunks) {
+    uint64_t wrote = 0;
+    int cr = px_snapshot_chunks(c, rt, ctx, s, keys, J, &wrote);
+    if (cr == 0) {
+      q->snap = J * C;
+      kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshots);
+      kvs_stats_add(st, KVS_STAT_llama_prefix_snapshot_bytes, wrote);
+      return true;
+    }
+    if (cr < 0) {
+      q->snap = J * C;
+      kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshot_failures);
+      kvs_log_info("llama.cpp prefix cache: chunks of sequence %d (%u tokens) not stored: %s", s,
+                   N, strerror(-cr));
+      return false;
+    }
   }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;

@@ -43,6 +43,7 @@ struct llama_context {
    * into a context with another count fails). */
   bool unified;
   bool embeddings;
+  uint32_t v_trans; /* V stored transposed: !flash_attn (llama-model.cpp:2260) */
   seq_t seq[MAX_SEQ];
   /* outputs of the last llama_decode: rows[r] = n_vocab logits then n_embd embedding */
   float *rows;
@@ -223,6 +224,7 @@ struct llama_context *llama_init_from_model(struct llama_model *model,
   c->n_ubatch = params.n_ubatch && params.n_ubatch < c->n_batch ? params.n_ubatch : c->n_batch;
   c->embeddings = params.embeddings;
   c->unified = params.kv_unified;
+  c->v_trans = params.flash_attn_type == 0; /* LLAMA_FLASH_ATTN_TYPE_DISABLED (llama.h:192) */
   c->params_hash = XXH3_64bits(&params, sizeof params);
   return c;
 }
@@ -351,9 +353,29 @@ int fakellama_seq_check(struct llama_context *ctx, llama_seq_id s, const llama_t
 
 /* ---- serialisation --------------------------------------------------------------------------- */
 
-#define BODY_HDR 20u
+/* A sequence's body is the pinned llama.cpp's own layout (llama_kv_cache::state_write,
+ * llama-kv-cache.cpp:2053-2330), so kvshim's splitter and assembler (shims/llama/chunks.c) are
+ * tested on it:
+ *     u32 n_stream, u32 cell_count per stream (only the sequence's stream, seq_to_stream:
+ *     0 when unified else the sequence, llama-kv-cache.cpp:147-155, is non-zero), and when
+ *     n > 0: n x (i32 pos, u32 n_seq_id 1, i32 seq_id), u32 v_trans, u32 n_layer,
+ *     K: per layer i32 type, u64 row, n rows; V: per layer i32 type, u64 row, n rows, or
+ *     (v_trans) i32 type, u32 el, u32 n_embd, then per element its n cells' el bytes.
+ * A fake cell (pos, chain, payload) maps onto it: pos is the meta's pos, layer l's K row is
+ * payload[l n_embd, (l + 1) n_embd) (type kv_type, 1-byte elements), layer l's V is 8 bytes,
+ * chain ^ l * V_SALT, as 4 elements of 2 bytes (FAKE_V_EL) when transposed. v_trans is
+ * !flash_attn (llama-model.cpp:2260), here flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED. */
+#define FAKE_V_ROW 8u
+#define FAKE_V_EL 2u
+#define V_SALT 0x5bd1e9955bd1e995ull
 
 static uint32_t n_stream(const struct llama_context *ctx) { return ctx->unified ? 1 : ctx->n_seq; }
+static uint32_t seq_index(const struct llama_context *ctx, const seq_t *q) {
+  return (uint32_t)(q - ctx->seq);
+}
+static uint32_t stream_of(const struct llama_context *ctx, const seq_t *q) {
+  return ctx->unified ? 0 : seq_index(ctx, q);
+}
 
 /* Cells held by every sequence but except (a unified context's stream). */
 static uint32_t cells_except(const struct llama_context *ctx, const seq_t *except) {
@@ -364,38 +386,165 @@ static uint32_t cells_except(const struct llama_context *ctx, const seq_t *excep
 }
 
 static size_t body_size(const struct llama_context *ctx, const seq_t *q) {
-  return BODY_HDR + (size_t)q->n_cells * cell_size(ctx->model);
+  size_t n = q->n_cells, L = ctx->model->n_layer;
+  size_t b = 4 + 4 * (size_t)n_stream(ctx);
+  if (n) b += 12 * n + 8 + L * (12 + n * ctx->model->n_embd) + L * (12 + n * FAKE_V_ROW);
+  return b;
+}
+
+static uint64_t cell_chain(const uint8_t *cell) {
+  uint64_t c;
+  memcpy(&c, cell + 4, 8);
+  return c;
+}
+
+static uint8_t *put32p(uint8_t *p, uint32_t v) {
+  put32(p, v);
+  return p + 4;
 }
 
 static void body_write(const struct llama_context *ctx, const seq_t *q, uint8_t *dst) {
-  put32(dst, ctx->model->n_layer);
-  put32(dst + 4, ctx->model->n_embd);
-  put32(dst + 8, ctx->kv_type);
-  put32(dst + 12, n_stream(ctx));
-  put32(dst + 16, q->n_cells);
-  if (q->n_cells) memcpy(dst + BODY_HDR, q->cells, (size_t)q->n_cells * cell_size(ctx->model));
+  const struct llama_model *m = ctx->model;
+  size_t cs = cell_size(m), n = q->n_cells;
+  /* each stream's count, and right after a non-empty one its cells (state_write, 2061-2119) */
+  uint8_t *o = put32p(dst, n_stream(ctx));
+  uint32_t mine = stream_of(ctx, q);
+  for (uint32_t st = 0; st <= mine; st++) o = put32p(o, st == mine ? q->n_cells : 0);
+  uint8_t *tail = dst + body_size(ctx, q) - 4 * (size_t)(n_stream(ctx) - 1 - mine);
+  for (uint32_t st = mine + 1; st < n_stream(ctx); st++) put32(tail + 4 * (st - mine - 1), 0);
+  if (!n) return;
+  for (size_t i = 0; i < n; i++) {
+    memcpy(o, q->cells + i * cs, 4); /* pos */
+    o = put32p(o + 4, 1);
+    o = put32p(o, seq_index(ctx, q));
+  }
+  o = put32p(o, ctx->v_trans);
+  o = put32p(o, m->n_layer);
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    uint64_t row = m->n_embd;
+    o = put32p(o, ctx->kv_type);
+    memcpy(o, &row, 8);
+    o += 8;
+    for (size_t i = 0; i < n; i++, o += m->n_embd)
+      memcpy(o, q->cells + i * cs + 12 + (size_t)l * m->n_embd, m->n_embd);
+  }
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    o = put32p(o, ctx->kv_type);
+    if (ctx->v_trans) {
+      o = put32p(o, FAKE_V_EL);
+      o = put32p(o, FAKE_V_ROW / FAKE_V_EL);
+      for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
+        for (size_t i = 0; i < n; i++, o += FAKE_V_EL) {
+          uint64_t v = cell_chain(q->cells + i * cs) ^ (l * V_SALT);
+          memcpy(o, (uint8_t *)&v + j * FAKE_V_EL, FAKE_V_EL);
+        }
+    } else {
+      uint64_t row = FAKE_V_ROW;
+      memcpy(o, &row, 8);
+      o += 8;
+      for (size_t i = 0; i < n; i++, o += FAKE_V_ROW) {
+        uint64_t v = cell_chain(q->cells + i * cs) ^ (l * V_SALT);
+        memcpy(o, &v, 8);
+      }
+    }
+  }
 }
 
-/* Parse a body from src[0, avail): the bytes it consumes, 0 when it does not fit this context
- * (shape or kv_type), or (size_t)-1 when src is shorter than the body claims. On 0 / -1 the
- * sequence is emptied, as llama.cpp does on a failed restore. */
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+/* The cells a body holds (its one non-zero stream count), or 0. */
+static uint32_t body_cells(const uint8_t *src, size_t avail) {
+  uint32_t ns = avail >= 4 ? get32(src) : 0, n = 0;
+  for (uint32_t st = 0; st < ns && n == 0 && 4 + 4 * (size_t)(st + 1) <= avail; st++)
+    n = get32(src + 4 + 4 * (size_t)st);
+  return n;
+}
+
+/* Parse a body from src[0, avail) as llama_kv_cache::state_read does (llama-kv-cache.cpp
+ * 2123-2200, 2335-2450, 2508-2670): the bytes it consumes, 0 when it does not fit this context
+ * (every check the real reader makes, each cited below), or (size_t)-1 when src is shorter
+ * than the body claims. On 0 / -1 the sequence is emptied, as llama.cpp does on a failed
+ * restore (seq_rm, llama-kv-cache.cpp:2190). */
 static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail) {
+  const struct llama_model *m = ctx->model;
   q->n_cells = 0;
-  if (avail < BODY_HDR) return (size_t)-1;
-  if (get32(src) != ctx->model->n_layer || get32(src + 4) != ctx->model->n_embd ||
-      get32(src + 8) != ctx->kv_type || get32(src + 12) != n_stream(ctx))
-    return 0; /* the stream count: llama-kv-cache.cpp:2150-2154 "n_stream mismatch" */
-  uint32_t n = get32(src + 16);
-  size_t cs = cell_size(ctx->model);
-  if ((avail - BODY_HDR) / cs < n) return (size_t)-1;
+  size_t off = 0;
+#define NEED(k)                                                                                 do {                                                                                            if ((k) > avail - off) return (size_t)-1;                                                   } while (0)
+  NEED(4);
+  if (get32(src) != n_stream(ctx)) return 0; /* 2150-2154 "n_stream mismatch" */
+  off = 4;
+  /* Stream counts up to the first non-empty one; its cells follow it (state_read_sinfo,
+   * 2158-2200); the fake reads one non-empty stream, as a sequence state has. */
+  uint32_t n = 0, st = 0;
+  for (; st < n_stream(ctx) && n == 0; st++, off += 4) {
+    NEED(4);
+    n = get32(src + off);
+  }
+  if (n == 0) return off;
+  size_t cs = cell_size(m);
   /* One sequence loads into the free cells of its stream after its own were removed
    * (llama-kv-cache.cpp:2341 seq_rm, 2418-2421 find_slot: "failed to find %d available cells"):
    * in a unified context the other sequences' cells take room. */
   if (ctx->unified && cells_except(ctx, q) + n > ctx->n_ctx) return 0;
   if (seq_reserve(q, cs, n) != 0) return 0;
-  if (n) memcpy(q->cells, src + BODY_HDR, (size_t)n * cs);
+  uint8_t *cells = q->cells;
+  NEED(12 * (size_t)n);
+  for (uint32_t i = 0; i < n; i++, off += 12) {
+    if (get32(src + off + 4) != 1) return 0; /* 2363-2366 "invalid seq_id-agnostic kv cell" */
+    memcpy(cells + i * cs, src + off, 4);   /* pos; the seq id is read and discarded (2383) */
+  }
+  NEED(8);
+  uint32_t v_trans = get32(src + off), n_layer = get32(src + off + 4);
+  off += 8;
+  if (n_layer != m->n_layer) return 0; /* 2557-2560 "mismatched layer count" */
+  if (v_trans != ctx->v_trans) return 0; /* 2567-2570 "incompatible V transposition" */
+  for (uint32_t l = 0; l < n_layer; l++) {
+    NEED(12);
+    /* 2580-2596 "mismatched key type", "mismatched key row size" */
+    if (get32(src + off) != ctx->kv_type || get64(src + off + 4) != m->n_embd) return 0;
+    off += 12;
+    NEED((size_t)n * m->n_embd);
+    for (uint32_t i = 0; i < n; i++, off += m->n_embd)
+      memcpy(cells + i * cs + 12 + (size_t)l * m->n_embd, src + off, m->n_embd);
+  }
+  for (uint32_t l = 0; l < n_layer; l++) {
+    NEED(12);
+    if (get32(src + off) != ctx->kv_type) return 0; /* 2611-2617 / 2650 "mismatched value type" */
+    if (v_trans ? get32(src + off + 4) != FAKE_V_EL || get32(src + off + 8) != FAKE_V_ROW / FAKE_V_EL
+                : get64(src + off + 4) != FAKE_V_ROW)
+      return 0; /* value row size / element size / GQA embedding size (2620-2670) */
+    off += 12;
+    NEED((size_t)n * FAKE_V_ROW);
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t v = 0;
+      if (v_trans)
+        for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
+          memcpy((uint8_t *)&v + j * FAKE_V_EL, src + off + ((size_t)j * n + i) * FAKE_V_EL,
+                 FAKE_V_EL);
+      else
+        memcpy(&v, src + off + (size_t)i * FAKE_V_ROW, 8);
+      v ^= l * V_SALT;
+      /* Layer 0's V is the cell's chain; another layer's V that disagrees is damaged KV:
+       * the cell's chain is spoilt, so every later output differs (as wrong V would). */
+      if (l == 0) memcpy(cells + i * cs + 4, &v, 8);
+      else if (v != cell_chain(cells + i * cs)) {
+        uint64_t bad = cell_chain(cells + i * cs) ^ 1;
+        memcpy(cells + i * cs + 4, &bad, 8);
+      }
+    }
+    off += (size_t)n * FAKE_V_ROW;
+  }
+  for (; st < n_stream(ctx); st++, off += 4) {
+    NEED(4);
+    if (get32(src + off) != 0) return 0; /* a second non-empty stream */
+  }
+#undef NEED
   q->n_cells = n;
-  return BODY_HDR + (size_t)n * cs;
+  return off;
 }
 
 static int get_data_fails(void) {
@@ -434,7 +583,7 @@ size_t llama_state_seq_get_data_ext(struct llama_context *ctx, uint8_t *dst, siz
  * failure: 0, the destination emptied). */
 static bool set_data_fails(const uint8_t *src, size_t size) {
   const char *e = getenv("FAKELLAMA_SET_DATA_FAIL_OVER");
-  return e && size >= 8 + BODY_HDR && get32(src + 8 + 16) > strtoul(e, NULL, 10);
+  return e && size >= 8 && body_cells(src + 8, size - 8) > strtoul(e, NULL, 10);
 }
 
 size_t llama_state_seq_set_data_ext(struct llama_context *ctx, const uint8_t *src, size_t size,

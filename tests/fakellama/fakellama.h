@@ -21,7 +21,10 @@
  * with chain_i = H(chain_{i-1}, token_i) and payload = PRNG(model id, kv_type, chain_i, pos):
  * the KV depends on the weights and on every token before it, so restoring another model's
  * state (even of the same shape) or another prefix is detected by fakellama_seq_check.
- * Body: u32 n_layer, u32 n_embd, u32 kv_type, u32 n_stream, u32 n_cells, cells. A context's kv_type (its
+ * Body: the pinned llama.cpp's own layout (llama_kv_cache::state_write: stream counts, cell
+ * metadata, per-layer K rows, per-layer V rows or, flash_attn_type 0, V transposed), the cell's
+ * payload as the K rows and its chain as the V (fakellama.c body_write), read back with the real
+ * reader's checks (body_read), so kvshim's chunk codec is tested on it. A context's kv_type (its
  * type_k) stands for the KV dtype: a state saved under one kv_type does not fit a context of
  * another. chain_i also mixes in the previous cell's payload and the kernel class of the
  * ubatch that computed cell i, as a real backend's numerics depend on it (measured on the

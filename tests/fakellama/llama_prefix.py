@@ -61,6 +61,12 @@ Cases:
               the rest of all sequences decoded together, outputs remapped: every output there,
               positions identical (logits differ: the engine's mixed ubatches)
   known       a state the engine saved and loaded back itself (--cache-ram) is known again
+  chunks      KVSHIM_LLAMA_CHUNKS=1: a shared prefix with four suffixes stores the prefix's chunks
+              once (dedup counted), restores by assembly, fewer bytes than whole blobs; a
+              damaged chunk is refused, counted, dropped, the restore stops before it and the
+              chunk is stored again; a fresh
+              process restores from the first one's chunks, and from `kvshim serve`'s pool
+              (one copy per node: no engine keeps a copy): identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -611,6 +617,82 @@ def case_held_mixed(ctx):
     check(waited < 15, f"B waited {waited:.1f} s on A's claim")
 
 
+def chunk_stats(st):
+    return {k: v for k, v in (st or {}).items() if k.startswith("llama_chunks_")}
+
+
+def case_chunks(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1 (design §10.4): one shared 1024-token prefix and four different
+    suffixes in one process: the prefix's four chunks are stored once (dedup counted for every
+    later prompt), every later prompt restores by assembly, outputs identical; the chunk objects
+    hold less than half the bytes the whole blobs hold for the same prompts; a fresh process
+    restores the run from the first one's chunks (a peer); a window model stores whole."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 1"]
+    for k in range(2, 6):
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@{k}", "gen 0 0 4"]
+    on = {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0"}
+    st, err = same(ctx, cmds, "chunks", preload_extra=on)
+    ch = chunk_stats(st)
+    print(f"chunks: {ch}")
+    check(ch.get("llama_chunks_stored") == 4 + 4 * 1 and ch.get("llama_chunks_dedup") == 3 * 4,
+          f"chunks: expected 8 chunks stored (4 shared + 1 per prompt) and 12 dedup hits: {ch}")
+    check(ch.get("llama_chunks_saved_bytes", 0) > 0 and ch.get("llama_chunks_whole") == 0, f"{ch}")
+    check(ch.get("llama_chunks_assembled", 0) >= 3, f"chunks: no restore by assembly: {ch}")
+    expect(st, "chunks", restores=(">=", 3), restored_tokens=(">=", 3 * 1024),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+    st_off, _ = same(ctx, cmds, "whole blobs", KVSHIM_PEERS="0")
+    on_b, off_b = st["llama_prefix_snapshot_bytes"], st_off["llama_prefix_snapshot_bytes"]
+    print(f"chunks: stored {on_b} bytes as chunks, {off_b} as whole blobs ({off_b / on_b:.2f}x)")
+    check(2 * on_b < off_b, f"chunk storage did not save: {on_b} vs {off_b} bytes")
+    # a damaged chunk: refused, counted and dropped; the restore retries with the run before
+    # it; the next prompt's snapshot stores chunk 1 again
+    dmg = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+           "corruptchunk 1", "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@3", "gen 0 0 4",
+           "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@4", "gen 0 0 4"]
+    ref, _, _ = ctx.run(dmg[:4] + dmg[5:], preload=False, what="damaged chunk (reference)")
+    got, err, sd = ctx.run(dmg, what="damaged chunk", **on)
+    check(got[4] == "corruptchunk ok 1" and got[:4] + got[5:] == ref,
+          f"damaged chunk: differs with kvshim:\n{ref}\n{got}\n{err[-2000:]}")
+    cd = chunk_stats(sd)
+    check("chunk objects refused: checksum mismatch" in err, f"no refusal logged:\n{err[-2000:]}")
+    # (the 256 tokens before the damaged chunk are no restore point for that batch under the
+    # kernel-class rules; the next prompt restores the whole prefix again)
+    expect(sd, "damaged chunk", bad_blobs=("==", 1), restores=(">=", 1),
+           restored_tokens=(">=", 1024))
+    check(cd.get("llama_chunks_stored") == 5 + 1 + 1 + 1, f"chunk 1 stored again once: {cd}")
+    # a fresh process B restores A's chunks through A's coordinator
+    ready, done = ctx.p("a.ready"), ctx.p("b.done")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@9", "gen 0 0 4"]
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+                        f"touch {ready}", f"waitfile {done} 60"], KVSHIM_LLAMA_CHUNKS="1")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready):
+        check(time.monotonic() < deadline and pa.poll() is None, "A never got ready")
+        time.sleep(0.02)
+    got, err, sb = ctx.run(b_cmds, what="B", KVSHIM_LLAMA_CHUNKS="1")
+    check(got == ref_b, f"B from A's chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(sb, "B", peer_restores=(">=", 1), restored_tokens=(">=", 1024))
+    check(chunk_stats(sb).get("llama_chunks_assembled", 0) >= 1, f"B: {chunk_stats(sb)}")
+    with open(done, "w"):
+        pass
+    ctx.finish(pa, "A")
+    # one copy per node: `kvshim serve` holds the chunks, no engine keeps a copy
+    ctx.serve()
+    _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4"],
+                       what="A to serve", KVSHIM_LLAMA_CHUNKS="1")
+    check(chunk_stats(sa).get("llama_chunks_stored") == 5 and sa.get("cache_peer_stores") == 6
+          and sa.get("store_used_bytes") == 0,
+          f"A's frame and 5 chunks went straight into serve's pool: {chunk_stats(sa)} {sa}")
+    got, err, sb = ctx.run(b_cmds, what="B from serve", KVSHIM_LLAMA_CHUNKS="1")
+    check(got == ref_b, f"B from serve's chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    expect(sb, "B from serve", peer_restores=(">=", 1), restored_tokens=(">=", 1024))
+    check(sb.get("store_used_bytes") == 0 and chunk_stats(sb).get("llama_chunks_dedup", 0) >= 4,
+          f"B kept no copy and stored only its own chunks: {chunk_stats(sb)} {sb}")
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -631,6 +713,7 @@ CASES = {
     "used": case_used,
     "multi": case_multi,
     "known": case_known,
+    "chunks": case_chunks,
 }
 
 

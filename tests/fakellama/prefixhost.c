@@ -38,6 +38,8 @@
  *                                        pool: body (checksum left stale), tokens (checksum
  *                                        recomputed: only the token check can refuse it), ns
  *                                        (another namespace, checksum recomputed)
+ *   corruptchunk I                       flip a payload byte of every chunk object of index I
+ *                                        in this process's own pool (chunk storage, chunks.h)
  *   sleep MS | touch PATH | waitfile PATH [SECONDS]
  * Exit: 0, or 2 on a malformed command. */
 #include <errno.h>
@@ -55,6 +57,7 @@
 #define HOST_NAME "prefixhost"
 #define SLOTS 8
 #include "hostutil.h"
+#include "chunks.h"
 
 static struct llama_model *g_model[SLOTS];
 static struct llama_context *g_ctx[SLOTS];
@@ -237,6 +240,34 @@ static int corrupt_blob(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t len, c
   return 0;
 }
 
+/* Flip one payload byte of every chunk object of index idx (shims/llama/chunks.h) in this
+ * process's own pool (checksum left stale: the assembler must refuse it). */
+static void corrupt_chunk(uint32_t idx) {
+  FILE *maps = fopen("/proc/self/maps", "r");
+  if (!maps) die("%s", "no /proc/self/maps");
+  char line[512];
+  int hits = 0;
+  long page = sysconf(_SC_PAGESIZE);
+  while (fgets(line, sizeof line, maps)) {
+    uintptr_t lo, hi;
+    char perms[8];
+    if (!strstr(line, "memfd:kvshim-pool") ||
+        sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
+      continue;
+    for (uintptr_t p = lo; p + sizeof(kvs__llama_chunk_hdr_t) <= hi; p += (uintptr_t)page) {
+      kvs__llama_chunk_hdr_t h;
+      peek(&h, (void *)p, sizeof h);
+      if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.hdr_size != sizeof h || h.index != idx) continue;
+      uint64_t len = sizeof h + 4ull * h.n_tokens + h.payload;
+      if (p + len > hi || in_free_extent(p, len)) continue;
+      ((uint8_t *)p)[len - h.payload / 2] ^= 0x40;
+      hits++;
+    }
+  }
+  fclose(maps);
+  printf("corruptchunk %s %d\n", hits ? "ok" : "notfound", hits);
+}
+
 static void run(const char *v, char **x, int argn) {
 #define IS(s) (strcmp(v, s) == 0)
   if (IS("model")) {
@@ -320,6 +351,9 @@ static void run(const char *v, char **x, int argn) {
     llama_memory_t mem = llama_get_memory(ctx_of(x[0]));
     int32_t s = (int32_t)num(x[1]);
     printf("pos %d..%d\n", llama_memory_seq_pos_min(mem, s), llama_memory_seq_pos_max(mem, s));
+  } else if (IS("corruptchunk")) {
+    NEED(1);
+    corrupt_chunk((uint32_t)num(x[0]));
   } else if (IS("corrupt")) {
     NEED(1);
     corrupt_pool(KVS_LLAMA_BLOB_KIND_PREFIX, corrupt_blob, x[0]);

@@ -1,11 +1,13 @@
 /* Writes the seed corpora of fuzz_llama_blob (SEQ and PREFIX blobs of shims/llama/blob.h, each
- * checked by kvs__llama_blob_check before it is written), fuzz_kvo_desc, fuzz_options and
- * fuzz_gguf: valid inputs (blobs with their checksums, a descriptor, option values, a small
- * GGUF file) the fuzzers mutate from. Not part of the build; run by hand when a format changes,
+ * checked by kvs__llama_blob_check before it is written), fuzz_kvo_desc, fuzz_options,
+ * fuzz_gguf and fuzz_llama_chunks: valid inputs (blobs with their checksums, a descriptor,
+ * option values, a small GGUF file, llama.cpp sequence states and a frame with its chunks) the
+ * fuzzers mutate from. Not part of the build; run by hand when a format changes,
  * after building build/ (for libkvshim_core.a):
  *
  *   cc -std=gnu11 -Icore -Ishims/llama -Iruntime -Ishims/kvo/include \
  *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c shims/llama/blob_hash.c \
+ *      shims/llama/chunks.c \
  *      build/core/libkvshim_core.a \
  *      -lxxhash -lhiredis -lpthread -o /tmp/gen_llama_corpus && \
  *      /tmp/gen_llama_corpus tests/fuzz/corpus
@@ -17,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "blob.h"
+#include "chunks.h"
 #include "runtime.h"
 #include "kvshim/kvo.h"
 
@@ -124,6 +127,80 @@ static void gguf(void) {
   put("fuzz_gguf", "v2_general", b, n);
 }
 
+/* A sequence state in the pinned llama.cpp's layout (chunks.h): n_stream streams, sequence seq
+ * holding n cells in its stream, 2 layers (K rows of 6 bytes, V rows of 4 bytes or, v_trans,
+ * 2 elements of 2 bytes), ext cells when ext, sections 1 or 2 (an ISWA pair). Written with the
+ * prefix byte of fuzz_llama_chunks' split mode (0), checked splittable first. */
+static size_t llama_state(uint8_t *b, uint32_t n_stream, int32_t seq, uint32_t n,
+                          uint32_t v_trans, int ext, uint32_t sections) {
+  size_t o = 0;
+  o += g_u32(b + o, KVS_LLAMA_STATE_MAGIC);
+  o += g_u32(b + o, (uint32_t)seq);
+  for (uint32_t sec = 0; sec < sections; sec++) {
+    uint32_t mine = n_stream == 1 ? 0 : (uint32_t)seq;
+    o += g_u32(b + o, n_stream);
+    for (uint32_t st = 0; st <= mine; st++) o += g_u32(b + o, st == mine ? n : 0);
+    for (uint32_t i = 0; i < n; i++) {
+      o += g_u32(b + o, i), o += g_u32(b + o, 1);
+      if (ext) o += g_u32(b + o, i), o += g_u32(b + o, 0), o += g_u32(b + o, 100 + i);
+      o += g_u32(b + o, (uint32_t)seq);
+    }
+    o += g_u32(b + o, v_trans), o += g_u32(b + o, 2);
+    for (uint32_t l = 0; l < 2; l++) {
+      o += g_u32(b + o, 1), o += g_u64(b + o, 6);
+      for (uint32_t i = 0; i < 6 * n; i++) b[o++] = (uint8_t)(i * 7 + l);
+    }
+    for (uint32_t l = 0; l < 2; l++) {
+      o += g_u32(b + o, 1);
+      if (v_trans) o += g_u32(b + o, 2), o += g_u32(b + o, 2);
+      else o += g_u64(b + o, 4);
+      for (uint32_t i = 0; i < 4 * n; i++) b[o++] = (uint8_t)(i * 13 + l);
+    }
+    for (uint32_t st = mine + 1; st < n_stream; st++) o += g_u32(b + o, 0);
+  }
+  return o;
+}
+
+static void chunk_seeds(void) {
+  static uint8_t b[8192], in[8192];
+  static const struct { const char *name; uint32_t ns; int32_t seq; uint32_t n, vt; int ext;
+                        uint32_t sec; } st[] = {
+      {"rows", 1, 0, 10, 0, 0, 1},     {"transposed", 1, 0, 9, 1, 0, 1},
+      {"streams", 3, 2, 8, 1, 0, 1},   {"ext", 1, 0, 6, 0, 1, 1},
+      {"iswa", 1, 0, 5, 1, 0, 2},
+  };
+  for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+    size_t n = llama_state(b, st[i].ns, st[i].seq, st[i].n, st[i].vt, st[i].ext, st[i].sec);
+    kvs__llama_chunks_scan_t sc;
+    kvs__llama_chunks_status_t rc = kvs__llama_chunks_scan(b, n, &sc);
+    if (rc != KVS_LLAMA_CHUNKS_OK) {
+      fprintf(stderr, "gen_llama_corpus: state %s: %s\n", st[i].name,
+              kvs__llama_chunks_status_name(rc));
+      exit(1);
+    }
+    in[0] = 0;
+    memcpy(in + 1, b, n);
+    put("fuzz_llama_chunks", st[i].name, in, n + 1);
+    if (i != 1) continue;
+    /* assembly mode (1): u32 frame length, frame, (u32 length, chunk)... of 4-token chunks */
+    static const kvs_key_t ns = {NS_LO, NS_HI};
+    size_t o = 0;
+    in[o++] = 1;
+    uint32_t fl = (uint32_t)sc.frame_size;
+    memcpy(in + o, &fl, 4);
+    uint64_t id = kvs__llama_chunks_frame(b, &sc, 4, ns, in + o + 4, fl);
+    o += 4 + fl;
+    int32_t tok[64] = {0};
+    for (uint32_t c = 0; kvs__llama_chunk_size(&sc, 4, c); c++) {
+      uint32_t cl = (uint32_t)kvs__llama_chunk_size(&sc, 4, c);
+      memcpy(in + o, &cl, 4);
+      kvs__llama_chunk_write(b, &sc, tok, 4, c, id, ns, in + o + 4, cl);
+      o += 4 + cl;
+    }
+    put("fuzz_llama_chunks", "assemble_transposed", in, o);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: gen_llama_corpus DIR\n");
@@ -156,5 +233,6 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     put("fuzz_options", opts[i].name, opts[i].v, 1 + strlen(opts[i].v + 1));
   gguf();
+  chunk_seeds();
   return 0;
 }

@@ -53,7 +53,8 @@ Test(options, every_row_is_read_from_the_environment) {
       "KVSHIM_RUN_DIR=/run/x", "KVSHIM_PEERS=0", "KVSHIM_PUSH=off", "KVSHIM_CHUNK_TOKENS=16",
       "KVSHIM_SALT=s3cret", "KVSHIM_LEASE_MS=500", "KVSHIM_RPC_TIMEOUT_MS=75",
       "KVSHIM_MAX_FRAME=1GB", "KVSHIM_ALLOW_UIDS=1000,65534", "KVSHIM_LLAMA_WRITE_THROUGH=false",
-      "KVSHIM_LLAMA_PREFIX=0", "KVSHIM_LLAMA_MIN_TOKENS=512", "KVSHIM_LOG=debug",
+      "KVSHIM_LLAMA_PREFIX=0", "KVSHIM_LLAMA_MIN_TOKENS=512", "KVSHIM_LLAMA_CHUNKS=1",
+      "KVSHIM_LOG=debug",
       "KVSHIM_LOG_FILE=/tmp/kvs.log", "KVSHIM_STATS=/tmp/s.json",
       "KVSHIM_REMOTE=redis://h:6379/2", "KVSHIM_REMOTE_PASSWORD_FILE=/etc/kvs.pw",
       "KVSHIM_REMOTE_TTL=60000", "KVSHIM_REMOTE_TIMEOUT_MS=250", "KVSHIM_REMOTE_THREADS=3",
@@ -96,6 +97,7 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_expect_eq(o.disk_sync, KVS_DISK_SYNC_ALWAYS);
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
+  cr_expect_eq(o.llama_chunks, 1);
   cr_expect_eq(o.log, KVS_LOG_DEBUG);
   cr_expect_str_eq(o.log_file, "/tmp/kvs.log");
   cr_expect_str_eq(o.stats, "/tmp/s.json");

@@ -39,6 +39,8 @@ system prefix of about 1,100 tokens (generated English-like text).
               which node-llama-cpp runs without swa_full: only states ending on a chunk
               boundary are stored, each restored whole (untrimmed): identical.
   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0: identical, nothing restored.
+  chunks      KVSHIM_LLAMA_CHUNKS=1: three prompts sharing the prefix: the real engine's states
+              split, the shared chunks stored once, restores by assembly: identical tokens.
   inspect     `kvshim inspect --json` on the addon (libllama in its closure): llama_get_logits_ith
               is reached from inside libllama (its sampler) through a JUMP_SLOT relocation, so
               the index remap covers it; llama_decode and the memory calls are interposable.
@@ -71,6 +73,10 @@ PROMPTS = {
     "C": SYSTEM + " and the third thing to say is good",
     "short": text(1, 330) + " " + text(5, 400),     # shares about 330 tokens (part of a chunk)
     "other": text(9, 1100),
+    # the shared prefix, then a suffix of more than a chunk of its own (chunk storage)
+    "L1": SYSTEM + " " + text(11, 400),
+    "L2": SYSTEM + " " + text(12, 400),
+    "L3": SYSTEM + " " + text(13, 400),
 }
 
 
@@ -380,6 +386,26 @@ def case_disabled(c):
     b = c.cli("B, on", "B", True, 2048)
     check(b["completion"] == ref_b["completion"] and pstat(b, "restores") >= 1,
           "control: the same run with the cache on restores %s" % show(b))
+
+
+def case_chunks(c):
+    """KVSHIM_LLAMA_CHUNKS=1 (design §10.4) on the real engine: three prompts sharing the
+    system prefix, each with a suffix longer than a chunk, one after another in one context: its states split (none stored whole), the
+    prefix's chunks are stored once (dedup counted), the later prompts restore by assembly,
+    tokens identical to the run without kvshim; the chunks hold fewer bytes than whole blobs."""
+    flags = ["--batch-size", "512"]
+    r = same_app(c, "chunks", ["L1", "L2", "L3"], flags, KVSHIM_PEERS=0, KVSHIM_LLAMA_CHUNKS="1")
+    ch = {k: v for k, v in r["stats"].items() if k.startswith("llama_chunks_")}
+    print("chunks:", ch, show(r))
+    check(ch.get("llama_chunks_whole") == 0 and ch.get("llama_chunks_stored", 0) >= 1,
+          "the real engine's states split into chunks %s" % ch)
+    check(ch.get("llama_chunks_dedup", 0) >= 2 and ch.get("llama_chunks_assembled", 0) >= 2
+          and pstat(r, "restores") >= 2,
+          "the shared prefix's chunks stored once and restored by assembly %s %s" % (ch, show(r)))
+    w = same_app(c, "whole blobs", ["L1", "L2", "L3"], flags, KVSHIM_PEERS=0)
+    on, off = pstat(r, "snapshot_bytes"), pstat(w, "snapshot_bytes")
+    print("chunks: %d bytes stored as chunks, %d as whole blobs (%.2fx)" % (on, off, off / on))
+    check(on < off, "chunk storage stored fewer bytes (%d vs %d)" % (on, off))
 
 
 def case_inspect(c):

@@ -38,6 +38,7 @@ endif()
 #   swa         a sliding-window model without swa_full (tiny_swa.py): whole states only, identical
 #   faults      another model, another KV type, a full pool, the cache peer stopped and killed
 #   disabled    KVSHIM_ENABLE=0 and KVSHIM_LLAMA_PREFIX=0
+#   chunks      KVSHIM_LLAMA_CHUNKS=1: shared chunks stored once, restores by assembly, identical
 #   inspect     `kvshim inspect --json` on libllama: the sampler's llama_get_logits_ith is a PLT call
 # and harden_prefix.py's faults in the cache peer (a corrupt state in serve's pool, a full serve,
 # serve SIGKILLed while B restores: issue 17): harden_node_<case>; and check_onecopy.py's one copy

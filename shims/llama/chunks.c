@@ -1,0 +1,542 @@
+/* shims/llama: a sequence state split into a frame and chunk objects, and assembled back
+ * (chunks.h; the format in design §10.4). Every read of a state, frame or chunk is bounds-checked
+ * before it happens; nothing is written to a destination before its inputs passed every check. */
+#include "chunks.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "blob.h" /* KVS_LLAMA_STATE_MAGIC, kvs__llama_hash */
+
+/* ---- reading --------------------------------------------------------------------------------- */
+
+typedef struct rd {
+  const uint8_t *p;
+  size_t len, off;
+  bool bad; /* a read past len happened: every later read fails too */
+} rd_t;
+
+static const uint8_t *rd_take(rd_t *r, uint64_t n) {
+  if (r->bad || n > r->len - r->off) {
+    r->bad = true;
+    return NULL;
+  }
+  const uint8_t *q = r->p + r->off;
+  r->off += (size_t)n;
+  return q;
+}
+static uint32_t rd_u32(rd_t *r) {
+  const uint8_t *q = rd_take(r, 4);
+  uint32_t v = 0;
+  if (q) memcpy(&v, q, 4);
+  return v;
+}
+static uint64_t rd_u64(rd_t *r) {
+  const uint8_t *q = rd_take(r, 8);
+  uint64_t v = 0;
+  if (q) memcpy(&v, q, 8);
+  return v;
+}
+/* Skip n cells of rows of row bytes each (n * row checked against what is left). */
+static void rd_rows(rd_t *r, uint64_t n, uint64_t row) {
+  if (r->bad || (row && n > (r->len - r->off) / row)) {
+    r->bad = true;
+    return;
+  }
+  rd_take(r, n * row);
+}
+
+static bool type_ok(int32_t t) { return t >= 0 && t < KVS_LLAMA_CHUNKS_MAX_TYPE; }
+static bool row_ok(uint64_t row) { return row > 0 && row <= KVS_LLAMA_CHUNKS_MAX_ROW; }
+/* v_trans 1: el bytes per element (a ggml type size: at most a few hundred bytes per block),
+ * n_embd elements per cell. */
+static bool vt_ok(uint32_t el, uint32_t embd) {
+  return el > 0 && el <= 4096 && embd > 0 && (uint64_t)el * embd <= KVS_LLAMA_CHUNKS_MAX_ROW;
+}
+
+/* Meta bytes per cell of a single-sequence state: pos, n_seq_id, [ext], one seq id. */
+static uint64_t meta_bytes(uint32_t flags) {
+  return 12 + ((flags & KVS_LLAMA_FRAME_EXT) ? KVS_LLAMA_CELL_EXT : 0);
+}
+
+/* The stream the engine writes sequence seq into (llama-kv-cache.cpp:147-155). */
+static uint32_t stream_of(uint32_t n_stream, int32_t seq) {
+  return n_stream == 1 ? 0 : (uint32_t)seq;
+}
+
+/* Read the whole state under one reading of the format (flags: ext, has_v). OK (splittable,
+ * *sc filled), CELLS (it reads, but is not one sequence at 0..n-1), LAYOUT (it does not read). */
+static kvs__llama_chunks_status_t read_as(const uint8_t *p, size_t len, uint32_t flags,
+                                          kvs__llama_chunks_scan_t *sc) {
+  rd_t r = {p, len, 8, false};
+  int32_t seq;
+  memcpy(&seq, p + 4, 4);
+  bool split = seq >= 0;
+  uint64_t mb = meta_bytes(flags);
+  kvs__llama_chunks_scan_t s;
+  memset(&s, 0, sizeof s);
+  s.seq = seq;
+  s.flags = flags;
+  bool have_n = false;
+  while (r.off < len) {
+    if (s.n_sections == KVS_LLAMA_CHUNKS_MAX_SECTIONS) return KVS_LLAMA_CHUNKS_LAYOUT;
+    s.sec_off[s.n_sections] = r.off;
+    uint32_t n_stream = rd_u32(&r);
+    if (r.bad || n_stream == 0 || n_stream > KVS_LLAMA_CHUNKS_MAX_STREAMS)
+      return KVS_LLAMA_CHUNKS_LAYOUT;
+    uint32_t filled = 0, cells = 0;
+    for (uint32_t st = 0; st < n_stream; st++) {
+      uint32_t cc = rd_u32(&r);
+      if (r.bad || cc > KVS_LLAMA_CHUNKS_MAX_CELLS) return KVS_LLAMA_CHUNKS_LAYOUT;
+      if (cc == 0) continue;
+      if (filled++ || !split || st != stream_of(n_stream, seq)) split = false;
+      cells = cc;
+      if ((uint64_t)cc > (len - r.off) / mb) return KVS_LLAMA_CHUNKS_LAYOUT;
+      for (uint32_t i = 0; i < cc; i++) {
+        const uint8_t *m = rd_take(&r, mb);
+        int32_t pos, sid;
+        uint32_t nsid;
+        memcpy(&pos, m, 4);
+        memcpy(&nsid, m + 4, 4);
+        memcpy(&sid, m + mb - 4, 4);
+        /* a state of one sequence names it once per cell (state_write_meta) */
+        if (nsid != 1) return KVS_LLAMA_CHUNKS_LAYOUT;
+        if (pos != (int32_t)i || sid != seq) split = false;
+      }
+      uint32_t v_trans = rd_u32(&r), n_layer = rd_u32(&r);
+      if (r.bad || v_trans > 1 || n_layer == 0 || n_layer > KVS_LLAMA_CHUNKS_MAX_LAYERS)
+        return KVS_LLAMA_CHUNKS_LAYOUT;
+      uint64_t cb = (flags & KVS_LLAMA_FRAME_EXT) ? KVS_LLAMA_CELL_EXT : 0;
+      for (uint32_t l = 0; l < n_layer; l++) {
+        int32_t t = (int32_t)rd_u32(&r);
+        uint64_t row = rd_u64(&r);
+        if (r.bad || !type_ok(t) || !row_ok(row)) return KVS_LLAMA_CHUNKS_LAYOUT;
+        rd_rows(&r, cc, row);
+        cb += row;
+      }
+      for (uint32_t l = 0; (flags & KVS_LLAMA_FRAME_HAS_V) && l < n_layer; l++) {
+        int32_t t = (int32_t)rd_u32(&r);
+        uint64_t vc;
+        if (v_trans) {
+          uint32_t el = rd_u32(&r), embd = rd_u32(&r);
+          if (r.bad || !type_ok(t) || !vt_ok(el, embd)) return KVS_LLAMA_CHUNKS_LAYOUT;
+          vc = (uint64_t)el * embd;
+        } else {
+          vc = rd_u64(&r);
+          if (r.bad || !type_ok(t) || !row_ok(vc)) return KVS_LLAMA_CHUNKS_LAYOUT;
+        }
+        rd_rows(&r, cc, vc);
+        cb += vc;
+      }
+      if (r.bad) return KVS_LLAMA_CHUNKS_LAYOUT;
+      if (filled == 1) { /* the first filled stream's layout is the section's */
+        s.cell_bytes += cb;
+        s.n_layers += n_layer;
+      }
+    }
+    if (filled == 0 || (have_n && cells != s.n_cells)) split = false;
+    s.n_cells = cells;
+    have_n = true;
+    s.n_sections++;
+  }
+  if (s.n_sections == 0) return KVS_LLAMA_CHUNKS_LAYOUT;
+  if (s.cell_bytes > KVS_LLAMA_CHUNKS_MAX_CELL) split = false;
+  if (!split) return KVS_LLAMA_CHUNKS_CELLS;
+  s.frame_size = sizeof(kvs__llama_frame_hdr_t) +
+                 s.n_sections * sizeof(kvs__llama_frame_sec_t) +
+                 (uint64_t)s.n_layers * sizeof(kvs__llama_frame_layer_t);
+  *sc = s;
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunks_scan(const uint8_t *state, size_t len,
+                                                  kvs__llama_chunks_scan_t *out) {
+  uint32_t magic = 0;
+  if (!state || len < KVS_LLAMA_STATE_HDR) return KVS_LLAMA_CHUNKS_FOREIGN;
+  memcpy(&magic, state, 4);
+  if (magic != KVS_LLAMA_STATE_MAGIC) return KVS_LLAMA_CHUNKS_FOREIGN;
+  /* The four readings; exactly one must read the state to its end. */
+  static const uint32_t readings[] = {KVS_LLAMA_FRAME_HAS_V, 0,
+                                      KVS_LLAMA_FRAME_HAS_V | KVS_LLAMA_FRAME_EXT,
+                                      KVS_LLAMA_FRAME_EXT};
+  kvs__llama_chunks_scan_t found, s;
+  unsigned reads = 0;
+  kvs__llama_chunks_status_t st = KVS_LLAMA_CHUNKS_LAYOUT;
+  for (size_t i = 0; i < sizeof readings / sizeof readings[0]; i++) {
+    kvs__llama_chunks_status_t r = read_as(state, len, readings[i], &s);
+    if (r == KVS_LLAMA_CHUNKS_LAYOUT) continue;
+    reads++;
+    st = r;
+    if (r == KVS_LLAMA_CHUNKS_OK) found = s;
+  }
+  if (reads != 1) return KVS_LLAMA_CHUNKS_LAYOUT; /* none, or ambiguous */
+  if (st == KVS_LLAMA_CHUNKS_OK) *out = found;
+  return st;
+}
+
+/* ---- the walk shared by the frame and the chunk writer --------------------------------------- */
+
+/* Offset of the first filled stream's v_trans in section i of a scanned state (its n_stream,
+ * the stream counts before it and the cells' meta are skipped: scan checked them). */
+static size_t sec_data(const uint8_t *state, const kvs__llama_chunks_scan_t *sc, uint32_t i,
+                       size_t *meta_off) {
+  uint32_t n_stream;
+  size_t off = (size_t)sc->sec_off[i];
+  memcpy(&n_stream, state + off, 4);
+  off += 4 + 4 * ((size_t)stream_of(n_stream, sc->seq) + 1);
+  *meta_off = off;
+  return off + (size_t)sc->n_cells * meta_bytes(sc->flags);
+}
+
+static uint64_t seeded(const uint8_t *obj, size_t csum_off, size_t hdr, size_t len) {
+  uint64_t h = kvs__llama_hash(obj, csum_off, 0);
+  return kvs__llama_hash(obj + hdr, len - hdr, h);
+}
+
+uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_scan_t *sc,
+                                 uint32_t T, kvs_key_t ns, uint8_t *dst, size_t cap) {
+  if (T == 0 || cap < sc->frame_size) return 0;
+  kvs__llama_frame_hdr_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = KVS_LLAMA_FRAME_MAGIC;
+  h.version = KVS_LLAMA_CHUNKS_VERSION;
+  h.hdr_size = sizeof h;
+  h.chunk_tokens = T;
+  h.n_sections = sc->n_sections;
+  h.flags = sc->flags;
+  h.n_layers = sc->n_layers;
+  h.cell_bytes = sc->cell_bytes;
+  h.ns_lo = ns.lo;
+  h.ns_hi = ns.hi;
+  h.size = sc->frame_size;
+  uint8_t *secs = dst + sizeof h;
+  uint8_t *lay = secs + sc->n_sections * sizeof(kvs__llama_frame_sec_t);
+  uint64_t n = sc->n_cells;
+  for (uint32_t i = 0; i < sc->n_sections; i++) {
+    size_t meta;
+    rd_t r = {state, (size_t)-1, sec_data(state, sc, i, &meta), false};
+    kvs__llama_frame_sec_t fs = {0, 0, 0, 0};
+    memcpy(&fs.n_stream, state + sc->sec_off[i], 4);
+    fs.v_trans = rd_u32(&r);
+    fs.n_layer = rd_u32(&r);
+    kvs__llama_frame_layer_t L[1];
+    uint8_t *first = lay;
+    for (uint32_t l = 0; l < fs.n_layer; l++, lay += sizeof L[0]) {
+      memset(L, 0, sizeof L);
+      L->k_type = (int32_t)rd_u32(&r);
+      L->k_row = rd_u64(&r);
+      r.off += (size_t)(n * L->k_row);
+      memcpy(lay, L, sizeof L[0]);
+    }
+    for (uint32_t l = 0; (sc->flags & KVS_LLAMA_FRAME_HAS_V) && l < fs.n_layer; l++) {
+      memcpy(L, first + l * sizeof L[0], sizeof L[0]);
+      L->v_type = (int32_t)rd_u32(&r);
+      if (fs.v_trans) {
+        L->v_el = rd_u32(&r);
+        L->v_embd = rd_u32(&r);
+        r.off += (size_t)(n * L->v_el * L->v_embd);
+      } else {
+        L->v_row = rd_u64(&r);
+        r.off += (size_t)(n * L->v_row);
+      }
+      memcpy(first + l * sizeof L[0], L, sizeof L[0]);
+    }
+    memcpy(secs + i * sizeof fs, &fs, sizeof fs);
+  }
+  h.checksum = 0;
+  memcpy(dst, &h, sizeof h);
+  h.checksum = seeded(dst, offsetof(kvs__llama_frame_hdr_t, checksum), sizeof h, sc->frame_size);
+  memcpy(dst + offsetof(kvs__llama_frame_hdr_t, checksum), &h.checksum, 8);
+  return h.checksum;
+}
+
+uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t c) {
+  if (T == 0 || (uint64_t)c * T >= sc->n_cells) return 0;
+  uint64_t n = sc->n_cells - (uint64_t)c * T;
+  if (n > T) n = T;
+  return sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * sc->cell_bytes;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
+                                                  const kvs__llama_chunks_scan_t *sc,
+                                                  const int32_t *tok, uint32_t T, uint32_t c,
+                                                  uint64_t frame_id, kvs_key_t ns, uint8_t *dst,
+                                                  size_t cap) {
+  uint64_t size = kvs__llama_chunk_size(sc, T, c);
+  if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
+  if (cap < size) return KVS_LLAMA_CHUNKS_SPACE;
+  uint64_t a = (uint64_t)c * T, N = sc->n_cells;
+  uint32_t n = (uint32_t)(N - a < T ? N - a : T);
+  kvs__llama_chunk_hdr_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = KVS_LLAMA_CHUNK_MAGIC;
+  h.version = KVS_LLAMA_CHUNKS_VERSION;
+  h.hdr_size = sizeof h;
+  h.index = c;
+  h.n_tokens = n;
+  h.chunk_tokens = T;
+  h.frame_id = frame_id;
+  h.payload = (uint64_t)n * sc->cell_bytes;
+  h.ns_lo = ns.lo;
+  h.ns_hi = ns.hi;
+  uint8_t *o = dst + sizeof h;
+  memcpy(o, tok + a, 4 * (size_t)n);
+  o += 4 * (size_t)n;
+  uint64_t mb = meta_bytes(sc->flags);
+  for (uint32_t i = 0; i < sc->n_sections; i++) {
+    size_t meta;
+    rd_t r = {state, (size_t)-1, sec_data(state, sc, i, &meta), false};
+    if (sc->flags & KVS_LLAMA_FRAME_EXT)
+      for (uint64_t k = a; k < a + n; k++, o += KVS_LLAMA_CELL_EXT)
+        memcpy(o, state + meta + k * mb + 8, KVS_LLAMA_CELL_EXT);
+    uint32_t v_trans = rd_u32(&r), n_layer = rd_u32(&r);
+    for (uint32_t l = 0; l < n_layer; l++) {
+      r.off += 4;
+      uint64_t row = rd_u64(&r);
+      memcpy(o, state + r.off + a * row, (size_t)(n * row));
+      o += n * row;
+      r.off += (size_t)(N * row);
+    }
+    for (uint32_t l = 0; (sc->flags & KVS_LLAMA_FRAME_HAS_V) && l < n_layer; l++) {
+      r.off += 4;
+      if (v_trans) { /* element j of every cell is one run of N values: take the chunk's n */
+        uint32_t el = rd_u32(&r), embd = rd_u32(&r);
+        for (uint32_t j = 0; j < embd; j++, o += (size_t)n * el)
+          memcpy(o, state + r.off + ((uint64_t)j * N + a) * el, (size_t)n * el);
+        r.off += (size_t)(N * el * embd);
+      } else {
+        uint64_t row = rd_u64(&r);
+        memcpy(o, state + r.off + a * row, (size_t)(n * row));
+        o += n * row;
+        r.off += (size_t)(N * row);
+      }
+    }
+  }
+  memcpy(dst, &h, sizeof h);
+  h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
+  memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+/* ---- checks ---------------------------------------------------------------------------------- */
+
+kvs__llama_chunks_status_t kvs__llama_frame_check(const uint8_t *f, size_t len, uint32_t T,
+                                                  kvs_key_t ns, kvs__llama_frame_hdr_t *hdr) {
+  kvs__llama_frame_hdr_t h;
+  if (!f || len < sizeof h) return KVS_LLAMA_CHUNKS_SHORT;
+  memcpy(&h, f, sizeof h);
+  if (h.magic != KVS_LLAMA_FRAME_MAGIC || h.version != KVS_LLAMA_CHUNKS_VERSION ||
+      h.hdr_size != sizeof h)
+    return KVS_LLAMA_CHUNKS_FOREIGN;
+  if (h.n_sections == 0 || h.n_sections > KVS_LLAMA_CHUNKS_MAX_SECTIONS ||
+      (h.flags & ~(KVS_LLAMA_FRAME_EXT | KVS_LLAMA_FRAME_HAS_V)) != 0 || h.n_layers == 0 ||
+      h.n_layers > h.n_sections * KVS_LLAMA_CHUNKS_MAX_LAYERS)
+    return KVS_LLAMA_CHUNKS_FIELD;
+  uint64_t want = sizeof h + h.n_sections * sizeof(kvs__llama_frame_sec_t) +
+                  (uint64_t)h.n_layers * sizeof(kvs__llama_frame_layer_t);
+  if (h.size != want || len != want) return KVS_LLAMA_CHUNKS_LENGTH;
+  if (h.chunk_tokens != T || T == 0) return KVS_LLAMA_CHUNKS_FRAME;
+  if (h.ns_lo != ns.lo || h.ns_hi != ns.hi) return KVS_LLAMA_CHUNKS_NAMESPACE;
+  const uint8_t *lay = f + sizeof h + h.n_sections * sizeof(kvs__llama_frame_sec_t);
+  uint64_t layers = 0, cb = 0;
+  bool has_v = (h.flags & KVS_LLAMA_FRAME_HAS_V) != 0;
+  for (uint32_t i = 0; i < h.n_sections; i++) {
+    kvs__llama_frame_sec_t s;
+    memcpy(&s, f + sizeof h + i * sizeof s, sizeof s);
+    if (s.n_stream == 0 || s.n_stream > KVS_LLAMA_CHUNKS_MAX_STREAMS || s.v_trans > 1 ||
+        s.n_layer == 0 || s.n_layer > KVS_LLAMA_CHUNKS_MAX_LAYERS || s.zero != 0 ||
+        layers + s.n_layer > h.n_layers)
+      return KVS_LLAMA_CHUNKS_FIELD;
+    cb += (h.flags & KVS_LLAMA_FRAME_EXT) ? KVS_LLAMA_CELL_EXT : 0;
+    for (uint32_t l = 0; l < s.n_layer; l++) {
+      kvs__llama_frame_layer_t L;
+      memcpy(&L, lay + (layers + l) * sizeof L, sizeof L);
+      bool ok = type_ok(L.k_type) && row_ok(L.k_row);
+      if (!has_v) ok = ok && L.v_type == 0 && L.v_row == 0 && L.v_el == 0 && L.v_embd == 0;
+      else if (s.v_trans) ok = ok && type_ok(L.v_type) && L.v_row == 0 && vt_ok(L.v_el, L.v_embd);
+      else ok = ok && type_ok(L.v_type) && row_ok(L.v_row) && L.v_el == 0 && L.v_embd == 0;
+      if (!ok) return KVS_LLAMA_CHUNKS_FIELD;
+      cb += L.k_row + (has_v ? (s.v_trans ? (uint64_t)L.v_el * L.v_embd : L.v_row) : 0);
+    }
+    layers += s.n_layer;
+  }
+  if (layers != h.n_layers || cb != h.cell_bytes || cb > KVS_LLAMA_CHUNKS_MAX_CELL)
+    return KVS_LLAMA_CHUNKS_FIELD;
+  if (seeded(f, offsetof(kvs__llama_frame_hdr_t, checksum), sizeof h, len) != h.checksum)
+    return KVS_LLAMA_CHUNKS_CHECKSUM;
+  if (hdr) *hdr = h;
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t len,
+                                                  const kvs__llama_frame_hdr_t *fh, uint32_t c,
+                                                  kvs__llama_chunk_hdr_t *hdr) {
+  kvs__llama_chunk_hdr_t h;
+  if (!chunk || len < sizeof h) return KVS_LLAMA_CHUNKS_SHORT;
+  memcpy(&h, chunk, sizeof h);
+  if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.version != KVS_LLAMA_CHUNKS_VERSION ||
+      h.hdr_size != sizeof h)
+    return KVS_LLAMA_CHUNKS_FOREIGN;
+  if (h.ns_lo != fh->ns_lo || h.ns_hi != fh->ns_hi) return KVS_LLAMA_CHUNKS_NAMESPACE;
+  if (h.frame_id != fh->checksum || h.chunk_tokens != fh->chunk_tokens)
+    return KVS_LLAMA_CHUNKS_FRAME;
+  if (h.index != c) return KVS_LLAMA_CHUNKS_ORDER;
+  if (h.n_tokens == 0 || h.n_tokens > h.chunk_tokens || h.zero != 0 ||
+      h.payload != (uint64_t)h.n_tokens * fh->cell_bytes)
+    return KVS_LLAMA_CHUNKS_FIELD;
+  if (len != sizeof h + 4ull * h.n_tokens + h.payload) return KVS_LLAMA_CHUNKS_LENGTH;
+  if (seeded(chunk, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, len) != h.checksum)
+    return KVS_LLAMA_CHUNKS_CHECKSUM;
+  if (hdr) *hdr = h;
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+/* ---- assembly -------------------------------------------------------------------------------- */
+
+uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n) {
+  kvs__llama_frame_hdr_t h;
+  memcpy(&h, f, sizeof h);
+  if (n == 0 || n > KVS_LLAMA_CHUNKS_MAX_CELLS) return 0;
+  uint64_t size = KVS_LLAMA_STATE_HDR + n * h.cell_bytes;
+  for (uint32_t i = 0; i < h.n_sections; i++) {
+    kvs__llama_frame_sec_t s;
+    memcpy(&s, f + sizeof h + i * sizeof s, sizeof s);
+    /* n_stream, the stream counts, pos / n_seq_id / seq id per cell, v_trans, n_layer, and a
+     * 12-byte type + row (or type + el + n_embd) header per layer for K and for V */
+    size += 4 + 4ull * s.n_stream + 12 * n + 8 +
+            12ull * s.n_layer * ((h.flags & KVS_LLAMA_FRAME_HAS_V) ? 2 : 1);
+  }
+  return size;
+}
+
+static uint8_t *put_u32(uint8_t *o, uint32_t v) {
+  memcpy(o, &v, 4);
+  return o + 4;
+}
+static uint8_t *put_u64(uint8_t *o, uint64_t v) {
+  memcpy(o, &v, 8);
+  return o + 8;
+}
+
+/* Copy one run of every chunk, in chunk order: n_i * sublen bytes from n_i * (cum + sub) in
+ * chunk i's payload (n_i its tokens; cum: payload bytes per token of the parts before this
+ * part; sub: bytes per token of this part before the run, for V's element runs). */
+static uint8_t *gather(uint8_t *o, const uint8_t *const *ch, uint32_t nch, uint32_t T,
+                       uint32_t last_n, uint64_t cum, uint64_t sub, uint64_t sublen) {
+  for (uint32_t i = 0; i < nch; i++) {
+    uint64_t n = i + 1 == nch ? last_n : T;
+    const uint8_t *pl = ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n;
+    memcpy(o, pl + n * cum + n * sub, (size_t)(n * sublen));
+    o += n * sublen;
+  }
+  return o;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
+                                                      kvs_key_t ns, const uint8_t *const *ch,
+                                                      const size_t *chlen, uint32_t nch,
+                                                      int32_t seq, uint8_t *dst, size_t cap,
+                                                      size_t *out_len) {
+  kvs__llama_frame_hdr_t fh;
+  kvs__llama_chunks_status_t st = kvs__llama_frame_check(f, flen, T, ns, &fh);
+  if (st != KVS_LLAMA_CHUNKS_OK) return st;
+  if (nch == 0 || !ch || !chlen) return KVS_LLAMA_CHUNKS_ORDER;
+  if (seq < 0) return KVS_LLAMA_CHUNKS_FIELD;
+  uint64_t N = 0;
+  uint32_t last_n = 0;
+  for (uint32_t i = 0; i < nch; i++) {
+    kvs__llama_chunk_hdr_t h;
+    st = kvs__llama_chunk_check(ch[i], chlen[i], &fh, i, &h);
+    if (st != KVS_LLAMA_CHUNKS_OK) return st;
+    if (i + 1 < nch && h.n_tokens != T) return KVS_LLAMA_CHUNKS_ORDER;
+    N += h.n_tokens;
+    last_n = h.n_tokens;
+  }
+  uint64_t size = kvs__llama_chunks_state_size(f, N);
+  if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
+  const uint8_t *lay = f + sizeof fh + fh.n_sections * sizeof(kvs__llama_frame_sec_t);
+  for (uint32_t i = 0; i < fh.n_sections; i++) { /* the sequence must have a stream */
+    kvs__llama_frame_sec_t s;
+    memcpy(&s, f + sizeof fh + i * sizeof s, sizeof s);
+    if (s.n_stream > 1 && (uint32_t)seq >= s.n_stream) return KVS_LLAMA_CHUNKS_FIELD;
+  }
+  if (!dst || cap < size) return KVS_LLAMA_CHUNKS_SPACE;
+
+  uint8_t *o = put_u32(dst, KVS_LLAMA_STATE_MAGIC);
+  o = put_u32(o, (uint32_t)seq);
+  bool ext = (fh.flags & KVS_LLAMA_FRAME_EXT) != 0, has_v = (fh.flags & KVS_LLAMA_FRAME_HAS_V);
+  uint64_t cum = 0; /* payload bytes per token of the parts already gathered */
+  uint64_t li = 0;
+  for (uint32_t i = 0; i < fh.n_sections; i++) {
+    kvs__llama_frame_sec_t s;
+    memcpy(&s, f + sizeof fh + i * sizeof s, sizeof s);
+    /* each stream's count, the sequence's cells right after its own (state_write) */
+    uint32_t mine = stream_of(s.n_stream, seq);
+    o = put_u32(o, s.n_stream);
+    for (uint32_t st2 = 0; st2 <= mine; st2++) o = put_u32(o, st2 == mine ? (uint32_t)N : 0);
+    /* cell metadata: pos k, one seq id (the destination's), ext from the chunks */
+    uint64_t k = 0;
+    for (uint32_t c = 0; c < nch; c++) {
+      uint64_t n = c + 1 == nch ? last_n : T;
+      const uint8_t *pl = ch[c] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n;
+      for (uint64_t j = 0; j < n; j++, k++) {
+        o = put_u32(o, (uint32_t)k);
+        o = put_u32(o, 1);
+        if (ext) {
+          memcpy(o, pl + n * cum + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT);
+          o += KVS_LLAMA_CELL_EXT;
+        }
+        o = put_u32(o, (uint32_t)seq);
+      }
+    }
+    if (ext) cum += KVS_LLAMA_CELL_EXT;
+    o = put_u32(o, s.v_trans);
+    o = put_u32(o, s.n_layer);
+    for (uint32_t l = 0; l < s.n_layer; l++) {
+      kvs__llama_frame_layer_t L;
+      memcpy(&L, lay + (li + l) * sizeof L, sizeof L);
+      o = put_u32(o, (uint32_t)L.k_type);
+      o = put_u64(o, L.k_row);
+      o = gather(o, ch, nch, T, last_n, cum, 0, L.k_row);
+      cum += L.k_row;
+    }
+    for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
+      kvs__llama_frame_layer_t L;
+      memcpy(&L, lay + (li + l) * sizeof L, sizeof L);
+      o = put_u32(o, (uint32_t)L.v_type);
+      if (s.v_trans) {
+        o = put_u32(o, L.v_el);
+        o = put_u32(o, L.v_embd);
+        for (uint32_t j = 0; j < L.v_embd; j++) /* element j: every chunk's run of n values */
+          o = gather(o, ch, nch, T, last_n, cum, (uint64_t)j * L.v_el, L.v_el);
+        cum += (uint64_t)L.v_el * L.v_embd;
+      } else {
+        o = put_u64(o, L.v_row);
+        o = gather(o, ch, nch, T, last_n, cum, 0, L.v_row);
+        cum += L.v_row;
+      }
+    }
+    for (uint32_t st2 = mine + 1; st2 < s.n_stream; st2++) o = put_u32(o, 0);
+    li += s.n_layer;
+  }
+  *out_len = (size_t)(o - dst);
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+const char *kvs__llama_chunks_status_name(kvs__llama_chunks_status_t s) {
+  switch (s) {
+  case KVS_LLAMA_CHUNKS_OK: return "ok";
+  case KVS_LLAMA_CHUNKS_SHORT: return "shorter than its header";
+  case KVS_LLAMA_CHUNKS_FOREIGN: return "foreign magic, version or header size";
+  case KVS_LLAMA_CHUNKS_LAYOUT: return "state layout not known (no single reading parses it)";
+  case KVS_LLAMA_CHUNKS_CELLS: return "cells are not one sequence at 0..n-1 (not splittable)";
+  case KVS_LLAMA_CHUNKS_FIELD: return "a field out of range or inconsistent";
+  case KVS_LLAMA_CHUNKS_LENGTH: return "length does not match its header (truncated?)";
+  case KVS_LLAMA_CHUNKS_NAMESPACE: return "made by a context with another model or KV settings";
+  case KVS_LLAMA_CHUNKS_FRAME: return "a chunk of another frame or chunk size";
+  case KVS_LLAMA_CHUNKS_ORDER: return "chunks out of order, or a short chunk before the last";
+  case KVS_LLAMA_CHUNKS_CHECKSUM: return "checksum mismatch (corrupted)";
+  case KVS_LLAMA_CHUNKS_SPACE: return "destination too small";
+  }
+  return "unknown";
+}

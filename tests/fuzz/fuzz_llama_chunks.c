@@ -1,0 +1,200 @@
+/* libFuzzer harness for the chunk codec (shims/llama/chunks.c, design §10.4): the splitter and
+ * the assembler. The first byte picks the mode:
+ *   even  the rest is a sequence state: kvs__llama_chunks_scan; when splittable, split into a
+ *         frame and chunks of CHUNK tokens and assemble them back;
+ *   odd   the rest is u32 frame length, frame, then (u32 length, chunk) pairs: assembled as
+ *         they are, then again with the frame's and every chunk's checksum (and the chunks'
+ *         frame_id) rewritten to the right values, so mutated fields get past the checksums to
+ *         the checks behind them.
+ * Properties (abort() = a finding): nothing reads outside the input (ASan: inputs are copied
+ * into exactly-sized heap buffers); every status has a name; a refused scan leaves *out
+ * untouched and a refused assembly writes nothing; a split state assembles back to exactly its
+ * bytes, and its first j chunks to a state of j * CHUNK tokens (kvs__llama_chunks_state_size of
+ * it) that, unless it reads more than one way, scans as splittable again and splits into the
+ * same chunks; an assembled state scans as splittable with the chunks' token count (or as
+ * ambiguous, never as a bad layout or cells).
+ * Seeds: tests/fuzz/corpus/fuzz_llama_chunks/ (gen_llama_corpus.c: states with rows and with
+ * transposed V, and a frame with its chunks). */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blob.h" /* kvs__llama_hash */
+#include "chunks.h"
+#include "runtime.h"
+
+#define CHUNK 4u
+#define MAX_CH 64u
+static const kvs_key_t NS = {0x1111111111111111ull, 0x2222222222222222ull};
+
+/* blob.c (kvs__llama_hash) is linked without the runtime; its flows are never called. */
+__thread int kvs__hook_depth;
+uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
+  (void)rt;
+  return 0;
+}
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    if (!(x)) abort();                                                                        \
+  } while (0)
+
+static void named(kvs__llama_chunks_status_t s) {
+  CHECK(strcmp(kvs__llama_chunks_status_name(s), "unknown") != 0);
+}
+
+static void split_mode(const uint8_t *st, size_t len) {
+  kvs__llama_chunks_scan_t sc, before;
+  memset(&sc, 0x5a, sizeof sc);
+  before = sc;
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_scan(st, len, &sc);
+  named(r);
+  if (r != KVS_LLAMA_CHUNKS_OK) {
+    CHECK(memcmp(&sc, &before, sizeof sc) == 0);
+    return;
+  }
+  uint32_t nch = (sc.n_cells + CHUNK - 1) / CHUNK;
+  if (nch > MAX_CH || sc.n_cells > 4096) return;
+  uint8_t *frame = malloc((size_t)sc.frame_size);
+  int32_t *tok = calloc(sc.n_cells, 4);
+  uint64_t id = kvs__llama_chunks_frame(st, &sc, CHUNK, NS, frame, (size_t)sc.frame_size);
+  CHECK(id != 0);
+  CHECK(kvs__llama_frame_check(frame, (size_t)sc.frame_size, CHUNK, NS, NULL) ==
+        KVS_LLAMA_CHUNKS_OK);
+  uint8_t *ch[MAX_CH];
+  size_t chlen[MAX_CH];
+  for (uint32_t c = 0; c < nch; c++) {
+    tok[c * CHUNK] = (int32_t)c;
+    chlen[c] = (size_t)kvs__llama_chunk_size(&sc, CHUNK, c);
+    CHECK(chlen[c] > 0);
+    ch[c] = malloc(chlen[c]);
+    CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, c, id, NS, ch[c], chlen[c]) ==
+          KVS_LLAMA_CHUNKS_OK);
+  }
+  CHECK(kvs__llama_chunk_size(&sc, CHUNK, nch) == 0);
+  uint8_t *out = malloc(len);
+  size_t got = 0;
+  CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
+                                   (const uint8_t *const *)ch, chlen, nch, sc.seq, out, len,
+                                   &got) == KVS_LLAMA_CHUNKS_OK);
+  CHECK(got == len && memcmp(out, st, len) == 0);
+  for (uint32_t j = 1; j < nch; j++) { /* every prefix of whole chunks */
+    size_t want = (size_t)kvs__llama_chunks_state_size(frame, (uint64_t)j * CHUNK);
+    CHECK(want > 0 && want < len);
+    CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
+                                     (const uint8_t *const *)ch, chlen, j, sc.seq, out, want,
+                                     &got) == KVS_LLAMA_CHUNKS_OK);
+    CHECK(got == want);
+    uint8_t *pre = malloc(got);
+    memcpy(pre, out, got);
+    kvs__llama_chunks_scan_t ps;
+    /* a shorter state may read more than one way (then it is not split again: LAYOUT) */
+    kvs__llama_chunks_status_t pr = kvs__llama_chunks_scan(pre, got, &ps);
+    CHECK(pr == KVS_LLAMA_CHUNKS_OK || pr == KVS_LLAMA_CHUNKS_LAYOUT);
+    if (pr == KVS_LLAMA_CHUNKS_OK)
+      CHECK(ps.n_cells == j * CHUNK && ps.cell_bytes == sc.cell_bytes);
+    uint8_t *again = malloc(chlen[0]);
+    for (uint32_t c = 0; pr == KVS_LLAMA_CHUNKS_OK && c < j; c++) {
+      CHECK(kvs__llama_chunk_write(pre, &ps, tok, CHUNK, c, id, NS, again, chlen[0]) ==
+            KVS_LLAMA_CHUNKS_OK);
+      CHECK(memcmp(again, ch[c], chlen[c]) == 0);
+    }
+    free(again);
+    free(pre);
+  }
+  free(out);
+  for (uint32_t c = 0; c < nch; c++) free(ch[c]);
+  free(tok);
+  free(frame);
+}
+
+/* The checksum chunks.c seals frames and chunks with (chunks.h). */
+static uint64_t seeded(const uint8_t *o, size_t csum, size_t hdr, size_t len) {
+  return kvs__llama_hash(o + hdr, len - hdr, kvs__llama_hash(o, csum, 0));
+}
+
+static void assemble_mode(const uint8_t *d, size_t n, bool fix) {
+  if (n < 4) return;
+  uint32_t flen;
+  memcpy(&flen, d, 4);
+  d += 4;
+  n -= 4;
+  if (flen > n) return;
+  uint8_t *frame = malloc(flen ? flen : 1);
+  memcpy(frame, d, flen);
+  d += flen;
+  n -= flen;
+  uint8_t *ch[MAX_CH];
+  size_t chlen[MAX_CH];
+  uint32_t nch = 0;
+  while (n >= 4 && nch < MAX_CH) {
+    uint32_t l;
+    memcpy(&l, d, 4);
+    d += 4;
+    n -= 4;
+    if (l > n) break;
+    ch[nch] = malloc(l ? l : 1);
+    memcpy(ch[nch], d, l);
+    chlen[nch++] = l;
+    d += l;
+    n -= l;
+  }
+  if (fix && flen >= sizeof(kvs__llama_frame_hdr_t)) {
+    size_t cs = offsetof(kvs__llama_frame_hdr_t, checksum);
+    uint64_t fc = seeded(frame, cs, sizeof(kvs__llama_frame_hdr_t), flen);
+    memcpy(frame + cs, &fc, 8);
+    for (uint32_t i = 0; i < nch; i++) {
+      if (chlen[i] < sizeof(kvs__llama_chunk_hdr_t)) continue;
+      memcpy(ch[i] + offsetof(kvs__llama_chunk_hdr_t, frame_id), &fc, 8);
+      size_t cc = offsetof(kvs__llama_chunk_hdr_t, checksum);
+      uint64_t c = seeded(ch[i], cc, sizeof(kvs__llama_chunk_hdr_t), chlen[i]);
+      memcpy(ch[i] + cc, &c, 8);
+    }
+  }
+  size_t cap = 1u << 16;
+  uint8_t *out = malloc(cap);
+  memset(out, 0xa5, cap);
+  size_t got = 7;
+  kvs__llama_chunks_status_t r =
+      kvs__llama_chunks_assemble(frame, flen, CHUNK, NS, (const uint8_t *const *)ch, chlen, nch,
+                                 (int32_t)(nch % 3), out, cap, &got);
+  named(r);
+  if (r != KVS_LLAMA_CHUNKS_OK) {
+    CHECK(got == 7);
+    for (size_t i = 0; i < cap; i += 61) CHECK(out[i] == 0xa5);
+  } else {
+    uint64_t toks = 0;
+    for (uint32_t i = 0; i < nch; i++) {
+      uint32_t t;
+      memcpy(&t, ch[i] + offsetof(kvs__llama_chunk_hdr_t, n_tokens), 4);
+      toks += t;
+    }
+    CHECK(got == kvs__llama_chunks_state_size(frame, toks));
+    uint8_t *st = malloc(got);
+    memcpy(st, out, got);
+    kvs__llama_chunks_scan_t sc;
+    kvs__llama_chunks_status_t sr = kvs__llama_chunks_scan(st, got, &sc);
+    CHECK(sr == KVS_LLAMA_CHUNKS_OK || sr == KVS_LLAMA_CHUNKS_LAYOUT); /* LAYOUT: ambiguous */
+    if (sr == KVS_LLAMA_CHUNKS_OK) CHECK(sc.n_cells == toks && sc.seq == (int32_t)(nch % 3));
+    free(st);
+  }
+  free(out);
+  for (uint32_t i = 0; i < nch; i++) free(ch[i]);
+  free(frame);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  uint8_t *d = malloc(size - 1 ? size - 1 : 1);
+  memcpy(d, data + 1, size - 1);
+  if ((data[0] & 1) == 0) {
+    split_mode(d, size - 1);
+  } else {
+    assemble_mode(d, size - 1, false);
+    assemble_mode(d, size - 1, true);
+  }
+  free(d);
+  return 0;
+}
