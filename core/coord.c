@@ -385,12 +385,13 @@ static bool defer_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_prot
                          int found) {
   if (!c->has_remote || req->remote_wait_ms == 0 || found < 0 || (uint32_t)found >= req->n_keys)
     return false;
-  deferred_t *d = malloc(sizeof *d + sizeof(kvs_key_t) * req->n_keys);
+  deferred_t *d = calloc(1, sizeof *d + sizeof(kvs_key_t) * req->n_keys);
   if (!d) return false;
   d->token = ++c->next_token;
   d->conn = k;
   d->request_id = rid;
   d->deadline_ms = kvs__now_ms() + req->remote_wait_ms;
+  d->watch = false;
   d->n_keys = req->n_keys;
   memcpy(d->keys, req->keys, sizeof(kvs_key_t) * req->n_keys);
   if (c->remote.fetch(c->remote.ctx, d->keys, (size_t)found, d->n_keys, d->deadline_ms,
