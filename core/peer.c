@@ -550,10 +550,17 @@ static pconn_t *grab(kvs_peers_t *p, uint64_t instance, bool prefer_cache) {
   return pick;
 }
 
+/* How long a server may wait before it replies (a LOOKUP's remote_wait_ms, a WATCH's wait_ms):
+ * three quarters of our deadline, leaving it a quarter to send the reply (docs/protocol.md
+ * 4.3, 4.12). */
+static uint32_t reply_wait_ms(const kvs_peers_t *p) {
+  return (uint32_t)(p->opts.rpc_timeout_ms - p->opts.rpc_timeout_ms / 4);
+}
+
 static int lookup_one(kvs_peers_t *p, pconn_t *c, const kvs_key_t *keys, size_t n) {
-  /* A serve with a remote tier may fetch what it lacks: leave it a quarter of our deadline to
-   * send the reply (docs/protocol.md 4.3). Other peers get 0, as protocol v1 requires. */
-  uint32_t wait = (uint32_t)(p->opts.rpc_timeout_ms - p->opts.rpc_timeout_ms / 4);
+  /* A serve with a remote tier may fetch what it lacks within reply_wait_ms. Other peers get
+   * 0, as protocol v1 requires. */
+  uint32_t wait = reply_wait_ms(p);
   kvs_proto_lookup_t m = {.n_keys = (uint32_t)n, .keys = keys,
                           .remote_wait_ms = c->remote ? (wait ? wait : 1) : 0};
   uint8_t *rep = NULL;
@@ -1473,9 +1480,7 @@ int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
     unref(p, c);
     return -ENOTSUP;
   }
-  /* The reply must come within our own deadline: leave the server a quarter of it to send it
-   * (as for a LOOKUP's remote_wait_ms, docs/protocol.md 4.3). */
-  uint32_t most = (uint32_t)(p->opts.rpc_timeout_ms - p->opts.rpc_timeout_ms / 4);
+  uint32_t most = reply_wait_ms(p); /* the reply comes within our own deadline */
   if (most > KVS_PROTO_MAX_WATCH_MS) most = KVS_PROTO_MAX_WATCH_MS;
   kvs_proto_watch_t m = {.n_keys = (uint32_t)n, .wait_ms = wait_ms < most ? wait_ms : most,
                          .keys = keys};

@@ -1486,17 +1486,25 @@ static void px_nap(void) {
   nanosleep(&ts, NULL);
 }
 
+/* Wait at peer holder with WATCHes (w: the key watched, then the one whose arrival also ends
+ * the wait) until it answers or the deadline: true when it answered (or is gone: look up
+ * again), false when the deadline passed or it predates WATCH (the caller polls). */
+static bool px_watch(kvs__runtime_t *rt, uint64_t holder, const kvs_key_t w[2],
+                     uint64_t deadline) {
+  for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
+    int r = kvs__cache_watch(rt, holder, w, 2, (uint32_t)(deadline - now));
+    if (r == (int)KVS_PROTO_WATCH_HELD) continue;
+    return r != -ENOTSUP;
+  }
+  return false;
+}
+
 /* Wait until no peer holds the claim key or the claimant's progress (its state under done, the
  * batch's longest chunk key) can be found, or the deadline (ms, the epoch of kvs__now_ms). */
 static void px_wait_claim(kvs__runtime_t *rt, uint64_t holder, const kvs_key_t *key,
                           const kvs_key_t *done, uint64_t deadline) {
   kvs_key_t w[2] = {*key, px_stored_key(key)};
-  for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
-    int r = kvs__cache_watch(rt, holder, w, 2, (uint32_t)(deadline - now));
-    if (r == (int)KVS_PROTO_WATCH_HELD) continue;
-    if (r != -ENOTSUP) return; /* gone, stored, or the claimant is gone: look up again */
-    break;
-  }
+  if (px_watch(rt, holder, w, deadline)) return; /* gone, stored, or the claimant is gone */
   while (px_peer_holding(rt, key) && !px_peer_holding(rt, done) && kvs__now_ms() < deadline)
     px_nap();
 }
@@ -1513,12 +1521,7 @@ static uint64_t px_wait_follow(px_ctx_t *c, kvs__runtime_t *rt, int32_t s, const
   uint64_t holder = 0;
   /* One WATCH at the claimant: answered when the old claim goes or it claims key. */
   kvs_key_t w[2] = {c->follow_key, *key};
-  for (uint64_t now = kvs__now_ms(); now < deadline; now = kvs__now_ms()) {
-    int r = kvs__cache_watch(rt, c->follow_id, w, 2, (uint32_t)(deadline - now));
-    if (r == (int)KVS_PROTO_WATCH_HELD) continue;
-    if (r != -ENOTSUP) return px_peer_holding(rt, key);
-    break;
-  }
+  if (px_watch(rt, c->follow_id, w, deadline)) return px_peer_holding(rt, key);
   while (!(holder = px_peer_holding(rt, key))) {
     if (px_peer_holding(rt, &c->follow_key) != c->follow_id) return px_peer_holding(rt, key);
     if (kvs__now_ms() >= deadline) break;
