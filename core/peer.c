@@ -297,18 +297,21 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   return store_with(p, instance, keys, n, layout, object, bufs, outcomes, NULL, NULL);
 }
 
-/* One call to peer `instance` on its own: rc gets 0, -ENOENT (no such live peer) or the
- * call's negative errno; on 0 *reply (the caller frees it) holds *reply_len bytes. */
-#define RPC_TO(rc, p, instance, op, encfn, msgp, reply, reply_len)                            \
-  do {                                                                                        \
+/* One call to peer `instance` on its own: rc gets 0, -ENOENT (no such live peer), nocap_rc
+ * (the peer lacks a capability in cap: nothing sent) or the call's negative errno; on 0 *reply
+ * (the caller frees it) holds *reply_len bytes. counter (a kvs_stat_id_t, or -1) is counted
+ * when the call is made. */
+#define RPC_TO(rc, p, instance, cap, nocap_rc, counter, op, encfn, msgp, reply, rlen)             \
+  do {                                                                                             \
     pconn_t *c_ = kvs__peer_grab((p), (instance), false);                                          \
-    (rc) = -ENOENT;                                                                           \
-    if (c_) {                                                                                 \
-      pthread_mutex_lock(&c_->lock);                                                          \
-      KVS__PEER_RPC(rc, p, c_, op, encfn, msgp, reply, reply_len);                              \
-      pthread_mutex_unlock(&c_->lock);                                                        \
-      kvs__peer_unref((p), c_);                                                                    \
-    }                                                                                         \
+    (rc) = c_ ? (nocap_rc) : -ENOENT;                                                              \
+    if (c_ && (c_->peer_caps & (cap)) == (cap)) {                                                  \
+      if ((counter) >= 0) kvs_stats_inc((p)->stats, (kvs_stat_id_t)(counter));                     \
+      pthread_mutex_lock(&c_->lock);                                                               \
+      KVS__PEER_RPC(rc, p, c_, op, encfn, msgp, reply, rlen);                                      \
+      pthread_mutex_unlock(&c_->lock);                                                             \
+    }                                                                                              \
+    if (c_) kvs__peer_unref((p), c_);                                                              \
   } while (0)
 
 int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap) {
@@ -317,7 +320,7 @@ int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, siz
   uint8_t *rep = NULL;
   size_t rn = 0;
   int rc;
-  RPC_TO(rc, p, instance, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
+  RPC_TO(rc, p, instance, 0, 0, -1, KVS_OP_STATS, kvs_proto_stats_encode, &m, &rep, &rn);
   kvs_proto_text_t t;
   if (rc == 0) rc = kvs_proto_text_decode(rep, rn, &t);
   if (rc == 0) {
@@ -336,7 +339,7 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
   uint8_t *rep = NULL;
   size_t rn = 0;
   int rc;
-  RPC_TO(rc, p, instance, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
+  RPC_TO(rc, p, instance, 0, 0, -1, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
   kvs_proto_ping_t r;
   if (rc == 0) rc = kvs_proto_ping_decode(rep, rn, &r);
   if (rc == 0 && r.nonce != nonce) rc = -EPROTO;
@@ -347,19 +350,12 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
 int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
                          uint64_t checksum) {
   if (!p || !instance || !len) return -EINVAL;
-  pconn_t *c = kvs__peer_grab(p, instance, false);
-  if (!c) return -ENOENT;
-  int rc = -EOPNOTSUPP; /* a peer that predates REPORT_BAD would close the connection on it */
+  kvs_proto_report_t m = {key, len, checksum};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  if (c->peer_caps & KVS_PROTO_CAP_REPORT_BAD) {
-    kvs_proto_report_t m = {key, len, checksum};
-    kvs_stats_inc(p->stats, KVS_STAT_peer_bad_reports);
-    pthread_mutex_lock(&c->lock);
-    KVS__PEER_RPC(rc, p, c, KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m, &rep, &rn);
-    pthread_mutex_unlock(&c->lock);
-  }
-  kvs__peer_unref(p, c);
+  int rc; /* a peer that predates REPORT_BAD would close the connection on it: -EOPNOTSUPP */
+  RPC_TO(rc, p, instance, KVS_PROTO_CAP_REPORT_BAD, -EOPNOTSUPP, KVS_STAT_peer_bad_reports,
+         KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m, &rep, &rn);
   kvs_proto_report_reply_t r;
   if (rc == 0) rc = kvs_proto_report_reply_decode(rep, rn, &r);
   free(rep);
@@ -453,24 +449,15 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
 int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                     uint32_t wait_ms) {
   if (!p || !keys || n == 0 || n > KVS_PROTO_MAX_WATCH_KEYS) return -EINVAL;
-  pconn_t *c = kvs__peer_grab(p, instance, false);
-  if (!c) return -ENOENT;
-  if (!(c->peer_caps & KVS_PROTO_CAP_WATCH)) {
-    kvs__peer_unref(p, c);
-    return -ENOTSUP;
-  }
   uint32_t most = kvs__peer_reply_wait_ms(p); /* the reply comes within our own deadline */
   if (most > KVS_PROTO_MAX_WATCH_MS) most = KVS_PROTO_MAX_WATCH_MS;
   kvs_proto_watch_t m = {.n_keys = (uint32_t)n, .wait_ms = wait_ms < most ? wait_ms : most,
                          .keys = keys};
   uint8_t *rep = NULL;
   size_t rn = 0;
-  pthread_mutex_lock(&c->lock);
-  kvs_stats_inc(p->stats, KVS_STAT_peer_watches);
-  int rc;
-  KVS__PEER_RPC(rc, p, c, KVS_OP_WATCH, kvs_proto_watch_encode, &m, &rep, &rn);
-  pthread_mutex_unlock(&c->lock);
-  kvs__peer_unref(p, c);
+  int rc; /* a peer that predates WATCH: -ENOTSUP, poll it with LOOKUPs */
+  RPC_TO(rc, p, instance, KVS_PROTO_CAP_WATCH, -ENOTSUP, KVS_STAT_peer_watches, KVS_OP_WATCH,
+         kvs_proto_watch_encode, &m, &rep, &rn);
   kvs_proto_watch_reply_t r;
   if (rc == 0) rc = kvs_proto_watch_reply_decode(rep, rn, &r);
   free(rep);
