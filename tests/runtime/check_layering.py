@@ -40,41 +40,47 @@ POOL_RULES = [  # everywhere but shims/cuda
 ]
 
 
+def sources(root, *dirs):
+    return sorted(p for d in dirs for p in (root / d).rglob("*") if p.suffix in (".c", ".h"))
+
+
+def scan(root, files, rules_of, text_of, why_suffix):
+    """Print every line of files that a rule of rules_of(path) matches in text_of(line)."""
+    bad = 0
+    for f in files:
+        rules = rules_of(f)
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            hit = next((why for rule, why in rules if rule.search(text_of(line))), None)
+            if hit:
+                print(f"{f.relative_to(root).as_posix()}:{n}: {hit}{why_suffix}: {line.strip()}")
+                bad += 1
+    return bad
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     root = pathlib.Path(argv[1])
-    files = sorted(p for p in (root / "shims").rglob("*") if p.suffix in (".c", ".h"))
+    files = sources(root, "shims")
     if not files:
         print(f"check_layering: no file under {root / 'shims'}", file=sys.stderr)
         return 2
-    bad = 0
-    for f in files:
-        rules = RULES if f.parent.name == "cuda" else RULES + POOL_RULES
-        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            for rule, why in rules:
-                if rule.search(line):
-                    print(f"{f.relative_to(root)}:{n}: {why}, past runtime/cache.h: {line.strip()}")
-                    bad += 1
-                    break
+    bad = scan(root, files, lambda f: RULES if f.parent.name == "cuda" else RULES + POOL_RULES,
+               lambda line: line, ", past runtime/cache.h")
     if bad:
         print(f"check_layering: {bad} line(s) in shims/ bypass the cache facade", file=sys.stderr)
         return 1
-    lib = sorted(p for d in ("core", "runtime", "shims", "preload")
-                 for p in (root / d).rglob("*") if p.suffix in (".c", ".h"))
-    for f in lib:
+
+    def lib_rules(f):
         rel = f.relative_to(root).as_posix()
         rules = [] if rel == "core/prim.c" else list(THREAD_RULES)
         if not rel.startswith("core/") and rel != "runtime/discovery.c":
             rules += DISCOVERY_RULES
-        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            code = code_of(line)
-            for rule, why in rules:
-                if rule.search(code):
-                    print(f"{rel}:{n}: {why}: {line.strip()}")
-                    bad += 1
-                    break
+        return rules
+
+    lib = sources(root, "core", "runtime", "shims", "preload")
+    bad = scan(root, lib, lib_rules, code_of, "")
     if bad:
         print(f"check_layering: {bad} line(s) break the discovery or thread rule", file=sys.stderr)
         return 1
