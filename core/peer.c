@@ -314,6 +314,17 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
     if (c_) kvs__peer_unref((p), c_);                                                              \
   } while (0)
 
+/* RPC_TO whose reply is decoded by decfn into *outp and freed (for replies of scalars only:
+ * nothing in *outp may point into the reply). */
+#define RPC_TO_DECODED(rc, p, instance, cap, nocap_rc, counter, op, encfn, msgp, decfn, outp)      \
+  do {                                                                                             \
+    uint8_t *rep_ = NULL;                                                                          \
+    size_t rn_ = 0;                                                                                \
+    RPC_TO(rc, p, instance, cap, nocap_rc, counter, op, encfn, msgp, &rep_, &rn_);                 \
+    if ((rc) == 0) (rc) = decfn(rep_, rn_, (outp));                                                \
+    free(rep_);                                                                                    \
+  } while (0)
+
 int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, size_t cap) {
   if (!buf || cap == 0) return -EINVAL;
   kvs_proto_stats_t m = {json ? KVS_PROTO_STATS_JSON : KVS_PROTO_STATS_INFO};
@@ -335,30 +346,22 @@ int kvs_peers_stats(kvs_peers_t *p, uint64_t instance, bool json, char *buf, siz
 
 int kvs_peers_ping(kvs_peers_t *p, uint64_t instance) {
   uint64_t nonce = kvs__now_ns();
-  kvs_proto_ping_t m = {nonce, 0, NULL};
-  uint8_t *rep = NULL;
-  size_t rn = 0;
+  kvs_proto_ping_t m = {nonce, 0, NULL}, r;
   int rc;
-  RPC_TO(rc, p, instance, 0, 0, -1, KVS_OP_PING, kvs_proto_ping_encode, &m, &rep, &rn);
-  kvs_proto_ping_t r;
-  if (rc == 0) rc = kvs_proto_ping_decode(rep, rn, &r);
-  if (rc == 0 && r.nonce != nonce) rc = -EPROTO;
-  free(rep);
-  return rc;
+  RPC_TO_DECODED(rc, p, instance, 0, 0, -1, KVS_OP_PING, kvs_proto_ping_encode, &m,
+                 kvs_proto_ping_decode, &r);
+  return rc == 0 && r.nonce != nonce ? -EPROTO : rc;
 }
 
 int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
                          uint64_t checksum) {
   if (!p || !instance || !len) return -EINVAL;
   kvs_proto_report_t m = {key, len, checksum};
-  uint8_t *rep = NULL;
-  size_t rn = 0;
-  int rc; /* a peer that predates REPORT_BAD would close the connection on it: -EOPNOTSUPP */
-  RPC_TO(rc, p, instance, KVS_PROTO_CAP_REPORT_BAD, -EOPNOTSUPP, KVS_STAT_peer_bad_reports,
-         KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m, &rep, &rn);
   kvs_proto_report_reply_t r;
-  if (rc == 0) rc = kvs_proto_report_reply_decode(rep, rn, &r);
-  free(rep);
+  int rc; /* a peer that predates REPORT_BAD would close the connection on it: -EOPNOTSUPP */
+  RPC_TO_DECODED(rc, p, instance, KVS_PROTO_CAP_REPORT_BAD, -EOPNOTSUPP,
+                 KVS_STAT_peer_bad_reports, KVS_OP_REPORT_BAD, kvs_proto_report_encode, &m,
+                 kvs_proto_report_reply_decode, &r);
   return rc < 0 ? rc : (int)r.dropped;
 }
 
@@ -453,14 +456,10 @@ int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   if (most > KVS_PROTO_MAX_WATCH_MS) most = KVS_PROTO_MAX_WATCH_MS;
   kvs_proto_watch_t m = {.n_keys = (uint32_t)n, .wait_ms = wait_ms < most ? wait_ms : most,
                          .keys = keys};
-  uint8_t *rep = NULL;
-  size_t rn = 0;
-  int rc; /* a peer that predates WATCH: -ENOTSUP, poll it with LOOKUPs */
-  RPC_TO(rc, p, instance, KVS_PROTO_CAP_WATCH, -ENOTSUP, KVS_STAT_peer_watches, KVS_OP_WATCH,
-         kvs_proto_watch_encode, &m, &rep, &rn);
   kvs_proto_watch_reply_t r;
-  if (rc == 0) rc = kvs_proto_watch_reply_decode(rep, rn, &r);
-  free(rep);
+  int rc; /* a peer that predates WATCH: -ENOTSUP, poll it with LOOKUPs */
+  RPC_TO_DECODED(rc, p, instance, KVS_PROTO_CAP_WATCH, -ENOTSUP, KVS_STAT_peer_watches,
+                 KVS_OP_WATCH, kvs_proto_watch_encode, &m, kvs_proto_watch_reply_decode, &r);
   return rc < 0 ? rc : (int)r.state;
 }
 

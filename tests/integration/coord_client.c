@@ -548,6 +548,16 @@ int ts_wait_baseline(kvs_store_t *st, const kvs_store_info_t *base, kvs_coord_t 
   }
 }
 
+kvs_layout_t ts_chunk_layout(uint64_t rows, uint64_t cols) {
+  kvs_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.dtype = KVS_DTYPE_U8;
+  l.ndim = 2;
+  l.shape[0] = rows;
+  l.shape[1] = cols;
+  return l;
+}
+
 int ts_local_put(kvs_store_t *st, const kvs_key_t *keys, uint32_t n, const kvs_layout_t *layout) {
   uint8_t *outcomes = calloc(n, 1);
   kvs_extent_t *ext = calloc(n, sizeof *ext);

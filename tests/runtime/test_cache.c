@@ -42,15 +42,7 @@ enum { N = 4 };
 static ts_server_t L, C, O;
 static kvs__runtime_t rt; /* static: the keep-behind thread reads it */
 
-static kvs_layout_t chunk_layout(void) {
-  kvs_layout_t l;
-  memset(&l, 0, sizeof l);
-  l.dtype = KVS_DTYPE_U8;
-  l.ndim = 2;
-  l.shape[0] = 16;
-  l.shape[1] = 1024;
-  return l;
-}
+static kvs_layout_t chunk_layout(void) { return ts_chunk_layout(16, 1024); }
 #define CHUNK (16u * 1024u)
 
 static void server(ts_server_t *s, uint8_t role, const char *run_dir, uint64_t nr) {
