@@ -314,8 +314,8 @@ int kvs_peers_store(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
     if (c_) kvs__peer_unref((p), c_);                                                              \
   } while (0)
 
-/* RPC_TO whose reply is decoded by decfn into *outp and freed (for replies of scalars only:
- * nothing in *outp may point into the reply). */
+/* RPC_TO whose reply is decoded by decfn into *outp and freed: what *outp points into the
+ * reply is gone when it returns, so only its scalars may be used. */
 #define RPC_TO_DECODED(rc, p, instance, cap, nocap_rc, counter, op, encfn, msgp, decfn, outp)      \
   do {                                                                                             \
     uint8_t *rep_ = NULL;                                                                          \
