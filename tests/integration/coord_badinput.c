@@ -81,13 +81,19 @@ static void open_bad(cc_t *c, bool hello) {
   else cr_assert_eq(cc_connect(c, S.path), 0);
 }
 
+/* Every case opens the same way: the server (start), a connection c (after HELLO when hello)
+ * and the counters before the bad input. */
+static counters_t open_case(cc_t *c, bool hello) {
+  start();
+  open_bad(c, hello);
+  return counters();
+}
+
 TestSuite(bad, .fini = down);
 
 Test(bad, bad_magic, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(KVS_OP_PING, 5, 0);
   h.magic = 0xdeadbeef;
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
@@ -95,10 +101,8 @@ Test(bad, bad_magic, T_TIMEOUT) {
 }
 
 Test(bad, wrong_version, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(KVS_OP_PING, 6, 0);
   h.version = 2;
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
@@ -106,10 +110,8 @@ Test(bad, wrong_version, T_TIMEOUT) {
 }
 
 Test(bad, wrong_version_in_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
+  counters_t b = open_case(&c, false);
   kvs_proto_header_t h = hdr(KVS_OP_HELLO, 1, 0);
   h.version = 0;
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
@@ -117,10 +119,8 @@ Test(bad, wrong_version_in_hello, T_TIMEOUT) {
 }
 
 Test(bad, hello_without_a_common_version, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
+  counters_t b = open_case(&c, false);
   kvs_proto_hello_t me;
   memset(&me, 0, sizeof me);
   me.version_min = 2; /* a future client that no longer speaks version 1 */
@@ -137,30 +137,24 @@ Test(bad, hello_without_a_common_version, T_TIMEOUT) {
 }
 
 Test(bad, unknown_opcode, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(12, 9, 0);
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
   expect_refused(&c, -EOPNOTSUPP, 9, &b, 1, 1);
 }
 
 Test(bad, error_opcode_as_request, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(KVS_OP_ERROR, 10, 0); /* ERROR without REPLY */
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
   expect_refused(&c, -EBADMSG, 10, &b, 1, 1);
 }
 
 Test(bad, reserved_flag_bits, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(KVS_OP_PING, 12, 0);
   h.flags = 0x100;
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
@@ -168,30 +162,24 @@ Test(bad, reserved_flag_bits, T_TIMEOUT) {
 }
 
 Test(bad, oversized_length_after_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   kvs_proto_header_t h = hdr(KVS_OP_PING, 13, (uint32_t)S.opts.max_frame + 1);
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0); /* header only: the server must not wait */
   expect_refused(&c, -EMSGSIZE, 13, &b, 1, 1);
 }
 
 Test(bad, oversized_length_before_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
+  counters_t b = open_case(&c, false);
   kvs_proto_header_t h = hdr(KVS_OP_HELLO, 14, KVS_PROTO_MIN_MAX_FRAME + 1);
   cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
   expect_refused(&c, -EMSGSIZE, 14, &b, 1, 1);
 }
 
 Test(bad, request_before_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
+  counters_t b = open_case(&c, false);
   uint8_t p[12] = {0};
   kvs_proto_header_t h = hdr(KVS_OP_PING, 15, sizeof p);
   cr_assert_eq(cc_send_frame(&c, &h, p), 0);
@@ -199,10 +187,8 @@ Test(bad, request_before_hello, T_TIMEOUT) {
 }
 
 Test(bad, second_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   cr_assert_eq(cc_hello(&c, KVS_PROTO_STRATEGY_AUTO, KVS_PROTO_CAP_INLINE, 0), -EPROTO);
   cr_assert(cc_wait_closed(&c, 3000));
   cc_close(&c);
@@ -213,10 +199,8 @@ Test(bad, second_hello, T_TIMEOUT) {
 }
 
 Test(bad, reply_flag_from_client, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   uint8_t p[12] = {0};
   kvs_proto_header_t h = hdr(KVS_OP_PING, 16, sizeof p);
   h.flags = KVS_PROTO_F_REPLY;
@@ -225,10 +209,8 @@ Test(bad, reply_flag_from_client, T_TIMEOUT) {
 }
 
 Test(bad, request_id_zero, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   uint8_t p[12] = {0};
   kvs_proto_header_t h = hdr(KVS_OP_PING, 0, sizeof p);
   cr_assert_eq(cc_send_frame(&c, &h, p), 0);
@@ -236,10 +218,8 @@ Test(bad, request_id_zero, T_TIMEOUT) {
 }
 
 Test(bad, malformed_payload, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   uint8_t p[8] = {0}; /* LOOKUP with n_keys 0 */
   kvs_proto_header_t h = hdr(KVS_OP_LOOKUP, 17, sizeof p);
   cr_assert_eq(cc_send_frame(&c, &h, p), 0);
@@ -247,10 +227,8 @@ Test(bad, malformed_payload, T_TIMEOUT) {
 }
 
 Test(bad, split_message_mismatch, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   uint8_t p[16] = {0};
   kvs_proto_header_t h = hdr(KVS_OP_PING, 18, 8);
   h.flags = KVS_PROTO_F_MORE;
