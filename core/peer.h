@@ -64,7 +64,7 @@ int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *
 typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t *layout,
                                 const void *bytes, uint64_t len);
 
-/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer a lookup finds). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
  * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss).
  * -ESTALE: the peer's pins expired while sink copied (COMMIT_RETRIEVE answered ENOENT), so the
@@ -106,7 +106,7 @@ typedef struct kvs_fetch {
 typedef int (*kvs_fetch_keys_fn)(void *ctx, size_t key_index, const void *bytes, uint64_t len,
                                  const kvs_key_t **keys);
 
-/* Copy keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) into the local
+/* Copy keys[0..n) from peer `instance` (0 = the best peer a lookup finds) into the local
  * store (the kvs_peers_config_t local store), one local reservation per delivered object of the
  * leading run, in one PREPARE_RETRIEVE:
  *   layout != NULL  each object is a chunk of this layout (its length must be the layout's
@@ -170,7 +170,7 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
                          const kvs_layout_t *layout, bool object, const void *const *bufs,
                          uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx);
 
-/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) straight into
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer a lookup finds) straight into
  * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
  * dsts[i] by copy (NULL = kvs_peers_copy) while the peer holds its pin, with no copy anywhere
  * else. Returns how many leading keys were copied (>= 0), or the retrieve's negative errno (a miss;
