@@ -1,20 +1,27 @@
-/* kvshim peer: the client side of the coordinator protocol (design §7).
+/* kvshim peer: the client side of the coordinator protocol (design §7), in four files:
+ *   peer.c           the queries below: lookup, retrieve, fetch, store, watch, stats, ping;
+ *   peer_conn.c      connections: framing, HELLO, the call deadline, back-off (peer_conn.h,
+ *                    internal to these four files);
+ *   peer_discover.c  discovery, the scan of the group directory (peer_discover.h);
+ *   peer_xfer.c      transfers: the streaming copy, inline replies into the caller's buffers,
+ *                    SHM and inline stores, write-behind, the cache peer's pool registration
+ *                    (peer_xfer.h).
  *
- * Discovery lists $run_dir/<group>/ and connects to every <instance>.sock but our own; a socket
- * that refuses connections is stale and removed. One connection per peer, reused, each call
- * bounded by KVSHIM_RPC_TIMEOUT_MS. A failed or timed-out call closes that connection (the next
- * discovery reconnects) and is reported as a miss: nothing here ever makes a caller fail in a
- * way it could not ignore.
+ * The queries are pure: they ask the peers the table holds and never run a discovery or start a
+ * thread. Whoever owns the client refreshes the table (kvs_peers_discover): in a process kvshim
+ * is loaded into, the runtime's one discovery watcher (runtime/discovery.h, design §3.8); a tool
+ * or a test calls it itself. One connection per peer, reused, each call bounded by
+ * KVSHIM_RPC_TIMEOUT_MS. A failed or timed-out call closes that connection (the next discovery
+ * reconnects) and is reported as a miss: nothing here ever makes a caller fail in a way it could
+ * not ignore.
  *
  * SHM peers: the HELLO reply carries the peer's pool fd; we map it read-write and copy straight
  * out of (retrieve) or into (store) its extents. Peers we could not map are served inline.
  *
- * Write-behind (KVSHIM_PUSH=auto): objects queued with kvs_peers_push are copied from the local
- * store to a `kvshim serve` cache peer by a background thread, through a bounded queue (a full
- * queue drops and counts). kvs_peers_destroy flushes it for at most flush_ms.
- *
  * Threads: every function may be called from any thread. A table mutex guards the peer list;
- * a per-connection mutex serialises the calls on one connection. */
+ * a per-connection mutex serialises the calls on one connection. The only threads are
+ * write-behind's (started by kvs_peers_create when the client pushes) and the pool
+ * registration's (kvs_peers_pin_cache), both through core/prim.h. */
 #ifndef KVSHIM_PEER_H
 #define KVSHIM_PEER_H
 
@@ -44,27 +51,9 @@ typedef struct kvs_peers_config {
   uint32_t flush_ms;         /* destroy flushes the queue this long at most; 0 = 2000 */
 } kvs_peers_config_t;
 
-typedef struct kvs_peer_info {
-  uint64_t instance_id;
-  uint32_t pid;
-  uint8_t role;          /* KVS_PROTO_ROLE_* */
-  uint8_t strategy;      /* KVS_PROTO_STRATEGY_SHM or _INLINE, as used for this peer */
-  uint64_t pool_segment_size, arena_size, arena_used; /* from its HELLO */
-  char path[128];
-} kvs_peer_info_t;
-
 int kvs_peers_create(const kvs_peers_config_t *cfg, kvs_peers_t **out);
 /* Flush write-behind (bounded), close every connection, unmap peer pools. Accepts NULL. */
 void kvs_peers_destroy(kvs_peers_t *p);
-
-/* Refresh the peer list: connect to new sockets, forget dead peers, remove stale socket files.
- * Returns the number of live peers. Rate-limited to once per 200 ms unless force or the group
- * directory changed since the last scan (a socket came or went). Every call
- * (rate-limited or not) adopts a connected cache peer: with an accelerator installed, its pool
- * mapping is registered once, on an idle-priority thread (cache_peer_pool_pins). */
-int kvs_peers_discover(kvs_peers_t *p, bool force);
-/* Live peers (up to cap); returns how many there are. */
-int kvs_peers_list(kvs_peers_t *p, kvs_peer_info_t *out, size_t cap);
 
 /* Ask every live peer for the leading run of keys it holds READY; *best gets the instance id of
  * the peer with the longest run (0 when none). Returns the run length (>= 0; errors are misses). */
@@ -75,19 +64,7 @@ int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *
 typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t *layout,
                                 const void *bytes, uint64_t len);
 
-/* Copy a retrieved object out of a peer's pool (what a sink does with its bytes): streaming
- * (non-temporal, cache-bypassing) stores from KVS_PEERS_COPY_NT_MIN bytes up when the CPU has
- * AVX2, memcpy below and elsewhere. Measured on the 2-vCPU machine of docs/PERF.md (source
- * outside the cache): streaming stores move 1.4-1.8x the bytes of memcpy from 256 KiB to
- * 16 MiB with a cold destination and about the same with a destination the cache still holds;
- * at 16 KiB into a cached destination they are half as fast. */
-#define KVS_PEERS_COPY_NT_MIN (128u * 1024u)
-void kvs_peers_copy(void *dst, const void *src, size_t n);
-/* The streaming copy alone, at any size (memcpy without AVX2): for benchmarks and callers that
- * know their destination is not read back soon. */
-void kvs_peers_copy_stream(void *dst, const void *src, size_t n);
-
-/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup). Delivers the
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer a lookup finds). Delivers the
  * leading run of found keys to sink in key order. Returns how many keys were delivered (>= 0),
  * or a negative errno: -ENOENT (no such live peer), -ETIMEDOUT, -ECONNRESET ... (a miss).
  * -ESTALE: the peer's pins expired while sink copied (COMMIT_RETRIEVE answered ENOENT), so the
@@ -129,7 +106,7 @@ typedef struct kvs_fetch {
 typedef int (*kvs_fetch_keys_fn)(void *ctx, size_t key_index, const void *bytes, uint64_t len,
                                  const kvs_key_t **keys);
 
-/* Copy keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) into the local
+/* Copy keys[0..n) from peer `instance` (0 = the best peer a lookup finds) into the local
  * store (the kvs_peers_config_t local store), one local reservation per delivered object of the
  * leading run, in one PREPARE_RETRIEVE:
  *   layout != NULL  each object is a chunk of this layout (its length must be the layout's
@@ -165,20 +142,7 @@ int kvs_peers_ping(kvs_peers_t *p, uint64_t instance);
 int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint64_t len,
                          uint64_t checksum);
 
-/* Queue an object of the local store (found under keys[0]; keys[1..n) are its aliases to bind
- * at the cache peer too) for write-behind. Never blocks: returns 0 when queued, -ENOSPC when the
- * queue is full (counted in push_dropped), -ENOTSUP when pushing is off or there is no local
- * store. */
-int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n);
-/* Wait until the write-behind queue is empty or timeout_ms passed. Returns objects still queued. */
-int kvs_peers_flush(kvs_peers_t *p, uint32_t timeout_ms);
-
 /* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
-
-/* Instance id of a connected `kvshim serve` cache peer, or 0 (none known). No discovery, no I/O
- * and no side effect: one walk of the peer table. (Discovery adopts a cache peer: it starts the
- * registration of its pool mapping with the accelerator, kvs_peers_discover.) */
-uint64_t kvs_peers_cache_peer(kvs_peers_t *p);
 
 /* The leading run of keys[0..n) that peer `instance` holds READY, in one LOOKUP (no discovery).
  * Returns the run (>= 0), -ENOENT (no such live peer) or the call's negative errno. */
@@ -206,7 +170,7 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
                          const kvs_layout_t *layout, bool object, const void *const *bufs,
                          uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx);
 
-/* Retrieve keys[0..n) from peer `instance` (0 = the best peer from a fresh lookup) straight into
+/* Retrieve keys[0..n) from peer `instance` (0 = the best peer a lookup finds) straight into
  * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
  * dsts[i] by copy (NULL = kvs_peers_copy) while the peer holds its pin, with no copy anywhere
  * else. Returns how many leading keys were copied (>= 0), or the retrieve's negative errno (a miss;
@@ -217,4 +181,8 @@ int kvs_peers_retrieve_copy(kvs_peers_t *p, uint64_t instance, const kvs_key_t *
 #ifdef __cplusplus
 }
 #endif
+
+#include "peer_discover.h"
+#include "peer_xfer.h"
+
 #endif

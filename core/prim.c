@@ -90,6 +90,20 @@ void kvs__prim_thread_background(void) {
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* this thread only (Linux) */
 }
 
+pid_t kvs__prim_thread_id(void) { return (pid_t)syscall(SYS_gettid); }
+
+int kvs__prim_thread_get_nice(int *out) {
+  errno = 0;
+  int prio = getpriority(PRIO_PROCESS, 0); /* Linux: this thread's */
+  if (prio == -1 && errno != 0) return -errno;
+  *out = prio;
+  return 0;
+}
+
+int kvs__prim_thread_set_nice(pid_t tid, int nice) {
+  return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? 0 : -errno;
+}
+
 int kvs__prim_thread_start(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *),
                            void *arg) {
   sigset_t all, old;

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* len bytes of private, zero-filled memory, backed lazily (no swap reservation: untouched
  * pages cost nothing). Released with kvs__prim_unmap. */
@@ -50,6 +51,15 @@ int kvs__prim_allocate(int fd, uint64_t off, uint64_t len);
  * seconds on a busy machine, and one that waits inside a lock (the mmap lock of a populate)
  * holds up every thread that needs it. Best effort: a failure leaves the priority as it was. */
 void kvs__prim_thread_background(void);
+
+/* The calling thread's kernel id (gettid), for kvs__prim_thread_set_nice from another thread. */
+pid_t kvs__prim_thread_id(void);
+/* The calling thread's nice value (Linux: per thread). 0 or a negative errno. */
+int kvs__prim_thread_get_nice(int *out);
+/* Set thread tid's nice value: raising a background thread for a bounded exit wait (lowering a
+ * nice value needs CAP_SYS_NICE or RLIMIT_NICE: -EACCES / -EPERM without, nothing changed).
+ * 0 or a negative errno. */
+int kvs__prim_thread_set_nice(pid_t tid, int nice);
 
 /* pthread_create(thread, attr, fn, arg) with every signal blocked while it starts, so the new
  * thread inherits a full mask: kvshim's threads never take the engine's (or serve's) signals.

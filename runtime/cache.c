@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "discovery.h"
 #include "internal.h"
 #include "log.h"
 #include "peer.h"
@@ -32,8 +33,8 @@ static __thread size_t g_left __attribute__((tls_model("initial-exec")));
 uint64_t kvs__cache_peer(kvs__runtime_t *rt) {
   if (!rt->peers || !rt->opts.one_copy) return 0;
   KVS__REENTRY_GUARD();
-  kvs_peers_discover(rt->peers, false);  /* rate-limited */
-  return kvs__runtime_cache_peer(rt);    /* and the own pool lean or full, as it finds */
+  kvs__discovery_wait_first();        /* the watcher refreshes the table (design §3.8) */
+  return kvs__runtime_cache_peer(rt);
 }
 
 bool kvs__cache_has_local(kvs__runtime_t *rt, kvs_key_t key) {
@@ -46,7 +47,8 @@ int kvs__cache_peers_run(kvs__runtime_t *rt, const kvs_key_t *keys, size_t n, ui
   int run = 0;
   if (rt->peers && n) {
     KVS__REENTRY_GUARD();
-    run = kvs_peers_lookup(rt->peers, keys, n, &best); /* runs the discovery (rate-limited) */
+    kvs__discovery_wait_first();
+    run = kvs_peers_lookup(rt->peers, keys, n, &best); /* the peers the watcher found */
   }
   if (run < 0) run = 0;
   if (where) *where = run > 0 ? best : 0;
@@ -64,7 +66,7 @@ size_t kvs__cache_lookup(kvs__runtime_t *rt, const kvs_key_t *keys, size_t n) {
   int r = kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, keys, n, false, NULL);
   size_t got = r > 0 ? (size_t)r : 0;
   if (got == n || !rt->peers) return got;
-  kvs_peers_discover(rt->peers, false); /* rate-limited; kvs_peers_lookup would run it */
+  kvs__discovery_wait_first(); /* the peers the watcher found (design §3.8) */
   uint64_t cache = kvs__runtime_cache_peer(rt);
   if (cache) {
     /* One copy per node: what the cache peer holds stays there (each load reads it in place);
@@ -321,7 +323,7 @@ int kvs__cache_read_cache_peer(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_sin
                                void *ctx) {
   if (!rt->peers) return 0;
   KVS__REENTRY_GUARD();
-  kvs_peers_discover(rt->peers, false); /* rate-limited; a fetch would run it */
+  kvs__discovery_wait_first();
   uint64_t cache = kvs__runtime_cache_peer(rt);
   if (!cache) return 0;
   int r = kvs_peers_retrieve(rt->peers, cache, &key, 1, sink, ctx);

@@ -6,17 +6,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "discovery.h"
 #include "hooks.h"
 #include "internal.h"
 #include "log.h"
@@ -94,22 +93,6 @@ static void *prefault_main(void *arg) {
    * engine's resident memory follows what it keeps, not KVSHIM_POOL_SIZE. */
   int rc = kvs_pool_prefault_ahead(arg, KVS__PREFAULT_AHEAD);
   if (rc < 0 && rc != -ECANCELED) kvs_log_info("pool prefault stopped: %s", strerror(-rc));
-  return NULL;
-}
-
-/* Cold start: the first discovery (connect + HELLO to every peer, mapping their pools) runs
- * here, beside the engine's own start, instead of inside its first lookup. Joined at exit
- * (before the peer client is destroyed); each dial is bounded by the RPC deadline. */
-static pthread_t g_connect_thread;
-static int g_connect_started;
-
-static void *connect_main(void *arg) {
-  kvs__runtime_t *rt = arg;
-  kvs_peers_discover(rt->peers, true);
-  /* No cache peer: this engine keeps what it computes and loads in its own pool, so its first
-   * step is faulted in now, before its first request needs it (design §5). With one, the pool
-   * stays untouched until something is kept in it. */
-  if (!kvs__runtime_cache_peer(rt)) kvs_pool_prefault_hint(rt->pool, kvs_pool_page_size(rt->pool));
   return NULL;
 }
 
@@ -195,13 +178,14 @@ static void rt_build(void) {
       if (n1 < 0 || (size_t)n1 >= sizeof g_sock_path) g_sock_path[0] = '\0';
       if (n2 < 0 || (size_t)n2 >= sizeof g_group_dir) g_group_dir[0] = '\0';
     }
-    if (kvs__rt.peers)
-      g_connect_started = pthread_create(&g_connect_thread, NULL, connect_main, &kvs__rt) == 0;
+    /* Cold start: the first discovery (connect + HELLO to every peer, mapping their pools)
+     * runs on the watcher, beside the engine's own start (design §3.8). */
+    if (kvs__rt.peers) (void)kvs__discovery_start(&kvs__rt);
     pthread_attr_t attr;
     pthread_t t;
     if (pthread_attr_init(&attr) == 0) {
       pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      if (pthread_create(&t, &attr, prefault_main, kvs__rt.pool) != 0)
+      if (kvs__prim_thread_start(&t, &attr, prefault_main, kvs__rt.pool) != 0)
         kvs_log_info("no prefault thread: the pool is backed on first touch");
       pthread_attr_destroy(&attr);
     }
@@ -275,14 +259,14 @@ static uint32_t g_keep_head, g_keep_len;
 static uint32_t g_keep_ready; /* the leading items released (kvs__runtime_keep_release) */
 static bool g_keep_busy, g_keep_stop, g_keep_started;
 static pthread_t g_keep_thread;
-static pid_t g_keep_tid; /* the thread's id for setpriority (keep_stop); 0: not yet known */
+static pid_t g_keep_tid; /* the thread's id for kvs__prim_thread_set_nice; 0: not yet known */
 static int g_keep_exit_prio = 20; /* the exit wait's nice value for the thread; 20: none yet */
 
 /* Under g_keep_lock, once both the thread's id and the exit wait's priority are known. */
 static void keep_lift(void) {
   if (!g_keep_tid || g_keep_exit_prio >= 19) return;
-  if (setpriority(PRIO_PROCESS, (id_t)g_keep_tid, g_keep_exit_prio) != 0)
-    kvs_log_debug("keep-behind: stays at nice 19 for the exit wait: %s", strerror(errno));
+  int rc = kvs__prim_thread_set_nice(g_keep_tid, g_keep_exit_prio);
+  if (rc < 0) kvs_log_debug("keep-behind: stays at nice 19 for the exit wait: %s", strerror(-rc));
 }
 /* The keep-behind thread's own peer client (its own connections): a retrieve holds its
  * connection's lock while it copies, so sharing rt->peers would make the engine's next load
@@ -306,7 +290,7 @@ static void *keep_main(void *arg) {
   KVS__REENTRY_GUARD(); /* hooks reached from here pass through */
   /* Nice 19, not SCHED_IDLE: the copies yield to the engine's threads but still run on a busy
    * machine, so a later request finds them local. */
-  pid_t tid = (pid_t)syscall(SYS_gettid);
+  pid_t tid = kvs__prim_thread_id();
   kvs__prim_thread_background();
   kvs_key_t keys[KEEP_BATCH];
   kvs_fetch_t fetched[KEEP_BATCH];
@@ -334,7 +318,7 @@ static void *keep_main(void *arg) {
     g_keep_ready -= (uint32_t)n;
     g_keep_busy = true;
     pthread_mutex_unlock(&g_keep_lock);
-    if (peers) kvs_peers_discover(peers, false); /* dials the peer (rate-limited) */
+    (void)kvs__discovery_scan(peers); /* its own client dials the peer (rate-limited) */
     int rc = kvs_peers_fetch(peers ? peers : rt->peers, instance, keys, n, &layout, NULL, NULL,
                              fetched);
     size_t kept = 0;
@@ -410,9 +394,8 @@ static void keep_stop(uint32_t timeout_ms) {
    * give the thread so little CPU (weight 15 against 1024 per nice-0 thread) that it misses
    * the deadline. Lift it to the exiting thread's priority; without the privilege to lower a
    * nice value (CAP_SYS_NICE or RLIMIT_NICE) it stays at 19 and the wait is as before. */
-  errno = 0;
-  int prio = getpriority(PRIO_PROCESS, 0); /* Linux: this thread's */
-  if (prio != -1 || errno == 0) g_keep_exit_prio = prio;
+  int prio;
+  if (kvs__prim_thread_get_nice(&prio) == 0) g_keep_exit_prio = prio;
   keep_lift();
   struct timespec until = kvs__realtime_after_ms(timeout_ms);
   while ((g_keep_len || g_keep_busy) &&
@@ -475,10 +458,7 @@ void kvs__runtime_exit(void) {
   /* Hooks called by what follows (and by later destructors) pass through. */
   KVS__REENTRY_GUARD();
   kvs_stats_t *st = kvs_stats_global();
-  if (g_connect_started) {
-    pthread_join(g_connect_thread, NULL);
-    g_connect_started = 0;
-  }
+  kvs__discovery_stop(); /* before the peer client it refreshes is destroyed */
   /* Keep-behind (bounded), so the stats count what was kept. */
   keep_stop(2000);
   /* Write-behind (bounded), so the stats count what reached the cache peer. */
@@ -578,7 +558,7 @@ void kvs__runtime_fork(int phase) {
   g_rt_once = (pthread_once_t)PTHREAD_ONCE_INIT;
   g_tried = 0;
   g_hooked = 0;
-  g_connect_started = 0; /* the parent's thread is not ours */
+  kvs__discovery_fork_child(); /* the parent's watcher is not ours */
   keep_fork_child();
   g_lean = -1;
   kvs_stats_init(kvs_stats_global());

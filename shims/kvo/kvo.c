@@ -82,8 +82,10 @@ static inline kvs__runtime_t *kvo_rt(void) {
 
 /* h(-1) of a (valid) descriptor in this process's tenant (KVSHIM_SALT). */
 static kvs_key_t kvo_ns_key(const kvs__runtime_t *rt, const kvo_desc_t *d) {
-  kvs_namespace_t ns;
-  memset(&ns, 0, sizeof ns);
+  /* The descriptor's shape, field for field; the rest zero until filled below. */
+  kvs_namespace_t ns = {.dtype = d->dtype, .layers = d->layers, .kv_heads = d->kv_heads,
+                        .head_dim = d->head_dim, .chunk_tokens = d->chunk_tokens,
+                        .rank = d->rank, .world_size = d->world_size};
   /* "kvo/layout=<decimal>": the layout code is part of the identity (kvo.h). */
   static const char prefix[] = "kvo/layout=";
   memcpy(ns.engine, prefix, sizeof prefix - 1);
@@ -99,13 +101,6 @@ static kvs_key_t kvo_ns_key(const kvs__runtime_t *rt, const kvo_desc_t *d) {
   _Static_assert(KVO_MODEL_ID_MAX <= KVS_NS_STR_MAX, "model id fits the namespace");
   memcpy(ns.model, d->model_id, id_len);
   ns.model_len = (uint32_t)id_len;
-  ns.dtype = d->dtype;
-  ns.layers = d->layers;
-  ns.kv_heads = d->kv_heads;
-  ns.head_dim = d->head_dim;
-  ns.chunk_tokens = d->chunk_tokens;
-  ns.rank = d->rank;
-  ns.world_size = d->world_size;
   kvs_namespace_set_salt(&ns, rt->opts.salt);
   return kvs_keys_namespace(&ns);
 }
@@ -241,6 +236,18 @@ static int kvo_load(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int 
              : KVO_MISS;
 }
 
+/* ---- store ----------------------------------------------------------------------------------- */
+
+/* 0 when the cache now holds chunk `key` (written now or already there). */
+static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
+                     uint64_t buf) {
+  const kvs_layout_t layout = kvo_layout(d);
+  return kvs__cache_save(rt, key, &layout, (const void *)(uintptr_t)buf, kvo_cache_in,
+                         &buf_kind);
+}
+
+/* ---- the two chunk hooks --------------------------------------------------------------------- */
+
 /* The runtime when kvshim serves this chunk call, and the chunk's key; NULL: pass through. */
 static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *tokens,
                                        size_t n_tokens, size_t chunk_index, int buf_kind,
@@ -253,9 +260,15 @@ static kvs__runtime_t *kvo_chunk_enter(const kvo_desc_t *d, const uint32_t *toke
   return rt;
 }
 
-KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
-                           size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  kvo_load_chunk_fn real = kvo_real_kvo_load_chunk();
+/* The engine's own kvo_load_chunk / kvo_store_chunk (one signature). */
+typedef kvo_load_chunk_fn kvo_chunk_fn;
+
+/* One chunk hook: kvshim's load (store = false) or store, counted; anything kvshim does not
+ * serve goes to the engine's own function real (-ENOSYS without one and without a runtime;
+ * KVO_MISS / KVO_NOT_KEPT without one). */
+static int kvo_chunk_hook(bool store, kvo_chunk_fn real, const kvo_desc_t *desc,
+                          const uint32_t *tokens, size_t n_tokens, size_t chunk_index,
+                          int buf_kind, uint64_t buf, size_t buf_len) {
   kvs_key_t key;
   kvs__runtime_t *rt =
       kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
@@ -264,40 +277,29 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
   int rc;
   {
     KVS__HOOK_ENTER();
-    rc = kvo_load(rt, desc, key, buf_kind, buf);
-    kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
+    if (store) {
+      rc = kvo_store(rt, desc, key, buf_kind, buf) == 0 ? KVO_OK : KVO_NOT_KEPT;
+      kvs_stats_inc(kvs_stats_global(),
+                    rc == KVO_OK ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
+    } else {
+      rc = kvo_load(rt, desc, key, buf_kind, buf) == KVO_OK ? KVO_OK : KVO_MISS;
+      kvs_stats_inc(kvs_stats_global(), rc == KVO_OK ? KVS_STAT_hook_hits : KVS_STAT_hook_misses);
+    }
   }
   if (rc == KVO_OK) return KVO_OK;
-  return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : KVO_MISS;
+  return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : rc;
 }
 
-/* ---- store ----------------------------------------------------------------------------------- */
-
-/* 0 when the cache now holds chunk `key` (written now or already there). */
-static int kvo_store(kvs__runtime_t *rt, const kvo_desc_t *d, kvs_key_t key, int buf_kind,
-                     uint64_t buf) {
-  const kvs_layout_t layout = kvo_layout(d);
-  return kvs__cache_save(rt, key, &layout, (const void *)(uintptr_t)buf, kvo_cache_in,
-                         &buf_kind);
+KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
+                           size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
+  return kvo_chunk_hook(false, kvo_real_kvo_load_chunk(), desc, tokens, n_tokens, chunk_index,
+                        buf_kind, buf, buf_len);
 }
 
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  kvo_store_chunk_fn real = kvo_real_kvo_store_chunk();
-  kvs_key_t key;
-  kvs__runtime_t *rt =
-      kvo_chunk_enter(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &key);
-  if (!rt)
-    return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : -ENOSYS;
-  int rc;
-  {
-    KVS__HOOK_ENTER();
-    rc = kvo_store(rt, desc, key, buf_kind, buf);
-    kvs_stats_inc(kvs_stats_global(),
-                  rc == 0 ? KVS_STAT_hook_stores : KVS_STAT_hook_store_failures);
-  }
-  if (rc == 0) return KVO_OK;
-  return real ? real(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len) : KVO_NOT_KEPT;
+  return kvo_chunk_hook(true, kvo_real_kvo_store_chunk(), desc, tokens, n_tokens, chunk_index,
+                        buf_kind, buf, buf_len);
 }
 
 /* ---- family ---------------------------------------------------------------------------------- */

@@ -23,23 +23,9 @@
 #include <string.h>
 
 #include "blob.h"
+#include "llama_harness.h"
 #include "runtime.h"
 
-/* The constants gen_llama_corpus.c writes its seeds with. */
-static const uint8_t FP[KVS_LLAMA_FP_SIZE] = {1, 2,  3,  4,  5,  6,  7,  8,
-                                              9, 10, 11, 12, 13, 14, 15, 16};
-#define NS_LO 0x1111111111111111ull
-#define NS_HI 0x2222222222222222ull
-#define CHUNK 16u
-
-/* blob.c's flows raise libkvshim's re-entry depth (runtime/runtime.c defines it); they are
- * linked here without the runtime and never called. */
-__thread int kvs__hook_depth;
-/* ... and ask the runtime for the cache peer (no flow runs here: none). */
-uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
-  (void)rt;
-  return 0;
-}
 
 static int check(const uint8_t *b, uint64_t n, const kvs__llama_blob_want_t *w,
                  kvs__llama_blob_hdr_t *h) {

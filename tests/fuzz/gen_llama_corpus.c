@@ -20,6 +20,7 @@
 
 #include "blob.h"
 #include "chunks.h"
+#include "llama_harness.h"
 #include "runtime.h"
 #include "kvshim/kvo.h"
 
@@ -37,19 +38,6 @@ static void put(const char *dir, const char *name, const void *p, size_t n) {
   }
 }
 
-static const uint8_t FP[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-#define NS_LO 0x1111111111111111ull
-#define NS_HI 0x2222222222222222ull
-#define CHUNK 16u
-
-/* blob.c's flows raise libkvshim's re-entry depth (runtime/runtime.c defines it); they are
- * linked here without the runtime and never called. */
-__thread int kvs__hook_depth;
-/* ... and ask the runtime for the cache peer (no flow runs here: none). */
-uint64_t kvs__runtime_cache_peer(kvs__runtime_t *rt) {
-  (void)rt;
-  return 0;
-}
 
 /* One blob of the one format (shims/llama/blob.h) of kind, refused unless kvs__llama_blob_check
  * accepts it as that kind with the harness's expectations. SEQ: keyed 0 (chunk 0); PREFIX:

@@ -4,6 +4,7 @@
  * leases end, and the coordinator keeps serving another connection. A connection from another
  * uid is refused; the socket directory is 0700 and the socket 0600. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <errno.h>
 #include <grp.h>
 #include <signal.h>
@@ -45,6 +46,9 @@ static counters_t counters(void) {
                       ts_stat(&S, KVS_STAT_coord_requests)};
 }
 
+/* The table case being run (one_bad_frame), named in expect_refused's failures; "" otherwise. */
+static const char *g_case = "";
+
 /* The server answered ERROR code (request id rid) and closed; the witness still PINGs; the
  * counters moved by bad/errors; only the witness is left connected. */
 static void expect_refused(cc_t *c, int code, uint64_t rid, const counters_t *before,
@@ -56,9 +60,9 @@ static void expect_refused(cc_t *c, int code, uint64_t rid, const counters_t *be
   cr_assert(m.h.flags & KVS_PROTO_F_REPLY);
   char msg[300];
   int got = cc_error_code(&m, msg, sizeof msg);
-  cr_assert_eq(got, code, "ERROR %d (%s), wanted %d", got, msg, code);
-  cr_assert_eq(m.h.request_id, rid, "ERROR request id %llu, wanted %llu",
-               (unsigned long long)m.h.request_id, (unsigned long long)rid);
+  cr_assert_eq(got, code, "ERROR %d (%s), wanted %d %s", got, msg, code, g_case);
+  cr_assert_eq(m.h.request_id, rid, "ERROR request id %llu, wanted %llu %s",
+               (unsigned long long)m.h.request_id, (unsigned long long)rid, g_case);
   cc_msg_free(&m);
   cr_assert(cc_wait_closed(c, 3000), "connection not closed after a protocol error");
   cc_close(c);
@@ -81,46 +85,19 @@ static void open_bad(cc_t *c, bool hello) {
   else cr_assert_eq(cc_connect(c, S.path), 0);
 }
 
+/* Every case opens the same way: the server (start), a connection c (after HELLO when hello)
+ * and the counters before the bad input. */
+static counters_t open_case(cc_t *c, bool hello) {
+  start();
+  open_bad(c, hello);
+  return counters();
+}
+
 TestSuite(bad, .fini = down);
 
-Test(bad, bad_magic, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 5, 0);
-  h.magic = 0xdeadbeef;
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EBADMSG, 0, &b, 1, 1); /* magic wrong: the id cannot be trusted */
-}
-
-Test(bad, wrong_version, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 6, 0);
-  h.version = 2;
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EPROTONOSUPPORT, 6, &b, 1, 1);
-}
-
-Test(bad, wrong_version_in_hello, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_HELLO, 1, 0);
-  h.version = 0;
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EPROTONOSUPPORT, 1, &b, 1, 1);
-}
-
 Test(bad, hello_without_a_common_version, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
+  counters_t b = open_case(&c, false);
   kvs_proto_hello_t me;
   memset(&me, 0, sizeof me);
   me.version_min = 2; /* a future client that no longer speaks version 1 */
@@ -136,73 +113,68 @@ Test(bad, hello_without_a_common_version, T_TIMEOUT) {
   expect_refused(&c, -EPROTONOSUPPORT, 3, &b, 1, 1);
 }
 
-Test(bad, unknown_opcode, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(12, 9, 0);
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EOPNOTSUPP, 9, &b, 1, 1);
+/* One bad frame each: the header hdr(op, rid, len) changed as the row says, then len zero
+ * bytes (payload) or nothing (a header alone: the server must not wait for the rest). The
+ * server answers ERROR code with request id want_rid and closes; the witness is unaffected
+ * (expect_refused). */
+typedef struct frame_case {
+  const char *name;
+  bool hello;                /* sent after HELLO */
+  uint16_t op;
+  uint64_t rid;
+  uint32_t len;              /* KVS_PROTO_MAX_FRAME_PLUS1: the server's max_frame + 1 */
+  bool payload;              /* len (<= 16) zero bytes follow */
+  uint32_t magic;            /* 0: KVS_PROTO_MAGIC */
+  int version;               /* -1: KVS_PROTO_VERSION */
+  uint16_t flags;
+  int code;
+  uint64_t want_rid;
+} frame_case_t;
+#define KVS_PROTO_MAX_FRAME_PLUS1 UINT32_MAX
+
+ParameterizedTestParameters(bad, one_bad_frame) {
+  static frame_case_t cases[] = {
+      /* magic wrong: the id cannot be trusted */
+      {"bad_magic", true, KVS_OP_PING, 5, 0, false, 0xdeadbeef, -1, 0, -EBADMSG, 0},
+      {"wrong_version", true, KVS_OP_PING, 6, 0, false, 0, 2, 0, -EPROTONOSUPPORT, 6},
+      {"wrong_version_in_hello", false, KVS_OP_HELLO, 1, 0, false, 0, 0, 0, -EPROTONOSUPPORT, 1},
+      {"unknown_opcode", true, 12, 9, 0, false, 0, -1, 0, -EOPNOTSUPP, 9},
+      /* ERROR without REPLY */
+      {"error_opcode_as_request", true, KVS_OP_ERROR, 10, 0, false, 0, -1, 0, -EBADMSG, 10},
+      {"reserved_flag_bits", true, KVS_OP_PING, 12, 0, false, 0, -1, 0x100, -EBADMSG, 12},
+      {"oversized_length_after_hello", true, KVS_OP_PING, 13, KVS_PROTO_MAX_FRAME_PLUS1, false, 0,
+       -1, 0, -EMSGSIZE, 13},
+      {"oversized_length_before_hello", false, KVS_OP_HELLO, 14, KVS_PROTO_MIN_MAX_FRAME + 1,
+       false, 0, -1, 0, -EMSGSIZE, 14},
+      {"request_before_hello", false, KVS_OP_PING, 15, 12, true, 0, -1, 0, -EPROTO, 15},
+      /* docs/protocol.md §8: the magic was right */
+      {"reply_flag_from_client", true, KVS_OP_PING, 16, 12, true, 0, -1, KVS_PROTO_F_REPLY,
+       -EPROTO, 16},
+      {"request_id_zero", true, KVS_OP_PING, 0, 12, true, 0, -1, 0, -EBADMSG, 0},
+      /* LOOKUP with n_keys 0 */
+      {"malformed_payload", true, KVS_OP_LOOKUP, 17, 8, true, 0, -1, 0, -EBADMSG, 17},
+  };
+  return cr_make_param_array(frame_case_t, cases, sizeof cases / sizeof cases[0]);
 }
 
-Test(bad, error_opcode_as_request, T_TIMEOUT) {
-  start();
+ParameterizedTest(frame_case_t *f, bad, one_bad_frame, T_TIMEOUT) {
+  g_case = f->name;
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_ERROR, 10, 0); /* ERROR without REPLY */
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EBADMSG, 10, &b, 1, 1);
-}
-
-Test(bad, reserved_flag_bits, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 12, 0);
-  h.flags = 0x100;
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EBADMSG, 12, &b, 1, 1);
-}
-
-Test(bad, oversized_length_after_hello, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 13, (uint32_t)S.opts.max_frame + 1);
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0); /* header only: the server must not wait */
-  expect_refused(&c, -EMSGSIZE, 13, &b, 1, 1);
-}
-
-Test(bad, oversized_length_before_hello, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
-  kvs_proto_header_t h = hdr(KVS_OP_HELLO, 14, KVS_PROTO_MIN_MAX_FRAME + 1);
-  cr_assert_eq(cc_send_frame(&c, &h, NULL), 0);
-  expect_refused(&c, -EMSGSIZE, 14, &b, 1, 1);
-}
-
-Test(bad, request_before_hello, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, false);
-  counters_t b = counters();
-  uint8_t p[12] = {0};
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 15, sizeof p);
-  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
-  expect_refused(&c, -EPROTO, 15, &b, 1, 1);
+  counters_t b = open_case(&c, f->hello);
+  uint32_t len = f->len == KVS_PROTO_MAX_FRAME_PLUS1 ? (uint32_t)S.opts.max_frame + 1 : f->len;
+  kvs_proto_header_t h = hdr(f->op, f->rid, len);
+  if (f->magic) h.magic = f->magic;
+  if (f->version >= 0) h.version = (uint16_t)f->version;
+  h.flags = f->flags;
+  static const uint8_t zeros[16];
+  cr_assert(!f->payload || len <= sizeof zeros, "%s: payload too long", f->name);
+  cr_assert_eq(cc_send_frame(&c, &h, f->payload ? zeros : NULL), 0, "%s", f->name);
+  expect_refused(&c, f->code, f->want_rid, &b, 1, 1);
 }
 
 Test(bad, second_hello, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   cr_assert_eq(cc_hello(&c, KVS_PROTO_STRATEGY_AUTO, KVS_PROTO_CAP_INLINE, 0), -EPROTO);
   cr_assert(cc_wait_closed(&c, 3000));
   cc_close(&c);
@@ -212,45 +184,9 @@ Test(bad, second_hello, T_TIMEOUT) {
   cr_assert_eq(a.errors, b.errors + 1);
 }
 
-Test(bad, reply_flag_from_client, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  uint8_t p[12] = {0};
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 16, sizeof p);
-  h.flags = KVS_PROTO_F_REPLY;
-  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
-  expect_refused(&c, -EPROTO, 16, &b, 1, 1); /* docs/protocol.md §8: the magic was right */
-}
-
-Test(bad, request_id_zero, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  uint8_t p[12] = {0};
-  kvs_proto_header_t h = hdr(KVS_OP_PING, 0, sizeof p);
-  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
-  expect_refused(&c, -EBADMSG, 0, &b, 1, 1);
-}
-
-Test(bad, malformed_payload, T_TIMEOUT) {
-  start();
-  cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
-  uint8_t p[8] = {0}; /* LOOKUP with n_keys 0 */
-  kvs_proto_header_t h = hdr(KVS_OP_LOOKUP, 17, sizeof p);
-  cr_assert_eq(cc_send_frame(&c, &h, p), 0);
-  expect_refused(&c, -EBADMSG, 17, &b, 1, 1);
-}
-
 Test(bad, split_message_mismatch, T_TIMEOUT) {
-  start();
   cc_t c;
-  open_bad(&c, true);
-  counters_t b = counters();
+  counters_t b = open_case(&c, true);
   uint8_t p[16] = {0};
   kvs_proto_header_t h = hdr(KVS_OP_PING, 18, 8);
   h.flags = KVS_PROTO_F_MORE;

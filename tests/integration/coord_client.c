@@ -298,14 +298,23 @@ int cc_open(cc_t *c, const char *path, uint8_t strategy) {
     r_;                                                                                      \
   })
 
+/* CC_CALL_ENCODED whose reply is decoded by decfn into *outp and freed: what *outp points into
+ * the reply is gone when it returns, so only its scalars may be used. */
+#define CC_CALL_DECODED(c, op, encfn, msgp, decfn, outp)                                     \
+  ({                                                                                         \
+    cc_msg_t m_;                                                                             \
+    int rc_ = CC_CALL_ENCODED(c, op, encfn, msgp, &m_);                                      \
+    if (rc_ == 0) rc_ = decfn(m_.payload, m_.len, (outp));                                   \
+    cc_msg_free(&m_);                                                                        \
+    rc_;                                                                                     \
+  })
+
 int cc_lookup(cc_t *c, const kvs_key_t *keys, uint32_t n, uint32_t *found) {
   kvs_proto_lookup_t m = {.n_keys = n, .keys = keys};
-  cc_msg_t r;
-  int rc = CC_CALL_ENCODED(c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m, &r);
   kvs_proto_lookup_reply_t lr;
-  if (rc == 0) rc = kvs_proto_lookup_reply_decode(r.payload, r.len, &lr);
+  int rc = CC_CALL_DECODED(c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m,
+                           kvs_proto_lookup_reply_decode, &lr);
   if (rc == 0 && found) *found = lr.found;
-  cc_msg_free(&r);
   return rc;
 }
 
@@ -336,12 +345,10 @@ int cc_commit_shm(cc_t *c, uint64_t xfer, const kvs_proto_slot_t *slots, uint32_
   m.xfer = xfer;
   m.n_slots = n;
   m.slots = slots;
-  cc_msg_t r;
-  int rc = CC_CALL_ENCODED(c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &m, &r);
   kvs_proto_commit_store_reply_t cr;
-  if (rc == 0) rc = kvs_proto_commit_store_reply_decode(r.payload, r.len, &cr);
+  int rc = CC_CALL_DECODED(c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &m,
+                           kvs_proto_commit_store_reply_decode, &cr);
   if (rc == 0 && committed) *committed = cr.committed;
-  cc_msg_free(&r);
   return rc;
 }
 
@@ -546,6 +553,16 @@ int ts_wait_baseline(kvs_store_t *st, const kvs_store_info_t *base, kvs_coord_t 
     if (dt > (uint64_t)timeout_ms) return -ETIMEDOUT;
     usleep(2000);
   }
+}
+
+kvs_layout_t ts_chunk_layout(uint64_t rows, uint64_t cols) {
+  kvs_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.dtype = KVS_DTYPE_U8;
+  l.ndim = 2;
+  l.shape[0] = rows;
+  l.shape[1] = cols;
+  return l;
 }
 
 int ts_local_put(kvs_store_t *st, const kvs_key_t *keys, uint32_t n, const kvs_layout_t *layout) {

@@ -159,6 +159,8 @@ kvs_store_info_t ts_info(kvs_store_t *st);
  * milliseconds it took, or -ETIMEDOUT. */
 int ts_wait_baseline(kvs_store_t *st, const kvs_store_info_t *base, kvs_coord_t *coord,
                      unsigned conns, int timeout_ms);
+/* The layout of a rows x cols chunk of bytes (u8, 2-D), as the chunk tests use. */
+kvs_layout_t ts_chunk_layout(uint64_t rows, uint64_t cols);
 /* Commit objects locally (owner LOCAL), each of `layout` filled with its key's pattern. */
 int ts_local_put(kvs_store_t *st, const kvs_key_t *keys, uint32_t n, const kvs_layout_t *layout);
 /* Leading run of READY keys in the store (no pin). */

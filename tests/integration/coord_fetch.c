@@ -40,15 +40,7 @@ static kvs_peers_t *peers(int strategy, kvs_store_t *local) {
   return p;
 }
 
-static kvs_layout_t chunk_layout(void) {
-  kvs_layout_t l;
-  memset(&l, 0, sizeof l);
-  l.dtype = KVS_DTYPE_U8;
-  l.ndim = 2;
-  l.shape[0] = 64;
-  l.shape[1] = 1000;
-  return l;
-}
+static kvs_layout_t chunk_layout(void) { return ts_chunk_layout(64, 1000); }
 
 static const uint8_t *local_bytes(const kvs_fetch_t *f) {
   return kvs_pool_base(kvs_store_pool(L.store)) + f->extent.offset;

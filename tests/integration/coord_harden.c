@@ -220,18 +220,26 @@ static kvs_peers_t *peer_client(kvs_stats_t *st) {
 
 TestSuite(stale, .fini = down);
 
+enum { SLOW_LEN = 64u << 10 };
+
+/* The stale-pin cases open the same way: a server (lease_ms 0: the default lease) holding one
+ * SLOW_LEN object under s->key, and a peer client counting into st. */
+static kvs_peers_t *slow_open(uint32_t lease_ms, const slow_sink_t *s, kvs_stats_t *st) {
+  cr_assert_eq(ts_server_init(&S, 4u << 20), 0);
+  if (lease_ms) S.opts.lease_ms = lease_ms;
+  cr_assert_eq(ts_server_start(&S), 0);
+  kvs_layout_t bl = kvs_layout_blob(SLOW_LEN);
+  cr_assert_eq(ts_local_put(S.store, &s->key, 1, &bl), 1);
+  return peer_client(st);
+}
+
 /* KVSHIM_LEASE_MS=20 and a reader that takes 100 ms: its pin expires, the extent is reused under
  * the copy, COMMIT_RETRIEVE answers ENOENT and kvs_peers_retrieve throws the copy away. */
 Test(stale, expired_pin_throws_the_copy_away, T_TIMEOUT) {
-  cr_assert_eq(ts_server_init(&S, 4u << 20), 0);
-  S.opts.lease_ms = 20;
-  cr_assert_eq(ts_server_start(&S), 0);
-  const uint64_t LEN = 64u << 10;
-  kvs_layout_t bl = kvs_layout_blob(LEN);
+  const uint64_t LEN = SLOW_LEN;
   slow_sink_t s = {tk(70, 1), tk(70, 2), LEN, 100, true, malloc(LEN), 0};
-  cr_assert_eq(ts_local_put(S.store, &s.key, 1, &bl), 1);
   kvs_stats_t st;
-  kvs_peers_t *p = peer_client(&st);
+  kvs_peers_t *p = slow_open(20, &s, &st);
   int rc = kvs_peers_retrieve(p, S.instance_id, &s.key, 1, slow_sink, &s);
   cr_assert_eq(s.calls, 1);
   cr_assert_eq(rc, -ESTALE, "a copy made under an expired pin was delivered (rc %d)", rc);
@@ -245,14 +253,10 @@ Test(stale, expired_pin_throws_the_copy_away, T_TIMEOUT) {
 
 /* The same slow reader with the default lease keeps its copy (the unpin is waited for). */
 Test(stale, slow_copy_within_the_lease_is_kept, T_TIMEOUT) {
-  cr_assert_eq(ts_server_init(&S, 4u << 20), 0);
-  cr_assert_eq(ts_server_start(&S), 0);
-  const uint64_t LEN = 64u << 10;
-  kvs_layout_t bl = kvs_layout_blob(LEN);
+  const uint64_t LEN = SLOW_LEN;
   slow_sink_t s = {tk(71, 1), tk(71, 2), LEN, 30, false, malloc(LEN), 0};
-  cr_assert_eq(ts_local_put(S.store, &s.key, 1, &bl), 1);
   kvs_stats_t st;
-  kvs_peers_t *p = peer_client(&st);
+  kvs_peers_t *p = slow_open(0, &s, &st);
   cr_assert_eq(kvs_peers_retrieve(p, S.instance_id, &s.key, 1, slow_sink, &s), 1);
   cr_assert_eq(pat_check(s.copy, LEN, s.key), 0);
   cr_assert_eq(kvs_stats_get(&st, KVS_STAT_peer_stale_reads), 0);

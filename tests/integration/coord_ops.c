@@ -712,6 +712,41 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
   for (int i = 0; i < N; i++) free(bufs[i]);
 }
 
+/* The queries are pure (core/peer.h, design §3.8): with a server listening but no discovery
+ * run, lookup, retrieve and store find no peer, and none of them dials one (the table stays
+ * empty). The first discovery then finds it, and the same calls reach it. */
+Test(ops, peers_queries_never_discover, T_TIMEOUT) {
+  start(16, NULL);
+  kvs_options_t o = S.opts;
+  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  kvs_peers_t *p = NULL;
+  cr_assert_eq(kvs_peers_create(&pc, &p), 0);
+  kvs_key_t k = tk(17, 1);
+  void *buf = NULL;
+  pattern_bufs(&k, &buf, 1, 17, 4096);
+  kvs_layout_t l = blob(4096);
+  uint64_t best = 1;
+  sink_ctx_t a = {&k, 4096, {0}, 0};
+  kvs_peer_info_t info[1];
+  cr_assert_eq(kvs_peers_store(p, 0, &k, 1, &l, false, (const void *const *)&buf, NULL),
+               -ENOENT, "a store found a peer nobody discovered");
+  cr_assert_eq(kvs_peers_lookup(p, &k, 1, &best), 0);
+  cr_assert_eq(best, 0);
+  cr_assert_eq(kvs_peers_retrieve(p, 0, &k, 1, sink, &a), 0);
+  cr_assert_eq(kvs_peers_cache_peer(p), 0);
+  cr_assert_eq(kvs_peers_list(p, info, 1), 0, "a query dialled the server");
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_connections), 0, "a query connected");
+  cr_assert_eq(kvs_peers_discover(p, true), 1);
+  cr_assert_eq(kvs_peers_store(p, 0, &k, 1, &l, false, (const void *const *)&buf, NULL), 1);
+  cr_assert_eq(kvs_peers_lookup(p, &k, 1, &best), 1);
+  cr_assert_eq(best, S.instance_id);
+  cr_assert_eq(kvs_peers_retrieve(p, 0, &k, 1, sink, &a), 1);
+  cr_assert_eq(a.bad, 0);
+  free(a.copy[0]);
+  kvs_peers_destroy(p);
+  free(buf);
+}
+
 /* ---- WATCH (docs/protocol.md 4.12) ----------------------------------------------------------- */
 
 /* One WATCH on a raw connection: 0 and its state, or the ERROR code / transport errno. */

@@ -154,12 +154,27 @@ static void put_one(kvs_key_t k) {
   cr_assert_eq(ts_local_put(S.store, &k, 1, &l), 1);
 }
 
-Test(rtt, a_client_without_the_cap_keeps_its_pins_until_commit, T_TIMEOUT) {
-  start(&S, NULL);
-  kvs_key_t k = tk(43, 0);
+/* The AUTO_RELEASE cases open the same way: S started (lease_ms 0: the default lease), one
+ * object under k, a raw connection c with caps. */
+static void open_case(uint32_t lease_ms, kvs_key_t k, cc_t *c, uint32_t caps) {
+  cr_assert_eq(ts_server_init(&S, 8u << 20), 0);
+  if (lease_ms) S.opts.lease_ms = lease_ms;
+  cr_assert_eq(ts_server_start(&S), 0);
   put_one(k);
+  open_with_caps(c, caps);
+}
+#define CAPS_AUTO (KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_AUTO_RELEASE)
+
+/* PREPARE_RETRIEVE of k with AUTO_RELEASE: the pin_ms the server granted (the reply in *r). */
+static uint32_t auto_pin_ms(cc_t *c, kvs_key_t k, kvs_proto_prepare_retrieve_reply_t *r) {
+  prepare(c, k, KVS_PROTO_RETRIEVE_AUTO_RELEASE, r);
+  return r->pin_ms;
+}
+
+Test(rtt, a_client_without_the_cap_keeps_its_pins_until_commit, T_TIMEOUT) {
+  kvs_key_t k = tk(43, 0);
   cc_t c;
-  open_with_caps(&c, KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE); /* no AUTO_RELEASE */
+  open_case(0, k, &c, KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE); /* no AUTO_RELEASE */
   kvs_proto_prepare_retrieve_reply_t r;
   prepare(&c, k, 0, &r);
   cr_assert_eq(r.pin_ms, 0);
@@ -177,15 +192,12 @@ Test(rtt, a_client_without_the_cap_keeps_its_pins_until_commit, T_TIMEOUT) {
 }
 
 Test(rtt, auto_release_pins_end_at_the_next_request_or_after_pin_ms, T_TIMEOUT) {
-  start(&S, NULL);
   kvs_key_t k = tk(44, 0);
-  put_one(k);
   cc_t c;
-  open_with_caps(&c, KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_AUTO_RELEASE);
+  open_case(0, k, &c, CAPS_AUTO);
   kvs_proto_prepare_retrieve_reply_t r;
   /* ended by the next request */
-  prepare(&c, k, KVS_PROTO_RETRIEVE_AUTO_RELEASE, &r);
-  cr_assert_eq(r.pin_ms, 1000, "min(lease 30 s, 1 s)");
+  cr_assert_eq(auto_pin_ms(&c, k, &r), 1000, "min(lease 30 s, 1 s)");
   cr_assert_eq(ts_info(S.store).pins, 1);
   cr_assert_eq(cc_ping(&c, 1, NULL, 0), 0);
   cr_assert_eq(ts_info(S.store).pins, 0);
@@ -209,16 +221,11 @@ Test(rtt, auto_release_pins_end_at_the_next_request_or_after_pin_ms, T_TIMEOUT) 
 }
 
 Test(rtt, auto_release_pin_ms_is_never_longer_than_the_lease, T_TIMEOUT) {
-  cr_assert_eq(ts_server_init(&S, 8u << 20), 0);
-  S.opts.lease_ms = 200;
-  cr_assert_eq(ts_server_start(&S), 0);
   kvs_key_t k = tk(45, 0);
-  put_one(k);
   cc_t c;
-  open_with_caps(&c, KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_AUTO_RELEASE);
+  open_case(200, k, &c, CAPS_AUTO);
   kvs_proto_prepare_retrieve_reply_t r;
-  prepare(&c, k, KVS_PROTO_RETRIEVE_AUTO_RELEASE, &r);
-  cr_assert_eq(r.pin_ms, 200);
+  cr_assert_eq(auto_pin_ms(&c, k, &r), 200);
   cc_close(&c);
 }
 

@@ -6,10 +6,11 @@
  * cuda hooks do at their first call) and holds device 0's primary context like an engine. A
  * `kvshim serve` in the same run directory is the cache peer; the engine maps its pool
  * writable. Checks, from the fake driver's call log:
- *   - the discovery after the accelerator is installed adopts the cache peer: it starts the
- *     registration of the whole mapping, PORTABLE (0x1: writable, stores copy into it), on
- *     another thread than the caller's, counted in cache_peer_pool_pins; asking which peer is
- *     the cache peer (kvs_peers_cache_peer) starts nothing;
+ *   - the discovery watcher's step after the accelerator is installed adopts the cache peer
+ *     (runtime/discovery.h): it starts the registration of the whole mapping, PORTABLE (0x1:
+ *     writable, stores copy into it), on another thread than the caller's, counted in
+ *     cache_peer_pool_pins; a query (kvs_peers_cache_peer, kvs_peers_lookup_at, a scan of the
+ *     table alone, kvs_peers_discover) starts nothing;
  *   - serve killed: the connection is forgotten and the mapping unregistered, before it is
  *     unmapped (the fake aborts a process at its next cuMemHostRegister/Unregister, or at exit,
  *     when a registered range is no longer mapped);
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "discovery.h"
 #include "peer.h"
 #include "preload_testutil.h"
 #include "runtime.h"
@@ -79,14 +81,23 @@ int main(int argc, char **argv) {
     if (!id) nap_ms(10);
   }
   PT_CHECK(id != 0, "serve never became the cache peer");
+  /* The watcher stopped: from here on this thread steps discovery (kvs__discovery_tick). */
+  kvs__discovery_stop();
   /* The default accelerator table: the mapping is used, nothing registers it. */
-  for (int i = 0; i < 20; i++) kvs_peers_discover(rt->peers, i == 0);
+  for (int i = 0; i < 20; i++) kvs__discovery_tick(rt, i == 0);
   PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 0,
            "pinned without an accelerator");
 
   PT_CHECK(kvs_accel_set(kvs__cuda_accel_ops(), NULL) == 0, "install the CUDA table");
-  /* A query has no side effect: the registration starts at the next discovery. */
-  for (int i = 0; i < 20; i++) PT_CHECK(kvs_peers_cache_peer(rt->peers) == id, "cache peer");
+  /* A query has no side effect, nor has a scan alone: the registration starts at the
+   * watcher's adoption event. */
+  kvs_key_t nokey;
+  memset(&nokey, 0x5a, sizeof nokey);
+  for (int i = 0; i < 20; i++) {
+    PT_CHECK(kvs_peers_cache_peer(rt->peers) == id, "cache peer");
+    PT_CHECK(kvs_peers_lookup_at(rt->peers, id, &nokey, 1) == 0, "lookup_at");
+    PT_CHECK(kvs_peers_discover(rt->peers, i == 0) >= 1, "the cache peer is gone");
+  }
   nap_ms(50);
   PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 0,
            "a query started the registration");
@@ -94,7 +105,7 @@ int main(int argc, char **argv) {
   PT_CHECK(before && pt_count(before, "cuMemHostRegister_v2") == 0,
            "a query registered memory:\n%s", before ? before : "");
   free(before);
-  PT_CHECK(kvs_peers_discover(rt->peers, false) >= 1, "the cache peer is gone");
+  PT_CHECK(kvs__discovery_tick(rt, false) >= 1, "the cache peer is gone");
   for (int i = 0; i < 6000; i++) { /* an idle-priority thread: bounded wait, not a timing */
     if (kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) > 0) break;
     nap_ms(10);
@@ -102,7 +113,7 @@ int main(int argc, char **argv) {
   PT_CHECK(kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins) == 1,
            "cache_peer_pool_pins %llu, expected 1",
            (unsigned long long)kvs_stats_get(kvs_stats_global(), KVS_STAT_cache_peer_pool_pins));
-  for (int i = 0; i < 20; i++) kvs_peers_discover(rt->peers, false); /* once per mapping */
+  for (int i = 0; i < 20; i++) kvs__discovery_tick(rt, false); /* once per mapping */
   char *text = pt_read_file(log, NULL);
   PT_CHECK(text, "read %s", log);
   char label[32] = "";
@@ -116,7 +127,7 @@ int main(int argc, char **argv) {
   kvs_key_t key;
   memset(&key, 0, sizeof key);
   PT_CHECK(kvs_peers_lookup_at(rt->peers, id, &key, 1) < 0, "a dead serve answered");
-  kvs_peers_discover(rt->peers, true);
+  kvs__discovery_tick(rt, true);
   PT_CHECK(kvs__runtime_cache_peer(rt) == 0, "the dead serve is still the cache peer");
   text = pt_read_file(log, NULL);
   PT_CHECK(text, "read %s", log);

@@ -4,6 +4,12 @@ pool or peer client, calls them, or reaches the runtime's store, pool, peers, on
 keep-behind directly; the tiers are runtime/cache.h's. (shims/cuda's pool use for pinned host
 memory is memory, not a cache tier: the pool rules do not apply under shims/cuda.)
 
+Two rules of the library as a whole (core/, runtime/, shims/, preload/; design §3.8, §19):
+discovery runs only on the runtime's watcher (no file but runtime/discovery.c calls
+kvs_peers_discover or kvs_peers_pin_cache outside core/), and threads are started and their
+priority changed only through core/prim (no pthread_create, setpriority, getpriority,
+sched_setscheduler or SCHED_IDLE in code outside core/prim.c; comments may name them).
+
     check_layering.py <source root>
 
 Prints every offending line and exits 1 when there is one; exits 2 when it finds no shim."""
@@ -18,6 +24,15 @@ RULES = [
      "runs one-copy mode or keep-behind itself"),
     (re.compile(r'->\s*(store|peers)\b'), "reaches the runtime's store or peers"),
 ]
+DISCOVERY_RULES = [  # runtime/, shims/, preload/ but runtime/discovery.c
+    (re.compile(r'\bkvs_peers_(discover|pin_cache)\s*\('),
+     "runs discovery or adopts a cache peer, past runtime/discovery.h"),
+]
+THREAD_RULES = [  # the library but core/prim.c
+    (re.compile(r'\bpthread_create\s*\('), "starts a thread past kvs__prim_thread_start"),
+    (re.compile(r'\b(setpriority|getpriority|sched_setscheduler)\s*\(|\bSCHED_IDLE\b'),
+     "changes a thread's priority past core/prim.h"),
+]
 POOL_RULES = [  # everywhere but shims/cuda
     (re.compile(r'#\s*include\s*["<]pool\.h[">]'), "includes core/pool.h"),
     (re.compile(r'\bkvs_pool_\w+\s*\('), "calls the pool"),
@@ -25,30 +40,62 @@ POOL_RULES = [  # everywhere but shims/cuda
 ]
 
 
+def sources(root, *dirs):
+    return sorted(p for d in dirs for p in (root / d).rglob("*") if p.suffix in (".c", ".h"))
+
+
+def scan(root, files, rules_of, text_of, why_suffix):
+    """Print every line of files that a rule of rules_of(path) matches in text_of(line)."""
+    bad = 0
+    for f in files:
+        rules = rules_of(f)
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            hit = next((why for rule, why in rules if rule.search(text_of(line))), None)
+            if hit:
+                print(f"{f.relative_to(root).as_posix()}:{n}: {hit}{why_suffix}: {line.strip()}")
+                bad += 1
+    return bad
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     root = pathlib.Path(argv[1])
-    files = sorted(p for p in (root / "shims").rglob("*") if p.suffix in (".c", ".h"))
+    files = sources(root, "shims")
     if not files:
         print(f"check_layering: no file under {root / 'shims'}", file=sys.stderr)
         return 2
-    bad = 0
-    for f in files:
-        rules = RULES if f.parent.name == "cuda" else RULES + POOL_RULES
-        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            for rule, why in rules:
-                if rule.search(line):
-                    print(f"{f.relative_to(root)}:{n}: {why}, past runtime/cache.h: {line.strip()}")
-                    bad += 1
-                    break
+    bad = scan(root, files, lambda f: RULES if f.parent.name == "cuda" else RULES + POOL_RULES,
+               lambda line: line, ", past runtime/cache.h")
     if bad:
         print(f"check_layering: {bad} line(s) in shims/ bypass the cache facade", file=sys.stderr)
         return 1
+
+    def lib_rules(f):
+        rel = f.relative_to(root).as_posix()
+        rules = [] if rel == "core/prim.c" else list(THREAD_RULES)
+        if not rel.startswith("core/") and rel != "runtime/discovery.c":
+            rules += DISCOVERY_RULES
+        return rules
+
+    lib = sources(root, "core", "runtime", "shims", "preload")
+    bad = scan(root, lib, lib_rules, code_of, "")
+    if bad:
+        print(f"check_layering: {bad} line(s) break the discovery or thread rule", file=sys.stderr)
+        return 1
     print(f"check_layering: {len(files)} files under shims/ reach the tiers only through "
-          "runtime/cache.h")
+          f"runtime/cache.h; of {len(lib)} library files only runtime/discovery.c discovers and "
+          "only core/prim.c starts threads or changes priorities")
     return 0
+
+
+def code_of(line):
+    """The line without its comments (a line inside a block comment starts with '*')."""
+    s = line.strip()
+    if s.startswith(("*", "/*", "//")):
+        return ""
+    return re.sub(r"/\*.*?(\*/|$)|//.*$", "", line)
 
 
 if __name__ == "__main__":
