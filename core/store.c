@@ -64,7 +64,8 @@
  *
  * Lock order: owner_lock, then domains in index order, then shards in index order, then the
  * pool's arena mutex (kvs_pool_alloc/free under a shard lock are bookkeeping only). A call
- * holds at most its owner's domain; it takes one shard at a time, or every shard at once.
+ * holds at most its owner's domain (owner open/release: owner_lock, then it); it takes one
+ * shard at a time, or every shard at once.
  * Nothing under a store lock copies payload, allocates, sleeps or makes a syscall; a pool
  * error found under one is logged after unlocking. Counters read across shards (room checks,
  * info) are written with relaxed atomic stores under their shard's lock. */
@@ -1005,12 +1006,16 @@ uint32_t kvs_store_lease_ms(const kvs_store_t *s) { return s ? s->lease_ms : 0; 
 
 /* ---- owners ---------------------------------------------------------------------------- */
 
+/* Both hold owner_lock around the owner's domain (lock order), so that an owner is open
+ * exactly when its slot is off the free stack (the validator's view). Rare calls. */
 int kvs_store_owner_open(kvs_store_t *s, kvs_owner_t *out) {
   if (!s || !out) return -EINVAL;
   pthread_mutex_lock(&s->owner_lock);
   uint32_t o = slots_get(&s->sowner);
-  pthread_mutex_unlock(&s->owner_lock);
-  if (o == NIL) return -ENOSPC;
+  if (o == NIL) {
+    pthread_mutex_unlock(&s->owner_lock);
+    return -ENOSPC;
+  }
   domain_t *dm = owner_dom(s, o);
   pthread_mutex_lock(&dm->lock);
   owner_t *ow = &s->owners[o];
@@ -1020,7 +1025,9 @@ int kvs_store_owner_open(kvs_store_t *s, kvs_owner_t *out) {
   ow->xhead = NIL;
   ow->nxfers = 0;
   *out = make_id(ow->gen, o);
-  finish(s, dm);
+  pthread_mutex_unlock(&dm->lock);
+  pthread_mutex_unlock(&s->owner_lock);
+  finish(s, NULL);
   return 0;
 }
 
@@ -1028,11 +1035,13 @@ int kvs_store_owner_release(kvs_store_t *s, kvs_owner_t owner) {
   if (!s) return -EINVAL;
   domain_t *dm = owner_domain(s, owner);
   if (!dm) return -ENOENT;
+  pthread_mutex_lock(&s->owner_lock);
   pthread_mutex_lock(&dm->lock);
   uint32_t o;
   int rc = owner_resolve(s, owner, &o);
   if (rc < 0) {
     pthread_mutex_unlock(&dm->lock);
+    pthread_mutex_unlock(&s->owner_lock);
     return rc;
   }
   int n = 0;
@@ -1040,14 +1049,13 @@ int kvs_store_owner_release(kvs_store_t *s, kvs_owner_t owner) {
     xfer_end(s, dm, s->owners[o].xhead);
     n++;
   }
-  if (o != LOCAL_SLOT) s->owners[o].open = 0;
+  if (o != LOCAL_SLOT) {
+    s->owners[o].open = 0;
+    slots_put(&s->sowner, o);
+  }
   kvs_stats_inc(s->stats, KVS_STAT_store_owner_releases);
   pthread_mutex_unlock(&dm->lock);
-  if (o != LOCAL_SLOT) { /* closed: no call resolves it now, so its slot can go back */
-    pthread_mutex_lock(&s->owner_lock);
-    slots_put(&s->sowner, o);
-    pthread_mutex_unlock(&s->owner_lock);
-  }
+  pthread_mutex_unlock(&s->owner_lock);
   finish(s, NULL);
   return n;
 }
