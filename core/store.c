@@ -185,7 +185,8 @@ typedef struct domain {
   pthread_mutex_t lock;
   slots_t sxfer, spin;
   uint32_t fifo_head, fifo_tail;
-  uint64_t head_created;   /* created_ms of the FIFO head, UINT64_MAX when empty (STORE) */
+  uint64_t head_created;   /* <= created_ms of the FIFO head; UINT64_MAX only when empty
+                            * (STORE; see fifo_pushed) */
   uint64_t epoch;          /* its reserve calls so far */
   uint32_t npins;          /* its live pins (STORE) */
 } __attribute__((aligned(128))) domain_t;
@@ -434,9 +435,10 @@ static void lru_remove(kvs_store_t *s, shard_t *sh, uint32_t i) {
 
 /* ---- objects --------------------------------------------------------------------------- */
 
-/* Delete a READY unpinned or a WRITING object: unbind all its keys, free its extent. Caller
- * holds its shard, and every shard when it is a READY foreign object. */
-static void obj_delete(kvs_store_t *s, uint32_t i) {
+/* Delete a READY unpinned or a WRITING object: unbind all its keys, free its extent (or, with
+ * keep, leave it allocated in the pool for the caller, who accounts it at once). Caller holds
+ * its shard, and every shard when it is a READY foreign object. */
+static void obj_delete_keep(kvs_store_t *s, uint32_t i, bool keep) {
   shard_t *sh = &s->shards[obj_shard(s, i)];
   obj_t *o = &s->objs[i];
   if (o->state == OBJ_READY) {
@@ -453,18 +455,25 @@ static void obj_delete(kvs_store_t *s, uint32_t i) {
     if (s->kents[e].bound) key_unbind(s, e);
     kent_free(sh, s, e);
   }
-  int64_t r = kvs_pool_free(s->pool, KVS_ARENA_CACHE, o->off);
-  if (r != (int64_t)o->ext_len) set_pool_err(s, r < 0 ? (int)r : -EIO);
+  if (!keep) {
+    int64_t r = kvs_pool_free(s->pool, KVS_ARENA_CACHE, o->off);
+    if (r != (int64_t)o->ext_len) set_pool_err(s, r < 0 ? (int)r : -EIO);
+  }
   memset(o, 0, sizeof *o);
   slots_put(&sh->sobj, i);
 }
+static void obj_delete(kvs_store_t *s, uint32_t i) { obj_delete_keep(s, i, false); }
 
-enum { EV_DONE = 0, EV_NONE = 1, EV_BLOCKED = 2 };
+enum { EV_DONE = 0, EV_NONE = 1, EV_BLOCKED = 2, EV_KEPT = 3 /* done, extent kept */ };
 
 /* Evict the least recently used READY unpinned object of shard si, unless it is protected by
  * the running reservation call `epoch` (then everything after it is too: protected objects
- * sit at the tail): EV_NONE. A foreign head needs every shard: EV_BLOCKED unless all. */
-static int evict_one(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all) {
+ * sit at the tail): EV_NONE. A foreign head needs every shard: EV_BLOCKED unless all. With
+ * kept non-NULL and a victim extent of exactly want_len bytes, the extent stays allocated and
+ * goes to the caller (*kept = its offset): a full cache of equal objects then makes no pool
+ * call to replace one (the pool's arena mutex is shared by every shard). */
+static int evict_one_for(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all,
+                         uint64_t want_len, uint64_t *kept) {
   shard_t *sh = &s->shards[si];
   uint32_t i = sh->lru_head;
   if (i == NIL || s->objs[i].epoch == epoch) return EV_NONE;
@@ -493,10 +502,15 @@ static int evict_one(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all) {
     }
   }
   uint64_t bytes = s->objs[i].ext_len;
-  obj_delete(s, i);
+  bool keep = kept && bytes == want_len;
+  if (keep) *kept = s->objs[i].off;
+  obj_delete_keep(s, i, keep);
   kvs_stats_inc(s->stats, KVS_STAT_store_evictions);
   kvs_stats_add(s->stats, KVS_STAT_store_evicted_bytes, bytes);
-  return EV_DONE;
+  return keep ? EV_KEPT : EV_DONE;
+}
+static int evict_one(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all) {
+  return evict_one_for(s, si, epoch, all, 0, NULL);
 }
 
 /* All-locked mode: evict one object from any shard, shard heads taken round robin (the
@@ -556,7 +570,13 @@ static int alloc_extent(kvs_store_t *s, uint32_t si, uint64_t nbytes, uint64_t r
     }
     if (mode & KVS_RESERVE_NO_EVICT) return rc;
     if (!all) {
-      if (sh->lru_bytes < rounded || evict_one(s, si, epoch, false) != EV_DONE) return -EAGAIN;
+      if (sh->lru_bytes < rounded) return -EAGAIN;
+      int ev = evict_one_for(s, si, epoch, false, rounded, off);
+      if (ev == EV_KEPT) {
+        *ext_len = rounded;
+        return 0;
+      }
+      if (ev != EV_DONE) return -EAGAIN;
       continue;
     }
     if (free_bytes(s) + sum_lru_bytes(s) < rounded) return rc;
@@ -566,8 +586,12 @@ static int alloc_extent(kvs_store_t *s, uint32_t si, uint64_t nbytes, uint64_t r
 
 /* ---- transfers (caller holds the transfer's domain) ----------------------------------- */
 
-static void fifo_head_changed(kvs_store_t *s, domain_t *dm) {
-  STORE(dm->head_created, dm->fifo_head ? s->xfers[dm->fifo_head].created_ms : UINT64_MAX);
+/* head_created stays <= the FIFO head's creation (the FIFO is sorted, so removing the head
+ * keeps it true) and is written only when a new lease is older than it, i.e. the first after a
+ * sweep found the domain empty: a domain cycling leases does not write the line that every
+ * other domain's reserve reads (sweep_all). */
+static void fifo_pushed(domain_t *dm, uint64_t created_ms) {
+  if (created_ms < dm->head_created) STORE(dm->head_created, created_ms);
 }
 
 static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t kind,
@@ -587,7 +611,7 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
   if (dm->fifo_tail) s->xfers[dm->fifo_tail].fnext = x;
   else dm->fifo_head = x;
   dm->fifo_tail = x;
-  if (dm->fifo_head == x) fifo_head_changed(s, dm);
+  fifo_pushed(dm, xf->created_ms);
   owner_t *ow = &s->owners[owner];
   xf->onext = ow->xhead;
   if (ow->xhead) s->xfers[ow->xhead].oprev = x;
@@ -599,7 +623,6 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
 /* Take a transfer off every list and free its slot (its objects/pins are already handled). */
 static void xfer_unlink(kvs_store_t *s, domain_t *dm, uint32_t x) {
   xfer_t *xf = &s->xfers[x];
-  bool head = dm->fifo_head == x;
   if (xf->fprev) s->xfers[xf->fprev].fnext = xf->fnext;
   else dm->fifo_head = xf->fnext;
   if (xf->fnext) s->xfers[xf->fnext].fprev = xf->fprev;
@@ -613,7 +636,6 @@ static void xfer_unlink(kvs_store_t *s, domain_t *dm, uint32_t x) {
   memset(xf, 0, sizeof *xf);
   xf->gen = gen;
   slots_put(&dm->sxfer, x);
-  if (head) fifo_head_changed(s, dm);
 }
 
 /* Caller holds the object's shard. */
@@ -685,11 +707,13 @@ static int sweep_dom(kvs_store_t *s, domain_t *dm, uint64_t now_ms) {
     xfer_end(s, dm, dm->fifo_head);
     n++;
   }
+  STORE(dm->head_created, dm->fifo_head ? s->xfers[dm->fifo_head].created_ms : UINT64_MAX);
   return n;
 }
 
 /* Every domain in turn, one lock at a time; a domain whose oldest lease is not due costs
- * one relaxed load. Caller holds no store lock. */
+ * one relaxed load (a stale, older head_created costs one needless lock, then is exact).
+ * Caller holds no store lock. */
 static int sweep_all(kvs_store_t *s, uint64_t now_ms) {
   int n = 0;
   for (uint32_t d = 0; d < s->nparts; d++) {
@@ -1785,7 +1809,7 @@ static bool valid_locked(kvs_store_t *s) {
       V(cnt == xf->count && cnt > 0);
     }
     V(prev == dm->fifo_tail && fifo_n == slots_live(&dm->sxfer));
-    V(dm->head_created == (dm->fifo_head ? s->xfers[dm->fifo_head].created_ms : UINT64_MAX));
+    if (dm->fifo_head) V(dm->head_created <= s->xfers[dm->fifo_head].created_ms);
     V(npins == dm->npins && npins == slots_live(&dm->spin));
     fifo_all += fifo_n;
   }
