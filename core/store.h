@@ -24,11 +24,14 @@
  * bytes of the cache arena. A reservation that does not fit evicts READY unpinned objects in
  * LRU order (least recently committed or looked up first), O(1) each, until it fits; if it
  * still does not fit the key gets NO_SPACE. Pinned and WRITING objects are never evicted.
+ * The LRU order is per shard (design §4.4): exact for a one-shard store, approximate across
+ * shards; the capacity account is exact either way.
  *
- * Threads. One mutex (store->lock) guards every field of the store and all its objects. No
- * memcpy of payload, syscall or heap allocation happens under it: every table is allocated at
- * create time (lazily backed anonymous mappings). The store owns the pool's cache arena: nothing
- * else allocates from it. */
+ * Threads. The store is split into shards (keys, objects, LRU) and domains (owners, transfers,
+ * pins), each guarded by its own mutex (design §4.4, store.c). No memcpy of payload, syscall or
+ * heap allocation happens under any of them: every table is allocated at create time (lazily
+ * backed anonymous mappings). The store owns the pool's cache arena: nothing else allocates
+ * from it. */
 #ifndef KVSHIM_STORE_H
 #define KVSHIM_STORE_H
 
