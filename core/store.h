@@ -198,9 +198,10 @@ int kvs_store_release(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
  * READY object under key) or -EBUSY (pinned or WRITING). */
 int kvs_store_remove(kvs_store_t *store, const kvs_key_t *key);
 
-/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms, in creation order,
- * O(expired). Returns how many. Reserve calls also run it with the current time. Creation
- * times are kvs__now_ms() values, made non-decreasing in creation order. */
+/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms, domain by domain
+ * (design §4.4), each in creation order, O(expired + domains). Returns how many. Reserve calls
+ * also run it with the current time. Creation times are kvs__now_ms() values, made
+ * non-decreasing in creation order within a domain. */
 int kvs_store_sweep(kvs_store_t *store, uint64_t now_ms);
 
 typedef struct kvs_store_info {
