@@ -24,11 +24,14 @@
  * bytes of the cache arena. A reservation that does not fit evicts READY unpinned objects in
  * LRU order (least recently committed or looked up first), O(1) each, until it fits; if it
  * still does not fit the key gets NO_SPACE. Pinned and WRITING objects are never evicted.
+ * The LRU order is per shard (design §4.4): exact for a one-shard store, approximate across
+ * shards; the capacity account is exact either way.
  *
- * Threads. One mutex (store->lock) guards every field of the store and all its objects. No
- * memcpy of payload, syscall or heap allocation happens under it: every table is allocated at
- * create time (lazily backed anonymous mappings). The store owns the pool's cache arena: nothing
- * else allocates from it. */
+ * Threads. The store is split into shards (keys, objects, LRU) and domains (owners, transfers,
+ * pins), each guarded by its own mutex (design §4.4, store.c). No memcpy of payload, syscall or
+ * heap allocation happens under any of them: every table is allocated at create time (lazily
+ * backed anonymous mappings). The store owns the pool's cache arena: nothing else allocates
+ * from it. */
 #ifndef KVSHIM_STORE_H
 #define KVSHIM_STORE_H
 
@@ -109,6 +112,9 @@ typedef struct kvs_store_config {
   uint32_t max_pins;     /* live read pins; 0 = 4 * max_objects */
   kvs_stats_t *stats;    /* borrowed; NULL = kvs_stats_global() */
   uint32_t max_owners;   /* open owners including KVS_OWNER_LOCAL; 0 = 4096 */
+  uint32_t shards;       /* shards and domains (design §4.4): a power of two <= 16, at most
+                          * every table's size; 0 = the most that leave every table's slice
+                          * >= 64 slots (1 for small stores: exact LRU order) */
 } kvs_store_config_t;
 
 /* Limits: max_xfers and max_owners <= KVS_STORE_MAX_SLOTS (ids are generation << 24 | slot);
@@ -192,9 +198,10 @@ int kvs_store_release(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
  * READY object under key) or -EBUSY (pinned or WRITING). */
 int kvs_store_remove(kvs_store_t *store, const kvs_key_t *key);
 
-/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms, in creation order,
- * O(expired). Returns how many. Reserve calls also run it with the current time. Creation
- * times are kvs__now_ms() values, made non-decreasing in creation order. */
+/* Reclaim every lease whose deadline (creation + lease_ms) is <= now_ms, domain by domain
+ * (design §4.4), each in creation order, O(expired + domains). Returns how many. Reserve calls
+ * also run it with the current time. Creation times are kvs__now_ms() values, made
+ * non-decreasing in creation order within a domain. */
 int kvs_store_sweep(kvs_store_t *store, uint64_t now_ms);
 
 typedef struct kvs_store_info {

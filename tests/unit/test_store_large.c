@@ -36,6 +36,7 @@ static void setup(void) {
   c.pool = pool;
   c.stats = &stats;
   c.max_keys = MAX_KEYS;
+  c.shards = 1; /* one LRU: the model's exact order (shards order per shard, design §4.4) */
   cr_assert_eq(kvs_store_create(&c, &st), 0);
 }
 

@@ -15,7 +15,10 @@
  * those, mid-run, and checks the count. Each worker counts its own live leases, and
  * owner_release must end exactly that many. At the end a sweep past every deadline must end
  * exactly the leases the workers left, then every key is removed and the cache arena must be
- * entirely free with every invariant holding. Exit 0 on success; non-zero with a message. */
+ * entirely free with every invariant holding, and the gauges (moved by deltas from every
+ * shard) equal kvs_store_info's totals. `--shards N` runs it on a store of N shards and
+ * domains (design §4.4: aliases then live in other shards' buckets, transfers in the owners'
+ * domains, evictions reach across shards). Exit 0 on success; non-zero with a message. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -309,8 +312,11 @@ static void make_zombie(void) {
   while (kvs__now_ms() <= zombie_created_ms) usleep(200); /* workers start a ms later */
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   uint64_t t0 = kvs__now_ns();
+  uint32_t shards = 0;
+  if (argc == 3 && strcmp(argv[1], "--shards") == 0) shards = (uint32_t)atoi(argv[2]);
+  else CHECK(argc == 1, "usage: test_store_stress [--shards N]");
   kvs_pool_config_t pc = {0};
   pc.cache_size = (uint64_t)POOL_PAGES * 4096;
   CHECK(kvs_pool_create(&pc, &pool) == 0, "pool_create");
@@ -321,6 +327,7 @@ int main(void) {
   cfg.pool = pool;
   cfg.lease_ms = LEASE_MS;
   cfg.stats = &stats;
+  cfg.shards = shards;
   CHECK(kvs_store_create(&cfg, &st) == 0, "store_create");
   kvs_store_info_t in;
   kvs_store_info(st, &in);
@@ -376,16 +383,23 @@ int main(void) {
   CHECK(in.free_bytes == arena && ps.free == arena, "free %" PRIu64 " (pool %" PRIu64
         ") != arena %" PRIu64, in.free_bytes, ps.free, arena);
   CHECK(in.objects_ready == 0 && in.keys == 0, "objects or keys left");
+  static const kvs_stat_id_t gauges[] = {KVS_STAT_store_objects, KVS_STAT_store_keys,
+                                         KVS_STAT_store_used_bytes, KVS_STAT_store_reserved_bytes,
+                                         KVS_STAT_store_live_pins};
+  for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++)
+    CHECK(kvs_stats_get(&stats, gauges[i]) == 0, "gauge %zu is %" PRIu64 " with the store empty",
+          i, kvs_stats_get(&stats, gauges[i]));
+  CHECK(kvs_stats_get(&stats, KVS_STAT_store_free_bytes) == arena, "free gauge != arena");
   CHECK(kvs__store_is_valid(st), "store invariants broken at the end");
   CHECK(kvs_stats_get(&stats, KVS_STAT_store_evictions) > 0, "the pool never filled up");
   CHECK(reserved > 0 && present > 0 && busy > 0 && no_space > 0 && verified > 0,
         "the mix did not reach every outcome");
   CHECK(kvs_store_destroy(st, false) == 0, "store_destroy");
   CHECK(kvs_pool_destroy(pool, false) == 0, "pool_destroy");
-  printf("test_store_stress: ok: %d threads x %d ops in %.2f s; reserved %" PRIu64
+  printf("test_store_stress: ok: %u shard(s), %d threads x %d ops in %.2f s; reserved %" PRIu64
          " present %" PRIu64 " busy %" PRIu64 " no_space %" PRIu64 " hits %" PRIu64
          " verified %" PRIu64 " evictions %" PRIu64 " expired %" PRIu64 "\n",
-         THREADS, OPS_PER_THREAD, (double)(kvs__now_ns() - t0) / 1e9, reserved, present, busy,
+         shards ? shards : 1u, THREADS, OPS_PER_THREAD, (double)(kvs__now_ns() - t0) / 1e9, reserved, present, busy,
          no_space, hits, verified, kvs_stats_get(&stats, KVS_STAT_store_evictions),
          kvs_stats_get(&stats, KVS_STAT_store_lease_expired));
   return 0;
