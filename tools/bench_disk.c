@@ -317,7 +317,7 @@ static void make_scan_dir(const char *dir, uint64_t m) {
   memset(payload, 0x5a, sizeof payload);
   uint64_t hash = XXH3_64bits(payload, sizeof payload), seg = 1, used = 0;
   kvs_layout_t l = kvs_layout_blob(sizeof payload);
-  uint64_t rec_len = kvs_disk_record_len(0, sizeof payload);
+  uint64_t rec_len = kvs_disk_record_len(KVS_DISK_VERSION, 0, sizeof payload);
   for (uint64_t i = 0; i <= m; i++) {
     if (used + rec_len > (256u << 20) || (i == m && used)) {
       char name[24], path[4200];
@@ -330,8 +330,9 @@ static void make_scan_dir(const char *dir, uint64_t m) {
     }
     if (i == m) break;
     memset(buf + used, 0, rec_len);
-    kvs_disk_encode_head(buf + used, key_of(i, 3), NULL, 0, &l, sizeof payload, hash, i + 1);
-    memcpy(buf + used + KVS_DISK_HDR_SIZE, payload, sizeof payload);
+    kvs_disk_encode_head(buf + used, KVS_DISK_VERSION, key_of(i, 3), NULL, 0, &l, sizeof payload,
+                         hash, i + 1);
+    memcpy(buf + used + kvs_disk_payload_off(KVS_DISK_VERSION, 0), payload, sizeof payload);
     used += rec_len;
   }
   free(buf);
