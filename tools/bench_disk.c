@@ -12,7 +12,8 @@
  *   write-behind N objects committed to the store, handed to the tier as the coordinator does,
  *                timed until every one is written and synced (--disk-sync batch) and the
  *                writer has stopped. Limit: plain sequential write of the same bytes to one
- *                file, then fdatasync.
+ *                new file, then fdatasync; the files of both were removed REUSE_WAIT_S
+ *                before (see plain_write).
  *                Tier and limit alternate which goes first (io_bench says why); the ratio is
  *                taken per repetition.
  *   scan         a directory of M 4 KiB objects (written through the record encoder into
@@ -172,8 +173,15 @@ static int commit_objects(rig_t *r, const uint8_t *src, uint64_t size, int n, ui
   return 0;
 }
 
-/* Sequential write of n*size bytes to path, fdatasync: seconds. */
+/* Sequential write of n*size bytes to a new file at path, fdatasync: seconds. The old file
+ * is removed REUSE_WAIT_S before (untimed), as the tier's segments of the repetition before
+ * are: on a VM with free page reporting a page freed just now is cheap to reuse, one freed
+ * seconds ago is back with the host and costs a host fault on first touch (docs/PERF.md
+ * section 12), so an O_TRUNC rewrite that reuses its own file's pages would favour the limit. */
+#define REUSE_WAIT_S 3
 static double plain_write(const char *path, const uint8_t *src, uint64_t total) {
+  unlink(path);
+  sleep(REUSE_WAIT_S);
   double t0 = now_s();
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   for (uint64_t off = 0; off < total;) {
@@ -234,6 +242,7 @@ static double tier_write(const char *dir, const uint8_t *src, uint64_t size, int
   rm_rf(dir);
   rig_t r;
   uint64_t total = size * (uint64_t)n;
+  sleep(REUSE_WAIT_S); /* the freed pages of the segments removed are as cold as the limit's */
   if (rig_open(&r, dir, 4 * total + (64u << 20)) < 0 || commit_objects(&r, src, size, n, 9) < 0) {
     fprintf(stderr, "bench setup failed\n");
     exit(1);
