@@ -31,7 +31,6 @@
 #define HEAD_READ 4096u                /* first read of a record: header and a few aliases */
 #define PRIMARY_BIT (1ull << 63)       /* entry_t.off: the key is the record's primary */
 #define INDEX_MIN_CAP (1u << 16)
-#define RECYCLE_BYTES (8ull << 20) /* written bytes per page-cache recycling step */
 #define DIO_ALIGN 4096u                /* our O_DIRECT buffers' alignment (>= any block size) */
 
 /* One segment file. fd stays open while the segment lives (readers pread it, the writer
@@ -122,9 +121,6 @@ struct kvs_disk {
   kvs_coord_t *coord;
   /* Writer thread only. */
   uint64_t next_seq, unsynced;
-  /* Page-cache recycling of the active segment (writer only, design §18): writeback started
-   * up to wb_started, pages dropped up to wb_dropped; wb_seg names the segment they count. */
-  uint64_t wb_seg, wb_started, wb_dropped;
   uint32_t backoff_ms;
   unsigned logged;          /* bit per fault_t already logged */
   bool faulted;
@@ -392,26 +388,6 @@ static void write_ok(kvs_disk_t *d) {
 
 /* ---- write path (writer thread) ------------------------------------------------------------ */
 
-/* Keep the tier's page cache small and its pages hot (design §18): every RECYCLE_BYTES
- * written, start the writeback of that stretch, wait for the one before it and drop its pages,
- * so the next writes reuse the pages just freed. Best effort: an error here only leaves pages
- * cached (the batch fdatasync reports write errors). */
-static void recycle(kvs_disk_t *d, const seg_t *s, uint64_t end) {
-  if (d->wb_seg != s->id) d->wb_seg = s->id, d->wb_started = d->wb_dropped = 0;
-  if (end - d->wb_started < RECYCLE_BYTES) return;
-  (void)sync_file_range(s->fd, (off_t)d->wb_started, (off_t)(end - d->wb_started),
-                        SYNC_FILE_RANGE_WRITE);
-  if (d->wb_started > d->wb_dropped &&
-      sync_file_range(s->fd, (off_t)d->wb_dropped, (off_t)(d->wb_started - d->wb_dropped),
-                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                          SYNC_FILE_RANGE_WAIT_AFTER) == 0) {
-    (void)posix_fadvise(s->fd, (off_t)d->wb_dropped, (off_t)(d->wb_started - d->wb_dropped),
-                        POSIX_FADV_DONTNEED);
-    d->wb_dropped = d->wb_started;
-  }
-  d->wb_started = end;
-}
-
 static int sync_active(kvs_disk_t *d) {
   if (!d->unsynced) return 0;
   pthread_mutex_lock(&d->lock);
@@ -419,7 +395,6 @@ static int sync_active(kvs_disk_t *d) {
   pthread_mutex_unlock(&d->lock);
   d->unsynced = 0;
   if (fd >= 0 && fdatasync(fd) < 0) return -errno;
-  if (fd >= 0) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); /* clean now: recycled */
   return 0;
 }
 
@@ -515,7 +490,6 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
     return;
   }
   write_ok(d);
-  recycle(d, s, at + rec_len);
   pthread_mutex_lock(&d->lock);
   s->size = at + rec_len;
   s->records++;

@@ -7,8 +7,8 @@
  *               owner) and queued; the writer thread appends it to the active segment with one
  *               buffered pwritev (header and aliases from a small buffer, payload straight
  *               from the pinned extent: no staging copy), then unpins it and adds it to the
- *               index, and recycles the segment's written page cache every 8 MiB. The store
- *               lock is never held while writing. Then the tier below gets it too.
+ *               index. The store lock is never held while writing. Then the tier below gets
+ *               it too.
  *   read path   a LOOKUP the pool cannot answer whole is handed to the reader thread (never the
  *               writer's: a retrieve never waits for a write), which reads each missing key's
  *               head, reserves an extent, reads the payload straight into it (O_DIRECT for
