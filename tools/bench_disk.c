@@ -5,7 +5,8 @@
  *   cold read    N objects of 2 MiB / 16 MiB on disk, their segment files dropped from the page
  *                cache (fdatasync, posix_fadvise DONTNEED), the pool empty; one fetch of all N
  *                keys through the tier's hooks, timed until every object is READY in the pool
- *                (header read, extent reserved, payload pread straight into it, XXH3 checked,
+ *                (header read, extent reserved, payload read straight into it with O_DIRECT
+ *                (format version 2), XXH3 checked,
  *                committed). Limit: plain sequential pread, in chunks of the object size, of
  *                the same segment files (the same bytes), dropped from the page cache the same
  *                way, into a touched buffer.
@@ -18,7 +19,8 @@
  *                taken per repetition.
  *   scan         a directory of M 4 KiB objects (written through the record encoder into
  *                256 MiB segments), page cache warm: the tier's start-up scan (its own
- *                disk_scan_ms), per million objects. Limit: plain sequential read of the same files (64 KiB reads).
+ *                disk_scan_ms), per million objects. Limit: plain sequential read of the same
+ *                files (64 KiB reads).
  * Every figure is repeated --reps times (default 6) and printed as median and min-max, with
  * the ratio tier / limit (throughput) or the time per million objects.
  *
