@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,12 +31,15 @@
 #define HEAD_READ 4096u                /* first read of a record: header and a few aliases */
 #define PRIMARY_BIT (1ull << 63)       /* entry_t.off: the key is the record's primary */
 #define INDEX_MIN_CAP (1u << 16)
+#define DIO_ALIGN 4096u                /* our O_DIRECT buffers' alignment (>= any block size) */
 
 /* One segment file. fd stays open while the segment lives (readers pread it, the writer
- * appends to the active one); a deleted segment's fd is closed by its last reader. */
+ * appends to the active one); a deleted segment's fds are closed by its last reader. dfd is the
+ * same file opened with O_DIRECT (-1 when the file system refuses it): version 2 payloads move
+ * between the device and a pool extent through it, with no page-cache copy (design §18). */
 typedef struct seg {
   uint64_t id;
-  int fd;
+  int fd, dfd;
   uint64_t size;    /* bytes of good records: the append point of the active segment */
   uint64_t records; /* records written or found in it */
   unsigned refs;    /* readers using fd now */
@@ -93,6 +97,9 @@ struct kvs_disk {
   uint64_t size_limit, seg_target;
   int sync;                 /* kvs_disk_sync_t */
   bool writable;
+  /* O_DIRECT for version 2 payloads: cleared for good by the first EINVAL (a file system or
+   * device whose alignment is above KVS_DISK_ALIGN), then every transfer is buffered. */
+  _Atomic bool direct;
   /* Index and segments: guarded by lock (never held during a payload read or write). */
   pthread_mutex_t lock;
   entry_t *tab;
@@ -136,6 +143,31 @@ static int pread_all(int fd, void *buf, size_t len, uint64_t off) {
   return 0;
 }
 
+/* Read len bytes at off (a multiple of KVS_DISK_ALIGN) through a segment's O_DIRECT fd: the
+ * whole blocks straight into dst (aligned to KVS_DISK_ALIGN), the last partial block through
+ * bounce (KVS_DISK_ALIGN bytes, aligned), so nothing past dst + len is written. The file holds
+ * the whole last block (records are padded to KVS_DISK_ALIGN). 0 or a negative errno (-EINVAL:
+ * the file system wants a larger alignment). */
+static int pread_direct(int dfd, uint8_t *dst, size_t len, uint64_t off, uint8_t *bounce) {
+  size_t body = len & ~(size_t)(KVS_DISK_ALIGN - 1), tail = len - body;
+  while (body) { /* a short direct read ends at a block boundary: go on from there */
+    ssize_t r = pread(dfd, dst, body, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0 || r % KVS_DISK_ALIGN) return -EIO;
+    dst += r, body -= (size_t)r, off += (uint64_t)r;
+  }
+  if (tail) {
+    ssize_t r;
+    while ((r = pread(dfd, bounce, KVS_DISK_ALIGN, (off_t)off)) < 0 && errno == EINTR) {
+    }
+    if (r < 0) return -errno;
+    if ((size_t)r < tail) return -EIO;
+    memcpy(dst, bounce, tail);
+  }
+  return 0;
+}
+
 static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off) {
   while (n > 0) {
     ssize_t w = pwritev(fd, iov, n, (off_t)off);
@@ -147,6 +179,25 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off) {
     if (n > 0) iov->iov_base = (uint8_t *)iov->iov_base + w, iov->iov_len -= (size_t)w;
   }
   return 0;
+}
+
+/* The segment's O_DIRECT descriptor, or -1 (direct I/O off, or refused by the file system). */
+static int open_direct(kvs_disk_t *d, const char *name) {
+  if (!atomic_load(&d->direct)) return -1;
+  return openat(d->dir_fd, name, (d->writable ? O_RDWR : O_RDONLY) | O_DIRECT | O_CLOEXEC);
+}
+
+static void seg_close(seg_t *s) {
+  close(s->fd);
+  if (s->dfd >= 0) close(s->dfd);
+  free(s);
+}
+
+/* A direct transfer was refused for its alignment: every later one is buffered. */
+static void direct_off(kvs_disk_t *d) {
+  if (atomic_exchange(&d->direct, false))
+    kvs_log_warn("disk tier: %s refuses O_DIRECT at %u-byte alignment: buffered I/O from now on",
+                 d->dir, KVS_DISK_ALIGN);
 }
 
 static int fd_read_at(void *ctx, void *buf, size_t len, uint64_t off) {
@@ -270,10 +321,7 @@ static void seg_unref(kvs_disk_t *d, seg_t *s) {
   pthread_mutex_lock(&d->lock);
   bool gone = --s->refs == 0 && s->dead;
   pthread_mutex_unlock(&d->lock);
-  if (gone) {
-    close(s->fd);
-    free(s);
-  }
+  if (gone) seg_close(s);
 }
 
 /* Delete the oldest segment: its file, its index entries. Returns the records it held. */
@@ -289,10 +337,7 @@ static uint64_t seg_drop_oldest(kvs_disk_t *d) {
   d->bytes -= s->size;
   uint64_t records = s->records;
   s->dead = true;
-  if (s->refs == 0) {
-    close(s->fd);
-    free(s);
-  }
+  if (s->refs == 0) seg_close(s);
   return records;
 }
 
@@ -378,7 +423,7 @@ static int room_for(kvs_disk_t *d, uint64_t len, seg_t **out) {
   pthread_mutex_lock(&d->lock);
   int rc = s ? seg_push(d, s) : -ENOMEM;
   if (rc == 0) {
-    s->id = id, s->fd = fd;
+    s->id = id, s->fd = fd, s->dfd = open_direct(d, name);
     d->active = true;
     *out = s;
   }
@@ -399,7 +444,7 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
   pthread_mutex_unlock(&d->lock);
   uint32_t n_aliases = jb->n - 1;
   uint64_t len = pinned ? v.extent.length : 0;
-  uint64_t rec_len = kvs_disk_record_len(n_aliases, len);
+  uint64_t rec_len = kvs_disk_record_len(KVS_DISK_VERSION, n_aliases, len);
   if (!pinned || present || rec_len > d->size_limit || n_aliases > KVS_DISK_MAX_ALIASES) {
     kvs_store_release(d->store, d->owner, jb->xfer);
     if (!present) kvs_stats_inc(d->stats, KVS_STAT_disk_write_drops);
@@ -413,10 +458,12 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
     write_fault(d, rc, "create a segment in");
     return;
   }
-  /* Header and aliases from a small buffer, the payload straight from the pinned extent. */
+  /* Header and aliases from a small buffer, the payload straight from the pinned extent. The
+   * write is buffered: one object per O_DIRECT write leaves the device one request deep, and
+   * measured at a quarter of a buffered write and one fdatasync (docs/PERF.md section 12). */
   const uint8_t *payload = kvs_pool_base(kvs_store_pool(d->store)) + v.extent.offset;
-  uint64_t head_len = KVS_DISK_HDR_SIZE + 16ull * n_aliases;
-  uint8_t *head = malloc(head_len);
+  uint64_t head_span = kvs_disk_payload_off(KVS_DISK_VERSION, n_aliases);
+  uint8_t *head = calloc(1, (size_t)head_span);
   static const uint8_t zeros[KVS_DISK_ALIGN];
   if (!head) {
     kvs_store_release(d->store, d->owner, jb->xfer);
@@ -424,11 +471,11 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
     return;
   }
   uint64_t seq = d->next_seq++;
-  kvs_disk_encode_head(head, jb->keys[0], &jb->keys[1], n_aliases, &v.layout, len,
-                       XXH3_64bits(payload, (size_t)len), seq);
-  struct iovec iov[3] = {{head, (size_t)head_len},
+  kvs_disk_encode_head(head, KVS_DISK_VERSION, jb->keys[0], &jb->keys[1], n_aliases, &v.layout,
+                       len, XXH3_64bits(payload, (size_t)len), seq);
+  struct iovec iov[3] = {{head, (size_t)head_span},
                          {(void *)payload, (size_t)len},
-                         {(void *)zeros, (size_t)(rec_len - head_len - len)}};
+                         {(void *)zeros, (size_t)(rec_len - head_span - len)}};
   uint64_t at = s->size; /* only this thread moves it */
   rc = pwritev_all(s->fd, iov, iov[2].iov_len ? 3 : 2, at);
   free(head);
@@ -540,12 +587,21 @@ static int read_one(kvs_disk_t *d, kvs_key_t key) {
   if (s) s->refs++;
   pthread_mutex_unlock(&d->lock);
   if (!s) return READ_MISS;
-  uint8_t first[HEAD_READ];
-  uint8_t *head = first;
+  /* first: the head read; its last block doubles as pread_direct's bounce block */
+  _Alignas(DIO_ALIGN) uint8_t first[HEAD_READ + KVS_DISK_ALIGN];
+  uint8_t *head = first, *bounce = first + HEAD_READ;
   kvs_disk_record_t rec;
   int out = READ_BAD;
   size_t n = seg_size - off < HEAD_READ ? (size_t)(seg_size - off) : HEAD_READ;
-  int rc = pread_all(s->fd, first, n, off);
+  /* O_DIRECT when the segment has it: no page cache filled (or read ahead) for a head */
+  bool direct = s->dfd >= 0 && atomic_load(&d->direct) && n % KVS_DISK_ALIGN == 0 &&
+                off % KVS_DISK_ALIGN == 0;
+  int rc = direct ? pread_direct(s->dfd, first, n, off, bounce) : -EINVAL;
+  if (rc == -EINVAL) {
+    if (direct) direct_off(d);
+    direct = false;
+    rc = pread_all(s->fd, first, n, off);
+  }
   if (rc < 0) {
     read_error(d, rc);
     seg_unref(d, s);
@@ -557,9 +613,13 @@ static int read_one(kvs_disk_t *d, kvs_key_t key) {
     ok = head && pread_all(s->fd, head, (size_t)rec.head_len, off) == 0;
   }
   ok = ok && kvs_disk_check_head(head, &rec) == 0;
-  /* Start the I/O for this record and the one after it (a prefix's chunks are written in
-   * order): the device reads ahead while this payload is copied and checked. */
-  if (ok) posix_fadvise(s->fd, (off_t)off, (off_t)(2 * rec.record_len), POSIX_FADV_WILLNEED);
+  /* A version 2 payload is block-aligned: read with O_DIRECT, straight from the device into
+   * the extent. A version 1 payload is buffered: start the I/O for this record and the one
+   * after it (a prefix's chunks are written in order), the device reads ahead while this
+   * payload is copied and checked. */
+  direct = direct && ok && rec.version == KVS_DISK_VERSION && atomic_load(&d->direct);
+  if (ok && !direct)
+    posix_fadvise(s->fd, (off_t)off, (off_t)(2 * rec.record_len), POSIX_FADV_WILLNEED);
   bool named = ok && kvs_key_eq(rec.key, key);
   for (uint32_t a = 0; ok && !named && a < rec.n_aliases; a++)
     named = kvs_key_eq(kvs_disk_alias(head, a), key);
@@ -580,7 +640,18 @@ static int read_one(kvs_disk_t *d, kvs_key_t key) {
     if (rc == 1) {
       /* The payload straight into the reserved extent, checked there before it is published. */
       uint8_t *dst = kvs_pool_base(kvs_store_pool(d->store)) + ext.offset;
-      rc = pread_all(s->fd, dst, (size_t)rec.payload_len, off + rec.head_len);
+      bool in_head = head == first && rec.payload_off + rec.payload_len <= n;
+      if (in_head) /* a small record: its payload came with the head read */
+        memcpy(dst, first + rec.payload_off, (size_t)rec.payload_len), rc = 0;
+      else
+        rc = direct && (uintptr_t)dst % KVS_DISK_ALIGN == 0
+               ? pread_direct(s->dfd, dst, (size_t)rec.payload_len, off + rec.payload_off,
+                              bounce)
+               : -EINVAL;
+      if (!in_head && rc == -EINVAL) {
+        if (direct && (uintptr_t)dst % KVS_DISK_ALIGN == 0) direct_off(d);
+        rc = pread_all(s->fd, dst, (size_t)rec.payload_len, off + rec.payload_off);
+      }
       if (rc < 0) {
         kvs_store_abort(d->store, d->owner, xfer);
         read_error(d, rc);
@@ -813,13 +884,14 @@ static int scan(kvs_disk_t *d, uint64_t *bad) {
       continue;
     }
     seg_t *s = calloc(1, sizeof *s);
+    if (s) s->dfd = -1;
     if (!s || seg_push(d, s) < 0) {
       free(s);
       close(fd);
       rc = -ENOMEM;
       break;
     }
-    s->id = ids[i], s->fd = fd;
+    s->id = ids[i], s->fd = fd, s->dfd = open_direct(d, name);
     scan_ctx_t sc = {d, s, 0};
     uint64_t end = 0, seg_bad = 0;
     int wrc = kvs_disk_walk((uint64_t)st.st_size, fd_read_at, &fd, scan_record, &sc, &seg_bad,
@@ -895,6 +967,7 @@ int kvs_disk_create(const kvs_disk_config_t *cfg, kvs_disk_t **out, char *err, s
   d->sync = (int)o->disk_sync;
   d->backoff_ms = BACKOFF_MIN_MS;
   d->next_seq = 1;
+  atomic_store(&d->direct, true);
   if (cfg->next && cfg->next->fetch && cfg->next->published) {
     d->next = *cfg->next;
     d->has_next = true;
@@ -1015,10 +1088,7 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   if (d->writer_on) pthread_join(d->writer, NULL);
   if (d->reader_on) pthread_join(d->reader, NULL);
   if (d->owner) kvs_store_owner_release(d->store, d->owner);
-  for (size_t i = 0; i < d->n_segs; i++) {
-    close(d->segs[i]->fd);
-    free(d->segs[i]);
-  }
+  for (size_t i = 0; i < d->n_segs; i++) seg_close(d->segs[i]);
   free(d->segs);
   free(d->tab);
   if (d->lock_fd >= 0) close(d->lock_fd); /* releases the flock */
@@ -1052,7 +1122,7 @@ static int check_record(void *ctx, const kvs_disk_record_t *rec, const uint8_t *
     if (!nb) return 1;
     c->buf = nb, c->cap = (size_t)rec->payload_len;
   }
-  if (pread_all(c->fd, c->buf, (size_t)rec->payload_len, off + rec->head_len) < 0 ||
+  if (pread_all(c->fd, c->buf, (size_t)rec->payload_len, off + rec->payload_off) < 0 ||
       XXH3_64bits(c->buf, (size_t)rec->payload_len) != rec->payload_hash) {
     c->rep->bad++;
     return 0;

@@ -5,12 +5,14 @@
  * (coord.h) and chains the tier below it (the remote tier, or none):
  *   write path  every object a peer commits to serve is pinned (under the tier's own store
  *               owner) and queued; the writer thread appends it to the active segment with one
- *               pwritev (header and aliases from a small buffer, payload straight from the
- *               pinned extent: no staging copy), then unpins it and adds it to the index. The
- *               store lock is never held while writing. Then the tier below gets it too.
+ *               buffered pwritev (header and aliases from a small buffer, payload straight
+ *               from the pinned extent: no staging copy), then unpins it and adds it to the
+ *               index. The store lock is never held while writing. Then the tier below gets
+ *               it too.
  *   read path   a LOOKUP the pool cannot answer whole is handed to the reader thread (never the
  *               writer's: a retrieve never waits for a write), which reads each missing key's
- *               head, reserves an extent, preads the payload straight into it, checks its hash
+ *               head, reserves an extent, reads the payload straight into it (O_DIRECT for
+ *               format version 2, the block-aligned payloads it writes), checks its hash
  *               and commits it; the first key the disk lacks (or the pool cannot take) ends the
  *               run, and what is left goes to the tier below with the same token.
  *   index       key -> (segment, offset) for primaries and aliases, in memory, rebuilt at

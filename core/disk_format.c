@@ -16,8 +16,13 @@
 _Static_assert(WALK_WINDOW >= KVS_DISK_HEAD_MAX, "a whole head fits in the walk window");
 _Static_assert(KVS_DISK_HDR_SIZE == 64 + 8 * KVS_LAYOUT_MAX_DIMS, "record header layout");
 
-uint64_t kvs_disk_record_len(uint32_t n_aliases, uint64_t payload_len) {
-  return KVS__ALIGN_UP(KVS_DISK_HDR_SIZE + 16ull * n_aliases + payload_len,
+uint64_t kvs_disk_payload_off(uint16_t version, uint32_t n_aliases) {
+  uint64_t head = KVS_DISK_HDR_SIZE + 16ull * n_aliases;
+  return version == KVS_DISK_VERSION_V1 ? head : KVS__ALIGN_UP(head, (uint64_t)KVS_DISK_ALIGN);
+}
+
+uint64_t kvs_disk_record_len(uint16_t version, uint32_t n_aliases, uint64_t payload_len) {
+  return KVS__ALIGN_UP(kvs_disk_payload_off(version, n_aliases) + payload_len,
                        (uint64_t)KVS_DISK_ALIGN);
 }
 
@@ -30,12 +35,13 @@ static uint64_t head_hash(const uint8_t *head, uint64_t head_len) {
   return XXH3_64bits_digest(&st);
 }
 
-void kvs_disk_encode_head(uint8_t *h, kvs_key_t key, const kvs_key_t *aliases,
-                          uint32_t n_aliases, const kvs_layout_t *layout, uint64_t payload_len,
+void kvs_disk_encode_head(uint8_t *h, uint16_t version, kvs_key_t key,
+                          const kvs_key_t *aliases, uint32_t n_aliases,
+                          const kvs_layout_t *layout, uint64_t payload_len,
                           uint64_t payload_hash, uint64_t seq) {
   memset(h, 0, KVS_DISK_HDR_SIZE);
   kvs__put32(h, KVS_DISK_MAGIC);
-  kvs__put16(h + 4, KVS_DISK_VERSION);
+  kvs__put16(h + 4, version);
   kvs__put16(h + 6, (uint16_t)n_aliases);
   kvs__put64(h + 8, key.lo);
   kvs__put64(h + 16, key.hi);
@@ -55,9 +61,13 @@ void kvs_disk_encode_head(uint8_t *h, kvs_key_t key, const kvs_key_t *aliases,
 
 int kvs_disk_parse_header(const uint8_t *h, size_t len, kvs_disk_record_t *rec) {
   if (len < KVS_DISK_HDR_SIZE) return -EAGAIN;
-  if (kvs__get32(h) != KVS_DISK_MAGIC || kvs__get16(h + 4) != KVS_DISK_VERSION) return -EBADMSG;
+  uint16_t version = kvs__get16(h + 4);
+  if (kvs__get32(h) != KVS_DISK_MAGIC ||
+      (version != KVS_DISK_VERSION && version != KVS_DISK_VERSION_V1))
+    return -EBADMSG;
   kvs_disk_record_t r;
   memset(&r, 0, sizeof r);
+  r.version = version;
   r.n_aliases = kvs__get16(h + 6);
   if (r.n_aliases > KVS_DISK_MAX_ALIASES) return -EBADMSG;
   r.key = (kvs_key_t){kvs__get64(h + 8), kvs__get64(h + 16)};
@@ -78,7 +88,8 @@ int kvs_disk_parse_header(const uint8_t *h, size_t len, kvs_disk_record_t *rec) 
       kvs_layout_nbytes(&r.layout) != r.payload_len)
     return -EBADMSG;
   r.head_len = KVS_DISK_HDR_SIZE + 16ull * r.n_aliases;
-  r.record_len = kvs_disk_record_len(r.n_aliases, r.payload_len);
+  r.payload_off = kvs_disk_payload_off(version, r.n_aliases);
+  r.record_len = kvs_disk_record_len(version, r.n_aliases, r.payload_len);
   *rec = r;
   return 0;
 }

@@ -4,13 +4,18 @@
  *
  * A directory holds append-only segment files "<16 hex digits>.kvseg" (the segment id, which
  * grows by one per new segment) and a lock file "lock". A segment is a sequence of records,
- * each starting at a multiple of KVS_DISK_ALIGN:
+ * each starting at a multiple of KVS_DISK_ALIGN. Version 2 (written):
  *     header   KVS_DISK_HDR_SIZE bytes (below)
  *     aliases  n_aliases keys of 16 bytes (lo u64, hi u64): the other keys of the object
+ *     padding  zeros up to the next multiple of KVS_DISK_ALIGN: the payload is block-aligned,
+ *              so it can move between the device and a pool extent with O_DIRECT
  *     payload  payload_len bytes (the object's bytes, layout dtype/shape)
- *     padding  zeros up to the next multiple of KVS_DISK_ALIGN
+ *     padding  up to the next multiple of KVS_DISK_ALIGN (zeros)
+ * Version 1 (read, never written): the same without the first padding (the payload follows
+ * the aliases). The version is inside the hashed header bytes, so one is never read as the
+ * other; any other version is a bad header.
  * Header (little-endian):
- *     0 u32 magic "KVSD"   4 u16 version 1   6 u16 n_aliases (<= KVS_DISK_MAX_ALIASES)
+ *     0 u32 magic "KVSD"   4 u16 version (1 or 2)   6 u16 n_aliases (<= KVS_DISK_MAX_ALIASES)
  *     8 key (lo u64, hi u64): the object's primary key
  *    24 u64 payload length  32 u64 XXH3-64 of the payload  40 u64 sequence (generation: grows
  *       with every record the directory's serves write; the newest record of a key wins)
@@ -35,7 +40,8 @@ extern "C" {
 #endif
 
 #define KVS_DISK_MAGIC 0x4453564Bu /* "KVSD" little-endian */
-#define KVS_DISK_VERSION 1u
+#define KVS_DISK_VERSION 2u    /* written */
+#define KVS_DISK_VERSION_V1 1u /* still read: payload right after the aliases */
 #define KVS_DISK_HDR_SIZE 128u
 #define KVS_DISK_ALIGN 512u
 #define KVS_DISK_MAX_ALIASES 4096u
@@ -51,16 +57,21 @@ typedef struct kvs_disk_record {
   uint64_t payload_hash;
   uint64_t seq;
   kvs_layout_t layout;
+  uint16_t version;       /* KVS_DISK_VERSION or KVS_DISK_VERSION_V1 */
   uint64_t head_len;      /* header + aliases */
-  uint64_t record_len;    /* head + payload, rounded up to KVS_DISK_ALIGN */
+  uint64_t payload_off;   /* payload start from the record's (v2: a multiple of KVS_DISK_ALIGN) */
+  uint64_t record_len;    /* payload_off + payload, rounded up to KVS_DISK_ALIGN */
 } kvs_disk_record_t;
 
-/* Bytes a record of n_aliases aliases and payload_len bytes takes. */
-uint64_t kvs_disk_record_len(uint32_t n_aliases, uint64_t payload_len);
-/* Write the header and aliases (head, kvs_disk_record_len's head part: KVS_DISK_HDR_SIZE +
- * 16 * n_aliases bytes) of a record for key with aliases[0..n_aliases). */
-void kvs_disk_encode_head(uint8_t *head, kvs_key_t key, const kvs_key_t *aliases,
-                          uint32_t n_aliases, const kvs_layout_t *layout, uint64_t payload_len,
+/* Where a record's payload starts (from the record's start), and the bytes a record of
+ * n_aliases aliases and payload_len bytes takes, in a given version. */
+uint64_t kvs_disk_payload_off(uint16_t version, uint32_t n_aliases);
+uint64_t kvs_disk_record_len(uint16_t version, uint32_t n_aliases, uint64_t payload_len);
+/* Write the header and aliases (KVS_DISK_HDR_SIZE + 16 * n_aliases bytes at head; the caller
+ * zeroes the padding up to the payload) of a record for key with aliases[0..n_aliases). */
+void kvs_disk_encode_head(uint8_t *head, uint16_t version, kvs_key_t key,
+                          const kvs_key_t *aliases, uint32_t n_aliases,
+                          const kvs_layout_t *layout, uint64_t payload_len,
                           uint64_t payload_hash, uint64_t seq);
 /* Parse a header from buf[0..len): 0 and rec (head_len, record_len filled; aliases not read),
  * -EAGAIN when len < KVS_DISK_HDR_SIZE, -EBADMSG on any failed check of the header alone. */

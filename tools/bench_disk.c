@@ -5,19 +5,22 @@
  *   cold read    N objects of 2 MiB / 16 MiB on disk, their segment files dropped from the page
  *                cache (fdatasync, posix_fadvise DONTNEED), the pool empty; one fetch of all N
  *                keys through the tier's hooks, timed until every object is READY in the pool
- *                (header read, extent reserved, payload pread straight into it, XXH3 checked,
+ *                (header read, extent reserved, payload read straight into it with O_DIRECT
+ *                (format version 2), XXH3 checked,
  *                committed). Limit: plain sequential pread, in chunks of the object size, of
  *                the same segment files (the same bytes), dropped from the page cache the same
  *                way, into a touched buffer.
  *   write-behind N objects committed to the store, handed to the tier as the coordinator does,
  *                timed until every one is written and synced (--disk-sync batch) and the
  *                writer has stopped. Limit: plain sequential write of the same bytes to one
- *                file, then fdatasync.
+ *                new file, then fdatasync; the files of both were removed REUSE_WAIT_S
+ *                before (see plain_write).
  *                Tier and limit alternate which goes first (io_bench says why); the ratio is
  *                taken per repetition.
  *   scan         a directory of M 4 KiB objects (written through the record encoder into
  *                256 MiB segments), page cache warm: the tier's start-up scan (its own
- *                disk_scan_ms), per million objects. Limit: plain sequential read of the same files (64 KiB reads).
+ *                disk_scan_ms), per million objects. Limit: plain sequential read of the same
+ *                files (64 KiB reads).
  * Every figure is repeated --reps times (default 6) and printed as median and min-max, with
  * the ratio tier / limit (throughput) or the time per million objects.
  *
@@ -172,8 +175,15 @@ static int commit_objects(rig_t *r, const uint8_t *src, uint64_t size, int n, ui
   return 0;
 }
 
-/* Sequential write of n*size bytes to path, fdatasync: seconds. */
+/* Sequential write of n*size bytes to a new file at path, fdatasync: seconds. The old file
+ * is removed REUSE_WAIT_S before (untimed), as the tier's segments of the repetition before
+ * are: on a VM with free page reporting a page freed just now is cheap to reuse, one freed
+ * seconds ago is back with the host and costs a host fault on first touch (docs/PERF.md
+ * section 12), so an O_TRUNC rewrite that reuses its own file's pages would favour the limit. */
+#define REUSE_WAIT_S 3
 static double plain_write(const char *path, const uint8_t *src, uint64_t total) {
+  unlink(path);
+  sleep(REUSE_WAIT_S);
   double t0 = now_s();
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   for (uint64_t off = 0; off < total;) {
@@ -234,6 +244,7 @@ static double tier_write(const char *dir, const uint8_t *src, uint64_t size, int
   rm_rf(dir);
   rig_t r;
   uint64_t total = size * (uint64_t)n;
+  sleep(REUSE_WAIT_S); /* the freed pages of the segments removed are as cold as the limit's */
   if (rig_open(&r, dir, 4 * total + (64u << 20)) < 0 || commit_objects(&r, src, size, n, 9) < 0) {
     fprintf(stderr, "bench setup failed\n");
     exit(1);
@@ -317,7 +328,7 @@ static void make_scan_dir(const char *dir, uint64_t m) {
   memset(payload, 0x5a, sizeof payload);
   uint64_t hash = XXH3_64bits(payload, sizeof payload), seg = 1, used = 0;
   kvs_layout_t l = kvs_layout_blob(sizeof payload);
-  uint64_t rec_len = kvs_disk_record_len(0, sizeof payload);
+  uint64_t rec_len = kvs_disk_record_len(KVS_DISK_VERSION, 0, sizeof payload);
   for (uint64_t i = 0; i <= m; i++) {
     if (used + rec_len > (256u << 20) || (i == m && used)) {
       char name[24], path[4200];
@@ -330,8 +341,9 @@ static void make_scan_dir(const char *dir, uint64_t m) {
     }
     if (i == m) break;
     memset(buf + used, 0, rec_len);
-    kvs_disk_encode_head(buf + used, key_of(i, 3), NULL, 0, &l, sizeof payload, hash, i + 1);
-    memcpy(buf + used + KVS_DISK_HDR_SIZE, payload, sizeof payload);
+    kvs_disk_encode_head(buf + used, KVS_DISK_VERSION, key_of(i, 3), NULL, 0, &l, sizeof payload,
+                         hash, i + 1);
+    memcpy(buf + used + kvs_disk_payload_off(KVS_DISK_VERSION, 0), payload, sizeof payload);
     used += rec_len;
   }
   free(buf);

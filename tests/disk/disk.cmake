@@ -3,9 +3,17 @@
 # restart survival (blobs, refengine's kvo chunks), a torn write, flipped bytes, ENOSPC (a 4 MiB
 # tmpfs) and a read-only DIR (both in a private mount namespace, skipped without one), a DIR
 # that cannot be made, --disk-size, two serves on one DIR, a pool smaller than a disk object;
-# disk_llama.py: node-llama-cpp restores a prefix from disk after serve was SIGKILLed.
+# disk_llama.py: node-llama-cpp restores a prefix from disk after serve was SIGKILLed;
+# test_disk_io.c: record versions in process (v2 block-aligned payloads written and read back,
+# v1 segments still served, a version never misread).
 # Included from tests/CMakeLists.txt.
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_executable(test_disk_io ${CMAKE_CURRENT_SOURCE_DIR}/disk/test_disk_io.c)
+target_link_libraries(test_disk_io PRIVATE kvshim_core kvshim_flags PkgConfig::CRITERION
+  PkgConfig::XXHASH Threads::Threads)
+add_test(NAME test_disk_io COMMAND test_disk_io --jobs 1)
+set_tests_properties(test_disk_io PROPERTIES TIMEOUT 300 LABELS "unit"
+  ENVIRONMENT "${KVSHIM_TEST_LSAN}")
 if(NOT TARGET kvshim)
   return()
 endif()

@@ -33,8 +33,13 @@ def payload(n, seed):
     return (block * (n // 4096 + 1))[:n]
 
 
+def payload_off(n_aliases=0):
+    """Where a version 2 record's payload starts: the head padded to ALIGN (core/disk_format.h)."""
+    return (HDR + 16 * n_aliases + ALIGN - 1) // ALIGN * ALIGN
+
+
 def record_len(plen, n_aliases=0):
-    return (HDR + 16 * n_aliases + plen + ALIGN - 1) // ALIGN * ALIGN
+    return (payload_off(n_aliases) + plen + ALIGN - 1) // ALIGN * ALIGN
 
 
 class Ctx(Context):
@@ -213,9 +218,9 @@ def case_flip(ctx):
     off_b = record_len(len(a))
     off_c = off_b + record_len(len(b))
     with open(seg, "r+b") as f:
-        f.seek(off_b + HDR + 1234)  # b's payload
+        f.seek(off_b + payload_off() + 1234)  # b's payload
         x = f.read(1)
-        f.seek(off_b + HDR + 1234)
+        f.seek(off_b + payload_off() + 1234)
         f.write(bytes([x[0] ^ 0x40]))
         f.seek(off_c + 30)  # c's header (payload length)
         x = f.read(1)

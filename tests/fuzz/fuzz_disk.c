@@ -40,8 +40,8 @@ static int on_record(void *ctx, const kvs_disk_record_t *rec, const uint8_t *hea
   if (memcmp(&again, rec, sizeof again) != 0 || kvs_disk_check_head(head, rec) < 0) abort();
   if (kvs_layout_nbytes(&rec->layout) != rec->payload_len) abort();
   for (uint32_t a = 0; a < rec->n_aliases; a++) im->aliases[a] = kvs_disk_alias(head, a);
-  kvs_disk_encode_head(im->head, rec->key, im->aliases, rec->n_aliases, &rec->layout,
-                       rec->payload_len, rec->payload_hash, rec->seq);
+  kvs_disk_encode_head(im->head, rec->version, rec->key, im->aliases, rec->n_aliases,
+                       &rec->layout, rec->payload_len, rec->payload_hash, rec->seq);
   if (memcmp(im->head, head, (size_t)rec->head_len) != 0) abort();
   im->last_end = off + rec->record_len;
   return 0;
