@@ -188,9 +188,12 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks
- * ch[0 .. nch) (lengths chlen), in frame f, every object checked first (kvs__llama_frame_check
- * with T and ns, kvs__llama_chunk_check with index i for ch[i]), nothing written to dst unless
- * all pass. OK with *out_len the state's bytes, or the first refusal. */
+ * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T
+ * and ns, kvs__llama_chunk_check with index i for ch[i]). One pass over each chunk: its
+ * checksum, then its payload copied once into place (design §10.4). OK with *out_len the
+ * state's bytes, or the first refusal; *out_len is set only on OK, and nothing is written to
+ * dst on a refusal but CHECKSUM (the chunks before the damaged one were copied: dst holds no
+ * usable state). */
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,

@@ -738,13 +738,12 @@ static bool px_point_ok(const px_ctx_t *c, const px_plan_t *pl, uint32_t k) {
  * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
  * prompt. 0: none beyond n. */
 static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
-                                 const kvs__llama_blob_hdr_t *h, const uint8_t *blob) {
+                                 const kvs__llama_blob_hdr_t *h, const int32_t *btok) {
   uint32_t lim = h->canon_tokens ? h->canon_tokens : h->keyed_tokens;
   if (lim > pl->n + pl->m) lim = pl->n + pl->m;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
   uint32_t same = pl->keyed; /* checked equal by the caller */
-  while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
-    same++;
+  while (same < lim && memcmp(btok + same, tok + same, 4) == 0) same++;
   const uint32_t al = c->rules.align;
   if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
     return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
@@ -762,6 +761,10 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   return 0;
 }
 
+static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                        const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
+                        const uint8_t *state, uint32_t *k_out);
+
 /* Check blob (found under the key of pl->keyed tokens), choose the restore point *k and restore
  * it into the sequence (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)). */
 static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
@@ -775,9 +778,7 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
-  int32_t s = pl->s;
-  uint32_t n = pl->n;
-  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
   if (h.keyed_tokens < pl->keyed ||
       memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)pl->keyed * 4) != 0) {
     kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
@@ -785,9 +786,23 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
     return PX_BAD;
   }
   if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
-  uint32_t k = px_restore_point(c, pl, &h, blob);
+  return px_load(c, ctx, pl, &h, (const int32_t *)(const void *)(blob + KVS_LLAMA_BLOB_HDR),
+                 blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens, k_out);
+}
+
+/* Restore a checked state (h: its n_tokens, keyed_tokens, canon_tokens, state_size; btok its
+ * n_tokens tokens, the first pl->keyed checked equal to the prompt's; state its state_size
+ * bytes, a llama_state_seq_get_data output) into sequence pl->s up to the restore point
+ * px_restore_point chooses (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)).
+ * Shared by whole blobs (px_restore_blob) and assembled states (px_restore_chunks). */
+static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                        const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
+                        const uint8_t *state, uint32_t *k_out) {
+  const kvs__llama_blob_hdr_t h = *hp;
+  int32_t s = pl->s;
+  uint32_t n = pl->n;
+  uint32_t k = px_restore_point(c, pl, &h, btok);
   if (!k) return PX_NONE;
-  const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
   if (pl->rebase && !c->saved_len && !px_save_seq(c, ctx, s)) return PX_SKIP;
   kvs__llama_state_api_t api;
@@ -1149,15 +1164,14 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t N = (uint64_t)good * C;
   uint64_t S = kvs__llama_chunks_state_size(fr.p, N);
   if (fr.len < sizeof(kvs__llama_frame_hdr_t) || !S || N > c->sh.cap) goto out;
-  uint64_t blen = KVS_LLAMA_BLOB_HDR + 4 * N + S;
-  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)blen)) goto out;
-  uint8_t *blob = c->cbuf;
+  /* the state straight into cbuf (reused: grown, never shrunk), each chunk checked (its
+   * checksum: one pass) and copied once; handed to llama_state_seq_set_data from there with the
+   * prompt's tokens (the run's, checked equal above): no blob is sealed or checked again */
+  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) goto out;
   size_t got = 0;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
-      fr.p, fr.len, C, c->ns, ptr, lens, good, pl->s, blob + KVS_LLAMA_BLOB_HDR + 4 * N,
-      (size_t)S, &got);
+  uint64_t t0 = kvs__now_ns();
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(fr.p, fr.len, C, c->ns, ptr, lens,
+                                                            good, pl->s, c->cbuf, (size_t)S, &got);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
@@ -1172,30 +1186,14 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     res = PX_BAD;
     goto out;
   }
-  for (uint32_t i = 0; i < good; i++) /* the tokens, as a blob carries them */
-    memcpy(blob + KVS_LLAMA_BLOB_HDR + 4ull * i * C, pc[i].p + sizeof h0, 4ull * C);
+  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   kvs__llama_blob_hdr_t bh;
   memset(&bh, 0, sizeof bh);
-  bh.magic = KVS_LLAMA_BLOB_MAGIC;
-  bh.version = KVS_LLAMA_BLOB_VERSION;
-  bh.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
-  bh.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
   bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
-  bh.chunk_tokens = C;
   bh.state_size = got;
-  memcpy(bh.model_fp, c->fp, sizeof bh.model_fp);
-  bh.ns_lo = c->ns.lo;
-  bh.ns_hi = c->ns.hi;
-  memcpy(blob, &bh, sizeof bh);
-  bh.checksum = kvs__llama_blob_checksum_fast(blob, blen);
-  memcpy(blob, &bh, sizeof bh);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns,
-                (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
-                    (uint64_t)t0.tv_nsec);
-  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   pl->keyed = (uint32_t)N;
-  res = px_restore_blob(c, ctx, pl, blob, blen, k);
+  res = px_load(c, ctx, pl, &bh, tok, c->cbuf, k);
   if (res == PX_OK && n > run)
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
 out:
