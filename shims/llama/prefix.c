@@ -1289,7 +1289,11 @@ static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, ui
                            uint32_t first_out, int mode, bool *possible) {
   uint64_t t0 = kvs__now_ns();
   uint32_t k = px_restore_timed(c, ctx, s, m, first_out, mode, possible);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restore_ns, kvs__now_ns() - t0);
+  uint64_t dt = kvs__now_ns() - t0;
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restore_ns, dt);
+  if (k) /* one line per restore: bench_chunks.py --timing takes the median of these */
+    kvs_log_debug("llama.cpp prefix cache: sequence %d: %u tokens restored in %llu ns", s, k,
+                  (unsigned long long)dt);
   return k;
 }
 
@@ -1394,8 +1398,14 @@ failed:
 /* px_snapshot_timed, its time in llama_prefix_snapshot_ns (the producer's cost: docs/PERF.md 13). */
 static bool px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
   uint64_t t0 = kvs__now_ns();
+  uint64_t b0 = kvs_stats_get(px_stats(), KVS_STAT_llama_prefix_snapshot_bytes);
   bool ok = px_snapshot_timed(c, ctx, s);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_snapshot_ns, kvs__now_ns() - t0);
+  uint64_t dt = kvs__now_ns() - t0;
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_snapshot_ns, dt);
+  uint64_t b = kvs_stats_get(px_stats(), KVS_STAT_llama_prefix_snapshot_bytes) - b0;
+  if (b) /* one line per store that wrote (other threads' bytes too when they store at once) */
+    kvs_log_debug("llama.cpp prefix cache: sequence %d: %llu bytes stored in %llu ns", s,
+                  (unsigned long long)b, (unsigned long long)dt);
   return ok;
 }
 

@@ -22,6 +22,7 @@ Usage: bench_chunks.py --host PREFIXHOST --preload LIBKVSHIM --kvshim CLI [--pre
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -113,22 +114,27 @@ def timing_run(args, work, model, chunks):
     """One process, its own pool (no peers): --stores different prefixes of --prefix tokens
     stored (each a snapshot: chunks or one whole blob), then the first one restored --restores
     times (rm, prompt prefix + 16 tokens: the 16 never reach a chunk, so nothing more is
-    stored), then the limit: the median memcpy of the state's bytes. Returns the per-store and
-    per-restore means of the counters and the memcpy time."""
+    stored), then the limit: the median memcpy of the state's bytes. Each restore's and store's
+    time is its KVSHIM_LOG=debug line (prefix.c px_restore / px_snapshot; the counters'
+    llama_prefix_restore_ns / snapshot_ns add up the same spans): the medians of those, robust
+    to a process preempted on a busy machine where the sums are not."""
     run_dir = tempfile.mkdtemp(prefix="kvs-bt-", dir="/tmp")
     per_token = args.layers * (args.embd + 8)
     state = args.prefix * per_token
-    cmds = [f"model 0 {model}", f"ctx 0 0 1 1 {args.prefix + 64}"]
+    # (the sleeps keep the debug lines under the log's 64 lines a second: core/log.h)
+    cmds = [f"model 0 {model}", f"ctx 0 0 1 1 {args.prefix + 64} {args.prefix + 64}",
+            "sleep 1100"]
     for k in range(args.stores):
         cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@{k + 1}"]
     for i in range(args.restores):
-        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@1+r16@{100 + i}"]
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@1+r16@{100 + i}", "sleep 20"]
     cmds += [f"memcpy {state} 9"]
     st = os.path.join(work, f"timing-{int(chunks)}.json")
     pool = (args.stores + 2) * state * 2 // 2**20 + 64
     r = subprocess.run([args.host] + cmds, capture_output=True, text=True, timeout=3600,
                        env=env_for(run_dir, f"bench-timing-{os.getpid()}", args.preload,
                                    KVSHIM_STATS=st, KVSHIM_PEERS=0, KVSHIM_POOL_SIZE=f"{pool}M",
+                                   KVSHIM_LOG="debug",
                                    KVSHIM_LLAMA_CHUNKS=int(chunks)))
     shutil.rmtree(run_dir, ignore_errors=True)
     if r.returncode != 0:
@@ -145,10 +151,14 @@ def timing_run(args, work, model, chunks):
                  f"{args.stores}")
     if chunks and e.get("llama_chunks_assembled", 0) != args.restores:
         sys.exit(f"chunks=1: {e.get('llama_chunks_assembled')} assemblies")
-    return {"restore_ms": e["llama_prefix_restore_ns"] / n_rest / 1e6,
+    rest = [int(m.group(1)) for m in re.finditer(r"tokens restored in (\d+) ns", r.stderr)]
+    stores = [int(m.group(2)) / int(m.group(1))
+              for m in re.finditer(r"(\d+) bytes stored in (\d+) ns", r.stderr)]
+    if len(rest) != args.restores or len(stores) != args.stores:
+        sys.exit(f"chunks={int(chunks)}: {len(rest)} restore and {len(stores)} store log lines")
+    return {"restore_ms": statistics.median(rest) / 1e6,
             "assemble_ms": e.get("llama_chunks_assemble_ns", 0) / n_rest / 1e6,
-            "store_ns_per_byte": e["llama_prefix_snapshot_ns"] / e["llama_prefix_snapshot_bytes"],
-            "store_ms": e["llama_prefix_snapshot_ns"] / args.stores / 1e6,
+            "store_ns_per_byte": statistics.median(stores),
             "memcpy_ms": int(mc[2]) / 1e6, "state_bytes": state}
 
 
