@@ -67,6 +67,8 @@ Cases:
               chunk is stored again; a fresh
               process restores from the first one's chunks, and from `kvshim serve`'s pool
               (one copy per node: no engine keeps a copy): identical
+  chunks-mix  one restore by assembly from the process's own chunks and a peer's: identical
+  chunks-foreign  chunks of another model or KV type are never found nor assembled: identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -693,6 +695,84 @@ def case_chunks(ctx):
           f"B kept no copy and stored only its own chunks: {chunk_stats(sb)} {sb}")
 
 
+def wait_file(path, p, what):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        check(time.monotonic() < deadline and p.poll() is None, f"{what} never got ready")
+        time.sleep(0.02)
+
+
+def case_chunks_mix(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, one restore from a mix of local and peer chunks: B holds the
+    first two chunks of a 1024-token prefix (its own 612-token prompt), A (a peer) then stores
+    the prefix and keeps only chunks 2 and 3 (0 and 1 are B's: dedup); B's next prompt
+    restores all 1024 tokens from its own two chunks and A's two, outputs identical. Without
+    the peer run after the local one B restores 512 tokens at most."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    b_ready, a_ready = ctx.p("b.ready"), ctx.p("a.ready")
+    b_go, done = ctx.p("b.go"), ctx.p("done")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", "prompt 0 0 r512@1+r100@7", "gen 0 0 4",
+              f"touch {b_ready}", f"waitfile {b_go} 60",
+              "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@9", "gen 0 0 4", f"touch {done}"]
+    a_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+              f"touch {a_ready}", f"waitfile {done} 60"]
+    ref_b, _, _ = ctx.run([c for c in b_cmds if not c.startswith(("touch", "waitfile"))],
+                          preload=False, what="B reference")
+    on = {"KVSHIM_LLAMA_CHUNKS": "1"}
+    pb, sb = ctx.start(b_cmds, **on)
+    wait_file(b_ready, pb, "B")
+    pa, sa = ctx.start(a_cmds, **on)
+    wait_file(a_ready, pa, "A")
+    with open(b_go, "w"):
+        pass
+    lb, err = ctx.finish(pb, "B")
+    ctx.finish(pa, "A")
+    got = [ln for ln in lb if not ln.startswith(("touch", "waitfile"))]
+    check(got == ref_b, f"B from local and peer chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    sta, stb = read_stats(sa), read_stats(sb)
+    ca, cb = chunk_stats(sta), chunk_stats(stb)
+    print(f"chunks-mix: A {ca}\nchunks-mix: B {cb} {prefix_stats(stb)}")
+    check(ca.get("llama_chunks_dedup") == 2 and ca.get("llama_chunks_stored") == 3,
+          f"A found chunks 0, 1 at B and stored 2, 3 and its suffix's: {ca}")
+    check(cb.get("llama_chunks_assembled") == 1, f"B: one restore by assembly: {cb}")
+    expect(stb, "B", restores=("==", 1), restored_tokens=("==", 1024), peer_restores=("==", 1),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+
+
+def case_chunks_foreign(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1: chunks stored by a context of one model are never assembled for
+    a context of another model (same shape, other weights) nor of another KV type, though the
+    prompt's tokens are the same (their keys chain from the context's namespace: design §10.4);
+    outputs identical, nothing refused. Without the namespace B would load A's chunks (outputs
+    of the wrong weights, or a KV type the engine refuses)."""
+    a, b = models(ctx)
+    shared = "r1024@1"
+    ready, done = ctx.p("a.ready"), ctx.p("done")
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+                        f"touch {ready}", f"waitfile {done} 60"], KVSHIM_LLAMA_CHUNKS="1")
+    wait_file(ready, pa, "A")
+    try:
+        for what, model, kv in (("other model", b, 1), ("other KV type", a, 8),
+                                ("same model and KV type", a, 1)):
+            cmds = [f"model 0 {model}", f"ctx 0 0 1 {kv}", f"prompt 0 0 {shared}+r300@3",
+                    "gen 0 0 4"]
+            st, err = same(ctx, cmds, f"chunks-foreign: {what}",
+                           preload_extra={"KVSHIM_LLAMA_CHUNKS": "1"})
+            cs = chunk_stats(st)
+            if model == a and kv == 1:  # the control: A's chunks are found and assembled
+                check(cs.get("llama_chunks_assembled") == 1, f"{what}: {cs}")
+                expect(st, what, restored_tokens=("==", 1024), peer_restores=("==", 1))
+                continue
+            check(cs.get("llama_chunks_assembled", 0) == 0 and cs.get("llama_chunks_dedup") == 0,
+                  f"{what}: A's chunks were found: {cs}")
+            expect(st, what, restores=("==", 0), bad_blobs=("==", 0), restore_failures=("==", 0))
+    finally:
+        with open(done, "w"):
+            pass
+    ctx.finish(pa, "A")
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -714,6 +794,8 @@ CASES = {
     "multi": case_multi,
     "known": case_known,
     "chunks": case_chunks,
+    "chunks-mix": case_chunks_mix,
+    "chunks-foreign": case_chunks_foreign,
 }
 
 
