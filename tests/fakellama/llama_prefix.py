@@ -68,6 +68,8 @@ Cases:
               process restores from the first one's chunks, and from `kvshim serve`'s pool
               (one copy per node: no engine keeps a copy): identical
   chunks-mix  one restore by assembly from the process's own chunks and a peer's: identical
+  chunks-evict  chunks evicted between store and restore: the restore stops before the first
+              missing one, the next snapshot stores them again: identical
   chunks-foreign  chunks of another model or KV type are never found nor assembled: identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
@@ -773,6 +775,38 @@ def case_chunks_foreign(ctx):
     ctx.finish(pa, "A")
 
 
+def case_chunks_evict(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
+    a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
+    its header and tokens), the frame 1. Prompt X stores a 1024-token prefix as chunks X0-X3
+    (269 pages); a prompt sharing its first 512 tokens restores X0-X1 (used: to the LRU tail,
+    frame too); prompt Y stores 4 chunks of its own, the 4th evicting the LRU head, X2. X with
+    another suffix then restores 512 tokens (the run stops before the first missing chunk) and
+    its snapshot stores X2 again (evicting X3) and X3 (evicting Y0); the next X restores all
+    1024. Outputs identical throughout. Without the snapshot's every-chunk check (a whole
+    blob's: the last key only) X2 never comes back."""
+    m = ctx.p("m.gguf")
+    ctx.run([f"mkmodel {m} evict 4 256 64 1"], preload=False)
+    cmds = [f"model 0 {m}", "ctx 0 0 1",
+            "prompt 0 0 r1024@1+r100@2", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r512@1+r100@3", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@5", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@4", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@6", "gen 0 0 2"]
+    st, err = same(ctx, cmds, "chunks-evict", preload_extra={
+        "KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0", "KVSHIM_POOL_SIZE": "2M"})
+    cs = chunk_stats(st)
+    print(f"chunks-evict: {cs}, store evictions {st.get('store_evictions')}")
+    check(st.get("store_arena_bytes") == 2 << 20 and st.get("store_evictions") == 3,
+          f"expected X2, X3 and Y0 evicted (3) from a 2 MiB arena: {st}")
+    # restores: 512 (X0-1), 512 (X after the eviction: X0-1, X2 missing), 1024 (X0-3)
+    expect(st, "chunks-evict", restores=("==", 3), restored_tokens=("==", 512 + 512 + 1024),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+    # stored: X 4, Y 4, X2 and X3 again (X0-1 found there: dedup)
+    check(cs.get("llama_chunks_stored") == 4 + 4 + 2 and cs.get("llama_chunks_dedup") == 2,
+          f"evicted chunks stored again: {cs}")
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -796,6 +830,7 @@ CASES = {
     "chunks": case_chunks,
     "chunks-mix": case_chunks_mix,
     "chunks-foreign": case_chunks_foreign,
+    "chunks-evict": case_chunks_evict,
 }
 
 
