@@ -217,6 +217,7 @@ typedef struct px_ctx {
    * holds a state being split or a blob being assembled, cpin the pieces of a restore (both
    * kvs__prim_alloc, owned here). */
   bool chunks;
+  bool chunks_window; /* chunk storage asked for, but a window cache: every state stored whole */
   void *cbuf, *cpin;
   size_t cbuf_cap, cpin_cap;
   uint32_t memo_next;
@@ -317,6 +318,11 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   c->chunk = (uint32_t)o->chunk_tokens;
   c->min_tokens = (uint32_t)o->llama_min_tokens;
   c->chunks = o->llama_chunks && !c->swa; /* a window cache's states do not split */
+  c->chunks_window = o->llama_chunks && c->swa;
+  if (c->chunks_window)
+    kvs_log_info("llama.cpp prefix cache: chunk storage off for this context: a sliding-window "
+                 "cache without swa_full keeps only the window's cells; states stored whole "
+                 "(llama_chunks_whole_window)");
   kvs__px_pfn_llama_supports_gpu_offload gpu_fn = px_real_llama_supports_gpu_offload();
   bool gpu = gpu_fn ? gpu_fn() : true; /* unknown: the strict rules */
   c->rules.ubatch = ub;
@@ -415,6 +421,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->disabled = false;
     slot->swa = tmp.swa;
     slot->chunks = tmp.chunks;
+    slot->chunks_window = tmp.chunks_window;
     slot->cbuf = slot->cpin = NULL;
     slot->cbuf_cap = slot->cpin_cap = 0;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
@@ -1022,6 +1029,9 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   kvs__llama_chunks_status_t r = kvs__llama_chunks_scan(c->cbuf, S, &sc);
   if (r != KVS_LLAMA_CHUNKS_OK || sc.n_cells < J * c->chunk) {
     kvs_stats_inc(st, KVS_STAT_llama_chunks_whole);
+    kvs_stats_inc(st, r == KVS_LLAMA_CHUNKS_OK || r == KVS_LLAMA_CHUNKS_CELLS
+                          ? KVS_STAT_llama_chunks_whole_cells
+                          : KVS_STAT_llama_chunks_whole_layout);
     kvs_log_info("llama.cpp prefix cache: state of sequence %d stored whole: %s", s,
                  r != KVS_LLAMA_CHUNKS_OK ? kvs__llama_chunks_status_name(r)
                                           : "fewer cells than tokens");
@@ -1346,6 +1356,10 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
                    N, strerror(-cr));
       return false;
     }
+  }
+  if (c->chunks_window) { /* (the other reasons are counted by px_snapshot_chunks) */
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_whole);
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_whole_window);
   }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;

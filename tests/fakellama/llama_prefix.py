@@ -579,10 +579,27 @@ def case_swa(ctx):
                    "sliding window", KVSHIM_PEERS=0)
     expect(st, "sliding window", snapshots=("==", 3), restores=("==", 1),
            restored_tokens=("==", 512), restore_failures=("==", 0))
-    # with swa_full (llama.cpp keeps every cell) the cache works as on any model
+    # chunk storage asked for: the same whole states, each counted with its reason, and said
+    st, err = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 0"] + prompts,
+                   "sliding window, chunks", KVSHIM_PEERS=0, KVSHIM_LLAMA_CHUNKS=1,
+                   KVSHIM_LOG="info")
+    expect(st, "sliding window, chunks", snapshots=("==", 3), restored_tokens=("==", 512))
+    cs = chunk_stats(st)
+    check(cs.get("llama_chunks_whole") == 3 and cs.get("llama_chunks_whole_window") == 3 and
+          cs.get("llama_chunks_stored") == 0, f"window states not counted as whole: {cs}")
+    check("chunk storage off for this context: a sliding-window cache" in err,
+          f"no line says why the states are whole:\n{err[-2000:]}")
+    # with swa_full (llama.cpp keeps every cell) the cache works as on any model, and its
+    # states (a base and a window section) split into chunks
     st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
                  "sliding window, swa_full", KVSHIM_PEERS=0)
     expect(st, "sliding window, swa_full", snapshots=(">=", 1), restores=(">=", 1))
+    st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
+                 "sliding window, swa_full, chunks", KVSHIM_PEERS=0, KVSHIM_LLAMA_CHUNKS=1)
+    expect(st, "sliding window, swa_full, chunks", restores=(">=", 1))
+    cs = chunk_stats(st)
+    check(cs.get("llama_chunks_whole") == 0 and cs.get("llama_chunks_stored", 0) >= 4 and
+          cs.get("llama_chunks_assembled", 0) >= 1, f"swa_full: not split: {cs}")
 
 
 def case_held_mixed(ctx):
