@@ -151,14 +151,17 @@ def timing_run(args, work, model, chunks):
                  f"{args.stores}")
     if chunks and e.get("llama_chunks_assembled", 0) != args.restores:
         sys.exit(f"chunks=1: {e.get('llama_chunks_assembled')} assemblies")
-    rest = [int(m.group(1)) for m in re.finditer(r"tokens restored in (\d+) ns", r.stderr)]
-    stores = [int(m.group(2)) / int(m.group(1))
-              for m in re.finditer(r"(\d+) bytes stored in (\d+) ns", r.stderr)]
+    rest = [(int(m.group(1)), int(m.group(2))) for m in
+            re.finditer(r"tokens restored in (\d+) ns \((\d+) ns on CPU\)", r.stderr)]
+    stores = [(int(m.group(2)) / int(m.group(1)), int(m.group(3)) / int(m.group(1))) for m in
+              re.finditer(r"(\d+) bytes stored in (\d+) ns \((\d+) ns on CPU\)", r.stderr)]
     if len(rest) != args.restores or len(stores) != args.stores:
         sys.exit(f"chunks={int(chunks)}: {len(rest)} restore and {len(stores)} store log lines")
-    return {"restore_ms": statistics.median(rest) / 1e6,
+    return {"restore_ms": statistics.median(x[0] for x in rest) / 1e6,
+            "restore_cpu_ms": statistics.median(x[1] for x in rest) / 1e6,
             "assemble_ms": e.get("llama_chunks_assemble_ns", 0) / n_rest / 1e6,
-            "store_ns_per_byte": statistics.median(stores),
+            "store_ns_per_byte": statistics.median(x[0] for x in stores),
+            "store_cpu_ns_per_byte": statistics.median(x[1] for x in stores),
             "memcpy_ms": int(mc[2]) / 1e6, "state_bytes": state}
 
 
@@ -170,22 +173,23 @@ def timing(args, work, model):
     print(f"timing: {args.prefix}-token prefix, {args.layers} layers x {args.embd} embd; "
           f"{args.stores} stores and {args.restores} restores per process, one process per "
           f"mode and repetition, own pool, no peers")
-    rows = {k: [] for k in ("whole_ms", "chunks_ms", "assemble_ms", "memcpy_ms", "restore_ratio",
-                            "whole_vs_memcpy", "chunks_vs_memcpy", "whole_ns_B", "chunks_ns_B",
-                            "store_ratio")}
+    rows = {}
     for rep in range(args.reps):
         w = timing_run(args, work, model, False)
         c = timing_run(args, work, model, True)
         mcp = statistics.median([w["memcpy_ms"], c["memcpy_ms"]])
         row = {"whole_ms": w["restore_ms"], "chunks_ms": c["restore_ms"],
+               "whole_cpu_ms": w["restore_cpu_ms"], "chunks_cpu_ms": c["restore_cpu_ms"],
                "assemble_ms": c["assemble_ms"], "memcpy_ms": mcp,
                "restore_ratio": c["restore_ms"] / w["restore_ms"],
-               "whole_vs_memcpy": w["restore_ms"] / w["memcpy_ms"],
-               "chunks_vs_memcpy": c["restore_ms"] / c["memcpy_ms"],
+               "restore_cpu_ratio": c["restore_cpu_ms"] / w["restore_cpu_ms"],
+               "whole_cpu_vs_memcpy": w["restore_cpu_ms"] / w["memcpy_ms"],
+               "chunks_cpu_vs_memcpy": c["restore_cpu_ms"] / c["memcpy_ms"],
                "whole_ns_B": w["store_ns_per_byte"], "chunks_ns_B": c["store_ns_per_byte"],
-               "store_ratio": c["store_ns_per_byte"] / w["store_ns_per_byte"]}
+               "store_ratio": c["store_ns_per_byte"] / w["store_ns_per_byte"],
+               "store_cpu_ratio": c["store_cpu_ns_per_byte"] / w["store_cpu_ns_per_byte"]}
         for k, v in row.items():
-            rows[k].append(v)
+            rows.setdefault(k, []).append(v)
         print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
     summary(rows)
 
@@ -218,15 +222,15 @@ def main():
     model = os.path.join(work, "m.gguf")
     subprocess.run([args.host, f"mkmodel {model} bench {args.layers} {args.embd} 64 1"],
                    check=True, capture_output=True, env=env_for(work, "ref"))
+    if args.timing:
+        timing(args, work, model)
+        shutil.rmtree(work, ignore_errors=True)
+        return
     per_token = args.layers * (args.embd + 8)  # the fake's K row + V bytes per layer
     distinct = (args.prefix + args.requests * args.suffix) * per_token
     print(f"workload: {args.prefix}-token prefix, {args.requests} x {args.suffix}-token "
           f"suffixes, 2 engines + kvshim serve; {per_token} KV bytes/token; distinct KV "
           f"{distinct} bytes ({distinct / 2**20:.1f} MiB)")
-    if args.timing:
-        timing(args, work, model)
-        shutil.rmtree(work, ignore_errors=True)
-        return
     ref = reference(args, work, model)
     for chunks in (False, True):
         ratios, walls = [], []
