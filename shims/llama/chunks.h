@@ -166,11 +166,12 @@ uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_s
 uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t c);
 
 /* Write chunk c of the scanned state (its tokens tok[c T, c T + n), tok holding sc->n_cells
- * tokens) into dst (cap >= kvs__llama_chunk_size). OK, SPACE or FIELD (c out of range). */
+ * tokens) into dst (cap >= kvs__llama_chunk_size), with frame, the state's own frame
+ * (kvs__llama_chunks_frame with the same T and ns). OK, SPACE or FIELD (c out of range). */
 kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   const kvs__llama_chunks_scan_t *sc,
                                                   const int32_t *tok, uint32_t T, uint32_t c,
-                                                  uint64_t frame_id, kvs_key_t ns, uint8_t *dst,
+                                                  const uint8_t *frame, kvs_key_t ns, uint8_t *dst,
                                                   size_t cap);
 
 /* Check a frame object: every field, its length and its checksum, against the chunk size T and

@@ -990,7 +990,7 @@ typedef struct px_fill {
   const kvs__llama_chunks_scan_t *sc;
   const int32_t *tok;
   uint32_t T, index;
-  uint64_t id, flen;
+  uint64_t flen;
   kvs_key_t ns;
 } px_fill_t;
 
@@ -1003,7 +1003,7 @@ static int px_fill_frame(void *arg, uint8_t *dst) {
 static int px_fill_chunk(void *arg, uint8_t *dst) {
   const px_fill_t *f = arg;
   uint64_t len = kvs__llama_chunk_size(f->sc, f->T, f->index);
-  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->id, f->ns, dst,
+  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->frame, f->ns, dst,
                                 (size_t)len) == KVS_LLAMA_CHUNKS_OK
              ? 0
              : -EIO;
@@ -1042,7 +1042,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   uint64_t id = kvs__llama_chunks_frame(state, &sc, c->chunk, c->ns, frame, (size_t)sc.frame_size);
   if (!id) return -EIO;
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0, id,
+  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0,
                  sc.frame_size, c->ns};
   int rc = kvs__llama_obj_store(&home, px_frame_key(c, id), sc.frame_size, px_fill_frame, &f);
   if (rc < 0 && rc != -EEXIST) return rc;

@@ -121,7 +121,7 @@ static void split_state(const uint8_t *st, size_t len, const int32_t *tok, kvs_k
     cr_assert_lt(c, 32);
     s->chlen[c] = (size_t)kvs__llama_chunk_size(&s->sc, T, c);
     s->ch[c] = malloc(s->chlen[c]);
-    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, c, id, ns, s->ch[c], s->chlen[c]),
+    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, c, s->frame, ns, s->ch[c], s->chlen[c]),
                  KVS_LLAMA_CHUNKS_OK);
     s->nch = c + 1;
   }

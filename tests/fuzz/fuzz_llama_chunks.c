@@ -70,7 +70,7 @@ static void split_mode(const uint8_t *st, size_t len) {
     chlen[c] = (size_t)kvs__llama_chunk_size(&sc, CHUNK, c);
     CHECK(chlen[c] > 0);
     ch[c] = malloc(chlen[c]);
-    CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, c, id, NS, ch[c], chlen[c]) ==
+    CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, c, frame, NS, ch[c], chlen[c]) ==
           KVS_LLAMA_CHUNKS_OK);
   }
   CHECK(kvs__llama_chunk_size(&sc, CHUNK, nch) == 0);
@@ -97,7 +97,7 @@ static void split_mode(const uint8_t *st, size_t len) {
       CHECK(ps.n_cells == j * CHUNK && ps.cell_bytes == sc.cell_bytes);
     uint8_t *again = malloc(chlen[0]);
     for (uint32_t c = 0; pr == KVS_LLAMA_CHUNKS_OK && c < j; c++) {
-      CHECK(kvs__llama_chunk_write(pre, &ps, tok, CHUNK, c, id, NS, again, chlen[0]) ==
+      CHECK(kvs__llama_chunk_write(pre, &ps, tok, CHUNK, c, frame, NS, again, chlen[0]) ==
             KVS_LLAMA_CHUNKS_OK);
       CHECK(memcmp(again, ch[c], chlen[c]) == 0);
     }
