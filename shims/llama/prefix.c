@@ -567,6 +567,9 @@ static bool px_grow(void **buf, size_t *cap, size_t need) {
     rc = kvs__prim_alloc(need, &p);
   }
   if (rc < 0) return false;
+  /* huge pages where the kernel gives them on request: a state-sized scratch buffer's first
+   * use is otherwise one page fault per 4 KiB (a restore by assembly's first copy) */
+  kvs__prim_hugepage_hint(p, need);
   kvs__prim_unmap(*buf, *cap);
   *buf = p;
   *cap = need;
