@@ -244,29 +244,19 @@ static int corrupt_blob(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t len, c
 
 /* Flip one payload byte of every chunk object of index idx (shims/llama/chunks.h) in this
  * process's own pool (checksum left stale: the assembler must refuse it). */
+static int corrupt_chunk_at(uint8_t *p, uintptr_t hi, void *arg) {
+  uint32_t idx = *(const uint32_t *)arg;
+  kvs__llama_chunk_hdr_t h;
+  peek(&h, p, sizeof h);
+  if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.hdr_size != sizeof h || h.index != idx) return 1;
+  uint64_t len = sizeof h + 4ull * h.n_tokens + h.payload;
+  if ((uintptr_t)p + len > hi || in_free_extent((uintptr_t)p, len)) return 1;
+  p[len - h.payload / 2] ^= 0x40;
+  return 0;
+}
+
 static void corrupt_chunk(uint32_t idx) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (!maps) die("%s", "no /proc/self/maps");
-  char line[512];
-  int hits = 0;
-  long page = sysconf(_SC_PAGESIZE);
-  while (fgets(line, sizeof line, maps)) {
-    uintptr_t lo, hi;
-    char perms[8];
-    if (!strstr(line, "memfd:kvshim-pool") ||
-        sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
-      continue;
-    for (uintptr_t p = lo; p + sizeof(kvs__llama_chunk_hdr_t) <= hi; p += (uintptr_t)page) {
-      kvs__llama_chunk_hdr_t h;
-      peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.hdr_size != sizeof h || h.index != idx) continue;
-      uint64_t len = sizeof h + 4ull * h.n_tokens + h.payload;
-      if (p + len > hi || in_free_extent(p, len)) continue;
-      ((uint8_t *)p)[len - h.payload / 2] ^= 0x40;
-      hits++;
-    }
-  }
-  fclose(maps);
+  int hits = pool_walk(sizeof(kvs__llama_chunk_hdr_t), corrupt_chunk_at, &idx);
   printf("corruptchunk %s %d\n", hits ? "ok" : "notfound", hits);
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "chunks.h"
+#include "fakegguf.h"
 #include "fakellama.h"
 #include "runtime.h"
 
@@ -30,38 +31,14 @@ static const kvs_key_t NS = {0x1111, 0x2222};
 
 static char g_model[64];
 
-static void put_str(FILE *f, const char *s) {
-  uint64_t n = strlen(s);
-  fwrite(&n, 8, 1, f);
-  fwrite(s, 1, n, f);
-}
-static void put_kv(FILE *f, const char *k, uint32_t t, const void *v, size_t n) {
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  if (t == 8) put_str(f, v);
-  else fwrite(v, 1, n, f);
-}
-
 /* A GGUF the fake loads (fakellama.h): n_layer layers of n_embd bytes, swa > 0 a window. */
 static struct llama_model *model(uint32_t n_layer, uint32_t n_embd, uint32_t swa) {
   strcpy(g_model, "/tmp/kvs-chunks-model-XXXXXX");
   int fd = mkstemp(g_model);
   cr_assert_geq(fd, 0);
   FILE *f = fdopen(fd, "wb");
-  uint32_t magic = 0x46554747u, ver = 3;
-  uint64_t n_tensors = 0, n_kv = swa ? 5 : 4;
-  fwrite(&magic, 4, 1, f);
-  fwrite(&ver, 4, 1, f);
-  fwrite(&n_tensors, 8, 1, f);
-  fwrite(&n_kv, 8, 1, f);
-  put_kv(f, "general.architecture", 8, "fakellama", 0);
-  put_kv(f, "general.name", 8, "chunks", 0);
-  put_kv(f, "fakellama.block_count", 4, &n_layer, 4);
-  put_kv(f, "fakellama.embedding_length", 4, &n_embd, 4);
-  if (swa) put_kv(f, "fakellama.attention.sliding_window", 4, &swa, 4);
-  uint8_t w[4096];
-  for (size_t i = 0; i < sizeof w; i++) w[i] = (uint8_t)(i * 131 + 7);
-  fwrite(w, 1, sizeof w, f);
+  cr_assert_not_null(f);
+  fakegguf_write(f, "chunks", n_layer, n_embd, 4, 1, swa);
   cr_assert_eq(fclose(f), 0);
   struct llama_model *m = llama_model_load_from_file(g_model, llama_model_default_params());
   unlink(g_model);
