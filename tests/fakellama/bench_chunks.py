@@ -30,6 +30,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from benchfig import spread  # noqa: E402
+
 
 def env_for(run_dir, group, preload=None, **extra):
     env = {k: v for k, v in os.environ.items()
@@ -197,8 +200,7 @@ def timing(args, work, model):
 def summary(rows):
     """median [min..max] (n) of each list of figures, one line each."""
     for k, xs in rows.items():
-        print(f"  {k:18s} median {statistics.median(xs):9.3f}  [{min(xs):.3f} .. "
-              f"{max(xs):.3f}]  n={len(xs)}")
+        print("  " + spread(k, xs, width=20))
 
 
 def main():
@@ -246,9 +248,8 @@ def main():
                   f"{r['serve_bytes']}, engines {r['engine_bytes']}), / distinct = "
                   f"{r['node_bytes'] / distinct:.3f}; serve evictions {r['evictions']}; "
                   f"{r['wall_s']:.1f} s; outputs identical; {r['stats']}")
-        print(f"KVSHIM_LLAMA_CHUNKS={int(chunks)}: node bytes / distinct KV = "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}..{max(ratios):.3f}] "
-              f"(n={len(ratios)}), wall {statistics.median(walls):.1f} s")
+        print(f"KVSHIM_LLAMA_CHUNKS={int(chunks)}:")
+        summary({"node bytes / distinct KV": ratios, "wall s": walls})
     shutil.rmtree(work, ignore_errors=True)
 
 

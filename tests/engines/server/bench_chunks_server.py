@@ -2,13 +2,16 @@
 """Benchmark (not a test): issue 25's workload on unmodified llama-server replicas.
 
 usage: bench_chunks_server.py --preload LIBKVSHIM --cli KVSHIM [--prefix-words 1700]
-                              [--suffix-words 400] [--requests 12] [--work-dir DIR]
+                              [--suffix-words 400] [--requests 12]
+(the model trains on 4,096 tokens: llama-server caps the slot there, so prefix + suffix stay
+below it) [--work-dir DIR]
 
 One shared prefix (a fixed pseudo-random text of --prefix-words words) and --requests requests
 that each add --suffix-words words of their own and ask for 8 tokens (temperature 0), sent one
 after another, alternately, to two replicas (A the even requests, B the odd ones) with
 `kvshim serve` in the group (one copy per node: the replicas keep no copies), on the 8x512
-tiny-gguf model with llama-server's defaults (check_server.py's Ctx). Once with
+tiny-gguf model with llama-server's defaults but -np 1 (check_server.py's Ctx; one slot holds
+the whole context). Once with
 KVSHIM_LLAMA_CHUNKS=0 (whole blobs), once with 1 (chunk objects), each in a fresh run directory
 and serve; the same requests sent the same way to two replicas without kvshim give the
 reference completions, which must be identical.
@@ -28,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_server as cs  # noqa: E402
 
 KV_PER_TOKEN = 8 * 512 * 2 * 2  # layers x (K + V) values per layer x 2 bytes (f16)
+FLAGS = ("-np", "1")  # one slot holds the whole 8192-token context (the defaults split it in 4)
 
 
 def prompts(args):
@@ -39,7 +43,7 @@ def prompts(args):
 def run(ctx, reqs, preload, chunks):
     """The requests, alternately to two replicas: (completions, per-replica counters)."""
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks))} if preload else {}
-    reps = [ctx.start_server(preload, **extra) for _ in range(2)]
+    reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
     out = [ctx.complete(reps[i % 2], r)[0] for i, r in enumerate(reqs)]
     st = [ctx.stats(r, everything=True) for r in reps] if preload else []
     for r in reps:
