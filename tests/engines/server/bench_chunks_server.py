@@ -2,9 +2,9 @@
 """Benchmark (not a test): issue 25's workload on unmodified llama-server replicas.
 
 usage: bench_chunks_server.py --preload LIBKVSHIM --cli KVSHIM [--prefix-words 1700]
-                              [--suffix-words 400] [--requests 12]
+                              [--suffix-words 400] [--requests 12] [--work-dir DIR]
 (the model trains on 4,096 tokens: llama-server caps the slot there, so prefix + suffix stay
-below it) [--work-dir DIR]
+below it)
 
 One shared prefix (a fixed pseudo-random text of --prefix-words words) and --requests requests
 that each add --suffix-words words of their own and ask for 8 tokens (temperature 0), sent one
