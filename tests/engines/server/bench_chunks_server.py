@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import tempfile
+import urllib.error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_server as cs  # noqa: E402
@@ -40,11 +41,21 @@ def prompts(args):
                     for i in range(args.requests)]
 
 
+def complete(ctx, p, prompt):
+    """The completion, or the server's error (the random-weight model's 8 tokens sometimes
+    fail llama-server's output parser: HTTP 500, "does not match the expected Content-only
+    format"; the same request fails the same way without kvshim, and is compared as such)."""
+    try:
+        return ctx.complete(p, prompt)[0]
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}: {e.read().decode(errors='replace')}"
+
+
 def run(ctx, reqs, preload, chunks):
     """The requests, alternately to two replicas: (completions, per-replica counters)."""
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks))} if preload else {}
     reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
-    out = [ctx.complete(reps[i % 2], r)[0] for i, r in enumerate(reqs)]
+    out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
     st = [ctx.stats(r, everything=True) for r in reps] if preload else []
     for r in reps:
         ctx.stop(r)
