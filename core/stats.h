@@ -146,7 +146,13 @@ extern "C" {
   X(llama_chunks_dedup, C, "llama chunk storage: chunks of a snapshot found already stored (not stored again)") \
   X(llama_chunks_saved_bytes, C, "llama chunk storage: bytes of chunks not stored again (dedup)") \
   X(llama_chunks_whole, C,                                                                    \
-    "llama chunk storage: states that cannot be split (window cache, unknown layout), stored whole") \
+    "llama chunk storage: states stored whole, not split (every reason: the three below)")     \
+  X(llama_chunks_whole_window, C,                                                             \
+    "llama chunk storage: states stored whole: a sliding-window cache without swa_full")       \
+  X(llama_chunks_whole_cells, C,                                                              \
+    "llama chunk storage: states stored whole: cells not the sequence at 0..n-1 in one stream") \
+  X(llama_chunks_whole_layout, C,                                                             \
+    "llama chunk storage: states stored whole: a state layout not known (memory, release)")    \
   X(llama_chunks_assembled, C, "llama chunk storage: states assembled from chunk objects for a restore") \
   X(llama_chunks_assemble_ns, C, "llama chunk storage: time spent assembling states, ns")     \
   X(cache_peer_pool_pins, C,                                                                  \

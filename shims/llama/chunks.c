@@ -4,6 +4,8 @@
 #include "chunks.h"
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "blob.h" /* KVS_LLAMA_STATE_MAGIC, kvs__llama_hash */
@@ -193,6 +195,88 @@ static uint64_t seeded(const uint8_t *obj, size_t csum_off, size_t hdr, size_t l
   return kvs__llama_hash(obj + hdr, len - hdr, h);
 }
 
+static uint8_t *put_u32(uint8_t *o, uint32_t v) {
+  memcpy(o, &v, 4);
+  return o + 4;
+}
+static uint8_t *put_u64(uint8_t *o, uint64_t v) {
+  memcpy(o, &v, 8);
+  return o + 8;
+}
+
+/* Move len bytes between a place in the state (st) and the chunk's payload (pl): out of the
+ * state when splitting, into it when assembling. */
+static void mv(uint8_t *st, uint8_t *pl, uint64_t len, bool split) {
+  if (split) memcpy(pl, st, (size_t)len);
+  else memcpy(st, pl, (size_t)len);
+}
+
+/* The one walk of a state's layout by its frame, shared by the splitter and the assembler: the
+ * state of sequence seq holding N tokens in frame f (checked) at state. With pl NULL, write all
+ * of the state but the per-token payload (the state header, stream counts, cell metadata but
+ * its ext, the section and layer headers). Else move one chunk's payload pl (tokens [a, a + n),
+ * in the payload's order: per section ext, K per layer, V per layer) between its places in the
+ * state and pl: out of the state (split; the state is only read) or into it. Returns the end
+ * of the state. */
+static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *state, uint8_t *pl,
+                        uint64_t a, uint64_t n, bool split) {
+  kvs__llama_frame_hdr_t fh;
+  memcpy(&fh, f, sizeof fh);
+  const bool ext = (fh.flags & KVS_LLAMA_FRAME_EXT) != 0;
+  const bool has_v = (fh.flags & KVS_LLAMA_FRAME_HAS_V) != 0;
+  const uint64_t mb = meta_bytes(fh.flags);
+  const uint8_t *lay = f + sizeof fh + fh.n_sections * sizeof(kvs__llama_frame_sec_t);
+  uint8_t *o = state + 8;
+  if (!pl) put_u32(put_u32(state, KVS_LLAMA_STATE_MAGIC), (uint32_t)seq);
+  for (uint32_t i = 0; i < fh.n_sections; i++) {
+    kvs__llama_frame_sec_t s;
+    memcpy(&s, f + sizeof fh + i * sizeof s, sizeof s);
+    /* each stream's count, the sequence's cells right after its own (state_write) */
+    uint32_t mine = stream_of(s.n_stream, seq);
+    if (!pl) {
+      o = put_u32(o, s.n_stream);
+      for (uint32_t k = 0; k <= mine; k++) o = put_u32(o, k == mine ? (uint32_t)N : 0);
+      for (uint64_t k = 0; k < N; k++) { /* pos k, one seq id (the destination's); ext: pl */
+        o = put_u32(put_u32(o, (uint32_t)k), 1);
+        o = put_u32(o + (ext ? KVS_LLAMA_CELL_EXT : 0), (uint32_t)seq);
+      }
+      o = put_u32(put_u32(o, s.v_trans), s.n_layer);
+    } else {
+      o += 4 + 4 * ((uint64_t)mine + 1);
+      for (uint64_t j = 0; ext && j < n; j++, pl += KVS_LLAMA_CELL_EXT)
+        mv(o + (a + j) * mb + 8, pl, KVS_LLAMA_CELL_EXT, split);
+      o += N * mb + 8;
+    }
+    for (uint32_t l = 0; l < s.n_layer; l++) {
+      kvs__llama_frame_layer_t L;
+      memcpy(&L, lay + l * sizeof L, sizeof L);
+      if (!pl) put_u64(put_u32(o, (uint32_t)L.k_type), L.k_row);
+      o += 12;
+      if (pl) mv(o + a * L.k_row, pl, n * L.k_row, split), pl += n * L.k_row;
+      o += N * L.k_row;
+    }
+    for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
+      kvs__llama_frame_layer_t L;
+      memcpy(&L, lay + l * sizeof L, sizeof L);
+      if (!pl && s.v_trans) put_u32(put_u32(put_u32(o, (uint32_t)L.v_type), L.v_el), L.v_embd);
+      else if (!pl) put_u64(put_u32(o, (uint32_t)L.v_type), L.v_row);
+      o += 12;
+      if (s.v_trans) { /* element j of every cell is one run of N values: the chunk's n of it */
+        for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += n * L.v_el)
+          mv(o + (j * N + a) * L.v_el, pl, n * L.v_el, split);
+        o += N * L.v_el * L.v_embd;
+      } else {
+        if (pl) mv(o + a * L.v_row, pl, n * L.v_row, split), pl += n * L.v_row;
+        o += N * L.v_row;
+      }
+    }
+    for (uint32_t k = mine + 1; k < s.n_stream; k++, o += 4)
+      if (!pl) put_u32(o, 0);
+    lay += s.n_layer * sizeof(kvs__llama_frame_layer_t);
+  }
+  return o;
+}
+
 uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_scan_t *sc,
                                  uint32_t T, kvs_key_t ns, uint8_t *dst, size_t cap) {
   if (T == 0 || cap < sc->frame_size) return 0;
@@ -260,7 +344,7 @@ uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, u
 kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   const kvs__llama_chunks_scan_t *sc,
                                                   const int32_t *tok, uint32_t T, uint32_t c,
-                                                  uint64_t frame_id, kvs_key_t ns, uint8_t *dst,
+                                                  const uint8_t *frame, kvs_key_t ns, uint8_t *dst,
                                                   size_t cap) {
   uint64_t size = kvs__llama_chunk_size(sc, T, c);
   if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
@@ -275,43 +359,15 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   h.index = c;
   h.n_tokens = n;
   h.chunk_tokens = T;
-  h.frame_id = frame_id;
+  memcpy(&h.frame_id, frame + offsetof(kvs__llama_frame_hdr_t, checksum), 8);
   h.payload = (uint64_t)n * sc->cell_bytes;
   h.ns_lo = ns.lo;
   h.ns_hi = ns.hi;
-  uint8_t *o = dst + sizeof h;
-  memcpy(o, tok + a, 4 * (size_t)n);
-  o += 4 * (size_t)n;
-  uint64_t mb = meta_bytes(sc->flags);
-  for (uint32_t i = 0; i < sc->n_sections; i++) {
-    size_t meta;
-    rd_t r = {state, (size_t)-1, sec_data(state, sc, i, &meta), false};
-    if (sc->flags & KVS_LLAMA_FRAME_EXT)
-      for (uint64_t k = a; k < a + n; k++, o += KVS_LLAMA_CELL_EXT)
-        memcpy(o, state + meta + k * mb + 8, KVS_LLAMA_CELL_EXT);
-    uint32_t v_trans = rd_u32(&r), n_layer = rd_u32(&r);
-    for (uint32_t l = 0; l < n_layer; l++) {
-      r.off += 4;
-      uint64_t row = rd_u64(&r);
-      memcpy(o, state + r.off + a * row, (size_t)(n * row));
-      o += n * row;
-      r.off += (size_t)(N * row);
-    }
-    for (uint32_t l = 0; (sc->flags & KVS_LLAMA_FRAME_HAS_V) && l < n_layer; l++) {
-      r.off += 4;
-      if (v_trans) { /* element j of every cell is one run of N values: take the chunk's n */
-        uint32_t el = rd_u32(&r), embd = rd_u32(&r);
-        for (uint32_t j = 0; j < embd; j++, o += (size_t)n * el)
-          memcpy(o, state + r.off + ((uint64_t)j * N + a) * el, (size_t)n * el);
-        r.off += (size_t)(N * el * embd);
-      } else {
-        uint64_t row = rd_u64(&r);
-        memcpy(o, state + r.off + a * row, (size_t)(n * row));
-        o += n * row;
-        r.off += (size_t)(N * row);
-      }
-    }
-  }
+  memcpy(dst + sizeof h, tok + a, 4 * (size_t)n);
+  /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
+   * walk only reads it when splitting */
+  lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
+          true);
   memcpy(dst, &h, sizeof h);
   h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
@@ -368,9 +424,10 @@ kvs__llama_chunks_status_t kvs__llama_frame_check(const uint8_t *f, size_t len, 
   return KVS_LLAMA_CHUNKS_OK;
 }
 
-kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t len,
-                                                  const kvs__llama_frame_hdr_t *fh, uint32_t c,
-                                                  kvs__llama_chunk_hdr_t *hdr) {
+/* kvs__llama_chunk_check but its checksum: *h its header on OK. */
+static kvs__llama_chunks_status_t chunk_fields(const uint8_t *chunk, size_t len,
+                                               const kvs__llama_frame_hdr_t *fh, uint32_t c,
+                                               kvs__llama_chunk_hdr_t *hdr) {
   kvs__llama_chunk_hdr_t h;
   if (!chunk || len < sizeof h) return KVS_LLAMA_CHUNKS_SHORT;
   memcpy(&h, chunk, sizeof h);
@@ -385,6 +442,16 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
       h.payload != (uint64_t)h.n_tokens * fh->cell_bytes)
     return KVS_LLAMA_CHUNKS_FIELD;
   if (len != sizeof h + 4ull * h.n_tokens + h.payload) return KVS_LLAMA_CHUNKS_LENGTH;
+  *hdr = h;
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t len,
+                                                  const kvs__llama_frame_hdr_t *fh, uint32_t c,
+                                                  kvs__llama_chunk_hdr_t *hdr) {
+  kvs__llama_chunk_hdr_t h;
+  kvs__llama_chunks_status_t st = chunk_fields(chunk, len, fh, c, &h);
+  if (st != KVS_LLAMA_CHUNKS_OK) return st;
   if (seeded(chunk, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, len) != h.checksum)
     return KVS_LLAMA_CHUNKS_CHECKSUM;
   if (hdr) *hdr = h;
@@ -409,29 +476,6 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n) {
   return size;
 }
 
-static uint8_t *put_u32(uint8_t *o, uint32_t v) {
-  memcpy(o, &v, 4);
-  return o + 4;
-}
-static uint8_t *put_u64(uint8_t *o, uint64_t v) {
-  memcpy(o, &v, 8);
-  return o + 8;
-}
-
-/* Copy one run of every chunk, in chunk order: n_i * sublen bytes from n_i * (cum + sub) in
- * chunk i's payload (n_i its tokens; cum: payload bytes per token of the parts before this
- * part; sub: bytes per token of this part before the run, for V's element runs). */
-static uint8_t *gather(uint8_t *o, const uint8_t *const *ch, uint32_t nch, uint32_t T,
-                       uint32_t last_n, uint64_t cum, uint64_t sub, uint64_t sublen) {
-  for (uint32_t i = 0; i < nch; i++) {
-    uint64_t n = i + 1 == nch ? last_n : T;
-    const uint8_t *pl = ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n;
-    memcpy(o, pl + n * cum + n * sub, (size_t)(n * sublen));
-    o += n * sublen;
-  }
-  return o;
-}
-
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,
@@ -443,83 +487,36 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
   if (nch == 0 || !ch || !chlen) return KVS_LLAMA_CHUNKS_ORDER;
   if (seq < 0) return KVS_LLAMA_CHUNKS_FIELD;
   uint64_t N = 0;
-  uint32_t last_n = 0;
-  for (uint32_t i = 0; i < nch; i++) {
+  for (uint32_t i = 0; i < nch; i++) { /* every field first; the checksums while copying */
     kvs__llama_chunk_hdr_t h;
-    st = kvs__llama_chunk_check(ch[i], chlen[i], &fh, i, &h);
+    st = chunk_fields(ch[i], chlen[i], &fh, i, &h);
     if (st != KVS_LLAMA_CHUNKS_OK) return st;
     if (i + 1 < nch && h.n_tokens != T) return KVS_LLAMA_CHUNKS_ORDER;
     N += h.n_tokens;
-    last_n = h.n_tokens;
   }
   uint64_t size = kvs__llama_chunks_state_size(f, N);
   if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
-  const uint8_t *lay = f + sizeof fh + fh.n_sections * sizeof(kvs__llama_frame_sec_t);
   for (uint32_t i = 0; i < fh.n_sections; i++) { /* the sequence must have a stream */
     kvs__llama_frame_sec_t s;
     memcpy(&s, f + sizeof fh + i * sizeof s, sizeof s);
     if (s.n_stream > 1 && (uint32_t)seq >= s.n_stream) return KVS_LLAMA_CHUNKS_FIELD;
   }
   if (!dst || cap < size) return KVS_LLAMA_CHUNKS_SPACE;
-
-  uint8_t *o = put_u32(dst, KVS_LLAMA_STATE_MAGIC);
-  o = put_u32(o, (uint32_t)seq);
-  bool ext = (fh.flags & KVS_LLAMA_FRAME_EXT) != 0, has_v = (fh.flags & KVS_LLAMA_FRAME_HAS_V);
-  uint64_t cum = 0; /* payload bytes per token of the parts already gathered */
-  uint64_t li = 0;
-  for (uint32_t i = 0; i < fh.n_sections; i++) {
-    kvs__llama_frame_sec_t s;
-    memcpy(&s, f + sizeof fh + i * sizeof s, sizeof s);
-    /* each stream's count, the sequence's cells right after its own (state_write) */
-    uint32_t mine = stream_of(s.n_stream, seq);
-    o = put_u32(o, s.n_stream);
-    for (uint32_t st2 = 0; st2 <= mine; st2++) o = put_u32(o, st2 == mine ? (uint32_t)N : 0);
-    /* cell metadata: pos k, one seq id (the destination's), ext from the chunks */
-    uint64_t k = 0;
-    for (uint32_t c = 0; c < nch; c++) {
-      uint64_t n = c + 1 == nch ? last_n : T;
-      const uint8_t *pl = ch[c] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n;
-      for (uint64_t j = 0; j < n; j++, k++) {
-        o = put_u32(o, (uint32_t)k);
-        o = put_u32(o, 1);
-        if (ext) {
-          memcpy(o, pl + n * cum + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT);
-          o += KVS_LLAMA_CELL_EXT;
-        }
-        o = put_u32(o, (uint32_t)seq);
-      }
-    }
-    if (ext) cum += KVS_LLAMA_CELL_EXT;
-    o = put_u32(o, s.v_trans);
-    o = put_u32(o, s.n_layer);
-    for (uint32_t l = 0; l < s.n_layer; l++) {
-      kvs__llama_frame_layer_t L;
-      memcpy(&L, lay + (li + l) * sizeof L, sizeof L);
-      o = put_u32(o, (uint32_t)L.k_type);
-      o = put_u64(o, L.k_row);
-      o = gather(o, ch, nch, T, last_n, cum, 0, L.k_row);
-      cum += L.k_row;
-    }
-    for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
-      kvs__llama_frame_layer_t L;
-      memcpy(&L, lay + (li + l) * sizeof L, sizeof L);
-      o = put_u32(o, (uint32_t)L.v_type);
-      if (s.v_trans) {
-        o = put_u32(o, L.v_el);
-        o = put_u32(o, L.v_embd);
-        for (uint32_t j = 0; j < L.v_embd; j++) /* element j: every chunk's run of n values */
-          o = gather(o, ch, nch, T, last_n, cum, (uint64_t)j * L.v_el, L.v_el);
-        cum += (uint64_t)L.v_el * L.v_embd;
-      } else {
-        o = put_u64(o, L.v_row);
-        o = gather(o, ch, nch, T, last_n, cum, 0, L.v_row);
-        cum += L.v_row;
-      }
-    }
-    for (uint32_t st2 = mine + 1; st2 < s.n_stream; st2++) o = put_u32(o, 0);
-    li += s.n_layer;
+  /* One pass over each chunk: its checksum, then (while it is in cache) its payload copied to
+   * its places. A damaged chunk is found only after the chunks before it were copied: dst is
+   * then partly written (CHECKSUM is the one refusal that writes). */
+  for (uint32_t i = 0; i < nch; i++) {
+    const size_t cs = offsetof(kvs__llama_chunk_hdr_t, checksum);
+    uint64_t sum;
+    memcpy(&sum, ch[i] + cs, 8);
+    if (seeded(ch[i], cs, sizeof(kvs__llama_chunk_hdr_t), chlen[i]) != sum)
+      return KVS_LLAMA_CHUNKS_CHECKSUM;
+    uint64_t n = i + 1 < nch ? T : N - (uint64_t)i * T;
+    /* (assembling: the chunk is only read) */
+    uint8_t *pl = (uint8_t *)(uintptr_t)(ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n);
+    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, false);
   }
-  *out_len = (size_t)(o - dst);
+  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, false) - dst);
   return KVS_LLAMA_CHUNKS_OK;
 }
 

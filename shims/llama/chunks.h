@@ -166,11 +166,12 @@ uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_s
 uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t c);
 
 /* Write chunk c of the scanned state (its tokens tok[c T, c T + n), tok holding sc->n_cells
- * tokens) into dst (cap >= kvs__llama_chunk_size). OK, SPACE or FIELD (c out of range). */
+ * tokens) into dst (cap >= kvs__llama_chunk_size), with frame, the state's own frame
+ * (kvs__llama_chunks_frame with the same T and ns). OK, SPACE or FIELD (c out of range). */
 kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   const kvs__llama_chunks_scan_t *sc,
                                                   const int32_t *tok, uint32_t T, uint32_t c,
-                                                  uint64_t frame_id, kvs_key_t ns, uint8_t *dst,
+                                                  const uint8_t *frame, kvs_key_t ns, uint8_t *dst,
                                                   size_t cap);
 
 /* Check a frame object: every field, its length and its checksum, against the chunk size T and
@@ -188,9 +189,12 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks
- * ch[0 .. nch) (lengths chlen), in frame f, every object checked first (kvs__llama_frame_check
- * with T and ns, kvs__llama_chunk_check with index i for ch[i]), nothing written to dst unless
- * all pass. OK with *out_len the state's bytes, or the first refusal. */
+ * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T
+ * and ns, kvs__llama_chunk_check with index i for ch[i]). One pass over each chunk: its
+ * checksum, then its payload copied once into place (design §10.4). OK with *out_len the
+ * state's bytes, or the first refusal; *out_len is set only on OK, and nothing is written to
+ * dst on a refusal but CHECKSUM (the chunks before the damaged one were copied: dst holds no
+ * usable state). */
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,

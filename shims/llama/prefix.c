@@ -217,6 +217,7 @@ typedef struct px_ctx {
    * holds a state being split or a blob being assembled, cpin the pieces of a restore (both
    * kvs__prim_alloc, owned here). */
   bool chunks;
+  bool chunks_window; /* chunk storage asked for, but a window cache: every state stored whole */
   void *cbuf, *cpin;
   size_t cbuf_cap, cpin_cap;
   uint32_t memo_next;
@@ -317,6 +318,11 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   c->chunk = (uint32_t)o->chunk_tokens;
   c->min_tokens = (uint32_t)o->llama_min_tokens;
   c->chunks = o->llama_chunks && !c->swa; /* a window cache's states do not split */
+  c->chunks_window = o->llama_chunks && c->swa;
+  if (c->chunks_window)
+    kvs_log_info("llama.cpp prefix cache: chunk storage off for this context: a sliding-window "
+                 "cache without swa_full keeps only the window's cells; states stored whole "
+                 "(llama_chunks_whole_window)");
   kvs__px_pfn_llama_supports_gpu_offload gpu_fn = px_real_llama_supports_gpu_offload();
   bool gpu = gpu_fn ? gpu_fn() : true; /* unknown: the strict rules */
   c->rules.ubatch = ub;
@@ -415,6 +421,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->disabled = false;
     slot->swa = tmp.swa;
     slot->chunks = tmp.chunks;
+    slot->chunks_window = tmp.chunks_window;
     slot->cbuf = slot->cpin = NULL;
     slot->cbuf_cap = slot->cpin_cap = 0;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
@@ -560,6 +567,9 @@ static bool px_grow(void **buf, size_t *cap, size_t need) {
     rc = kvs__prim_alloc(need, &p);
   }
   if (rc < 0) return false;
+  /* huge pages where the kernel gives them on request: a state-sized scratch buffer's first
+   * use is otherwise one page fault per 4 KiB (a restore by assembly's first copy) */
+  kvs__prim_hugepage_hint(p, need);
   kvs__prim_unmap(*buf, *cap);
   *buf = p;
   *cap = need;
@@ -738,13 +748,12 @@ static bool px_point_ok(const px_ctx_t *c, const px_plan_t *pl, uint32_t k) {
  * (kvs__px_restore_ok), at most the blob's canonical tokens and the tokens it shares with the
  * prompt. 0: none beyond n. */
 static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
-                                 const kvs__llama_blob_hdr_t *h, const uint8_t *blob) {
+                                 const kvs__llama_blob_hdr_t *h, const int32_t *btok) {
   uint32_t lim = h->canon_tokens ? h->canon_tokens : h->keyed_tokens;
   if (lim > pl->n + pl->m) lim = pl->n + pl->m;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
   uint32_t same = pl->keyed; /* checked equal by the caller */
-  while (same < lim && memcmp(blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)same, tok + same, 4) == 0)
-    same++;
+  while (same < lim && memcmp(btok + same, tok + same, 4) == 0) same++;
   const uint32_t al = c->rules.align;
   if (c->swa) /* a window state is restored whole, untrimmed, or not at all */
     return h->n_tokens == h->keyed_tokens && same == h->n_tokens &&
@@ -762,6 +771,10 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   return 0;
 }
 
+static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                        const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
+                        const uint8_t *state, uint32_t *k_out);
+
 /* Check blob (found under the key of pl->keyed tokens), choose the restore point *k and restore
  * it into the sequence (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)). */
 static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
@@ -775,9 +788,7 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     return PX_BAD;
   }
-  int32_t s = pl->s;
-  uint32_t n = pl->n;
-  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
   if (h.keyed_tokens < pl->keyed ||
       memcmp(blob + KVS_LLAMA_BLOB_HDR, tok, (size_t)pl->keyed * 4) != 0) {
     kvs_log_warn("llama.cpp prefix cache: cached state refused: its tokens are not the prompt's");
@@ -785,9 +796,23 @@ static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px
     return PX_BAD;
   }
   if (h.n_tokens > c->sh.cap) return PX_SKIP; /* more cells than the sequence may hold */
-  uint32_t k = px_restore_point(c, pl, &h, blob);
+  return px_load(c, ctx, pl, &h, (const int32_t *)(const void *)(blob + KVS_LLAMA_BLOB_HDR),
+                 blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens, k_out);
+}
+
+/* Restore a checked state (h: its n_tokens, keyed_tokens, canon_tokens, state_size; btok its
+ * n_tokens tokens, the first pl->keyed checked equal to the prompt's; state its state_size
+ * bytes, a llama_state_seq_get_data output) into sequence pl->s up to the restore point
+ * px_restore_point chooses (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)).
+ * Shared by whole blobs (px_restore_blob) and assembled states (px_restore_chunks). */
+static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
+                        const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
+                        const uint8_t *state, uint32_t *k_out) {
+  const kvs__llama_blob_hdr_t h = *hp;
+  int32_t s = pl->s;
+  uint32_t n = pl->n;
+  uint32_t k = px_restore_point(c, pl, &h, btok);
   if (!k) return PX_NONE;
-  const uint8_t *state = blob + KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens;
   const char *why = NULL;
   if (pl->rebase && !c->saved_len && !px_save_seq(c, ctx, s)) return PX_SKIP;
   kvs__llama_state_api_t api;
@@ -968,7 +993,7 @@ typedef struct px_fill {
   const kvs__llama_chunks_scan_t *sc;
   const int32_t *tok;
   uint32_t T, index;
-  uint64_t id, flen;
+  uint64_t flen;
   kvs_key_t ns;
 } px_fill_t;
 
@@ -981,7 +1006,7 @@ static int px_fill_frame(void *arg, uint8_t *dst) {
 static int px_fill_chunk(void *arg, uint8_t *dst) {
   const px_fill_t *f = arg;
   uint64_t len = kvs__llama_chunk_size(f->sc, f->T, f->index);
-  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->id, f->ns, dst,
+  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->frame, f->ns, dst,
                                 (size_t)len) == KVS_LLAMA_CHUNKS_OK
              ? 0
              : -EIO;
@@ -1007,6 +1032,9 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   kvs__llama_chunks_status_t r = kvs__llama_chunks_scan(c->cbuf, S, &sc);
   if (r != KVS_LLAMA_CHUNKS_OK || sc.n_cells < J * c->chunk) {
     kvs_stats_inc(st, KVS_STAT_llama_chunks_whole);
+    kvs_stats_inc(st, r == KVS_LLAMA_CHUNKS_OK || r == KVS_LLAMA_CHUNKS_CELLS
+                          ? KVS_STAT_llama_chunks_whole_cells
+                          : KVS_STAT_llama_chunks_whole_layout);
     kvs_log_info("llama.cpp prefix cache: state of sequence %d stored whole: %s", s,
                  r != KVS_LLAMA_CHUNKS_OK ? kvs__llama_chunks_status_name(r)
                                           : "fewer cells than tokens");
@@ -1017,7 +1045,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   uint64_t id = kvs__llama_chunks_frame(state, &sc, c->chunk, c->ns, frame, (size_t)sc.frame_size);
   if (!id) return -EIO;
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0, id,
+  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0,
                  sc.frame_size, c->ns};
   int rc = kvs__llama_obj_store(&home, px_frame_key(c, id), sc.frame_size, px_fill_frame, &f);
   if (rc < 0 && rc != -EEXIST) return rc;
@@ -1149,15 +1177,14 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t N = (uint64_t)good * C;
   uint64_t S = kvs__llama_chunks_state_size(fr.p, N);
   if (fr.len < sizeof(kvs__llama_frame_hdr_t) || !S || N > c->sh.cap) goto out;
-  uint64_t blen = KVS_LLAMA_BLOB_HDR + 4 * N + S;
-  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)blen)) goto out;
-  uint8_t *blob = c->cbuf;
+  /* the state straight into cbuf (reused: grown, never shrunk), each chunk checked (its
+   * checksum: one pass) and copied once; handed to llama_state_seq_set_data from there with the
+   * prompt's tokens (the run's, checked equal above): no blob is sealed or checked again */
+  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) goto out;
   size_t got = 0;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
-      fr.p, fr.len, C, c->ns, ptr, lens, good, pl->s, blob + KVS_LLAMA_BLOB_HDR + 4 * N,
-      (size_t)S, &got);
+  uint64_t t0 = kvs__now_ns();
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(fr.p, fr.len, C, c->ns, ptr, lens,
+                                                            good, pl->s, c->cbuf, (size_t)S, &got);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
@@ -1172,30 +1199,14 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     res = PX_BAD;
     goto out;
   }
-  for (uint32_t i = 0; i < good; i++) /* the tokens, as a blob carries them */
-    memcpy(blob + KVS_LLAMA_BLOB_HDR + 4ull * i * C, pc[i].p + sizeof h0, 4ull * C);
+  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   kvs__llama_blob_hdr_t bh;
   memset(&bh, 0, sizeof bh);
-  bh.magic = KVS_LLAMA_BLOB_MAGIC;
-  bh.version = KVS_LLAMA_BLOB_VERSION;
-  bh.hdr_size = (uint16_t)KVS_LLAMA_BLOB_HDR;
-  bh.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
   bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
-  bh.chunk_tokens = C;
   bh.state_size = got;
-  memcpy(bh.model_fp, c->fp, sizeof bh.model_fp);
-  bh.ns_lo = c->ns.lo;
-  bh.ns_hi = c->ns.hi;
-  memcpy(blob, &bh, sizeof bh);
-  bh.checksum = kvs__llama_blob_checksum_fast(blob, blen);
-  memcpy(blob, &bh, sizeof bh);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns,
-                (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
-                    (uint64_t)t0.tv_nsec);
-  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   pl->keyed = (uint32_t)N;
-  res = px_restore_blob(c, ctx, pl, blob, blen, k);
+  res = px_load(c, ctx, pl, &bh, tok, c->cbuf, k);
   if (res == PX_OK && n > run)
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
 out:
@@ -1286,12 +1297,25 @@ static uint32_t px_restore_timed(px_ctx_t *c, struct llama_context *ctx, int32_t
   return r == PX_OK ? k : 0;
 }
 
+/* This thread's CPU time, ns (the debug lines' second figure: on a machine shared with other
+ * work, wall time counts the time the thread waited for a CPU). */
+static uint64_t px_cpu_ns(void) {
+  struct timespec t;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0;
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
 /* px_restore_timed, its time in llama_prefix_restore_ns. */
 static uint32_t px_restore(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
                            uint32_t first_out, int mode, bool *possible) {
-  uint64_t t0 = kvs__now_ns();
+  uint64_t t0 = kvs__now_ns(), c0 = px_cpu_ns();
   uint32_t k = px_restore_timed(c, ctx, s, m, first_out, mode, possible);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restore_ns, kvs__now_ns() - t0);
+  uint64_t dt = kvs__now_ns() - t0;
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restore_ns, dt);
+  if (k) /* one line per restore: bench_chunks.py --timing takes the median of these */
+    kvs_log_debug("llama.cpp prefix cache: sequence %d: %u tokens restored in %llu ns "
+                  "(%llu ns on CPU)", s, k, (unsigned long long)dt,
+                  (unsigned long long)(px_cpu_ns() - c0));
   return k;
 }
 
@@ -1345,6 +1369,10 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
       return false;
     }
   }
+  if (c->chunks_window) { /* (the other reasons are counted by px_snapshot_chunks) */
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_whole);
+    kvs_stats_inc(st, KVS_STAT_llama_chunks_whole_window);
+  }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;
   px_state_api(&api);
@@ -1395,9 +1423,16 @@ failed:
 
 /* px_snapshot_timed, its time in llama_prefix_snapshot_ns (the producer's cost: docs/PERF.md 13). */
 static bool px_snapshot(px_ctx_t *c, struct llama_context *ctx, int32_t s) {
-  uint64_t t0 = kvs__now_ns();
+  uint64_t t0 = kvs__now_ns(), c0 = px_cpu_ns();
+  uint64_t b0 = kvs_stats_get(px_stats(), KVS_STAT_llama_prefix_snapshot_bytes);
   bool ok = px_snapshot_timed(c, ctx, s);
-  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_snapshot_ns, kvs__now_ns() - t0);
+  uint64_t dt = kvs__now_ns() - t0;
+  kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_snapshot_ns, dt);
+  uint64_t b = kvs_stats_get(px_stats(), KVS_STAT_llama_prefix_snapshot_bytes) - b0;
+  if (b) /* one line per store that wrote (other threads' bytes too when they store at once) */
+    kvs_log_debug("llama.cpp prefix cache: sequence %d: %llu bytes stored in %llu ns "
+                  "(%llu ns on CPU)", s, (unsigned long long)b, (unsigned long long)dt,
+                  (unsigned long long)(px_cpu_ns() - c0));
   return ok;
 }
 

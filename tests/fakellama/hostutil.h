@@ -1,5 +1,5 @@
 /* tests/fakellama: what the two test engines (fakehost.c, prefixhost.c) share: argument
- * parsing, token specs, the fake GGUF writer, the file/timing commands, the command loop and the
+ * parsing, token specs, mkmodel (fakegguf.h's writer), the file/timing commands, the command loop and the
  * scan of kvshim's pool for blobs to corrupt. Each host defines HOST_NAME (its die() prefix) and
  * SLOTS before including this header; everything here is static to that one program. */
 #ifndef KVSHIM_TESTS_HOSTUTIL_H
@@ -16,6 +16,7 @@
 
 #include "blob.h"
 #include "blobtest.h"
+#include "fakegguf.h"
 #include "poolscan.h"
 
 #ifndef HOST_NAME
@@ -97,55 +98,14 @@ static void parse_spec(const char *spec, toks_t *out, int32_t vocab) {
   }
 }
 
-/* ---- the fake GGUF model file ------------------------------------------------------------- */
-
-static void put_str(FILE *f, const char *s) {
-  uint64_t n = strlen(s);
-  fwrite(&n, 8, 1, f);
-  fwrite(s, 1, n, f);
-}
-static void put_kv_str(FILE *f, const char *k, const char *v) {
-  uint32_t t = 8;
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  put_str(f, v);
-}
-static void put_kv_u32(FILE *f, const char *k, uint32_t v) {
-  uint32_t t = 4;
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  fwrite(&v, 4, 1, f);
-}
-
 /* mkmodel PATH NAME NLAYER NEMBD WEIGHT_KB SEED [SWA] (SWA > 0: a sliding window of SWA tokens,
  * fakellama.attention.sliding_window, which llama_model_n_swa reports) */
 static void mkmodel(char **a, int argn) {
   uint32_t swa = argn > 6 ? (uint32_t)num(a[6]) : 0;
   FILE *f = fopen(a[0], "wb");
   if (!f) die("cannot write '%s'", a[0]);
-  uint32_t magic = 0x46554747u, ver = 3;
-  uint64_t n_tensors = 0, n_kv = swa ? 5 : 4;
-  fwrite(&magic, 4, 1, f);
-  fwrite(&ver, 4, 1, f);
-  fwrite(&n_tensors, 8, 1, f);
-  fwrite(&n_kv, 8, 1, f);
-  put_kv_str(f, "general.architecture", "fakellama");
-  put_kv_str(f, "general.name", a[1]);
-  put_kv_u32(f, "fakellama.block_count", (uint32_t)num(a[2]));
-  put_kv_u32(f, "fakellama.embedding_length", (uint32_t)num(a[3]));
-  if (swa) put_kv_u32(f, "fakellama.attention.sliding_window", swa);
-  long kb = num(a[4]);
-  uint64_t x = (uint64_t)num(a[5]) * 0x2545f4914f6cdd1dull + 7;
-  uint8_t blk[1024];
-  for (long i = 0; i < kb; i++) {
-    for (size_t j = 0; j < sizeof blk; j++) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      blk[j] = (uint8_t)(x >> 32);
-    }
-    fwrite(blk, 1, sizeof blk, f);
-  }
+  fakegguf_write(f, a[1], (uint32_t)num(a[2]), (uint32_t)num(a[3]), num(a[4]),
+                 (uint64_t)num(a[5]), swa);
   if (fclose(f) != 0) die("cannot write '%s'", a[0]);
   printf("mkmodel ok\n");
 }
@@ -212,9 +172,11 @@ static void run_all(int n, char **cmds, host_run_fn run) {
 typedef int (*blob_corrupt_fn)(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t blob_len,
                                const char *mode);
 
-/* Walks this process's writable kvshim pool mappings page by page and applies fn to every live
- * blob of this kind; prints "corrupt ok|notfound HITS". */
-static void corrupt_pool(uint32_t kind, blob_corrupt_fn fn, const char *mode) {
+/* Walks this process's writable kvshim pool mappings page by page: visit(p, hi, arg) for every
+ * page start p with at least hdr bytes before the mapping's end hi; returns how many visits
+ * returned 0 (the objects changed). Objects start on a page (the store's extents). */
+typedef int (*pool_visit_fn)(uint8_t *p, uintptr_t hi, void *arg);
+static int pool_walk(size_t hdr, pool_visit_fn visit, void *arg) {
   FILE *maps = fopen("/proc/self/maps", "r");
   if (!maps) die("%s", "no /proc/self/maps");
   char line[512];
@@ -226,17 +188,35 @@ static void corrupt_pool(uint32_t kind, blob_corrupt_fn fn, const char *mode) {
     char perms[8];
     if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
       continue;
-    for (uintptr_t p = lo; p + KVS_LLAMA_BLOB_HDR <= hi; p += (uintptr_t)page) {
-      kvs__llama_blob_hdr_t h;
-      peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != kind)
-        continue;
-      uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
-      if (p + len > hi || in_free_extent(p, len)) continue;
-      if (fn((uint8_t *)p, &h, len, mode) == 0) hits++;
-    }
+    for (uintptr_t p = lo; p + hdr <= hi; p += (uintptr_t)page)
+      if (visit((uint8_t *)p, hi, arg) == 0) hits++;
   }
   fclose(maps);
+  return hits;
+}
+
+typedef struct corrupt_blobs {
+  uint32_t kind;
+  blob_corrupt_fn fn;
+  const char *mode;
+} corrupt_blobs_t;
+
+static int corrupt_blob_at(uint8_t *p, uintptr_t hi, void *arg) {
+  const corrupt_blobs_t *c = arg;
+  kvs__llama_blob_hdr_t h;
+  peek(&h, p, sizeof h);
+  if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.hdr_size != KVS_LLAMA_BLOB_HDR || h.kind != c->kind)
+    return 1;
+  uint64_t len = KVS_LLAMA_BLOB_HDR + 4 * (uint64_t)h.n_tokens + h.state_size;
+  if ((uintptr_t)p + len > hi || in_free_extent((uintptr_t)p, len)) return 1;
+  return c->fn(p, &h, len, c->mode);
+}
+
+/* Applies fn to every live blob of this kind in this process's pool; prints
+ * "corrupt ok|notfound HITS". */
+static void corrupt_pool(uint32_t kind, blob_corrupt_fn fn, const char *mode) {
+  corrupt_blobs_t c = {kind, fn, mode};
+  int hits = pool_walk(KVS_LLAMA_BLOB_HDR, corrupt_blob_at, &c);
   printf("corrupt %s %d\n", hits ? "ok" : "notfound", hits);
 }
 

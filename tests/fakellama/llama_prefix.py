@@ -67,6 +67,10 @@ Cases:
               chunk is stored again; a fresh
               process restores from the first one's chunks, and from `kvshim serve`'s pool
               (one copy per node: no engine keeps a copy): identical
+  chunks-mix  one restore by assembly from the process's own chunks and a peer's: identical
+  chunks-evict  chunks evicted between store and restore: the restore stops before the first
+              missing one, the next snapshot stores them again: identical
+  chunks-foreign  chunks of another model or KV type are never found nor assembled: identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -575,10 +579,27 @@ def case_swa(ctx):
                    "sliding window", KVSHIM_PEERS=0)
     expect(st, "sliding window", snapshots=("==", 3), restores=("==", 1),
            restored_tokens=("==", 512), restore_failures=("==", 0))
-    # with swa_full (llama.cpp keeps every cell) the cache works as on any model
+    # chunk storage asked for: the same whole states, each counted with its reason, and said
+    st, err = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 0"] + prompts,
+                   "sliding window, chunks", KVSHIM_PEERS=0, KVSHIM_LLAMA_CHUNKS=1,
+                   KVSHIM_LOG="info")
+    expect(st, "sliding window, chunks", snapshots=("==", 3), restored_tokens=("==", 512))
+    cs = chunk_stats(st)
+    check(cs.get("llama_chunks_whole") == 3 and cs.get("llama_chunks_whole_window") == 3 and
+          cs.get("llama_chunks_stored") == 0, f"window states not counted as whole: {cs}")
+    check("chunk storage off for this context: a sliding-window cache" in err,
+          f"no line says why the states are whole:\n{err[-2000:]}")
+    # with swa_full (llama.cpp keeps every cell) the cache works as on any model, and its
+    # states (a base and a window section) split into chunks
     st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
                  "sliding window, swa_full", KVSHIM_PEERS=0)
     expect(st, "sliding window, swa_full", snapshots=(">=", 1), restores=(">=", 1))
+    st, _ = same(ctx, [f"model 0 {w}", "ctx 0 0 1 1 4096 2048 512 1"] + prompts,
+                 "sliding window, swa_full, chunks", KVSHIM_PEERS=0, KVSHIM_LLAMA_CHUNKS=1)
+    expect(st, "sliding window, swa_full, chunks", restores=(">=", 1))
+    cs = chunk_stats(st)
+    check(cs.get("llama_chunks_whole") == 0 and cs.get("llama_chunks_stored", 0) >= 4 and
+          cs.get("llama_chunks_assembled", 0) >= 1, f"swa_full: not split: {cs}")
 
 
 def case_held_mixed(ctx):
@@ -693,6 +714,116 @@ def case_chunks(ctx):
           f"B kept no copy and stored only its own chunks: {chunk_stats(sb)} {sb}")
 
 
+def wait_file(path, p, what):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        check(time.monotonic() < deadline and p.poll() is None, f"{what} never got ready")
+        time.sleep(0.02)
+
+
+def case_chunks_mix(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, one restore from a mix of local and peer chunks: B holds the
+    first two chunks of a 1024-token prefix (its own 612-token prompt), A (a peer) then stores
+    the prefix and keeps only chunks 2 and 3 (0 and 1 are B's: dedup); B's next prompt
+    restores all 1024 tokens from its own two chunks and A's two, outputs identical. Without
+    the peer run after the local one B restores 512 tokens at most."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    b_ready, a_ready = ctx.p("b.ready"), ctx.p("a.ready")
+    b_go, done = ctx.p("b.go"), ctx.p("done")
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", "prompt 0 0 r512@1+r100@7", "gen 0 0 4",
+              f"touch {b_ready}", f"waitfile {b_go} 60",
+              "rm 0 0 -1 -1", f"prompt 0 0 {shared}+r300@9", "gen 0 0 4", f"touch {done}"]
+    a_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+              f"touch {a_ready}", f"waitfile {done} 60"]
+    ref_b, _, _ = ctx.run([c for c in b_cmds if not c.startswith(("touch", "waitfile"))],
+                          preload=False, what="B reference")
+    on = {"KVSHIM_LLAMA_CHUNKS": "1"}
+    pb, sb = ctx.start(b_cmds, **on)
+    wait_file(b_ready, pb, "B")
+    pa, sa = ctx.start(a_cmds, **on)
+    wait_file(a_ready, pa, "A")
+    with open(b_go, "w"):
+        pass
+    lb, err = ctx.finish(pb, "B")
+    ctx.finish(pa, "A")
+    got = [ln for ln in lb if not ln.startswith(("touch", "waitfile"))]
+    check(got == ref_b, f"B from local and peer chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    sta, stb = read_stats(sa), read_stats(sb)
+    ca, cb = chunk_stats(sta), chunk_stats(stb)
+    print(f"chunks-mix: A {ca}\nchunks-mix: B {cb} {prefix_stats(stb)}")
+    check(ca.get("llama_chunks_dedup") == 2 and ca.get("llama_chunks_stored") == 3,
+          f"A found chunks 0, 1 at B and stored 2, 3 and its suffix's: {ca}")
+    check(cb.get("llama_chunks_assembled") == 1, f"B: one restore by assembly: {cb}")
+    expect(stb, "B", restores=("==", 1), restored_tokens=("==", 1024), peer_restores=("==", 1),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+
+
+def case_chunks_foreign(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1: chunks stored by a context of one model are never assembled for
+    a context of another model (same shape, other weights) nor of another KV type, though the
+    prompt's tokens are the same (their keys chain from the context's namespace: design §10.4);
+    outputs identical, nothing refused. Without the namespace B would load A's chunks (outputs
+    of the wrong weights, or a KV type the engine refuses)."""
+    a, b = models(ctx)
+    shared = "r1024@1"
+    ready, done = ctx.p("a.ready"), ctx.p("done")
+    pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
+                        f"touch {ready}", f"waitfile {done} 60"], KVSHIM_LLAMA_CHUNKS="1")
+    wait_file(ready, pa, "A")
+    try:
+        for what, model, kv in (("other model", b, 1), ("other KV type", a, 8),
+                                ("same model and KV type", a, 1)):
+            cmds = [f"model 0 {model}", f"ctx 0 0 1 {kv}", f"prompt 0 0 {shared}+r300@3",
+                    "gen 0 0 4"]
+            st, err = same(ctx, cmds, f"chunks-foreign: {what}",
+                           preload_extra={"KVSHIM_LLAMA_CHUNKS": "1"})
+            cs = chunk_stats(st)
+            if model == a and kv == 1:  # the control: A's chunks are found and assembled
+                check(cs.get("llama_chunks_assembled") == 1, f"{what}: {cs}")
+                expect(st, what, restored_tokens=("==", 1024), peer_restores=("==", 1))
+                continue
+            check(cs.get("llama_chunks_assembled", 0) == 0 and cs.get("llama_chunks_dedup") == 0,
+                  f"{what}: A's chunks were found: {cs}")
+            expect(st, what, restores=("==", 0), bad_blobs=("==", 0), restore_failures=("==", 0))
+    finally:
+        with open(done, "w"):
+            pass
+    ctx.finish(pa, "A")
+
+
+def case_chunks_evict(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
+    a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
+    its header and tokens), the frame 1. Prompt X stores a 1024-token prefix as chunks X0-X3
+    (269 pages); a prompt sharing its first 512 tokens restores X0-X1 (used: to the LRU tail,
+    frame too); prompt Y stores 4 chunks of its own, the 4th evicting the LRU head, X2. X with
+    another suffix then restores 512 tokens (the run stops before the first missing chunk) and
+    its snapshot stores X2 again (evicting X3) and X3 (evicting Y0); the next X restores all
+    1024. Outputs identical throughout. Without the snapshot's every-chunk check (a whole
+    blob's: the last key only) X2 never comes back."""
+    m = ctx.p("m.gguf")
+    ctx.run([f"mkmodel {m} evict 4 256 64 1"], preload=False)
+    cmds = [f"model 0 {m}", "ctx 0 0 1",
+            "prompt 0 0 r1024@1+r100@2", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r512@1+r100@3", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@5", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@4", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@6", "gen 0 0 2"]
+    st, err = same(ctx, cmds, "chunks-evict", preload_extra={
+        "KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0", "KVSHIM_POOL_SIZE": "2M"})
+    cs = chunk_stats(st)
+    print(f"chunks-evict: {cs}, store evictions {st.get('store_evictions')}")
+    check(st.get("store_arena_bytes") == 2 << 20 and st.get("store_evictions") == 3,
+          f"expected X2, X3 and Y0 evicted (3) from a 2 MiB arena: {st}")
+    # restores: 512 (X0-1), 512 (X after the eviction: X0-1, X2 missing), 1024 (X0-3)
+    expect(st, "chunks-evict", restores=("==", 3), restored_tokens=("==", 512 + 512 + 1024),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+    # stored: X 4, Y 4, X2 and X3 again (X0-1 found there: dedup)
+    check(cs.get("llama_chunks_stored") == 4 + 4 + 2 and cs.get("llama_chunks_dedup") == 2,
+          f"evicted chunks stored again: {cs}")
+
+
 CASES = {
     "local": case_local,
     "sequences": case_sequences,
@@ -714,6 +845,9 @@ CASES = {
     "multi": case_multi,
     "known": case_known,
     "chunks": case_chunks,
+    "chunks-mix": case_chunks_mix,
+    "chunks-foreign": case_chunks_foreign,
+    "chunks-evict": case_chunks_evict,
 }
 
 

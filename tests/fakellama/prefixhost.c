@@ -40,6 +40,8 @@
  *                                        (another namespace, checksum recomputed)
  *   corruptchunk I                       flip a payload byte of every chunk object of index I
  *                                        in this process's own pool (chunk storage, chunks.h)
+ *   memcpy BYTES REPS                    median ns of REPS copies of BYTES (benchmarks only: the
+ *                                        line is a time, bench_chunks.py's limit)
  *   sleep MS | touch PATH | waitfile PATH [SECONDS]
  * Exit: 0, or 2 on a malformed command. */
 #include <errno.h>
@@ -242,30 +244,46 @@ static int corrupt_blob(uint8_t *blob, kvs__llama_blob_hdr_t *h, uint64_t len, c
 
 /* Flip one payload byte of every chunk object of index idx (shims/llama/chunks.h) in this
  * process's own pool (checksum left stale: the assembler must refuse it). */
+static int corrupt_chunk_at(uint8_t *p, uintptr_t hi, void *arg) {
+  uint32_t idx = *(const uint32_t *)arg;
+  kvs__llama_chunk_hdr_t h;
+  peek(&h, p, sizeof h);
+  if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.hdr_size != sizeof h || h.index != idx) return 1;
+  uint64_t len = sizeof h + 4ull * h.n_tokens + h.payload;
+  if ((uintptr_t)p + len > hi || in_free_extent((uintptr_t)p, len)) return 1;
+  p[len - h.payload / 2] ^= 0x40;
+  return 0;
+}
+
 static void corrupt_chunk(uint32_t idx) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (!maps) die("%s", "no /proc/self/maps");
-  char line[512];
-  int hits = 0;
-  long page = sysconf(_SC_PAGESIZE);
-  while (fgets(line, sizeof line, maps)) {
-    uintptr_t lo, hi;
-    char perms[8];
-    if (!strstr(line, "memfd:kvshim-pool") ||
-        sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3 || perms[1] != 'w')
-      continue;
-    for (uintptr_t p = lo; p + sizeof(kvs__llama_chunk_hdr_t) <= hi; p += (uintptr_t)page) {
-      kvs__llama_chunk_hdr_t h;
-      peek(&h, (void *)p, sizeof h);
-      if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.hdr_size != sizeof h || h.index != idx) continue;
-      uint64_t len = sizeof h + 4ull * h.n_tokens + h.payload;
-      if (p + len > hi || in_free_extent(p, len)) continue;
-      ((uint8_t *)p)[len - h.payload / 2] ^= 0x40;
-      hits++;
-    }
-  }
-  fclose(maps);
+  int hits = pool_walk(sizeof(kvs__llama_chunk_hdr_t), corrupt_chunk_at, &idx);
   printf("corruptchunk %s %d\n", hits ? "ok" : "notfound", hits);
+}
+
+/* The physical limit a restore of `bytes` of state is compared with (bench_chunks.py): the
+ * median of reps copies of that many bytes between two buffers already touched. */
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+static void memcpy_limit(size_t bytes, int reps) {
+  uint8_t *a = malloc(bytes ? bytes : 1), *b = malloc(bytes ? bytes : 1);
+  uint64_t ns[64];
+  if (!a || !b || reps < 1 || reps > 64) die("%s", "memcpy: bad size or count");
+  memset(a, 1, bytes);
+  memset(b, 2, bytes);
+  for (int i = 0; i < reps; i++) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ns[i] = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t1.tv_nsec -
+            (uint64_t)t0.tv_nsec;
+  }
+  qsort(ns, (size_t)reps, sizeof ns[0], cmp_u64);
+  printf("memcpy %zu %" PRIu64 " %u\n", bytes, ns[reps / 2], a[bytes / 2] + b[bytes / 3]);
+  free(a);
+  free(b);
 }
 
 static void run(const char *v, char **x, int argn) {
@@ -351,6 +369,9 @@ static void run(const char *v, char **x, int argn) {
     llama_memory_t mem = llama_get_memory(ctx_of(x[0]));
     int32_t s = (int32_t)num(x[1]);
     printf("pos %d..%d\n", llama_memory_seq_pos_min(mem, s), llama_memory_seq_pos_max(mem, s));
+  } else if (IS("memcpy")) {
+    NEED(2);
+    memcpy_limit((size_t)num(x[0]), (int)num(x[1]));
   } else if (IS("corruptchunk")) {
     NEED(1);
     corrupt_chunk((uint32_t)num(x[0]));

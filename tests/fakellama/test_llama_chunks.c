@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "chunks.h"
+#include "fakegguf.h"
 #include "fakellama.h"
 #include "runtime.h"
 
@@ -30,38 +31,14 @@ static const kvs_key_t NS = {0x1111, 0x2222};
 
 static char g_model[64];
 
-static void put_str(FILE *f, const char *s) {
-  uint64_t n = strlen(s);
-  fwrite(&n, 8, 1, f);
-  fwrite(s, 1, n, f);
-}
-static void put_kv(FILE *f, const char *k, uint32_t t, const void *v, size_t n) {
-  put_str(f, k);
-  fwrite(&t, 4, 1, f);
-  if (t == 8) put_str(f, v);
-  else fwrite(v, 1, n, f);
-}
-
 /* A GGUF the fake loads (fakellama.h): n_layer layers of n_embd bytes, swa > 0 a window. */
 static struct llama_model *model(uint32_t n_layer, uint32_t n_embd, uint32_t swa) {
   strcpy(g_model, "/tmp/kvs-chunks-model-XXXXXX");
   int fd = mkstemp(g_model);
   cr_assert_geq(fd, 0);
   FILE *f = fdopen(fd, "wb");
-  uint32_t magic = 0x46554747u, ver = 3;
-  uint64_t n_tensors = 0, n_kv = swa ? 5 : 4;
-  fwrite(&magic, 4, 1, f);
-  fwrite(&ver, 4, 1, f);
-  fwrite(&n_tensors, 8, 1, f);
-  fwrite(&n_kv, 8, 1, f);
-  put_kv(f, "general.architecture", 8, "fakellama", 0);
-  put_kv(f, "general.name", 8, "chunks", 0);
-  put_kv(f, "fakellama.block_count", 4, &n_layer, 4);
-  put_kv(f, "fakellama.embedding_length", 4, &n_embd, 4);
-  if (swa) put_kv(f, "fakellama.attention.sliding_window", 4, &swa, 4);
-  uint8_t w[4096];
-  for (size_t i = 0; i < sizeof w; i++) w[i] = (uint8_t)(i * 131 + 7);
-  fwrite(w, 1, sizeof w, f);
+  cr_assert_not_null(f);
+  fakegguf_write(f, "chunks", n_layer, n_embd, 4, 1, swa);
   cr_assert_eq(fclose(f), 0);
   struct llama_model *m = llama_model_load_from_file(g_model, llama_model_default_params());
   unlink(g_model);
@@ -121,7 +98,7 @@ static void split_state(const uint8_t *st, size_t len, const int32_t *tok, kvs_k
     cr_assert_lt(c, 32);
     s->chlen[c] = (size_t)kvs__llama_chunk_size(&s->sc, T, c);
     s->ch[c] = malloc(s->chlen[c]);
-    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, c, id, ns, s->ch[c], s->chlen[c]),
+    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, c, s->frame, ns, s->ch[c], s->chlen[c]),
                  KVS_LLAMA_CHUNKS_OK);
     s->nch = c + 1;
   }
@@ -380,6 +357,11 @@ Test(chunks_bad, chunk_damaged_truncated_or_foreign) {
   c1[f.s.chlen[1] / 2] ^= 4; /* a flipped KV byte */
   cr_assert_eq(fx_assemble(&f, 3), KVS_LLAMA_CHUNKS_CHECKSUM);
   c1[f.s.chlen[1] / 2] ^= 4;
+  /* the one refusal that writes (chunks.h: chunk 0 was checked and copied before chunk 1's
+   * checksum failed); chunk 1 and later left nothing */
+  for (size_t i = 0; i < f.len; i++)
+    cr_assert(f.out[i] == 0xa5 || i >= 8, "the state header was written before a refusal");
+  memset(f.out, 0xa5, f.len);
   f.s.chlen[1]--;
   cr_assert_eq(fx_assemble(&f, 3), KVS_LLAMA_CHUNKS_LENGTH);
   f.s.chlen[1]++;

@@ -48,6 +48,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 APP = os.path.join(HERE, "app.mjs")
 TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from benchfig import spread  # noqa: E402
 
 
 def run(cmd, env, what):
@@ -60,8 +62,7 @@ def run(cmd, env, what):
 
 
 def fig(name, xs):
-    return "%-10s median %9.3f ms  [%.3f .. %.3f]  n=%d" % (
-        name, statistics.median(xs), min(xs), max(xs), len(xs))
+    return spread(name, xs, "ms")
 
 
 def main():
@@ -203,7 +204,7 @@ def main():
     }
     print("per repetition (n=%d), median [min..max]:" % a.reps)
     for k, xs in ratios.items():
-        print("  %-26s %8.2f  [%.2f .. %.2f]" % (k, statistics.median(xs), min(xs), max(xs)))
+        print("  " + spread(k, xs, width=26, prec=2))
     res["per_rep"] = per_rep
     res["ratios"] = ratios
     if a.json:

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): issue 25's workload on unmodified llama-server replicas.
+
+usage: bench_chunks_server.py --preload LIBKVSHIM --cli KVSHIM [--prefix-words 1700]
+                              [--suffix-words 400] [--requests 12] [--work-dir DIR]
+(the model trains on 4,096 tokens: llama-server caps the slot there, so prefix + suffix stay
+below it)
+
+One shared prefix (a fixed pseudo-random text of --prefix-words words) and --requests requests
+that each add --suffix-words words of their own and ask for 8 tokens (temperature 0), sent one
+after another, alternately, to two replicas (A the even requests, B the odd ones) with
+`kvshim serve` in the group (one copy per node: the replicas keep no copies), on the 8x512
+tiny-gguf model with llama-server's defaults but -np 1 (check_server.py's Ctx; one slot holds
+the whole context). Once with
+KVSHIM_LLAMA_CHUNKS=0 (whole blobs), once with 1 (chunk objects), each in a fresh run directory
+and serve; the same requests sent the same way to two replicas without kvshim give the
+reference completions, which must be identical.
+
+Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
+distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
+x the model's KV bytes per token (8 layers x 512 K and 512 V values in f16: 16,384; token
+counts from the replica's /tokenize). Printed per mode: bytes, distinct, ratio; and the
+replicas' chunk counters.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import urllib.error
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_server as cs  # noqa: E402
+
+KV_PER_TOKEN = 8 * 512 * 2 * 2  # layers x (K + V) values per layer x 2 bytes (f16)
+FLAGS = ("-np", "1")  # one slot holds the whole 8192-token context (the defaults split it in 4)
+
+
+def prompts(args):
+    prefix = cs.words(1, args.prefix_words)
+    return prefix, [prefix + "\n\n" + cs.words(500 + i, args.suffix_words) + "\nAnswer:"
+                    for i in range(args.requests)]
+
+
+def complete(ctx, p, prompt):
+    """The completion, or the server's error (the random-weight model's 8 tokens sometimes
+    fail llama-server's output parser: HTTP 500, "does not match the expected Content-only
+    format"; the same request fails the same way without kvshim, and is compared as such)."""
+    try:
+        return ctx.complete(p, prompt)[0]
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}: {e.read().decode(errors='replace')}"
+
+
+def run(ctx, reqs, preload, chunks):
+    """The requests, alternately to two replicas: (completions, per-replica counters)."""
+    extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks))} if preload else {}
+    reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
+    out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
+    st = [ctx.stats(r, everything=True) for r in reps] if preload else []
+    for r in reps:
+        ctx.stop(r)
+    return out, st
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--prefix-words", type=int, default=1700)
+    ap.add_argument("--suffix-words", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--work-dir")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="kvs-bench-chunks-server-")
+    ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
+                            keep=False)
+    prefix, reqs = prompts(args)
+    ref = None
+    for chunks in (None, False, True):
+        ctx = cs.Ctx(ns, tmp, args.work_dir or tmp)
+        ctx.run_dir = tempfile.mkdtemp(prefix="run-", dir=tmp)
+        try:
+            if chunks is None:  # the reference, and the token counts
+                p = ctx.start_server(False)
+                pt = cs.ntokens(ctx, p, prefix)
+                distinct = pt + sum(cs.ntokens(ctx, p, r) - pt for r in reqs)
+                ctx.stop(p)
+                ref, _ = run(ctx, reqs, False, False)
+                print(f"workload: {pt}-token prefix, {args.requests} requests "
+                      f"({(distinct - pt) / args.requests:.0f} tokens each after it), 2 "
+                      f"llama-server replicas + kvshim serve; distinct KV {distinct} tokens x "
+                      f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
+                continue
+            serve = ctx.serve(pool="3G")
+            got, st = run(ctx, reqs, True, chunks)
+            bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
+            if bad:
+                sys.exit(f"chunks={int(chunks)}: requests {bad} differ from the replicas without "
+                         f"kvshim: {ref[bad[0]]!r} vs {got[bad[0]]!r}")
+            sst = ctx.stats(serve, everything=True)
+            node = sst["store_used_bytes"] + sum(s["store_used_bytes"] for s in st)
+            agg = {k: sum(s.get(k, 0) for s in st) for k in st[0]
+                   if k.startswith(("llama_chunks_", "llama_prefix_restored_tokens",
+                                    "llama_prefix_snapshot_bytes"))}
+            print(f"KVSHIM_LLAMA_CHUNKS={int(chunks)}: node bytes {node} (serve "
+                  f"{sst['store_used_bytes']}, replicas {[s['store_used_bytes'] for s in st]}), "
+                  f"/ distinct KV = {node / (distinct * KV_PER_TOKEN):.3f}; serve evictions "
+                  f"{sst.get('store_evictions', 0)}; {len(reqs)} completions identical; {agg}")
+        finally:
+            ctx.cleanup()
+
+
+if __name__ == "__main__":
+    main()
