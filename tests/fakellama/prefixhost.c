@@ -34,6 +34,8 @@
  *   copyseq C SRC DST                    llama_state_seq_get_data + set_data (an engine state load)
  *   emb C 0|1                            llama_set_embeddings
  *   pos C SEQ                            llama_memory_seq_pos_min / pos_max
+ *   decoded C                            tokens the engine's llama_decode computed on C (not a
+ *                                        function of the outputs: the tests compare it apart)
  *   corrupt MODE                         change every prefix-cache blob in this process's own
  *                                        pool: body (checksum left stale), tokens (checksum
  *                                        recomputed: only the token check can refuse it), ns
@@ -351,6 +353,9 @@ static void run(const char *v, char **x, int argn) {
     llama_memory_t mem = llama_get_memory(ctx_of(x[0]));
     int32_t s = (int32_t)num(x[1]);
     printf("pos %d..%d\n", llama_memory_seq_pos_min(mem, s), llama_memory_seq_pos_max(mem, s));
+  } else if (IS("decoded")) {
+    NEED(1);
+    printf("decoded %" PRIu64 "\n", fakellama_tokens_decoded(ctx_of(x[0])));
   } else if (IS("corruptchunk")) {
     NEED(1);
     corrupt_chunk((uint32_t)num(x[0]));
