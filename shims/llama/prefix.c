@@ -1667,7 +1667,7 @@ static bool px_multi_arrays(px_ctx_t *c, uint32_t m) {
 /* In-process single flight (design §10.3): sequences of one batch (px_multi) that found nothing
  * to restore (kk[s] == 0) and share a prompt prefix of at least one chunk (and min tokens),
  * before the first output of each, compute it once. The leader, the lowest such sequence,
- * decodes its part up to the longest prefix it shares with a follower, alone and asking no
+ * decodes its part up to its last chunk boundary before its first output, alone and asking no
  * output (a single-sequence batch: its KV is canonical as any prompt's), and stores it
  * (px_snapshot: other replicas find it too); each follower then restores it as any cached
  * prefix (px_restore: a sequence state load, which a per-sequence and a unified KV cache both
@@ -1705,6 +1705,11 @@ static void px_share(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
       if (p > pmax) pmax = p;
     }
     if (!nf) continue;
+    /* The leader computes alone all the whole chunks before its first output, not only those a
+     * follower of this batch shares: a slot whose prompt the engine cut at n_batch continues in
+     * the next batch, and restores the rest from this state there (its cells decoded in a
+     * batch of several sequences are not canonical and would not be stored). */
+    if (lim_s / C * C > pmax) pmax = lim_s / C * C;
     if (pmax > ns) { /* the leader computes [ns, pmax) */
       uint32_t len = pmax - ns;
       c->rseqval = (int32_t)s;
