@@ -59,7 +59,9 @@
  * batch, indices remapped through an index table.
  *
  * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
- * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
+ * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored. In one
+ * process (px_share): sequences of one batch that share an uncached prefix compute it once (one
+ * decodes and stores it, the others restore it before the batch's rest is decoded).
  *
  * Sliding-window models without swa_full (c->swa): states are stored only when they end on a
  * chunk boundary with every token canonical, under their own key, and restored only whole.
