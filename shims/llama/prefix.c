@@ -1712,6 +1712,16 @@ static void px_share(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
      * the next batch, and restores the rest from this state there (its cells decoded in a
      * batch of several sequences are not canonical and would not be stored). */
     if (lim_s / C * C > pmax) pmax = lim_s / C * C;
+    /* Only a leader whose state will be stored leads (canonical KV of at least one chunk and
+     * min tokens: a slot that kept a few tokens of an older prompt, BOS, decodes nothing
+     * canonical), else its work would be undone below for nothing. */
+    uint32_t canon = pmax > ns ? kvs__px_canon_after(&c->rules, ns, old[s].canon, pmax - ns)
+                               : old[s].canon;
+    if (canon / C < 1 || canon / C * C < c->min_tokens) {
+      for (uint32_t t = s + 1; t < c->sh.n_seq; t++)
+        if (want[t]) taken[t] = false;
+      continue;
+    }
     if (pmax > ns) { /* the leader computes [ns, pmax) */
       uint32_t len = pmax - ns;
       c->rseqval = (int32_t)s;
