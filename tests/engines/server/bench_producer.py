@@ -48,7 +48,7 @@ def one_rep(args, i):
                             keep=False)
     ctx = cs.Ctx(ns, tmp, args.work_dir or tmp)
     os.makedirs(ctx.run_dir, exist_ok=True)
-    rows = []
+    rows, skipped = [], []
     try:
         ctx.serve(pool="1G")
         srv = {"off": ctx.start_server(False), "off2": ctx.start_server(False),
@@ -61,7 +61,15 @@ def one_rep(args, i):
                 p = srv[arm]
                 before = counters(ctx, p) if arm == "on" else None
                 t0 = time.monotonic()
-                _, t = ctx.complete(p, prompt, n_predict=1)
+                try:
+                    _, t = ctx.complete(p, prompt, n_predict=1)
+                except OSError as e:
+                    # llama-server answers some 1-token completions of this random-weights
+                    # model with HTTP 500 (seen without kvshim too: the sampled token is not
+                    # valid UTF-8 on its own): the document is left out of every arm, counted
+                    print(f"rep {i} doc {d}: replica {arm}: {e}: left out", flush=True)
+                    r = None
+                    break
                 r[f"ttft_{arm}"] = (time.monotonic() - t0) * 1000
                 r[f"prompt_{arm}"] = t["prompt_ms"]
                 if arm == "on":
@@ -70,12 +78,15 @@ def one_rep(args, i):
                     r["lookup_ms"] = (after[1] - before[1]) / 1e6
                     r["get_data_ms"] = (after[2] - before[2]) / 1e6
                     r["stored"] = after[3] - before[3]
+            if r is None:
+                skipped.append(arm)
+                continue
             rows.append(r)
             print(f"rep {i} doc {d} ({'/'.join(order)}): " +
                   ", ".join(f"{k} {v:.1f}" for k, v in r.items()), flush=True)
         for p in srv.values():
             ctx.stop(p)
-        return rows
+        return rows, skipped
     finally:
         ctx.cleanup()
 
@@ -88,11 +99,14 @@ def main():
     ap.add_argument("--docs", type=int, default=6)
     ap.add_argument("--work-dir")
     args = ap.parse_args()
-    rows = []
+    rows, skipped = [], []
     for i in range(args.reps):
-        rows += one_rep(args, i)
+        got, left = one_rep(args, i)
+        rows += got
+        skipped += left
     print(f"{len(rows)} documents ({args.reps} repetitions x {args.docs}), "
-          f"{sum(r['stored'] for r in rows)} stored by the on replica")
+          f"{sum(r['stored'] for r in rows)} stored by the on replica; left out (HTTP error, "
+          f"by the replica that answered it): {skipped or 'none'}")
     for what in ("prompt", "ttft"):
         name = "prompt time (timings.prompt_ms)" if what == "prompt" else "TTFT (wall)"
         print(summary(f"producer {name} on/off (goal <= 1.05; limit 1.0)",
