@@ -33,8 +33,8 @@ Cases:
               is one the replica without kvshim gives (its own concurrent run, or the same
               question alone)
   concurrent-cold
-              four requests sharing the document sent at once to ONE fresh replica, no producer:
-              the slots' prompts arrive in multi-sequence batches; one slot computes the
+              four prompts sharing the document sent in one request (a prompt array: their
+              slots start in one batch) to ONE fresh replica, no producer; one slot computes the
               document alone and stores it, the other three restore it (>= 90% of 3 x the
               document restored, llama_prefix_shared_in_batch >= 1); each completion is one
               the replica without kvshim gives
@@ -328,11 +328,25 @@ def case_concurrent(ctx):
           f"concurrent: restored {st.get('restored_tokens')} of 4 x {doc}: {st}\n{ctx.tail(p)}")
 
 
+def one_request(ctx, p, prompts):
+    """The completions of prompts sent in ONE request (llama-server's "prompt" as an array of
+    strings: one task per prompt, queued together, so their slots start in the same batch
+    whatever the machine's timing)."""
+    r = ctx.post(p, "/completion", {"prompt": prompts, "n_predict": N_PREDICT,
+                                    "temperature": 0, "top_k": 1, "seed": 1})
+    check(isinstance(r, list) and len(r) == len(prompts), f"one request of {len(prompts)} "
+          f"prompts: not {len(prompts)} results: {str(r)[:500]}")
+    return [x["content"] for x in sorted(r, key=lambda x: x.get("index", 0))]
+
+
 def case_concurrent_cold(ctx):
     prompts = [DOC + question(i) for i in range(2, 6)]
-    ref, alone = concurrent_ref(ctx, prompts)
+    ref_p = ctx.start_server(False)
+    ref = one_request(ctx, ref_p, prompts)
+    alone = [ctx.complete(ref_p, q)[0] for q in prompts]
+    ctx.stop(ref_p)
     p = ctx.start_server(True)
-    got = together(ctx, p, prompts)
+    got = one_request(ctx, p, prompts)
     doc = ntokens(ctx, p, DOC)
     st = check_concurrent(ctx, p, "concurrent, cold", got, ref, alone)
     check(st.get("restored_tokens", 0) >= 0.9 * doc * (len(prompts) - 1),
