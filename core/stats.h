@@ -130,6 +130,8 @@ extern "C" {
     "one copy: stores and loads the cache peer failed, served by the own pool instead")        \
   X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
   X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
+  X(llama_prefix_shared_in_batch, C,                                                          \
+    "llama prefix cache: sequences restored from a prefix another sequence of their batch computed once") \
   X(llama_prefix_prompt_tokens, C,                                                            \
     "llama prefix cache: tokens of decode batches of more than one token (prompt tokens seen)") \
   X(llama_prefix_refused_rules, C,                                                            \

@@ -59,7 +59,9 @@
  * batch, indices remapped through an index table.
  *
  * Single flight (px_flight): a batch that finds nothing is claimed for the node, and a process
- * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored.
+ * finding a peer's claim waits for it (KVSHIM_LLAMA_WAIT_MS) and restores what it stored. In one
+ * process (px_share): sequences of one batch that share an uncached prefix compute it once (one
+ * decodes and stores it, the others restore it before the batch's rest is decoded).
  *
  * Sliding-window models without swa_full (c->swa): states are stored only when they end on a
  * chunk boundary with every token canonical, under their own key, and restored only whole.
@@ -1699,6 +1701,123 @@ static bool px_multi_arrays(px_ctx_t *c, uint32_t m) {
   return true;
 }
 
+/* In-process single flight (design §10.3): sequences of one batch (px_multi) that found nothing
+ * to restore (kk[s] == 0) and share a prompt prefix of at least one chunk (and min tokens),
+ * before the first output of each, compute it once. The leader, the lowest such sequence,
+ * decodes its part up to its last chunk boundary before its first output, alone and asking no
+ * output (a single-sequence batch: its KV is canonical as any prompt's), and stores it
+ * (px_snapshot: other replicas find it too); each follower then restores it as any cached
+ * prefix (px_restore: a sequence state load, which a per-sequence and a unified KV cache both
+ * take, llama-kv-cache.cpp:2341, 2418; llama_memory_seq_cp is not used: across the streams of a
+ * non-unified cache it copies whole streams only, llama-kv-cache.cpp seq_cp). On return
+ * kk[leader] is the leader's new length and led[leader] is set (its canonical tokens in
+ * lcanon); the caller decodes the rest and, if the engine refuses that, removes the leader's
+ * new cells (old[leader].n on). A leader decode the engine does not complete is removed at
+ * once and the batch goes on as without sharing: nothing is lost but the work. */
+static void px_share(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_decode real,
+                     const uint32_t *cnt, const uint32_t *first, const kvs__px_seq_t *old,
+                     uint32_t *kk, bool *led, uint32_t *lcanon) {
+  static __thread bool taken[KVS_PX_MAX_SEQ];
+  static __thread uint32_t want[KVS_PX_MAX_SEQ];
+  const uint32_t C = c->chunk;
+  memset(taken, 0, sizeof taken);
+  for (uint32_t s = 0; s < c->sh.n_seq; s++) {
+    if (cnt[s] < 2 || kk[s] || taken[s]) continue;
+    const int32_t *ts = kvs__px_tok(&c->sh, s);
+    uint32_t ns = old[s].n, lim_s = ns + (first[s] == UINT32_MAX ? cnt[s] : first[s]);
+    uint32_t pmax = 0, nf = 0;
+    for (uint32_t t = s + 1; t < c->sh.n_seq; t++) {
+      want[t] = 0;
+      if (cnt[t] < 2 || kk[t] || taken[t]) continue;
+      const int32_t *tt = kvs__px_tok(&c->sh, t);
+      uint32_t nt = old[t].n, lim = nt + (first[t] == UINT32_MAX ? cnt[t] : first[t]);
+      if (lim > lim_s) lim = lim_s;
+      uint32_t l = 0;
+      while (l < lim && ts[l] == tt[l]) l++;
+      uint32_t p = l / C * C;
+      if (p < C || p < c->min_tokens || p <= nt) continue;
+      want[t] = p;
+      taken[t] = true;
+      nf++;
+      if (p > pmax) pmax = p;
+    }
+    if (!nf) continue;
+    /* The leader computes alone all the whole chunks before its first output, not only those a
+     * follower of this batch shares: a slot whose prompt the engine cut at n_batch continues in
+     * the next batch, and restores the rest from this state there (its cells decoded in a
+     * batch of several sequences are not canonical and would not be stored). */
+    if (lim_s / C * C > pmax) pmax = lim_s / C * C;
+    /* Only a leader whose state will be stored leads (canonical KV of at least one chunk and
+     * min tokens: a slot that kept a few tokens of an older prompt, BOS, decodes nothing
+     * canonical), else its work would be undone below for nothing. */
+    uint32_t canon = pmax > ns ? kvs__px_canon_after(&c->rules, ns, old[s].canon, pmax - ns)
+                               : old[s].canon;
+    if (canon / C < 1 || canon / C * C < c->min_tokens) {
+      for (uint32_t t = s + 1; t < c->sh.n_seq; t++)
+        if (want[t]) taken[t] = false;
+      continue;
+    }
+    if (pmax > ns) { /* the leader computes [ns, pmax) */
+      uint32_t len = pmax - ns;
+      c->rseqval = (int32_t)s;
+      for (uint32_t i = 0; i < len; i++) {
+        c->mpos[i] = (int32_t)(ns + i);
+        c->mnseq[i] = 1;
+        c->mseq[i] = &c->rseqval;
+        c->mlogits[i] = 0;
+      }
+      kvs__llama_batch_t lb = {(int32_t)len, (int32_t *)(uintptr_t)(ts + ns), NULL, c->mpos,
+                               c->mnseq, c->mseq, c->mlogits};
+      int32_t r = real(ctx, lb);
+      if (r != 0) {
+        /* 1, -1: nothing changed; else the ubatches done stay: removed */
+        if (r != 1 && r != -1 && !px_real_llama_memory_seq_rm()(c->mem, (int32_t)s, (int32_t)ns, -1))
+          kvs__px_taint(&c->sh, (int32_t)s);
+        for (uint32_t t = s + 1; t < c->sh.n_seq; t++)
+          if (want[t]) taken[t] = false;
+        continue;
+      }
+      kvs__px_batch_info_t lbi;
+      kvs__px_batch_scan(&lb, c->sh.n_seq, false, &lbi);
+      int32_t p0[KVS_PX_MAX_SEQ] = {0};
+      p0[s] = (int32_t)ns;
+      kvs__px_batch_apply(&c->sh, &lb, &lbi, p0, &c->rules);
+      kk[s] = pmax;
+      led[s] = true;
+      lcanon[s] = c->sh.seq[s].canon;
+      /* the shadow's part tokens after pmax stay as px_parts wrote them */
+    }
+    (void)px_snapshot(c, ctx, (int32_t)s); /* a leader already holding it stores it too */
+    bool all = true;
+    for (uint32_t t = s + 1; t < c->sh.n_seq && all; t++) {
+      if (!want[t]) continue;
+      uint32_t fo = first[t] == UINT32_MAX ? cnt[t] : first[t];
+      kk[t] = px_restore(c, ctx, (int32_t)t, cnt[t], fo, PX_PART_OF_MANY, NULL);
+      all = kk[t] != 0;
+    }
+    if (all) {
+      for (uint32_t t = s + 1; t < c->sh.n_seq; t++)
+        if (want[t]) kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_shared_in_batch);
+      continue;
+    }
+    /* A follower could not take it (the state not stored, a load refused): the group is
+     * undone, so that the engine's own batch decides these sequences' KV as without kvshim. */
+    for (uint32_t t = s + 1; t < c->sh.n_seq; t++) {
+      if (!want[t] || !kk[t]) continue;
+      kk[t] = 0;
+      c->sh.seq[t] = old[t];
+      px_undo(c, ctx, (int32_t)t, old[t].n);
+    }
+    if (led[s]) {
+      kk[s] = 0;
+      led[s] = false;
+      c->sh.seq[s] = old[s];
+      if (!px_real_llama_memory_seq_rm()(c->mem, (int32_t)s, (int32_t)ns, -1))
+        kvs__px_taint(&c->sh, (int32_t)s);
+    }
+  }
+}
+
 /* A batch of several sequences (llama-server slots started together) that px_mixed could not
  * skip whole: every sequence part of at least two tokens extending a CLEAN sequence restores its
  * cached prefix (up to its first output), and the rest of every sequence is decoded in one
@@ -1713,8 +1832,11 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
   uint32_t m = (uint32_t)b->n_tokens;
   static __thread uint32_t cnt[KVS_PX_MAX_SEQ], first[KVS_PX_MAX_SEQ], kk[KVS_PX_MAX_SEQ];
   static __thread kvs__px_seq_t old[KVS_PX_MAX_SEQ];
+  static __thread bool led[KVS_PX_MAX_SEQ];
+  static __thread uint32_t lcanon[KVS_PX_MAX_SEQ];
   if (c->swa || !b->token || !px_multi_arrays(c, m)) return false;
   memset(kk, 0, sizeof kk);
+  memset(led, 0, sizeof led);
   if (!px_parts(c, b, p0, cnt, first)) return false;
   bool any = false;
   for (uint32_t s = 0; s < c->sh.n_seq; s++) {
@@ -1724,6 +1846,8 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
     kk[s] = px_restore(c, ctx, (int32_t)s, cnt[s], fo, PX_PART_OF_MANY, NULL);
     any |= kk[s] != 0;
   }
+  px_share(c, ctx, real, cnt, first, old, kk, led, lcanon);
+  for (uint32_t s = 0; s < c->sh.n_seq && !any; s++) any = kk[s] != 0;
   if (!any) return false;
   /* the decoded batch: every token but the restored ones, at their own positions */
   uint32_t o = 0;
@@ -1750,7 +1874,8 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
   for (uint32_t s = 0; s < c->sh.n_seq; s++) {
     if (!kk[s]) continue;
     kvs__px_seq_t *q = &c->sh.seq[s];
-    q->n = q->canon = kk[s];
+    q->n = kk[s];
+    q->canon = led[s] ? lcanon[s] : kk[s]; /* a leader's as its own decode left it */
     if (q->nkeys > kk[s] / c->chunk) q->nkeys = kk[s] / c->chunk;
     if (q->snap < kk[s] / c->chunk * c->chunk) q->snap = kk[s] / c->chunk * c->chunk;
     p1[s] = (int32_t)kk[s];
@@ -1765,7 +1890,7 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
       px_after(c, &sub, &bi2, p1, in, 0);
     }
     for (uint32_t s = 0; s < c->sh.n_seq; s++) {
-      if (!kk[s]) continue;
+      if (!kk[s] || led[s]) continue;
       kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_restores);
       kvs_stats_add(px_stats(), KVS_STAT_llama_prefix_restored_tokens, kk[s] - old[s].n);
     }
@@ -1777,7 +1902,9 @@ static bool px_multi(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
     for (uint32_t s = 0; s < c->sh.n_seq; s++) {
       if (!kk[s]) continue;
       c->sh.seq[s] = old[s];
-      px_undo(c, ctx, (int32_t)s, old[s].n);
+      if (!led[s]) px_undo(c, ctx, (int32_t)s, old[s].n);
+      else if (!px_real_llama_memory_seq_rm()(c->mem, (int32_t)s, (int32_t)old[s].n, -1))
+        kvs__px_taint(&c->sh, (int32_t)s); /* a leader: its own cells after old[s].n go */
     }
     r = real(ctx, *b);
     px_after(c, b, bi, p0, in, r);

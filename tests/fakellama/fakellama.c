@@ -42,6 +42,7 @@ struct llama_context {
    * n_ctx, and a sequence state carries the stream count (llama-kv-cache.cpp:2150-2154: a load
    * into a context with another count fails). */
   bool unified;
+  uint64_t decoded; /* tokens llama_decode computed (fakellama_tokens_decoded) */
   bool embeddings;
   uint32_t v_trans; /* V stored transposed: !flash_attn (llama-model.cpp:2260) */
   seq_t seq[MAX_SEQ];
@@ -325,6 +326,13 @@ int32_t fakellama_seq_n_cells(struct llama_context *ctx, llama_seq_id s) {
   pthread_mutex_lock(&g_lock);
   seq_t *q = seq_of(ctx, s);
   int32_t n = q ? (int32_t)q->n_cells : -1;
+  pthread_mutex_unlock(&g_lock);
+  return n;
+}
+
+uint64_t fakellama_tokens_decoded(struct llama_context *ctx) {
+  pthread_mutex_lock(&g_lock);
+  uint64_t n = ctx ? ctx->decoded : 0;
   pthread_mutex_unlock(&g_lock);
   return n;
 }
@@ -968,6 +976,7 @@ int32_t llama_decode(struct llama_context *ctx, struct llama_batch b) {
       }
     }
   }
+  ctx->decoded += (uint64_t)m;
   rc = 0;
 out:
   free(pos);

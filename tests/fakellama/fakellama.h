@@ -218,6 +218,9 @@ FAKELLAMA_API int32_t fakellama_decode(struct llama_context *ctx, llama_seq_id s
 FAKELLAMA_API void fakellama_seq_clear(struct llama_context *ctx, llama_seq_id seq);
 /* Cells in a sequence (-1: bad seq). */
 FAKELLAMA_API int32_t fakellama_seq_n_cells(struct llama_context *ctx, llama_seq_id seq);
+/* Tokens llama_decode has computed on ctx (every accepted batch's n_tokens): how a test sees a
+ * prefix computed once or twice. */
+FAKELLAMA_API uint64_t fakellama_tokens_decoded(struct llama_context *ctx);
 /* 1 when the sequence holds exactly the KV that decoding tokens[0, n) with this context's
  * model and kv_type gives; 0 otherwise. */
 FAKELLAMA_API int fakellama_seq_check(struct llama_context *ctx, llama_seq_id seq,

@@ -60,6 +60,9 @@ Cases:
   multi       batches of several sequences with an output: each part restores its cached prefix,
               the rest of all sequences decoded together, outputs remapped: every output there,
               positions identical (logits differ: the engine's mixed ubatches)
+  shared      two sequences of one batch, cold, sharing a prefix (per-sequence and unified KV):
+              computed once (the engine's token count), the other restores it; a refused load:
+              the engine's own batch: identical
   known       a state the engine saved and loaded back itself (--cache-ram) is known again
   chunks      KVSHIM_LLAMA_CHUNKS=1: a shared prefix with four suffixes stores the prefix's chunks
               once (dedup counted), restores by assembly, fewer bytes than whole blobs; a
@@ -515,6 +518,39 @@ def case_multi(ctx):
            restore_failures=("==", 0))
 
 
+def case_shared(ctx):
+    """In-process single flight: two sequences of one batch (llama-server slots started
+    together), cold, sharing a 768-token prefix. The prefix is computed once: the engine decodes
+    768 tokens fewer than without kvshim (its own token count), the second sequence restores it
+    from the first's stored state, every output identical (the fake's kernel classes are
+    those of the engine's mixed ubatches here: 512-row tiles at positions 0, 256, 512, then a
+    40-row tail, as the lone prefix and the rest decode give). Per-sequence and unified KV
+    (llama-server's default). A follower whose state load the engine refuses computes the
+    prefix itself in the engine's own batch (the leader's decode is undone): identical, nothing
+    shared."""
+    a, _ = models(ctx)
+    for unified in (0, 1):
+        cmds = [f"model 0 {a}", f"ctx 0 0 4 1 8192 2048 512 1 {unified}",
+                "multi 0 1 r768@1+r20@3 2 r768@1+r20@4", "gen 0 2 4",
+                "prompt 0 1 r4@9", "gen 0 1 3", "pos 0 1", "pos 0 2", "decoded 0"]
+        what = f"shared (unified {unified})"
+        ref, _, _ = ctx.run(cmds, preload=False, what=f"{what} (reference)")
+        got, err, st = ctx.run(cmds, what=what, KVSHIM_PEERS=0)
+        detail = f"\n{ref}\n{got}\n{prefix_stats(st)}\n{err[-3000:]}"
+        check(ref[:-1] == got[:-1], f"{what}: outputs differ with kvshim:{detail}")
+        dref, dgot = int(ref[-1].split()[1]), int(got[-1].split()[1])
+        check(dref - dgot == 768, f"{what}: the engine computed {dref} tokens without kvshim, "
+                                  f"{dgot} with it: the shared prefix not computed once{detail}")
+        expect(st, what, shared_in_batch=("==", 1), restored_tokens=("==", 768),
+               restore_failures=("==", 0), snapshots=(">=", 1))
+        print(f"{what}: {dref} tokens computed without kvshim, {dgot} with it")
+        got, err, st = ctx.run(cmds, what=f"{what}, load refused", KVSHIM_PEERS=0,
+                               FAKELLAMA_SET_DATA_FAIL_OVER="100")
+        detail = f"\n{ref}\n{got}\n{prefix_stats(st)}\n{err[-3000:]}"
+        check(ref[:-1] == got[:-1], f"{what}, load refused: differs with kvshim:{detail}")
+        expect(st, f"{what}, load refused", shared_in_batch=("==", 0), restores=("==", 0))
+
+
 def case_used(ctx):
     """A used sequence (llama-server keeps the common start of a slot's older prompt, BOS at
     least): the longer cached prefix is restored and the load replaces the sequence. Its
@@ -843,6 +879,7 @@ CASES = {
     "unified": case_unified,
     "used": case_used,
     "multi": case_multi,
+    "shared": case_shared,
     "known": case_known,
     "chunks": case_chunks,
     "chunks-mix": case_chunks_mix,

@@ -34,6 +34,8 @@
  *   copyseq C SRC DST                    llama_state_seq_get_data + set_data (an engine state load)
  *   emb C 0|1                            llama_set_embeddings
  *   pos C SEQ                            llama_memory_seq_pos_min / pos_max
+ *   decoded C                            tokens the engine's llama_decode computed on C (not a
+ *                                        function of the outputs: the tests compare it apart)
  *   corrupt MODE                         change every prefix-cache blob in this process's own
  *                                        pool: body (checksum left stale), tokens (checksum
  *                                        recomputed: only the token check can refuse it), ns
@@ -372,6 +374,9 @@ static void run(const char *v, char **x, int argn) {
   } else if (IS("memcpy")) {
     NEED(2);
     memcpy_limit((size_t)num(x[0]), (int)num(x[1]));
+  } else if (IS("decoded")) {
+    NEED(1);
+    printf("decoded %" PRIu64 "\n", fakellama_tokens_decoded(ctx_of(x[0])));
   } else if (IS("corruptchunk")) {
     NEED(1);
     corrupt_chunk((uint32_t)num(x[0]));

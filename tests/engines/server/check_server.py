@@ -32,6 +32,12 @@ Cases:
               (restored in each batch, the rest of all slots decoded together); each completion
               is one the replica without kvshim gives (its own concurrent run, or the same
               question alone)
+  concurrent-cold
+              four prompts sharing the document sent in one request (a prompt array: their
+              slots start in one batch) to ONE fresh replica, no producer; one slot computes the
+              document alone and stores it, the other three restore it (>= 90% of 3 x the
+              document restored, llama_prefix_shared_in_batch >= 1); each completion is one
+              the replica without kvshim gives
   killed      replica A stores the document, then is SIGKILLed in the middle of another
               request; B restores >= 90% of the document from `kvshim serve`; identical
 """
@@ -280,34 +286,74 @@ def case_cache_reuse(ctx):
                          ask(DOC + question(3))], "cache-reuse")
 
 
+def together(ctx, p, prompts):
+    """The completions of prompts sent to p at once (one thread each)."""
+    out = [None] * len(prompts)
+
+    def one(i):
+        out[i] = ctx.complete(p, prompts[i])[0]
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    return out
+
+
+def concurrent_ref(ctx, prompts):
+    """The replica without kvshim: its completions of prompts sent at once, and of each alone."""
+    ref_p = ctx.start_server(False)
+    ref = together(ctx, ref_p, prompts)
+    alone = [ctx.complete(ref_p, q)[0] for q in prompts]
+    ctx.stop(ref_p)
+    return ref, alone
+
+
+def check_concurrent(ctx, p, what, got, ref, alone):
+    st = ctx.stats(p)
+    print(f"{what}: {st}")
+    for i, g in enumerate(got):
+        check(g in (ref[i], alone[i]), f"{what}: request {i}: {g!r} is neither the "
+              f"replica's concurrent {ref[i]!r} nor alone {alone[i]!r}\n{st}\n{ctx.tail(p)}")
+    return st
+
+
 def case_concurrent(ctx):
     doc = producer(ctx)
     prompts = [DOC + question(i) for i in range(2, 6)]
+    ref, alone = concurrent_ref(ctx, prompts)
+    p = ctx.start_server(True)
+    st = check_concurrent(ctx, p, "concurrent", together(ctx, p, prompts), ref, alone)
+    check(st.get("restored_tokens", 0) >= 0.9 * doc * len(prompts),
+          f"concurrent: restored {st.get('restored_tokens')} of 4 x {doc}: {st}\n{ctx.tail(p)}")
 
-    def together(p):
-        out = [None] * len(prompts)
 
-        def one(i):
-            out[i] = ctx.complete(p, prompts[i])[0]
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout=300)
-        return out
+def one_request(ctx, p, prompts):
+    """The completions of prompts sent in ONE request (llama-server's "prompt" as an array of
+    strings: one task per prompt, queued together, so their slots start in the same batch
+    whatever the machine's timing)."""
+    r = ctx.post(p, "/completion", {"prompt": prompts, "n_predict": N_PREDICT,
+                                    "temperature": 0, "top_k": 1, "seed": 1})
+    check(isinstance(r, list) and len(r) == len(prompts), f"one request of {len(prompts)} "
+          f"prompts: not {len(prompts)} results: {str(r)[:500]}")
+    return [x["content"] for x in sorted(r, key=lambda x: x.get("index", 0))]
+
+
+def case_concurrent_cold(ctx):
+    prompts = [DOC + question(i) for i in range(2, 6)]
     ref_p = ctx.start_server(False)
-    ref = together(ref_p)
+    ref = one_request(ctx, ref_p, prompts)
     alone = [ctx.complete(ref_p, q)[0] for q in prompts]
     ctx.stop(ref_p)
     p = ctx.start_server(True)
-    got = together(p)
-    st = ctx.stats(p)
-    print(f"concurrent: {st}")
-    for i, g in enumerate(got):
-        check(g in (ref[i], alone[i]), f"concurrent: request {i}: {g!r} is neither the "
-              f"replica's concurrent {ref[i]!r} nor alone {alone[i]!r}\n{st}\n{ctx.tail(p)}")
-    check(st.get("restored_tokens", 0) >= 0.9 * doc * len(prompts),
-          f"concurrent: restored {st.get('restored_tokens')} of 4 x {doc}: {st}\n{ctx.tail(p)}")
+    got = one_request(ctx, p, prompts)
+    doc = ntokens(ctx, p, DOC)
+    st = check_concurrent(ctx, p, "concurrent, cold", got, ref, alone)
+    check(st.get("restored_tokens", 0) >= 0.9 * doc * (len(prompts) - 1),
+          f"concurrent, cold: restored {st.get('restored_tokens')} of 3 x {doc}: the document "
+          f"was computed more than once: {st}\n{ctx.tail(p)}")
+    check(st.get("shared_in_batch", 0) >= 1,
+          f"concurrent, cold: no sequence restored from its own batch's leader: {st}")
 
 
 def case_killed(ctx):
@@ -343,6 +389,7 @@ CASES = {
     "cache-reuse": case_cache_reuse,
     "killed": case_killed,
     "concurrent": case_concurrent,
+    "concurrent-cold": case_concurrent_cold,
 }
 
 if __name__ == "__main__":
