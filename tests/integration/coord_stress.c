@@ -31,6 +31,8 @@
 #include "coord_client.h"
 #include "internal.h"
 #include "peer.h"
+#define STRESS_NAME "coord_stress"
+#include "../lib/stress.h"
 
 #define CHILDREN 8
 #define KEYSPACE 384 /* 8 size classes x 48 keys */
@@ -47,28 +49,6 @@ static ts_server_t S;
 static uint64_t SEED = 20240601;
 static int OPS = 20000;
 
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "coord_stress[%ld]: FAIL: ", (long)getpid());
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  _exit(1);
-}
-#define CHECK(cond, ...)                                                                      \
-  do {                                                                                        \
-    if (!(cond)) fail(__VA_ARGS__);                                                           \
-  } while (0)
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545f4914f6cdd1dull;
-}
 
 static kvs_key_t key_of(int i) { return tk(SEED, (uint64_t)i); }
 static uint64_t size_of_class(int c) { return 4096ull * (uint64_t)(1 + c) - 100ull * (uint64_t)(c % 3); }
@@ -91,9 +71,9 @@ typedef struct child {
 
 /* A batch of 1..4 keys of one size class (one layout), consecutive in that class. */
 static void pick_batch(child_t *c) {
-  int cls = (int)(rng_next(&c->rng) % CLASSES);
-  int j0 = (int)(rng_next(&c->rng) % PER_CLASS);
-  c->n = 1 + (int)(rng_next(&c->rng) % MAX_BATCH);
+  int cls = (int)(rnd(&c->rng) % CLASSES);
+  int j0 = (int)(rnd(&c->rng) % PER_CLASS);
+  c->n = 1 + (int)(rnd(&c->rng) % MAX_BATCH);
   for (int i = 0; i < c->n; i++) {
     c->keys_idx[i] = cls + CLASSES * ((j0 + i) % PER_CLASS);
     c->keys[i] = key_of(c->keys_idx[i]);
@@ -211,7 +191,7 @@ static int child_main(void *arg) {
   for (int op = 0; op < OPS; op++) {
     if (op == kill_at) kill_step(&c);
     pick_batch(&c);
-    int r = (int)(rng_next(&c.rng) % 100);
+    int r = (int)(rnd(&c.rng) % 100);
     int rc;
     cc_pstore_t ps;
     cc_pretr_t pr;

@@ -26,6 +26,8 @@
 #include "internal.h"
 #include "pool.h"
 #include "store.h"
+#define STRESS_NAME "test_store_shards"
+#include "../lib/stress.h"
 
 #define THREADS 4
 #define SHARDS 8
@@ -45,27 +47,6 @@ static uint32_t writer[MAX_PAGE_INDEX];  /* worker id + 1 holding the page in a 
 static uint32_t readers[MAX_PAGE_INDEX]; /* workers holding the page pinned */
 static uint64_t writing_bytes;           /* bytes of WRITING extents the workers hold now */
 
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "test_store_shards: FAIL: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  exit(1);
-}
-#define CHECK(cond, ...)                                                                      \
-  do {                                                                                        \
-    if (!(cond)) fail(__VA_ARGS__);                                                           \
-  } while (0)
-
-static uint64_t rnd(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545f4914f6cdd1dull;
-}
-static uint32_t below(uint64_t *s, uint32_t n) { return (uint32_t)(rnd(s) % n); }
 static kvs_key_t key_of(uint32_t i) { return (kvs_key_t){i, KEY_HI}; }
 
 static uint32_t page_index(uint64_t off) {

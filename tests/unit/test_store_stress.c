@@ -30,6 +30,8 @@
 #include "internal.h"
 #include "pool.h"
 #include "store.h"
+#define STRESS_NAME "test_store_stress"
+#include "../lib/stress.h"
 
 #define THREADS 4
 #define OPS_PER_THREAD 5000
@@ -48,27 +50,6 @@ static kvs_store_t *st;
 static uint8_t *pool_base;
 static uint64_t zombie_created_ms;
 
-static void fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "test_store_stress: FAIL: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  exit(1);
-}
-#define CHECK(cond, ...)                                                                      \
-  do {                                                                                        \
-    if (!(cond)) fail(__VA_ARGS__);                                                           \
-  } while (0)
-
-static uint64_t rnd(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545f4914f6cdd1dull;
-}
-static uint32_t below(uint64_t *s, uint32_t n) { return (uint32_t)(rnd(s) % n); }
 
 static kvs_key_t key_of(uint32_t i) { return (kvs_key_t){i, KEY_HI}; }
 static kvs_key_t alias_of(kvs_key_t k) { return (kvs_key_t){k.lo | ALIAS_BIT, k.hi}; }

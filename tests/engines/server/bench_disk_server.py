@@ -15,11 +15,9 @@ Goal: on / off <= 0.3. Next to it, its limit in the same run: the share of B's p
 decode ((prompt - restored) / prompt), the ratio a free restore would give. Medians and spread
 (min-max) over the repetitions; docs/PERF.md section 12 quotes them.
 """
-import argparse
 import os
 import signal
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,11 +43,7 @@ def ttft(ctx, p, prompt):
 
 
 def one_rep(args, i):
-    tmp = tempfile.mkdtemp(prefix="kvs-bds-")
-    ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
-                            keep=False)
-    ctx = ds.Ctx(ns, tmp, args.work_dir or tmp)
-    os.makedirs(ctx.run_dir, exist_ok=True)
+    tmp, ctx = cs.bench_ctx(args, "kvs-bds-", ds.Ctx)
     try:
         first = cs.DOC + cs.question(1 + 10 * i)
         second = cs.DOC + cs.question(2 + 10 * i)

@@ -26,7 +26,6 @@ them.
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,11 +42,7 @@ def counters(ctx, p):
 
 
 def one_rep(args, i):
-    tmp = tempfile.mkdtemp(prefix="kvs-bench-")
-    ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
-                            keep=False)
-    ctx = cs.Ctx(ns, tmp, args.work_dir or tmp)
-    os.makedirs(ctx.run_dir, exist_ok=True)
+    tmp, ctx = cs.bench_ctx(args, "kvs-bench-")
     rows, skipped = [], []
     try:
         ctx.serve(pool="1G")

@@ -23,7 +23,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,11 +30,7 @@ import check_server as cs  # noqa: E402
 
 
 def one_rep(args, i):
-    tmp = tempfile.mkdtemp(prefix="kvs-bench-")
-    ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
-                            keep=False)
-    ctx = cs.Ctx(ns, tmp, args.work_dir or tmp)
-    os.makedirs(ctx.run_dir, exist_ok=True)
+    tmp, ctx = cs.bench_ctx(args, "kvs-bench-")
     try:
         ctx.serve(pool="512M")
         first = cs.DOC + cs.question(1 + 10 * i)

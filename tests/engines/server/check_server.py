@@ -41,6 +41,7 @@ Cases:
   killed      replica A stores the document, then is SIGKILLed in the middle of another
               request; B restores >= 90% of the document from `kvshim serve`; identical
 """
+import argparse
 import json
 import os
 import random
@@ -48,6 +49,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -174,6 +176,17 @@ class Ctx(Context):
             p.kill()
             p.wait()
 
+
+
+def bench_ctx(args, prefix, ctx_class=None):
+    """A context for one benchmark repetition in a new temporary directory (returned with it):
+    the benchmarks take --preload, --cli and --work-dir; ctx_class defaults to Ctx."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
+                            keep=False)
+    ctx = (ctx_class or Ctx)(ns, tmp, args.work_dir or tmp)
+    os.makedirs(ctx.run_dir, exist_ok=True)
+    return tmp, ctx
 
 def ntokens(ctx, p, text):
     return len(ctx.post(p, "/tokenize", {"content": text, "add_special": True})["tokens"])
