@@ -92,9 +92,12 @@
 #define LARGE_TABLES ((size_t)64 << 20)  /* tables of ~150k objects and up */
 #define HUGE_TABLES ((size_t)256 << 20)  /* tables of ~580k objects and up */
 #define MAX_PARTS 16u
-/* Automatic parts keep every table slice >= PART_MIN slots: small stores (the unit tests'
- * few pages, or max_objects of a handful) stay one shard, with exact LRU order. */
+/* Automatic parts keep every table slice >= PART_MIN slots and every shard's share of the
+ * arena >= PART_MIN_BYTES: a shard evicts its own LRU, so its share must hold many objects for
+ * that order to stay close to the global one. Small stores (the unit tests' few pages, a
+ * process's few-MiB pool, max_objects of a handful) stay one shard, with exact LRU order. */
 #define PART_MIN 64u
+#define PART_MIN_BYTES ((uint64_t)32 << 20)
 
 #define LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -833,8 +836,10 @@ static int mutex_init_adaptive(pthread_mutex_t *m) {
 }
 
 /* Parts: cfg->shards when set (a power of two <= MAX_PARTS, every slice >= 1 slot), else
- * the most (<= MAX_PARTS) that leave every slice >= PART_MIN. 0 when invalid. */
-static uint32_t choose_parts(uint32_t want, uint64_t mo, uint64_t mk, uint64_t mp, uint64_t mx) {
+ * the most (<= MAX_PARTS) that leave every slice >= PART_MIN and every shard >= PART_MIN_BYTES
+ * of the arena. 0 when invalid. */
+static uint32_t choose_parts(uint32_t want, uint64_t arena, uint64_t mo, uint64_t mk,
+                             uint64_t mp, uint64_t mx) {
   uint64_t least = mo < mk ? mo : mk;
   if (mp < least) least = mp;
   if (mx < least) least = mx;
@@ -843,7 +848,8 @@ static uint32_t choose_parts(uint32_t want, uint64_t mo, uint64_t mk, uint64_t m
     return want;
   }
   uint32_t p = 1;
-  while (p < MAX_PARTS && least / (2 * p) >= PART_MIN) p *= 2;
+  while (p < MAX_PARTS && least / (2 * p) >= PART_MIN && arena / (2 * p) >= PART_MIN_BYTES)
+    p *= 2;
   return p;
 }
 
@@ -869,7 +875,7 @@ int kvs_store_create(const kvs_store_config_t *cfg, kvs_store_t **out) {
   if (mo > TABLE_MAX || mk > TABLE_MAX || mp > TABLE_MAX || mx > KVS_STORE_MAX_SLOTS ||
       mw > KVS_STORE_MAX_SLOTS)
     return -EINVAL;
-  uint32_t parts = choose_parts(cfg->shards, mo, mk, mp, mx);
+  uint32_t parts = choose_parts(cfg->shards, st.size, mo, mk, mp, mx);
   if (parts == 0) return -EINVAL;
   /* Slices. A limit the config sets is split evenly. A default one gets twice its share per
    * slice, so that keys spread unevenly over the shards do not fill one slice early: the

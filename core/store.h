@@ -114,7 +114,8 @@ typedef struct kvs_store_config {
   uint32_t max_owners;   /* open owners including KVS_OWNER_LOCAL; 0 = 4096 */
   uint32_t shards;       /* shards and domains (design §4.4): a power of two <= 16, at most
                           * every table's size; 0 = the most that leave every table's slice
-                          * >= 64 slots (1 for small stores: exact LRU order) */
+                          * >= 64 slots and every shard >= 32 MiB of the arena (1 for small
+                          * stores: exact LRU order) */
 } kvs_store_config_t;
 
 /* Limits: max_xfers and max_owners <= KVS_STORE_MAX_SLOTS (ids are generation << 24 | slot);
