@@ -72,7 +72,8 @@ struct kvs_peers {
   pconn_t *conns;
   bool has_cache;
   uint64_t last_discover_ms;
-  /* The group directory's modification time when the last scan began (discover_lock): a
+  /* The group directory's modification time when the last scan began (discover_lock; zero
+   * while that time was too recent to trust: peer_discover.c, settled_mtime): a
    * socket created or removed since changes it, and the next discovery then scans at once
    * instead of waiting out DISCOVER_INTERVAL_MS (a peer that starts just after a scan is found
    * by the next lookup, not up to 200 ms later). */

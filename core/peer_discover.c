@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -17,6 +18,19 @@
 #include "sock.h"
 
 #define DISCOVER_INTERVAL_MS 200
+/* File timestamps come from the kernel's coarse clock: a socket created within one of its ticks
+ * after the directory last changed leaves the mtime as it was. A scan trusts the mtime it saw
+ * only when it is older than this (several ticks); else the next discovery scans again. */
+#define DIR_MTIME_SETTLED_NS 50000000ll
+
+/* The mtime to remember for a scan that saw `m`: `m`, or zero (never equal to a real one, so
+ * the next discovery rescans) while `m` is too recent to tell a later change from it. */
+static struct timespec settled_mtime(struct timespec m) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  long long age = (long long)(now.tv_sec - m.tv_sec) * 1000000000ll + (now.tv_nsec - m.tv_nsec);
+  return age > DIR_MTIME_SETTLED_NS ? m : (struct timespec){0, 0};
+}
 
 static int parse_sock_name(const char *name, uint64_t *id) {
   if (strlen(name) != 21 || strcmp(name + 16, ".sock") != 0) return -EINVAL;
@@ -32,6 +46,11 @@ static int parse_sock_name(const char *name, uint64_t *id) {
   return 0;
 }
 
+void kvs_peers_discover_settle(kvs_peers_t *p) {
+  pthread_mutex_lock(&p->discover_lock);
+  pthread_mutex_unlock(&p->discover_lock);
+}
+
 int kvs_peers_discover(kvs_peers_t *p, bool force) {
   pthread_mutex_lock(&p->discover_lock);
   uint64_t now = kvs__now_ms();
@@ -43,8 +62,10 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
   if (recent && dir_known && (dst.st_mtim.tv_sec != p->dir_mtime.tv_sec ||
                               dst.st_mtim.tv_nsec != p->dir_mtime.tv_nsec))
     recent = false; /* the directory changed since the last scan: a peer came or went */
+  bool retry = false;
   if (!recent) {
-    if (dir_known) p->dir_mtime = dst.st_mtim; /* before the scan: a later change rescans */
+    /* before the scan: a later change rescans */
+    if (dir_known) p->dir_mtime = settled_mtime(dst.st_mtim);
     DIR *d = opendir(p->dir);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {
@@ -70,7 +91,14 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
         continue;
       }
       pconn_t *c = kvs__peer_dial(p, path, id); /* no lock held across the I/O */
-      if (!c) continue;
+      if (!c) {
+        /* a peer not answering yet (bound, not listening, or mid-start) that was not penalised:
+         * the next discovery dials it again instead of waiting out the interval */
+        pthread_mutex_lock(&p->table_lock);
+        if (!kvs__peer_penalized(p, id, now, false)) retry = true;
+        pthread_mutex_unlock(&p->table_lock);
+        continue;
+      }
       pthread_mutex_lock(&p->table_lock);
       kvs__peer_penalized(p, id, now, true);
       c->listed = true;
@@ -79,6 +107,7 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
       pthread_mutex_unlock(&p->table_lock);
     }
     if (d) closedir(d);
+    if (retry) p->dir_mtime = (struct timespec){0, 0};
   }
   /* Forget dead connections; recompute whether a cache peer is there. Adopting it (registering
    * its pool mapping, sizing the own pool) is the caller's event: kvs_peers_pin_cache, from the

@@ -19,6 +19,7 @@ static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
 static bool g_started, g_stop, g_first_done;
 static pthread_t g_thread;
 static uint64_t g_adopted; /* the cache peer adopted last (0: none); the watcher's own */
+static kvs_peers_t *g_peers; /* the watched client while the watcher runs (atomic: queries read it) */
 
 int kvs__discovery_scan(kvs_peers_t *peers) { return peers ? kvs_peers_discover(peers, false) : 0; }
 
@@ -70,6 +71,7 @@ int kvs__discovery_start(kvs__runtime_t *rt) {
     __atomic_store_n(&g_first_done, false, __ATOMIC_RELEASE);
     rc = kvs__prim_thread_start(&g_thread, NULL, watch_main, rt);
     g_started = rc == 0;
+    if (g_started) __atomic_store_n(&g_peers, rt->peers, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&g_lock);
   if (rc < 0) kvs_log_info("no discovery watcher (%s): peers are not looked for", strerror(-rc));
@@ -81,6 +83,7 @@ void kvs__discovery_stop(void) {
   bool join = g_started;
   g_stop = true;
   g_started = false;
+  __atomic_store_n(&g_peers, NULL, __ATOMIC_RELEASE);
   /* nobody waits for a scan that will not come */
   __atomic_store_n(&g_first_done, true, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&g_cond);
@@ -93,13 +96,18 @@ void kvs__discovery_fork_child(void) {
   g_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
   g_started = g_stop = g_first_done = false;
   g_adopted = 0;
+  g_peers = NULL;
 }
 
 void kvs__discovery_wait_first(void) {
-  if (__atomic_load_n(&g_first_done, __ATOMIC_ACQUIRE)) return;
-  struct timespec ts = kvs__realtime_after_ms(KVS__DISCOVERY_FIRST_WAIT_MS);
-  pthread_mutex_lock(&g_lock);
-  while (g_started && !g_first_done)
-    if (pthread_cond_timedwait(&g_cond, &g_lock, &ts) == ETIMEDOUT) break;
-  pthread_mutex_unlock(&g_lock);
+  if (!__atomic_load_n(&g_first_done, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = kvs__realtime_after_ms(KVS__DISCOVERY_FIRST_WAIT_MS);
+    pthread_mutex_lock(&g_lock);
+    while (g_started && !g_first_done)
+      if (pthread_cond_timedwait(&g_cond, &g_lock, &ts) == ETIMEDOUT) break;
+    pthread_mutex_unlock(&g_lock);
+  }
+  /* a peer the watcher is dialling now (one that started just before this query) is seen */
+  kvs_peers_t *peers = __atomic_load_n(&g_peers, __ATOMIC_ACQUIRE);
+  if (peers) kvs_peers_discover_settle(peers);
 }
