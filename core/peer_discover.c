@@ -46,11 +46,6 @@ static int parse_sock_name(const char *name, uint64_t *id) {
   return 0;
 }
 
-void kvs_peers_discover_settle(kvs_peers_t *p) {
-  pthread_mutex_lock(&p->discover_lock);
-  pthread_mutex_unlock(&p->discover_lock);
-}
-
 int kvs_peers_discover(kvs_peers_t *p, bool force) {
   pthread_mutex_lock(&p->discover_lock);
   uint64_t now = kvs__now_ms();

@@ -34,11 +34,6 @@ typedef struct kvs_peer_info {
  * (rate-limited or not) adopts a connected cache peer: with an accelerator installed, its pool
  * mapping is registered once, on an idle-priority thread (cache_peer_pool_pins). */
 int kvs_peers_discover(kvs_peers_t *p, bool force);
-/* Wait until a scan another thread is running ends (its new connections, dialled under it,
- * are then in the table); at once when none runs. No scan, no I/O of its own: a query made
- * while the watcher dials a peer that just started sees that peer, as it did when queries
- * scanned themselves. Bounded by the dial's deadline. */
-void kvs_peers_discover_settle(kvs_peers_t *p);
 /* Live peers (up to cap); returns how many there are. */
 int kvs_peers_list(kvs_peers_t *p, kvs_peer_info_t *out, size_t cap);
 

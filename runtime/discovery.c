@@ -107,7 +107,10 @@ void kvs__discovery_wait_first(void) {
       if (pthread_cond_timedwait(&g_cond, &g_lock, &ts) == ETIMEDOUT) break;
     pthread_mutex_unlock(&g_lock);
   }
-  /* a peer the watcher is dialling now (one that started just before this query) is seen */
+  /* The engine's own rate-limited scan (at most one per 200 ms unless the group directory
+   * changed; waits for one the watcher is running): a peer that started just before this query
+   * is seen even when the watcher's tick is behind. Without it llamaprefix_fake_flight's second
+   * replica missed a claimant that had just started in 4 of 24 runs (design §3.8). */
   kvs_peers_t *peers = __atomic_load_n(&g_peers, __ATOMIC_ACQUIRE);
-  if (peers) kvs_peers_discover_settle(peers);
+  if (peers) (void)kvs_peers_discover(peers, false);
 }

@@ -38,9 +38,9 @@ void kvs__discovery_stop(void);
 /* Fork child: the parent's watcher is not ours; forget it (its lock may have been held). */
 void kvs__discovery_fork_child(void);
 /* Block until the watcher's first scan is done (at most KVS__DISCOVERY_FIRST_WAIT_MS; at once
- * when there is no watcher), and until a scan it is running now ends: a lookup made while the
- * engine starts, or while the watcher dials a peer that just started, sees the peers that were
- * there, as it did when every lookup scanned. */
+ * when there is no watcher), then run the caller's own rate-limited scan (kvs_peers_discover,
+ * not forced): a lookup made while the engine starts, or just after a peer started, sees the
+ * peers that are there, as it did when every lookup scanned (design §3.8). */
 #define KVS__DISCOVERY_FIRST_WAIT_MS 10000u
 void kvs__discovery_wait_first(void);
 /* One scan of rt->peers (force: not rate-limited) and the adoption event. Returns the live
