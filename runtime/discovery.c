@@ -111,6 +111,5 @@ void kvs__discovery_wait_first(void) {
    * changed; waits for one the watcher is running): a peer that started just before this query
    * is seen even when the watcher's tick is behind. Without it llamaprefix_fake_flight's second
    * replica missed a claimant that had just started in 4 of 24 runs (design §3.8). */
-  kvs_peers_t *peers = __atomic_load_n(&g_peers, __ATOMIC_ACQUIRE);
-  if (peers) (void)kvs_peers_discover(peers, false);
+  (void)kvs__discovery_scan(__atomic_load_n(&g_peers, __ATOMIC_ACQUIRE));
 }
