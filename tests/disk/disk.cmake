@@ -44,5 +44,7 @@ if(TARGET kvshim_preload)
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/disk/disk_llama.py
             --preload $<TARGET_FILE:kvshim_preload> --kvshim $<TARGET_FILE:kvshim>
             ${disk_llama_asan})
-  set_tests_properties(disk_node_restart PROPERTIES TIMEOUT 600 LABELS "e2e" SKIP_RETURN_CODE 77)
+  # An engine test: it has the machine to itself under scripts/test's ctest -j (RUN_SERIAL).
+  set_tests_properties(disk_node_restart PROPERTIES TIMEOUT 600 LABELS "e2e" SKIP_RETURN_CODE 77
+    RUN_SERIAL ON)
 endif()

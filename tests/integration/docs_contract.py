@@ -153,9 +153,9 @@ def case_options(ctx):
             r = range_in(meaning, kind)
             check(r == (lo, hi), f"{env}: README states the range {r}, the code {lo}..{hi}")
     # Every KVSHIM_* name README mentions is a variable, or one of the scripts' own.
-    scripts = {"KVSHIM_FUZZ_SECONDS", "KVSHIM_SOAK_MINUTES", "KVSHIM_CUDA_INCLUDE_DIR",
-               "KVSHIM_BUILD_TESTS", "KVSHIM_BUILD_BENCH", "KVSHIM_DEBUG", "KVSHIM_SANITIZE",
-               "KVSHIM_WERROR", "KVSHIM_FUZZ"}
+    scripts = {"KVSHIM_FUZZ_SECONDS", "KVSHIM_SOAK_MINUTES", "KVSHIM_TEST_JOBS",
+               "KVSHIM_CUDA_INCLUDE_DIR", "KVSHIM_BUILD_TESTS", "KVSHIM_BUILD_BENCH", "KVSHIM_DEBUG",
+               "KVSHIM_SANITIZE", "KVSHIM_WERROR", "KVSHIM_FUZZ"}
     for doc_name in DOCS:
         for n in sorted(set(re.findall(r"KVSHIM_[A-Z0-9_]*[A-Z0-9]", read(ctx, doc_name)))):
             check(n in code or n in scripts, f"{doc_name} names {n}, which is no variable")
