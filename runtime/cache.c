@@ -197,12 +197,13 @@ int kvs__cache_save(kvs__runtime_t *rt, kvs_key_t key, const kvs_layout_t *layou
   }
   KVS_TRY(kvs_store_commit(rt->store, KVS_OWNER_LOCAL, xfer));
   /* Write-behind to a cache peer; -ENOTSUP (none, or KVSHIM_PUSH=off) and a full queue
-   * (counted by the peer client) do not change the answer: the chunk is kept here.
-   * kvs_peers_push runs a discovery first, which dials every new or restarted socket in the
-   * caller's thread (a peer that accepts but does not answer costs a whole RPC deadline each
-   * time). Saves are on the engine's path, so they push only to a cache peer already found by
-   * a lookup's discovery (kvs_peers_cache_peer: no discovery, no I/O). */
-  if (rt->peers && !cache && kvs_peers_cache_peer(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
+   * (counted by the peer client) do not change the answer: the chunk is kept here. Saves are on
+   * the engine's path, so they dial nothing: they push to a cache peer the watcher found
+   * (its first scan awaited, design §3.8; kvs_peers_cache_peer: no I/O). */
+  if (rt->peers && !cache) {
+    kvs__discovery_wait_watcher();
+    if (kvs_peers_cache_peer(rt->peers)) kvs_peers_push(rt->peers, &key, 1);
+  }
   return 0;
 }
 
@@ -288,7 +289,10 @@ int kvs__cache_reserve(kvs__runtime_t *rt, const kvs_key_t *keys, size_t nk, uin
 int kvs__cache_commit(kvs__runtime_t *rt, const kvs_key_t *keys, size_t nk, kvs__cache_ref_t ref) {
   KVS__REENTRY_GUARD();
   int rc = kvs_store_commit(rt->store, KVS_OWNER_LOCAL, ref);
-  if (rc == 0 && rt->peers) kvs_peers_push(rt->peers, keys, nk); /* -ENOTSUP: no cache peer */
+  if (rc == 0 && rt->peers) {
+    kvs__discovery_wait_watcher(); /* the cache peer the watcher finds at start (design §3.8) */
+    kvs_peers_push(rt->peers, keys, nk); /* -ENOTSUP: no cache peer */
+  }
   return rc;
 }
 

@@ -99,14 +99,17 @@ void kvs__discovery_fork_child(void) {
   g_peers = NULL;
 }
 
+void kvs__discovery_wait_watcher(void) {
+  if (__atomic_load_n(&g_first_done, __ATOMIC_ACQUIRE)) return;
+  struct timespec ts = kvs__realtime_after_ms(KVS__DISCOVERY_FIRST_WAIT_MS);
+  pthread_mutex_lock(&g_lock);
+  while (g_started && !g_first_done)
+    if (pthread_cond_timedwait(&g_cond, &g_lock, &ts) == ETIMEDOUT) break;
+  pthread_mutex_unlock(&g_lock);
+}
+
 void kvs__discovery_wait_first(void) {
-  if (!__atomic_load_n(&g_first_done, __ATOMIC_ACQUIRE)) {
-    struct timespec ts = kvs__realtime_after_ms(KVS__DISCOVERY_FIRST_WAIT_MS);
-    pthread_mutex_lock(&g_lock);
-    while (g_started && !g_first_done)
-      if (pthread_cond_timedwait(&g_cond, &g_lock, &ts) == ETIMEDOUT) break;
-    pthread_mutex_unlock(&g_lock);
-  }
+  kvs__discovery_wait_watcher();
   /* The engine's own rate-limited scan (at most one per 200 ms unless the group directory
    * changed; waits for one the watcher is running): a peer that started just before this query
    * is seen even when the watcher's tick is behind. Without it llamaprefix_fake_flight's second

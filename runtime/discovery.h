@@ -43,6 +43,11 @@ void kvs__discovery_fork_child(void);
  * peers that are there, as it did when every lookup scanned (design §3.8). */
 #define KVS__DISCOVERY_FIRST_WAIT_MS 10000u
 void kvs__discovery_wait_first(void);
+/* Only the first half of wait_first: the watcher's first scan, no scan of the caller's own (which
+ * may dial sockets). The save paths call it before deciding whether to write behind: a save made
+ * while the watcher's first scan is still running would otherwise find no cache peer and keep
+ * the chunk unpushed for good (llamacopy_fake_own_copy failed so under a parallel ctest). */
+void kvs__discovery_wait_watcher(void);
 /* One scan of rt->peers (force: not rate-limited) and the adoption event. Returns the live
  * peers. The watcher's step; tests call it to step discovery by hand. */
 int kvs__discovery_tick(struct kvs__runtime *rt, bool force);
