@@ -180,7 +180,11 @@ extern "C" {
     "disk tier: write faults (no space, no inodes, I/O error, read-only or missing directory)") \
   X(disk_read_errors, C, "disk tier: read faults (I/O errors), served as misses")             \
   X(disk_scan_ms, G, "disk tier: time the start-up scan of the directory took, ms")           \
-  X(disk_scan_objects, G, "disk tier: objects the start-up scan found")
+  X(disk_scan_objects, G, "disk tier: objects the start-up scan found")                       \
+  X(llama_chunks_tails, C,                                                                    \
+    "llama chunk storage: short chunks stored of the canonical tokens past a snapshot's whole chunks") \
+  X(llama_chunks_tail_tokens, C,                                                              \
+    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

@@ -147,25 +147,25 @@ static int obj_fill(void *ctx, size_t i, void *dst, const void *src, size_t len)
   return f->fill(f->arg, dst);
 }
 
-int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t len,
-                         int (*fill)(void *arg, uint8_t *dst), void *arg) {
+int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
+                         uint64_t len, int (*fill)(void *arg, uint8_t *dst), void *arg) {
   uint64_t cache = kvs__llama_blob_cache(home);
   if (cache) { /* one copy per node: straight into the cache peer's pool, as a blob save */
     obj_fill_t f = {fill, arg};
-    int pr = kvs__cache_save_at_peer(home->rt, cache, &key, 1, len, false, obj_fill, &f);
+    int pr = kvs__cache_save_at_peer(home->rt, cache, keys, nk, len, false, obj_fill, &f);
     if (pr <= 0) return pr; /* published, -EEXIST (there already) or the fill's errno */
     /* 1: into the own pool instead */
   }
   uint8_t *dst;
   kvs__cache_ref_t ref = 0;
-  int rc = kvs__cache_reserve(home->rt, &key, 1, len, false, &dst, &ref);
+  int rc = kvs__cache_reserve(home->rt, keys, nk, len, false, &dst, &ref);
   if (rc < 0) return rc;
   rc = fill(arg, dst);
   if (rc != 0) {
     kvs__cache_abort(home->rt, ref);
     return rc;
   }
-  return kvs__cache_commit(home->rt, &key, 1, ref);
+  return kvs__cache_commit(home->rt, keys, nk, ref);
 }
 
 /* ---- local restore ---------------------------------------------------------------------------- */

@@ -68,13 +68,16 @@ int kvs__llama_blob_commit(const kvs__llama_blob_home_t *home, const kvs_key_t *
 void kvs__llama_blob_abort(const kvs__llama_blob_home_t *home, kvs__llama_blob_save_t *s);
 
 /* An object of kvshim's own (a chunk frame or chunk object, chunks.h; design §10.4): len bytes
- * written by fill(arg, dst), never replacing (-EEXIST when a READY object is there). With one
- * copy per node (kvs__llama_blob_cache names a cache peer) straight into a slot of that peer's
- * pool (kvs__cache_save_at_peer), as kvs__llama_blob_begin does; a cache peer that fails is
- * counted and the object goes into the own pool instead: a reserved extent, committed under key
- * and pushed to the cache peer (write-behind, kvs__cache_commit). fill returns 0 or a negative
- * errno, which aborts the object and is returned. 0, or -EEXIST / -ENOSPC / -EFBIG / -EBUSY. */
-int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, kvs_key_t key, uint64_t len,
+ * written by fill(arg, dst), under keys[0] and the aliases keys[1 .. nk) (an alias another
+ * object holds is not bound: the store's rule), never replacing (-EEXIST when a READY object is
+ * under keys[0]). With one copy per node (kvs__llama_blob_cache names a cache peer) straight
+ * into a slot of that peer's pool (kvs__cache_save_at_peer), as kvs__llama_blob_begin does; a
+ * cache peer that fails is counted and the object goes into the own pool instead: a reserved
+ * extent, committed under the keys and pushed to the cache peer (write-behind,
+ * kvs__cache_commit). fill returns 0 or a negative errno, which aborts the object and is
+ * returned. 0, or -EEXIST / -ENOSPC / -EFBIG / -EBUSY. */
+int kvs__llama_obj_store(const kvs__llama_blob_home_t *home, const kvs_key_t *keys, size_t nk,
+                         uint64_t len,
                          int (*fill)(void *arg, uint8_t *dst), void *arg);
 
 /* Pin the READY object under key in the local store. Returns true with *blob, *len (into the

@@ -214,12 +214,13 @@ static void mv(uint8_t *st, uint8_t *pl, uint64_t len, bool split) {
 /* The one walk of a state's layout by its frame, shared by the splitter and the assembler: the
  * state of sequence seq holding N tokens in frame f (checked) at state. With pl NULL, write all
  * of the state but the per-token payload (the state header, stream counts, cell metadata but
- * its ext, the section and layer headers). Else move one chunk's payload pl (tokens [a, a + n),
- * in the payload's order: per section ext, K per layer, V per layer) between its places in the
- * state and pl: out of the state (split; the state is only read) or into it. Returns the end
- * of the state. */
+ * its ext, the section and layer headers). Else move tokens [a, a + n) between their places in
+ * the state and the payload pl of a chunk of `held` tokens (n <= held; in the payload's order:
+ * per section ext, K per layer, V per layer, each a run of `held` cells of which the first n
+ * move): out of the state (split, n == held; the state is only read) or into it (a partial
+ * continuation chunk moves its first n). Returns the end of the state. */
 static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *state, uint8_t *pl,
-                        uint64_t a, uint64_t n, bool split) {
+                        uint64_t a, uint64_t n, uint64_t held, bool split) {
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, f, sizeof fh);
   const bool ext = (fh.flags & KVS_LLAMA_FRAME_EXT) != 0;
@@ -243,8 +244,9 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       o = put_u32(put_u32(o, s.v_trans), s.n_layer);
     } else {
       o += 4 + 4 * ((uint64_t)mine + 1);
-      for (uint64_t j = 0; ext && j < n; j++, pl += KVS_LLAMA_CELL_EXT)
-        mv(o + (a + j) * mb + 8, pl, KVS_LLAMA_CELL_EXT, split);
+      for (uint64_t j = 0; ext && j < n; j++)
+        mv(o + (a + j) * mb + 8, pl + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT, split);
+      if (ext) pl += held * KVS_LLAMA_CELL_EXT;
       o += N * mb + 8;
     }
     for (uint32_t l = 0; l < s.n_layer; l++) {
@@ -252,7 +254,7 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       memcpy(&L, lay + l * sizeof L, sizeof L);
       if (!pl) put_u64(put_u32(o, (uint32_t)L.k_type), L.k_row);
       o += 12;
-      if (pl) mv(o + a * L.k_row, pl, n * L.k_row, split), pl += n * L.k_row;
+      if (pl) mv(o + a * L.k_row, pl, n * L.k_row, split), pl += held * L.k_row;
       o += N * L.k_row;
     }
     for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
@@ -262,11 +264,11 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       else if (!pl) put_u64(put_u32(o, (uint32_t)L.v_type), L.v_row);
       o += 12;
       if (s.v_trans) { /* element j of every cell is one run of N values: the chunk's n of it */
-        for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += n * L.v_el)
+        for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += held * L.v_el)
           mv(o + (j * N + a) * L.v_el, pl, n * L.v_el, split);
         o += N * L.v_el * L.v_embd;
       } else {
-        if (pl) mv(o + a * L.v_row, pl, n * L.v_row, split), pl += n * L.v_row;
+        if (pl) mv(o + a * L.v_row, pl, n * L.v_row, split), pl += held * L.v_row;
         o += N * L.v_row;
       }
     }
@@ -334,23 +336,26 @@ uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_s
   return h.checksum;
 }
 
-uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t c) {
-  if (T == 0 || (uint64_t)c * T >= sc->n_cells) return 0;
-  uint64_t n = sc->n_cells - (uint64_t)c * T;
+uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t upto,
+                               uint32_t c) {
+  if (upto > sc->n_cells) upto = sc->n_cells;
+  if (T == 0 || (uint64_t)c * T >= upto) return 0;
+  uint64_t n = upto - (uint64_t)c * T;
   if (n > T) n = T;
   return sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * sc->cell_bytes;
 }
 
 kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   const kvs__llama_chunks_scan_t *sc,
-                                                  const int32_t *tok, uint32_t T, uint32_t c,
-                                                  const uint8_t *frame, kvs_key_t ns, uint8_t *dst,
-                                                  size_t cap) {
-  uint64_t size = kvs__llama_chunk_size(sc, T, c);
+                                                  const int32_t *tok, uint32_t T, uint32_t upto,
+                                                  uint32_t c, const uint8_t *frame, kvs_key_t ns,
+                                                  uint8_t *dst, size_t cap) {
+  uint64_t size = kvs__llama_chunk_size(sc, T, upto, c);
   if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
   if (cap < size) return KVS_LLAMA_CHUNKS_SPACE;
+  if (upto > sc->n_cells) upto = sc->n_cells;
   uint64_t a = (uint64_t)c * T, N = sc->n_cells;
-  uint32_t n = (uint32_t)(N - a < T ? N - a : T);
+  uint32_t n = (uint32_t)(upto - a < T ? upto - a : T);
   kvs__llama_chunk_hdr_t h;
   memset(&h, 0, sizeof h);
   h.magic = KVS_LLAMA_CHUNK_MAGIC;
@@ -367,7 +372,7 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
    * walk only reads it when splitting */
   lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
-          true);
+          n, true);
   memcpy(dst, &h, sizeof h);
   h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
@@ -479,20 +484,23 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n) {
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,
-                                                      int32_t seq, uint8_t *dst, size_t cap,
-                                                      size_t *out_len) {
+                                                      uint32_t last_n, int32_t seq, uint8_t *dst,
+                                                      size_t cap, size_t *out_len) {
   kvs__llama_frame_hdr_t fh;
   kvs__llama_chunks_status_t st = kvs__llama_frame_check(f, flen, T, ns, &fh);
   if (st != KVS_LLAMA_CHUNKS_OK) return st;
   if (nch == 0 || !ch || !chlen) return KVS_LLAMA_CHUNKS_ORDER;
   if (seq < 0) return KVS_LLAMA_CHUNKS_FIELD;
   uint64_t N = 0;
+  uint32_t held = 0; /* the last chunk's own tokens (its payload's runs) */
   for (uint32_t i = 0; i < nch; i++) { /* every field first; the checksums while copying */
     kvs__llama_chunk_hdr_t h;
     st = chunk_fields(ch[i], chlen[i], &fh, i, &h);
     if (st != KVS_LLAMA_CHUNKS_OK) return st;
     if (i + 1 < nch && h.n_tokens != T) return KVS_LLAMA_CHUNKS_ORDER;
-    N += h.n_tokens;
+    held = h.n_tokens;
+    if (i + 1 == nch && last_n > h.n_tokens) return KVS_LLAMA_CHUNKS_FIELD;
+    N += i + 1 == nch && last_n ? last_n : h.n_tokens;
   }
   uint64_t size = kvs__llama_chunks_state_size(f, N);
   if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
@@ -511,12 +519,12 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
     memcpy(&sum, ch[i] + cs, 8);
     if (seeded(ch[i], cs, sizeof(kvs__llama_chunk_hdr_t), chlen[i]) != sum)
       return KVS_LLAMA_CHUNKS_CHECKSUM;
-    uint64_t n = i + 1 < nch ? T : N - (uint64_t)i * T;
-    /* (assembling: the chunk is only read) */
-    uint8_t *pl = (uint8_t *)(uintptr_t)(ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * n);
-    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, false);
+    uint64_t n = i + 1 < nch ? T : N - (uint64_t)i * T, own = i + 1 < nch ? T : held;
+    /* (assembling: the chunk is only read; the last may give only its first n of own) */
+    uint8_t *pl = (uint8_t *)(uintptr_t)(ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * own);
+    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, own, false);
   }
-  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, false) - dst);
+  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, false) - dst);
   return KVS_LLAMA_CHUNKS_OK;
 }
 

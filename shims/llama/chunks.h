@@ -162,17 +162,21 @@ kvs__llama_chunks_status_t kvs__llama_chunks_scan(const uint8_t *state, size_t l
 uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_scan_t *sc,
                                  uint32_t T, kvs_key_t ns, uint8_t *dst, size_t cap);
 
-/* Bytes of chunk c of a scanned state (0: c is past its last token). */
-uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t c);
+/* Bytes of chunk c of the first `upto` tokens of a scanned state (upto is capped at
+ * sc->n_cells; 0: c is past the last of them). */
+uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t upto,
+                               uint32_t c);
 
-/* Write chunk c of the scanned state (its tokens tok[c T, c T + n), tok holding sc->n_cells
- * tokens) into dst (cap >= kvs__llama_chunk_size), with frame, the state's own frame
- * (kvs__llama_chunks_frame with the same T and ns). OK, SPACE or FIELD (c out of range). */
+/* Write chunk c of the first `upto` tokens of the scanned state (its tokens tok[c T, c T + n),
+ * n = min(T, upto - c T), tok holding sc->n_cells tokens) into dst (cap >=
+ * kvs__llama_chunk_size), with frame, the state's own frame (kvs__llama_chunks_frame with the
+ * same T and ns). upto < n_cells makes a short last chunk of a state's canonical tokens (the
+ * prefix cache's continuation chunk, design §10.4). OK, SPACE or FIELD (c out of range). */
 kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   const kvs__llama_chunks_scan_t *sc,
-                                                  const int32_t *tok, uint32_t T, uint32_t c,
-                                                  const uint8_t *frame, kvs_key_t ns, uint8_t *dst,
-                                                  size_t cap);
+                                                  const int32_t *tok, uint32_t T, uint32_t upto,
+                                                  uint32_t c, const uint8_t *frame, kvs_key_t ns,
+                                                  uint8_t *dst, size_t cap);
 
 /* Check a frame object: every field, its length and its checksum, against the chunk size T and
  * namespace ns of the restoring context. On OK *hdr (when not NULL) is its header. */
@@ -190,7 +194,9 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks
  * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T
- * and ns, kvs__llama_chunk_check with index i for ch[i]). One pass over each chunk: its
+ * and ns, kvs__llama_chunk_check with index i for ch[i]). last_n: of the last chunk only its
+ * first last_n tokens (0: all; more than it holds: FIELD), the part of a continuation chunk
+ * that matches the prompt (its checksum still covers all of it). One pass over each chunk: its
  * checksum, then its payload copied once into place (design §10.4). OK with *out_len the
  * state's bytes, or the first refusal; *out_len is set only on OK, and nothing is written to
  * dst on a refusal but CHECKSUM (the chunks before the damaged one were copied: dst holds no
@@ -198,7 +204,7 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,
-                                                      int32_t seq, uint8_t *dst, size_t cap,
-                                                      size_t *out_len);
+                                                      uint32_t last_n, int32_t seq, uint8_t *dst,
+                                                      size_t cap, size_t *out_len);
 
 #endif

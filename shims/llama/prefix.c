@@ -989,12 +989,23 @@ static kvs_key_t px_frame_key(const px_ctx_t *c, uint64_t id) {
   return kvs_keys_chain(c->ns, w, 3);
 }
 
+/* The continuation key after prev (a chunk key of the prompt, whose chunks [0, i) it closes):
+ * bound to the first chunk object stored with index i after that prefix, whatever its tokens
+ * (an alias of a whole chunk, or the only key of a short one of a state's canonical tokens past
+ * its last whole chunk). A restore whose run of chunk keys ends at i finds there a chunk that
+ * may share some of its next tokens with the prompt (design §10.4). A chain from prev over a
+ * word no token chain holds (the chunk magic, above any vocabulary). */
+static kvs_key_t px_next_key(kvs_key_t prev) {
+  uint32_t w = KVS_LLAMA_CHUNK_MAGIC;
+  return kvs_keys_chain(prev, &w, 1);
+}
+
 /* What a chunk or frame object is written from (kvs__llama_obj_store's fill). */
 typedef struct px_fill {
   const uint8_t *state, *frame;
   const kvs__llama_chunks_scan_t *sc;
   const int32_t *tok;
-  uint32_t T, index;
+  uint32_t T, upto, index;
   uint64_t flen;
   kvs_key_t ns;
 } px_fill_t;
@@ -1007,18 +1018,21 @@ static int px_fill_frame(void *arg, uint8_t *dst) {
 
 static int px_fill_chunk(void *arg, uint8_t *dst) {
   const px_fill_t *f = arg;
-  uint64_t len = kvs__llama_chunk_size(f->sc, f->T, f->index);
-  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->index, f->frame, f->ns, dst,
-                                (size_t)len) == KVS_LLAMA_CHUNKS_OK
+  uint64_t len = kvs__llama_chunk_size(f->sc, f->T, f->upto, f->index);
+  return kvs__llama_chunk_write(f->state, f->sc, f->tok, f->T, f->upto, f->index, f->frame,
+                                f->ns, dst, (size_t)len) == KVS_LLAMA_CHUNKS_OK
              ? 0
              : -EIO;
 }
 
-/* Store sequence s's state as a frame and its first J chunks, each chunk already cached here
- * or at a peer counted and not stored again. 0 (stored; *bytes what was written), 1 (the
- * state cannot be split: store it whole), or a negative errno. */
+/* Store sequence s's state as a frame and its first J chunks (chunk i > 0 also under the
+ * continuation key after chunk i - 1), each chunk already cached here or at a peer counted and
+ * not stored again, then the canonical tokens past them up to cov (< J + 1 chunks) as a short
+ * chunk under the continuation key after chunk J - 1 alone. 0 (stored; *bytes what was
+ * written), 1 (the state cannot be split: store it whole), or a negative errno. */
 static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
-                              int32_t s, const kvs_key_t *keys, uint32_t J, uint64_t *bytes) {
+                              int32_t s, const kvs_key_t *keys, uint32_t J, uint32_t cov,
+                              uint64_t *bytes) {
   kvs_stats_t *st = px_stats();
   kvs__llama_state_api_t api;
   px_state_api(&api);
@@ -1047,21 +1061,24 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   uint64_t id = kvs__llama_chunks_frame(state, &sc, c->chunk, c->ns, frame, (size_t)sc.frame_size);
   if (!id) return -EIO;
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, 0,
+  if (cov > sc.n_cells) cov = sc.n_cells;
+  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, cov, 0,
                  sc.frame_size, c->ns};
-  int rc = kvs__llama_obj_store(&home, px_frame_key(c, id), sc.frame_size, px_fill_frame, &f);
+  const kvs_key_t fkey = px_frame_key(c, id);
+  int rc = kvs__llama_obj_store(&home, &fkey, 1, sc.frame_size, px_fill_frame, &f);
   if (rc < 0 && rc != -EEXIST) return rc;
   int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint64_t wrote = 0;
   for (uint32_t i = 0; i < J; i++) {
-    uint64_t len = kvs__llama_chunk_size(&sc, c->chunk, i);
+    uint64_t len = kvs__llama_chunk_size(&sc, c->chunk, cov, i);
     if ((int)i < prun || kvs__cache_has_local(rt, keys[i])) {
       kvs_stats_inc(st, KVS_STAT_llama_chunks_dedup);
       kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, len);
       continue;
     }
     f.index = i;
-    rc = kvs__llama_obj_store(&home, keys[i], len, px_fill_chunk, &f);
+    const kvs_key_t ck[2] = {keys[i], i ? px_next_key(keys[i - 1]) : keys[i]};
+    rc = kvs__llama_obj_store(&home, ck, i ? 2 : 1, len, px_fill_chunk, &f);
     if (rc == -EEXIST) { /* stored meanwhile by another process */
       kvs_stats_inc(st, KVS_STAT_llama_chunks_dedup);
       kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, len);
@@ -1070,6 +1087,22 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
     if (rc < 0) return rc; /* the chunks before it stay: a later restore uses their run */
     kvs_stats_inc(st, KVS_STAT_llama_chunks_stored);
     wrote += len;
+  }
+  /* The tail: a short chunk J of the canonical tokens past the whole chunks, found by a restore
+   * through its continuation key only. Another continuation there already (a chunk stored after
+   * the same J chunks by an earlier prompt) keeps the key: -EEXIST, nothing stored. */
+  uint64_t tlen = kvs__llama_chunk_size(&sc, c->chunk, cov, J);
+  if (tlen && J) {
+    const kvs_key_t tkey = px_next_key(keys[J - 1]);
+    f.index = J;
+    rc = kvs__llama_obj_store(&home, &tkey, 1, tlen, px_fill_chunk, &f);
+    if (rc == 0) {
+      kvs_stats_inc(st, KVS_STAT_llama_chunks_tails);
+      wrote += tlen;
+    } else if (rc != -EEXIST) {
+      kvs_log_debug("llama.cpp prefix cache: tail of sequence %d (%u tokens) not stored: %s", s,
+                    cov - J * c->chunk, strerror(-rc));
+    }
   }
   *bytes = wrote + sc.frame_size;
   return 0;
@@ -1113,11 +1146,53 @@ static bool px_fetch_piece(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key,
   return true;
 }
 
+/* The continuation chunk after a run of `good` whole chunks (px_next_key): pinned here, else a
+ * peer's copy, into *tp (*pinned: which), and how many of its first tokens are the prompt's
+ * next ones (0: none usable; *tp then holds nothing). Its header is read only to compare
+ * tokens: the assembler checks every field and its checksum. */
+static uint32_t px_continuation(px_ctx_t *c, kvs__runtime_t *rt, const px_plan_t *pl,
+                                uint32_t good, kvs_key_t tkey, px_piece_t *tp, bool *pinned,
+                                uint64_t *at) {
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  const uint32_t C = c->chunk;
+  uint64_t plen = 0;
+  *pinned = kvs__llama_blob_pin(&home, tkey, &tp->p, &plen, &tp->ref);
+  tp->len = (size_t)plen;
+  *at = 0;
+  if (!*pinned) {
+    if (!kvs__cache_has_peers(rt) || kvs__cache_peers_run(rt, &tkey, 1, at) != 1 || !*at ||
+        !px_fetch_piece(rt, *at, tkey, KVS_LLAMA_CHUNK_MAGIC, tp))
+      return 0;
+  }
+  kvs__llama_chunk_hdr_t h;
+  uint32_t take = 0;
+  if (tp->len >= sizeof h) {
+    memcpy(&h, tp->p, sizeof h);
+    const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
+    const uint32_t left = pl->n + pl->m - good * C;
+    const uint8_t *ttok = tp->p + sizeof h;
+    if (h.magic == KVS_LLAMA_CHUNK_MAGIC && h.index == good && h.n_tokens >= 1 &&
+        h.n_tokens <= C && tp->len >= sizeof h + 4ull * h.n_tokens)
+      while (take < h.n_tokens && take < left &&
+             memcmp(ttok + 4ull * take, tok + (size_t)good * C + take, 4) == 0)
+        take++;
+  }
+  if (take == 0) {
+    if (*pinned) kvs__llama_blob_unpin(&home, tkey, tp->ref, false);
+    else kvs__llama_blob_keep(&home, &tp->f, true);
+    *pinned = false;
+    tp->fetched = false;
+  }
+  return take;
+}
+
 /* Restore sequence pl->s from the longest run of chunk objects of the prompt (jmax chunks at
  * most): the local run, then the best peer's run after it; the first chunks' tokens must be
- * the prompt's; every object is checked by the assembler; the state is assembled into cbuf as
- * a PREFIX blob of the run's tokens and restored by px_restore_blob. A damaged chunk is
- * counted, dropped (locally; a peer is told) and ends the run. PX_SKIP: no chunk run. */
+ * the prompt's; then the part of the continuation chunk after the run that is the prompt's too
+ * (px_continuation: the tail of an earlier snapshot, or a chunk of a prompt that went on
+ * differently); every object is checked by the assembler; the state is assembled into cbuf and
+ * restored by px_load. A damaged chunk is counted, dropped (locally; a peer is told) and ends
+ * the run. PX_SKIP: no chunk run. */
 static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                   px_plan_t *pl, uint32_t jmax, uint32_t *k) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
@@ -1148,13 +1223,19 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   px_res_t res = PX_SKIP;
   bool bad[1] = {false}; /* a damaged chunk (bad_i): dropped locally, reported to a peer */
   uint32_t bad_i = 0;
+  px_piece_t tp = {NULL, 0, false, 0, {0}}; /* the continuation chunk (take tokens of it) */
+  bool tpinned = false;
+  uint32_t take = 0;
+  uint64_t tat = 0;
+  kvs_key_t tkey = {0, 0};
   kvs__llama_chunk_hdr_t h0;
   px_piece_t fr = {NULL, 0, false, 0, {0}};
   kvs__cache_ref_t fxfer = 0;
   kvs_key_t fkey = {0, 0};
   bool fpinned = false;
-  /* the first piece must be a chunk object (a whole blob under this key: the blob path) */
-  if (n == 0 || n * C <= pl->n || pc[0].len < sizeof h0 ||
+  /* the first piece must be a chunk object (a whole blob under this key: the blob path); a run
+   * and a continuation chunk could reach past the sequence's n */
+  if (n == 0 || (uint64_t)(n + 1) * C <= pl->n || pc[0].len < sizeof h0 ||
       (memcpy(&h0, pc[0].p, sizeof h0), h0.magic != KVS_LLAMA_CHUNK_MAGIC))
     goto out;
   /* its frame: local, else at a peer */
@@ -1171,12 +1252,21 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   while (good < n && pc[good].len >= sizeof h0 + 4ull * C &&
          memcmp(pc[good].p + sizeof h0, tok + (size_t)good * C, 4ull * C) == 0)
     good++;
-  if (good * C <= pl->n) goto out;
+  if (good && (uint64_t)good * C < (uint64_t)pl->n + pl->m) {
+    tkey = px_next_key(keys[good - 1]);
+    take = px_continuation(c, rt, pl, good, tkey, &tp, &tpinned, &tat);
+  }
+  if ((uint64_t)good * C + take <= pl->n) goto out;
   for (uint32_t i = 0; i < good; i++) {
     ptr[i] = pc[i].p;
     lens[i] = pc[i].len;
   }
-  uint64_t N = (uint64_t)good * C;
+  const uint32_t nch = good + (take ? 1 : 0);
+  if (take) {
+    ptr[good] = tp.p;
+    lens[good] = tp.len;
+  }
+  uint64_t N = (uint64_t)good * C + take;
   uint64_t S = kvs__llama_chunks_state_size(fr.p, N);
   if (fr.len < sizeof(kvs__llama_frame_hdr_t) || !S || N > c->sh.cap) goto out;
   /* the state straight into cbuf (reused: grown, never shrunk), each chunk checked (its
@@ -1186,14 +1276,15 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   size_t got = 0;
   uint64_t t0 = kvs__now_ns();
   kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(fr.p, fr.len, C, c->ns, ptr, lens,
-                                                            good, pl->s, c->cbuf, (size_t)S, &got);
+                                                            nch, take, pl->s, c->cbuf, (size_t)S,
+                                                            &got);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
                  kvs__llama_chunks_status_name(r));
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
     if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) == KVS_LLAMA_CHUNKS_OK)
-      for (uint32_t i = 0; i < good && !bad[0]; i++)
+      for (uint32_t i = 0; i < nch && !bad[0]; i++)
         if (kvs__llama_chunk_check(ptr[i], lens[i], &fh, i, NULL) != KVS_LLAMA_CHUNKS_OK) {
           bad[0] = true; /* the first damaged chunk: dropped below */
           bad_i = i;
@@ -1209,19 +1300,30 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   bh.state_size = got;
   pl->keyed = (uint32_t)N;
   res = px_load(c, ctx, pl, &bh, tok, c->cbuf, k);
-  if (res == PX_OK && n > run)
+  if (res == PX_OK && (n > run || (take && !tpinned)))
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
+  if (res == PX_OK && *k > good * C)
+    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_tail_tokens, *k - good * C);
 out:
+  if (take) { /* the continuation chunk: dropped (told) when damaged, else kept */
+    bool drop = bad[0] && bad_i == good;
+    if (tpinned) {
+      kvs__llama_blob_unpin(&home, tkey, tp.ref, drop);
+    } else {
+      if (drop) kvs__cache_report_bad(rt, tat, tkey, tp.len, kvs_checksum64(tp.p, tp.len));
+      kvs__llama_blob_keep(&home, &tp.f, !drop);
+    }
+  }
   if (fpinned) kvs__llama_blob_unpin(&home, fkey, fxfer, false);
   else if (fr.fetched) kvs__llama_blob_keep(&home, &fr.f, true);
   for (uint32_t i = run; i < n; i++) { /* peer copies: kept unless damaged */
-    bool drop = bad[0] && i == bad_i;
+    bool drop = bad[0] && i == bad_i && i < good;
     if (drop)
       kvs__cache_report_bad(rt, best, keys[i], pc[i].len, kvs_checksum64(pc[i].p, pc[i].len));
     kvs__llama_blob_keep(&home, &pc[i].f, !drop);
   }
   for (uint32_t i = 0; i < run; i++) /* local pins: a damaged chunk is dropped */
-    kvs__llama_blob_unpin(&home, keys[i], pc[i].ref, bad[0] && i == bad_i);
+    kvs__llama_blob_unpin(&home, keys[i], pc[i].ref, bad[0] && i == bad_i && i < good);
   return res;
 }
 
@@ -1356,7 +1458,7 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
   }
   if (c->chunks) {
     uint64_t wrote = 0;
-    int cr = px_snapshot_chunks(c, rt, ctx, s, keys, J, &wrote);
+    int cr = px_snapshot_chunks(c, rt, ctx, s, keys, J, cov, &wrote);
     if (cr == 0) {
       q->snap = J * C;
       kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshots);

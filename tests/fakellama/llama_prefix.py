@@ -740,9 +740,10 @@ def case_chunks(ctx):
     ctx.serve()
     _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4"],
                        what="A to serve", KVSHIM_LLAMA_CHUNKS="1")
-    check(chunk_stats(sa).get("llama_chunks_stored") == 5 and sa.get("cache_peer_stores") == 6
+    check(chunk_stats(sa).get("llama_chunks_stored") == 5 and
+          chunk_stats(sa).get("llama_chunks_tails") == 1 and sa.get("cache_peer_stores") == 7
           and sa.get("store_used_bytes") == 0,
-          f"A's frame and 5 chunks went straight into serve's pool: {chunk_stats(sa)} {sa}")
+          f"A's frame, 5 chunks and the tail went straight into serve's pool: {chunk_stats(sa)} {sa}")
     got, err, sb = ctx.run(b_cmds, what="B from serve", KVSHIM_LLAMA_CHUNKS="1")
     check(got == ref_b, f"B from serve's chunks differs:\n{ref_b}\n{got}\n{err[-2000:]}")
     expect(sb, "B from serve", peer_restores=(">=", 1), restored_tokens=(">=", 1024))
@@ -828,21 +829,54 @@ def case_chunks_foreign(ctx):
     ctx.finish(pa, "A")
 
 
+def case_chunks_tail(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1 restores past a run's whole chunks as far as a whole blob does
+    (design §10.4, continuation chunks). One process, no peers. A 600-token prompt stores two
+    chunks and its 88 canonical tokens past them as a short tail chunk; the same prompt with a
+    suffix restores the two chunks and the tail. A 1000-token prompt stores three chunks (the
+    third also under the continuation key after the second); another 1000-token prompt sharing
+    its first 700 tokens restores two chunks and the first 188 tokens of that third chunk. The
+    tokens restored with chunks equal those restored from whole blobs (KVSHIM_LLAMA_CHUNKS=0),
+    more than the 1,024 the whole chunks alone give; outputs identical. Without continuation
+    chunks each restore stops at 512."""
+    a, _ = models(ctx)
+    cmds = [f"model 0 {a}", "ctx 0 0 1",
+            "prompt 0 0 r600@1", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r600@1+r50@2", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r700@3+r300@4", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r700@3+r300@5", "gen 0 0 2"]
+    st, err = same(ctx, cmds, "chunks-tail", preload_extra={"KVSHIM_LLAMA_CHUNKS": "1",
+                                                            "KVSHIM_PEERS": "0"})
+    whole, _ = same(ctx, cmds, "chunks-tail (whole blobs)", KVSHIM_PEERS="0")
+    cs, tw = chunk_stats(st), prefix_stats(whole).get("restored_tokens")
+    print(f"chunks-tail: {cs}; restored {prefix_stats(st).get('restored_tokens')} with chunks, "
+          f"{tw} from whole blobs")
+    check(tw is not None and tw > 2 * 512, f"whole blobs restored {tw}: the test's premise")
+    expect(st, "chunks-tail", restores=("==", 2), restored_tokens=("==", tw), bad_blobs=("==", 0),
+           restore_failures=("==", 0))
+    check(cs.get("llama_chunks_tails", 0) >= 2 and cs.get("llama_chunks_whole") == 0,
+          f"chunks-tail: tails stored: {cs}")
+    check(cs.get("llama_chunks_tail_tokens") == tw - 2 * 512 and cs.get("llama_chunks_assembled") == 2,
+          f"chunks-tail: {tw - 2 * 512} tokens past the whole chunks expected: {cs}")
+
+
 def case_chunks_evict(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
     a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
-    its header and tokens), the frame 1. Prompt X stores a 1024-token prefix as chunks X0-X3
-    (269 pages); a prompt sharing its first 512 tokens restores X0-X1 (used: to the LRU tail,
-    frame too); prompt Y stores 4 chunks of its own, the 4th evicting the LRU head, X2. X with
-    another suffix then restores 512 tokens (the run stops before the first missing chunk) and
-    its snapshot stores X2 again (evicting X3) and X3 (evicting Y0); the next X restores all
-    1024. Outputs identical throughout. Without the snapshot's every-chunk check (a whole
-    blob's: the last key only) X2 never comes back."""
+    its header and tokens), the frame 1, a 100-token tail chunk 26. Prompt X stores a
+    1024-token prefix as chunks X0-X3 and its suffix's tail (295 pages); X's first 512 tokens
+    alone restore 448 of them from X0-X1 (the last row group is decoded; X0, X1 and the frame
+    used: to the LRU tail; no continuation is looked at, the prompt ends with X1); prompt Y
+    stores 4 chunks of its own, the 4th evicting the LRU head, X2. X with another suffix then
+    restores 512 tokens (the run stops before the first missing chunk, though X3 is there) and
+    its snapshot stores X2 again (evicting X3), X3 (evicting X's first tail and Y0) and its own
+    tail; the next X restores all 1024. Outputs identical throughout. Without the snapshot's
+    every-chunk check (a whole blob's: the last key only) X2 never comes back."""
     m = ctx.p("m.gguf")
     ctx.run([f"mkmodel {m} evict 4 256 64 1"], preload=False)
     cmds = [f"model 0 {m}", "ctx 0 0 1",
             "prompt 0 0 r1024@1+r100@2", "gen 0 0 2",
-            "rm 0 0 -1 -1", "prompt 0 0 r512@1+r100@3", "gen 0 0 2",
+            "rm 0 0 -1 -1", "prompt 0 0 r512@1", "gen 0 0 2",
             "rm 0 0 -1 -1", "prompt 0 0 r1024@5", "gen 0 0 2",
             "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@4", "gen 0 0 2",
             "rm 0 0 -1 -1", "prompt 0 0 r1024@1+r100@6", "gen 0 0 2"]
@@ -850,10 +884,10 @@ def case_chunks_evict(ctx):
         "KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0", "KVSHIM_POOL_SIZE": "2M"})
     cs = chunk_stats(st)
     print(f"chunks-evict: {cs}, store evictions {st.get('store_evictions')}")
-    check(st.get("store_arena_bytes") == 2 << 20 and st.get("store_evictions") == 3,
-          f"expected X2, X3 and Y0 evicted (3) from a 2 MiB arena: {st}")
-    # restores: 512 (X0-1), 512 (X after the eviction: X0-1, X2 missing), 1024 (X0-3)
-    expect(st, "chunks-evict", restores=("==", 3), restored_tokens=("==", 512 + 512 + 1024),
+    check(st.get("store_arena_bytes") == 2 << 20 and st.get("store_evictions") == 4,
+          f"expected X2, X3, X's tail and Y0 evicted (4) from a 2 MiB arena: {st}")
+    # restores: 448 (X0-1), 512 (X after the eviction: X0-1, X2 missing), 1024 (X0-3)
+    expect(st, "chunks-evict", restores=("==", 3), restored_tokens=("==", 448 + 512 + 1024),
            bad_blobs=("==", 0), restore_failures=("==", 0))
     # stored: X 4, Y 4, X2 and X3 again (X0-1 found there: dedup)
     check(cs.get("llama_chunks_stored") == 4 + 4 + 2 and cs.get("llama_chunks_dedup") == 2,
@@ -885,6 +919,7 @@ CASES = {
     "chunks-mix": case_chunks_mix,
     "chunks-foreign": case_chunks_foreign,
     "chunks-evict": case_chunks_evict,
+    "chunks-tail": case_chunks_tail,
 }
 
 

@@ -94,11 +94,11 @@ static void split_state(const uint8_t *st, size_t len, const int32_t *tok, kvs_k
   s->frame = malloc(s->flen);
   uint64_t id = kvs__llama_chunks_frame(st, &s->sc, T, ns, s->frame, s->flen);
   cr_assert_neq(id, 0);
-  for (uint32_t c = 0; kvs__llama_chunk_size(&s->sc, T, c); c++) {
+  for (uint32_t c = 0; kvs__llama_chunk_size(&s->sc, T, s->sc.n_cells, c); c++) {
     cr_assert_lt(c, 32);
-    s->chlen[c] = (size_t)kvs__llama_chunk_size(&s->sc, T, c);
+    s->chlen[c] = (size_t)kvs__llama_chunk_size(&s->sc, T, s->sc.n_cells, c);
     s->ch[c] = malloc(s->chlen[c]);
-    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, c, s->frame, ns, s->ch[c], s->chlen[c]),
+    cr_assert_eq(kvs__llama_chunk_write(st, &s->sc, tok, T, s->sc.n_cells, c, s->frame, ns, s->ch[c], s->chlen[c]),
                  KVS_LLAMA_CHUNKS_OK);
     s->nch = c + 1;
   }
@@ -112,7 +112,7 @@ static void split_free(split_t *s) {
 static kvs__llama_chunks_status_t assemble(const split_t *s, uint32_t nch, int32_t seq,
                                            uint8_t *dst, size_t cap, size_t *out) {
   return kvs__llama_chunks_assemble(s->frame, s->flen, T, NS, (const uint8_t *const *)s->ch,
-                                    s->chlen, nch, seq, dst, cap, out);
+                                    s->chlen, nch, 0, seq, dst, cap, out);
 }
 
 /* ---- round trip and prefixes -------------------------------------------------------------- */
@@ -186,6 +186,50 @@ static void prefix(int flash) {
 
 Test(chunks, prefix_is_the_engines_state_rows) { prefix(1); }
 Test(chunks, prefix_is_the_engines_state_transposed) { prefix(0); }
+
+/* A continuation chunk used in part (last_n, design §10.4): one whole chunk and the first 36
+ * tokens of the next assemble to exactly the engine's own state of those 100 tokens, which it
+ * loads; more tokens than the chunk holds are refused, nothing written. */
+static void partial(int flash) {
+  struct llama_model *m = model(2, 40, 0);
+  struct llama_context *c = context(m, flash, 2, false);
+  tokens_init(12);
+  cr_assert_eq(fakellama_decode(c, 0, g_tok, 100), 0);
+  size_t plen;
+  uint8_t *pst = state_of(c, 0, &plen); /* the engine's own state of the 100-token prefix */
+  cr_assert_eq(fakellama_decode(c, 0, g_tok + 100, 100), 0);
+  size_t len;
+  uint8_t *st = state_of(c, 0, &len);
+  split_t s;
+  split_state(st, len, g_tok, NS, &s);
+  uint8_t *out = malloc(len);
+  memset(out, 0xa5, len);
+  size_t got = 0;
+  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
+                                          s.chlen, 2, T + 1, 0, out, len, &got),
+               KVS_LLAMA_CHUNKS_FIELD);
+  cr_assert_eq(out[0], 0xa5, "a refused assembly wrote");
+  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
+                                          s.chlen, 2, 36, 0, out, len, &got),
+               KVS_LLAMA_CHUNKS_OK);
+  cr_assert_eq(got, plen);
+  cr_assert(memcmp(out, pst, plen) == 0, "64 + 36 tokens differ from the engine's 100-token state");
+  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
+                                          s.chlen, 2, 36, 1, out, len, &got),
+               KVS_LLAMA_CHUNKS_OK);
+  cr_assert_eq(llama_state_seq_set_data(c, out, got, 1), got);
+  cr_assert_eq(fakellama_seq_n_cells(c, 1), 100);
+  cr_assert_eq(fakellama_seq_check(c, 1, g_tok, 100), 1);
+  free(out);
+  free(pst);
+  free(st);
+  split_free(&s);
+  llama_free(c);
+  llama_model_free(m);
+}
+
+Test(chunks, partial_chunk_is_the_engines_state_rows) { partial(1); }
+Test(chunks, partial_chunk_is_the_engines_state_transposed) { partial(0); }
 
 /* Two prompts sharing 128 tokens give byte-identical first chunks (what dedup relies on), from
  * different sequences. */
@@ -372,12 +416,12 @@ Test(chunks_bad, chunk_damaged_truncated_or_foreign) {
   size_t got;
   kvs_key_t other = {NS.lo + 1, NS.hi};
   cr_assert_eq(kvs__llama_chunks_assemble(f.s.frame, f.s.flen, T, other,
-                                          (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, f.out,
+                                          (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, 0, f.out,
                                           f.len, &got),
                KVS_LLAMA_CHUNKS_NAMESPACE);
   /* another chunk size */
   cr_assert_eq(kvs__llama_chunks_assemble(f.s.frame, f.s.flen, T * 2, NS,
-                                          (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, f.out,
+                                          (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, 0, f.out,
                                           f.len, &got),
                KVS_LLAMA_CHUNKS_FRAME);
   fx_fini(&f);

@@ -11,7 +11,10 @@
  * untouched and a refused assembly writes nothing (but a checksum refusal, chunks.h); a split
  * state assembles back to exactly its bytes, and its first j chunks to a state of j * CHUNK
  * tokens (kvs__llama_chunks_state_size of it) that, unless it reads more than one way, scans
- * as splittable again and splits into the same chunks; an assembled state scans as splittable
+ * as splittable again and splits into the same chunks; the first p tokens of a chunk taken
+ * with the whole chunks before it (last_n, the continuation chunk) give the state that the
+ * split of the first j * CHUNK + p tokens (a short last chunk) assembles to; an assembled
+ * state scans as splittable
  * with the chunks' token count (or as ambiguous, never as a bad layout or cells).
  * Seeds: tests/fuzz/corpus/fuzz_llama_chunks/ (gen_llama_corpus.c: states with rows and with
  * transposed V, and a frame with its chunks). */
@@ -67,24 +70,24 @@ static void split_mode(const uint8_t *st, size_t len) {
   size_t chlen[MAX_CH];
   for (uint32_t c = 0; c < nch; c++) {
     tok[c * CHUNK] = (int32_t)c;
-    chlen[c] = (size_t)kvs__llama_chunk_size(&sc, CHUNK, c);
+    chlen[c] = (size_t)kvs__llama_chunk_size(&sc, CHUNK, sc.n_cells, c);
     CHECK(chlen[c] > 0);
     ch[c] = malloc(chlen[c]);
-    CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, c, frame, NS, ch[c], chlen[c]) ==
+    CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, sc.n_cells, c, frame, NS, ch[c], chlen[c]) ==
           KVS_LLAMA_CHUNKS_OK);
   }
-  CHECK(kvs__llama_chunk_size(&sc, CHUNK, nch) == 0);
+  CHECK(kvs__llama_chunk_size(&sc, CHUNK, sc.n_cells, nch) == 0);
   uint8_t *out = malloc(len);
   size_t got = 0;
   CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
-                                   (const uint8_t *const *)ch, chlen, nch, sc.seq, out, len,
+                                   (const uint8_t *const *)ch, chlen, nch, 0, sc.seq, out, len,
                                    &got) == KVS_LLAMA_CHUNKS_OK);
   CHECK(got == len && memcmp(out, st, len) == 0);
   for (uint32_t j = 1; j < nch; j++) { /* every prefix of whole chunks */
     size_t want = (size_t)kvs__llama_chunks_state_size(frame, (uint64_t)j * CHUNK);
     CHECK(want > 0 && want < len);
     CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
-                                     (const uint8_t *const *)ch, chlen, j, sc.seq, out, want,
+                                     (const uint8_t *const *)ch, chlen, j, 0, sc.seq, out, want,
                                      &got) == KVS_LLAMA_CHUNKS_OK);
     CHECK(got == want);
     uint8_t *pre = malloc(got);
@@ -97,12 +100,44 @@ static void split_mode(const uint8_t *st, size_t len) {
       CHECK(ps.n_cells == j * CHUNK && ps.cell_bytes == sc.cell_bytes);
     uint8_t *again = malloc(chlen[0]);
     for (uint32_t c = 0; pr == KVS_LLAMA_CHUNKS_OK && c < j; c++) {
-      CHECK(kvs__llama_chunk_write(pre, &ps, tok, CHUNK, c, frame, NS, again, chlen[0]) ==
+      CHECK(kvs__llama_chunk_write(pre, &ps, tok, CHUNK, ps.n_cells, c, frame, NS, again, chlen[0]) ==
             KVS_LLAMA_CHUNKS_OK);
       CHECK(memcmp(again, ch[c], chlen[c]) == 0);
     }
     free(again);
     free(pre);
+    /* j whole chunks, then p tokens of chunk j (last_n) == the split of the first j CHUNK + p
+     * tokens, whose chunk j is short (upto), assembled whole */
+    for (uint32_t p = 1; j + 1 <= nch && p < CHUNK && (uint64_t)j * CHUNK + p <= sc.n_cells;
+         p += CHUNK - 2) {
+      uint32_t upto = j * CHUNK + p;
+      size_t sz = (size_t)kvs__llama_chunks_state_size(frame, upto);
+      uint8_t *part = malloc(sz), *whole = malloc(sz);
+      size_t g1 = 0, g2 = 0;
+      CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
+                                       (const uint8_t *const *)ch, chlen, j + 1, p, sc.seq,
+                                       part, sz, &g1) == KVS_LLAMA_CHUNKS_OK);
+      size_t tl = (size_t)kvs__llama_chunk_size(&sc, CHUNK, upto, j);
+      CHECK(tl > 0 && tl <= chlen[j]);
+      uint8_t *tail = malloc(tl);
+      CHECK(kvs__llama_chunk_write(st, &sc, tok, CHUNK, upto, j, frame, NS, tail, tl) ==
+            KVS_LLAMA_CHUNKS_OK);
+      const uint8_t *mix[MAX_CH];
+      size_t mixlen[MAX_CH];
+      for (uint32_t c = 0; c < j; c++) mix[c] = ch[c], mixlen[c] = chlen[c];
+      mix[j] = tail;
+      mixlen[j] = tl;
+      CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS, mix, mixlen,
+                                       j + 1, 0, sc.seq, whole, sz, &g2) == KVS_LLAMA_CHUNKS_OK);
+      CHECK(g1 == sz && g2 == sz && memcmp(part, whole, sz) == 0);
+      /* more tokens than the chunk holds: refused */
+      CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS, mix, mixlen,
+                                       j + 1, p + 1, sc.seq, whole, sz, &g2) ==
+            KVS_LLAMA_CHUNKS_FIELD);
+      free(tail);
+      free(part);
+      free(whole);
+    }
   }
   free(out);
   for (uint32_t c = 0; c < nch; c++) free(ch[c]);
@@ -157,9 +192,10 @@ static void assemble_mode(const uint8_t *d, size_t n, bool fix) {
   uint8_t *out = malloc(cap);
   memset(out, 0xa5, cap);
   size_t got = 7;
+  const uint32_t last_n = nch % 2; /* odd: only the last chunk's first token */
   kvs__llama_chunks_status_t r =
       kvs__llama_chunks_assemble(frame, flen, CHUNK, NS, (const uint8_t *const *)ch, chlen, nch,
-                                 (int32_t)(nch % 3), out, cap, &got);
+                                 last_n, (int32_t)(nch % 3), out, cap, &got);
   named(r);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     CHECK(got == 7);
@@ -170,7 +206,7 @@ static void assemble_mode(const uint8_t *d, size_t n, bool fix) {
     for (uint32_t i = 0; i < nch; i++) {
       uint32_t t;
       memcpy(&t, ch[i] + offsetof(kvs__llama_chunk_hdr_t, n_tokens), 4);
-      toks += t;
+      toks += i + 1 == nch && last_n ? last_n : t;
     }
     CHECK(got == kvs__llama_chunks_state_size(frame, toks));
     uint8_t *st = malloc(got);

@@ -180,10 +180,10 @@ static void chunk_seeds(void) {
     kvs__llama_chunks_frame(b, &sc, 4, ns, in + o + 4, fl);
     o += 4 + fl;
     int32_t tok[64] = {0};
-    for (uint32_t c = 0; kvs__llama_chunk_size(&sc, 4, c); c++) {
-      uint32_t cl = (uint32_t)kvs__llama_chunk_size(&sc, 4, c);
+    for (uint32_t c = 0; kvs__llama_chunk_size(&sc, 4, sc.n_cells, c); c++) {
+      uint32_t cl = (uint32_t)kvs__llama_chunk_size(&sc, 4, sc.n_cells, c);
       memcpy(in + o, &cl, 4);
-      kvs__llama_chunk_write(b, &sc, tok, 4, c, frame, ns, in + o + 4, cl);
+      kvs__llama_chunk_write(b, &sc, tok, 4, sc.n_cells, c, frame, ns, in + o + 4, cl);
       o += 4 + cl;
     }
     put("fuzz_llama_chunks", "assemble_transposed", in, o);
