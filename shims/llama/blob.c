@@ -5,6 +5,9 @@
 #include <string.h>
 #include <time.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t: kvs__llama_hasher_t's state */
+#include <xxhash.h>
+
 #include "blob.h"
 #include "blob_hash.h"
 #include "internal.h"
@@ -12,9 +15,9 @@
 
 /* ---- the checksum ----------------------------------------------------------------------------- */
 
-uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed) {
-  /* 1: AVX2 build, 0: portable, -1: not asked yet (a race asks twice, same answer). */
-  static int g_avx2 = -1;
+/* 1: the AVX2 build of XXH3, 0: the portable one. */
+static int hash_avx2(void) {
+  static int g_avx2 = -1; /* -1: not asked yet (a race asks twice, same answer) */
   int use = __atomic_load_n(&g_avx2, __ATOMIC_RELAXED);
   if (use < 0) {
     int have = 0;
@@ -25,8 +28,32 @@ uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed) {
     use = have;
     __atomic_store_n(&g_avx2, use, __ATOMIC_RELAXED);
   }
-  if (use) return kvs__llama_hash_avx2(p, n, seed);
+  return use;
+}
+
+uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed) {
+  if (hash_avx2()) return kvs__llama_hash_avx2(p, n, seed);
   return XXH3_64bits_withSeed(p, n, seed);
+}
+
+_Static_assert(sizeof(XXH3_state_t) <= sizeof(((kvs__llama_hasher_t *)0)->state) &&
+                   _Alignof(XXH3_state_t) <= 64,
+               "kvs__llama_hasher_t holds an XXH3_state_t");
+
+/* reset and digest are the portable build's (every build keeps the state the same way: the
+ * AVX2 update only accumulates stripes with wider instructions) */
+void kvs__llama_hasher_init(kvs__llama_hasher_t *h, uint64_t seed) {
+  memset(h->state, 0, sizeof h->state); /* XXH3_INITSTATE, before a _withSeed reset */
+  (void)XXH3_64bits_reset_withSeed((XXH3_state_t *)(void *)h->state, seed);
+}
+
+void kvs__llama_hasher_update(kvs__llama_hasher_t *h, const void *p, size_t n) {
+  if (hash_avx2()) kvs__llama_hash_avx2_update(h->state, p, n);
+  else (void)XXH3_64bits_update((XXH3_state_t *)(void *)h->state, p, n);
+}
+
+uint64_t kvs__llama_hasher_digest(const kvs__llama_hasher_t *h) {
+  return XXH3_64bits_digest((const XXH3_state_t *)(const void *)h->state);
 }
 
 uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len) {

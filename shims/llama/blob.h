@@ -110,6 +110,17 @@ uint64_t kvs__llama_blob_checksum_fast(const uint8_t *blob, uint64_t blob_len);
  * (asked once), else the portable one (SSE2 on x86-64). */
 uint64_t kvs__llama_hash(const void *p, size_t n, uint64_t seed);
 
+/* kvs__llama_hash in pieces (XXH3's streaming form, the same dispatch): init with the seed,
+ * update with consecutive pieces, digest gives the value kvs__llama_hash gives for the pieces in
+ * one buffer. Lets a reader hash a piece while it is in cache, then copy it (chunks.c's
+ * assembly). The state is XXH3_state_t (blob.c checks that it fits). */
+typedef struct kvs__llama_hasher {
+  _Alignas(64) unsigned char state[704];
+} kvs__llama_hasher_t;
+void kvs__llama_hasher_init(kvs__llama_hasher_t *h, uint64_t seed);
+void kvs__llama_hasher_update(kvs__llama_hasher_t *h, const void *p, size_t n);
+uint64_t kvs__llama_hasher_digest(const kvs__llama_hasher_t *h);
+
 /* The byte count llama_state_seq_save_file / _load_file return for n tokens and an in-memory
  * state of state_size (>= 8) bytes. */
 static inline uint64_t kvs__llama_file_bytes(uint64_t n_tokens, uint64_t state_size) {

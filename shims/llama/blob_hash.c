@@ -23,6 +23,10 @@ uint64_t kvs__llama_hash_avx2(const void *p, size_t n, uint64_t seed) {
   return XXH3_64bits_withSeed(p, n, seed);
 }
 
+void kvs__llama_hash_avx2_update(void *state, const void *p, size_t n) {
+  (void)XXH3_64bits_update((XXH3_state_t *)state, p, n);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -34,6 +38,12 @@ uint64_t kvs__llama_hash_avx2(const void *p, size_t n, uint64_t seed) {
   (void)n;
   (void)seed;
   return 0;
+}
+
+void kvs__llama_hash_avx2_update(void *state, const void *p, size_t n) {
+  (void)state;
+  (void)p;
+  (void)n;
 }
 #endif
 

@@ -15,5 +15,7 @@
  * instruction of it may be AVX2). */
 extern const int kvs__llama_hash_avx2_built;
 uint64_t kvs__llama_hash_avx2(const void *p, size_t n, uint64_t seed);
+/* XXH3_64bits_update of an XXH3_state_t (kvs__llama_hasher_t's state), AVX2 build. */
+void kvs__llama_hash_avx2_update(void *state, const void *p, size_t n);
 
 #endif

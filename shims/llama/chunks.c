@@ -218,9 +218,13 @@ static void mv(uint8_t *st, uint8_t *pl, uint64_t len, bool split) {
  * the state and the payload pl of a chunk of `held` tokens (n <= held; in the payload's order:
  * per section ext, K per layer, V per layer, each a run of `held` cells of which the first n
  * move): out of the state (split, n == held; the state is only read) or into it (a partial
- * continuation chunk moves its first n). Returns the end of the state. */
+ * continuation chunk moves its first n). With hs (assembling), each run or block of the payload
+ * (an ext run, a layer's K run, a layer's V run or transposed block: all of it, in order) is
+ * hashed into hs just before its cells move, while it is in cache: hs then holds the hash of
+ * the whole payload. Returns the end of the state. */
 static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *state, uint8_t *pl,
-                        uint64_t a, uint64_t n, uint64_t held, bool split) {
+                        uint64_t a, uint64_t n, uint64_t held, bool split,
+                        kvs__llama_hasher_t *hs) {
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, f, sizeof fh);
   const bool ext = (fh.flags & KVS_LLAMA_FRAME_EXT) != 0;
@@ -244,6 +248,7 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       o = put_u32(put_u32(o, s.v_trans), s.n_layer);
     } else {
       o += 4 + 4 * ((uint64_t)mine + 1);
+      if (hs && ext) kvs__llama_hasher_update(hs, pl, (size_t)(held * KVS_LLAMA_CELL_EXT));
       for (uint64_t j = 0; ext && j < n; j++)
         mv(o + (a + j) * mb + 8, pl + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT, split);
       if (ext) pl += held * KVS_LLAMA_CELL_EXT;
@@ -254,6 +259,7 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       memcpy(&L, lay + l * sizeof L, sizeof L);
       if (!pl) put_u64(put_u32(o, (uint32_t)L.k_type), L.k_row);
       o += 12;
+      if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.k_row));
       if (pl) mv(o + a * L.k_row, pl, n * L.k_row, split), pl += held * L.k_row;
       o += N * L.k_row;
     }
@@ -264,10 +270,12 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       else if (!pl) put_u64(put_u32(o, (uint32_t)L.v_type), L.v_row);
       o += 12;
       if (s.v_trans) { /* element j of every cell is one run of N values: the chunk's n of it */
+        if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(L.v_embd * held * L.v_el));
         for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += held * L.v_el)
           mv(o + (j * N + a) * L.v_el, pl, n * L.v_el, split);
         o += N * L.v_el * L.v_embd;
       } else {
+        if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.v_row));
         if (pl) mv(o + a * L.v_row, pl, n * L.v_row, split), pl += held * L.v_row;
         o += N * L.v_row;
       }
@@ -372,7 +380,7 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
    * walk only reads it when splitting */
   lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
-          n, true);
+          n, true, NULL);
   memcpy(dst, &h, sizeof h);
   h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
@@ -510,21 +518,24 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
     if (s.n_stream > 1 && (uint32_t)seq >= s.n_stream) return KVS_LLAMA_CHUNKS_FIELD;
   }
   if (!dst || cap < size) return KVS_LLAMA_CHUNKS_SPACE;
-  /* One pass over each chunk: its checksum, then (while it is in cache) its payload copied to
-   * its places. A damaged chunk is found only after the chunks before it were copied: dst is
-   * then partly written (CHECKSUM is the one refusal that writes). */
+  /* One read of each chunk: each run of its payload hashed while it is in cache, then copied to
+   * its places (lay_out with a hasher: the checksum seeded() computes, in pieces), the checksum
+   * compared at the chunk's end. A damaged chunk is found only after it and the chunks before
+   * it were copied: dst is then partly written (CHECKSUM is the one refusal that writes). */
   for (uint32_t i = 0; i < nch; i++) {
     const size_t cs = offsetof(kvs__llama_chunk_hdr_t, checksum);
     uint64_t sum;
     memcpy(&sum, ch[i] + cs, 8);
-    if (seeded(ch[i], cs, sizeof(kvs__llama_chunk_hdr_t), chlen[i]) != sum)
-      return KVS_LLAMA_CHUNKS_CHECKSUM;
     uint64_t n = i + 1 < nch ? T : N - (uint64_t)i * T, own = i + 1 < nch ? T : held;
+    kvs__llama_hasher_t hs;
+    kvs__llama_hasher_init(&hs, kvs__llama_hash(ch[i], cs, 0));
+    kvs__llama_hasher_update(&hs, ch[i] + sizeof(kvs__llama_chunk_hdr_t), (size_t)(4 * own));
     /* (assembling: the chunk is only read; the last may give only its first n of own) */
     uint8_t *pl = (uint8_t *)(uintptr_t)(ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * own);
-    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, own, false);
+    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, own, false, &hs);
+    if (kvs__llama_hasher_digest(&hs) != sum) return KVS_LLAMA_CHUNKS_CHECKSUM;
   }
-  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, false) - dst);
+  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, false, NULL) - dst);
   return KVS_LLAMA_CHUNKS_OK;
 }
 

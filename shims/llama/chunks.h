@@ -196,8 +196,9 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
  * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T
  * and ns, kvs__llama_chunk_check with index i for ch[i]). last_n: of the last chunk only its
  * first last_n tokens (0: all; more than it holds: FIELD), the part of a continuation chunk
- * that matches the prompt (its checksum still covers all of it). One pass over each chunk: its
- * checksum, then its payload copied once into place (design §10.4). OK with *out_len the
+ * that matches the prompt (its checksum still covers all of it). One read of each chunk: each
+ * run of its payload hashed while in cache, then copied into place, its checksum compared at its
+ * end (design §10.4). OK with *out_len the
  * state's bytes, or the first refusal; *out_len is set only on OK, and nothing is written to
  * dst on a refusal but CHECKSUM (the chunks before the damaged one were copied: dst holds no
  * usable state). */

@@ -73,3 +73,31 @@ Test(llama_hash, avx2_build_present_on_x86_64) {
   cr_assert(1);
 #endif
 }
+
+/* The streaming form (kvs__llama_hasher_*, what chunk assembly checks a chunk with while it
+ * copies it): any split of a buffer into consecutive pieces, of every length class, gives
+ * kvs__llama_hash's value of the whole, for several seeds; a changed byte changes it. */
+Test(llama_hash, pieces_give_the_value_of_the_whole) {
+  uint8_t *b = random_bytes(3 * 1048576, 11);
+  static const size_t lens[] = {0, 5, 17, 200, 240, 241, 1024, 70000, 3 * 1048576};
+  static const size_t pieces[] = {1, 3, 12, 64, 240, 1000, 262144};
+  static const uint64_t seeds[] = {0, 1, 0x9e3779b97f4a7c15ull};
+  for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+    for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++)
+      for (size_t s = 0; s < 3; s++) {
+        if (lens[i] / pieces[p] > 20000) continue; /* keep it quick */
+        kvs__llama_hasher_t h;
+        kvs__llama_hasher_init(&h, seeds[s]);
+        for (size_t o = 0; o < lens[i]; o += pieces[p])
+          kvs__llama_hasher_update(&h, b + 1 + o,
+                                   lens[i] - o < pieces[p] ? lens[i] - o : pieces[p]);
+        cr_assert_eq(kvs__llama_hasher_digest(&h), XXH3_64bits_withSeed(b + 1, lens[i], seeds[s]),
+                     "len %zu in pieces of %zu, seed %zu", lens[i], pieces[p], s);
+      }
+  kvs__llama_hasher_t h;
+  kvs__llama_hasher_init(&h, 7);
+  kvs__llama_hasher_update(&h, b, 5000);
+  b[4999] ^= 1;
+  cr_assert_neq(kvs__llama_hasher_digest(&h), XXH3_64bits_withSeed(b, 5000, 7));
+  free(b);
+}

@@ -16,6 +16,12 @@ KVSHIM_LLAMA_CHUNKS=0 (whole blobs), once with 1 (chunk objects), each in a fres
 and serve; the same requests sent the same way to two replicas without kvshim give the
 reference completions, which must be identical.
 
+Restore time (issue 25's "restore by assembly / restore of one whole blob of the same tokens"):
+the replicas run with KVSHIM_LOG=debug, and each restore's line ("N tokens restored in W ns (C ns
+on CPU)": lookup, fetch, checks, assembly and the engine's own llama_state_seq_set_data) gives
+its wall and CPU time per restored token; printed per mode as median [min-max] over the
+restores, and chunks / whole blobs of the medians.
+
 Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
 distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
 x the model's KV bytes per token (8 layers x 512 K and 512 V values in f16: 16,384; token
@@ -24,6 +30,8 @@ replicas' chunk counters.
 """
 import argparse
 import os
+import re
+import statistics
 import sys
 import tempfile
 import urllib.error
@@ -51,15 +59,29 @@ def complete(ctx, p, prompt):
         return f"HTTP {e.code}: {e.read().decode(errors='replace')}"
 
 
+RESTORED = re.compile(r"(\d+) tokens restored in (\d+) ns \((\d+) ns on CPU\)")
+
+
 def run(ctx, reqs, preload, chunks):
-    """The requests, alternately to two replicas: (completions, per-replica counters)."""
-    extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks))} if preload else {}
+    """The requests, alternately to two replicas: (completions, per-replica counters, the
+    restores' (wall, CPU) ns per restored token from the replicas' debug lines)."""
+    extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug"} if preload else {}
     reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
     out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
     st = [ctx.stats(r, everything=True) for r in reps] if preload else []
     for r in reps:
         ctx.stop(r)
-    return out, st
+    per_token = []
+    for r in reps if preload else []:
+        with open(r.log, errors="replace") as f:
+            for m in RESTORED.finditer(f.read()):
+                n, wall, cpu = (int(x) for x in m.groups())
+                per_token.append((wall / n, cpu / n))
+    return out, st, per_token
+
+
+def spread(xs):
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]" if xs else "-"
 
 
 def main():
@@ -76,6 +98,7 @@ def main():
                             keep=False)
     prefix, reqs = prompts(args)
     ref = None
+    timing = {}
     for chunks in (None, False, True):
         ctx = cs.Ctx(ns, tmp, args.work_dir or tmp)
         ctx.run_dir = tempfile.mkdtemp(prefix="run-", dir=tmp)
@@ -85,14 +108,15 @@ def main():
                 pt = cs.ntokens(ctx, p, prefix)
                 distinct = pt + sum(cs.ntokens(ctx, p, r) - pt for r in reqs)
                 ctx.stop(p)
-                ref, _ = run(ctx, reqs, False, False)
+                ref, _, _ = run(ctx, reqs, False, False)
                 print(f"workload: {pt}-token prefix, {args.requests} requests "
                       f"({(distinct - pt) / args.requests:.0f} tokens each after it), 2 "
                       f"llama-server replicas + kvshim serve; distinct KV {distinct} tokens x "
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st = run(ctx, reqs, True, chunks)
+            got, st, per_token = run(ctx, reqs, True, chunks)
+            timing[chunks] = per_token
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:
                 sys.exit(f"chunks={int(chunks)}: requests {bad} differ from the replicas without "
@@ -106,8 +130,16 @@ def main():
                   f"{sst['store_used_bytes']}, replicas {[s['store_used_bytes'] for s in st]}), "
                   f"/ distinct KV = {node / (distinct * KV_PER_TOKEN):.3f}; serve evictions "
                   f"{sst.get('store_evictions', 0)}; {len(reqs)} completions identical; {agg}")
+            print(f"  restores: {len(per_token)}, ns per restored token: wall "
+                  f"{spread([w for w, _ in per_token])}, CPU {spread([c for _, c in per_token])}")
         finally:
             ctx.cleanup()
+    if timing.get(False) and timing.get(True):
+        for i, what in ((0, "wall"), (1, "CPU")):
+            a = statistics.median(x[i] for x in timing[True])
+            b = statistics.median(x[i] for x in timing[False])
+            print(f"restore per token, chunks / whole blobs ({what}, medians): {a / b:.2f} "
+                  f"(goal <= 1.1)")
 
 
 if __name__ == "__main__":
