@@ -152,84 +152,75 @@ Test(chunks, round_trip_per_sequence_streams) { round_trip(0, 4, false, 2, 200);
 Test(chunks, round_trip_unified_stream) { round_trip(1, 4, true, 3, 129); }
 Test(chunks, round_trip_exact_chunks) { round_trip(0, 1, false, 0, 256); }
 
-/* The first j chunks of a longer state assemble to exactly the state the engine writes for those
- * tokens, for another destination sequence too, and the engine loads it with the right KV. */
-static void prefix(int flash) {
-  struct llama_model *m = model(2, 40, 0);
-  struct llama_context *c = context(m, flash, 2, false);
-  tokens_init(11);
-  cr_assert_eq(fakellama_decode(c, 0, g_tok, 128), 0);
-  size_t plen;
-  uint8_t *pst = state_of(c, 0, &plen); /* the engine's own state of the 128-token prefix */
-  cr_assert_eq(fakellama_decode(c, 0, g_tok + 128, 200), 0);
-  size_t len;
-  uint8_t *st = state_of(c, 0, &len);
+/* A sequence decoded to `first` tokens (the engine's own state of them: pst) and then to
+ * `total` (st, split into chunks of T: s), for the prefix checks below. */
+typedef struct prefix_fx {
+  struct llama_model *m;
+  struct llama_context *c;
+  uint8_t *pst, *st;
+  size_t plen, len;
   split_t s;
-  split_state(st, len, g_tok, NS, &s);
-  uint8_t *out = malloc(len);
-  size_t got = 0;
-  cr_assert_eq(assemble(&s, 2, 0, out, len, &got), KVS_LLAMA_CHUNKS_OK);
-  cr_assert_eq(got, plen);
-  cr_assert(memcmp(out, pst, plen) == 0, "2 chunks differ from the engine's 128-token state");
-  /* into sequence 1: the engine loads it and holds exactly the KV of those tokens */
-  cr_assert_eq(assemble(&s, 2, 1, out, len, &got), KVS_LLAMA_CHUNKS_OK);
-  cr_assert_eq(llama_state_seq_set_data(c, out, got, 1), got);
-  cr_assert_eq(fakellama_seq_n_cells(c, 1), 128);
-  cr_assert_eq(fakellama_seq_check(c, 1, g_tok, 128), 1);
-  free(out);
-  free(pst);
-  free(st);
-  split_free(&s);
-  llama_free(c);
-  llama_model_free(m);
+} prefix_fx_t;
+
+static void prefix_init(prefix_fx_t *x, int flash, unsigned seed, uint32_t first, uint32_t total) {
+  x->m = model(2, 40, 0);
+  x->c = context(x->m, flash, 2, false);
+  tokens_init(seed);
+  cr_assert_eq(fakellama_decode(x->c, 0, g_tok, (int32_t)first), 0);
+  x->pst = state_of(x->c, 0, &x->plen);
+  cr_assert_eq(fakellama_decode(x->c, 0, g_tok + first, (int32_t)(total - first)), 0);
+  x->st = state_of(x->c, 0, &x->len);
+  split_state(x->st, x->len, g_tok, NS, &x->s);
 }
 
-Test(chunks, prefix_is_the_engines_state_rows) { prefix(1); }
-Test(chunks, prefix_is_the_engines_state_transposed) { prefix(0); }
-
-/* A continuation chunk used in part (last_n, design §10.4): one whole chunk and the first 36
- * tokens of the next assemble to exactly the engine's own state of those 100 tokens, which it
- * loads; more tokens than the chunk holds are refused, nothing written. */
-static void partial(int flash) {
-  struct llama_model *m = model(2, 40, 0);
-  struct llama_context *c = context(m, flash, 2, false);
-  tokens_init(12);
-  cr_assert_eq(fakellama_decode(c, 0, g_tok, 100), 0);
-  size_t plen;
-  uint8_t *pst = state_of(c, 0, &plen); /* the engine's own state of the 100-token prefix */
-  cr_assert_eq(fakellama_decode(c, 0, g_tok + 100, 100), 0);
-  size_t len;
-  uint8_t *st = state_of(c, 0, &len);
-  split_t s;
-  split_state(st, len, g_tok, NS, &s);
-  uint8_t *out = malloc(len);
-  memset(out, 0xa5, len);
-  size_t got = 0;
-  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
-                                          s.chlen, 2, T + 1, 0, out, len, &got),
-               KVS_LLAMA_CHUNKS_FIELD);
-  cr_assert_eq(out[0], 0xa5, "a refused assembly wrote");
-  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
-                                          s.chlen, 2, 36, 0, out, len, &got),
-               KVS_LLAMA_CHUNKS_OK);
-  cr_assert_eq(got, plen);
-  cr_assert(memcmp(out, pst, plen) == 0, "64 + 36 tokens differ from the engine's 100-token state");
-  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, (const uint8_t *const *)s.ch,
-                                          s.chlen, 2, 36, 1, out, len, &got),
-               KVS_LLAMA_CHUNKS_OK);
-  cr_assert_eq(llama_state_seq_set_data(c, out, got, 1), got);
-  cr_assert_eq(fakellama_seq_n_cells(c, 1), 100);
-  cr_assert_eq(fakellama_seq_check(c, 1, g_tok, 100), 1);
-  free(out);
-  free(pst);
-  free(st);
-  split_free(&s);
-  llama_free(c);
-  llama_model_free(m);
+static void prefix_fini(prefix_fx_t *x) {
+  free(x->pst);
+  free(x->st);
+  split_free(&x->s);
+  llama_free(x->c);
+  llama_model_free(x->m);
 }
 
-Test(chunks, partial_chunk_is_the_engines_state_rows) { partial(1); }
-Test(chunks, partial_chunk_is_the_engines_state_transposed) { partial(0); }
+/* The first chunks of a longer state (first tokens: nch - 1 whole chunks and last_n tokens of
+ * the next, or nch whole chunks with last_n 0) assemble to exactly the state the engine writes
+ * for those tokens, for another destination sequence too, and the engine loads it with the
+ * right KV. A continuation chunk used in part (last_n, design §10.4): more tokens than it holds
+ * are refused, nothing written. */
+static void prefix(int flash, unsigned seed, uint32_t first, uint32_t nch, uint32_t last_n) {
+  prefix_fx_t x;
+  prefix_init(&x, flash, seed, first, first + 200);
+  const uint8_t *const *ch = (const uint8_t *const *)x.s.ch;
+  uint8_t *out = malloc(x.len);
+  memset(out, 0xa5, x.len);
+  size_t got = 0;
+  if (last_n) {
+    cr_assert_eq(kvs__llama_chunks_assemble(x.s.frame, x.s.flen, T, NS, ch, x.s.chlen, nch, T + 1,
+                                            0, out, x.len, &got),
+                 KVS_LLAMA_CHUNKS_FIELD);
+    cr_assert_eq(out[0], 0xa5, "a refused assembly wrote");
+  }
+  for (int32_t seq = 0; seq < 2; seq++) {
+    cr_assert_eq(kvs__llama_chunks_assemble(x.s.frame, x.s.flen, T, NS, ch, x.s.chlen, nch,
+                                            last_n, seq, out, x.len, &got),
+                 KVS_LLAMA_CHUNKS_OK);
+    if (seq == 0) { /* the engine's own state of the first tokens */
+      cr_assert_eq(got, x.plen);
+      cr_assert(memcmp(out, x.pst, x.plen) == 0, "differs from the engine's %u-token state",
+                first);
+    } else { /* into sequence 1: the engine loads it and holds exactly the KV of those tokens */
+      cr_assert_eq(llama_state_seq_set_data(x.c, out, got, 1), got);
+      cr_assert_eq(fakellama_seq_n_cells(x.c, 1), (int32_t)first);
+      cr_assert_eq(fakellama_seq_check(x.c, 1, g_tok, (int32_t)first), 1);
+    }
+  }
+  free(out);
+  prefix_fini(&x);
+}
+
+Test(chunks, prefix_is_the_engines_state_rows) { prefix(1, 11, 128, 2, 0); }
+Test(chunks, prefix_is_the_engines_state_transposed) { prefix(0, 11, 128, 2, 0); }
+Test(chunks, partial_chunk_is_the_engines_state_rows) { prefix(1, 12, 100, 2, 36); }
+Test(chunks, partial_chunk_is_the_engines_state_transposed) { prefix(0, 12, 100, 2, 36); }
 
 /* Two prompts sharing 128 tokens give byte-identical first chunks (what dedup relies on), from
  * different sequences. */
