@@ -59,8 +59,10 @@ void kvs_peers_destroy(kvs_peers_t *p);
  * the peer with the longest run (0 when none). Returns the run length (>= 0; errors are misses). */
 int kvs_peers_lookup(kvs_peers_t *p, const kvs_key_t *keys, size_t n, uint64_t *best);
 
-/* Receives one retrieved object: bytes are valid only during the call (SHM: the peer's pool,
- * pinned; inline: the reply). Return 0 to go on, negative to stop (the rest are not delivered). */
+/* Receives one retrieved object: bytes are valid only during the retrieve (SHM: the peer's pool,
+ * pinned until the transfer ends after the last delivery; inline: the reply, freed then), so
+ * the bytes of every object of one retrieve may be used together in its last call. Return 0 to
+ * go on, negative to stop (the rest are not delivered). */
 typedef int (*kvs_peer_sink_fn)(void *ctx, size_t key_index, const kvs_layout_t *layout,
                                 const void *bytes, uint64_t len);
 

@@ -323,14 +323,14 @@ void kvs__cache_unpin(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_ref_t ref, b
   if (drop) kvs_store_remove(rt->store, &key); /* -EBUSY: a reader has it; fine */
 }
 
-int kvs__cache_read_cache_peer(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_sink_fn sink,
-                               void *ctx) {
+int kvs__cache_read_cache_peer(kvs__runtime_t *rt, const kvs_key_t *keys, size_t n,
+                               kvs__cache_sink_fn sink, void *ctx) {
   if (!rt->peers) return 0;
   KVS__REENTRY_GUARD();
   kvs__discovery_wait_first();
   uint64_t cache = kvs__runtime_cache_peer(rt);
   if (!cache) return 0;
-  int r = kvs_peers_retrieve(rt->peers, cache, &key, 1, sink, ctx);
+  int r = kvs_peers_retrieve(rt->peers, cache, keys, n, sink, ctx);
   if (r < 0 && r != -ESTALE) count(KVS_STAT_cache_peer_fallbacks);
   return r;
 }

@@ -138,12 +138,15 @@ bool kvs__cache_pin(kvs__runtime_t *rt, kvs_key_t key, const uint8_t **bytes, ui
  * a while: fine). */
 void kvs__cache_unpin(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_ref_t ref, bool drop);
 
-/* Read the object under key where it lies in the cache peer's pool (one copy per node), under
- * its pin, through sink. 1 delivered, 0 no cache peer or not there, -ESTALE the pin lapsed
- * while sink read (whatever sink made of the bytes must be thrown away), another negative errno
- * the peer failed (counted in cache_peer_fallbacks). */
-int kvs__cache_read_cache_peer(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_sink_fn sink,
-                               void *ctx);
+/* Read the objects under keys[0..n) where they lie in the cache peer's pool (one copy per
+ * node), under its pins, through sink, in key order (the leading run it holds). The bytes of
+ * every object delivered stay valid until the last sink call returns (one transfer: the pins
+ * end after it; kvs_peers_retrieve), so the sink of the last key may use them all. The count
+ * delivered (0: no cache peer or not there), -ESTALE the pins lapsed while sink read (whatever
+ * sink made of the bytes must be thrown away), another negative errno the peer failed (counted
+ * in cache_peer_fallbacks). */
+int kvs__cache_read_cache_peer(kvs__runtime_t *rt, const kvs_key_t *keys, size_t n,
+                               kvs__cache_sink_fn sink, void *ctx);
 
 /* What became of a fetch (values pinned to core/peer.h's kvs_fetch_status_t). */
 enum { KVS__CACHE_MISS = 0, KVS__CACHE_LOCAL = 1, KVS__CACHE_COPIED = 2 };

@@ -419,7 +419,7 @@ static int ll_inplace_sink(void *ctx, size_t i, const kvs_layout_t *layout, cons
 static ll_res_t ll_load_cache_peer(kvs__runtime_t *rt, const ll_load_req_t *q, kvs_key_t key,
                                    size_t *ret) {
   ll_inplace_t x = {q, ret, LL_MISS};
-  int r = kvs__cache_read_cache_peer(rt, key, ll_inplace_sink, &x);
+  int r = kvs__cache_read_cache_peer(rt, &key, 1, ll_inplace_sink, &x);
   if (r == 1) {
     if (x.res == LL_HIT) kvs_stats_inc(kvs_stats_global(), KVS_STAT_cache_peer_loads);
     return x.res;

@@ -941,7 +941,7 @@ static int px_inplace_sink(void *ctx, size_t i, const kvs_layout_t *layout, cons
 static int px_restore_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                                const px_plan_t *pl, kvs_key_t key, uint32_t *k, px_res_t *res) {
   px_inplace_t x = {c, ctx, pl, k, PX_SKIP, 0, 0};
-  int r = kvs__cache_read_cache_peer(rt, key, px_inplace_sink, &x);
+  int r = kvs__cache_read_cache_peer(rt, &key, 1, px_inplace_sink, &x);
   if (r == -ESTALE && x.res == PX_OK) {
     /* the pin lapsed while the engine read the bytes: they may have changed under it */
     px_undo(c, ctx, pl->s, pl->n);
@@ -987,6 +987,15 @@ static px_res_t px_restore_peer(px_ctx_t *c, kvs__runtime_t *rt, struct llama_co
 static kvs_key_t px_frame_key(const px_ctx_t *c, uint64_t id) {
   uint32_t w[3] = {KVS_LLAMA_FRAME_MAGIC, (uint32_t)id, (uint32_t)(id >> 32)};
   return kvs_keys_chain(c->ns, w, 3);
+}
+
+/* The frame of this namespace: an alias bound to the first frame stored in it (every state of
+ * one context layout has the same frame), so a restore can ask the cache peer for the frame and
+ * the chunks in one transfer before it has read a chunk's frame id (px_chunks_in_place; a chunk
+ * of another frame is then refused by the assembler and the copy path runs). */
+static kvs_key_t px_frame_ns_key(const px_ctx_t *c) {
+  uint32_t w = KVS_LLAMA_FRAME_MAGIC;
+  return kvs_keys_chain(c->ns, &w, 1);
 }
 
 /* The continuation key after prev (a chunk key of the prompt, whose chunks [0, i) it closes):
@@ -1064,8 +1073,8 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   if (cov > sc.n_cells) cov = sc.n_cells;
   px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, cov, 0,
                  sc.frame_size, c->ns};
-  const kvs_key_t fkey = px_frame_key(c, id);
-  int rc = kvs__llama_obj_store(&home, &fkey, 1, sc.frame_size, px_fill_frame, &f);
+  const kvs_key_t fkeys[2] = {px_frame_key(c, id), px_frame_ns_key(c)};
+  int rc = kvs__llama_obj_store(&home, fkeys, 2, sc.frame_size, px_fill_frame, &f);
   if (rc < 0 && rc != -EEXIST) return rc;
   int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint64_t wrote = 0;
@@ -1146,6 +1155,129 @@ static bool px_fetch_piece(kvs__runtime_t *rt, uint64_t instance, kvs_key_t key,
   return true;
 }
 
+/* How many of the chunk objects p[0..n) (the prompt's chunks 0, 1, .. in order) hold the
+ * prompt's tokens: the run stops at the first that does not. */
+static uint32_t px_chunks_matching(const px_ctx_t *c, const int32_t *tok, const uint8_t *const *p,
+                                   const size_t *len, uint32_t n) {
+  const uint32_t C = c->chunk;
+  uint32_t good = 0;
+  while (good < n && len[good] >= sizeof(kvs__llama_chunk_hdr_t) + 4ull * C &&
+         memcmp(p[good] + sizeof(kvs__llama_chunk_hdr_t), tok + (size_t)good * C, 4ull * C) == 0)
+    good++;
+  return good;
+}
+
+/* How many of the first tokens of a continuation chunk (p, len: claimed to be chunk index
+ * `good`) are the prompt's next ones. Its header is read only to compare tokens: the assembler
+ * checks every field and its checksum. */
+static uint32_t px_take(const px_ctx_t *c, const px_plan_t *pl, uint32_t good, const uint8_t *p,
+                        size_t len) {
+  kvs__llama_chunk_hdr_t h;
+  uint32_t take = 0;
+  if (len < sizeof h) return 0;
+  memcpy(&h, p, sizeof h);
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
+  const uint32_t left = pl->n + pl->m - good * c->chunk;
+  if (h.magic == KVS_LLAMA_CHUNK_MAGIC && h.index == good && h.n_tokens >= 1 &&
+      h.n_tokens <= c->chunk && len >= sizeof h + 4ull * h.n_tokens)
+    while (take < h.n_tokens && take < left &&
+           memcmp(p + sizeof h + 4ull * take, tok + (size_t)good * c->chunk + take, 4) == 0)
+      take++;
+  return take;
+}
+
+/* px_chunks_in_place's transfer: the frame (key 0), the run's chunks, the continuation chunk
+ * (when asked for); the assembly runs in the last delivery, while every object is pinned. */
+typedef struct px_inplace_chunks {
+  px_ctx_t *c;
+  const px_plan_t *pl;
+  const uint8_t **ptr;
+  size_t *lens;
+  uint32_t nk, prun;
+  bool cont;
+  uint32_t good, take;
+  size_t got;
+  kvs__llama_chunks_status_t st;
+} px_inplace_chunks_t;
+
+static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layout,
+                                  const void *bytes, uint64_t len) {
+  (void)layout;
+  px_inplace_chunks_t *x = ctx;
+  if (i >= x->nk) return -1;
+  x->ptr[i] = bytes;
+  x->lens[i] = (size_t)len;
+  if (i + 1 < x->nk) return 0;
+  for (uint32_t j = 0; j < x->nk; j++)
+    if (!x->ptr[j]) return -1; /* an object under two of the keys: not this path's case */
+  px_ctx_t *c = x->c;
+  const uint32_t C = c->chunk;
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)x->pl->s);
+  x->good = px_chunks_matching(c, tok, x->ptr + 1, x->lens + 1, x->prun);
+  if (x->cont && x->good == x->prun)
+    x->take = px_take(c, x->pl, x->good, x->ptr[x->nk - 1], x->lens[x->nk - 1]);
+  if (x->take) { /* the continuation chunk right after the run */
+    x->ptr[x->good + 1] = x->ptr[x->nk - 1];
+    x->lens[x->good + 1] = x->lens[x->nk - 1];
+  }
+  uint64_t N = (uint64_t)x->good * C + x->take;
+  if (!x->good || N <= x->pl->n || N > c->sh.cap || x->lens[0] < sizeof(kvs__llama_frame_hdr_t))
+    return 0;
+  uint64_t S = kvs__llama_chunks_state_size(x->ptr[0], N);
+  if (!S || !px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) return 0;
+  uint64_t t0 = kvs__now_ns();
+  x->st = kvs__llama_chunks_assemble(x->ptr[0], x->lens[0], C, c->ns, x->ptr + 1, x->lens + 1,
+                                     x->good + (x->take ? 1 : 0), x->take, x->pl->s, c->cbuf,
+                                     (size_t)S, &x->got);
+  if (x->st == KVS_LLAMA_CHUNKS_OK)
+    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+  return 0;
+}
+
+/* One copy per node, nothing of the run here: the frame, the run's prun chunks and the
+ * continuation chunk read in place in the cache peer's pool, in one transfer, and assembled
+ * under its pins straight into cbuf (no copy into the own pool first); the engine then loads
+ * cbuf. 1: done (*res says what came of it), 0: use the copy path (px_restore_chunks), which
+ * also finds and drops a damaged object. */
+static int px_chunks_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                              px_plan_t *pl, const kvs_key_t *keys, uint32_t prun,
+                              uint64_t cache, uint32_t *k, px_res_t *res) {
+  const uint32_t C = c->chunk;
+  uint32_t nk = 1 + prun;
+  kvs_key_t tkey = px_next_key(keys[prun - 1]);
+  uint64_t tat = 0;
+  bool cont = (uint64_t)prun * C < (uint64_t)pl->n + pl->m &&
+              kvs__cache_peers_run(rt, &tkey, 1, &tat) == 1 && tat == cache;
+  nk += cont;
+  if (nk > KVS_PROTO_MAX_KEYS) return 0;
+  size_t need = (size_t)nk * (sizeof(kvs_key_t) + sizeof(const uint8_t *) + sizeof(size_t));
+  if (!px_grow(&c->cpin, &c->cpin_cap, need)) return 0;
+  kvs_key_t *ik = c->cpin;
+  const uint8_t **ptr = (const uint8_t **)(void *)(ik + nk);
+  size_t *lens = (size_t *)(void *)(ptr + nk);
+  ik[0] = px_frame_ns_key(c);
+  memcpy(ik + 1, keys, (size_t)prun * sizeof *ik);
+  if (cont) ik[nk - 1] = tkey;
+  memset(ptr, 0, (size_t)nk * sizeof *ptr);
+  px_inplace_chunks_t x = {c, pl, ptr, lens, nk, prun, cont, 0, 0, 0, KVS_LLAMA_CHUNKS_FIELD};
+  int r = kvs__cache_read_cache_peer(rt, ik, nk, px_inplace_chunks_sink, &x);
+  if (r != (int)nk || x.st != KVS_LLAMA_CHUNKS_OK) return 0; /* -ESTALE too: cbuf thrown away */
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+  kvs__llama_blob_hdr_t bh;
+  memset(&bh, 0, sizeof bh);
+  uint64_t N = (uint64_t)x.good * C + x.take;
+  bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
+  bh.state_size = x.got;
+  pl->keyed = (uint32_t)N;
+  *res = px_load(c, ctx, pl, &bh, kvs__px_tok(&c->sh, (uint32_t)pl->s), c->cbuf, k);
+  if (*res == PX_OK) {
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
+    kvs_stats_inc(px_stats(), KVS_STAT_cache_peer_loads);
+    if (*k > x.good * C) kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_tail_tokens, *k - x.good * C);
+  }
+  return 1;
+}
+
 /* The continuation chunk after a run of `good` whole chunks (px_next_key): pinned here, else a
  * peer's copy, into *tp (*pinned: which), and how many of its first tokens are the prompt's
  * next ones (0: none usable; *tp then holds nothing). Its header is read only to compare
@@ -1154,7 +1286,6 @@ static uint32_t px_continuation(px_ctx_t *c, kvs__runtime_t *rt, const px_plan_t
                                 uint32_t good, kvs_key_t tkey, px_piece_t *tp, bool *pinned,
                                 uint64_t *at) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  const uint32_t C = c->chunk;
   uint64_t plen = 0;
   *pinned = kvs__llama_blob_pin(&home, tkey, &tp->p, &plen, &tp->ref);
   tp->len = (size_t)plen;
@@ -1164,19 +1295,7 @@ static uint32_t px_continuation(px_ctx_t *c, kvs__runtime_t *rt, const px_plan_t
         !px_fetch_piece(rt, *at, tkey, KVS_LLAMA_CHUNK_MAGIC, tp))
       return 0;
   }
-  kvs__llama_chunk_hdr_t h;
-  uint32_t take = 0;
-  if (tp->len >= sizeof h) {
-    memcpy(&h, tp->p, sizeof h);
-    const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
-    const uint32_t left = pl->n + pl->m - good * C;
-    const uint8_t *ttok = tp->p + sizeof h;
-    if (h.magic == KVS_LLAMA_CHUNK_MAGIC && h.index == good && h.n_tokens >= 1 &&
-        h.n_tokens <= C && tp->len >= sizeof h + 4ull * h.n_tokens)
-      while (take < h.n_tokens && take < left &&
-             memcmp(ttok + 4ull * take, tok + (size_t)good * C + take, 4) == 0)
-        take++;
-  }
+  uint32_t take = px_take(c, pl, good, tp->p, tp->len);
   if (take == 0) {
     if (*pinned) kvs__llama_blob_unpin(&home, tkey, tp->ref, false);
     else kvs__llama_blob_keep(&home, &tp->f, true);
@@ -1187,7 +1306,8 @@ static uint32_t px_continuation(px_ctx_t *c, kvs__runtime_t *rt, const px_plan_t
 }
 
 /* Restore sequence pl->s from the longest run of chunk objects of the prompt (jmax chunks at
- * most): the local run, then the best peer's run after it; the first chunks' tokens must be
+ * most): the local run, then the best peer's run after it (nothing local and the run at the
+ * cache peer: read there in place, px_chunks_in_place); the first chunks' tokens must be
  * the prompt's; then the part of the continuation chunk after the run that is the prompt's too
  * (px_continuation: the tail of an earlier snapshot, or a chunk of a prompt that went on
  * differently); every object is checked by the assembler; the state is assembled into cbuf and
@@ -1217,6 +1337,10 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t best = 0;
   if (n < jmax && kvs__cache_has_peers(rt)) {
     int prun = kvs__cache_peers_run(rt, keys + n, jmax - n, &best);
+    px_res_t ipr;
+    if (run == 0 && prun > 0 && best && best == kvs__cache_peer(rt) &&
+        px_chunks_in_place(c, rt, ctx, pl, keys, (uint32_t)prun, best, k, &ipr))
+      return ipr;
     for (int i = 0; i < prun && best; i++, n++)
       if (!px_fetch_piece(rt, best, keys[n], KVS_LLAMA_CHUNK_MAGIC, &pc[n])) break;
   }
@@ -1248,19 +1372,16 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     goto out;
   /* the chunks' tokens must be the prompt's: the run stops at the first that differs */
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);
-  uint32_t good = 0;
-  while (good < n && pc[good].len >= sizeof h0 + 4ull * C &&
-         memcmp(pc[good].p + sizeof h0, tok + (size_t)good * C, 4ull * C) == 0)
-    good++;
+  for (uint32_t i = 0; i < n; i++) {
+    ptr[i] = pc[i].p;
+    lens[i] = pc[i].len;
+  }
+  uint32_t good = px_chunks_matching(c, tok, ptr, lens, n);
   if (good && (uint64_t)good * C < (uint64_t)pl->n + pl->m) {
     tkey = px_next_key(keys[good - 1]);
     take = px_continuation(c, rt, pl, good, tkey, &tp, &tpinned, &tat);
   }
   if ((uint64_t)good * C + take <= pl->n) goto out;
-  for (uint32_t i = 0; i < good; i++) {
-    ptr[i] = pc[i].p;
-    lens[i] = pc[i].len;
-  }
   const uint32_t nch = good + (take ? 1 : 0);
   if (take) {
     ptr[good] = tp.p;

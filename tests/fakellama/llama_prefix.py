@@ -749,6 +749,9 @@ def case_chunks(ctx):
     expect(sb, "B from serve", peer_restores=(">=", 1), restored_tokens=(">=", 1024))
     check(sb.get("store_used_bytes") == 0 and chunk_stats(sb).get("llama_chunks_dedup", 0) >= 4,
           f"B kept no copy and stored only its own chunks: {chunk_stats(sb)} {sb}")
+    # read in place in serve's pool, frame and chunks in one transfer (px_chunks_in_place)
+    check(sb.get("cache_peer_loads", 0) >= 1 and sb.get("store_reserved", 0) == 0,
+          f"B's restore was not read in place in serve's pool: {sb}")
 
 
 def wait_file(path, p, what):
