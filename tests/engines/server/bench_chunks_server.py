@@ -2,7 +2,8 @@
 """Benchmark (not a test): issue 25's workload on unmodified llama-server replicas.
 
 usage: bench_chunks_server.py --preload LIBKVSHIM --cli KVSHIM [--prefix-words 1700]
-                              [--suffix-words 400] [--requests 12] [--work-dir DIR]
+                              [--suffix-words 400] [--requests 12] [--restores 0]
+                              [--work-dir DIR]
 (the model trains on 4,096 tokens: llama-server caps the slot there, so prefix + suffix stay
 below it)
 
@@ -20,7 +21,11 @@ Restore time (issue 25's "restore by assembly / restore of one whole blob of the
 the replicas run with KVSHIM_LOG=debug, and each restore's line ("N tokens restored in W ns (C ns
 on CPU)": lookup, fetch, checks, assembly and the engine's own llama_state_seq_set_data) gives
 its wall and CPU time per restored token; printed per mode as median [min-max] over the
-restores, and chunks / whole blobs of the medians.
+restores, and chunks / whole blobs of the medians. llama-server reuses a slot's own prompt, so
+the workload restores once per replica (its first request, into a fresh process whose scratch
+buffers and view of serve's pool are still cold); --restores R then sends R more of the
+requests, alternately, with "cache_prompt": false (llama-server recomputes the prompt, so
+kvshim restores it each time) for the steady state, timed apart.
 
 Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
 distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
@@ -62,22 +67,29 @@ def complete(ctx, p, prompt):
 RESTORED = re.compile(r"(\d+) tokens restored in (\d+) ns \((\d+) ns on CPU\)")
 
 
-def run(ctx, reqs, preload, chunks):
+def restores_logged(r):
+    """(wall, CPU) ns per restored token of every restore replica r logged so far."""
+    with open(r.log, errors="replace") as f:
+        return [(int(w) / int(n), int(c) / int(n)) for n, w, c in RESTORED.findall(f.read())]
+
+
+def run(ctx, reqs, preload, chunks, restores=0):
     """The requests, alternately to two replicas: (completions, per-replica counters, the
-    restores' (wall, CPU) ns per restored token from the replicas' debug lines)."""
+    workload's restores and the --restores ones, each as (wall, CPU) ns per restored token)."""
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug"} if preload else {}
     reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
     out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
+    first = [restores_logged(r) for r in reps] if preload else []
+    for i in range(restores if preload else 0):
+        try:  # (the completion itself is not compared here: only the restore is timed)
+            ctx.complete(reps[i % 2], reqs[i % len(reqs)], cache_prompt=False)
+        except urllib.error.HTTPError:
+            pass
     st = [ctx.stats(r, everything=True) for r in reps] if preload else []
     for r in reps:
         ctx.stop(r)
-    per_token = []
-    for r in reps if preload else []:
-        with open(r.log, errors="replace") as f:
-            for m in RESTORED.finditer(f.read()):
-                n, wall, cpu = (int(x) for x in m.groups())
-                per_token.append((wall / n, cpu / n))
-    return out, st, per_token
+    steady = [x for r, f in zip(reps, first) for x in restores_logged(r)[len(f):]]
+    return out, st, ([x for f in first for x in f], steady)
 
 
 def spread(xs):
@@ -91,6 +103,7 @@ def main():
     ap.add_argument("--prefix-words", type=int, default=1700)
     ap.add_argument("--suffix-words", type=int, default=400)
     ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--restores", type=int, default=0)
     ap.add_argument("--work-dir")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvs-bench-chunks-server-")
@@ -115,8 +128,8 @@ def main():
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st, per_token = run(ctx, reqs, True, chunks)
-            timing[chunks] = per_token
+            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores)
+            timing[chunks] = (first, steady)
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:
                 sys.exit(f"chunks={int(chunks)}: requests {bad} differ from the replicas without "
@@ -130,16 +143,20 @@ def main():
                   f"{sst['store_used_bytes']}, replicas {[s['store_used_bytes'] for s in st]}), "
                   f"/ distinct KV = {node / (distinct * KV_PER_TOKEN):.3f}; serve evictions "
                   f"{sst.get('store_evictions', 0)}; {len(reqs)} completions identical; {agg}")
-            print(f"  restores: {len(per_token)}, ns per restored token: wall "
-                  f"{spread([w for w, _ in per_token])}, CPU {spread([c for _, c in per_token])}")
+            for what, per_token in (("first per replica", first), ("steady", steady)):
+                print(f"  restores, {what}: {len(per_token)}, ns per restored token: wall "
+                      f"{spread([w for w, _ in per_token])}, CPU "
+                      f"{spread([c for _, c in per_token])}")
         finally:
             ctx.cleanup()
-    if timing.get(False) and timing.get(True):
+    for j, which in ((0, "first per replica"), (1, "steady")):
+        on, off = timing.get(True, ([], []))[j], timing.get(False, ([], []))[j]
         for i, what in ((0, "wall"), (1, "CPU")):
-            a = statistics.median(x[i] for x in timing[True])
-            b = statistics.median(x[i] for x in timing[False])
-            print(f"restore per token, chunks / whole blobs ({what}, medians): {a / b:.2f} "
-                  f"(goal <= 1.1)")
+            if on and off:
+                a = statistics.median(x[i] for x in on)
+                b = statistics.median(x[i] for x in off)
+                print(f"restore per token, chunks / whole blobs ({which}, {what}, medians): "
+                      f"{a / b:.2f} (goal <= 1.1)")
 
 
 if __name__ == "__main__":
