@@ -209,7 +209,9 @@ def case_kill_store(ctx):
     e = big_engine(ctx, 60, {"KVSHIM_STATS": ctx.stats_path("e")})
     first = read_line(e, 60, "engine line 1")
     harness.stop_process(serve)  # a store in flight waits on it...
-    time.sleep(0.3)
+    # (long enough that the engine reaches a store while serve is stopped even when a request
+    # computes slowly, ASan on a loaded machine: 0.3 s missed it once in five runs there)
+    time.sleep(1.0)
     serve.send_signal(signal.SIGKILL)  # ...and fails
     serve.wait(timeout=30)
     harness.stop_process(e)
