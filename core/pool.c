@@ -20,7 +20,8 @@
  *     alloc_pages + free_pages == npages
  *     extents tile [0, npages) exactly; no two free extents are adjacent
  *     a free extent is on exactly the list of its class; bitmaps == non-empty lists
- * Lock: arena.lock guards every field of the arena and its tags. */
+ * Lock: arena.lock guards every field of the arena and its tags; alloc_pages and limit_pages
+ * are also read without it (kvs_pool_room), so they are written with relaxed atomic stores. */
 #include "pool.h"
 
 #include <errno.h>
@@ -100,11 +101,13 @@ typedef struct kvs_pool_arena {
   bool poison;            /* ASan: free extents are poisoned (immutable) */
   kvs_ptag_t *tags;       /* npages entries, anonymous mapping of tags_bytes */
   size_t tags_bytes;
-  uint64_t alloc_pages;   /* pages in allocated extents */
+  uint64_t alloc_pages;   /* pages in allocated extents (written with relaxed atomic stores
+                           * under lock: kvs_pool_room reads it without) */
   uint64_t alloc_extents; /* allocated extents */
   uint64_t free_extents;  /* free extents (== entries on all lists) */
   uint64_t mutations;     /* for sampled validation */
-  uint32_t limit_pages;   /* usable pages (kvs_pool_set_limit); 0 = all */
+  uint32_t limit_pages;   /* usable pages (kvs_pool_set_limit); 0 = all (written like
+                           * alloc_pages) */
   uint32_t fl_map;                    /* bit fl set <=> some list of first level fl non-empty */
   uint32_t sl_map[FL_COUNT];          /* bit sl set <=> heads[fl][sl] != PTAG_NIL */
   uint32_t heads[FL_COUNT][SL_COUNT]; /* first free extent of each class, or PTAG_NIL */
@@ -647,7 +650,7 @@ int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *
     a->tags[p + have - 1].tail = have - n;
     list_push(a, r);
   }
-  a->alloc_pages += n;
+  __atomic_store_n(&a->alloc_pages, a->alloc_pages + n, __ATOMIC_RELAXED);
   a->alloc_extents++;
   arena_check(a);
   pthread_mutex_unlock(&a->lock);
@@ -676,7 +679,7 @@ int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
   /* Poison before the extent becomes allocatable again: after the unlock another thread may
    * allocate (and unpoison) it. */
   if (a->poison) kvs__poison(pool->base + off, (uint64_t)n << a->shift);
-  a->alloc_pages -= n;
+  __atomic_store_n(&a->alloc_pages, a->alloc_pages - n, __ATOMIC_RELAXED);
   a->alloc_extents--;
   uint32_t start = p, len = n;
   if (p > 0 && a->tags[p - 1].tail) { /* left neighbour */
@@ -883,9 +886,20 @@ int kvs_pool_set_limit(kvs_pool_t *pool, uint64_t bytes) {
   if (!a) return err;
   uint64_t pages = (bytes >> a->shift) + ((bytes & ((1ull << a->shift) - 1)) != 0);
   pthread_mutex_lock(&a->lock);
-  a->limit_pages = pages == 0 || pages >= a->npages ? 0 : (uint32_t)pages;
+  __atomic_store_n(&a->limit_pages, pages == 0 || pages >= a->npages ? 0 : (uint32_t)pages,
+                   __ATOMIC_RELAXED);
   pthread_mutex_unlock(&a->lock);
   return 0;
+}
+
+uint64_t kvs_pool_room(kvs_pool_t *pool, kvs_arena_t arena) {
+  int err;
+  pool_arena_t *a = owned_arena(pool, arena, &err);
+  if (!a) return 0;
+  uint64_t usable = __atomic_load_n(&a->limit_pages, __ATOMIC_RELAXED);
+  if (usable == 0) usable = a->npages;
+  uint64_t used = __atomic_load_n(&a->alloc_pages, __ATOMIC_RELAXED);
+  return used < usable ? (usable - used) << a->shift : 0;
 }
 
 uint64_t kvs_pool_limit(kvs_pool_t *pool) {

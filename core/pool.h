@@ -163,6 +163,14 @@ void kvs_pool_prefault_hint(kvs_pool_t *pool, uint64_t bytes);
 /* Bytes of the cache arena a step-ahead prefault has faulted in so far. */
 uint64_t kvs_pool_prefaulted(const kvs_pool_t *pool);
 
+/* The most bytes an allocation in the arena could get now: its usable bytes (the limit below)
+ * less those allocated, read without the arena mutex (0: attached pool, no such arena). Exact
+ * when no other thread allocates or frees in the arena meanwhile, a moment's value otherwise;
+ * free ranges may still be too small for a request that fits it (fragmentation). A request
+ * of more (page-rounded) bytes fails with -ENOSPC: a caller that evicts on -ENOSPC may evict
+ * without taking the mutex to ask (the store, design §4.4). */
+uint64_t kvs_pool_room(kvs_pool_t *pool, kvs_arena_t arena);
+
 /* Usable bytes of the cache arena (rounded up to the page size; 0 or >= its size: all of it):
  * kvs_pool_alloc in the cache arena fails with -ENOSPC when the allocated bytes would pass it
  * (the store then evicts). Lowering it below what is allocated frees nothing: later allocations

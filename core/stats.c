@@ -28,7 +28,7 @@ static const char stat_kinds[] = {
 };
 _Static_assert(KVS__ARRAY_LEN(stat_names) == KVS_STAT__COUNT, "stat name table");
 
-static kvs_stats_t global_stats = {KVS_STATS_VERSION, sizeof(kvs_stats_t), {0}};
+static kvs_stats_t global_stats = {KVS_STATS_VERSION, sizeof(kvs_stats_t), {{0}}};
 
 void kvs_stats_init(kvs_stats_t *st) {
   memset(st, 0, sizeof *st);
@@ -36,6 +36,31 @@ void kvs_stats_init(kvs_stats_t *st) {
   st->size = sizeof *st;
 }
 kvs_stats_t *kvs_stats_global(void) { return &global_stats; }
+
+/* Stripes: threads take them round robin in the order of their first update, so the first
+ * KVS_STATS_STRIPES threads that update stats each have rows of their own. */
+__thread uint32_t kvs__stats_stripe_tls __attribute__((tls_model("initial-exec")));
+static uint32_t next_stripe;
+
+uint32_t kvs__stats_stripe_pick(void) {
+  uint32_t s = __atomic_fetch_add(&next_stripe, 1, __ATOMIC_RELAXED) % KVS_STATS_STRIPES;
+  kvs__stats_stripe_tls = s + 1;
+  return s;
+}
+
+void kvs_stats_set(kvs_stats_t *st, kvs_stat_id_t id, uint64_t val) {
+  for (unsigned k = 1; k < KVS_STATS_STRIPES; k++)
+    __atomic_store_n(&st->row[k][id], 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&st->row[0][id], val, __ATOMIC_RELAXED);
+}
+
+uint64_t kvs_stats_get(const kvs_stats_t *st, kvs_stat_id_t id) {
+  uint64_t v = 0;
+  for (unsigned k = 0; k < KVS_STATS_STRIPES; k++)
+    v += __atomic_load_n(&st->row[k][id], __ATOMIC_RELAXED);
+  if (stat_kinds[id] == 'G' && (int64_t)v < 0) return 0; /* deltas in flight (stats.h) */
+  return v;
+}
 
 const char *kvs_stats_name(kvs_stat_id_t id) {
   return (unsigned)id < KVS_STAT__COUNT ? stat_names[id] : "?";
@@ -56,7 +81,8 @@ int kvs_stats_find(const char *name, kvs_stat_id_t *out) {
 }
 void kvs_stats_snapshot(const kvs_stats_t *src, kvs_stats_t *dst) {
   kvs_stats_init(dst);
-  for (unsigned i = 0; i < KVS_STAT__COUNT; i++) dst->v[i] = kvs_stats_get(src, (kvs_stat_id_t)i);
+  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
+    dst->row[0][i] = kvs_stats_get(src, (kvs_stat_id_t)i);
 }
 
 /* Append with snprintf semantics: *len counts what the whole text needs. */

@@ -2,9 +2,20 @@
  * the enum, the name table and the help table. Rendered as INFO-style "key:value" text (the
  * STATS opcode, `kvshim stats`) and as JSON (KVSHIM_STATS, the A/B runner) from the same table.
  *
- * Counters only grow; gauges are set by their owner (the store sets its byte gauges after each
- * mutation). All updates are relaxed atomics: a snapshot is not a consistent cut across fields,
- * only each field is exact. */
+ * Counters only grow; gauges are set by their owner, or moved by deltas (the store moves its
+ * byte and object gauges by each mutation's delta). All updates are relaxed atomics: a snapshot
+ * is not a consistent cut across fields, only each field is exact.
+ *
+ * Stripes. A block holds KVS_STATS_STRIPES rows of every field; a thread adds to the row of its
+ * stripe (picked round robin at its first update, kept for its life) and a read sums the rows,
+ * so threads updating the same counters at once do not share a cache line (two threads cycling
+ * on one store make ~20 updates a cycle each). A field's value is the sum of its row words,
+ * modulo 2^64 (a gauge's row may hold a negative delta). Stripes are still updated atomically:
+ * more threads than stripes share rows. A counter read is exact once its updates have returned,
+ * and never goes backwards between two reads. A gauge read while deltas land on several rows
+ * may be off by the deltas in flight, and is clamped at 0 (never a wrapped "negative" value).
+ * The block lives in its process only: other processes see it rendered (STATS opcode,
+ * `kvshim stats`, KVSHIM_STATS), through kvs_stats_get. */
 #ifndef KVSHIM_STATS_H
 #define KVSHIM_STATS_H
 
@@ -193,34 +204,48 @@ typedef enum kvs_stat_id {
   KVS_STAT__COUNT
 } kvs_stat_id_t;
 
+#define KVS_STATS_STRIPES 16u
+/* Words per stripe row: the fields rounded up to whole 64-byte lines, plus one line, so that no
+ * cache line holds words of two rows whatever the block's alignment (the words past the fields
+ * stay 0). */
+#define KVS_STATS_ROW_WORDS ((((unsigned)KVS_STAT__COUNT + 7u) / 8u + 1u) * 8u)
+
 /* A stats block. Versioned so a reader can tell what it holds; zero-initialise, then set
- * version/size with kvs_stats_init. The process-wide block is kvs_stats_global(). */
+ * version/size with kvs_stats_init. The process-wide block is kvs_stats_global(). Read fields
+ * with kvs_stats_get, never row by row. */
 typedef struct kvs_stats {
   uint32_t version;          /* KVS_STATS_VERSION */
   uint32_t size;             /* sizeof(kvs_stats_t) */
-  uint64_t v[KVS_STAT__COUNT];
+  uint64_t row[KVS_STATS_STRIPES][KVS_STATS_ROW_WORDS]; /* field = sum over rows (mod 2^64) */
 } kvs_stats_t;
 
 void kvs_stats_init(kvs_stats_t *st);
 kvs_stats_t *kvs_stats_global(void);
 
+/* The calling thread's stripe + 1, 0 until its first update (stats.c picks it). */
+extern __thread uint32_t kvs__stats_stripe_tls __attribute__((tls_model("initial-exec")));
+uint32_t kvs__stats_stripe_pick(void);
+static inline uint32_t kvs__stats_stripe(void) {
+  uint32_t s = kvs__stats_stripe_tls;
+  return __builtin_expect(s != 0, 1) ? s - 1 : kvs__stats_stripe_pick();
+}
+
 static inline void kvs_stats_add(kvs_stats_t *st, kvs_stat_id_t id, uint64_t n) {
-  __atomic_fetch_add(&st->v[id], n, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&st->row[kvs__stats_stripe()][id], n, __ATOMIC_RELAXED);
 }
 static inline void kvs_stats_inc(kvs_stats_t *st, kvs_stat_id_t id) { kvs_stats_add(st, id, 1); }
-static inline void kvs_stats_set(kvs_stats_t *st, kvs_stat_id_t id, uint64_t val) {
-  __atomic_store_n(&st->v[id], val, __ATOMIC_RELAXED);
-}
-static inline uint64_t kvs_stats_get(const kvs_stats_t *st, kvs_stat_id_t id) {
-  return __atomic_load_n(&st->v[id], __ATOMIC_RELAXED);
-}
+/* The field becomes val: every other row is zeroed, then row 0 written, so deltas added on other
+ * rows while it runs count as after it. For gauges (a counter is only added to). */
+void kvs_stats_set(kvs_stats_t *st, kvs_stat_id_t id, uint64_t val);
+/* The field's value: its rows summed (relaxed loads); a gauge clamped at 0. */
+uint64_t kvs_stats_get(const kvs_stats_t *st, kvs_stat_id_t id);
 
 const char *kvs_stats_name(kvs_stat_id_t id);
 const char *kvs_stats_help(kvs_stat_id_t id);
 int kvs_stats_is_gauge(kvs_stat_id_t id);
 /* Look a field up by name; returns -ENOENT when unknown. */
 int kvs_stats_find(const char *name, kvs_stat_id_t *out);
-/* Copy every field (relaxed loads) into dst. */
+/* Copy every field (kvs_stats_get) into dst, each in its row 0. */
 void kvs_stats_snapshot(const kvs_stats_t *src, kvs_stats_t *dst);
 
 /* Render into buf (always NUL-terminated when cap > 0). Return the length the full text needs

@@ -40,7 +40,18 @@
  * its mutex or not at all), and used + reserved summed over the shards equals its allocated
  * bytes whenever every lock is held. Eviction order is per shard LRU: a reservation evicts
  * the least recently used object of its own key's shard while that shard alone can cover it,
- * otherwise it takes every shard and evicts shard heads round robin.
+ * otherwise it takes every shard and evicts shard heads round robin. A reservation that the
+ * pool's room (kvs_pool_room, read without the arena mutex) cannot cover evicts without asking
+ * the pool, and a victim's extent of the same length goes to the new object without a pool
+ * call: a full cache of equal objects cycles without the mutex every shard shares. The room
+ * read under one shard may be a moment old (another shard freed meanwhile, or the pool's limit
+ * was raised): then one object more than needed is evicted; under every shard only a limit
+ * change can make it old (only the store allocates and frees in the cache arena, each under a
+ * shard lock).
+ *
+ * Sharing between threads. Besides the shards, what a call writes is its owner's record (one
+ * per 128 bytes), its domain and the stats block (striped per thread, stats.h); what every
+ * reserve reads in every domain (head_created) lies on lines of its own.
  *
  * Lists (all intrusive, by index):
  *   LRU:    per shard, its READY objects with pins == 0, least recently used at the head.
@@ -151,12 +162,14 @@ typedef struct xfer {
   uint32_t mark;        /* validator scratch */
 } xfer_t;
 
+/* One owner per 128 bytes (its own pair of cache lines): each call writes its owner's record,
+ * and owners of different threads are usually neighbours in the table. */
 typedef struct owner {
   uint64_t gen;      /* id = gen << SLOT_BITS | slot */
   uint32_t open;
   uint32_t xhead;    /* its live transfers */
   uint32_t nxfers;
-} owner_t;
+} __attribute__((aligned(128))) owner_t;
 
 /* A hash bucket: the head of its chain, and the head key's fingerprint with a bit saying
  * whether the chain holds more than the head, so that a key absent from a large table costs
@@ -173,25 +186,30 @@ typedef struct slots {
   uint32_t *stack;
 } slots_t;
 
-/* One shard (see the top of this file). Counters: written under lock with STORE/BUMP. */
+/* One shard (see the top of this file). Counters: written under lock with STORE/BUMP. The
+ * order keeps what its calls write in its first two cache lines with a 40-byte mutex (glibc
+ * x86-64): a shard used last by another thread costs two line moves, not three; only
+ * skey.stack, never written, lies beyond. */
 typedef struct shard {
   pthread_mutex_t lock;
-  slots_t sobj, skey;
   uint32_t lru_head, lru_tail;
   uint64_t lru_bytes;      /* extents of its LRU */
   uint64_t used, reserved; /* extents of its READY / WRITING objects */
   uint32_t nready, nwriting, nkeys; /* nkeys: bound entries in its buckets */
+  slots_t sobj, skey;
 } __attribute__((aligned(128))) shard_t;
 
-/* One domain (see the top of this file). */
+/* One domain (see the top of this file). head_created, which every reserve call reads in
+ * every domain (sweep_all), sits on lines of its own: the rest is written at every call. */
 typedef struct domain {
   pthread_mutex_t lock;
   slots_t sxfer, spin;
   uint32_t fifo_head, fifo_tail;
-  uint64_t head_created;   /* <= created_ms of the FIFO head; UINT64_MAX only when empty
-                            * (STORE; see fifo_pushed) */
   uint64_t epoch;          /* its reserve calls so far */
   uint32_t npins;          /* its live pins (STORE) */
+  uint64_t head_created __attribute__((aligned(128)));
+                           /* <= created_ms of the FIFO head; UINT64_MAX only when empty
+                            * (STORE; see fifo_pushed) */
 } __attribute__((aligned(128))) domain_t;
 
 struct kvs_store {
@@ -553,7 +571,13 @@ static int alloc_extent(kvs_store_t *s, uint32_t si, uint64_t nbytes, uint64_t r
                         uint64_t *ext_len) {
   shard_t *sh = &s->shards[si];
   for (;;) {
-    int rc = kvs_pool_alloc(s->pool, KVS_ARENA_CACHE, nbytes, off);
+    /* A full arena is seen without its mutex (kvs_pool_room): a full cache evicts at every
+     * reservation, and would otherwise take the mutex every shard shares only to hear
+     * -ENOSPC. A free made meanwhile by another shard's thread can cost one needless
+     * eviction (approximate order, design §4.4), never an extent the pool did not grant. */
+    int rc = -ENOSPC;
+    if (kvs_pool_room(s->pool, KVS_ARENA_CACHE) >= rounded)
+      rc = kvs_pool_alloc(s->pool, KVS_ARENA_CACHE, nbytes, off);
     if (rc == 0) {
       /* The pool hands out exactly the page-rounded length (pool.h); debug builds ask it. */
 #ifdef KVSHIM_DEBUG
@@ -818,7 +842,8 @@ static void finish(kvs_store_t *s, domain_t *dm) {
 
 /* ---- create / destroy ------------------------------------------------------------------ */
 
-static size_t table_bytes(size_t n, size_t each) { return KVS__ALIGN_UP(n * each, (size_t)64); }
+/* Tables start 128-byte aligned in the mapping (owner_t's alignment). */
+static size_t table_bytes(size_t n, size_t each) { return KVS__ALIGN_UP(n * each, (size_t)128); }
 
 static int mutex_init_adaptive(pthread_mutex_t *m) {
   /* Adaptive: a contended lock spins briefly before it sleeps. Every critical section is

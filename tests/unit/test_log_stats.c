@@ -1,6 +1,7 @@
 /* core/log and core/stats: format, levels, rate limit, cut lines; counters, INFO and JSON. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,4 +160,79 @@ Test(stats, snapshot_copies_every_field) {
   cr_expect_eq(memcmp(&st, &snap, sizeof st), 0);
   kvs_stats_inc(kvs_stats_global(), KVS_STAT_hook_calls);
   cr_expect_geq(kvs_stats_get(kvs_stats_global(), KVS_STAT_hook_calls), 1);
+}
+
+/* Striped counters: threads updating the same fields at once each add to a row of their own,
+ * and a read sums the rows exactly. */
+#define STRIPE_THREADS 4
+#define STRIPE_ADDS 200000u
+
+typedef struct striper {
+  kvs_stats_t *st;
+  pthread_barrier_t *go;
+  uint32_t stripe;
+} striper_t;
+
+static void *stripe_main(void *arg) {
+  striper_t *t = arg;
+  pthread_barrier_wait(t->go);
+  for (uint32_t i = 0; i < STRIPE_ADDS; i++) {
+    kvs_stats_inc(t->st, KVS_STAT_store_commits);
+    kvs_stats_add(t->st, KVS_STAT_store_evicted_bytes, 4096);
+    kvs_stats_add(t->st, KVS_STAT_store_used_bytes, 3);             /* a gauge up ... */
+    kvs_stats_add(t->st, KVS_STAT_store_used_bytes, (uint64_t)-2);  /* ... and down */
+  }
+  t->stripe = kvs__stats_stripe();
+  return NULL;
+}
+
+Test(stats, striped_counters_sum_exactly_across_threads, .timeout = 60) {
+  static kvs_stats_t st;
+  kvs_stats_init(&st);
+  kvs_stats_set(&st, KVS_STAT_store_used_bytes, 1000);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, STRIPE_THREADS);
+  pthread_t th[STRIPE_THREADS];
+  striper_t t[STRIPE_THREADS];
+  for (int i = 0; i < STRIPE_THREADS; i++) {
+    t[i] = (striper_t){&st, &go, UINT32_MAX};
+    cr_assert_eq(pthread_create(&th[i], NULL, stripe_main, &t[i]), 0);
+  }
+  for (int i = 0; i < STRIPE_THREADS; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&go);
+  uint64_t n = (uint64_t)STRIPE_THREADS * STRIPE_ADDS;
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_commits), n);
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_evicted_bytes), 4096 * n);
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_used_bytes), 1000 + n);
+  /* each thread had a stripe of its own (fewer threads than stripes), and its row holds
+   * exactly its own additions */
+  for (int i = 0; i < STRIPE_THREADS; i++) {
+    cr_assert_lt(t[i].stripe, KVS_STATS_STRIPES);
+    for (int j = 0; j < i; j++) cr_expect_neq(t[i].stripe, t[j].stripe, "threads %d, %d", i, j);
+    cr_expect_eq(st.row[t[i].stripe][KVS_STAT_store_commits], STRIPE_ADDS);
+  }
+  /* the text renders the sums */
+  char buf[16384];
+  cr_assert_lt(kvs_stats_render_info(&st, buf, sizeof buf), sizeof buf);
+  char want[64];
+  snprintf(want, sizeof want, "\r\nstore_commits:%llu\r\n", (unsigned long long)n);
+  cr_expect_not_null(strstr(buf, want), "%s", want);
+}
+
+Test(stats, set_replaces_every_row_and_a_gauge_never_reads_negative) {
+  static kvs_stats_t st;
+  kvs_stats_init(&st);
+  kvs_stats_add(&st, KVS_STAT_store_keys, 7);
+  st.row[KVS_STATS_STRIPES - 1][KVS_STAT_store_keys] = 5; /* as another thread's row */
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_keys), 12);
+  kvs_stats_set(&st, KVS_STAT_store_keys, 3);
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_keys), 3);
+  kvs_stats_add(&st, KVS_STAT_store_keys, (uint64_t)-4); /* a delta ahead of its +1 */
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_keys), 0, "a gauge is clamped at 0");
+  kvs_stats_inc(&st, KVS_STAT_store_keys);
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_keys), 0);
+  kvs_stats_inc(&st, KVS_STAT_store_keys);
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_keys), 1);
+  kvs_stats_add(&st, KVS_STAT_store_commits, (uint64_t)-1); /* a counter is never clamped */
+  cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_commits), UINT64_MAX);
 }

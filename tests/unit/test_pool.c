@@ -365,6 +365,40 @@ Test(pool, exhaustion_then_free_makes_room, .timeout = 30) {
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
 }
 
+/* kvs_pool_room: usable less allocated, read without the mutex; exact with one thread, and a
+ * request larger than it is refused. */
+Test(pool, room_is_usable_less_allocated, .timeout = 30) {
+  kvs_pool_t *p = make_pool(16 * PG, 4 * PG);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 16 * PG);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_HOST), 4 * PG);
+  uint64_t a, b, h;
+  cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, 3 * PG - 1, &a), 0); /* rounded: 3 pages */
+  cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, PG, &b), 0);
+  cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_HOST, PG, &h), 0);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 12 * PG);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_HOST), 3 * PG);
+  uint64_t off;
+  cr_expect_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, 13 * PG, &off), -ENOSPC);
+  /* the limit bounds it, and a limit below what is allocated leaves none */
+  cr_assert_eq(kvs_pool_set_limit(p, 6 * PG), 0);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 2 * PG);
+  cr_expect_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, 3 * PG, &off), -ENOSPC);
+  cr_assert_eq(kvs_pool_set_limit(p, 2 * PG), 0);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 0);
+  cr_assert_eq(kvs_pool_set_limit(p, 0), 0);
+  cr_assert_eq(kvs_pool_free(p, KVS_ARENA_CACHE, a), (int64_t)(3 * PG));
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 15 * PG);
+  cr_assert_eq(kvs_pool_free(p, KVS_ARENA_CACHE, b), (int64_t)PG);
+  cr_assert_eq(kvs_pool_free(p, KVS_ARENA_HOST, h), (int64_t)PG);
+  cr_expect_eq(kvs_pool_room(p, KVS_ARENA_CACHE), 16 * PG);
+  cr_expect_eq(kvs_pool_room(NULL, KVS_ARENA_CACHE), 0);
+  kvs_pool_t *q = NULL;
+  cr_assert_eq(kvs_pool_attach(kvs_pool_fd(p), false, &q), 0);
+  cr_expect_eq(kvs_pool_room(q, KVS_ARENA_CACHE), 0, "an attached pool allocates nothing");
+  cr_expect_eq(kvs_pool_destroy(q, false), 0);
+  cr_expect_eq(kvs_pool_destroy(p, false), 0);
+}
+
 Test(pool, coalescing_in_every_order, .timeout = 30) {
   static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
   const uint64_t sizes[3] = {3, 1, 5}; /* pages */
