@@ -16,7 +16,7 @@
 
 _Static_assert(KVS__CACHE_MISS == (int)KVS_FETCH_MISS && KVS__CACHE_LOCAL == (int)KVS_FETCH_LOCAL &&
                    KVS__CACHE_COPIED == (int)KVS_FETCH_COPIED,
-               "fetch statuses are core/peer.h's");
+               "fetch statuses are core/wire/peer.h's");
 
 static inline void count(kvs_stat_id_t id) { kvs_stats_inc(kvs_stats_global(), id); }
 

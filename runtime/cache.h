@@ -148,7 +148,7 @@ void kvs__cache_unpin(kvs__runtime_t *rt, kvs_key_t key, kvs__cache_ref_t ref, b
 int kvs__cache_read_cache_peer(kvs__runtime_t *rt, const kvs_key_t *keys, size_t n,
                                kvs__cache_sink_fn sink, void *ctx);
 
-/* What became of a fetch (values pinned to core/peer.h's kvs_fetch_status_t). */
+/* What became of a fetch (values pinned to core/wire/peer.h's kvs_fetch_status_t). */
 enum { KVS__CACHE_MISS = 0, KVS__CACHE_LOCAL = 1, KVS__CACHE_COPIED = 2 };
 
 /* A peer's object fetched into a local extent, written but not yet visible. */

@@ -4,7 +4,7 @@
  * the peer client's table: a forced scan at once (the cold start's dials run beside the
  * engine's own start, not inside its first lookup), then one rate-limited scan every
  * KVS__DISCOVERY_TICK_MS (a scan costs one stat() of the group directory unless a socket came or
- * went, or 200 ms passed). The queries of core/peer.h and the cache facade never scan.
+ * went, or 200 ms passed). The queries of core/wire/peer.h and the cache facade never scan.
  *
  * Adopting a cache peer is one event, run after each scan on this thread: the own pool is
  * sized lean or full (kvs__runtime_cache_peer) and the cache peer's pool mapping is registered

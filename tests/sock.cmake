@@ -1,2 +1,2 @@
-# core/sock unit test (included by tests/CMakeLists.txt).
+# core/wire/sock unit test (included by tests/CMakeLists.txt).
 kvs_unit_test(test_sock)

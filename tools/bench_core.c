@@ -306,7 +306,7 @@ static uint64_t resident_bytes(void) {
 }
 
 /* A buffer of `bytes`, mapped as the 1M-object store's tables are (anonymous, lazily backed,
- * in transparent huge pages: core/store.c asks for them from 256 MiB of tables), whose cache
+ * in transparent huge pages: core/memory/store.c asks for them from 256 MiB of tables), whose cache
  * lines form one random cycle: each line holds the address of the next. */
 typedef struct chase {
   void *map;

@@ -1,4 +1,4 @@
-/* kvshim-bench-disk: the disk tier of `kvshim serve` (core/disk, design §18), each figure
+/* kvshim-bench-disk: the disk tier of `kvshim serve` (core/tiers/disk, design §18), each figure
  * printed next to its limit measured in the same run on the same file system (design §16;
  * never run by ctest).
  *

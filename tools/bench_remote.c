@@ -1,4 +1,4 @@
-/* kvshim-bench-remote: the remote tier (core/remote, design §17) against a local Redis, each
+/* kvshim-bench-remote: the remote tier (core/tiers/remote, design §17) against a local Redis, each
  * figure printed next to its limit measured in the same run (design §16; never run by ctest).
  *
  *   object SET / GET   through the tier vs raw pipelined hiredis of the same sizes (256 KiB,

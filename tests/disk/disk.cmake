@@ -1,4 +1,4 @@
-# tests/disk/disk.cmake: the disk tier of `kvshim serve` (core/disk.c, design §18).
+# tests/disk/disk.cmake: the disk tier of `kvshim serve` (core/tiers/disk.c, design §18).
 # disk_test.py runs one case per test, each with its own run directory and disk directory:
 # restart survival (blobs, refengine's kvo chunks), a torn write, flipped bytes, ENOSPC (a 4 MiB
 # tmpfs) and a read-only DIR (both in a private mount namespace, skipped without one), a DIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The disk tier of `kvshim serve` (core/disk.c, design §18): one case per test.
+"""The disk tier of `kvshim serve` (core/tiers/disk.c, design §18): one case per test.
 
 Each case starts `kvshim serve --disk DIR` processes in its own run directory, stores blobs
 through `kvshim put` (or refengine's kvo chunks), kills or stops serve, damages DIR where the
@@ -34,7 +34,7 @@ def payload(n, seed):
 
 
 def payload_off(n_aliases=0):
-    """Where a version 2 record's payload starts: the head padded to ALIGN (core/disk_format.h)."""
+    """Where a version 2 record's payload starts: the head padded to ALIGN (core/tiers/disk_format.h)."""
     return (HDR + 16 * n_aliases + ALIGN - 1) // ALIGN * ALIGN
 
 

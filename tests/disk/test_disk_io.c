@@ -1,4 +1,4 @@
-/* The disk tier's record versions and its I/O (core/disk.c, core/disk_format.c, design §18),
+/* The disk tier's record versions and its I/O (core/tiers/disk.c, core/tiers/disk_format.c, design §18),
  * in process: a pool, a store and the tier on a directory under /var/tmp (TMPDIR if set), the
  * coordinator's hooks called directly.
  *

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the disk tier's record parser and segment walker (core/disk_format:
+/* libFuzzer harness for the disk tier's record parser and segment walker (core/tiers/disk_format:
  * headers, aliases, resynchronisation after a bad stretch, torn tails; design §18).
  *
  * Input: a segment image. Properties (abort() = a finding):

@@ -1,4 +1,4 @@
-/* libFuzzer harness for core/proto: the frame header and every message decoder.
+/* libFuzzer harness for core/wire/proto: the frame header and every message decoder.
  *
  * The input is tried as a frame (24-byte header + payload: the payload goes to every decoder)
  * and as a bare payload. Whatever decodes must re-encode to exactly the same bytes (the encoding

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the tensor descriptor decoder (core/tensor, design §8, §15).
+/* libFuzzer harness for the tensor descriptor decoder (core/wire/tensor, design §8, §15).
  *
  * Properties checked on every input (abort() = a finding):
  *   - decode either succeeds or returns one of the documented codes with a message;

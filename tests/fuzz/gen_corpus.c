@@ -2,7 +2,7 @@
  * kind, each a few hundred bytes at most. Not part of the build; run by hand when the protocol
  * changes:
  *
- *   cc -std=c11 -D_GNU_SOURCE -Icore tests/fuzz/gen_corpus.c core/proto.c -o /tmp/gen_corpus
+ *   cc -std=c11 -D_GNU_SOURCE -Icore tests/fuzz/gen_corpus.c core/wire/proto.c -o /tmp/gen_corpus
  *   /tmp/gen_corpus tests/fuzz/corpus/fuzz_proto
  *
  * Deterministic: the same files every run. */

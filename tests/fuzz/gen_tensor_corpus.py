@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the seed corpus of fuzz_tensor: tensor descriptor encodings, version 1.
 
-The layout is built here from the description in core/tensor.h, independently of tensor.c
+The layout is built here from the description in core/wire/tensor.h, independently of tensor.c
 (python3 standard library only), so the seeds also cross-check the encoder:
 
     u8 kind | u8 version | u16 body_len
@@ -24,7 +24,7 @@ import struct
 import sys
 
 KIND_CPU, KIND_IPC, KIND_VMM = 1, 2, 3
-DTYPE_SIZE = [1, 2, 2, 4, 1, 1, 1, 4]  # U8 F16 BF16 F32 F8E4M3 F8E5M2 I8 I32 (core/store.h)
+DTYPE_SIZE = [1, 2, 2, 4, 1, 1, 1, 4]  # U8 F16 BF16 F32 F8E4M3 F8E5M2 I8 I32 (core/memory/store.h)
 
 
 def span_bytes(dtype, shape, stride, storage_offset):

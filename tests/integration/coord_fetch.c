@@ -1,4 +1,4 @@
-/* kvs_peers_fetch (core/peer.h): a peer's objects copied into local reservations, left for the
+/* kvs_peers_fetch (core/wire/peer.h): a peer's objects copied into local reservations, left for the
  * caller to verify and commit or abort. A server S holds the objects; a second in-process store
  * L is the fetching process's local store (the peers' config `local`). Both strategies. */
 #include <criterion/criterion.h>

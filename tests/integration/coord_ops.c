@@ -712,7 +712,7 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
   for (int i = 0; i < N; i++) free(bufs[i]);
 }
 
-/* The queries are pure (core/peer.h, design §3.8): with a server listening but no discovery
+/* The queries are pure (core/wire/peer.h, design §3.8): with a server listening but no discovery
  * run, lookup, retrieve and store find no peer, and none of them dials one (the table stays
  * empty). The first discovery then finds it, and the same calls reach it. */
 Test(ops, peers_queries_never_discover, T_TIMEOUT) {

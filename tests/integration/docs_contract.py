@@ -9,7 +9,7 @@ are written once in the code (X-macros) and reach users through the kvshim binar
   stats     docs/reference.md's "Every counter" table against `kvshim stats --prometheus`,
             --json and the INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names,
             order, kind, meaning; every counter named elsewhere in the docs exists
-  protocol  docs/protocol.md's opcode, error code and caps tables against core/proto.h
+  protocol  docs/protocol.md's opcode, error code and caps tables against core/wire/proto.h
             (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*); the message schema
             (KVS_PROTO_REQUESTS, KVS_PROTO_FIELDS_*): every request opcode has a handler row,
             and each flat payload's size formula and field order are those of section 4
@@ -235,7 +235,7 @@ def case_stats(ctx):
 
 def case_protocol(ctx):
     doc = read(ctx, "docs/protocol.md")
-    hdr = read(ctx, "core/proto.h")
+    hdr = read(ctx, "core/wire/proto.h")
     ops = re.findall(r"X\((\w+), (\d+), \"\w+\"\)", hdr[hdr.index("KVS_PROTO_OPCODES(X)"):])
     doc_ops = [(c[1], c[0]) for c in table(section(doc, "3. Opcodes"))]
     check(sorted((n, int(v)) for n, v in ops) == sorted((n, int(v)) for n, v in doc_ops),
@@ -260,7 +260,7 @@ def case_protocol(ctx):
     schema(doc, hdr, ops)
 
 
-# The flat payloads of core/proto.h: where section 4 describes each (subsection, the words
+# The flat payloads of core/wire/proto.h: where section 4 describes each (subsection, the words
 # before its byte count, or None for the subsection's heading) and the byte size of the
 # elements of its arrays (the structs' element types: key 16, slot 24, bytes 1).
 PAYLOAD_DOCS = {

@@ -1,6 +1,6 @@
 /* soak_client: an engine-like peer for scripts/soak. It stores, looks up and retrieves objects
  * in the group's `kvshim serve` (found by discovery: KVSHIM_RUN_DIR, KVSHIM_GROUP), through
- * kvshim's own peer client (core/peer), until it is killed or --seconds runs out.
+ * kvshim's own peer client (core/wire/peer), until it is killed or --seconds runs out.
  *
  * Every object's size and bytes are a function of its key (pat_fill), so every retrieved byte
  * is checked (pat_check) without remembering what was stored: a byte that differs is a

@@ -1,4 +1,4 @@
-# Redis client tests (core/redis, design §17), ctest label "remote". Included from
+# Redis client tests (core/tiers/redis, design §17), ctest label "remote". Included from
 # tests/CMakeLists.txt. The servers are real (Debian redis-server / redis-cli, started on free
 # loopback ports by tests/remote/servers.py); without them the server cases are not registered.
 set(kvs_redis_dir ${CMAKE_CURRENT_SOURCE_DIR}/remote)

@@ -1,4 +1,4 @@
-# tests/remote/remote.cmake: the remote tier (core/remote.c, design §17) against real Redis
+# tests/remote/remote.cmake: the remote tier (core/tiers/remote.c, design §17) against real Redis
 # servers that tests/remote/servers.py starts on free loopback ports (Debian's redis-server and
 # redis-tools, scripts/lib.sh). remote_test.py runs one case per test; each case starts its own
 # servers and `kvshim serve` nodes (separate KVSHIM_RUN_DIRs) and stops them. Label: remote.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest driver for the remote tier (core/remote.c, design §17): `kvshim serve --remote` on a
+"""ctest driver for the remote tier (core/tiers/remote.c, design §17): `kvshim serve --remote` on a
 real redis-server (or a 6-node Redis Cluster) started on free loopback ports by servers.py.
 
 usage: remote_test.py CASE --cli KVSHIM [--engine REFENGINE --preload LIBKVSHIM]
@@ -49,7 +49,7 @@ from harness import Context, Failure, check  # noqa: E402
 import harness  # noqa: E402
 
 
-HDR = 128           # value header bytes (core/remote.h)
+HDR = 128           # value header bytes (core/tiers/remote.h)
 MAGIC = 0x5253564B  # "KVSR"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest driver for core/redis (the Redis client of the remote tier, design §17) against real
+"""ctest driver for core/tiers/redis (the Redis client of the remote tier, design §17) against real
 servers started by servers.py on free loopback ports.
 
 usage: test_redis.py CASE --probe TEST_REDIS_PROBE       (test_redis.py --list: the cases)

@@ -1,4 +1,4 @@
-/* core/redis without a server: URL parsing (good and bad, the password never in an error) and
+/* core/tiers/redis without a server: URL parsing (good and bad, the password never in an error) and
  * key slots. Slot values are what `redis-cli CLUSTER KEYSLOT` answers on Redis 7.0 (the
  * cluster-roundtrip case of test_redis.py compares many more against a live server). */
 #include <criterion/criterion.h>

@@ -3,7 +3,7 @@
  * exit 0 when all pass, 1 otherwise.
  *
  *   parts-sizes    SET k <128-byte header + payload> for payloads around the 4 KiB boundary
- *                  (where core/redis switches from copying to sending from the caller's memory)
+ *                  (where core/tiers/redis switches from copying to sending from the caller's memory)
  *                  and 9 MiB, all in one pipeline: GET returns the concatenation byte for byte
  *   parts-many     one value in five parts (empty, small, large, small, large) and a plain
  *                  command in the same pipeline

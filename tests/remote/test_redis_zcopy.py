@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest driver for test_redis_zcopy (core/redis arguments given in parts, and replies received
+"""ctest driver for test_redis_zcopy (core/tiers/redis arguments given in parts, and replies received
 into the caller's buffer) against a real redis-server that servers.py starts on a free loopback
 port and stops.
 

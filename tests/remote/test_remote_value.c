@@ -1,4 +1,4 @@
-/* The remote tier's value format (core/remote.h): a value checks only when every header field
+/* The remote tier's value format (core/tiers/remote.h): a value checks only when every header field
  * agrees with the key it is stored under and with its payload; any other byte string is refused
  * (the tier then misses, deletes and counts it). */
 #include <criterion/criterion.h>

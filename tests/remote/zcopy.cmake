@@ -1,4 +1,4 @@
-# Redis client without staging copies (core/redis, issue 12 item 3), ctest label "remote":
+# Redis client without staging copies (core/tiers/redis, issue 12 item 3), ctest label "remote":
 # arguments given in parts, against a real redis-server (servers.py, free loopback port).
 add_executable(test_redis_zcopy ${CMAKE_CURRENT_SOURCE_DIR}/remote/test_redis_zcopy.c)
 target_link_libraries(test_redis_zcopy PRIVATE kvshim_core kvshim_flags Threads::Threads)

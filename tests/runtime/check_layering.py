@@ -4,6 +4,10 @@ pool or peer client, calls them, or reaches the runtime's store, pool, peers, on
 keep-behind directly; the tiers are runtime/cache.h's. (shims/cuda's pool use for pinned host
 memory is memory, not a cache tier: the pool rules do not apply under shims/cuda.)
 
+core/'s layers include one way (design §2): core/ (the base), core/memory/, core/wire/,
+core/tiers/, each including only headers of its own layer and of those before it (kvshim.h,
+the umbrella header for tools, excepted).
+
 Two rules of the library as a whole (core/, runtime/, shims/, preload/; design §3.8, §19):
 discovery runs only on the runtime's watcher (no file but runtime/discovery.c calls
 kvs_peers_discover or kvs_peers_pin_cache outside core/), and threads are started and their
@@ -18,7 +22,8 @@ import re
 import sys
 
 RULES = [
-    (re.compile(r'#\s*include\s*["<](store|peer)\.h[">]'), "includes core/store.h or core/peer.h"),
+    (re.compile(r'#\s*include\s*["<](store|peer)\.h[">]'),
+     "includes core/memory/store.h or core/wire/peer.h"),
     (re.compile(r'\bkvs_(store|peers)_\w+\s*\('), "calls the store or the peer client"),
     (re.compile(r'\bkvs__runtime_(cache_peer|keep|keep_release)\s*\('),
      "runs one-copy mode or keep-behind itself"),
@@ -34,7 +39,7 @@ THREAD_RULES = [  # the library but core/prim.c
      "changes a thread's priority past core/prim.h"),
 ]
 POOL_RULES = [  # everywhere but shims/cuda
-    (re.compile(r'#\s*include\s*["<]pool\.h[">]'), "includes core/pool.h"),
+    (re.compile(r'#\s*include\s*["<]pool\.h[">]'), "includes core/memory/pool.h"),
     (re.compile(r'\bkvs_pool_\w+\s*\('), "calls the pool"),
     (re.compile(r'->\s*pool\b'), "reaches the runtime's pool"),
 ]
@@ -53,6 +58,28 @@ def scan(root, files, rules_of, text_of, why_suffix):
             hit = next((why for rule, why in rules if rule.search(text_of(line))), None)
             if hit:
                 print(f"{f.relative_to(root).as_posix()}:{n}: {hit}{why_suffix}: {line.strip()}")
+                bad += 1
+    return bad
+
+
+CORE_LAYERS = ("", "memory", "wire", "tiers")  # core/<layer>/, in include order
+
+
+def core_layers(root):
+    """Print every #include in core/ of a header of a later layer; the count."""
+    layer_of = {h.name: CORE_LAYERS.index(h.parent.name if h.parent.name != "core" else "")
+                for h in (root / "core").rglob("*.h")}
+    bad = 0
+    for f in sources(root, "core"):
+        if f.name == "kvshim.h":
+            continue
+        mine = CORE_LAYERS.index(f.parent.name if f.parent.name != "core" else "")
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+            if m and layer_of.get(m.group(1), 0) > mine:
+                print(f"{f.relative_to(root).as_posix()}:{n}: core/{CORE_LAYERS[mine] or '.'} "
+                      f"includes a header of core/{CORE_LAYERS[layer_of[m.group(1)]]}: "
+                      f"{line.strip()}")
                 bad += 1
     return bad
 
@@ -79,14 +106,20 @@ def main(argv):
             rules += DISCOVERY_RULES
         return rules
 
+    bad = core_layers(root)
+    if bad:
+        print(f"check_layering: {bad} include(s) in core/ run against its layers", file=sys.stderr)
+        return 1
+
     lib = sources(root, "core", "runtime", "shims", "preload")
     bad = scan(root, lib, lib_rules, code_of, "")
     if bad:
         print(f"check_layering: {bad} line(s) break the discovery or thread rule", file=sys.stderr)
         return 1
     print(f"check_layering: {len(files)} files under shims/ reach the tiers only through "
-          f"runtime/cache.h; of {len(lib)} library files only runtime/discovery.c discovers and "
-          "only core/prim.c starts threads or changes priorities")
+          f"runtime/cache.h; core/'s layers include one way; of {len(lib)} library files only "
+          "runtime/discovery.c discovers and only core/prim.c starts threads or changes "
+          "priorities")
     return 0
 
 

@@ -1,4 +1,4 @@
-/* core/keys: known answers, determinism across processes, namespace sensitivity, partial chunks.
+/* core/memory/keys: known answers, determinism across processes, namespace sensitivity, partial chunks.
  *
  * The known-answer vectors were computed independently of keys.c, by a Python script that
  * builds the version-1 namespace record byte by byte (see keys.c) and hashes it with

@@ -1,4 +1,4 @@
-/* core/pool: segment layout and header, attach and its validation, the allocator against a
+/* core/memory/pool: segment layout and header, attach and its validation, the allocator against a
  * reference model, coalescing, bad frees, exhaustion, arenas, cross-process sharing over
  * SCM_RIGHTS, read-only mappings, destroy with live extents, huge pages, prefault, named pools. */
 #include <criterion/criterion.h>

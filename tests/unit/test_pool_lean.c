@@ -1,4 +1,4 @@
-/* core/pool: the lean engine pool (issue 13, design §5): the usable-size limit of the cache
+/* core/memory/pool: the lean engine pool (issue 13, design §5): the usable-size limit of the cache
  * arena (kvs_pool_set_limit) and the step-ahead prefault (kvs_pool_prefault_ahead). */
 #include <criterion/criterion.h>
 #include <errno.h>

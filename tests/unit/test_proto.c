@@ -1,4 +1,4 @@
-/* Unit tests for core/proto: the wire codec (docs/protocol.md). */
+/* Unit tests for core/wire/proto: the wire codec (docs/protocol.md). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* Unit tests of core/sock's stale-socket rule: a socket file whose connect is refused is
+/* Unit tests of core/wire/sock's stale-socket rule: a socket file whose connect is refused is
  * removed only when no live socket is bound to it (a process binds before it listens, and a
  * connect in between is refused too); anything that is not a socket is never removed. */
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* Unit tests for core/store (design §4): every state transition, leases, eviction, aliases,
+/* Unit tests for core/memory/store (design §4): every state transition, leases, eviction, aliases,
  * bad input. Each test checks kvs__store_is_valid after every operation. */
 #include <criterion/criterion.h>
 #include <errno.h>

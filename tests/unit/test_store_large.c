@@ -1,4 +1,4 @@
-/* Unit tests for a "large" core/store (tables of 64 MiB and more, core/store.c): such a store
+/* Unit tests for a "large" core/memory/store (tables of 64 MiB and more, core/memory/store.c): such a store
  * prefetches the next victims' records at each eviction (reading the next victim's bucket) and
  * the keys' buckets before taking the lock. Prefetching must not change what is evicted: these
  * tests run a full cache of such a store against a model of its LRU order (store.h:

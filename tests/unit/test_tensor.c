@@ -1,4 +1,4 @@
-/* core/tensor: descriptor encoding (round trips, a hand-assembled golden encoding, every
+/* core/wire/tensor: descriptor encoding (round trips, a hand-assembled golden encoding, every
  * rejection with its code and message), equality field by field, opening CPU_SHM in a child
  * that received the pool fd over SCM_RIGHTS, the accelerator ops table, the registry (overlap,
  * ranges across allocations, non-exportable records, a randomised run against a reference

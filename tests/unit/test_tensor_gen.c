@@ -1,4 +1,4 @@
-/* core/tensor: the CUDA_IPC generation (issue 14 item 3): an optional u64 after alloc_len,
+/* core/wire/tensor: the CUDA_IPC generation (issue 14 item 3): an optional u64 after alloc_len,
  * present exactly when non-zero; round trips, equality, the registry's descriptors, and the
  * refusal of a zero generation on the wire (trailing bytes). */
 #include <criterion/criterion.h>

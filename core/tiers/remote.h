@@ -1,11 +1,11 @@
-/* kvshim remote: the remote tier of `kvshim serve` (design §17) over core/redis.
+/* kvshim remote: the remote tier of `kvshim serve` (design §17) over core/tiers/redis.
  *
  * Only `kvshim serve` creates one; engines never talk to the network. It plugs into the
  * coordinator through kvs_coord_remote_t (coord.h):
  *   write path  every object a peer commits to serve is pinned (under the tier's own store
  *               owner) and queued; I/O threads write it behind with pipelined
  *               `SET kvshim:v1:<32 hex key> <value> NX PX <KVSHIM_REMOTE_TTL>`, the value given
- *               to core/redis in two parts (header from a small buffer, payload straight from
+ *               to core/tiers/redis in two parts (header from a small buffer, payload straight from
  *               the pinned extent: no staging copy), then unpin. A full queue
  *               (KVSHIM_REMOTE_QUEUE objects) drops and counts.
  *   read path   a LOOKUP with remote_wait_ms > 0 that the pool cannot answer whole is handed to
@@ -26,7 +26,7 @@
  * check (length, magic, version, kind, key, hash, layout) is a miss, is DELeted and counted
  * (remote_bad_values); none of its bytes reaches the pool.
  *
- * Faults: every call has the KVSHIM_REMOTE_TIMEOUT_MS deadline (core/redis). Three failures
+ * Faults: every call has the KVSHIM_REMOTE_TIMEOUT_MS deadline (core/tiers/redis). Three failures
  * in a row open a circuit breaker: for a back-off (500 ms doubling to 30 s) the tier is skipped
  * (lookups answered from the pool, writes dropped and counted), then one call probes it. Each
  * thread's connection is re-dialled only when the breaker lets a call through.

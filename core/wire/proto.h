@@ -541,7 +541,7 @@ typedef struct kvs_proto_export {
   uint64_t length;
 } kvs_proto_export_t;
 
-/* One opaque tensor descriptor (core/tensor's encoding), 1..KVS_PROTO_MAX_DESC_BYTES bytes.
+/* One opaque tensor descriptor (core/wire/tensor's encoding), 1..KVS_PROTO_MAX_DESC_BYTES bytes.
  * Not aligned: read it with memcpy-based decoding. */
 typedef struct kvs_proto_blob {
   uint32_t len;
@@ -599,7 +599,7 @@ typedef struct kvs_proto_watch_reply {
  * handler and its request payload (kvs_proto_<request>_t, kvs_proto_<request>_decode). The
  * coordinator's dispatch and the opening of every handler (decode the payload; a malformed one
  * is answered ERROR with "bad <OPCODE>" and the connection is closed) are generated from it
- * (core/coord.c); a handler starts with a decoded request. ERROR is a reply only.
+ * (core/wire/coord.c); a handler starts with a decoded request. ERROR is a reply only.
  *
  * KVS_PROTO_FLAT(X): X(payload): the payloads whose bytes are a flat list of fields, each with
  * its field list KVS_PROTO_FIELDS_<payload>(F) in wire order. proto.c generates their encode
