@@ -195,7 +195,10 @@ extern "C" {
   X(llama_chunks_tails, C,                                                                    \
     "llama chunk storage: short chunks stored of the canonical tokens past a snapshot's whole chunks") \
   X(llama_chunks_tail_tokens, C,                                                              \
-    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)")
+    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)") \
+  X(disk_reads_direct, C, "disk tier: payloads of 1 MiB or more read with O_DIRECT (measured faster)") \
+  X(disk_reads_buffered, C,                                                                   \
+    "disk tier: payloads of 1 MiB or more read buffered (measured faster, or a probe)")
 
 typedef enum kvs_stat_id {
 #define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,

@@ -100,6 +100,10 @@ struct kvs_disk {
   /* O_DIRECT for version 2 payloads: cleared for good by the first EINVAL (a file system or
    * device whose alignment is above KVS_DISK_ALIGN), then every transfer is buffered. */
   _Atomic bool direct;
+  /* Reader thread only: per method (0 O_DIRECT, 1 buffered) the moving average of ns per MiB
+   * of large payload reads (0: none yet), and the large reads so far (kvs_disk_pick_direct). */
+  uint64_t read_ns_mib[2];
+  uint32_t large_reads;
   /* Index and segments: guarded by lock (never held during a payload read or write). */
   pthread_mutex_t lock;
   entry_t *tab;
@@ -130,6 +134,13 @@ struct kvs_disk {
 };
 
 /* ---- I/O helpers --------------------------------------------------------------------------- */
+
+bool kvs_disk_pick_direct(uint64_t direct_ns_mib, uint64_t buffered_ns_mib, uint32_t n) {
+  if (!direct_ns_mib) return true;
+  if (!buffered_ns_mib) return false;
+  bool faster = direct_ns_mib <= buffered_ns_mib;
+  return n % KVS_DISK_PROBE_EVERY == KVS_DISK_PROBE_EVERY - 1 ? !faster : faster;
+}
 
 static int pread_all(int fd, void *buf, size_t len, uint64_t off) {
   uint8_t *p = buf;
@@ -179,6 +190,29 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off) {
     if (n > 0) iov->iov_base = (uint8_t *)iov->iov_base + w, iov->iov_len -= (size_t)w;
   }
   return 0;
+}
+
+/* The payload of a version 2 record (len bytes at off, dst aligned) by the method measured
+ * faster (kvs_disk_pick_direct): O_DIRECT through dfd, or buffered through fd, its page-cache
+ * pages then dropped (the pool holds the copy). A large read is timed into the method's
+ * average and counted. 0 or a negative errno (-EINVAL from O_DIRECT: the caller turns it off
+ * and reads buffered). */
+static int read_payload(kvs_disk_t *d, const seg_t *s, uint8_t *dst, size_t len, uint64_t off,
+                        uint8_t *bounce) {
+  bool large = len >= KVS_DISK_MEASURED_READ;
+  bool direct = !large || kvs_disk_pick_direct(d->read_ns_mib[0], d->read_ns_mib[1],
+                                               d->large_reads);
+  uint64_t t0 = kvs__now_ns();
+  int rc = direct ? pread_direct(s->dfd, dst, len, off, bounce) : pread_all(s->fd, dst, len, off);
+  if (rc == 0 && !direct) posix_fadvise(s->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+  if (rc == 0 && large) {
+    uint64_t ns_mib = (kvs__now_ns() - t0) * (1ull << 20) / len + 1;
+    uint64_t *avg = &d->read_ns_mib[direct ? 0 : 1];
+    *avg = *avg ? (*avg * 3 + ns_mib) / 4 : ns_mib;
+    d->large_reads++;
+    kvs_stats_inc(d->stats, direct ? KVS_STAT_disk_reads_direct : KVS_STAT_disk_reads_buffered);
+  }
+  return rc;
 }
 
 /* The segment's O_DIRECT descriptor, or -1 (direct I/O off, or refused by the file system). */
@@ -645,8 +679,7 @@ static int read_one(kvs_disk_t *d, kvs_key_t key) {
         memcpy(dst, first + rec.payload_off, (size_t)rec.payload_len), rc = 0;
       else
         rc = direct && (uintptr_t)dst % KVS_DISK_ALIGN == 0
-               ? pread_direct(s->dfd, dst, (size_t)rec.payload_len, off + rec.payload_off,
-                              bounce)
+               ? read_payload(d, s, dst, (size_t)rec.payload_len, off + rec.payload_off, bounce)
                : -EINVAL;
       if (!in_head && rc == -EINVAL) {
         if (direct && (uintptr_t)dst % KVS_DISK_ALIGN == 0) direct_off(d);

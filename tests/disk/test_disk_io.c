@@ -92,19 +92,23 @@ static const size_t sizes[N_OBJ] = {300, 512, 4096 + 1, 100000, (2u << 20) + 777
 static kvs_key_t key_of(int i) { return (kvs_key_t){0x1000u + (uint64_t)i, 77}; }
 static kvs_key_t alias_of(int i, int a) { return (kvs_key_t){0x2000u + (uint64_t)i, (uint64_t)a}; }
 
-/* Commit object i (its keys: primary, then 2 aliases for i == 2) and hand it to the tier. */
-static void commit_and_publish(rig_t *r, int i, const uint8_t *bytes) {
-  kvs_key_t keys[3] = {key_of(i), alias_of(i, 1), alias_of(i, 2)};
-  size_t nk = i == 2 ? 3 : 1;
-  kvs_layout_t l = kvs_layout_blob(sizes[i]);
+/* Commit an object of len bytes under keys[0 .. nk) and hand it to the tier. */
+static void publish(rig_t *r, const kvs_key_t *keys, size_t nk, const uint8_t *bytes, size_t len) {
+  kvs_layout_t l = kvs_layout_blob(len);
   uint8_t outcome;
   kvs_extent_t ext;
   kvs_xfer_t x;
   cr_assert_eq(kvs_store_reserve_object(r->store, KVS_OWNER_LOCAL, keys, nk, &l, 0, &outcome,
                                         &ext, &x), 1);
-  memcpy((uint8_t *)kvs_pool_base(r->pool) + ext.offset, bytes, sizes[i]);
+  memcpy((uint8_t *)kvs_pool_base(r->pool) + ext.offset, bytes, len);
   cr_assert_eq(kvs_store_commit(r->store, KVS_OWNER_LOCAL, x), 0);
   kvs_disk_hooks(r->disk)->published(kvs_disk_hooks(r->disk)->ctx, keys, nk, true);
+}
+
+/* Commit object i (its keys: primary, then 2 aliases for i == 2) and hand it to the tier. */
+static void commit_and_publish(rig_t *r, int i, const uint8_t *bytes) {
+  kvs_key_t keys[3] = {key_of(i), alias_of(i, 1), alias_of(i, 2)};
+  publish(r, keys, i == 2 ? 3 : 1, bytes, sizes[i]);
 }
 
 /* Fetch key through the tier into the pool and compare its bytes with want (NULL: must miss). */
@@ -191,6 +195,60 @@ Test(disk_io, v2_payload_aligned) {
   cr_assert_eq(stat_of(&r, KVS_STAT_disk_bad), 0);
   rig_close(&r);
   for (int i = 0; i < N_OBJ; i++) free(bytes[i]);
+  rm_dir();
+}
+
+/* The read method's choice (kvs_disk_pick_direct, design §18): O_DIRECT first, then one
+ * buffered read, then the faster, the other one every KVS_DISK_PROBE_EVERY-th read. */
+Test(disk_io, read_method_choice) {
+  cr_assert(kvs_disk_pick_direct(0, 0, 0));
+  cr_assert(kvs_disk_pick_direct(0, 500, 7), "O_DIRECT not measured yet: measure it");
+  cr_assert_not(kvs_disk_pick_direct(900, 0, 1), "buffered not measured yet: measure it");
+  for (int faster_direct = 0; faster_direct < 2; faster_direct++) {
+    uint32_t direct = 0, n = 4 * KVS_DISK_PROBE_EVERY;
+    for (uint32_t i = 0; i < n; i++)
+      direct += kvs_disk_pick_direct(faster_direct ? 400 : 900, faster_direct ? 900 : 400, i);
+    cr_assert_eq(direct, faster_direct ? n - 4 : 4, "the faster, and 1 in %u probes the other",
+                 KVS_DISK_PROBE_EVERY);
+  }
+}
+
+/* Large payloads are read by both methods while the tier measures them (the first O_DIRECT,
+ * the second buffered), every one exact; small ones are not counted. */
+Test(disk_io, large_reads_by_both_methods) {
+  make_dir();
+  char f[300];
+  snprintf(f, sizeof f, "%s/direct-probe", dir);
+  int fd = open(f, O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd < 0) {
+    rm_dir();
+    cr_skip_test("%s refuses O_DIRECT: only buffered reads there", dir);
+  }
+  close(fd);
+  unlink(f);
+  enum { N = 4 };
+  const size_t len[N] = {(1u << 20) + 4096, (3u << 19) + 1, 100000, (2u << 20) - 9};
+  uint8_t *bytes[N];
+  kvs_key_t keys[N];
+  rig_t r;
+  rig_open(&r);
+  for (int i = 0; i < N; i++) {
+    bytes[i] = malloc(len[i]);
+    fill(bytes[i], len[i], 40u + (uint64_t)i);
+    keys[i] = (kvs_key_t){0x3000u + (uint64_t)i, 5};
+    publish(&r, &keys[i], 1, bytes[i], len[i]);
+  }
+  wait_for(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, N);
+  rig_close(&r);
+  rig_open(&r);
+  for (int i = 0; i < N; i++) expect_served(&r, keys[i], bytes[i], len[i]);
+  cr_assert_geq(stat_of(&r, KVS_STAT_disk_reads_direct), 1);
+  cr_assert_geq(stat_of(&r, KVS_STAT_disk_reads_buffered), 1);
+  cr_assert_eq(stat_of(&r, KVS_STAT_disk_reads_direct) +
+                   stat_of(&r, KVS_STAT_disk_reads_buffered), 3, "the 3 large payloads");
+  cr_assert_eq(stat_of(&r, KVS_STAT_disk_bad), 0);
+  rig_close(&r);
+  for (int i = 0; i < N; i++) free(bytes[i]);
   rm_dir();
 }
 
