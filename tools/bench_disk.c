@@ -413,7 +413,7 @@ int main(int argc, char **argv) {
   }
   if (reps < 1 || reps > MAX_REPS) reps = 6;
   if (quick) reps = 4, scan_m = 50000;
-  kvs_log_set_level(KVS_LOG_ERROR);
+  kvs_log_set_level(getenv("KVSHIM_BENCH_DEBUG") ? KVS_LOG_DEBUG : KVS_LOG_ERROR);
   mkdir(dir, 0700);
   printf("kvshim-bench-disk: %s, %d reps (median [min-max])\n", dir, reps);
   fflush(stdout);
