@@ -1186,6 +1186,40 @@ static uint32_t px_take(const px_ctx_t *c, const px_plan_t *pl, uint32_t good, c
   return take;
 }
 
+/* kvs__llama_chunks_assemble into cbuf (S bytes, grown by the caller) of good whole chunks and
+ * take tokens of the next, for sequence pl->s; a success timed in llama_chunks_assemble_ns and
+ * counted in llama_chunks_assembled. */
+static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, const uint8_t *f,
+                                              size_t flen, const uint8_t *const *ch,
+                                              const size_t *lens, uint32_t good, uint32_t take,
+                                              uint64_t S, size_t *got) {
+  uint64_t t0 = kvs__now_ns();
+  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
+      f, flen, c->chunk, c->ns, ch, lens, good + (take ? 1 : 0), take, pl->s, c->cbuf,
+      (size_t)S, got);
+  if (r == KVS_LLAMA_CHUNKS_OK) {
+    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+  }
+  return r;
+}
+
+/* Load the state assembled in cbuf (got bytes: good whole chunks and take tokens of the next,
+ * the prompt's tokens) with px_load; the tokens restored past the whole chunks are counted. */
+static px_res_t px_load_assembled(px_ctx_t *c, struct llama_context *ctx, px_plan_t *pl,
+                                  uint32_t good, uint32_t take, size_t got, uint32_t *k) {
+  const uint32_t N = good * c->chunk + take;
+  kvs__llama_blob_hdr_t bh;
+  memset(&bh, 0, sizeof bh);
+  bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = N;
+  bh.state_size = got;
+  pl->keyed = N;
+  px_res_t res = px_load(c, ctx, pl, &bh, kvs__px_tok(&c->sh, (uint32_t)pl->s), c->cbuf, k);
+  if (res == PX_OK && *k > good * c->chunk)
+    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_tail_tokens, *k - good * c->chunk);
+  return res;
+}
+
 /* px_chunks_in_place's transfer: the frame (key 0), the run's chunks, the continuation chunk
  * (when asked for); the assembly runs in the last delivery, while every object is pinned. */
 typedef struct px_inplace_chunks {
@@ -1214,23 +1248,17 @@ static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layou
   const uint32_t C = c->chunk;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)x->pl->s);
   x->good = px_chunks_matching(c, tok, x->ptr + 1, x->lens + 1, x->prun);
+  /* the continuation chunk is the last key, right after the run's prun chunks: used only when
+   * the whole run matched, so it already lies at ptr[good + 1] */
   if (x->cont && x->good == x->prun)
     x->take = px_take(c, x->pl, x->good, x->ptr[x->nk - 1], x->lens[x->nk - 1]);
-  if (x->take) { /* the continuation chunk right after the run */
-    x->ptr[x->good + 1] = x->ptr[x->nk - 1];
-    x->lens[x->good + 1] = x->lens[x->nk - 1];
-  }
   uint64_t N = (uint64_t)x->good * C + x->take;
   if (!x->good || N <= x->pl->n || N > c->sh.cap || x->lens[0] < sizeof(kvs__llama_frame_hdr_t))
     return 0;
   uint64_t S = kvs__llama_chunks_state_size(x->ptr[0], N);
   if (!S || !px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) return 0;
-  uint64_t t0 = kvs__now_ns();
-  x->st = kvs__llama_chunks_assemble(x->ptr[0], x->lens[0], C, c->ns, x->ptr + 1, x->lens + 1,
-                                     x->good + (x->take ? 1 : 0), x->take, x->pl->s, c->cbuf,
-                                     (size_t)S, &x->got);
-  if (x->st == KVS_LLAMA_CHUNKS_OK)
-    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+  x->st = px_assemble(c, x->pl, x->ptr[0], x->lens[0], x->ptr + 1, x->lens + 1, x->good, x->take,
+                      S, &x->got);
   return 0;
 }
 
@@ -1262,18 +1290,10 @@ static int px_chunks_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   px_inplace_chunks_t x = {c, pl, ptr, lens, nk, prun, cont, 0, 0, 0, KVS_LLAMA_CHUNKS_FIELD};
   int r = kvs__cache_read_cache_peer(rt, ik, nk, px_inplace_chunks_sink, &x);
   if (r != (int)nk || x.st != KVS_LLAMA_CHUNKS_OK) return 0; /* -ESTALE too: cbuf thrown away */
-  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
-  kvs__llama_blob_hdr_t bh;
-  memset(&bh, 0, sizeof bh);
-  uint64_t N = (uint64_t)x.good * C + x.take;
-  bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
-  bh.state_size = x.got;
-  pl->keyed = (uint32_t)N;
-  *res = px_load(c, ctx, pl, &bh, kvs__px_tok(&c->sh, (uint32_t)pl->s), c->cbuf, k);
+  *res = px_load_assembled(c, ctx, pl, x.good, x.take, x.got, k);
   if (*res == PX_OK) {
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
     kvs_stats_inc(px_stats(), KVS_STAT_cache_peer_loads);
-    if (*k > x.good * C) kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_tail_tokens, *k - x.good * C);
   }
   return 1;
 }
@@ -1395,10 +1415,7 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
    * prompt's tokens (the run's, checked equal above): no blob is sealed or checked again */
   if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) goto out;
   size_t got = 0;
-  uint64_t t0 = kvs__now_ns();
-  kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(fr.p, fr.len, C, c->ns, ptr, lens,
-                                                            nch, take, pl->s, c->cbuf, (size_t)S,
-                                                            &got);
+  kvs__llama_chunks_status_t r = px_assemble(c, pl, fr.p, fr.len, ptr, lens, good, take, S, &got);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
@@ -1413,18 +1430,9 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     res = PX_BAD;
     goto out;
   }
-  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
-  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
-  kvs__llama_blob_hdr_t bh;
-  memset(&bh, 0, sizeof bh);
-  bh.n_tokens = bh.keyed_tokens = bh.canon_tokens = (uint32_t)N;
-  bh.state_size = got;
-  pl->keyed = (uint32_t)N;
-  res = px_load(c, ctx, pl, &bh, tok, c->cbuf, k);
+  res = px_load_assembled(c, ctx, pl, good, take, got, k);
   if (res == PX_OK && (n > run || (take && !tpinned)))
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
-  if (res == PX_OK && *k > good * C)
-    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_tail_tokens, *k - good * C);
 out:
   if (take) { /* the continuation chunk: dropped (told) when damaged, else kept */
     bool drop = bad[0] && bad_i == good;
