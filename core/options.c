@@ -15,27 +15,14 @@
 
 extern char **environ;
 
-typedef enum { T_BOOL, T_SIZE, T_INT, T_ENUM, T_FLAGS, T_STR, T_NAME, T_UIDS } opt_type_t;
+typedef kvs_option_row_t opt_row_t;
 
-typedef struct opt_row {
-  const char *field;
-  const char *env;
-  opt_type_t type;
-  const char *def;
-  uint64_t lo, hi; /* bounds for SIZE (bytes) and INT */
-  const char *choices;
-  const char *unit;
-  const char *help;
-  size_t offset;
-} opt_row_t;
-
-static const opt_row_t rows[KVS_OPT__COUNT] = {
-#define KVS__OPT_ROW(f, env, type, def, lo, hi, choices, unit, help)                          \
-  {#f, env, T_##type, def, (uint64_t)(lo), (uint64_t)(hi), choices, unit, help,               \
-   offsetof(kvs_options_t, f)},
-    KVS_OPTION_TABLE(KVS__OPT_ROW)
+static const opt_row_t core_rows[KVS_OPT__CORE] = {
+#define KVS__OPT_ROW(...) KVS_OPTION_ROW(kvs_options_t, __VA_ARGS__)
+    KVS_CORE_OPTIONS(KVS__OPT_ROW)
 #undef KVS__OPT_ROW
 };
+const kvs_option_table_t kvs_options_core = {core_rows, KVS_OPT__CORE, sizeof(kvs_options_t)};
 
 /* ---- parsers ----------------------------------------------------------------------------- */
 
@@ -146,49 +133,50 @@ static int valid_uids(const char *s) {
   return 1;
 }
 
-/* Parse value for row id into *o. Returns 0, -EINVAL (malformed) or -ERANGE (out of bounds). */
-static int set_row(kvs_options_t *o, const opt_row_t *r, const char *value) {
-  char *field = (char *)o + r->offset;
+/* Parse value for row r into the block; written only when valid. Returns 0, -EINVAL
+ * (malformed) or -ERANGE (out of bounds). */
+static int set_row(void *block, const opt_row_t *r, const char *value) {
+  char *field = (char *)block + r->offset;
   switch (r->type) {
-    case T_BOOL: {
+    case KVS_OPTION_BOOL: {
       int b;
       KVS_TRY(kvs__parse_bool(value, &b));
       *(int *)field = b;
       return 0;
     }
-    case T_SIZE: {
+    case KVS_OPTION_SIZE: {
       uint64_t v;
       KVS_TRY(kvs__parse_size(value, &v));
       if (v < r->lo || v > r->hi) return -ERANGE;
       *(uint64_t *)field = v;
       return 0;
     }
-    case T_INT: {
+    case KVS_OPTION_INT: {
       int64_t v;
       KVS_TRY(parse_int(value, &v));
       if (v < (int64_t)r->lo || v > (int64_t)r->hi) return -ERANGE;
       *(int64_t *)field = v;
       return 0;
     }
-    case T_ENUM: {
+    case KVS_OPTION_ENUM: {
       int i = choice_index(r->choices, value, strlen(value));
       if (i < 0) return -EINVAL;
       *(int *)field = i;
       return 0;
     }
-    case T_FLAGS: {
+    case KVS_OPTION_FLAGS: {
       unsigned m;
       KVS_TRY(parse_flags(r->choices, value, &m));
       *(unsigned *)field = m;
       return 0;
     }
-    case T_NAME:
+    case KVS_OPTION_NAME:
       if (!valid_name(value)) return -EINVAL;
       /* fall through */
-    case T_STR:
-    case T_UIDS:
+    case KVS_OPTION_STR:
+    case KVS_OPTION_UIDS:
       if (strlen(value) >= KVS_OPT_STR_MAX) return -ERANGE;
-      if (r->type == T_UIDS && !valid_uids(value)) return -EINVAL;
+      if (r->type == KVS_OPTION_UIDS && !valid_uids(value)) return -EINVAL;
       strcpy(field, value);
       return 0;
   }
@@ -197,25 +185,27 @@ static int set_row(kvs_options_t *o, const opt_row_t *r, const char *value) {
 
 static const char *type_hint(const opt_row_t *r, char *buf, size_t cap) {
   switch (r->type) {
-    case T_BOOL: return "a boolean (1/0, true/false, on/off, yes/no)";
-    case T_SIZE: return "a size in bytes (suffix K/M/G/T, KiB/MiB/GiB/TiB)";
-    case T_INT: return "an integer";
-    case T_ENUM: snprintf(buf, cap, "one of %s", r->choices); return buf;
-    case T_FLAGS: snprintf(buf, cap, "auto or a comma list of %s", r->choices); return buf;
-    case T_NAME: return "a name of letters, digits, '.', '_' or '-'";
-    case T_STR: return "a string";
-    case T_UIDS: return "a comma list of numeric uids";
+    case KVS_OPTION_BOOL: return "a boolean (1/0, true/false, on/off, yes/no)";
+    case KVS_OPTION_SIZE: return "a size in bytes (suffix K/M/G/T, KiB/MiB/GiB/TiB)";
+    case KVS_OPTION_INT: return "an integer";
+    case KVS_OPTION_ENUM: snprintf(buf, cap, "one of %s", r->choices); return buf;
+    case KVS_OPTION_FLAGS: snprintf(buf, cap, "auto or a comma list of %s", r->choices); return buf;
+    case KVS_OPTION_NAME: return "a name of letters, digits, '.', '_' or '-'";
+    case KVS_OPTION_STR: return "a string";
+    case KVS_OPTION_UIDS: return "a comma list of numeric uids";
   }
   return "?";
 }
 
-void kvs_options_defaults(kvs_options_t *o) {
-  memset(o, 0, sizeof *o);
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
-    int rc = set_row(o, &rows[i], rows[i].def);
+void kvs_options_defaults_rows(const kvs_option_table_t *t, void *block) {
+  memset(block, 0, t->size);
+  for (unsigned i = 0; i < t->n; i++) {
+    int rc = set_row(block, &t->rows[i], t->rows[i].def);
     (void)rc; /* the table's own defaults always parse: test_options checks every row */
   }
 }
+
+void kvs_options_defaults(kvs_options_t *o) { kvs_options_defaults_rows(&kvs_options_core, o); }
 
 static const char *env_lookup(char *const *envp, const char *name) {
   size_t n = strlen(name);
@@ -247,19 +237,23 @@ static void apply_log(const kvs_options_t *o) {
   }
 }
 
-int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
+int kvs_options_load_rows(const kvs_option_table_t *t, void *block, char *const *envp,
+                          unsigned flags) {
   if (!envp) envp = environ;
-  kvs_options_defaults(o);
+  kvs_options_defaults_rows(t, block);
+  kvs_options_t *o = block; /* the head of every block */
   default_run_dir(o, envp);
+  const opt_row_t *rows = t->rows;
+  unsigned n_rows = t->n < KVS_OPT_MAX ? t->n : KVS_OPT_MAX;
 
   /* Pass 1: parse silently, remembering what was wrong. */
-  const char *bad_value[KVS_OPT__COUNT] = {0};
-  int bad_rc[KVS_OPT__COUNT] = {0};
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+  const char *bad_value[KVS_OPT_MAX] = {0};
+  int bad_rc[KVS_OPT_MAX] = {0};
+  for (unsigned i = 0; i < n_rows; i++) {
     const char *v = env_lookup(envp, rows[i].env);
     if (!v) continue;
-    if (rows[i].type == T_STR && !v[0] && i == KVS_OPT_run_dir) continue; /* empty = default */
-    int rc = set_row(o, &rows[i], v);
+    if (rows[i].type == KVS_OPTION_STR && !v[0] && i == KVS_OPT_run_dir) continue; /* empty = default */
+    int rc = set_row(block, &rows[i], v);
     o->source[i] = rc == 0 ? KVS_OPT_FROM_ENV : KVS_OPT_INVALID;
     if (rc) bad_value[i] = v, bad_rc[i] = rc;
   }
@@ -267,12 +261,12 @@ int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
 
   /* Pass 2: one warning per problem, now that the log level is known. */
   int problems = 0;
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+  for (unsigned i = 0; i < n_rows; i++) {
     if (o->source[i] != KVS_OPT_INVALID) continue;
     problems++;
     char hint[128], def[64];
-    kvs_options_format_value(o, (kvs_option_id_t)i, def, sizeof def);
-    if (bad_rc[i] == -ERANGE && (rows[i].type == T_SIZE || rows[i].type == T_INT))
+    kvs_options_format_value(t, block, i, def, sizeof def);
+    if (bad_rc[i] == -ERANGE && (rows[i].type == KVS_OPTION_SIZE || rows[i].type == KVS_OPTION_INT))
       kvs_log_warn("%s='%s' is out of range [%" PRIu64 ", %" PRIu64 "]%s%s; keeping default %s",
                    rows[i].env, bad_value[i], rows[i].lo, rows[i].hi, rows[i].unit[0] ? " " : "",
                    rows[i].unit, def);
@@ -285,7 +279,7 @@ int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
     const char *eq = strchr(*e, '=');
     size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
     int known = 0;
-    for (unsigned i = 0; i < KVS_OPT__COUNT && !known; i++)
+    for (unsigned i = 0; i < n_rows && !known; i++)
       known = strlen(rows[i].env) == n && strncmp(rows[i].env, *e, n) == 0;
     if (!known) {
       o->unknown_vars++;
@@ -295,6 +289,10 @@ int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
     }
   }
   return problems;
+}
+
+int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags) {
+  return kvs_options_load_rows(&kvs_options_core, o, envp, flags);
 }
 
 /* A size bound as the variables' values are written: 1048576 -> "1M", 0 -> "0". */
@@ -308,22 +306,23 @@ static void format_size(uint64_t v, char *buf, size_t cap) {
     snprintf(buf, cap, "%" PRIu64, v);
 }
 
-size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char *buf, size_t cap) {
+size_t kvs_options_format_value(const kvs_option_table_t *t, const void *block,
+                                kvs_option_id_t id, char *buf, size_t cap) {
   if (cap) buf[0] = '\0';
-  if ((unsigned)id >= KVS_OPT__COUNT) return 0;
-  const opt_row_t *r = &rows[id];
-  const char *field = (const char *)o + r->offset;
+  if (id >= t->n) return 0;
+  const opt_row_t *r = &t->rows[id];
+  const char *field = (const char *)block + r->offset;
   int n = 0;
   switch (r->type) {
-    case T_BOOL: n = snprintf(buf, cap, "%s", *(const int *)field ? "1" : "0"); break;
-    case T_SIZE: {
+    case KVS_OPTION_BOOL: n = snprintf(buf, cap, "%s", *(const int *)field ? "1" : "0"); break;
+    case KVS_OPTION_SIZE: {
       char v[32];
       format_size(*(const uint64_t *)field, v, sizeof v);
       n = snprintf(buf, cap, "%s", v);
       break;
     }
-    case T_INT: n = snprintf(buf, cap, "%" PRId64, *(const int64_t *)field); break;
-    case T_ENUM: {
+    case KVS_OPTION_INT: n = snprintf(buf, cap, "%" PRId64, *(const int64_t *)field); break;
+    case KVS_OPTION_ENUM: {
       int idx = *(const int *)field;
       const char *p = r->choices;
       for (int k = 0; k < idx && p; k++) {
@@ -334,7 +333,7 @@ size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char
       n = snprintf(buf, cap, "%.*s", (int)len, p ? p : "?");
       break;
     }
-    case T_FLAGS: {
+    case KVS_OPTION_FLAGS: {
       unsigned m = *(const unsigned *)field;
       if (m & KVS_HOOKS_AUTO) {
         n = snprintf(buf, cap, "auto");
@@ -354,53 +353,54 @@ size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char
       }
       return len;
     }
-    case T_STR:
-    case T_NAME:
-    case T_UIDS: n = snprintf(buf, cap, "%s", field); break;
+    case KVS_OPTION_STR:
+    case KVS_OPTION_NAME:
+    case KVS_OPTION_UIDS: n = snprintf(buf, cap, "%s", field); break;
   }
   return n > 0 ? (size_t)n : 0;
 }
 
-size_t kvs_options_render(const kvs_options_t *o, char *buf, size_t cap) {
+size_t kvs_options_render(const kvs_option_table_t *t, const void *block, char *buf, size_t cap) {
   static const char *const src_names[] = {"default", "env", "invalid, default kept"};
+  const kvs_options_t *o = block;
   size_t len = 0;
   if (cap) buf[0] = '\0';
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
+  for (unsigned i = 0; i < t->n && i < KVS_OPT_MAX; i++) {
     char val[KVS_OPT_STR_MAX + 8];
-    kvs_options_format_value(o, (kvs_option_id_t)i, val, sizeof val);
+    kvs_options_format_value(t, block, i, val, sizeof val);
     size_t room = len < cap ? cap - len : 0;
-    int n = snprintf(room ? buf + len : NULL, room, "%s=%s (%s) - %s\n", rows[i].env, val,
-                     src_names[o->source[i] <= 2 ? o->source[i] : 0], rows[i].help);
+    int n = snprintf(room ? buf + len : NULL, room, "%s=%s (%s) - %s\n", t->rows[i].env, val,
+                     src_names[o->source[i] <= 2 ? o->source[i] : 0], t->rows[i].help);
     if (n > 0) len += (size_t)n;
   }
   return len;
 }
 
-size_t kvs_options_usage(char *buf, size_t cap) {
+size_t kvs_options_usage(const kvs_option_table_t *t, char *buf, size_t cap) {
   size_t len = 0;
   if (cap) buf[0] = '\0';
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++) {
-    const opt_row_t *r = &rows[i];
+  for (unsigned i = 0; i < t->n; i++) {
+    const opt_row_t *r = &t->rows[i];
     char flag[64], kind[160], lo[32], hi[32];
     size_t k = 0;
     for (const char *f = r->field; *f && k + 1 < sizeof flag; f++) flag[k++] = *f == '_' ? '-' : *f;
     flag[k] = '\0';
     switch (r->type) {
-      case T_BOOL: snprintf(kind, sizeof kind, "boolean"); break;
-      case T_SIZE:
+      case KVS_OPTION_BOOL: snprintf(kind, sizeof kind, "boolean"); break;
+      case KVS_OPTION_SIZE:
         format_size(r->lo, lo, sizeof lo);
         format_size(r->hi, hi, sizeof hi);
         snprintf(kind, sizeof kind, "size %s..%s", lo, hi);
         break;
-      case T_INT:
+      case KVS_OPTION_INT:
         snprintf(kind, sizeof kind, "integer %" PRIu64 "..%" PRIu64 "%s%s", r->lo, r->hi,
                  r->unit[0] ? " " : "", r->unit);
         break;
-      case T_ENUM: snprintf(kind, sizeof kind, "one of %s", r->choices); break;
-      case T_FLAGS: snprintf(kind, sizeof kind, "auto or a comma list of %s", r->choices); break;
-      case T_NAME: snprintf(kind, sizeof kind, "name"); break;
-      case T_STR: snprintf(kind, sizeof kind, "string"); break;
-      case T_UIDS: snprintf(kind, sizeof kind, "uid list"); break;
+      case KVS_OPTION_ENUM: snprintf(kind, sizeof kind, "one of %s", r->choices); break;
+      case KVS_OPTION_FLAGS: snprintf(kind, sizeof kind, "auto or a comma list of %s", r->choices); break;
+      case KVS_OPTION_NAME: snprintf(kind, sizeof kind, "name"); break;
+      case KVS_OPTION_STR: snprintf(kind, sizeof kind, "string"); break;
+      case KVS_OPTION_UIDS: snprintf(kind, sizeof kind, "uid list"); break;
     }
     size_t room = len < cap ? cap - len : 0;
     int n = snprintf(room ? buf + len : NULL, room, "  %s (--%s) %s, default %s: %s\n", r->env,
@@ -410,25 +410,24 @@ size_t kvs_options_usage(char *buf, size_t cap) {
   return len;
 }
 
-const char *kvs_options_env_name(kvs_option_id_t id) {
-  return (unsigned)id < KVS_OPT__COUNT ? rows[id].env : "?";
+const char *kvs_options_env_name(const kvs_option_table_t *t, kvs_option_id_t id) {
+  return id < t->n ? t->rows[id].env : "?";
 }
 
-int kvs_options_find(const char *name, kvs_option_id_t *out) {
-  for (unsigned i = 0; i < KVS_OPT__COUNT; i++)
-    if (strcmp(name, rows[i].env) == 0 || strcmp(name, rows[i].field) == 0) {
-      *out = (kvs_option_id_t)i;
+int kvs_options_find(const kvs_option_table_t *t, const char *name, kvs_option_id_t *out) {
+  for (unsigned i = 0; i < t->n; i++)
+    if (strcmp(name, t->rows[i].env) == 0 || strcmp(name, t->rows[i].field) == 0) {
+      *out = i;
       return 0;
     }
   return -ENOENT;
 }
 
-int kvs_options_set(kvs_options_t *o, kvs_option_id_t id, const char *value) {
-  if ((unsigned)id >= KVS_OPT__COUNT || !value) return -EINVAL;
-  kvs_options_t tmp = *o;
-  KVS_TRY(set_row(&tmp, &rows[id], value));
-  tmp.source[id] = KVS_OPT_FROM_ENV;
-  *o = tmp;
+int kvs_options_set(const kvs_option_table_t *t, void *block, kvs_option_id_t id,
+                    const char *value) {
+  if (id >= t->n || id >= KVS_OPT_MAX || !value) return -EINVAL;
+  KVS_TRY(set_row(block, &t->rows[id], value)); /* writes nothing unless valid */
+  ((kvs_options_t *)block)->source[id] = KVS_OPT_FROM_ENV;
   return 0;
 }
 

@@ -1,10 +1,15 @@
-/* kvshim options: the one configuration table (design §12).
+/* kvshim options: the configuration machine and core's rows of it (design §12).
  *
- * Every KVSHIM_* variable is one row of KVS_OPTION_TABLE: field, variable, type, default,
- * bounds, choices, unit, help. The same row generates the struct field, the parser entry and
- * the rendered line. Options are read once from an environment block at init; hooks read the
- * resolved struct, never getenv. An invalid value is reported once (one warning per variable)
- * and the default is kept; an unknown KVSHIM_* variable is reported too (it is likely a typo).
+ * Every KVSHIM_* variable is one row: field, variable, type, default, bounds, choices, unit,
+ * help. The same row generates the struct field, the parser entry and the rendered line.
+ * Options are read once from an environment block at init; hooks read the resolved struct,
+ * never getenv. An invalid value is reported once (one warning per variable) and the default is
+ * kept; an unknown KVSHIM_* variable is reported too (it is likely a typo).
+ *
+ * Each layer owns its rows (design §2): KVS_CORE_OPTIONS here holds the rows core's own code
+ * reads; the runtime's and each hook family's rows live with them, and runtime/rows.h composes
+ * the process's table (kvs_config_t: this file's kvs_options_t first, then the others). The
+ * machine below walks any such table (kvs_option_table_t); it knows no row beyond core's.
  *
  * Types: BOOL (1/0, true/false, on/off, yes/no), SIZE (bytes; suffixes K/M/G/T, KB/MB/GB/TB
  * and KiB/MiB/GiB/TiB, all binary), INT (bounded integer, unit in the table), ENUM (one of the
@@ -27,17 +32,15 @@ extern "C" {
 /* The shortest lease any kvshim grants (KVSHIM_LEASE_MS's lower bound): a peer's copy done
  * within this of its PREPARE_RETRIEVE cannot have outlived its pins. */
 #define KVS_LEASE_MIN_MS 10
-/* X(field, ENV, TYPE, default, min, max, choices, unit, help) */
-#define KVS_OPTION_TABLE(X)                                                                   \
-  X(enable, "KVSHIM_ENABLE", BOOL, "1", 0, 1, "", "", "0 = every hook passes straight through") \
-  X(hooks, "KVSHIM_HOOKS", FLAGS, "auto", 0, 0, "cuda|llama|kvo", "",                          \
-    "hook families to enable (auto = those found in the process)")                            \
+/* Rows a table may have in all: core's and those composed on top of them (runtime/rows.h
+ * asserts its count against it). */
+#define KVS_OPT_MAX 64
+
+/* Core's rows: those core's code reads. X(field, ENV, TYPE, default, min, max, choices, unit,
+ * help) */
+#define KVS_CORE_OPTIONS(X)                                                                   \
   X(pool_size, "KVSHIM_POOL_SIZE", SIZE, "1G", 1ull << 20, 1ull << 40, "", "bytes",           \
     "cache arena size")                                                                       \
-  X(host_pool_size, "KVSHIM_HOST_POOL_SIZE", SIZE, "4G", 0, 1ull << 40, "", "bytes",          \
-    "host arena for CUDA host allocations (0 = off; backed lazily)")                          \
-  X(host_min, "KVSHIM_HOST_MIN", SIZE, "1M", 0, 1ull << 40, "", "bytes",                      \
-    "smallest host allocation redirected")                                                    \
   X(hugepages, "KVSHIM_HUGEPAGES", BOOL, "0", 0, 1, "", "", "back the pool with huge pages")   \
   X(pool_name, "KVSHIM_POOL_NAME", STR, "", 0, 0, "", "",                                     \
     "kvshim serve only: also expose the pool under this shm name")                            \
@@ -59,18 +62,9 @@ extern "C" {
   X(max_frame, "KVSHIM_MAX_FRAME", SIZE, "64M", 64ull << 10, 1ull << 30, "", "bytes",         \
     "largest frame accepted")                                                                 \
   X(allow_uids, "KVSHIM_ALLOW_UIDS", UIDS, "", 0, 0, "", "", "extra uids allowed to connect")  \
-  X(llama_write_through, "KVSHIM_LLAMA_WRITE_THROUGH", BOOL, "1", 0, 1, "", "",               \
-    "also write the engine's state files")                                                    \
-  X(llama_prefix, "KVSHIM_LLAMA_PREFIX", BOOL, "1", 0, 1, "", "",                             \
-    "transparent prefix cache for llama.cpp")                                                 \
-  X(llama_min_tokens, "KVSHIM_LLAMA_MIN_TOKENS", INT, "256", 1, 1 << 24, "", "tokens",        \
-    "smallest prefix worth restoring")                                                        \
-  X(llama_chunks, "KVSHIM_LLAMA_CHUNKS", BOOL, "0", 0, 1, "", "",                             \
-    "llama prefix cache: store states as one object per chunk, each chunk once (design 10.4)") \
   X(log, "KVSHIM_LOG", ENUM, "warn", 0, 0, "off|error|warn|info|debug|trace", "",             \
     "log level")                                                                              \
   X(log_file, "KVSHIM_LOG_FILE", STR, "", 0, 0, "", "", "log destination (default stderr)")    \
-  X(stats, "KVSHIM_STATS", STR, "", 0, 0, "", "", "path: JSON stats written at exit")        \
   X(remote, "KVSHIM_REMOTE", STR, "", 0, 0, "", "",                                           \
     "kvshim serve only: redis://[user:pass@]host:port[/db] or redis+cluster://host:port[,...]") \
   X(remote_password_file, "KVSHIM_REMOTE_PASSWORD_FILE", STR, "", 0, 0, "", "",               \
@@ -83,14 +77,6 @@ extern "C" {
     "remote I/O threads (each with its own connection)")                                      \
   X(remote_queue, "KVSHIM_REMOTE_QUEUE", INT, "1024", 1, 1048576, "", "objects",              \
     "write-behind queue to the remote store (a full queue drops and counts)")                 \
-  X(cuda_pin_arena, "KVSHIM_CUDA_PIN_ARENA", BOOL, "1", 0, 1, "", "",                         \
-    "pin the CUDA host arena on demand in 64 MiB pieces (0: register each buffer inline)")   \
-  X(one_copy, "KVSHIM_ONE_COPY", BOOL, "1", 0, 1, "", "",                                     \
-    "with a kvshim serve cache peer: store into and load from its pool, keep no own copy")    \
-  X(pool_lean_size, "KVSHIM_POOL_LEAN_SIZE", SIZE, "32M", 1ull << 20, 1ull << 40, "", "bytes", \
-    "usable pool while a cache peer is in the group (KVSHIM_POOL_SIZE without one)")           \
-  X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
-    "llama prefix cache: longest wait for another process computing the same prefix (0: never)") \
   X(disk, "KVSHIM_DISK", STR, "", 0, 0, "", "",                                               \
     "kvshim serve only: directory of the disk tier below the pool (empty = off)")              \
   X(disk_size, "KVSHIM_DISK_SIZE", SIZE, "10G", 1ull << 20, 1ull << 50, "", "bytes",          \
@@ -102,12 +88,20 @@ extern "C" {
 typedef enum { KVS_STRATEGY_AUTO = 0, KVS_STRATEGY_SHM = 1, KVS_STRATEGY_INLINE = 2 } kvs_strategy_t;
 typedef enum { KVS_PUSH_AUTO = 0, KVS_PUSH_OFF = 1 } kvs_push_t;
 typedef enum { KVS_DISK_SYNC_NONE = 0, KVS_DISK_SYNC_BATCH = 1, KVS_DISK_SYNC_ALWAYS = 2 } kvs_disk_sync_t;
-/* FLAGS bits for KVSHIM_HOOKS, in the order of its choices string. */
-#define KVS_HOOK_CUDA  (1u << 0)
-#define KVS_HOOK_LLAMA (1u << 1)
-#define KVS_HOOK_KVO   (1u << 2)
+/* A FLAGS value of "auto" (the bits of the choices are 1u << their position). */
 #define KVS_HOOKS_AUTO (1u << 31)
 
+typedef enum kvs_option_type {
+  KVS_OPTION_BOOL, KVS_OPTION_SIZE, KVS_OPTION_INT, KVS_OPTION_ENUM, KVS_OPTION_FLAGS,
+  KVS_OPTION_STR, KVS_OPTION_NAME, KVS_OPTION_UIDS
+} kvs_option_type_t;
+
+/* A row's id is its index in its table; core's rows come first in every table, so
+ * KVS_OPT_<field> of a core row is the same everywhere. */
+typedef unsigned kvs_option_id_t;
+
+/* Generators for a layer's rows, X(field, ENV, TYPE, ...) as above: the struct field, the id
+ * and the table row (with the struct the field lies in). */
 #define KVS__OPT_DECL_BOOL(f)  int f;
 #define KVS__OPT_DECL_SIZE(f)  uint64_t f;
 #define KVS__OPT_DECL_INT(f)   int64_t f;
@@ -116,13 +110,13 @@ typedef enum { KVS_DISK_SYNC_NONE = 0, KVS_DISK_SYNC_BATCH = 1, KVS_DISK_SYNC_AL
 #define KVS__OPT_DECL_STR(f)   char f[KVS_OPT_STR_MAX];
 #define KVS__OPT_DECL_NAME(f)  char f[KVS_OPT_STR_MAX];
 #define KVS__OPT_DECL_UIDS(f)  char f[KVS_OPT_STR_MAX];
+#define KVS_OPTION_DECL(f, env, type, def, lo, hi, choices, unit, help) KVS__OPT_DECL_##type(f)
+#define KVS_OPTION_ENUM(f, env, type, def, lo, hi, choices, unit, help) KVS_OPT_##f,
+#define KVS_OPTION_ROW(block, f, env, type, def, lo, hi, choices, unit, help)                  \
+  {#f, env, KVS_OPTION_##type, def, (uint64_t)(lo), (uint64_t)(hi), choices, unit, help,        \
+   offsetof(block, f)},
 
-typedef enum kvs_option_id {
-#define KVS__OPT_ENUM(f, env, type, def, lo, hi, choices, unit, help) KVS_OPT_##f,
-  KVS_OPTION_TABLE(KVS__OPT_ENUM)
-#undef KVS__OPT_ENUM
-  KVS_OPT__COUNT
-} kvs_option_id_t;
+enum { KVS_CORE_OPTIONS(KVS_OPTION_ENUM) KVS_OPT__CORE };
 
 typedef enum kvs_option_source {
   KVS_OPT_FROM_DEFAULT = 0, /* not set */
@@ -130,42 +124,70 @@ typedef enum kvs_option_source {
   KVS_OPT_INVALID = 2,      /* set, invalid: default kept, warned once */
 } kvs_option_source_t;
 
-/* The resolved configuration. Plain data: copy it freely. */
+/* Core's rows resolved, and what the machine records of every row of the table loaded: the
+ * head of every options block (a composed struct has it as its first member). Plain data:
+ * copy it freely. */
 typedef struct kvs_options {
-#define KVS__OPT_FIELD(f, env, type, def, lo, hi, choices, unit, help) KVS__OPT_DECL_##type(f)
-  KVS_OPTION_TABLE(KVS__OPT_FIELD)
-#undef KVS__OPT_FIELD
-  unsigned char source[KVS_OPT__COUNT]; /* kvs_option_source_t per row */
-  unsigned unknown_vars;                /* KVSHIM_* variables that match no row */
+  KVS_CORE_OPTIONS(KVS_OPTION_DECL)
+  unsigned char source[KVS_OPT_MAX]; /* kvs_option_source_t per row of the table loaded */
+  unsigned unknown_vars;             /* KVSHIM_* variables that match no row */
 } kvs_options_t;
+
+/* A table of rows over one block: a struct whose first member is a kvs_options_t, the rows'
+ * offsets into it. Core's rows first, in their order, then any others (n <= KVS_OPT_MAX). */
+typedef struct kvs_option_row {
+  const char *field;
+  const char *env;
+  kvs_option_type_t type;
+  const char *def;
+  uint64_t lo, hi; /* bounds for SIZE (bytes) and INT */
+  const char *choices;
+  const char *unit;
+  const char *help;
+  size_t offset;   /* of the value in the block */
+} kvs_option_row_t;
+typedef struct kvs_option_table {
+  const kvs_option_row_t *rows;
+  unsigned n;
+  size_t size; /* of the block */
+} kvs_option_table_t;
+
+/* Core's rows alone, over a kvs_options_t. */
+extern const kvs_option_table_t kvs_options_core;
 
 /* Flags for kvs_options_load. */
 #define KVS_OPTIONS_APPLY_LOG 1u /* set the log level and KVSHIM_LOG_FILE before warning */
 
-/* Fill *o from an environment block (NULL-terminated "NAME=value" strings; NULL = environ).
- * Defaults first, then each KVSHIM_* entry; XDG_RUNTIME_DIR and the uid give run_dir's
- * default. Every invalid value and unknown KVSHIM_* name is warned about once through the log.
- * Returns the number of problems found (>= 0); *o is always fully usable. */
+/* Fill the block from an environment block (NULL-terminated "NAME=value" strings; NULL =
+ * environ). Defaults first, then each KVSHIM_* entry; XDG_RUNTIME_DIR and the uid give
+ * run_dir's default. Every invalid value and every KVSHIM_* name no row of t has is warned
+ * about once through the log. Returns the number of problems found (>= 0); the block is always
+ * fully usable. kvs_options_load is the same over core's rows (a core-only program). */
+int kvs_options_load_rows(const kvs_option_table_t *t, void *block, char *const *envp,
+                          unsigned flags);
 int kvs_options_load(kvs_options_t *o, char *const *envp, unsigned flags);
 /* Defaults only (no environment, no warnings). */
+void kvs_options_defaults_rows(const kvs_option_table_t *t, void *block);
 void kvs_options_defaults(kvs_options_t *o);
 
 /* Render the resolved table, one line per row: "KVSHIM_POOL_SIZE=1G (default) - help".
  * snprintf semantics: returns the length needed; buf is always NUL-terminated when cap > 0. */
-size_t kvs_options_render(const kvs_options_t *o, char *buf, size_t cap);
-/* Render one value canonically ("1G", "on", "shm", "cuda,kvo"). */
-size_t kvs_options_format_value(const kvs_options_t *o, kvs_option_id_t id, char *buf, size_t cap);
+size_t kvs_options_render(const kvs_option_table_t *t, const void *block, char *buf, size_t cap);
+/* Render one value canonically ("1G", "on", "shm", "a,c" for FLAGS). */
+size_t kvs_options_format_value(const kvs_option_table_t *t, const void *block,
+                                kvs_option_id_t id, char *buf, size_t cap);
 
-const char *kvs_options_env_name(kvs_option_id_t id);
+const char *kvs_options_env_name(const kvs_option_table_t *t, kvs_option_id_t id);
 /* The variables as `kvshim --help` lists them, one line per row of the table: "  KVSHIM_LEASE_MS
  * (--lease-ms) integer 10..86400000 ms, default 30000: lease deadline backstop". snprintf
  * semantics, as kvs_options_render. */
-size_t kvs_options_usage(char *buf, size_t cap);
-/* Parse one value for a row into *o (used by the CLI, whose flags mirror the variables).
- * Returns 0, or -EINVAL/-ERANGE with *o unchanged. */
-int kvs_options_set(kvs_options_t *o, kvs_option_id_t id, const char *value);
+size_t kvs_options_usage(const kvs_option_table_t *t, char *buf, size_t cap);
+/* Parse one value for a row into the block (used by the CLI, whose flags mirror the
+ * variables). Returns 0, or -EINVAL/-ERANGE with the block unchanged. */
+int kvs_options_set(const kvs_option_table_t *t, void *block, kvs_option_id_t id,
+                    const char *value);
 /* Find a row by variable name ("KVSHIM_POOL_SIZE") or field name ("pool_size"). */
-int kvs_options_find(const char *name, kvs_option_id_t *out);
+int kvs_options_find(const kvs_option_table_t *t, const char *name, kvs_option_id_t *out);
 
 /* uid == getuid() or listed in KVSHIM_ALLOW_UIDS. */
 int kvs_options_uid_allowed(const kvs_options_t *o, uid_t uid);

@@ -11,22 +11,28 @@
 
 #include "internal.h"
 
-static const char *const stat_names[] = {
-#define KVS__STAT_NAME(name, kind, help) #name,
-    KVS_STAT_FIELDS(KVS__STAT_NAME)
-#undef KVS__STAT_NAME
-};
-static const char *const stat_help[] = {
-#define KVS__STAT_HELP(name, kind, help) help,
-    KVS_STAT_FIELDS(KVS__STAT_HELP)
-#undef KVS__STAT_HELP
-};
-static const char stat_kinds[] = {
-#define KVS__STAT_KIND(name, kind, help) #kind[0],
-    KVS_STAT_FIELDS(KVS__STAT_KIND)
-#undef KVS__STAT_KIND
-};
-_Static_assert(KVS__ARRAY_LEN(stat_names) == KVS_STAT__COUNT, "stat name table");
+static const kvs_stat_row_t core_rows[KVS_STAT__CORE] = {KVS_CORE_STATS(KVS_STAT_ROW)};
+static const kvs_stat_table_t core_table = {core_rows, KVS_STAT__CORE};
+_Static_assert(KVS_STAT__CORE <= KVS_STATS_MAX, "core's stats fit a block");
+
+/* The process's table: core's until kvs_stats_use_table. */
+static const kvs_stat_table_t *g_table = &core_table;
+
+static const kvs_stat_table_t *table(void) { return __atomic_load_n(&g_table, __ATOMIC_ACQUIRE); }
+
+int kvs_stats_use_table(const kvs_stat_table_t *t) {
+  if (!t || t->n < KVS_STAT__CORE || t->n > KVS_STATS_MAX) return -EINVAL;
+  for (unsigned i = 0; i < KVS_STAT__CORE; i++)
+    if (strcmp(t->rows[i].name, core_rows[i].name) != 0) return -EINVAL;
+  __atomic_store_n(&g_table, t, __ATOMIC_RELEASE);
+  return 0;
+}
+
+unsigned kvs_stats_count(void) { return table()->n; }
+
+static int is_gauge(const kvs_stat_table_t *t, kvs_stat_id_t id) {
+  return id < t->n && t->rows[id].kind == 'G';
+}
 
 static kvs_stats_t global_stats = {KVS_STATS_VERSION, sizeof(kvs_stats_t), {{0}}};
 
@@ -58,31 +64,31 @@ uint64_t kvs_stats_get(const kvs_stats_t *st, kvs_stat_id_t id) {
   uint64_t v = 0;
   for (unsigned k = 0; k < KVS_STATS_STRIPES; k++)
     v += __atomic_load_n(&st->row[k][id], __ATOMIC_RELAXED);
-  if (stat_kinds[id] == 'G' && (int64_t)v < 0) return 0; /* deltas in flight (stats.h) */
+  if ((int64_t)v < 0 && is_gauge(table(), id)) return 0; /* deltas in flight (stats.h) */
   return v;
 }
 
 const char *kvs_stats_name(kvs_stat_id_t id) {
-  return (unsigned)id < KVS_STAT__COUNT ? stat_names[id] : "?";
+  const kvs_stat_table_t *t = table();
+  return id < t->n ? t->rows[id].name : "?";
 }
 const char *kvs_stats_help(kvs_stat_id_t id) {
-  return (unsigned)id < KVS_STAT__COUNT ? stat_help[id] : "?";
+  const kvs_stat_table_t *t = table();
+  return id < t->n ? t->rows[id].help : "?";
 }
-int kvs_stats_is_gauge(kvs_stat_id_t id) {
-  return (unsigned)id < KVS_STAT__COUNT && stat_kinds[id] == 'G';
-}
+int kvs_stats_is_gauge(kvs_stat_id_t id) { return is_gauge(table(), id); }
 int kvs_stats_find(const char *name, kvs_stat_id_t *out) {
-  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
-    if (strcmp(stat_names[i], name) == 0) {
-      *out = (kvs_stat_id_t)i;
+  const kvs_stat_table_t *t = table();
+  for (unsigned i = 0; i < t->n; i++)
+    if (strcmp(t->rows[i].name, name) == 0) {
+      *out = i;
       return 0;
     }
   return -ENOENT;
 }
 void kvs_stats_snapshot(const kvs_stats_t *src, kvs_stats_t *dst) {
   kvs_stats_init(dst);
-  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
-    dst->row[0][i] = kvs_stats_get(src, (kvs_stat_id_t)i);
+  for (unsigned i = 0; i < KVS_STATS_MAX; i++) dst->row[0][i] = kvs_stats_get(src, i);
 }
 
 /* Append with snprintf semantics: *len counts what the whole text needs. */
@@ -99,13 +105,14 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
 
 /* INFO text (key:value lines) or JSON, both walking the one name table. */
 static size_t render(const kvs_stats_t *st, char *buf, size_t cap, bool json) {
+  const kvs_stat_table_t *t = table();
   size_t len = 0;
   if (cap) buf[0] = '\0';
   put(buf, cap, &len, json ? "{\"kvshim_stats_version\":%u" : "# kvshim stats v%u\r\n",
       KVS_STATS_VERSION);
-  for (unsigned i = 0; i < KVS_STAT__COUNT; i++)
-    put(buf, cap, &len, json ? ",\"%s\":%llu" : "%s:%llu\r\n", stat_names[i],
-        (unsigned long long)kvs_stats_get(st, (kvs_stat_id_t)i));
+  for (unsigned i = 0; i < t->n; i++)
+    put(buf, cap, &len, json ? ",\"%s\":%llu" : "%s:%llu\r\n", t->rows[i].name,
+        (unsigned long long)kvs_stats_get(st, i));
   if (json) put(buf, cap, &len, "}");
   return len;
 }

@@ -1,6 +1,12 @@
-/* kvshim stats: every counter and gauge is declared once, in KVS_STAT_FIELDS, which generates
- * the enum, the name table and the help table. Rendered as INFO-style "key:value" text (the
- * STATS opcode, `kvshim stats`) and as JSON (KVSHIM_STATS, the A/B runner) from the same table.
+/* kvshim stats: every counter and gauge is declared once, as a row X(name, kind, help) in the
+ * list of the layer that counts it, which generates the ids, the names and the help. Rendered as
+ * INFO-style "key:value" text (the STATS opcode, `kvshim stats`) and as JSON (KVSHIM_STATS, the
+ * A/B runner) from the same table.
+ *
+ * Each layer owns its rows (design §2, §13): KVS_CORE_STATS here holds those core's code counts;
+ * the runtime's and each hook family's rows live with them, and runtime/rows.h composes the
+ * process's table (core's rows first, so their ids are these) and installs it with
+ * kvs_stats_use_table. Until then the table is core's rows alone.
  *
  * Counters only grow; gauges are set by their owner, or moved by deltas (the store moves its
  * byte and object gauges by each mutation's delta). All updates are relaxed atomics: a snapshot
@@ -28,9 +34,9 @@ extern "C" {
 
 #define KVS_STATS_VERSION 1
 
-/* X(name, kind, help). kind: C = counter (monotonic), G = gauge. Append only: JSON consumers
- * read by name, but the order is the rendering order. */
-#define KVS_STAT_FIELDS(X)                                                                    \
+/* X(name, kind, help). kind: C = counter (monotonic), G = gauge. Append only within a list:
+ * JSON consumers read by name, but the order is the rendering order. */
+#define KVS_CORE_STATS(X)                                                                     \
   X(store_reserve_calls, C, "reserve_write/reserve_object calls")                             \
   X(store_reserved, C, "keys reserved for writing")                                           \
   X(store_present, C, "keys already READY at reservation (nothing to write)")                 \
@@ -62,9 +68,6 @@ extern "C" {
   X(store_free_bytes, G, "free bytes in the cache arena")                                     \
   X(store_arena_bytes, G, "cache arena size")                                                 \
   X(pool_fragmentation_pct, G, "100 * (1 - largest free extent / free bytes)")               \
-  X(host_arena_used_bytes, G, "bytes of the host arena handed out")                           \
-  X(host_arena_allocs, C, "host allocations served from the pool")                            \
-  X(host_arena_fallbacks, C, "host allocations passed to the real allocator")                 \
   X(peer_lookups, C, "LOOKUPs sent to peers (or PREPARE_RETRIEVEs in their place)")           \
   X(peer_hits, C, "chunks retrieved from peers")                                              \
   X(peer_misses, C, "peer retrievals that found nothing")                                     \
@@ -80,39 +83,6 @@ extern "C" {
   X(coord_errors, C, "requests answered with ERROR")                                          \
   X(coord_bad_frames, C, "malformed frames (connection closed)")                              \
   X(coord_bytes_out, C, "payload bytes sent inline")                                          \
-  X(hook_calls, C, "hooked calls that reached kvshim")                                        \
-  X(hook_fallbacks, C, "hooked calls passed to the real function after an internal problem")  \
-  X(hook_hits, C, "hooked loads served from the cache")                                       \
-  X(hook_misses, C, "hooked loads passed to the engine")                                      \
-  X(hook_stores, C, "hooked stores kept in the cache")                                        \
-  X(hook_store_failures, C, "hooked stores the cache could not keep")                       \
-  X(cuda_device_allocs, C, "device allocations recorded in the tensor registry")              \
-  X(cuda_device_exportable, C, "recorded device allocations given a CUDA IPC handle")         \
-  X(cuda_device_unexportable, C,                                                              \
-    "recorded device allocations that cannot be exported (cuMemAllocAsync, managed)")          \
-  X(cuda_ipc_opens, C, "peer CUDA IPC handles opened in this process (first reference)")      \
-  X(host_arena_h2d_bytes, C, "bytes copied host arena -> device by hooked async copies")      \
-  X(host_arena_d2h_bytes, C, "bytes copied device -> host arena by hooked async copies")    \
-  X(llama_prefix_lookups, C, "llama prefix cache: batches that looked for a cached prefix")    \
-  X(llama_prefix_restores, C, "llama prefix cache: cached prefixes restored into a sequence") \
-  X(llama_prefix_restored_tokens, C, "llama prefix cache: batch tokens not decoded (restored)") \
-  X(llama_prefix_restore_failures, C,                                                         \
-    "llama prefix cache: restores undone (the engine's batch was decoded unchanged)")          \
-  X(llama_prefix_peer_restores, C, "llama prefix cache: restores of a state fetched from a peer") \
-  X(llama_prefix_snapshots, C, "llama prefix cache: sequence states stored")                  \
-  X(llama_prefix_snapshot_bytes, C, "llama prefix cache: bytes of sequence states stored")    \
-  X(llama_prefix_snapshot_ns, C,                                                              \
-    "llama prefix cache: nanoseconds spent storing states on the decode path (all included)") \
-  X(llama_prefix_restore_ns, C,                                                               \
-    "llama prefix cache: nanoseconds spent looking up and restoring before decodes")         \
-  X(llama_state_get_ns, C,                                                                    \
-    "nanoseconds inside the engine's llama_state_seq_get_size/get_data called by kvshim")    \
-  X(llama_state_set_ns, C,                                                                    \
-    "nanoseconds inside the engine's llama_state_seq_set_data called by kvshim")             \
-  X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
-  X(llama_prefix_passthrough, C,                                                              \
-    "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
-  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")        \
   X(coord_accept_paused, C,                                                                   \
     "times the coordinator stopped accepting: out of file descriptors (EMFILE/ENFILE)")       \
   X(store_live_pins, G, "read pins held now (returns to 0 when every reader is gone)")        \
@@ -134,48 +104,8 @@ extern "C" {
   X(remote_breaker_opens, C, "remote tier: circuit breaker openings (tier skipped a while)")  \
   X(remote_queue_drops, C, "remote tier: writes dropped (queue full, breaker open, unpinned)") \
   X(remote_bad_values, C, "remote tier: values that failed a check (missed and deleted)")     \
-  X(host_arena_inline_pins, C, "host-arena registrations made inside an engine's allocation")  \
-  X(cache_peer_stores, C, "one copy: objects stored straight into the cache peer's pool")      \
-  X(cache_peer_loads, C, "one copy: objects read from the cache peer's pool into the caller's") \
-  X(cache_peer_fallbacks, C,                                                                  \
-    "one copy: stores and loads the cache peer failed, served by the own pool instead")        \
-  X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
-  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
-  X(llama_prefix_shared_in_batch, C,                                                          \
-    "llama prefix cache: sequences restored from a prefix another sequence of their batch computed once") \
-  X(llama_prefix_prompt_tokens, C,                                                            \
-    "llama prefix cache: tokens of decode batches of more than one token (prompt tokens seen)") \
-  X(llama_prefix_refused_rules, C,                                                            \
-    "llama prefix cache: batches that could not take a restore (too short, outputs, ubatch rules)") \
-  X(llama_prefix_refused_unknown, C,                                                          \
-    "llama prefix cache: prompt batches not restored into: the sequence's KV is not what kvshim knows") \
-  X(llama_prefix_refused_several, C,                                                          \
-    "llama prefix cache: prompt batches not restored into: several sequences in one batch")    \
-  X(llama_prefix_refused_disabled, C,                                                         \
-    "llama prefix cache: prompt batches not restored into: the context is no longer cached")   \
-  X(llama_prefix_states_known, C,                                                             \
-    "llama prefix cache: engine state loads whose tokens kvshim knew (a state it saw saved, a file)") \
-  X(llama_chunks_stored, C, "llama chunk storage: chunk objects stored")                     \
-  X(llama_chunks_dedup, C, "llama chunk storage: chunks of a snapshot found already stored (not stored again)") \
-  X(llama_chunks_saved_bytes, C, "llama chunk storage: bytes of chunks not stored again (dedup)") \
-  X(llama_chunks_whole, C,                                                                    \
-    "llama chunk storage: states stored whole, not split (every reason: the three below)")     \
-  X(llama_chunks_whole_window, C,                                                             \
-    "llama chunk storage: states stored whole: a sliding-window cache without swa_full")       \
-  X(llama_chunks_whole_cells, C,                                                              \
-    "llama chunk storage: states stored whole: cells not the sequence at 0..n-1 in one stream") \
-  X(llama_chunks_whole_layout, C,                                                             \
-    "llama chunk storage: states stored whole: a state layout not known (memory, release)")    \
-  X(llama_chunks_assembled, C, "llama chunk storage: states assembled from chunk objects for a restore") \
-  X(llama_chunks_assemble_ns, C, "llama chunk storage: time spent assembling states, ns")     \
   X(cache_peer_pool_pins, C,                                                                  \
     "one copy: cache peer pool mappings registered with the device driver in the background")  \
-  X(host_arena_pinned_bytes, G,                                                               \
-    "bytes of the host arena registered with the CUDA driver now (pieces and own extents)")    \
-  X(host_arena_pieces_ahead, C,                                                               \
-    "host-arena pieces registered ahead of use by the background thread")                     \
-  X(cuda_vmm_allocs, C, "VMM physical allocations (cuMemCreate) passed through, not exportable") \
-  X(cuda_vmm_bytes, C, "bytes of VMM physical allocations (cuMemCreate) passed through") \
   X(disk_objects, G, "disk tier: objects on disk (in its index)")                             \
   X(disk_bytes, G, "disk tier: bytes of its segment files")                                   \
   X(disk_hits, C, "disk tier: keys read from disk into the pool")                             \
@@ -192,26 +122,47 @@ extern "C" {
   X(disk_read_errors, C, "disk tier: read faults (I/O errors), served as misses")             \
   X(disk_scan_ms, G, "disk tier: time the start-up scan of the directory took, ms")           \
   X(disk_scan_objects, G, "disk tier: objects the start-up scan found")                       \
-  X(llama_chunks_tails, C,                                                                    \
-    "llama chunk storage: short chunks stored of the canonical tokens past a snapshot's whole chunks") \
-  X(llama_chunks_tail_tokens, C,                                                              \
-    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)") \
   X(disk_reads_direct, C, "disk tier: payloads of 1 MiB or more read with O_DIRECT (measured faster)") \
   X(disk_reads_buffered, C,                                                                   \
     "disk tier: payloads of 1 MiB or more read buffered (measured faster, or a probe)")
 
-typedef enum kvs_stat_id {
-#define KVS__STAT_ENUM(name, kind, help) KVS_STAT_##name,
-  KVS_STAT_FIELDS(KVS__STAT_ENUM)
-#undef KVS__STAT_ENUM
-  KVS_STAT__COUNT
-} kvs_stat_id_t;
+/* A stat's id is its row's index in the table; core's rows come first in every table, so
+ * KVS_STAT_<name> of a core row is the same everywhere. */
+typedef unsigned kvs_stat_id_t;
+/* Generators for a layer's rows: the id and the table row. */
+#define KVS_STAT_ENUM(name, kind, help) KVS_STAT_##name,
+#define KVS__STAT_KIND_C 'C'
+#define KVS__STAT_KIND_G 'G'
+#define KVS_STAT_ROW(name, kind, help) {#name, KVS__STAT_KIND_##kind, help},
+enum { KVS_CORE_STATS(KVS_STAT_ENUM) KVS_STAT__CORE };
+
+typedef struct kvs_stat_row {
+  const char *name;
+  char kind; /* 'C' counter, 'G' gauge */
+  const char *help;
+} kvs_stat_row_t;
+/* A table of rows: core's first, in their order, then any others (n <= KVS_STATS_MAX). */
+typedef struct kvs_stat_table {
+  const kvs_stat_row_t *rows;
+  unsigned n;
+} kvs_stat_table_t;
+
+/* Fields a block holds: the most rows a table may have (runtime/rows.h asserts its count). */
+#define KVS_STATS_MAX 192u
+
+/* Make t the process's table: the names, kinds and help every block is read and rendered by.
+ * Called once, before the threads that read stats start (the runtime's configuration, the
+ * CLI's main). Returns -EINVAL (table unchanged) unless t starts with core's rows and has at
+ * most KVS_STATS_MAX. */
+int kvs_stats_use_table(const kvs_stat_table_t *t);
+/* The rows of the process's table. */
+unsigned kvs_stats_count(void);
 
 #define KVS_STATS_STRIPES 16u
 /* Words per stripe row: the fields rounded up to whole 64-byte lines, plus one line, so that no
  * cache line holds words of two rows whatever the block's alignment (the words past the fields
  * stay 0). */
-#define KVS_STATS_ROW_WORDS ((((unsigned)KVS_STAT__COUNT + 7u) / 8u + 1u) * 8u)
+#define KVS_STATS_ROW_WORDS (((KVS_STATS_MAX + 7u) / 8u + 1u) * 8u)
 
 /* A stats block. Versioned so a reader can tell what it holds; zero-initialise, then set
  * version/size with kvs_stats_init. The process-wide block is kvs_stats_global(). Read fields

@@ -21,18 +21,8 @@ const kvs__family_t *const kvs__families[] = {
 #undef KVS__FAMILY_PTR
 };
 
-/* A family's KVSHIM_HOOKS bit is its position in KVS_HOOK_FAMILIES (core/options.h lists the
- * choices in that order). */
-enum {
-#define KVS__FAMILY_POS(id, name, title, rows) KVS__FAMILY_POS_##id,
-  KVS_HOOK_FAMILIES(KVS__FAMILY_POS)
-#undef KVS__FAMILY_POS
-};
-#define KVS__FAMILY_BIT(id, name, title, rows)                                                \
-  _Static_assert(KVS_HOOK_##id == 1u << KVS__FAMILY_POS_##id,                                 \
-                 "KVS_HOOK_" #id " is not the bit of " #name "'s row in shims/families.h");
-KVS_HOOK_FAMILIES(KVS__FAMILY_BIT)
-#undef KVS__FAMILY_BIT
+/* A family's KVSHIM_HOOKS bit (KVS_HOOK_<ID>) is made from its row's position in
+ * KVS_HOOK_FAMILIES by runtime/rows.h, with KVSHIM_HOOKS's choices in that order. */
 const size_t kvs__n_families = KVS__ARRAY_LEN(kvs__families);
 
 static void fork_prepare(void) { kvs__runtime_fork(0); }

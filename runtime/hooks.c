@@ -192,12 +192,12 @@ bool kvs__family_present(const kvs__family_t *f) {
 /* ---- configuration, init, fork ------------------------------------------------------------------ */
 
 bool kvs__family_configured(const kvs__family_t *f) {
-  const kvs_options_t *o = kvs__runtime_options();
+  const kvs_config_t *o = kvs__runtime_options();
   return o->enable && ((o->hooks & KVS_HOOKS_AUTO) || (o->hooks & f->flag));
 }
 
 bool kvs__family_enabled_slow(const kvs__family_t *f) {
-  const kvs_options_t *o = kvs__runtime_options();
+  const kvs_config_t *o = kvs__runtime_options();
   bool on = o->enable && ((o->hooks & f->flag) ||
                           ((o->hooks & KVS_HOOKS_AUTO) && kvs__family_present(f)));
   /* The configuration never changes and presence is sticky: remember a yes. */
@@ -206,7 +206,7 @@ bool kvs__family_enabled_slow(const kvs__family_t *f) {
 }
 
 int kvs__families_init(kvs__runtime_t *rt) {
-  const kvs_options_t *o = &rt->opts;
+  const kvs_config_t *o = &rt->opts;
   for (size_t i = 0; i < kvs__n_families; i++) {
     const kvs__family_t *f = kvs__families[i];
     /* Every configured family is initialised, present or not: with KVSHIM_HOOKS=auto one

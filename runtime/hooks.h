@@ -47,7 +47,7 @@ typedef struct kvs__family_state {
 
 typedef struct kvs__family {
   const char *name;             /* for log lines: "llama.cpp" */
-  unsigned flag;                /* KVS_HOOK_* (options.h) */
+  unsigned flag;                /* KVS_HOOK_* (rows.h) */
   const char *prefix;           /* every hooked name starts with it ("cu", "llama_", "kvo_") */
   const char *const *names;     /* [n_rows] ELF names */
   const kvs__code_t *wrappers;  /* [n_hooks] kvshim's exported wrappers */

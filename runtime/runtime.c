@@ -33,7 +33,7 @@ static pid_t g_pid;                 /* this process (constructor, then the fork 
 static int g_forked;                /* this image is a fork child of the one that loaded us */
 
 static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
-static kvs_options_t g_opts;        /* written once under g_cfg_once */
+static kvs_config_t g_opts;         /* written once under g_cfg_once */
 
 static pthread_once_t g_rt_once = PTHREAD_ONCE_INIT;
 /* Fork child: the runtime inherited from the parent and never used. Extern (hidden), so the
@@ -57,10 +57,11 @@ static char g_group_dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static void cfg_load(void) {
   KVS__REENTRY_GUARD();
   __atomic_store_n(&g_hooked, 1, __ATOMIC_RELAXED);
-  kvs_options_load(&g_opts, NULL, KVS_OPTIONS_APPLY_LOG);
+  (void)kvs_stats_use_table(kvs_config_stats()); /* fits: asserted in rows.h */
+  kvs_config_load(&g_opts, NULL, KVS_OPTIONS_APPLY_LOG);
   if (kvs_log_get_level() >= KVS_LOG_DEBUG) {
     char table[8192];
-    kvs_options_render(&g_opts, table, sizeof table);
+    kvs_config_render(&g_opts, table, sizeof table);
     kvs_log_debug("configuration (pid %ld):", (long)getpid());
     for (char *line = table, *nl; *line; line = nl + 1) {
       nl = strchr(line, '\n');
@@ -76,7 +77,7 @@ static void cfg_load(void) {
   }
 }
 
-const kvs_options_t *kvs__runtime_options(void) {
+const kvs_config_t *kvs__runtime_options(void) {
   pthread_once(&g_cfg_once, cfg_load);
   return &g_opts;
 }
@@ -114,16 +115,17 @@ static void rt_teardown(kvs__runtime_t *rt) {
   memset(rt, 0, sizeof *rt);
 }
 
-static int rt_build_parts(kvs__runtime_t *rt, const kvs_options_t *o) {
+static int rt_build_parts(kvs__runtime_t *rt, const kvs_config_t *c) {
   memset(rt, 0, sizeof *rt);
-  rt->opts = *o;
+  rt->opts = *c;
+  const kvs_options_t *o = &c->core;
   rt->pid = g_pid;
-  kvs_pool_config_t pc = {.cache_size = o->pool_size, .host_size = o->host_pool_size,
+  kvs_pool_config_t pc = {.cache_size = o->pool_size, .host_size = c->host_pool_size,
                           .hugepages = o->hugepages != 0};
   int rc = kvs_pool_create(&pc, &rt->pool);
   if (rc < 0) {
     kvs_log_warn("cannot create the pool (%llu + %llu bytes): %s",
-                 (unsigned long long)o->pool_size, (unsigned long long)o->host_pool_size,
+                 (unsigned long long)o->pool_size, (unsigned long long)c->host_pool_size,
                  strerror(-rc));
     return rc;
   }
@@ -164,12 +166,13 @@ static int rt_build_parts(kvs__runtime_t *rt, const kvs_options_t *o) {
 
 static void rt_build(void) {
   KVS__REENTRY_GUARD();
-  const kvs_options_t *o = kvs__runtime_options();
-  if (!o->enable) return; /* DISABLED was set by cfg_load */
+  const kvs_config_t *c = kvs__runtime_options();
+  const kvs_options_t *o = &c->core;
+  if (!c->enable) return; /* DISABLED was set by cfg_load */
   g_tried = 1;
   sigset_t old;
   block_signals(&old);
-  int rc = rt_build_parts(&kvs__rt, o);
+  int rc = rt_build_parts(&kvs__rt, c);
   if (rc == 0) {
     if (kvs__rt.coord) {
       int n1 = snprintf(g_sock_path, sizeof g_sock_path, "%s",
@@ -198,7 +201,7 @@ static void rt_build(void) {
     __atomic_store_n(&kvs__rt_state, KVS__RT_FAILED, __ATOMIC_RELEASE);
   } else {
     kvs_log_info("ready: pool %llu + %llu bytes, instance %016llx%s%s",
-                 (unsigned long long)o->pool_size, (unsigned long long)o->host_pool_size,
+                 (unsigned long long)o->pool_size, (unsigned long long)c->host_pool_size,
                  (unsigned long long)kvs__rt.instance_id, kvs__rt.coord ? ", socket " : "",
                  kvs__rt.coord ? kvs_coord_socket_path(kvs__rt.coord) : "");
     __atomic_store_n(&kvs__rt_state, KVS__RT_ACTIVE, __ATOMIC_RELEASE);
@@ -276,7 +279,7 @@ static kvs_peers_t *g_keep_peers; /* written under g_keep_lock */
 kvs_peers_t *kvs__forgotten_keep_peers;
 
 static kvs_peers_t *keep_peers_create(const kvs__runtime_t *rt) {
-  kvs_options_t o = rt->opts;
+  kvs_options_t o = rt->opts.core;
   o.push = KVS_PUSH_OFF; /* it only fetches */
   kvs_peers_config_t pc = {.opts = &o, .instance_id = rt->instance_id,
                            .role = KVS_PROTO_ROLE_ENGINE, .local = rt->store};

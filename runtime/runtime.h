@@ -8,7 +8,8 @@
  *               test forks) loads the library, and none of them may notice it until it calls
  *               a hook.
  *   config      the first hooked call of any kind reads the configuration snapshot once
- *               (kvs__runtime_options). KVSHIM_ENABLE=0 stops here: every hook passes through.
+ *               (kvs__runtime_options: every row of runtime/rows.h) and installs the stats
+ *               table. KVSHIM_ENABLE=0 stops here: every hook passes through.
  *   runtime     the first hooked call that needs the cache (an allocation hook, a kvo/llama
  *               hook) builds the runtime once with pthread_once (kvs__runtime_get): pool,
  *               store, tensor registry, coordinator + peer client (unless KVSHIM_PEERS=0),
@@ -35,10 +36,9 @@
 #include <sys/types.h>
 
 #include "coord.h"
-#include "options.h"
 #include "peer.h"
 #include "pool.h"
-#include "stats.h"
+#include "rows.h"
 #include "store.h"
 #include "tensor.h"
 
@@ -57,7 +57,7 @@ enum { KVS__RT_UNINIT = 0, KVS__RT_ACTIVE = 1, KVS__RT_FAILED = 2, KVS__RT_DISAB
 /* Everything the hooks share. Written once by the init (before kvs__rt_state becomes ACTIVE,
  * with release ordering), read-only afterwards; the objects it points to are thread safe. */
 typedef struct kvs__runtime {
-  kvs_options_t opts;              /* the configuration snapshot */
+  kvs_config_t opts;               /* the configuration snapshot (runtime/rows.h) */
   kvs_pool_t *pool;                /* owned; never destroyed (see exit above) */
   kvs_store_t *store;              /* owned */
   kvs_tensor_registry_t *tensors;  /* owned: every intercepted allocation */
@@ -118,7 +118,7 @@ static inline void kvs__reentry_leave(int *unused) {
 
 /* The configuration snapshot, read from environ on the first call (log level and
  * KVSHIM_LOG_FILE applied; KVSHIM_LOG=debug prints the table). Never NULL. */
-const kvs_options_t *kvs__runtime_options(void);
+const kvs_config_t *kvs__runtime_options(void);
 
 /* The runtime when it is ACTIVE, building it on the first call (concurrent first callers wait
  * for one init). NULL means "pass through": disabled, init failed, or called re-entrantly. */

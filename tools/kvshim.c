@@ -35,6 +35,7 @@
 #include "proto.h"
 #include "redis.h"
 #include "remote.h"
+#include "rows.h"
 
 enum { EXIT_OK = 0, EXIT_MISS = 1, EXIT_USAGE = 2, EXIT_NO_PEER = 3 };
 
@@ -112,9 +113,9 @@ static int usage_error(const char *fmt, const char *arg) {
 
 /* Options from the environment, then --flag VALUE pairs; the other arguments are returned in
  * rest[] (n_rest). Returns 0 or EXIT_USAGE. */
-static int parse_args(int argc, char **argv, kvs_options_t *o, char **rest, int *n_rest,
+static int parse_args(int argc, char **argv, kvs_config_t *c, char **rest, int *n_rest,
                       int *json) {
-  kvs_options_load(o, NULL, KVS_OPTIONS_APPLY_LOG);
+  kvs_config_load(c, NULL, KVS_OPTIONS_APPLY_LOG);
   *n_rest = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
@@ -135,17 +136,17 @@ static int parse_args(int argc, char **argv, kvs_options_t *o, char **rest, int 
     for (size_t k = 0; k < n; k++) field[k] = name[k] == '-' ? '_' : name[k];
     field[n] = '\0';
     kvs_option_id_t id;
-    if (kvs_options_find(field, &id) < 0) return usage_error("unknown option %s", a);
+    if (kvs_config_find(field, &id) < 0) return usage_error("unknown option %s", a);
     if (eq) value = eq + 1;
     else if (i + 1 < argc) value = argv[++i];
     else return usage_error("option %s needs a value", a);
-    int rc = kvs_options_set(o, id, value);
+    int rc = kvs_config_set(c, id, value);
     if (rc < 0) {
       fprintf(stderr, "kvshim: bad value '%s' for %s (%s)\n", value, a,
               rc == -ERANGE ? "out of range" : "malformed");
       return EXIT_USAGE;
     }
-    if (id == KVS_OPT_log) kvs_log_set_level((kvs_log_level_t)o->log);
+    if (id == KVS_OPT_log) kvs_log_set_level((kvs_log_level_t)c->core.log);
   }
   return 0;
 }
@@ -278,7 +279,7 @@ static int cmd_serve(kvs_options_t *o) {
   pthread_t pf;
   if (pthread_create(&pf, NULL, serve_prefault, pool) == 0) pthread_detach(pf);
   char size[32];
-  kvs_options_format_value(o, KVS_OPT_pool_size, size, sizeof size);
+  kvs_options_format_value(&kvs_options_core, o, KVS_OPT_pool_size, size, sizeof size);
   kvs_remote_attach(remote, coord);
   kvs_disk_attach(disk, coord);
   printf("kvshim serve: pid %ld, instance %016" PRIx64 ", group %s, pool %s, socket %s%s%s\n",
@@ -611,7 +612,7 @@ static const char *command_help(const char *cmd) {
 /* usage_text and every KVSHIM_* variable (the unknown-variable warning points here). */
 static void print_usage(void) {
   char vars[16384];
-  size_t n = kvs_options_usage(vars, sizeof vars);
+  size_t n = kvs_config_usage(vars, sizeof vars);
   fputs(usage_text, stdout);
   fputs(variables_head, stdout);
   fputs(vars, stdout);
@@ -619,6 +620,7 @@ static void print_usage(void) {
 }
 
 int main(int argc, char **argv) {
+  (void)kvs_stats_use_table(kvs_config_stats()); /* every row: fits, asserted in rows.h */
   if (argc < 2) {
     fputs(usage_text, stderr);
     return EXIT_USAGE;
@@ -645,43 +647,44 @@ int main(int argc, char **argv) {
       fputs(help, stdout);
       return EXIT_OK;
     }
-  kvs_options_t o;
+  kvs_config_t cfg;
+  kvs_options_t *o = &cfg.core; /* what the commands read: core's rows */
   char *rest[64];
   int n_rest = 0, json = 0;
   bool takes_json = strcmp(cmd, "peers") == 0 || strcmp(cmd, "stats") == 0;
   /* rest[] holds at most 64 arguments: checked before any command parses into it. */
   if (argc - 2 > 64) return usage_error("too many arguments%s", "");
   if (strcmp(cmd, "remote") == 0) {
-    int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
+    int r = parse_args(argc - 2, argv + 2, &cfg, rest, &n_rest, NULL);
     if (r) return r;
     if (n_rest) return usage_error("remote takes no argument '%s'", rest[0]);
-    return cmd_remote(&o);
+    return cmd_remote(o);
   }
   if (strcmp(cmd, "disk") == 0) {
-    int r = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, NULL);
+    int r = parse_args(argc - 2, argv + 2, &cfg, rest, &n_rest, NULL);
     if (r) return r;
     if (n_rest != 1) return usage_error("disk needs one DIR%s", "");
     return cmd_disk(rest[0]);
   }
-  int rc = parse_args(argc - 2, argv + 2, &o, rest, &n_rest, takes_json ? &json : NULL);
+  int rc = parse_args(argc - 2, argv + 2, &cfg, rest, &n_rest, takes_json ? &json : NULL);
   if (rc) return rc;
   if (strcmp(cmd, "serve") == 0) {
     if (n_rest) return usage_error("serve takes no argument '%s'", rest[0]);
-    return cmd_serve(&o);
+    return cmd_serve(o);
   }
   if (strcmp(cmd, "peers") == 0) {
     if (n_rest) return usage_error("peers takes no argument '%s'", rest[0]);
     if (json == 2) return usage_error("%s is not an option of peers", "--prometheus");
-    return cmd_peers(&o, json);
+    return cmd_peers(o, json);
   }
   if (strcmp(cmd, "stats") == 0) {
     if (n_rest > 1) return usage_error("stats takes at most one PEER, got '%s'", rest[1]);
-    return cmd_stats(&o, n_rest ? rest[0] : NULL, json);
+    return cmd_stats(o, n_rest ? rest[0] : NULL, json);
   }
   if (strcmp(cmd, "put") == 0) {
     if (n_rest != 2) return usage_error("put needs NAME and FILE%s", "");
-    return cmd_put(&o, rest[0], rest[1]);
+    return cmd_put(o, rest[0], rest[1]);
   }
   if (n_rest < 1 || n_rest > 2) return usage_error("get needs NAME [OUT]%s", "");
-  return cmd_get(&o, rest[0], n_rest > 1 ? rest[1] : NULL);
+  return cmd_get(o, rest[0], n_rest > 1 ? rest[1] : NULL);
 }

@@ -101,7 +101,7 @@ static kvs_key_t kvo_ns_key(const kvs__runtime_t *rt, const kvo_desc_t *d) {
   _Static_assert(KVO_MODEL_ID_MAX <= KVS_NS_STR_MAX, "model id fits the namespace");
   memcpy(ns.model, d->model_id, id_len);
   ns.model_len = (uint32_t)id_len;
-  kvs_namespace_set_salt(&ns, rt->opts.salt);
+  kvs_namespace_set_salt(&ns, rt->opts.core.salt);
   return kvs_keys_namespace(&ns);
 }
 

@@ -11,6 +11,7 @@
 #include "blob.h"
 #include "blob_hash.h"
 #include "internal.h"
+#include "rows.h" /* KVS_STAT_llama_* (shims/llama/llama_rows.h, composed) */
 #include "stats.h"
 
 /* ---- the checksum ----------------------------------------------------------------------------- */

@@ -144,8 +144,8 @@ static int ll_path_key(const kvs__llama_model_t *m, const char *path, kvs_key_t 
 /* The prefix key of all n tokens: the chunk chain of design §6 over the full chunks, then the
  * partial tail chained the same way (a chunk-aligned n gives exactly the last chunk's key). */
 static kvs_key_t ll_prefix_key(const kvs__llama_model_t *m, const int32_t *tokens, size_t n) {
-  const kvs_options_t *o = kvs__runtime_options();
-  size_t c = (size_t)o->chunk_tokens;
+  const kvs_config_t *o = kvs__runtime_options();
+  size_t c = (size_t)o->core.chunk_tokens;
   kvs_key_t k = m->ns;
   const uint32_t *t = (const uint32_t *)(const void *)tokens;
   size_t i = 0;
@@ -596,7 +596,7 @@ struct llama_model *llama_model_load_from_file(const char *path_model,
   struct llama_model *model = real(path_model, params);
   if (model && path_model) {
     KVS__REENTRY_GUARD(); /* file reads and hashing only: kvshim's own work */
-    kvs__llama_model_add(model, path_model, kvs__runtime_options());
+    kvs__llama_model_add(model, path_model, &kvs__runtime_options()->core);
   }
   ll_depth--;
   return model;

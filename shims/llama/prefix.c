@@ -316,8 +316,8 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   uint32_t n_seq = n_seq_max(ctx), cap = n_ctx_seq(ctx), ub = n_ubatch(ctx);
   if (!c->mem || n_seq == 0 || n_seq > KVS_PX_MAX_SEQ || cap == 0 || ub == 0)
     return "unusual context sizes";
-  const kvs_options_t *o = kvs__runtime_options();
-  c->chunk = (uint32_t)o->chunk_tokens;
+  const kvs_config_t *o = kvs__runtime_options();
+  c->chunk = (uint32_t)o->core.chunk_tokens;
   c->min_tokens = (uint32_t)o->llama_min_tokens;
   c->chunks = o->llama_chunks && !c->swa; /* a window cache's states do not split */
   c->chunks_window = o->llama_chunks && c->swa;
@@ -356,7 +356,7 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   ns.dtype = ((uint32_t)p->type_k & 0xffffu) | ((uint32_t)p->type_v << 16);
   ns.chunk_tokens = c->chunk;
   ns.world_size = 1;
-  kvs_namespace_set_salt(&ns, o->salt);
+  kvs_namespace_set_salt(&ns, o->core.salt);
   c->ns = kvs_keys_namespace(&ns);
 
   /* The shadow, the key scratch and the re-decode batch: one lazily backed mapping. */
@@ -1811,7 +1811,7 @@ static void px_drop_held(px_ctx_t *c, kvs__runtime_t *rt, const kvs_key_t *key) 
 static uint32_t px_flight(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint32_t m,
                           uint32_t first_out, kvs_key_t *ck, bool *claimed) {
   kvs__runtime_t *rt = kvs__runtime_get();
-  const kvs_options_t *o = kvs__runtime_options();
+  const kvs_config_t *o = kvs__runtime_options();
   uint32_t jmax = (c->sh.seq[s].n + m) / c->chunk;
   *claimed = false;
   if (!rt || !kvs__cache_has_peers(rt) || !o || o->llama_wait_ms <= 0 || !jmax) return 0;

@@ -1,7 +1,8 @@
 /* libFuzzer harness for the options parser (core/options: sizes "4G"/"512MiB", booleans, enums,
  * flag lists "cuda|kvo", names, uid lists, paths; style.md §6).
  *
- * Input: the first byte picks a row of KVS_OPTION_TABLE, the rest is its value (NUL-free prefix).
+ * Input: the first byte picks a row of the process's table (runtime/rows.h: every layer's rows),
+ * the rest is its value (NUL-free prefix).
  * Properties (abort() = a finding):
  *   - kvs_options_set returns 0, -EINVAL or -ERANGE, and leaves the options unchanged on error;
  *   - an accepted SIZE/INT value lies within the row's [min, max];
@@ -16,19 +17,32 @@
 
 #include "log.h"
 #include "options.h"
+#include "rows.h"
 
-static void check_bounds(const kvs_options_t *o) {
-#define KVS__B_BOOL(f, lo, hi)
-#define KVS__B_ENUM(f, lo, hi)
-#define KVS__B_FLAGS(f, lo, hi)
-#define KVS__B_STR(f, lo, hi) if (!memchr(o->f, 0, sizeof o->f)) abort();
-#define KVS__B_NAME(f, lo, hi) if (!memchr(o->f, 0, sizeof o->f)) abort();
-#define KVS__B_UIDS(f, lo, hi) if (!memchr(o->f, 0, sizeof o->f)) abort();
-#define KVS__B_SIZE(f, lo, hi) if (o->f < (uint64_t)(lo) || o->f > (uint64_t)(hi)) abort();
-#define KVS__B_INT(f, lo, hi) if (o->f < (int64_t)(lo) || o->f > (int64_t)(hi)) abort();
-#define KVS__B(f, env, type, def, lo, hi, choices, unit, help) KVS__B_##type(f, lo, hi)
-  KVS_OPTION_TABLE(KVS__B)
-#undef KVS__B
+static void check_bounds(const kvs_config_t *c) {
+  const kvs_option_table_t *t = kvs_config_rows();
+  for (unsigned i = 0; i < t->n; i++) {
+    const kvs_option_row_t *r = &t->rows[i];
+    const char *f = (const char *)c + r->offset;
+    uint64_t u;
+    int64_t v;
+    switch (r->type) {
+      case KVS_OPTION_SIZE:
+        memcpy(&u, f, sizeof u);
+        if (u < r->lo || u > r->hi) abort();
+        break;
+      case KVS_OPTION_INT:
+        memcpy(&v, f, sizeof v);
+        if (v < (int64_t)r->lo || v > (int64_t)r->hi) abort();
+        break;
+      case KVS_OPTION_STR:
+      case KVS_OPTION_NAME:
+      case KVS_OPTION_UIDS:
+        if (!memchr(f, 0, KVS_OPT_STR_MAX)) abort();
+        break;
+      default: break;
+    }
+  }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -42,19 +56,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(val, data + 1, size - 1);
   val[size - 1] = '\0';
   kvs_option_id_t id = (kvs_option_id_t)(data[0] % KVS_OPT__COUNT);
-  kvs_options_t o, before, again;
-  kvs_options_defaults(&o);
+  kvs_config_t o, before, again;
+  kvs_config_defaults(&o);
   before = o;
-  int rc = kvs_options_set(&o, id, val);
+  int rc = kvs_config_set(&o, id, val);
   if (rc != 0 && rc != -EINVAL && rc != -ERANGE) abort();
   if (rc != 0 && memcmp(&o, &before, sizeof o) != 0) abort();
   check_bounds(&o);
   if (rc == 0) {
     char canon[1024], canon2[1024];
-    kvs_options_format_value(&o, id, canon, sizeof canon);
-    kvs_options_defaults(&again);
-    if (kvs_options_set(&again, id, canon) != 0) abort();
-    kvs_options_format_value(&again, id, canon2, sizeof canon2);
+    kvs_config_format_value(&o, id, canon, sizeof canon);
+    kvs_config_defaults(&again);
+    if (kvs_config_set(&again, id, canon) != 0) abort();
+    kvs_config_format_value(&again, id, canon2, sizeof canon2);
     if (strcmp(canon, canon2) != 0) abort();
   }
   /* The same bytes as an environment block: lines "NAME=value". */
@@ -68,8 +82,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s = nl + 1;
   }
   env[n] = NULL;
-  kvs_options_t e;
-  if (kvs_options_load(&e, env, 0) < 0) abort();
+  kvs_config_t e;
+  if (kvs_config_load(&e, env, 0) < 0) abort();
   check_bounds(&e);
   return 0;
 }

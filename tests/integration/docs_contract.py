@@ -3,11 +3,11 @@
 are written once in the code (X-macros) and reach users through the kvshim binary.
 
   options   docs/reference.md's configuration table against `kvshim --help`
-            (KVS_OPTION_TABLE): the same variables, defaults, and every size/integer range
-            stated and right; every KVSHIM_* name the docs mention exists; KVSHIM_HOOKS's
+            (runtime/rows.h, every layer's rows): the same variables, defaults, and every
+            size/integer range stated and right; every KVSHIM_* name the docs mention exists; KVSHIM_HOOKS's
             choices are shims/families.h's
   stats     docs/reference.md's "Every counter" table against `kvshim stats --prometheus`,
-            --json and the INFO text of a running `kvshim serve` (KVS_STAT_FIELDS): names,
+            --json and the INFO text of a running `kvshim serve` (runtime/rows.h): names,
             order, kind, meaning; every counter named elsewhere in the docs exists
   protocol  docs/protocol.md's opcode, error code and caps tables against core/wire/proto.h
             (KVS_PROTO_OPCODES, KVS_PROTO_ERRORS, KVS_PROTO_CAP_*); the message schema

@@ -8,6 +8,11 @@ core/'s layers include one way (design §2): core/ (the base), core/memory/, cor
 core/tiers/, each including only headers of its own layer and of those before it (kvshim.h,
 the umbrella header for tools, excepted).
 
+The library's layers include one way too (design §2): preload/ -> shims/ -> runtime/ -> core/,
+a file including only headers of its own layer and of those below it. One exception: runtime/
+reads the shims' rows (shims/families.h and each family's <name>_rows.h, which runtime/rows.h
+composes), and those headers include nothing but row headers (*_hooks.h, *_rows.h).
+
 Two rules of the library as a whole (core/, runtime/, shims/, preload/; design §3.8, §19):
 discovery runs only on the runtime's watcher (no file but runtime/discovery.c calls
 kvs_peers_discover or kvs_peers_pin_cache outside core/), and threads are started and their
@@ -63,6 +68,51 @@ def scan(root, files, rules_of, text_of, why_suffix):
 
 
 CORE_LAYERS = ("", "memory", "wire", "tiers")  # core/<layer>/, in include order
+LIB_LAYERS = ("core", "runtime", "shims", "preload")  # the library's layers, in include order
+INCLUDE = re.compile(r'\s*#\s*include\s*"([^"]+)"')
+
+
+def rows_only(name):
+    """The shims' headers runtime/ may read: the families' list and each family's rows."""
+    return name == "families.h" or name.endswith("_rows.h")
+
+
+def lib_layers(root):
+    """Print every #include in the library of a header of a layer above the file's own (the
+    runtime's reading the shims' rows excepted, see above), and every include in those row
+    headers of more than rows; the count."""
+    where = {}  # header name -> its layer
+    for i, layer in enumerate(LIB_LAYERS):
+        for h in (root / layer).rglob("*.h"):
+            where.setdefault(h.name, i)
+    bad = 0
+    for f in sources(root, *LIB_LAYERS):
+        rel = f.relative_to(root).as_posix()
+        mine = LIB_LAYERS.index(rel.split("/")[0])
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            inc, name = m.group(1), m.group(1).rsplit("/", 1)[-1]
+            if "/" in inc:  # by its path from the including file
+                try:
+                    top = (f.parent / inc).resolve().relative_to(root.resolve()).parts[0]
+                except ValueError:
+                    continue
+                layer = LIB_LAYERS.index(top) if top in LIB_LAYERS else None
+            else:
+                layer = where.get(inc)
+            if layer is not None and layer > mine and not (
+                    LIB_LAYERS[mine] == "runtime" and LIB_LAYERS[layer] == "shims" and
+                    rows_only(name)):
+                print(f"{rel}:{n}: {LIB_LAYERS[mine]}/ includes a header of "
+                      f"{LIB_LAYERS[layer]}/: {line.strip()}")
+                bad += 1
+            if rel.startswith("shims/") and rows_only(f.name) and not (
+                    rows_only(name) or name.endswith("_hooks.h")):
+                print(f"{rel}:{n}: a row header includes more than rows: {line.strip()}")
+                bad += 1
+    return bad
 
 
 def core_layers(root):
@@ -110,6 +160,11 @@ def main(argv):
     if bad:
         print(f"check_layering: {bad} include(s) in core/ run against its layers", file=sys.stderr)
         return 1
+    bad = lib_layers(root)
+    if bad:
+        print(f"check_layering: {bad} include(s) run against preload -> shims -> runtime -> core",
+              file=sys.stderr)
+        return 1
 
     lib = sources(root, "core", "runtime", "shims", "preload")
     bad = scan(root, lib, lib_rules, code_of, "")
@@ -117,7 +172,8 @@ def main(argv):
         print(f"check_layering: {bad} line(s) break the discovery or thread rule", file=sys.stderr)
         return 1
     print(f"check_layering: {len(files)} files under shims/ reach the tiers only through "
-          f"runtime/cache.h; core/'s layers include one way; of {len(lib)} library files only "
+          f"runtime/cache.h; core/'s layers and the library's include one way (runtime/ reading "
+          f"only the shims' rows); of {len(lib)} library files only "
           "runtime/discovery.c discovers and only core/prim.c starts threads or changes "
           "priorities")
     return 0

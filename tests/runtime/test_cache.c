@@ -59,12 +59,13 @@ static void start(bool cache, bool one_copy) {
   if (cache) server(&C, KVS_PROTO_ROLE_CACHE, L.opts.run_dir, 2);
   server(&O, KVS_PROTO_ROLE_ENGINE, L.opts.run_dir, 3);
   memset(&rt, 0, sizeof rt);
-  rt.opts = L.opts;
+  kvs_config_defaults(&rt.opts);
+  rt.opts.core = L.opts;
   rt.opts.one_copy = one_copy;
   rt.pool = L.pool;
   rt.store = L.store;
   rt.instance_id = L.instance_id;
-  kvs_peers_config_t pc = {.opts = &rt.opts, .instance_id = L.instance_id,
+  kvs_peers_config_t pc = {.opts = &rt.opts.core, .instance_id = L.instance_id,
                            .role = KVS_PROTO_ROLE_ENGINE, .local = L.store};
   cr_assert_eq(kvs_peers_create(&pc, &rt.peers), 0);
   cr_assert_eq(kvs_peers_discover(rt.peers, true), cache ? 2 : 1);
