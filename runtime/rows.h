@@ -26,7 +26,7 @@
 #include "options.h"
 #include "stats.h"
 
-/* ---- the families' KVSHIM_HOOKS bits and choices ------------------------------------------- */
+/* ---- the families' KVSHIM_HOOKS bits and choices -------------------------------------------- */
 
 enum {
 #define KVS__HOOK_POS(id, name, title, rows) KVS__HOOK_POS_##id,
@@ -44,7 +44,7 @@ enum {
 #define KVS__HOOK_CHOICE(id, name, title, rows) "|" #name
 #define KVS__HOOK_CHOICES (KVS_HOOK_FAMILIES(KVS__HOOK_CHOICE) + 1)
 
-/* ---- the runtime's own rows ------------------------------------------------------------------ */
+/* ---- the runtime's own rows ----------------------------------------------------------------- */
 
 /* X(field, ENV, TYPE, default, min, max, choices, unit, help), as core/options.h's rows. */
 #define KVS_RUNTIME_OPTIONS(X)                                                                \
@@ -72,7 +72,7 @@ enum {
   X(cache_peer_fallbacks, C,                                                                  \
     "one copy: stores and loads the cache peer failed, served by the own pool instead")
 
-/* ---- composed ---------------------------------------------------------------------------------- */
+/* ---- composed ------------------------------------------------------------------------------- */
 
 /* A family's rows through one generator each (the preprocessor cannot hand a generator on
  * through KVS_HOOK_FAMILIES's rows). */
@@ -91,7 +91,7 @@ enum {
   KVS_HOOK_FAMILIES(KVS__FAMILY_OPTION_ENUM)
   KVS_OPT__COUNT
 };
-_Static_assert(KVS_OPT__COUNT <= KVS_OPT_MAX, "more option rows than KVS_OPT_MAX (core/options.h)");
+_Static_assert(KVS_OPT__COUNT <= KVS_OPT_MAX, "more option rows than KVS_OPT_MAX (options.h)");
 
 /* The resolved configuration of the process. Plain data: copy it freely. */
 typedef struct kvs_config {
@@ -107,7 +107,7 @@ enum {
   KVS_HOOK_FAMILIES(KVS__FAMILY_STAT_ENUM)
   KVS_STAT__COUNT
 };
-_Static_assert(KVS_STAT__COUNT <= KVS_STATS_MAX, "more stat rows than KVS_STATS_MAX (core/stats.h)");
+_Static_assert(KVS_STAT__COUNT <= KVS_STATS_MAX, "more stat rows than KVS_STATS_MAX (stats.h)");
 
 static inline const kvs_option_table_t *kvs_config_rows(void) {
   static const kvs_option_row_t rows[] = {
