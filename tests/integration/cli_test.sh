@@ -67,6 +67,11 @@ expect 2 "option without value" -- "$K" get foo --group
 expect 2 "--json on put" -- "$K" put a "$T/one" --json
 expect 0 "help" -- "$K" help get
 grep -q "usage: kvshim get" "$T/out" || fail "help get printed: $(head -c 200 "$T/out")"
+expect 0 "--version" -- "$K" --version
+grep -Eqx 'kvshim [0-9]+\.[0-9]+\.[0-9]+' "$T/out" || fail "--version printed: $(head -c 200 "$T/out")"
+expect 0 "version" -- "$K" version
+grep -Eqx 'kvshim [0-9]+\.[0-9]+\.[0-9]+' "$T/out" || fail "version printed: $(head -c 200 "$T/out")"
+expect 2 "version with an argument" -- "$K" version extra
 [ -e "$T/run" ] && [ -n "$(ls -A "$T/run/cli" 2>/dev/null)" ] && fail "a client left files in the run dir"
 
 # ---- a server -----------------------------------------------------------------------------

@@ -5,8 +5,7 @@ keep-behind directly; the tiers are runtime/cache.h's. (shims/cuda's pool use fo
 memory is memory, not a cache tier: the pool rules do not apply under shims/cuda.)
 
 core/'s layers include one way (design §2): core/ (the base), core/memory/, core/wire/,
-core/tiers/, each including only headers of its own layer and of those before it (kvshim.h,
-the umbrella header for tools, excepted).
+core/tiers/, each including only headers of its own layer and of those before it.
 
 Two rules of the library as a whole (core/, runtime/, shims/, preload/; design §3.8, §19):
 discovery runs only on the runtime's watcher (no file but runtime/discovery.c calls
@@ -71,8 +70,6 @@ def core_layers(root):
                 for h in (root / "core").rglob("*.h")}
     bad = 0
     for f in sources(root, "core"):
-        if f.name == "kvshim.h":
-            continue
         mine = CORE_LAYERS.index(f.parent.name if f.parent.name != "core" else "")
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
             m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
