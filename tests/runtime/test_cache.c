@@ -1,5 +1,5 @@
 /* runtime/cache (design §3.7): the facade's tier order and fallbacks, against real in-process
- * coordinators (tests/integration/coord_client.h's ts_server): L is this process's own pool and
+ * coordinators (tests/core/wire/coord_client.h's ts_server): L is this process's own pool and
  * store (the runtime's), C a `kvshim serve` cache peer (role CACHE), O another engine (role
  * ENGINE), all three in one group. The runtime under test is built by hand around L, with its
  * own peer client, as runtime.c builds it around the engine's pool.
