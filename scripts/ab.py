@@ -97,7 +97,7 @@ example (4 engines sharing a prompt prefix; rank 0 is started first):
       build/tests/engines/refengine --rank {rank} --requests 16 --shared-prefix 0.75
 
   (refengine needs a CUDA driver: without a GPU, put the fake one first with
-   LD_LIBRARY_PATH=build/tests/fakecuda/lib scripts/ab ...)
+   LD_LIBRARY_PATH=build/tests/fakes/cuda/lib scripts/ab ...)
 """
 
 

@@ -29,13 +29,19 @@
 #include "coord.h"
 #include "disk.h"
 #include "inspect_cmd.h"
-#include "kvshim.h"
+#include "keys.h"
+#include "log.h"
+#include "options.h"
 #include "peer.h"
+#include "pool.h"
 #include "prim.h"
 #include "proto.h"
 #include "redis.h"
 #include "remote.h"
 #include "rows.h"
+#include "stats.h"
+#include "store.h"
+#include <kvshim/kvshim.h>
 
 enum { EXIT_OK = 0, EXIT_MISS = 1, EXIT_USAGE = 2, EXIT_NO_PEER = 3 };
 
@@ -56,6 +62,7 @@ static const char *const usage_text =
     "                      connect to the remote store (KVSHIM_REMOTE) and describe it\n"
     "  disk DIR            check a disk tier directory (KVSHIM_DISK) offline\n"
     "  help [COMMAND]      this text, or a command's\n"
+    "  version             the release (also --version)\n"
     "\n"
     "Every KVSHIM_* variable is also a flag: --pool-size 2G means KVSHIM_POOL_SIZE=2G,\n"
     "--group g means KVSHIM_GROUP=g. Flags win over the environment.\n"
@@ -80,6 +87,10 @@ static const char *const help_disk =
     "every segment, checks every record's header and payload hash, and prints segments:,\n"
     "objects:, keys:, bytes: and bad:. Exit 0 all good, 1 bad records found, 2 DIR missing or\n"
     "unreadable.\n";
+static const char *const help_version =
+    "usage: kvshim version (or kvshim --version)\n"
+    "Prints the release, \"kvshim MAJOR.MINOR.PATCH\" (KVSHIM_VERSION_STRING of the public\n"
+    "header kvshim/kvshim.h).\n";
 static const char *const help_peers =
     "usage: kvshim peers [--json]\n"
     "Lists the live peers of the group: instance id, pid, role, strategy, pool size and use.\n"
@@ -603,7 +614,7 @@ static const char *command_help(const char *cmd) {
   static const struct { const char *name, *help; } table[] = {
       {"serve", help_serve}, {"peers", help_peers}, {"stats", help_stats},
       {"put", help_put},     {"get", help_get},   {"remote", help_remote},
-      {"disk", help_disk}};
+      {"disk", help_disk},   {"version", help_version}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (strcmp(cmd, table[i].name) == 0) return table[i].help;
   return NULL;
@@ -627,6 +638,15 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     print_usage();
+    return EXIT_OK;
+  }
+  if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+    if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+      fputs(help_version, stdout);
+      return EXIT_OK;
+    }
+    if (argc > 2) return usage_error("%s takes no arguments", argv[1]);
+    printf("kvshim %s\n", KVSHIM_VERSION_STRING);
     return EXIT_OK;
   }
   const char *cmd = argv[1];

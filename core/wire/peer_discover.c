@@ -2,6 +2,7 @@
 #include "peer_discover.h"
 
 #include <dirent.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -44,6 +45,13 @@ static int parse_sock_name(const char *name, uint64_t *id) {
   }
   *id = v;
   return 0;
+}
+
+/* The peer closed its end (or the fd is no longer valid). poll reads no byte: a reply another
+ * thread is waiting for stays where it is. */
+static bool hung_up(int fd) {
+  struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
+  return poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 int kvs_peers_discover(kvs_peers_t *p, bool force) {
@@ -104,16 +112,18 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
     if (d) closedir(d);
     if (retry) p->dir_mtime = (struct timespec){0, 0};
   }
-  /* Forget dead connections; recompute whether a cache peer is there. Adopting it (registering
-   * its pool mapping, sizing the own pool) is the caller's event: kvs_peers_pin_cache, from the
-   * runtime's watcher (design §3.8). */
+  /* Forget dead connections (a call failed on them, or the peer hung up: its process ended or
+   * its coordinator stopped, seen without waiting for a call to fail on it); recompute whether a
+   * cache peer is there. Adopting it (registering its pool mapping, sizing the own pool) is the
+   * caller's event: kvs_peers_pin_cache, from the runtime's watcher (design §3.8). A connection
+   * forgotten while a caller holds it is freed by that caller's unref. */
   pconn_t *graveyard = NULL;
   int live = 0;
   pthread_mutex_lock(&p->table_lock);
   p->has_cache = false;
   for (pconn_t **pp = &p->conns; *pp;) {
     pconn_t *c = *pp;
-    if (c->fd < 0) {
+    if (c->fd < 0 || hung_up(c->fd)) {
       *pp = c->next;
       c->listed = false;
       if (c->refs == 0) c->next = graveyard, graveyard = c;

@@ -994,7 +994,7 @@ __attribute__((destructor)) static void cu_check_interception(void) {
 static void *g_gpa_ptr[KVS__NHOOKS];
 static atomic_int g_gpa_state; /* 0 not learned, 1 learning, 2 learned */
 static int g_gpa_version;      /* the version asked with (the newest) */
-/* Versions engines ask at (tests/integration/cuda_facts.c lists who asks which), descending. */
+/* Versions engines ask at (tests/shims/cuda/cuda_facts.c lists who asks which), descending. */
 static const int g_gpa_walk[] = {13000, 12080, 12020, 12000, 11030, 11020, 10020,
                                  7000,  6000,  4000,  3020,  2030,  2020,  2000};
 

@@ -3,7 +3,7 @@
  *
  * prefix.c holds the hooks (the KVS_LLAMA_PREFIX_HOOKS family of llama_hooks.h) and talks to
  * the engine and the store; prefix_shadow.c holds everything that is pure logic, declared here
- * so the unit test (tests/fakellama/test_llama_prefix.c) can drive it without an engine:
+ * so the unit test (tests/shims/llama/test_llama_prefix.c) can drive it without an engine:
  * the shadow of each sequence, the batch rules, the restore plan and the index remap. The
  * blob format is blob.h's.
  *

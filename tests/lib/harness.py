@@ -234,7 +234,7 @@ class Context:
 
 
 class ScriptContext(Context):
-    """A script-driven engine (tests/fakellama's fakehost and prefixhost): argv(cmds) runs the
+    """A script-driven engine (tests/fakes/llama's fakehost and prefixhost): argv(cmds) runs the
     commands in order and prints one line per command. Every case has its own group; inherited
     FAKELLAMA_* settings are dropped too."""
     drop = ("KVSHIM_", "FAKELLAMA_")

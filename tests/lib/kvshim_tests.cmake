@@ -1,5 +1,5 @@
 # tests/lib/kvshim_tests.cmake: the helpers every test registration uses (style rule 16).
-# Included once by tests/CMakeLists.txt before its subdirectories, so any tests/**/*.cmake or
+# Included once by tests/CMakeLists.txt before its subdirectories, so every folder's
 # CMakeLists.txt can call them.
 #
 # kvshim_add_py_cases(<area> <engine> <driver.py>
@@ -11,14 +11,14 @@
 #   editing the driver re-runs the configure step). Each test runs
 #       python3 <driver> <case> ARGS... [--asan-runtime LIBASAN]
 #   and is named <area>_<engine>_<case> ('-' in a case name becomes '_'): <engine> says what
-#   runs, `fake` for the stand-ins (tests/fakecuda, tests/fakellama, refengine, fixtures) and
+#   runs, `fake` for the stand-ins (tests/fakes/cuda, tests/fakes/llama, refengine, fixtures) and
 #   `node` for node-llama-cpp. `{case}` in ARGS becomes the case's name (per-case work dirs).
 #     ONLY / EXCLUDE    register only these cases / all but these
 #     ASAN_RUNTIME      in ASan builds, pass --asan-runtime with the shared sanitizer runtime
 #                       (the driver preloads it before libkvshim.so)
 #     FAKECUDA          select the fake CUDA driver through LD_LIBRARY_PATH (kvs_fakecuda_env)
 #     TIMEOUT           default 300
-#   Example (tests/fakellama/llama.cmake):
+#   Example (tests/shims/llama/CMakeLists.txt):
 #     kvshim_add_py_cases(llama fake llama_shim.py LABELS integration TIMEOUT 180 ASAN_RUNTIME
 #       ENVIRONMENT ${KVSHIM_TEST_LSAN}
 #       ARGS --host $<TARGET_FILE:fakellama_host> --preload $<TARGET_FILE:kvshim_preload> ...)
@@ -27,6 +27,13 @@
 #   Sets <var> to the shared ASan runtime (libasan.so) in builds with KVSHIM_SANITIZE=address
 #   (a test that preloads an instrumented libkvshim.so into an uninstrumented program puts it
 #   first in LD_PRELOAD), to "" otherwise. Warns once when such a build has none.
+#
+# kvs_unit_test(<name> [source...])
+#   A Criterion unit test of core: <name>.c of the calling folder (and the extra sources) linked
+#   with kvshim_core; the test runs `<name> --jobs 2`, label unit, TIMEOUT 300, KVSHIM_TEST_LSAN.
+# kvs_program_test(<name> [arg...])
+#   A plain program (no Criterion runner: the TSan leg runs it) from <name>.c of the calling
+#   folder, run with the args; labels unit and stress, TIMEOUT 300.
 #
 # KVSHIM_TEST_LSAN
 #   The LSAN_OPTIONS entry for a test's ENVIRONMENT (tests/lsan.supp: the test runner's known
@@ -113,4 +120,19 @@ function(kvshim_add_py_cases area engine driver)
       kvs_fakecuda_env(${name}) # after ENVIRONMENT: older CMake appends to that property
     endif()
   endforeach()
+endfunction()
+
+function(kvs_unit_test name)
+  add_executable(${name} ${name}.c ${ARGN})
+  target_link_libraries(${name} PRIVATE kvshim_core kvshim_flags PkgConfig::CRITERION Threads::Threads)
+  add_test(NAME ${name} COMMAND ${name} --jobs 2)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "unit"
+    ENVIRONMENT "${KVSHIM_TEST_LSAN}")
+endfunction()
+
+function(kvs_program_test name)
+  add_executable(${name} ${name}.c)
+  target_link_libraries(${name} PRIVATE kvshim_core kvshim_flags Threads::Threads)
+  add_test(NAME ${name} COMMAND ${name} ${ARGN})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "unit;stress")
 endfunction()

@@ -5,8 +5,7 @@ keep-behind directly; the tiers are runtime/cache.h's. (shims/cuda's pool use fo
 memory is memory, not a cache tier: the pool rules do not apply under shims/cuda.)
 
 core/'s layers include one way (design §2): core/ (the base), core/memory/, core/wire/,
-core/tiers/, each including only headers of its own layer and of those before it (kvshim.h,
-the umbrella header for tools, excepted).
+core/tiers/, each including only headers of its own layer and of those before it.
 
 The library's layers include one way too (design §2): preload/ -> shims/ -> runtime/ -> core/,
 a file including only headers of its own layer and of those below it. One exception: runtime/
@@ -121,8 +120,6 @@ def core_layers(root):
                 for h in (root / "core").rglob("*.h")}
     bad = 0
     for f in sources(root, "core"):
-        if f.name == "kvshim.h":
-            continue
         mine = CORE_LAYERS.index(f.parent.name if f.parent.name != "core" else "")
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
             m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)

@@ -1,5 +1,5 @@
 /* runtime/cache (design §3.7): the facade's tier order and fallbacks, against real in-process
- * coordinators (tests/integration/coord_client.h's ts_server): L is this process's own pool and
+ * coordinators (tests/core/wire/coord_client.h's ts_server): L is this process's own pool and
  * store (the runtime's), C a `kvshim serve` cache peer (role CACHE), O another engine (role
  * ENGINE), all three in one group. The runtime under test is built by hand around L, with its
  * own peer client, as runtime.c builds it around the engine's pool.
@@ -19,7 +19,12 @@
  *   object_flows                 reserve/commit/pin, fetch + keep, a fetch from the cache peer
  *                                staged only, marks
  *   watch                        a WATCH at a peer: held while keys[0] stays, gone once it goes;
- *                                no peer client: -ENOENT, nothing asked */
+ *                                no peer client: -ENOENT, nothing asked
+ * The discovery watcher (runtime/discovery.c, design §3.8):
+ *   discovery.cache_peer_event   a step that finds a cache peer adopts it (the own pool sized
+ *                                lean); one that finds it gone drops it (full size again)
+ *   discovery.watcher_first_scan the watcher's first scan finds the peers before
+ *                                wait_watcher returns; stopped, nobody waits */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -28,6 +33,7 @@
 
 #include "cache.h"
 #include "coord_client.h"
+#include "discovery.h"
 #include "hooks.h"
 #include "peer.h"
 #include "runtime.h"
@@ -332,4 +338,51 @@ Test(cache, watch, T_TIMEOUT, .fini = down) {
   cr_assert_eq(kvs__cache_watch(&rt, O.instance_id, w, 2, 50), -ENOENT);
   cr_assert_eq(asked(&O), o0);
   rt.peers = p;
+}
+
+/* One step of discovery (the watcher's tick, by hand) runs the adoption event: the pool is lean
+ * exactly while a cache peer is in the group, and the facade's cache peer follows. */
+Test(discovery, cache_peer_event, T_TIMEOUT, .fini = down) {
+  start(false, true);
+  uint64_t full = kvs_pool_limit(rt.pool);
+  rt.opts.pool_lean_size = 1u << 20;
+  cr_assert_gt(full, rt.opts.pool_lean_size);
+  int live = kvs__discovery_tick(&rt, true);
+  cr_assert_eq(live, 1, "live peers %d (O only)", live);
+  cr_assert_eq(kvs__cache_peer(&rt), 0);
+  cr_assert_eq(kvs_pool_limit(rt.pool), full);
+  server(&C, KVS_PROTO_ROLE_CACHE, L.opts.run_dir, 2);
+  cr_assert_eq(kvs__discovery_tick(&rt, true), 2);
+  cr_assert_eq(kvs__cache_peer(&rt), C.instance_id);
+  cr_assert_eq(kvs_pool_limit(rt.pool), rt.opts.pool_lean_size, "pool not lean: %llu",
+               (unsigned long long)kvs_pool_limit(rt.pool));
+  ts_server_stop(&C, true);
+  memset(&C, 0, sizeof C);
+  live = kvs__discovery_tick(&rt, true);
+  cr_assert_eq(live, 1, "live peers %d after the cache peer stopped", live);
+  cr_assert_eq(kvs__cache_peer(&rt), 0);
+  cr_assert_eq(kvs_pool_limit(rt.pool), full);
+}
+
+/* The watcher's first scan is done (the peers known) when wait_watcher returns; once it is
+ * stopped nobody waits for a scan that will not come; no scan at all without a peer client. */
+Test(discovery, watcher_first_scan, T_TIMEOUT, .fini = down) {
+  start(true, true);
+  kvs_peers_t *mine = rt.peers; /* a fresh client: the watcher's scan must find the peers */
+  kvs_peers_config_t pc = {.opts = &rt.opts, .instance_id = L.instance_id,
+                           .role = KVS_PROTO_ROLE_ENGINE, .local = L.store};
+  cr_assert_eq(kvs_peers_create(&pc, &rt.peers), 0);
+  cr_assert_eq(kvs__cache_peer(&rt), 0, "a fresh client knows no cache peer before a scan");
+  cr_assert_eq(kvs__discovery_start(&rt), 0);
+  kvs__discovery_wait_watcher();
+  cr_assert_eq(kvs__cache_peer(&rt), C.instance_id);
+  kvs__discovery_stop();
+  uint64_t t0 = ts_now_ms();
+  kvs__discovery_wait_watcher();
+  kvs__discovery_wait_first();
+  cr_assert_lt(ts_now_ms() - t0, 1000);
+  kvs_peers_destroy(rt.peers);
+  rt.peers = mine;
+  cr_assert_eq(kvs__discovery_scan(NULL), 0);
+  cr_assert_eq(kvs__discovery_tick(&(kvs__runtime_t){0}, true), 0);
 }

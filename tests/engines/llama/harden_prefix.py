@@ -84,8 +84,8 @@ def case_corrupt(c):
 
 def case_full(c):
     serve = c.serve(pool="4M")
-    holder = subprocess.Popen([os.path.join(os.path.dirname(c.kvshim), "..", "tests", "integration",
-                                            "soak_client"), "--hold-pins", str(8 << 20)],
+    holder = subprocess.Popen([os.path.join(os.path.dirname(c.kvshim), "..", "tests", "core",
+                                            "wire", "soak_client"), "--hold-pins", str(8 << 20)],
                               stdout=subprocess.PIPE, env=c.env(False), text=True)
     c.procs.append(holder)
     line = holder.stdout.readline()

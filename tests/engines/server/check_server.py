@@ -38,6 +38,9 @@ Cases:
               document alone and stores it, the other three restore it (>= 90% of 3 x the
               document restored, llama_prefix_shared_in_batch >= 1); each completion is one
               the replica without kvshim gives
+  chunks      chunk storage (KVSHIM_LLAMA_CHUNKS=1, design §10.4) with llama-server's defaults
+              (4 slots, kv_unified): A stores the document as chunk objects (none whole), B
+              restores >= 90% of it assembled from them (llama_chunks_assembled); identical
   killed      replica A stores the document, then is SIGKILLed in the middle of another
               request; B restores >= 90% of the document from `kvshim serve`; identical
 """
@@ -369,6 +372,26 @@ def case_concurrent_cold(ctx):
           f"concurrent, cold: no sequence restored from its own batch's leader: {st}")
 
 
+def case_chunks(ctx):
+    ctx.serve(pool="512M")
+    chunks = {"KVSHIM_LLAMA_CHUNKS": "1"}
+    a, _ = compare(ctx, (), [ask(DOC + question(1))], "A, chunks", **chunks)
+    doc = ntokens(ctx, a, DOC)
+    sa = ctx.stats(a, everything=True)
+    per_chunk = int(ctx.defaults.get("KVSHIM_CHUNK_TOKENS", "256"))
+    print(f"A: {({k: v for k, v in sa.items() if k.startswith('llama_chunks_')})}")
+    check(sa.get("llama_chunks_stored", 0) >= doc // per_chunk,
+          f"A stored {sa.get('llama_chunks_stored')} chunks for a {doc}-token document: {sa}")
+    check(sa.get("llama_chunks_whole", 0) == 0, f"A stored whole states: {sa}")
+    ctx.stop(a)
+    p, _ = compare(ctx, (), [ask(DOC + question(2))], "B, chunks", **chunks)
+    expect_restored(ctx, p, doc, "B, chunks")
+    sb = ctx.stats(p, everything=True)
+    print(f"B: {({k: v for k, v in sb.items() if k.startswith('llama_chunks_')})}")
+    check(sb.get("llama_chunks_assembled", 0) >= 1,
+          f"B restored without assembling chunks: {sb}\n{ctx.tail(p)}")
+
+
 def case_killed(ctx):
     ctx.serve(pool="512M")
     a = ctx.start_server(True)
@@ -401,6 +424,7 @@ CASES = {
     "slots": case_slots,
     "cache-reuse": case_cache_reuse,
     "killed": case_killed,
+    "chunks": case_chunks,
     "concurrent": case_concurrent,
     "concurrent-cold": case_concurrent_cold,
 }

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""ctest driver: the node-llama-cpp prefix cache across two nodes through Redis (design §17,
+§10.3). The engine is the unmodified CLI (`npx node-llama-cpp complete`), run exactly as
+tests/engines/llama/check_prefix.py runs it (its Case class is reused, not copied).
+
+  node A  `kvshim serve --remote redis://...` in its own KVSHIM_RUN_DIR; CLI A completes PA and
+          exits; A's serve stops (its write-behind is flushed into Redis).
+  node B  another `kvshim serve` on the same Redis, another run directory; CLI B completes PB,
+          which shares PA's ~1,100-token prefix: B's completion equals B without kvshim, its
+          stats show the prefix restored from the cache peer, and B's serve counts remote hits.
+
+usage: remote_llama.py --preload LIBKVSHIM --kvshim CLI [--asan-runtime LIBASAN] [--no-setup]
+Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
+"""
+import argparse
+import inspect
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "engines", "llama"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "lib"))
+import check_prefix as cp  # noqa: E402
+import llama_e2e  # noqa: E402
+import servers  # noqa: E402
+
+# check_prefix's Case before and after the shared harness (tests/lib/harness.py): the
+# constructor gained a work directory, and its errors became harness.Failure.
+if hasattr(cp, "Fatal"):
+    Failure = cp.Fatal
+else:
+    import harness  # noqa: E402
+    Failure = harness.Failure
+SKIP = 77
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def make_case(args, work):
+    args.no_setup = True  # main() ran the setup step already
+    if len(inspect.signature(cp.Case.__init__).parameters) == 4:  # (self, args, tmp, work)
+        return cp.Case(args, work, work)
+    return cp.Case(args, work)
+
+
+def close_case(c):
+    (getattr(c, "close", None) or getattr(c, "cleanup"))()
+
+
+def start_serve(c, remote):
+    s = subprocess.Popen([c.kvshim, "serve", "--pool-size", "512M", "--remote", remote],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(False),
+                         text=True)
+    c.procs.append(s)
+    banner = s.stdout.readline()
+    if "remote tier on" not in banner:
+        raise Failure("kvshim serve did not start with its remote tier: %r" % banner)
+    return s
+
+
+def stop_serve(s):
+    s.send_signal(signal.SIGTERM)
+    _, err = s.communicate(timeout=60)
+    if s.returncode != 0:
+        raise Failure("kvshim serve exited %d: %s" % (s.returncode, err))
+
+
+def serve_stats(c):
+    p = subprocess.run([c.kvshim, "stats", "--json"], capture_output=True, text=True,
+                       env=c.env(False), timeout=60)
+    arr = json.loads(p.stdout or "[]")
+    return arr[0] if arr else {}
+
+
+def run(c, redis):
+    nodes = tempfile.mkdtemp(prefix="kvs-rl-n-")
+    try:
+        c.group = "nodes"
+        ref_b = c.cli("B reference", "B", False, 2048)
+        c.run_dir = os.path.join(nodes, "a")
+        sa = start_serve(c, redis.url)
+        a = c.cli("A on node A", "A", True, 2048)
+        check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1,
+                 "A stored its prompt's state straight into node A's serve %s" % cp.show(a))
+        stop_serve(sa)
+        c.run_dir = os.path.join(nodes, "b")
+        sb = start_serve(c, redis.url)
+        b = c.cli("B on node B", "B", True, 2048)
+        check(b["completion"] == ref_b["completion"],
+                 "B's completion equals B without kvshim:\n     %s\n     %s"
+                 % (ref_b["completion"], b["completion"]))
+        check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
+                 "B restored the shared prefix through node B's serve %s" % cp.show(b))
+        st = serve_stats(c)
+        check(st.get("remote_hits", 0) >= 1 and st.get("remote_bad_values", 1) == 0,
+                 "node B's serve fetched A's state from Redis: hits %s bad %s"
+                 % (st.get("remote_hits"), st.get("remote_bad_values")))
+        stop_serve(sb)
+    finally:
+        shutil.rmtree(nodes, ignore_errors=True)
+
+
+def drive(body, prefix):
+    """The driver's main, shared with tests/core/tiers/disk_llama.py: options, the setup step, one
+    Case in a short work directory (its run directories' sockets live there), body(case), the
+    summary line. Exit status 0, 1 or SKIP."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--kvshim", required=True)
+    ap.add_argument("--asan-runtime", default="")
+    ap.add_argument("--no-setup", action="store_true")
+    args = ap.parse_args()
+    if not args.no_setup:
+        rc = subprocess.run([llama_e2e.SETUP]).returncode
+        if rc == SKIP:
+            print("SKIP: the node-llama-cpp engine cannot be prepared here", flush=True)
+            return SKIP
+        if rc != 0:
+            print("FAIL scripts/llama-setup exited %d" % rc, flush=True)
+            return 1
+    work = tempfile.mkdtemp(prefix=prefix)
+    c = make_case(args, work)
+    try:
+        body(c)
+    except Failure as e:
+        check(False, str(e))
+    finally:
+        close_case(c)
+        shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print("%d check(s) failed" % len(failures), flush=True)
+        return 1
+    print("all checks passed", flush=True)
+    return 0
+
+
+def main():
+    def body(c):
+        with servers.Standalone() as redis:
+            run(c, redis)
+    return drive(body, "kvs-rl-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

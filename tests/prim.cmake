@@ -1,2 +1,0 @@
-# core/prim unit test (included by tests/CMakeLists.txt).
-kvs_unit_test(test_prim)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""ctest driver for the prefix cache under faults in the cache peer (issue 17), on
+tests/fakes/llama's prefixhost, reusing llama_prefix.py's harness (each run without kvshim first:
+the reference; every output line must be identical with kvshim).
+
+usage: harden_llama.py CASE --host PREFIXHOST --preload LIBKVSHIM --cli KVSHIM
+                       [--asan-runtime LIBASAN]
+
+Cases:
+  corrupt-serve  A's states are pushed to `kvshim serve`; bytes of serve's pool are flipped
+                 through its memfd (/proc/<pid>/fd). B's outputs are identical; the corrupt
+                 state is counted as a bad blob (llama_prefix_bad_blobs, not a plain miss), B
+                 reports it (peer_bad_reports) and serve drops it (coord_bad_dropped); a second
+                 B is never handed the same corrupt object again.
+"""
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_prefix as lp  # noqa: E402  (the prefixhost context, models and prompts)
+import harness  # noqa: E402  (tests/lib, put on the path by llama_prefix)
+from harness import Failure, check  # noqa: E402
+
+
+def serve_stats(ctx, s):
+    p = subprocess.run([ctx.kvshim, "stats", str(s.pid), "--json"], capture_output=True, text=True,
+                       env=ctx.env(preload=False), timeout=30)
+    check(p.returncode == 0, f"kvshim stats: {p.stderr}")
+    d = json.loads(p.stdout)
+    return d[0] if isinstance(d, list) else d
+
+
+def flip_pool(pid):
+    """Flip one byte in every 4 KiB page of the cache arena of process pid's pool memfd."""
+    fd_dir = f"/proc/{pid}/fd"
+    for n in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, n))
+        except OSError:
+            continue
+        if "kvshim-pool" not in target:
+            continue
+        with open(os.path.join(fd_dir, n), "r+b") as f:
+            m = mmap.mmap(f.fileno(), 0)
+            magic, = struct.unpack_from("<Q", m, 0)
+            check(magic == 0x4C4F4F504D48534B, f"not a kvshim pool: {magic:#x}")
+            cache_off, cache_size = struct.unpack_from("<QQ", m, 40)
+            flipped = 0
+            for off in range(cache_off + 200, cache_off + cache_size, 4096):
+                m[off] ^= 0x5A
+                flipped += 1
+            m.close()
+            return flipped
+    raise Failure(f"no kvshim pool memfd among {fd_dir}")
+
+
+def case_corrupt_serve(ctx):
+    a, _ = lp.models(ctx)
+    s = ctx.serve()
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {lp.P1000} 512", "gen 0 0 8"]
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {lp.P}", "gen 0 0 4"],
+                       what="A", KVSHIM_PEERS=1)
+    check(sa.get("push_sent", 0) + sa.get("push_queued", 0) + sa.get("cache_peer_stores", 0)
+          >= 1, f"A stored nothing at serve: {sa}")
+    before = serve_stats(ctx, s)
+    check(before["store_objects"] >= 1, f"serve holds nothing: {before}")
+    print(f"flipped {flip_pool(s.pid)} bytes of serve's pool")
+    got, err, st = ctx.run(b_cmds, what="B")
+    check(got == ref_b, f"B differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    lp.expect(st, "B", bad_blobs=(">=", 1), peer_restores=("==", 0))
+    check(st.get("peer_bad_reports", 0) >= 1, f"B reported nothing: {st}")
+    after = serve_stats(ctx, s)
+    check(after["coord_bad_reports"] >= 1 and after["coord_bad_dropped"] >= 1,
+             f"serve did not drop the corrupt state: reports {after['coord_bad_reports']}, "
+             f"dropped {after['coord_bad_dropped']}")
+    # Serve no longer hands the corrupt object out: B2 sees no bad blob.
+    got2, err2, st2 = ctx.run(b_cmds, what="B2", KVSHIM_PUSH="off")
+    check(got2 == ref_b, f"B2 differs:\n{ref_b}\n{got2}\n{err2[-2000:]}")
+    lp.expect(st2, "B2", bad_blobs=("==", 0))
+    print(f"corrupt-serve: identical; B bad_blobs {st.get('llama_prefix_bad_blobs')}, serve "
+          f"dropped {after['coord_bad_dropped']}; B2 bad_blobs 0")
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main({"corrupt-serve": case_corrupt_serve},
+                          harness.parser(__doc__, "--host", "--preload", "--cli", asan=True),
+                          lp.Ctx))

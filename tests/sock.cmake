@@ -1,2 +1,0 @@
-# core/wire/sock unit test (included by tests/CMakeLists.txt).
-kvs_unit_test(test_sock)
