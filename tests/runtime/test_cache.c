@@ -369,7 +369,7 @@ Test(discovery, cache_peer_event, T_TIMEOUT, .fini = down) {
 Test(discovery, watcher_first_scan, T_TIMEOUT, .fini = down) {
   start(true, true);
   kvs_peers_t *mine = rt.peers; /* a fresh client: the watcher's scan must find the peers */
-  kvs_peers_config_t pc = {.opts = &rt.opts, .instance_id = L.instance_id,
+  kvs_peers_config_t pc = {.opts = &rt.opts.core, .instance_id = L.instance_id,
                            .role = KVS_PROTO_ROLE_ENGINE, .local = L.store};
   cr_assert_eq(kvs_peers_create(&pc, &rt.peers), 0);
   cr_assert_eq(kvs__cache_peer(&rt), 0, "a fresh client knows no cache peer before a scan");
