@@ -87,7 +87,7 @@ typedef struct kvs__llama_frame_hdr {
   uint64_t cell_bytes;   /* payload bytes per token of a chunk */
   uint64_t ns_lo, ns_hi; /* namespace key of the producer (model + KV settings) */
   uint64_t size;         /* bytes of the whole frame, this header included */
-  uint64_t checksum;     /* kvs__llama_frame_id */
+  uint64_t checksum;     /* the frame's id: XXH3 of the header before it, then the rest */
 } kvs__llama_frame_hdr_t;
 _Static_assert(sizeof(kvs__llama_frame_hdr_t) == 64, "frame header layout is an ABI");
 
@@ -118,7 +118,7 @@ typedef struct kvs__llama_chunk_hdr {
   uint64_t frame_id;     /* the frame whose layout the payload follows */
   uint64_t payload;      /* n_tokens * cell_bytes */
   uint64_t ns_lo, ns_hi; /* namespace key of the producer */
-  uint64_t checksum;     /* kvs__llama_chunk_checksum */
+  uint64_t checksum;     /* XXH3 of the header before this field, then of the payload */
 } kvs__llama_chunk_hdr_t;
 _Static_assert(sizeof(kvs__llama_chunk_hdr_t) == 64, "chunk header layout is an ABI");
 

@@ -72,6 +72,8 @@
   X(llama_chunks_tails, C,                                                                    \
     "llama chunk storage: short chunks stored of the canonical tokens past a snapshot's whole chunks") \
   X(llama_chunks_tail_tokens, C,                                                              \
-    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)")
+    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)") \
+  X(llama_chunks_reused, C,                                                                   \
+    "llama chunk storage: restores of the state last assembled in the context (same chunks: no copy)")
 
 #endif

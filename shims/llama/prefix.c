@@ -93,6 +93,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "blob.h"
 #include "blob_flow.h"
@@ -222,6 +223,13 @@ typedef struct px_ctx {
   bool chunks_window; /* chunk storage asked for, but a window cache: every state stored whole */
   void *cbuf, *cpin;
   size_t cbuf_cap, cpin_cap;
+  /* What cbuf holds when asm_valid: the state px_assemble wrote (asm_got bytes) from the
+   * objects and parameters asm_id hashes (px_assembly_id). Cleared before anything else writes
+   * cbuf (a snapshot's state, a failed assembly), so a restore of the same run loads it again
+   * without assembling it again. */
+  bool asm_valid;
+  uint64_t asm_id;
+  size_t asm_got;
   uint32_t memo_next;
 } px_ctx_t;
 
@@ -426,6 +434,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->chunks_window = tmp.chunks_window;
     slot->cbuf = slot->cpin = NULL;
     slot->cbuf_cap = slot->cpin_cap = 0;
+    slot->asm_valid = false;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
     slot->ns = tmp.ns;
     slot->rules = tmp.rules;
@@ -484,6 +493,7 @@ static void px_forget(struct llama_context *ctx) {
     kvs__prim_unmap(c->cpin, c->cpin_cap);
     c->cbuf = c->cpin = NULL;
     c->cbuf_cap = c->cpin_cap = 0;
+    c->asm_valid = false;
     c->multi_len = c->multi_cap = c->imap_n = 0;
     c->saved_len = c->saved_cap = 0;
     for (size_t i = 0; i < PX_MEMO_MAX; i++) {
@@ -1051,6 +1061,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   const size_t fmax = sizeof(kvs__llama_frame_hdr_t) +
                       KVS_LLAMA_CHUNKS_MAX_SECTIONS * (sizeof(kvs__llama_frame_sec_t) +
                       KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
+  c->asm_valid = false; /* the state written below replaces any assembly */
   if (!px_grow(&c->cbuf, &c->cbuf_cap, S + fmax)) return -ENOMEM;
   if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
   kvs__llama_chunks_scan_t sc;
@@ -1186,20 +1197,55 @@ static uint32_t px_take(const px_ctx_t *c, const px_plan_t *pl, uint32_t good, c
   return take;
 }
 
+/* The identity of an assembly's output: the frame's id and every chunk's checksum (each covers
+ * the header fields before it and the payload), the tokens taken of the last, the
+ * sequence and the state's size. The assembler is a function of exactly these, so two
+ * assemblies of one identity write the same bytes. 0: a piece too short to say (assemble). */
+static uint64_t px_assembly_id(const px_ctx_t *c, const px_plan_t *pl, const uint8_t *f,
+                               size_t flen, const uint8_t *const *ch, const size_t *lens,
+                               uint32_t nch, uint32_t take, uint64_t S) {
+  if (flen < sizeof(kvs__llama_frame_hdr_t)) return 0;
+  XXH3_state_t h;
+  XXH3_64bits_reset(&h);
+  XXH3_64bits_update(&h, f + offsetof(kvs__llama_frame_hdr_t, checksum), 8);
+  for (uint32_t i = 0; i < nch; i++) {
+    if (lens[i] < sizeof(kvs__llama_chunk_hdr_t)) return 0;
+    XXH3_64bits_update(&h, ch[i] + offsetof(kvs__llama_chunk_hdr_t, checksum), 8);
+  }
+  const uint64_t tail[5] = {nch, take, (uint64_t)pl->s, S, c->chunk};
+  XXH3_64bits_update(&h, tail, sizeof tail);
+  uint64_t id = XXH3_64bits_digest(&h);
+  return id ? id : 1;
+}
+
 /* kvs__llama_chunks_assemble into cbuf (S bytes, grown by the caller) of good whole chunks and
  * take tokens of the next, for sequence pl->s; a success timed in llama_chunks_assemble_ns and
- * counted in llama_chunks_assembled. */
+ * counted in llama_chunks_assembled. When cbuf already holds that assembly (the context's last,
+ * nothing written over it since) it is used as it is: counted in llama_chunks_reused. A restore
+ * of a popular prefix into the slots of one replica copies it once, not per restore (design
+ * §10.4). Such a reuse does not read the chunks' payloads again: a chunk damaged since the
+ * assembly is found at the next assembly that reads it (the state loaded is the one checked). */
 static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, const uint8_t *f,
                                               size_t flen, const uint8_t *const *ch,
                                               const size_t *lens, uint32_t good, uint32_t take,
                                               uint64_t S, size_t *got) {
+  const uint32_t nch = good + (take ? 1 : 0);
+  uint64_t id = px_assembly_id(c, pl, f, flen, ch, lens, nch, take, S);
+  if (id && c->asm_valid && c->asm_id == id) {
+    *got = c->asm_got;
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_reused);
+    return KVS_LLAMA_CHUNKS_OK;
+  }
+  c->asm_valid = false;
   uint64_t t0 = kvs__now_ns();
   kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
-      f, flen, c->chunk, c->ns, ch, lens, good + (take ? 1 : 0), take, pl->s, c->cbuf,
-      (size_t)S, got);
+      f, flen, c->chunk, c->ns, ch, lens, nch, take, pl->s, c->cbuf, (size_t)S, got);
   if (r == KVS_LLAMA_CHUNKS_OK) {
     kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
     kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+    c->asm_valid = id != 0;
+    c->asm_id = id;
+    c->asm_got = *got;
   }
   return r;
 }

@@ -74,6 +74,9 @@ Cases:
   chunks-evict  chunks evicted between store and restore: the restore stops before the first
               missing one, the next snapshot stores them again: identical
   chunks-foreign  chunks of another model or KV type are never found nor assembled: identical
+  chunks-reuse  the same run restored again with no snapshot between: the state the context
+              assembled last is loaded again, not assembled again (llama_chunks_reused); a
+              snapshot between forces a new assembly: identical
   held-mixed  a claim held after a sequence's last claimed batch (no output asked: it is kept
               for the sequence's next batch) is dropped by the next batch even when that is a
               batch of several sequences skipped whole (restored from serve): B, whose batch
@@ -863,6 +866,29 @@ def case_chunks_tail(ctx):
           f"chunks-tail: {tw - 2 * 512} tokens past the whole chunks expected: {cs}")
 
 
+def case_chunks_reuse(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, one process, no peers (design §10.4, the assembly kept). A
+    1024-token prefix is stored as chunks by a prompt with a 300-token suffix; prompts with
+    20-token suffixes restore its four chunks and store nothing (their suffix ends no new
+    chunk). The first assembles the state, the next loads the same state again from the
+    context's buffer; a prompt with a 300-token suffix restores the same way, then snapshots
+    (the buffer holds its state now), so the prompt after it assembles again. Outputs identical."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 2"]
+    for suffix in ("r20@3", "r20@4", "r300@5", "r20@6"):
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 {shared}+{suffix}", "gen 0 0 2"]
+    st, err = same(ctx, cmds, "chunks-reuse", preload_extra={"KVSHIM_LLAMA_CHUNKS": "1",
+                                                             "KVSHIM_PEERS": "0"})
+    cs = chunk_stats(st)
+    print(f"chunks-reuse: {cs}")
+    expect(st, "chunks-reuse", restores=("==", 4), restored_tokens=(">=", 4 * 1024),
+           bad_blobs=("==", 0), restore_failures=("==", 0))
+    check(cs.get("llama_chunks_assembled") == 2 and cs.get("llama_chunks_reused") == 2,
+          f"chunks-reuse: expected 2 assemblies (r20@3, r20@6) and 2 reuses (r20@4, r300@5): "
+          f"{cs}")
+
+
 def case_chunks_evict(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
     a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
@@ -923,6 +949,7 @@ CASES = {
     "chunks-foreign": case_chunks_foreign,
     "chunks-evict": case_chunks_evict,
     "chunks-tail": case_chunks_tail,
+    "chunks-reuse": case_chunks_reuse,
 }
 
 
