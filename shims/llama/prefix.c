@@ -667,6 +667,21 @@ typedef enum px_res {
   PX_ENGINE,     /* the engine refused it; the sequence is back to its n tokens (or TAINTED) */
 } px_res_t;
 
+/* A batch of len tokens of one sequence (*seq) at positions from..from+len-1, no outputs, in the
+ * caller's arrays (len entries each). */
+static kvs__llama_batch_t px_seq_batch(const int32_t *tok, uint32_t from, uint32_t len,
+                                       int32_t *pos, int32_t *nseq, int32_t **seqs, int8_t *logits,
+                                       int32_t *seq) {
+  for (uint32_t i = 0; i < len; i++) {
+    pos[i] = (int32_t)(from + i);
+    nseq[i] = 1;
+    seqs[i] = seq;
+    logits[i] = 0;
+  }
+  return (kvs__llama_batch_t){(int32_t)len, (int32_t *)(uintptr_t)tok, NULL, pos, nseq, seqs,
+                              logits};
+}
+
 /* Decode the sequence's first n shadow tokens again into the (empty) sequence, in canonical
  * pieces (n and n_ubatch are multiples of rules.align == rules.min_rows, see prefix_shadow.h), so
  * their KV is byte-identical to what the engine had. */
@@ -677,14 +692,8 @@ static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint3
   c->rseqval = s;
   for (uint32_t off = 0; off < n;) {
     uint32_t len = n - off < c->rules.ubatch ? n - off : c->rules.ubatch;
-    for (uint32_t i = 0; i < len; i++) {
-      c->rpos[i] = (int32_t)(off + i);
-      c->rnseq[i] = 1;
-      c->rseq[i] = &c->rseqval;
-      c->rlogits[i] = 0;
-    }
-    kvs__llama_batch_t b = {(int32_t)len, (int32_t *)(uintptr_t)(tok + off), NULL, c->rpos,
-                            c->rnseq, c->rseq, c->rlogits};
+    kvs__llama_batch_t b =
+        px_seq_batch(tok + off, off, len, c->rpos, c->rnseq, c->rseq, c->rlogits, &c->rseqval);
     if (decode(ctx, b) != 0) return false;
     off += len;
   }
@@ -2037,14 +2046,8 @@ static void px_share(px_ctx_t *c, struct llama_context *ctx, kvs__px_pfn_llama_d
     if (pmax > ns) { /* the leader computes [ns, pmax) */
       uint32_t len = pmax - ns;
       c->rseqval = (int32_t)s;
-      for (uint32_t i = 0; i < len; i++) {
-        c->mpos[i] = (int32_t)(ns + i);
-        c->mnseq[i] = 1;
-        c->mseq[i] = &c->rseqval;
-        c->mlogits[i] = 0;
-      }
-      kvs__llama_batch_t lb = {(int32_t)len, (int32_t *)(uintptr_t)(ts + ns), NULL, c->mpos,
-                               c->mnseq, c->mseq, c->mlogits};
+      kvs__llama_batch_t lb =
+          px_seq_batch(ts + ns, ns, len, c->mpos, c->mnseq, c->mseq, c->mlogits, &c->rseqval);
       int32_t r = real(ctx, lb);
       if (r != 0) {
         /* 1, -1: nothing changed; else the ubatches done stay: removed */
