@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define kvs__likely(x)   __builtin_expect(!!(x), 1)
@@ -53,6 +55,16 @@ static inline struct timespec kvs__realtime_after_ms(uint64_t ms) {
 #else
 #define KVS__DEBUG_CHECK(cond) ((void)0)
 #endif
+/* Free a destroyed struct of size bytes (its members already released); debug builds poison it
+ * first (0xdd), so a use after destroy reads garbage, not plausible values. NULL: nothing. */
+static inline void kvs__free_poisoned(void *p, size_t size) {
+#ifdef KVSHIM_DEBUG
+  if (p) memset(p, 0xdd, size);
+#else
+  (void)size;
+#endif
+  free(p);
+}
 /* log.c: reports a failed validator and aborts (debug builds only; never in release). */
 _Noreturn void kvs__debug_fail(const char *what, const char *file, int line);
 

@@ -374,10 +374,7 @@ static void pool_free_struct(kvs_pool_t *pool) {
   pthread_mutex_destroy(&pool->pf_lock);
   pthread_cond_destroy(&pool->pf_cond);
   free(pool->name);
-#ifdef KVSHIM_DEBUG
-  memset(pool, 0xdd, sizeof *pool);
-#endif
-  free(pool);
+  kvs__free_poisoned(pool, sizeof *pool);
 }
 
 /* ---- create / attach / destroy ---------------------------------------------------------- */

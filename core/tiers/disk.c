@@ -1137,10 +1137,7 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   pthread_cond_destroy(&d->idle);
   pthread_mutex_destroy(&d->qlock);
   pthread_mutex_destroy(&d->lock);
-#ifdef KVSHIM_DEBUG
-  memset(d, 0xdd, sizeof *d);
-#endif
-  free(d);
+  kvs__free_poisoned(d, sizeof *d);
 }
 
 /* ---- offline check (`kvshim disk DIR`) ----------------------------------------------------- */

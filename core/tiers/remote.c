@@ -938,8 +938,5 @@ void kvs_remote_destroy(kvs_remote_t *r, uint32_t flush_ms) {
   pthread_cond_destroy(&r->idle);
   pthread_mutex_destroy(&r->lock);
   memset(r->password, 0, sizeof r->password);
-#ifdef KVSHIM_DEBUG
-  memset(r, 0xdd, sizeof *r);
-#endif
-  free(r);
+  kvs__free_poisoned(r, sizeof *r);
 }

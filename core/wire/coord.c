@@ -1477,10 +1477,7 @@ void kvs_coord_stop(kvs_coord_t *c) {
   close(c->done_fd);
   pthread_mutex_destroy(&c->done_lock);
   free(c->done);
-#ifdef KVSHIM_DEBUG
-  memset(c, 0xdd, sizeof *c);
-#endif
-  free(c);
+  kvs__free_poisoned(c, sizeof *c);
 }
 
 const char *kvs_coord_socket_path(const kvs_coord_t *c) { return c->path; }
