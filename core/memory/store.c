@@ -1466,36 +1466,27 @@ int kvs_store_commit(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
   return 0;
 }
 
-int kvs_store_abort(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
+/* abort and release: the owner ends its transfer of `kind` (XF_FREE: either) as xfer_end
+ * does, counted as an abort (a write) or a release (a read). */
+static int end_own_xfer(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer, uint32_t kind) {
   if (!s) return -EINVAL;
   domain_t *dm;
   uint32_t x;
-  int rc = begin_xfer(s, owner, xfer, XF_FREE, &dm, &x);
+  int rc = begin_xfer(s, owner, xfer, kind, &dm, &x);
   if (rc < 0) return rc;
-  if (s->xfers[x].kind == XF_WRITE) {
-    uint32_t n = xfer_drop_objects(s, x);
-    kvs_stats_inc(s->stats, KVS_STAT_store_aborts);
-    kvs_stats_add(s->stats, KVS_STAT_store_aborted_objects, n);
-  } else {
-    xfer_unpin(s, dm, x);
-    kvs_stats_inc(s->stats, KVS_STAT_store_releases);
-  }
-  xfer_unlink(s, dm, x);
+  bool write = s->xfers[x].kind == XF_WRITE;
+  xfer_end(s, dm, x);
+  kvs_stats_inc(s->stats, write ? KVS_STAT_store_aborts : KVS_STAT_store_releases);
   finish(s, dm);
   return 0;
 }
 
+int kvs_store_abort(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
+  return end_own_xfer(s, owner, xfer, XF_FREE);
+}
+
 int kvs_store_release(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
-  if (!s) return -EINVAL;
-  domain_t *dm;
-  uint32_t x;
-  int rc = begin_xfer(s, owner, xfer, XF_READ, &dm, &x);
-  if (rc < 0) return rc;
-  xfer_unpin(s, dm, x);
-  xfer_unlink(s, dm, x);
-  kvs_stats_inc(s->stats, KVS_STAT_store_releases);
-  finish(s, dm);
-  return 0;
+  return end_own_xfer(s, owner, xfer, XF_READ);
 }
 
 /* ---- lookups --------------------------------------------------------------------------- */
