@@ -1268,10 +1268,14 @@ static uint64_t next_epoch(kvs_store_t *s, domain_t *dm) {
   return ++dm->epoch * MAX_PARTS + (uint64_t)(dm - s->doms) + 1;
 }
 
-int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
-                            const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
-                            kvs_extent_t *extents, kvs_xfer_t *xfer) {
-  if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+/* The opening of a reservation of keys[0, n) of `layout`: the keys prefetched, due leases
+ * swept, the owner's domain locked (*dm_out), the call counted, the layout judged (*outcome,
+ * *nbytes, *rounded: layout_outcome) and, when it may be reserved, a write transfer made
+ * (*x_out; else NIL). 0, or a negative errno with nothing held (-ENOSPC: no transfer slot). */
+static inline int begin_reserve(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys,
+                                size_t n, const kvs_layout_t *layout, domain_t **dm_out,
+                                uint32_t *x_out, uint8_t *outcome, uint64_t *nbytes,
+                                uint64_t *rounded) {
   prefetch_keys(s, keys, n); /* first: the clock read below overlaps the misses */
   uint64_t now = kvs__now_ms();
   sweep_all(s, now);
@@ -1280,16 +1284,26 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
   int rc = begin_owner(s, owner, &dm, &o);
   if (rc < 0) return rc;
   kvs_stats_inc(s->stats, KVS_STAT_store_reserve_calls);
-  uint64_t nbytes = 0, rounded = 0;
-  uint8_t fixed = layout_outcome(s, layout, &nbytes, &rounded);
+  *outcome = layout_outcome(s, layout, nbytes, rounded);
   uint32_t x = NIL;
-  if (fixed == KVS_RES_RESERVED) {
-    x = xfer_new(s, dm, o, XF_WRITE, now);
-    if (x == NIL) {
-      rc = -ENOSPC;
-      goto out;
-    }
+  if (*outcome == KVS_RES_RESERVED && (x = xfer_new(s, dm, o, XF_WRITE, now)) == NIL) {
+    finish(s, dm);
+    return -ENOSPC;
   }
+  *dm_out = dm;
+  *x_out = x;
+  return 0;
+}
+
+int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
+                            const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
+                            kvs_extent_t *extents, kvs_xfer_t *xfer) {
+  if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+  domain_t *dm;
+  uint32_t x;
+  uint8_t fixed;
+  uint64_t nbytes = 0, rounded = 0;
+  KVS_TRY(begin_reserve(s, owner, keys, n, layout, &dm, &x, &fixed, &nbytes, &rounded));
   uint64_t epoch = next_epoch(s, dm);
   uint8_t fail = KVS_RES_RESERVED;
   bool aon = mode & KVS_RESERVE_ALL_OR_NOTHING;
@@ -1324,14 +1338,13 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
         memset(&extents[i], 0, sizeof extents[i]);
       }
   }
-  rc = 0;
+  int rc = 0;
   if (x != NIL) {
     rc = (int)s->xfers[x].count;
     if (rc == 0) xfer_unlink(s, dm, x);
   }
   *xfer = rc ? make_id(s->xfers[x].gen, x) : 0;
   count_outcomes(s, outcomes, n);
-out:
   finish(s, dm);
   return rc;
 }
@@ -1340,24 +1353,13 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
                              size_t n_keys, const kvs_layout_t *layout, unsigned mode,
                              uint8_t *outcome, kvs_extent_t *extent, kvs_xfer_t *xfer) {
   if (!s || !keys || n_keys == 0 || !layout || !outcome || !extent || !xfer) return -EINVAL;
-  prefetch_keys(s, keys, n_keys);
-  uint64_t now = kvs__now_ms();
-  sweep_all(s, now);
   domain_t *dm;
-  uint32_t o;
-  int rc = begin_owner(s, owner, &dm, &o);
-  if (rc < 0) return rc;
-  kvs_stats_inc(s->stats, KVS_STAT_store_reserve_calls);
+  uint32_t x;
+  uint8_t oc;
   uint64_t nbytes = 0, rounded = 0;
-  uint8_t oc = layout_outcome(s, layout, &nbytes, &rounded);
+  KVS_TRY(begin_reserve(s, owner, keys, n_keys, layout, &dm, &x, &oc, &nbytes, &rounded));
   kvs_extent_t ext = {0, 0};
-  uint32_t x = NIL;
   if (oc == KVS_RES_RESERVED) {
-    x = xfer_new(s, dm, o, XF_WRITE, now);
-    if (x == NIL) {
-      rc = -ENOSPC;
-      goto out;
-    }
     uint64_t epoch = next_epoch(s, dm);
     uint32_t oi;
     oc = reserve_key(s, x, keys[0], layout, nbytes, rounded, mode, epoch, &oi, &ext);
@@ -1396,8 +1398,7 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
   *extent = ext;
   *xfer = x != NIL ? make_id(s->xfers[x].gen, x) : 0;
   count_outcomes(s, outcome, 1);
-  rc = x != NIL;
-out:
+  int rc = x != NIL;
   finish(s, dm);
   return rc;
 }
