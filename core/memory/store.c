@@ -280,6 +280,28 @@ kvs_layout_t kvs_layout_blob(uint64_t nbytes) {
   return l;
 }
 
+void kvs__layout_put(uint8_t *p, uint8_t *dims, const kvs_layout_t *l) {
+  kvs__put32(p, l->dtype);
+  kvs__put32(p + 4, l->ndim);
+  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++)
+    kvs__put64(dims + 8 * i, i < l->ndim ? l->shape[i] : 0);
+}
+
+int kvs__layout_get(const uint8_t *p, const uint8_t *dims, kvs_layout_t *out) {
+  kvs_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.dtype = kvs__get32(p);
+  l.ndim = kvs__get32(p + 4);
+  if (l.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
+  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
+    uint64_t d = kvs__get64(dims + 8 * i);
+    if (i >= l.ndim && d) return -EBADMSG;
+    if (i < l.ndim) l.shape[i] = d;
+  }
+  *out = l;
+  return 0;
+}
+
 static inline uint32_t slot_of(uint64_t id) { return (uint32_t)(id & SLOT_MASK); }
 static inline uint64_t gen_of(uint64_t id) { return id >> SLOT_BITS; }
 static inline uint64_t make_id(uint64_t gen, uint32_t slot) {

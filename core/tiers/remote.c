@@ -84,12 +84,7 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
   kvs__put64(h + 32, XXH3_64bits(payload, (size_t)len));
   kvs__put64(h + 40, producer);
   kvs__put64(h + 48, created_ms);
-  if (layout) {
-    kvs__put32(h + 56, layout->dtype);
-    kvs__put32(h + 60, layout->ndim);
-    for (uint32_t i = 0; i < layout->ndim && i < KVS_LAYOUT_MAX_DIMS; i++)
-      kvs__put64(h + 64 + 8 * i, layout->shape[i]);
-  }
+  if (layout) kvs__layout_put(h + 56, h + 64, layout);
 }
 
 /* Every check of a value of len bytes that its header alone allows (all but the hash): 0 and
@@ -104,15 +99,7 @@ static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *k
   uint64_t n = kvs__get64(h + 24);
   if (n != len - KVS_REMOTE_HDR_SIZE) return -EBADMSG;
   kvs_layout_t l;
-  memset(&l, 0, sizeof l);
-  l.dtype = kvs__get32(h + 56);
-  l.ndim = kvs__get32(h + 60);
-  if (l.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
-  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
-    uint64_t d = kvs__get64(h + 64 + 8 * i);
-    if (i >= l.ndim && d) return -EBADMSG;
-    if (i < l.ndim) l.shape[i] = d;
-  }
+  KVS_TRY(kvs__layout_get(h + 56, h + 64, &l));
   if (k == KVS_REMOTE_KIND_ALIAS ? (n != sizeof(kvs_key_t) || l.ndim != 0)
                                  : kvs_layout_nbytes(&l) != n)
     return -EBADMSG;
