@@ -115,6 +115,25 @@
 /* x += d, x guarded by a lock the caller holds, read lock-free elsewhere. */
 #define BUMP(x, d) STORE(x, (__typeof__(x))((x) + (d)))
 
+/* Index lists (the LRUs, the lease FIFOs, a read transfer's pins): element i of table a is
+ * linked through its fields prev and next to its neighbours' indices, NIL at the ends; head
+ * and tail are the list's ends. */
+#define LIST_PUSH_TAIL(a, i, prev, next, head, tail)                                          \
+  do {                                                                                        \
+    (a)[i].prev = (tail);                                                                     \
+    (a)[i].next = NIL;                                                                        \
+    if (tail) (a)[tail].next = (i);                                                           \
+    else (head) = (i);                                                                        \
+    (tail) = (i);                                                                             \
+  } while (0)
+#define LIST_REMOVE(a, i, prev, next, head, tail)                                             \
+  do {                                                                                        \
+    if ((a)[i].prev) (a)[(a)[i].prev].next = (a)[i].next;                                     \
+    else (head) = (a)[i].next;                                                                \
+    if ((a)[i].next) (a)[(a)[i].next].prev = (a)[i].prev;                                     \
+    else (tail) = (a)[i].prev;                                                                \
+  } while (0)
+
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
 
@@ -457,21 +476,13 @@ static void kent_free(shard_t *sh, kvs_store_t *s, uint32_t e) {
 /* ---- LRU (per shard) ------------------------------------------------------------------- */
 
 static void lru_push_tail(kvs_store_t *s, shard_t *sh, uint32_t i) {
-  obj_t *o = &s->objs[i];
-  o->lru_prev = sh->lru_tail;
-  o->lru_next = NIL;
-  if (sh->lru_tail) s->objs[sh->lru_tail].lru_next = i;
-  else sh->lru_head = i;
-  sh->lru_tail = i;
-  BUMP(sh->lru_bytes, o->ext_len);
+  LIST_PUSH_TAIL(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
+  BUMP(sh->lru_bytes, s->objs[i].ext_len);
 }
 
 static void lru_remove(kvs_store_t *s, shard_t *sh, uint32_t i) {
   obj_t *o = &s->objs[i];
-  if (o->lru_prev) s->objs[o->lru_prev].lru_next = o->lru_next;
-  else sh->lru_head = o->lru_next;
-  if (o->lru_next) s->objs[o->lru_next].lru_prev = o->lru_prev;
-  else sh->lru_tail = o->lru_prev;
+  LIST_REMOVE(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
   o->lru_prev = o->lru_next = NIL;
   BUMP(sh->lru_bytes, -(int64_t)o->ext_len);
 }
@@ -656,10 +667,7 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
   /* Keep the FIFO sorted by creation time even when a later clock reading won the lock. */
   uint64_t last = dm->fifo_tail ? s->xfers[dm->fifo_tail].created_ms : 0;
   xf->created_ms = now_ms > last ? now_ms : last;
-  xf->fprev = dm->fifo_tail;
-  if (dm->fifo_tail) s->xfers[dm->fifo_tail].fnext = x;
-  else dm->fifo_head = x;
-  dm->fifo_tail = x;
+  LIST_PUSH_TAIL(s->xfers, x, fprev, fnext, dm->fifo_head, dm->fifo_tail);
   fifo_pushed(dm, xf->created_ms);
   owner_t *ow = &s->owners[owner];
   xf->onext = ow->xhead;
@@ -672,10 +680,7 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
 /* Take a transfer off every list and free its slot (its objects/pins are already handled). */
 static void xfer_unlink(kvs_store_t *s, domain_t *dm, uint32_t x) {
   xfer_t *xf = &s->xfers[x];
-  if (xf->fprev) s->xfers[xf->fprev].fnext = xf->fnext;
-  else dm->fifo_head = xf->fnext;
-  if (xf->fnext) s->xfers[xf->fnext].fprev = xf->fprev;
-  else dm->fifo_tail = xf->fprev;
+  LIST_REMOVE(s->xfers, x, fprev, fnext, dm->fifo_head, dm->fifo_tail);
   owner_t *ow = &s->owners[xf->owner];
   if (xf->oprev) s->xfers[xf->oprev].onext = xf->onext;
   else ow->xhead = xf->onext;
@@ -1559,11 +1564,7 @@ int kvs_store_lookup(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, s
     pin_t *pe = &s->pins[p];
     pe->key = keys[run];
     pe->obj = oi;
-    pe->next = NIL;
-    pe->prev = xf->tail;
-    if (xf->tail) s->pins[xf->tail].next = p;
-    else xf->head = p;
-    xf->tail = p;
+    LIST_PUSH_TAIL(s->pins, p, prev, next, xf->head, xf->tail);
     xf->count++;
     if (ob->pins++ == 0) lru_remove(s, os, oi);
   }
