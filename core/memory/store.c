@@ -1221,15 +1221,22 @@ static uint8_t reserve_key(kvs_store_t *s, uint32_t x, kvs_key_t key, const kvs_
   return oc;
 }
 
-/* The outcome every key gets regardless of its state, or RESERVED when the layout is fine. */
-static uint8_t layout_outcome(const kvs_store_t *s, const kvs_layout_t *l, uint64_t *nbytes,
-                              uint64_t *rounded) {
-  *nbytes = kvs_layout_nbytes(l);
-  if (*nbytes == 0) return KVS_RES_BAD_LAYOUT;
-  if (*nbytes > s->arena_bytes) return KVS_RES_TOO_LARGE;
-  *rounded = KVS__ALIGN_UP(*nbytes, (uint64_t)s->page_size);
-  if (*rounded > s->arena_bytes) return KVS_RES_TOO_LARGE;
-  return KVS_RES_RESERVED;
+/* A layout judged for a reservation: outcome, the one every key gets regardless of its state
+ * (BAD_LAYOUT, TOO_LARGE), or RESERVED when objects of it fit; nbytes its bytes (0 when bad),
+ * rounded those rounded up to pages (0 unless it fits). */
+typedef struct fit {
+  uint8_t outcome;
+  uint64_t nbytes, rounded;
+} fit_t;
+
+static fit_t layout_fit(const kvs_store_t *s, const kvs_layout_t *l) {
+  fit_t f = {KVS_RES_BAD_LAYOUT, kvs_layout_nbytes(l), 0};
+  if (f.nbytes == 0) return f;
+  f.outcome = KVS_RES_TOO_LARGE;
+  if (f.nbytes > s->arena_bytes) return f;
+  f.rounded = KVS__ALIGN_UP(f.nbytes, (uint64_t)s->page_size);
+  if (f.rounded <= s->arena_bytes) f.outcome = KVS_RES_RESERVED;
+  return f;
 }
 
 static void count_outcomes(kvs_store_t *s, const uint8_t *outcomes, size_t n) {
@@ -1296,13 +1303,12 @@ static uint64_t next_epoch(kvs_store_t *s, domain_t *dm) {
 }
 
 /* The opening of a reservation of keys[0, n) of `layout`: the keys prefetched, due leases
- * swept, the owner's domain locked (*dm_out), the call counted, the layout judged (*outcome,
- * *nbytes, *rounded: layout_outcome) and, when it may be reserved, a write transfer made
- * (*x_out; else NIL). 0, or a negative errno with nothing held (-ENOSPC: no transfer slot). */
+ * swept, the owner's domain locked (*dm_out), the call counted, the layout judged (*fit) and,
+ * when it fits, a write transfer made (*x_out; else NIL). 0, or a negative errno with nothing
+ * held (-ENOSPC: no transfer slot). */
 static inline int begin_reserve(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys,
                                 size_t n, const kvs_layout_t *layout, domain_t **dm_out,
-                                uint32_t *x_out, uint8_t *outcome, uint64_t *nbytes,
-                                uint64_t *rounded) {
+                                uint32_t *x_out, fit_t *fit) {
   prefetch_keys(s, keys, n); /* first: the clock read below overlaps the misses */
   uint64_t now = kvs__now_ms();
   sweep_all(s, now);
@@ -1311,9 +1317,9 @@ static inline int begin_reserve(kvs_store_t *s, kvs_owner_t owner, const kvs_key
   int rc = begin_owner(s, owner, &dm, &o);
   if (rc < 0) return rc;
   kvs_stats_inc(s->stats, KVS_STAT_store_reserve_calls);
-  *outcome = layout_outcome(s, layout, nbytes, rounded);
+  *fit = layout_fit(s, layout);
   uint32_t x = NIL;
-  if (*outcome == KVS_RES_RESERVED && (x = xfer_new(s, dm, o, XF_WRITE, now)) == NIL) {
+  if (fit->outcome == KVS_RES_RESERVED && (x = xfer_new(s, dm, o, XF_WRITE, now)) == NIL) {
     finish(s, dm);
     return -ENOSPC;
   }
@@ -1328,22 +1334,21 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
   if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
   domain_t *dm;
   uint32_t x;
-  uint8_t fixed;
-  uint64_t nbytes = 0, rounded = 0;
-  KVS_TRY(begin_reserve(s, owner, keys, n, layout, &dm, &x, &fixed, &nbytes, &rounded));
+  fit_t fit;
+  KVS_TRY(begin_reserve(s, owner, keys, n, layout, &dm, &x, &fit));
   uint64_t epoch = next_epoch(s, dm);
   uint8_t fail = KVS_RES_RESERVED;
   bool aon = mode & KVS_RESERVE_ALL_OR_NOTHING;
-  if (fixed == KVS_RES_RESERVED && aon) {
+  if (fit.outcome == KVS_RES_RESERVED && aon) {
     lock_all(s);
-    fail = all_or_nothing_precheck(s, keys, n, rounded, mode);
+    fail = all_or_nothing_precheck(s, keys, n, fit.rounded, mode);
     unlock_all(s);
   }
   bool pre = fail != KVS_RES_RESERVED; /* failed before reserving anything */
   for (size_t i = 0; i < n; i++) {
     memset(&extents[i], 0, sizeof extents[i]);
-    if (fixed != KVS_RES_RESERVED) {
-      outcomes[i] = fixed;
+    if (fit.outcome != KVS_RES_RESERVED) {
+      outcomes[i] = fit.outcome;
       continue;
     }
     if (fail != KVS_RES_RESERVED) { /* classify without reserving */
@@ -1353,7 +1358,7 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
       continue;
     }
     uint32_t oi;
-    outcomes[i] = reserve_key(s, x, keys[i], layout, nbytes, rounded, mode, epoch, &oi,
+    outcomes[i] = reserve_key(s, x, keys[i], layout, fit.nbytes, fit.rounded, mode, epoch, &oi,
                               &extents[i]);
     if (aon && is_failure(outcomes[i])) fail = outcomes[i];
   }
@@ -1382,14 +1387,14 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
   if (!s || !keys || n_keys == 0 || !layout || !outcome || !extent || !xfer) return -EINVAL;
   domain_t *dm;
   uint32_t x;
-  uint8_t oc;
-  uint64_t nbytes = 0, rounded = 0;
-  KVS_TRY(begin_reserve(s, owner, keys, n_keys, layout, &dm, &x, &oc, &nbytes, &rounded));
+  fit_t fit;
+  KVS_TRY(begin_reserve(s, owner, keys, n_keys, layout, &dm, &x, &fit));
+  uint8_t oc = fit.outcome;
   kvs_extent_t ext = {0, 0};
   if (oc == KVS_RES_RESERVED) {
     uint64_t epoch = next_epoch(s, dm);
     uint32_t oi;
-    oc = reserve_key(s, x, keys[0], layout, nbytes, rounded, mode, epoch, &oi, &ext);
+    oc = reserve_key(s, x, keys[0], layout, fit.nbytes, fit.rounded, mode, epoch, &oi, &ext);
     if (oc == KVS_RES_RESERVED && n_keys > 1) {
       /* Aliases wait unbound behind the primary, in the object's shard's slice of entries;
        * commit binds those still free. Entry slots may evict: every shard, so that a foreign
