@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define kvs__likely(x)   __builtin_expect(!!(x), 1)
@@ -37,6 +39,31 @@ static inline struct timespec kvs__realtime_after_ms(uint64_t ms) {
   return ts;
 }
 
+/* ---- worker queues: a FIFO of structs linked through their `next` member, head to tail (both
+ * NULL when empty), under the lock of the struct that holds it (held for each of these) ---- */
+/* Append node. */
+#define KVS__FIFO_PUSH(head, tail, node)                                                      \
+  do {                                                                                        \
+    (node)->next = NULL;                                                                      \
+    if (tail) (tail)->next = (node);                                                          \
+    else (head) = (node);                                                                     \
+    (tail) = (node);                                                                          \
+  } while (0)
+/* Take the first node off: it, or NULL when the queue is empty. */
+#define KVS__FIFO_POP(head, tail)                                                             \
+  __extension__({                                                                             \
+    __typeof__(head) kvs__node_ = (head);                                                     \
+    if (kvs__node_ && !((head) = kvs__node_->next)) (tail) = NULL;                            \
+    kvs__node_;                                                                               \
+  })
+/* A worker's wait: sleep on cond (lock held) until the queue has a node or stop is set, then
+ * take the first node off: it, or NULL when stopped with nothing queued (the worker ends). */
+#define KVS__FIFO_WAIT_POP(head, tail, stop, cond, lock)                                      \
+  __extension__({                                                                             \
+    while (!(stop) && !(head)) pthread_cond_wait((cond), (lock));                             \
+    KVS__FIFO_POP(head, tail);                                                                \
+  })
+
 /* ---- ASan: poison free pool extents so stray accesses are caught (no-ops otherwise) ------ */
 #if defined(KVSHIM_ASAN) || defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -53,6 +80,16 @@ static inline struct timespec kvs__realtime_after_ms(uint64_t ms) {
 #else
 #define KVS__DEBUG_CHECK(cond) ((void)0)
 #endif
+/* Free a destroyed struct of size bytes (its members already released); debug builds poison it
+ * first (0xdd), so a use after destroy reads garbage, not plausible values. NULL: nothing. */
+static inline void kvs__free_poisoned(void *p, size_t size) {
+#ifdef KVSHIM_DEBUG
+  if (p) memset(p, 0xdd, size);
+#else
+  (void)size;
+#endif
+  free(p);
+}
 /* log.c: reports a failed validator and aborts (debug builds only; never in release). */
 _Noreturn void kvs__debug_fail(const char *what, const char *file, int line);
 

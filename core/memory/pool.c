@@ -374,10 +374,7 @@ static void pool_free_struct(kvs_pool_t *pool) {
   pthread_mutex_destroy(&pool->pf_lock);
   pthread_cond_destroy(&pool->pf_cond);
   free(pool->name);
-#ifdef KVSHIM_DEBUG
-  memset(pool, 0xdd, sizeof *pool);
-#endif
-  free(pool);
+  kvs__free_poisoned(pool, sizeof *pool);
 }
 
 /* ---- create / attach / destroy ---------------------------------------------------------- */
@@ -662,20 +659,32 @@ int kvs_pool_alloc(kvs_pool_t *pool, kvs_arena_t arena, uint64_t len, uint64_t *
   return 0;
 }
 
-int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
+/* The allocated extent that starts at off, its arena locked: 0 with *a_out (locked), its first
+ * page *p_out and its pages *n_out; or owned_arena's error, or -EINVAL when off starts no
+ * allocated extent (not a start, or already free), nothing held. */
+static inline int lock_extent(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off,
+                              pool_arena_t **a_out, uint32_t *p_out, uint32_t *n_out) {
   int err;
   pool_arena_t *a = owned_arena(pool, arena, &err);
   if (!a) return err;
   uint32_t p = page_of(a, off);
   if (p == PTAG_NIL) return -EINVAL;
-
   pthread_mutex_lock(&a->lock);
   uint32_t h = a->tags[p].head;
-  if (h == 0 || (h & PTAG_FREE)) { /* not a start, or already free */
+  if (h == 0 || (h & PTAG_FREE)) {
     pthread_mutex_unlock(&a->lock);
     return -EINVAL;
   }
-  uint32_t n = h;
+  *a_out = a;
+  *p_out = p;
+  *n_out = h;
+  return 0;
+}
+
+int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
+  pool_arena_t *a;
+  uint32_t p, n;
+  KVS_TRY(lock_extent(pool, arena, off, &a, &p, &n));
   /* Poison before the extent becomes allocatable again: after the unlock another thread may
    * allocate (and unpoison) it. */
   if (a->poison) kvs__poison(pool->base + off, (uint64_t)n << a->shift);
@@ -709,16 +718,11 @@ int64_t kvs_pool_free(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
 }
 
 int64_t kvs_pool_extent_len(kvs_pool_t *pool, kvs_arena_t arena, uint64_t off) {
-  int err;
-  pool_arena_t *a = owned_arena(pool, arena, &err);
-  if (!a) return err;
-  uint32_t p = page_of(a, off);
-  if (p == PTAG_NIL) return -EINVAL;
-  pthread_mutex_lock(&a->lock);
-  uint32_t h = a->tags[p].head;
+  pool_arena_t *a;
+  uint32_t p, n;
+  KVS_TRY(lock_extent(pool, arena, off, &a, &p, &n));
   pthread_mutex_unlock(&a->lock);
-  if (h == 0 || (h & PTAG_FREE)) return -EINVAL;
-  return (int64_t)h << a->shift;
+  return (int64_t)n << a->shift;
 }
 
 int kvs_pool_arena_of(const kvs_pool_t *pool, uint64_t off, uint64_t len) {

@@ -115,6 +115,25 @@
 /* x += d, x guarded by a lock the caller holds, read lock-free elsewhere. */
 #define BUMP(x, d) STORE(x, (__typeof__(x))((x) + (d)))
 
+/* Index lists (the LRUs, the lease FIFOs, a read transfer's pins): element i of table a is
+ * linked through its fields prev and next to its neighbours' indices, NIL at the ends; head
+ * and tail are the list's ends. */
+#define LIST_PUSH_TAIL(a, i, prev, next, head, tail)                                          \
+  do {                                                                                        \
+    (a)[i].prev = (tail);                                                                     \
+    (a)[i].next = NIL;                                                                        \
+    if (tail) (a)[tail].next = (i);                                                           \
+    else (head) = (i);                                                                        \
+    (tail) = (i);                                                                             \
+  } while (0)
+#define LIST_REMOVE(a, i, prev, next, head, tail)                                             \
+  do {                                                                                        \
+    if ((a)[i].prev) (a)[(a)[i].prev].next = (a)[i].next;                                     \
+    else (head) = (a)[i].next;                                                                \
+    if ((a)[i].next) (a)[(a)[i].next].prev = (a)[i].prev;                                     \
+    else (tail) = (a)[i].prev;                                                                \
+  } while (0)
+
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
 
@@ -280,6 +299,28 @@ kvs_layout_t kvs_layout_blob(uint64_t nbytes) {
   return l;
 }
 
+void kvs__layout_put(uint8_t *p, uint8_t *dims, const kvs_layout_t *l) {
+  kvs__put32(p, l->dtype);
+  kvs__put32(p + 4, l->ndim);
+  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++)
+    kvs__put64(dims + 8 * i, i < l->ndim ? l->shape[i] : 0);
+}
+
+int kvs__layout_get(const uint8_t *p, const uint8_t *dims, kvs_layout_t *out) {
+  kvs_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.dtype = kvs__get32(p);
+  l.ndim = kvs__get32(p + 4);
+  if (l.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
+  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
+    uint64_t d = kvs__get64(dims + 8 * i);
+    if (i >= l.ndim && d) return -EBADMSG;
+    if (i < l.ndim) l.shape[i] = d;
+  }
+  *out = l;
+  return 0;
+}
+
 static inline uint32_t slot_of(uint64_t id) { return (uint32_t)(id & SLOT_MASK); }
 static inline uint64_t gen_of(uint64_t id) { return id >> SLOT_BITS; }
 static inline uint64_t make_id(uint64_t gen, uint32_t slot) {
@@ -435,21 +476,13 @@ static void kent_free(shard_t *sh, kvs_store_t *s, uint32_t e) {
 /* ---- LRU (per shard) ------------------------------------------------------------------- */
 
 static void lru_push_tail(kvs_store_t *s, shard_t *sh, uint32_t i) {
-  obj_t *o = &s->objs[i];
-  o->lru_prev = sh->lru_tail;
-  o->lru_next = NIL;
-  if (sh->lru_tail) s->objs[sh->lru_tail].lru_next = i;
-  else sh->lru_head = i;
-  sh->lru_tail = i;
-  BUMP(sh->lru_bytes, o->ext_len);
+  LIST_PUSH_TAIL(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
+  BUMP(sh->lru_bytes, s->objs[i].ext_len);
 }
 
 static void lru_remove(kvs_store_t *s, shard_t *sh, uint32_t i) {
   obj_t *o = &s->objs[i];
-  if (o->lru_prev) s->objs[o->lru_prev].lru_next = o->lru_next;
-  else sh->lru_head = o->lru_next;
-  if (o->lru_next) s->objs[o->lru_next].lru_prev = o->lru_prev;
-  else sh->lru_tail = o->lru_prev;
+  LIST_REMOVE(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
   o->lru_prev = o->lru_next = NIL;
   BUMP(sh->lru_bytes, -(int64_t)o->ext_len);
 }
@@ -634,10 +667,7 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
   /* Keep the FIFO sorted by creation time even when a later clock reading won the lock. */
   uint64_t last = dm->fifo_tail ? s->xfers[dm->fifo_tail].created_ms : 0;
   xf->created_ms = now_ms > last ? now_ms : last;
-  xf->fprev = dm->fifo_tail;
-  if (dm->fifo_tail) s->xfers[dm->fifo_tail].fnext = x;
-  else dm->fifo_head = x;
-  dm->fifo_tail = x;
+  LIST_PUSH_TAIL(s->xfers, x, fprev, fnext, dm->fifo_head, dm->fifo_tail);
   fifo_pushed(dm, xf->created_ms);
   owner_t *ow = &s->owners[owner];
   xf->onext = ow->xhead;
@@ -650,10 +680,7 @@ static uint32_t xfer_new(kvs_store_t *s, domain_t *dm, uint32_t owner, uint32_t 
 /* Take a transfer off every list and free its slot (its objects/pins are already handled). */
 static void xfer_unlink(kvs_store_t *s, domain_t *dm, uint32_t x) {
   xfer_t *xf = &s->xfers[x];
-  if (xf->fprev) s->xfers[xf->fprev].fnext = xf->fnext;
-  else dm->fifo_head = xf->fnext;
-  if (xf->fnext) s->xfers[xf->fnext].fprev = xf->fprev;
-  else dm->fifo_tail = xf->fprev;
+  LIST_REMOVE(s->xfers, x, fprev, fnext, dm->fifo_head, dm->fifo_tail);
   owner_t *ow = &s->owners[xf->owner];
   if (xf->oprev) s->xfers[xf->oprev].onext = xf->onext;
   else ow->xhead = xf->onext;
@@ -1194,15 +1221,22 @@ static uint8_t reserve_key(kvs_store_t *s, uint32_t x, kvs_key_t key, const kvs_
   return oc;
 }
 
-/* The outcome every key gets regardless of its state, or RESERVED when the layout is fine. */
-static uint8_t layout_outcome(const kvs_store_t *s, const kvs_layout_t *l, uint64_t *nbytes,
-                              uint64_t *rounded) {
-  *nbytes = kvs_layout_nbytes(l);
-  if (*nbytes == 0) return KVS_RES_BAD_LAYOUT;
-  if (*nbytes > s->arena_bytes) return KVS_RES_TOO_LARGE;
-  *rounded = KVS__ALIGN_UP(*nbytes, (uint64_t)s->page_size);
-  if (*rounded > s->arena_bytes) return KVS_RES_TOO_LARGE;
-  return KVS_RES_RESERVED;
+/* A layout judged for a reservation: outcome, the one every key gets regardless of its state
+ * (BAD_LAYOUT, TOO_LARGE), or RESERVED when objects of it fit; nbytes its bytes (0 when bad),
+ * rounded those rounded up to pages (0 unless it fits). */
+typedef struct fit {
+  uint8_t outcome;
+  uint64_t nbytes, rounded;
+} fit_t;
+
+static fit_t layout_fit(const kvs_store_t *s, const kvs_layout_t *l) {
+  fit_t f = {KVS_RES_BAD_LAYOUT, kvs_layout_nbytes(l), 0};
+  if (f.nbytes == 0) return f;
+  f.outcome = KVS_RES_TOO_LARGE;
+  if (f.nbytes > s->arena_bytes) return f;
+  f.rounded = KVS__ALIGN_UP(f.nbytes, (uint64_t)s->page_size);
+  if (f.rounded <= s->arena_bytes) f.outcome = KVS_RES_RESERVED;
+  return f;
 }
 
 static void count_outcomes(kvs_store_t *s, const uint8_t *outcomes, size_t n) {
@@ -1268,10 +1302,13 @@ static uint64_t next_epoch(kvs_store_t *s, domain_t *dm) {
   return ++dm->epoch * MAX_PARTS + (uint64_t)(dm - s->doms) + 1;
 }
 
-int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
-                            const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
-                            kvs_extent_t *extents, kvs_xfer_t *xfer) {
-  if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+/* The opening of a reservation of keys[0, n) of `layout`: the keys prefetched, due leases
+ * swept, the owner's domain locked (*dm_out), the call counted, the layout judged (*fit) and,
+ * when it fits, a write transfer made (*x_out; else NIL). 0, or a negative errno with nothing
+ * held (-ENOSPC: no transfer slot). */
+static inline int begin_reserve(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys,
+                                size_t n, const kvs_layout_t *layout, domain_t **dm_out,
+                                uint32_t *x_out, fit_t *fit) {
   prefetch_keys(s, keys, n); /* first: the clock read below overlaps the misses */
   uint64_t now = kvs__now_ms();
   sweep_all(s, now);
@@ -1280,29 +1317,38 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
   int rc = begin_owner(s, owner, &dm, &o);
   if (rc < 0) return rc;
   kvs_stats_inc(s->stats, KVS_STAT_store_reserve_calls);
-  uint64_t nbytes = 0, rounded = 0;
-  uint8_t fixed = layout_outcome(s, layout, &nbytes, &rounded);
+  *fit = layout_fit(s, layout);
   uint32_t x = NIL;
-  if (fixed == KVS_RES_RESERVED) {
-    x = xfer_new(s, dm, o, XF_WRITE, now);
-    if (x == NIL) {
-      rc = -ENOSPC;
-      goto out;
-    }
+  if (fit->outcome == KVS_RES_RESERVED && (x = xfer_new(s, dm, o, XF_WRITE, now)) == NIL) {
+    finish(s, dm);
+    return -ENOSPC;
   }
+  *dm_out = dm;
+  *x_out = x;
+  return 0;
+}
+
+int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, size_t n,
+                            const kvs_layout_t *layout, unsigned mode, uint8_t *outcomes,
+                            kvs_extent_t *extents, kvs_xfer_t *xfer) {
+  if (!s || !keys || n == 0 || !layout || !outcomes || !extents || !xfer) return -EINVAL;
+  domain_t *dm;
+  uint32_t x;
+  fit_t fit;
+  KVS_TRY(begin_reserve(s, owner, keys, n, layout, &dm, &x, &fit));
   uint64_t epoch = next_epoch(s, dm);
   uint8_t fail = KVS_RES_RESERVED;
   bool aon = mode & KVS_RESERVE_ALL_OR_NOTHING;
-  if (fixed == KVS_RES_RESERVED && aon) {
+  if (fit.outcome == KVS_RES_RESERVED && aon) {
     lock_all(s);
-    fail = all_or_nothing_precheck(s, keys, n, rounded, mode);
+    fail = all_or_nothing_precheck(s, keys, n, fit.rounded, mode);
     unlock_all(s);
   }
   bool pre = fail != KVS_RES_RESERVED; /* failed before reserving anything */
   for (size_t i = 0; i < n; i++) {
     memset(&extents[i], 0, sizeof extents[i]);
-    if (fixed != KVS_RES_RESERVED) {
-      outcomes[i] = fixed;
+    if (fit.outcome != KVS_RES_RESERVED) {
+      outcomes[i] = fit.outcome;
       continue;
     }
     if (fail != KVS_RES_RESERVED) { /* classify without reserving */
@@ -1312,7 +1358,7 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
       continue;
     }
     uint32_t oi;
-    outcomes[i] = reserve_key(s, x, keys[i], layout, nbytes, rounded, mode, epoch, &oi,
+    outcomes[i] = reserve_key(s, x, keys[i], layout, fit.nbytes, fit.rounded, mode, epoch, &oi,
                               &extents[i]);
     if (aon && is_failure(outcomes[i])) fail = outcomes[i];
   }
@@ -1324,14 +1370,13 @@ int kvs_store_reserve_write(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *
         memset(&extents[i], 0, sizeof extents[i]);
       }
   }
-  rc = 0;
+  int rc = 0;
   if (x != NIL) {
     rc = (int)s->xfers[x].count;
     if (rc == 0) xfer_unlink(s, dm, x);
   }
   *xfer = rc ? make_id(s->xfers[x].gen, x) : 0;
   count_outcomes(s, outcomes, n);
-out:
   finish(s, dm);
   return rc;
 }
@@ -1340,27 +1385,16 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
                              size_t n_keys, const kvs_layout_t *layout, unsigned mode,
                              uint8_t *outcome, kvs_extent_t *extent, kvs_xfer_t *xfer) {
   if (!s || !keys || n_keys == 0 || !layout || !outcome || !extent || !xfer) return -EINVAL;
-  prefetch_keys(s, keys, n_keys);
-  uint64_t now = kvs__now_ms();
-  sweep_all(s, now);
   domain_t *dm;
-  uint32_t o;
-  int rc = begin_owner(s, owner, &dm, &o);
-  if (rc < 0) return rc;
-  kvs_stats_inc(s->stats, KVS_STAT_store_reserve_calls);
-  uint64_t nbytes = 0, rounded = 0;
-  uint8_t oc = layout_outcome(s, layout, &nbytes, &rounded);
+  uint32_t x;
+  fit_t fit;
+  KVS_TRY(begin_reserve(s, owner, keys, n_keys, layout, &dm, &x, &fit));
+  uint8_t oc = fit.outcome;
   kvs_extent_t ext = {0, 0};
-  uint32_t x = NIL;
   if (oc == KVS_RES_RESERVED) {
-    x = xfer_new(s, dm, o, XF_WRITE, now);
-    if (x == NIL) {
-      rc = -ENOSPC;
-      goto out;
-    }
     uint64_t epoch = next_epoch(s, dm);
     uint32_t oi;
-    oc = reserve_key(s, x, keys[0], layout, nbytes, rounded, mode, epoch, &oi, &ext);
+    oc = reserve_key(s, x, keys[0], layout, fit.nbytes, fit.rounded, mode, epoch, &oi, &ext);
     if (oc == KVS_RES_RESERVED && n_keys > 1) {
       /* Aliases wait unbound behind the primary, in the object's shard's slice of entries;
        * commit binds those still free. Entry slots may evict: every shard, so that a foreign
@@ -1396,8 +1430,7 @@ int kvs_store_reserve_object(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t 
   *extent = ext;
   *xfer = x != NIL ? make_id(s->xfers[x].gen, x) : 0;
   count_outcomes(s, outcome, 1);
-  rc = x != NIL;
-out:
+  int rc = x != NIL;
   finish(s, dm);
   return rc;
 }
@@ -1466,36 +1499,27 @@ int kvs_store_commit(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
   return 0;
 }
 
-int kvs_store_abort(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
+/* abort and release: the owner ends its transfer of `kind` (XF_FREE: either) as xfer_end
+ * does, counted as an abort (a write) or a release (a read). */
+static int end_own_xfer(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer, uint32_t kind) {
   if (!s) return -EINVAL;
   domain_t *dm;
   uint32_t x;
-  int rc = begin_xfer(s, owner, xfer, XF_FREE, &dm, &x);
+  int rc = begin_xfer(s, owner, xfer, kind, &dm, &x);
   if (rc < 0) return rc;
-  if (s->xfers[x].kind == XF_WRITE) {
-    uint32_t n = xfer_drop_objects(s, x);
-    kvs_stats_inc(s->stats, KVS_STAT_store_aborts);
-    kvs_stats_add(s->stats, KVS_STAT_store_aborted_objects, n);
-  } else {
-    xfer_unpin(s, dm, x);
-    kvs_stats_inc(s->stats, KVS_STAT_store_releases);
-  }
-  xfer_unlink(s, dm, x);
+  bool write = s->xfers[x].kind == XF_WRITE;
+  xfer_end(s, dm, x);
+  kvs_stats_inc(s->stats, write ? KVS_STAT_store_aborts : KVS_STAT_store_releases);
   finish(s, dm);
   return 0;
 }
 
+int kvs_store_abort(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
+  return end_own_xfer(s, owner, xfer, XF_FREE);
+}
+
 int kvs_store_release(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer) {
-  if (!s) return -EINVAL;
-  domain_t *dm;
-  uint32_t x;
-  int rc = begin_xfer(s, owner, xfer, XF_READ, &dm, &x);
-  if (rc < 0) return rc;
-  xfer_unpin(s, dm, x);
-  xfer_unlink(s, dm, x);
-  kvs_stats_inc(s->stats, KVS_STAT_store_releases);
-  finish(s, dm);
-  return 0;
+  return end_own_xfer(s, owner, xfer, XF_READ);
 }
 
 /* ---- lookups --------------------------------------------------------------------------- */
@@ -1545,11 +1569,7 @@ int kvs_store_lookup(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, s
     pin_t *pe = &s->pins[p];
     pe->key = keys[run];
     pe->obj = oi;
-    pe->next = NIL;
-    pe->prev = xf->tail;
-    if (xf->tail) s->pins[xf->tail].next = p;
-    else xf->head = p;
-    xf->tail = p;
+    LIST_PUSH_TAIL(s->pins, p, prev, next, xf->head, xf->tail);
     xf->count++;
     if (ob->pins++ == 0) lru_remove(s, os, oi);
   }

@@ -89,6 +89,13 @@ typedef struct kvs_layout {
 /* Bytes of a layout, or 0 when it is invalid. */
 uint64_t kvs_layout_nbytes(const kvs_layout_t *l);
 kvs_layout_t kvs_layout_blob(uint64_t nbytes);
+/* A layout in the tiers' value formats (disk_format.c records, remote.c values: one encoding,
+ * byte-identical in both), little-endian: dtype u32 at p, ndim u32 at p + 4, and all
+ * KVS_LAYOUT_MAX_DIMS dims u64 at dims, the unused ones zero. */
+void kvs__layout_put(uint8_t *p, uint8_t *dims, const kvs_layout_t *l);
+/* Read one back: 0 with *out (unused dims zero), or -EBADMSG for ndim > KVS_LAYOUT_MAX_DIMS or
+ * a non-zero unused dim (*out untouched). Validity (kvs_layout_nbytes) is the caller's. */
+int kvs__layout_get(const uint8_t *p, const uint8_t *dims, kvs_layout_t *out);
 
 /* An object's extent in the pool (segment offset; length = layout bytes, not rounded). */
 typedef struct kvs_extent {

@@ -548,12 +548,8 @@ static void *writer_main(void *arg) {
   kvs_disk_t *d = arg;
   pthread_setname_np(pthread_self(), "kvshim-disk-w"); /* for top and perf; best effort */
   pthread_mutex_lock(&d->qlock);
-  for (;;) {
-    while (!d->stop && !d->w_head) pthread_cond_wait(&d->wcond, &d->qlock);
-    if (!d->w_head) break;
-    job_t *jb = d->w_head;
-    d->w_head = jb->next;
-    if (!d->w_head) d->w_tail = NULL;
+  job_t *jb;
+  while ((jb = KVS__FIFO_WAIT_POP(d->w_head, d->w_tail, d->stop, &d->wcond, &d->qlock))) {
     d->n_writes--;
     d->busy++;
     bool paused = kvs__now_ms() < d->paused_until_ms;
@@ -746,12 +742,8 @@ static void *reader_main(void *arg) {
   kvs_disk_t *d = arg;
   pthread_setname_np(pthread_self(), "kvshim-disk-r");
   pthread_mutex_lock(&d->qlock);
-  for (;;) {
-    while (!d->stop && !d->r_head) pthread_cond_wait(&d->rcond, &d->qlock);
-    if (!d->r_head) break;
-    job_t *jb = d->r_head;
-    d->r_head = jb->next;
-    if (!d->r_head) d->r_tail = NULL;
+  job_t *jb;
+  while ((jb = KVS__FIFO_WAIT_POP(d->r_head, d->r_tail, d->stop, &d->rcond, &d->qlock))) {
     pthread_mutex_unlock(&d->qlock);
     fetch(d, jb);
     free(jb);
@@ -784,9 +776,7 @@ static int hook_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
   pthread_mutex_lock(&d->qlock);
   bool take = !d->stop;
   if (take) {
-    if (d->r_tail) d->r_tail->next = jb;
-    else d->r_head = jb;
-    d->r_tail = jb;
+    KVS__FIFO_PUSH(d->r_head, d->r_tail, jb);
     pthread_cond_signal(&d->rcond);
   }
   pthread_mutex_unlock(&d->qlock);
@@ -814,9 +804,7 @@ static void queue_write(kvs_disk_t *d, const kvs_key_t *keys, size_t n) {
     jb->xfer = xfer;
     jb->bytes = v.extent.length;
     d->pinned_bytes += jb->bytes;
-    if (d->w_tail) d->w_tail->next = jb;
-    else d->w_head = jb;
-    d->w_tail = jb;
+    KVS__FIFO_PUSH(d->w_head, d->w_tail, jb);
     d->n_writes++;
     pthread_cond_signal(&d->wcond);
   }
@@ -1107,15 +1095,9 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   if (d->w_head)
     kvs_log_warn("disk tier: %u objects not written at exit (flush took over %u ms)",
                  d->n_writes, flush_ms);
-  job_t *lists[2] = {d->w_head, d->r_head};
-  for (int l = 0; l < 2; l++)
-    while (lists[l]) {
-      job_t *jb = lists[l];
-      lists[l] = jb->next;
-      if (l == 0) kvs_stats_inc(d->stats, KVS_STAT_disk_write_drops);
-      free(jb);
-    }
-  d->w_head = d->w_tail = d->r_head = d->r_tail = NULL;
+  for (job_t *jb; (jb = KVS__FIFO_POP(d->w_head, d->w_tail)); free(jb))
+    kvs_stats_inc(d->stats, KVS_STAT_disk_write_drops);
+  for (job_t *jb; (jb = KVS__FIFO_POP(d->r_head, d->r_tail));) free(jb);
   d->n_writes = 0;
   d->stop = true;
   pthread_cond_broadcast(&d->wcond);
@@ -1137,10 +1119,7 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   pthread_cond_destroy(&d->idle);
   pthread_mutex_destroy(&d->qlock);
   pthread_mutex_destroy(&d->lock);
-#ifdef KVSHIM_DEBUG
-  memset(d, 0xdd, sizeof *d);
-#endif
-  free(d);
+  kvs__free_poisoned(d, sizeof *d);
 }
 
 /* ---- offline check (`kvshim disk DIR`) ----------------------------------------------------- */

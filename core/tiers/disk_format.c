@@ -48,10 +48,7 @@ void kvs_disk_encode_head(uint8_t *h, uint16_t version, kvs_key_t key,
   kvs__put64(h + 24, payload_len);
   kvs__put64(h + 32, payload_hash);
   kvs__put64(h + 40, seq);
-  kvs__put32(h + 48, layout->dtype);
-  kvs__put32(h + 52, layout->ndim);
-  for (uint32_t i = 0; i < layout->ndim && i < KVS_LAYOUT_MAX_DIMS; i++)
-    kvs__put64(h + 64 + 8 * i, layout->shape[i]);
+  kvs__layout_put(h + 48, h + 64, layout);
   for (uint32_t a = 0; a < n_aliases; a++) {
     kvs__put64(h + KVS_DISK_HDR_SIZE + 16 * a, aliases[a].lo);
     kvs__put64(h + KVS_DISK_HDR_SIZE + 16 * a + 8, aliases[a].hi);
@@ -74,14 +71,7 @@ int kvs_disk_parse_header(const uint8_t *h, size_t len, kvs_disk_record_t *rec) 
   r.payload_len = kvs__get64(h + 24);
   r.payload_hash = kvs__get64(h + 32);
   r.seq = kvs__get64(h + 40);
-  r.layout.dtype = kvs__get32(h + 48);
-  r.layout.ndim = kvs__get32(h + 52);
-  if (r.layout.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
-  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
-    uint64_t d = kvs__get64(h + 64 + 8 * i);
-    if (i >= r.layout.ndim && d) return -EBADMSG;
-    if (i < r.layout.ndim) r.layout.shape[i] = d;
-  }
+  KVS_TRY(kvs__layout_get(h + 48, h + 64, &r.layout));
   /* the payload length must be the layout's, and small enough that the record length cannot
    * overflow */
   if (r.payload_len == 0 || r.payload_len > (1ull << 48) ||

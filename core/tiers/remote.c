@@ -25,13 +25,11 @@
 
 _Static_assert(KVS_REMOTE_HDR_SIZE == 64 + 8 * KVS_LAYOUT_MAX_DIMS, "value header layout");
 
-typedef enum { JOB_WRITE, JOB_FETCH } job_kind_t;
-
-/* One unit of work. WRITE: one object pinned by xfer, found under keys[0] (its primary), with
- * keys[1..n) its aliases (object) — or one chunk (n == 1). FETCH: a deferred LOOKUP. */
+/* One unit of work, a WRITE or a FETCH by the queue it is on. WRITE: one object pinned by xfer,
+ * found under keys[0] (its primary), with keys[1..n) its aliases (object) — or one chunk
+ * (n == 1). FETCH: a deferred LOOKUP. */
 typedef struct job {
   struct job *next;
-  job_kind_t kind;
   kvs_xfer_t xfer;      /* WRITE: the read pin on the object */
   uint64_t token;       /* FETCH */
   uint64_t deadline_ms; /* FETCH (kvs__now_ms clock) */
@@ -84,12 +82,7 @@ void kvs_remote_header(uint8_t h[KVS_REMOTE_HDR_SIZE], kvs_key_t key, unsigned k
   kvs__put64(h + 32, XXH3_64bits(payload, (size_t)len));
   kvs__put64(h + 40, producer);
   kvs__put64(h + 48, created_ms);
-  if (layout) {
-    kvs__put32(h + 56, layout->dtype);
-    kvs__put32(h + 60, layout->ndim);
-    for (uint32_t i = 0; i < layout->ndim && i < KVS_LAYOUT_MAX_DIMS; i++)
-      kvs__put64(h + 64 + 8 * i, layout->shape[i]);
-  }
+  if (layout) kvs__layout_put(h + 56, h + 64, layout);
 }
 
 /* Every check of a value of len bytes that its header alone allows (all but the hash): 0 and
@@ -104,15 +97,7 @@ static int check_header(const uint8_t *h, size_t len, kvs_key_t key, unsigned *k
   uint64_t n = kvs__get64(h + 24);
   if (n != len - KVS_REMOTE_HDR_SIZE) return -EBADMSG;
   kvs_layout_t l;
-  memset(&l, 0, sizeof l);
-  l.dtype = kvs__get32(h + 56);
-  l.ndim = kvs__get32(h + 60);
-  if (l.ndim > KVS_LAYOUT_MAX_DIMS) return -EBADMSG;
-  for (uint32_t i = 0; i < KVS_LAYOUT_MAX_DIMS; i++) {
-    uint64_t d = kvs__get64(h + 64 + 8 * i);
-    if (i >= l.ndim && d) return -EBADMSG;
-    if (i < l.ndim) l.shape[i] = d;
-  }
+  KVS_TRY(kvs__layout_get(h + 56, h + 64, &l));
   if (k == KVS_REMOTE_KIND_ALIAS ? (n != sizeof(kvs_key_t) || l.ndim != 0)
                                  : kvs_layout_nbytes(&l) != n)
     return -EBADMSG;
@@ -691,9 +676,7 @@ static void *io_main(void *arg) {
   for (;;) {
     while (!r->stop && !r->fetch_head && !r->write_head) pthread_cond_wait(&r->cond, &r->lock);
     if (r->fetch_head) {
-      job_t *jb = r->fetch_head;
-      r->fetch_head = jb->next;
-      if (!r->fetch_head) r->fetch_tail = NULL;
+      job_t *jb = KVS__FIFO_POP(r->fetch_head, r->fetch_tail);
       bool allowed = breaker_allows(r, kvs__now_ms());
       r->busy++;
       pthread_mutex_unlock(&r->lock);
@@ -744,7 +727,6 @@ static int hook_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
   job_t *jb = malloc(sizeof *jb + n * sizeof(kvs_key_t));
   if (!jb) return -ENOMEM;
   memset(jb, 0, sizeof *jb);
-  jb->kind = JOB_FETCH;
   jb->token = token;
   jb->deadline_ms = deadline_ms;
   jb->found = (uint32_t)found;
@@ -756,9 +738,7 @@ static int hook_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
     free(jb);
     return -EAGAIN; /* answered from the pool at once */
   }
-  if (r->fetch_tail) r->fetch_tail->next = jb;
-  else r->fetch_head = jb;
-  r->fetch_tail = jb;
+  KVS__FIFO_PUSH(r->fetch_head, r->fetch_tail, jb);
   pthread_cond_signal(&r->cond);
   pthread_mutex_unlock(&r->lock);
   return 0;
@@ -776,13 +756,10 @@ static void queue_write(kvs_remote_t *r, const kvs_key_t *keys, size_t n) {
   bool take = jb && !r->stop && r->n_writes < r->q_cap && breaker_allows(r, kvs__now_ms());
   if (take) {
     memset(jb, 0, sizeof *jb);
-    jb->kind = JOB_WRITE;
     jb->xfer = xfer;
     jb->n = (uint32_t)n;
     memcpy(jb->keys, keys, n * sizeof(kvs_key_t));
-    if (r->write_tail) r->write_tail->next = jb;
-    else r->write_head = jb;
-    r->write_tail = jb;
+    KVS__FIFO_PUSH(r->write_head, r->write_tail, jb);
     r->n_writes++;
     pthread_cond_signal(&r->cond);
   }
@@ -918,16 +895,9 @@ void kvs_remote_destroy(kvs_remote_t *r, uint32_t flush_ms) {
     kvs_log_warn("remote tier: %u objects not written at exit (flush took over %u ms)",
                  r->n_writes, flush_ms);
   /* What is left is dropped (the pins end with the owner below). */
-  job_t *lists[2] = {r->write_head, r->fetch_head};
-  for (int l = 0; l < 2; l++)
-    while (lists[l]) {
-      job_t *jb = lists[l];
-      lists[l] = jb->next;
-      if (jb->kind == JOB_WRITE) kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
-      free(jb);
-    }
-  r->write_head = r->fetch_head = NULL;
-  r->write_tail = r->fetch_tail = NULL;
+  for (job_t *jb; (jb = KVS__FIFO_POP(r->write_head, r->write_tail)); free(jb))
+    kvs_stats_inc(r->stats, KVS_STAT_remote_queue_drops);
+  for (job_t *jb; (jb = KVS__FIFO_POP(r->fetch_head, r->fetch_tail));) free(jb);
   r->n_writes = 0;
   r->stop = true;
   pthread_cond_broadcast(&r->cond);
@@ -938,8 +908,5 @@ void kvs_remote_destroy(kvs_remote_t *r, uint32_t flush_ms) {
   pthread_cond_destroy(&r->idle);
   pthread_mutex_destroy(&r->lock);
   memset(r->password, 0, sizeof r->password);
-#ifdef KVSHIM_DEBUG
-  memset(r, 0xdd, sizeof *r);
-#endif
-  free(r);
+  kvs__free_poisoned(r, sizeof *r);
 }

@@ -380,28 +380,42 @@ static void reply_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_key_
   QUEUE_ENCODED(c, k, KVS_OP_LOOKUP, rid, kvs_proto_lookup_reply_encode, &rep);
 }
 
+/* A deferred reply to request rid of k over keys[0, n), due wait_ms from now (token 0), or NULL
+ * when out of memory. The caller owns it until defer() lists it. */
+static deferred_t *deferred_new(conn_t *k, uint64_t rid, const kvs_key_t *keys, uint32_t n,
+                                uint32_t wait_ms, bool watch) {
+  deferred_t *d = calloc(1, sizeof *d + sizeof(kvs_key_t) * n);
+  if (!d) return NULL;
+  d->conn = k;
+  d->request_id = rid;
+  d->deadline_ms = kvs__now_ms() + wait_ms;
+  d->watch = watch;
+  d->n_keys = n;
+  memcpy(d->keys, keys, sizeof(kvs_key_t) * n);
+  return d;
+}
+
+/* List d (the coordinator owns it now) and hold k's requests until it is answered. */
+static void defer(kvs_coord_t *c, conn_t *k, deferred_t *d) {
+  d->next = c->deferred;
+  c->deferred = d;
+  k->deferred = true; /* requests are answered in order: read nothing until it is */
+}
+
 /* Ask the remote tier for what the pool lacks; true when the reply is deferred. */
 static bool defer_lookup(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_lookup_t *req,
                          int found) {
   if (!c->has_remote || req->remote_wait_ms == 0 || found < 0 || (uint32_t)found >= req->n_keys)
     return false;
-  deferred_t *d = calloc(1, sizeof *d + sizeof(kvs_key_t) * req->n_keys);
+  deferred_t *d = deferred_new(k, rid, req->keys, req->n_keys, req->remote_wait_ms, false);
   if (!d) return false;
   d->token = ++c->next_token;
-  d->conn = k;
-  d->request_id = rid;
-  d->deadline_ms = kvs__now_ms() + req->remote_wait_ms;
-  d->watch = false;
-  d->n_keys = req->n_keys;
-  memcpy(d->keys, req->keys, sizeof(kvs_key_t) * req->n_keys);
   if (c->remote.fetch(c->remote.ctx, d->keys, (size_t)found, d->n_keys, d->deadline_ms,
                       d->token) < 0) {
     free(d);
     return false;
   }
-  d->next = c->deferred;
-  c->deferred = d;
-  k->deferred = true;
+  defer(c, k, d);
   return true;
 }
 
@@ -891,22 +905,13 @@ static void on_watch(kvs_coord_t *c, conn_t *k, uint64_t rid, const kvs_proto_wa
     reply_watch(c, k, rid, st >= 0 ? (uint32_t)st : KVS_PROTO_WATCH_HELD);
     return;
   }
-  deferred_t *d = malloc(sizeof *d + sizeof(kvs_key_t) * req->n_keys);
+  deferred_t *d = deferred_new(k, rid, req->keys, req->n_keys, req->wait_ms, true);
   if (!d) {
     queue_error(c, k, rid, -ENOMEM, "cannot wait");
     return;
   }
-  d->token = 0;
-  d->conn = k;
-  d->request_id = rid;
-  d->deadline_ms = kvs__now_ms() + req->wait_ms;
-  d->watch = true;
-  d->n_keys = req->n_keys;
-  memcpy(d->keys, req->keys, sizeof(kvs_key_t) * req->n_keys);
-  d->next = c->deferred;
-  c->deferred = d;
+  defer(c, k, d);
   c->n_watches++;
-  k->deferred = true; /* requests are answered in order: read nothing until it is */
 }
 
 static void dispatch(kvs_coord_t *c, conn_t *k, uint16_t op, uint64_t rid, const uint8_t *p,
@@ -1477,10 +1482,7 @@ void kvs_coord_stop(kvs_coord_t *c) {
   close(c->done_fd);
   pthread_mutex_destroy(&c->done_lock);
   free(c->done);
-#ifdef KVSHIM_DEBUG
-  memset(c, 0xdd, sizeof *c);
-#endif
-  free(c);
+  kvs__free_poisoned(c, sizeof *c);
 }
 
 const char *kvs_coord_socket_path(const kvs_coord_t *c) { return c->path; }

@@ -326,12 +326,9 @@ static void push_one(kvs_peers_t *p, push_item_t *it) {
 static void *push_main(void *arg) {
   kvs_peers_t *p = arg;
   pthread_mutex_lock(&p->push_lock);
-  for (;;) {
-    while (!p->q_head && !p->push_stop) pthread_cond_wait(&p->push_cond, &p->push_lock);
-    if (!p->q_head) break;
-    push_item_t *it = p->q_head;
-    p->q_head = it->next;
-    if (!p->q_head) p->q_tail = NULL;
+  push_item_t *it;
+  while ((it = KVS__FIFO_WAIT_POP(p->q_head, p->q_tail, p->push_stop, &p->push_cond,
+                                  &p->push_lock))) {
     p->q_len--;
     p->push_busy = true;
     pthread_mutex_unlock(&p->push_lock);
@@ -380,9 +377,7 @@ int kvs_peers_push(kvs_peers_t *p, const kvs_key_t *keys, size_t n) {
     kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
     rc = -ENOSPC;
   } else {
-    if (p->q_tail) p->q_tail->next = it;
-    else p->q_head = it;
-    p->q_tail = it;
+    KVS__FIFO_PUSH(p->q_head, p->q_tail, it);
     p->q_len++;
     kvs_stats_inc(p->stats, KVS_STAT_push_queued);
     pthread_cond_broadcast(&p->push_cond);
@@ -414,13 +409,8 @@ void kvs__peer_push_stop(kvs_peers_t *p) {
   pthread_mutex_lock(&p->push_lock);
   p->push_stop = true;
   /* What did not make it in time is dropped, and counted. */
-  while (p->q_head) {
-    push_item_t *it = p->q_head;
-    p->q_head = it->next;
-    free(it);
+  for (push_item_t *it; (it = KVS__FIFO_POP(p->q_head, p->q_tail)); free(it))
     kvs_stats_inc(p->stats, KVS_STAT_push_dropped);
-  }
-  p->q_tail = NULL;
   p->q_len = 0;
   pthread_cond_broadcast(&p->push_cond);
   pthread_mutex_unlock(&p->push_lock);

@@ -346,6 +346,42 @@ static void write_layout(kvs_proto_writer_t *w, const kvs_layout_t *l) {
 /* Finish an encoder: rule violations were checked before writing. */
 static int finish(const kvs_proto_writer_t *w, size_t *len) { return kvs_proto_writer_end(w, len); }
 
+/* Open a decoder: the payload checked (payload_ok), *r over it, the message *m (size bytes)
+ * zeroed. */
+static int decode_open(kvs_proto_reader_t *r, const void *p, size_t len, void *m, size_t size) {
+  KVS_TRY(payload_ok(p, len));
+  kvs_proto_reader_init(r, p, len);
+  memset(m, 0, size);
+  return 0;
+}
+
+/* One field of a field list (proto.h KVS_PROTO_FIELDS_<payload>, KVS_PROTO_HEAD_<payload>):
+ * KVS__PUT writes m->field with writer w, KVS__GET reads m.field with reader r. */
+#define KVS__PUT(kind, field, count) KVS__PUT_##kind(field, count)
+#define KVS__PUT_U8(field, count) kvs_proto_write_u8(&w, m->field);
+#define KVS__PUT_U16(field, count) kvs_proto_write_u16(&w, m->field);
+#define KVS__PUT_U32(field, count) kvs_proto_write_u32(&w, (uint32_t)m->field);
+#define KVS__PUT_U64(field, count) kvs_proto_write_u64(&w, m->field);
+#define KVS__PUT_ZERO8(field, count) kvs_proto_write_u8(&w, 0);
+#define KVS__PUT_ZERO16(field, count) kvs_proto_write_u16(&w, 0);
+#define KVS__PUT_ZERO32(field, count) kvs_proto_write_u32(&w, 0);
+#define KVS__PUT_PAD8(field, count) kvs_proto_write_pad(&w, 8);
+#define KVS__PUT_LAYOUT(field, count) write_layout(&w, &m->field);
+#define KVS__PUT_ARRAY(field, count)                                                          \
+  kvs_proto_write_bytes(&w, m->field, (size_t)m->count * sizeof *m->field);
+
+#define KVS__GET(kind, field, count) KVS__GET_##kind(field, count)
+#define KVS__GET_U8(field, count) m.field = kvs_proto_read_u8(&r);
+#define KVS__GET_U16(field, count) m.field = kvs_proto_read_u16(&r);
+#define KVS__GET_U32(field, count) m.field = kvs_proto_read_u32(&r);
+#define KVS__GET_U64(field, count) m.field = kvs_proto_read_u64(&r);
+#define KVS__GET_ZERO8(field, count) zero8(&r);
+#define KVS__GET_ZERO16(field, count) zero16(&r);
+#define KVS__GET_ZERO32(field, count) zero32(&r);
+#define KVS__GET_PAD8(field, count) kvs_proto_read_pad(&r, 8);
+#define KVS__GET_LAYOUT(field, count) read_layout(&r, &m.field);
+#define KVS__GET_ARRAY(field, count) m.field = kvs_proto_read_array(&r, m.count, sizeof *m.field);
+
 /* ---- HELLO ------------------------------------------------------------------------------------ */
 
 static bool hello_ok(const kvs_proto_hello_t *m, size_t group_len) {
@@ -363,19 +399,7 @@ int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, si
   if (!hello_ok(m, glen)) return -EINVAL;
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u16(&w, m->version_min);
-  kvs_proto_write_u16(&w, m->version_max);
-  kvs_proto_write_u8(&w, m->role);
-  kvs_proto_write_u8(&w, m->strategy_requested);
-  kvs_proto_write_u8(&w, m->strategy_chosen);
-  kvs_proto_write_u8(&w, m->flags);
-  kvs_proto_write_u32(&w, m->pid);
-  kvs_proto_write_u32(&w, m->caps);
-  kvs_proto_write_u64(&w, m->instance_id);
-  kvs_proto_write_u64(&w, m->pool_segment_size);
-  kvs_proto_write_u64(&w, m->pool_arena_size);
-  kvs_proto_write_u64(&w, m->pool_arena_used);
-  kvs_proto_write_u32(&w, m->max_frame);
+  KVS_PROTO_HEAD_hello(KVS__PUT)
   kvs_proto_write_u16(&w, (uint16_t)glen);
   kvs_proto_write_u16(&w, 0);
   kvs_proto_write_bytes(&w, m->group, glen);
@@ -387,24 +411,10 @@ int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, si
 }
 
 int kvs_proto_hello_decode(const void *p, size_t len, kvs_proto_hello_t *out) {
-  KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
   kvs_proto_hello_t m;
-  memset(&m, 0, sizeof(m));
-  m.version_min = kvs_proto_read_u16(&r);
-  m.version_max = kvs_proto_read_u16(&r);
-  m.role = kvs_proto_read_u8(&r);
-  m.strategy_requested = kvs_proto_read_u8(&r);
-  m.strategy_chosen = kvs_proto_read_u8(&r);
-  m.flags = kvs_proto_read_u8(&r);
-  m.pid = kvs_proto_read_u32(&r);
-  m.caps = kvs_proto_read_u32(&r);
-  m.instance_id = kvs_proto_read_u64(&r);
-  m.pool_segment_size = kvs_proto_read_u64(&r);
-  m.pool_arena_size = kvs_proto_read_u64(&r);
-  m.pool_arena_used = kvs_proto_read_u64(&r);
-  m.max_frame = kvs_proto_read_u32(&r);
+  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
+  KVS_PROTO_HEAD_hello(KVS__GET)
   uint16_t glen = kvs_proto_read_u16(&r);
   zero16(&r);
   require(&r, glen <= KVS_PROTO_MAX_GROUP);
@@ -557,11 +567,7 @@ int kvs_proto_commit_store_encode(const kvs_proto_commit_store_t *m, void *buf, 
   }
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->xfer);
-  kvs_proto_write_u8(&w, m->is_inline);
-  kvs_proto_write_u8(&w, m->kind);
-  kvs_proto_write_u16(&w, 0);
-  kvs_proto_write_u32(&w, m->mode);
+  KVS_PROTO_HEAD_commit_store(KVS__PUT)
   kvs_proto_write_u32(&w, m->is_inline ? m->n_entries : m->n_slots);
   kvs_proto_write_u32(&w, 0);
   if (m->is_inline) {
@@ -575,16 +581,10 @@ int kvs_proto_commit_store_encode(const kvs_proto_commit_store_t *m, void *buf, 
 }
 
 int kvs_proto_commit_store_decode(const void *p, size_t len, kvs_proto_commit_store_t *out) {
-  KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
   kvs_proto_commit_store_t m;
-  memset(&m, 0, sizeof(m));
-  m.xfer = kvs_proto_read_u64(&r);
-  m.is_inline = kvs_proto_read_u8(&r);
-  m.kind = kvs_proto_read_u8(&r);
-  zero16(&r);
-  m.mode = kvs_proto_read_u32(&r);
+  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
+  KVS_PROTO_HEAD_commit_store(KVS__GET)
   uint32_t count = kvs_proto_read_u32(&r); /* entries (inline) or slots (SHM) */
   zero32(&r);
   if (m.is_inline) m.n_entries = count;
@@ -660,13 +660,7 @@ int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_rep
   if (sum > SIZE_MAX) return -EINVAL;
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u64(&w, m->xfer);
-  kvs_proto_write_u32(&w, m->n_found);
-  kvs_proto_write_u32(&w, m->n_objects);
-  kvs_proto_write_u8(&w, m->is_inline);
-  kvs_proto_write_u8(&w, 0);
-  kvs_proto_write_u16(&w, 0);
-  kvs_proto_write_u32(&w, m->pin_ms);
+  KVS_PROTO_HEAD_prepare_retrieve_reply(KVS__PUT)
   for (uint32_t i = 0; i < m->n_objects; i++) {
     const kvs_proto_object_t *o = &m->objects[i];
     kvs_proto_write_u32(&w, o->key_index);
@@ -710,18 +704,10 @@ static void read_objects(kvs_proto_reader_t *r, uint32_t n, uint32_t n_found, ui
 static int decode_retrieve_reply(const void *p, size_t len, kvs_proto_object_t *objects,
                                  size_t cap, kvs_proto_prepare_retrieve_reply_t *out,
                                  bool with_data) {
-  KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
   kvs_proto_prepare_retrieve_reply_t m;
-  memset(&m, 0, sizeof(m));
-  m.xfer = kvs_proto_read_u64(&r);
-  m.n_found = kvs_proto_read_u32(&r);
-  m.n_objects = kvs_proto_read_u32(&r);
-  m.is_inline = kvs_proto_read_u8(&r);
-  zero8(&r);
-  zero16(&r);
-  m.pin_ms = kvs_proto_read_u32(&r);
+  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
+  KVS_PROTO_HEAD_prepare_retrieve_reply(KVS__GET)
   require(&r, retrieve_reply_head_ok(m.xfer, m.n_found, m.n_objects, m.is_inline) &&
                   (m.pin_ms == 0 || m.xfer != 0));
   size_t table = r.pos;
@@ -787,8 +773,7 @@ int kvs_proto_export_reply_encode(const kvs_proto_export_reply_t *m, void *buf, 
     if (!blob_len_ok(m->descs[i].len) || !m->descs[i].data) return -EINVAL;
   kvs_proto_writer_t w;
   kvs_proto_writer_init(&w, buf, cap);
-  kvs_proto_write_u32(&w, m->n_descs);
-  kvs_proto_write_u32(&w, m->n_fds);
+  KVS_PROTO_HEAD_export_reply(KVS__PUT)
   for (uint32_t i = 0; i < m->n_descs; i++) {
     kvs_proto_write_u32(&w, m->descs[i].len);
     kvs_proto_write_bytes(&w, m->descs[i].data, m->descs[i].len);
@@ -808,12 +793,10 @@ static void read_blobs(kvs_proto_reader_t *r, uint32_t n, kvs_proto_blob_t *desc
 
 int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *descs,
                                   size_t cap, kvs_proto_export_reply_t *out) {
-  KVS_TRY(payload_ok(p, len));
   kvs_proto_reader_t r;
-  kvs_proto_reader_init(&r, p, len);
   kvs_proto_export_reply_t m;
-  m.n_descs = kvs_proto_read_u32(&r);
-  m.n_fds = kvs_proto_read_u32(&r);
+  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
+  KVS_PROTO_HEAD_export_reply(KVS__GET)
   require(&r, m.n_descs <= KVS_PROTO_MAX_DESCS && m.n_fds <= KVS_PROTO_MAX_FDS);
   size_t table = r.pos;
   read_blobs(&r, m.n_descs, NULL);
@@ -847,29 +830,6 @@ static bool watch_reply_ok(const kvs_proto_watch_reply_t *m) {
  * non-zero reserved field or an overflowing count fail the decode before the rule is judged,
  * and *out is written only on success. */
 
-#define KVS__PUT(kind, field, count) KVS__PUT_##kind(field, count)
-#define KVS__PUT_U8(field, count) kvs_proto_write_u8(&w, m->field);
-#define KVS__PUT_U16(field, count) kvs_proto_write_u16(&w, m->field);
-#define KVS__PUT_U32(field, count) kvs_proto_write_u32(&w, (uint32_t)m->field);
-#define KVS__PUT_U64(field, count) kvs_proto_write_u64(&w, m->field);
-#define KVS__PUT_ZERO16(field, count) kvs_proto_write_u16(&w, 0);
-#define KVS__PUT_ZERO32(field, count) kvs_proto_write_u32(&w, 0);
-#define KVS__PUT_PAD8(field, count) kvs_proto_write_pad(&w, 8);
-#define KVS__PUT_LAYOUT(field, count) write_layout(&w, &m->field);
-#define KVS__PUT_ARRAY(field, count)                                                          \
-  kvs_proto_write_bytes(&w, m->field, (size_t)m->count * sizeof *m->field);
-
-#define KVS__GET(kind, field, count) KVS__GET_##kind(field, count)
-#define KVS__GET_U8(field, count) m.field = kvs_proto_read_u8(&r);
-#define KVS__GET_U16(field, count) m.field = kvs_proto_read_u16(&r);
-#define KVS__GET_U32(field, count) m.field = kvs_proto_read_u32(&r);
-#define KVS__GET_U64(field, count) m.field = kvs_proto_read_u64(&r);
-#define KVS__GET_ZERO16(field, count) zero16(&r);
-#define KVS__GET_ZERO32(field, count) zero32(&r);
-#define KVS__GET_PAD8(field, count) kvs_proto_read_pad(&r, 8);
-#define KVS__GET_LAYOUT(field, count) read_layout(&r, &m.field);
-#define KVS__GET_ARRAY(field, count) m.field = kvs_proto_read_array(&r, m.count, sizeof *m.field);
-
 #define KVS__PROTO_FLAT_CODEC(msg)                                                            \
   int kvs_proto_##msg##_encode(const kvs_proto_##msg##_t *m, void *buf, size_t cap,           \
                                size_t *len) {                                                 \
@@ -879,11 +839,9 @@ static bool watch_reply_ok(const kvs_proto_watch_reply_t *m) {
     KVS_PROTO_FIELDS_##msg(KVS__PUT) return finish(&w, len);                                  \
   }                                                                                           \
   int kvs_proto_##msg##_decode(const void *p, size_t len, kvs_proto_##msg##_t *out) {         \
-    KVS_TRY(payload_ok(p, len));                                                              \
     kvs_proto_reader_t r;                                                                     \
-    kvs_proto_reader_init(&r, p, len);                                                        \
     kvs_proto_##msg##_t m;                                                                    \
-    memset(&m, 0, sizeof m);                                                                  \
+    KVS_TRY(decode_open(&r, p, len, &m, sizeof m));                                           \
     KVS_PROTO_FIELDS_##msg(KVS__GET) KVS_TRY(kvs_proto_reader_end(&r));                       \
     if (!msg##_ok(&m)) return -EBADMSG;                                                       \
     *out = m;                                                                                 \

@@ -605,9 +605,10 @@ typedef struct kvs_proto_watch_reply {
  * its field list KVS_PROTO_FIELDS_<payload>(F) in wire order. proto.c generates their encode
  * and decode from these lists (declared below); the other payloads (HELLO, COMMIT_STORE, the
  * PREPARE_RETRIEVE and EXPORT_TENSORS replies: optional tails, branches, nested tables) are
- * written by hand. A field is F(kind, field, count):
+ * written by hand after their fixed head, the field list KVS_PROTO_HEAD_<payload>(F) that both
+ * their encoder and decoder walk. A field is F(kind, field, count):
  *     U8 U16 U32 U64     the struct's field, fixed width
- *     ZERO16 ZERO32      reserved: written 0, must read 0 (field and count unused: _)
+ *     ZERO8 ZERO16 ZERO32  reserved: written 0, must read 0 (field and count unused: _)
  *     PAD8               zeros up to the next multiple of 8 from the payload's start
  *     LAYOUT             a kvs_layout_t: dtype u32, ndim u32 (<= 8), shape u64[ndim]
  *     ARRAY              `count` elements of *field, read in place (count: a field before it)
@@ -669,6 +670,23 @@ typedef struct kvs_proto_watch_reply {
 /* 4.12 WATCH request and reply */
 #define KVS_PROTO_FIELDS_watch(F) F(U32, n_keys, _) F(U32, wait_ms, _) F(ARRAY, keys, n_keys)
 #define KVS_PROTO_FIELDS_watch_reply(F) F(U32, state, _) F(ZERO32, _, _)
+
+/* The fixed heads of the hand-written payloads (what follows each is in proto.c). */
+/* 4.1 HELLO: then group_len u16, reserved u16, the group, and the optional max_message */
+#define KVS_PROTO_HEAD_hello(F)                                                               \
+  F(U16, version_min, _) F(U16, version_max, _) F(U8, role, _) F(U8, strategy_requested, _)   \
+  F(U8, strategy_chosen, _) F(U8, flags, _) F(U32, pid, _) F(U32, caps, _)                    \
+  F(U64, instance_id, _) F(U64, pool_segment_size, _) F(U64, pool_arena_size, _)              \
+  F(U64, pool_arena_used, _) F(U32, max_frame, _)
+/* 4.5 COMMIT_STORE request: then the count of entries (inline) or slots (SHM), and its table */
+#define KVS_PROTO_HEAD_commit_store(F)                                                        \
+  F(U64, xfer, _) F(U8, is_inline, _) F(U8, kind, _) F(ZERO16, _, _) F(U32, mode, _)
+/* 4.7 PREPARE_RETRIEVE reply: then the object records and the inline bytes */
+#define KVS_PROTO_HEAD_prepare_retrieve_reply(F)                                              \
+  F(U64, xfer, _) F(U32, n_found, _) F(U32, n_objects, _) F(U8, is_inline, _) F(ZERO8, _, _)  \
+  F(ZERO16, _, _) F(U32, pin_ms, _)
+/* 4.10 EXPORT_TENSORS reply: then the descriptors */
+#define KVS_PROTO_HEAD_export_reply(F) F(U32, n_descs, _) F(U32, n_fds, _)
 
 #define KVS__PROTO_FLAT_DECL(msg)                                                             \
   int kvs_proto_##msg##_encode(const kvs_proto_##msg##_t *m, void *buf, size_t cap,           \

@@ -573,6 +573,12 @@ bool kvs__tensor_registry_is_valid(kvs_tensor_registry_t *reg) {
   return ok;
 }
 
+/* An allocation size *size left 0 becomes offset + length: 0, or -ERANGE on overflow. */
+static int size_or_end(uint64_t *size, uint64_t offset, uint64_t length) {
+  if (*size == 0 && __builtin_add_overflow(offset, length, size)) return -ERANGE;
+  return 0;
+}
+
 /* The byte view of [base, base + length) from a template (see tensor.h). */
 static int make_view(const kvs_tensor_desc_t *t, uint64_t length, kvs_tensor_desc_t *d) {
   memset(d, 0, sizeof *d);
@@ -582,27 +588,20 @@ static int make_view(const kvs_tensor_desc_t *t, uint64_t length, kvs_tensor_des
   d->shape[0] = length;
   d->stride[0] = 1;
   memcpy(d->device_uuid, t->device_uuid, KVS_TENSOR_UUID_SIZE);
+  /* The template's region, the view's length; a device allocation of unknown size (0) is
+   * taken to end where the view does. */
   switch (t->kind) {
   case KVS_TENSOR_CPU_SHM:
-    d->cpu.instance_id = t->cpu.instance_id;
-    d->cpu.offset = t->cpu.offset;
+    d->cpu = t->cpu;
     d->cpu.length = length;
     break;
   case KVS_TENSOR_CUDA_IPC:
-    memcpy(d->ipc.handle, t->ipc.handle, KVS_TENSOR_IPC_HANDLE_SIZE);
-    d->ipc.offset = t->ipc.offset;
-    d->ipc.alloc_len = t->ipc.alloc_len;
-    d->ipc.generation = t->ipc.generation;
-    if (d->ipc.alloc_len == 0 && __builtin_add_overflow(t->ipc.offset, length, &d->ipc.alloc_len))
-      return -ERANGE;
+    d->ipc = t->ipc;
+    KVS_TRY(size_or_end(&d->ipc.alloc_len, t->ipc.offset, length));
     break;
   case KVS_TENSOR_CUDA_VMM_FD:
-    d->vmm.fd_index = t->vmm.fd_index;
-    d->vmm.offset = t->vmm.offset;
-    d->vmm.size = t->vmm.size;
-    d->vmm.granularity = t->vmm.granularity;
-    if (d->vmm.size == 0 && __builtin_add_overflow(t->vmm.offset, length, &d->vmm.size))
-      return -ERANGE;
+    d->vmm = t->vmm;
+    KVS_TRY(size_or_end(&d->vmm.size, t->vmm.offset, length));
     break;
   default:
     return -EPROTONOSUPPORT;
