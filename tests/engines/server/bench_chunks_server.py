@@ -3,7 +3,7 @@
 
 usage: bench_chunks_server.py --preload LIBKVSHIM --cli KVSHIM [--prefix-words 1700]
                               [--suffix-words 400] [--requests 12] [--restores 0]
-                              [--work-dir DIR]
+                              [--steady workload|short] [--work-dir DIR]
 (the model trains on 4,096 tokens: llama-server caps the slot there, so prefix + suffix stay
 below it)
 
@@ -25,7 +25,9 @@ restores, and chunks / whole blobs of the medians. llama-server reuses a slot's 
 the workload restores once per replica (its first request, into a fresh process whose scratch
 buffers and view of serve's pool are still cold); --restores R then sends R more of the
 requests, alternately, with "cache_prompt": false (llama-server recomputes the prompt, so
-kvshim restores it each time) for the steady state, timed apart.
+kvshim restores it each time) for the steady state, timed apart. With --steady short those R
+requests are the prefix and a short question each instead (no new chunk, so no snapshot between
+two restores: the context's last assembly is loaded again, design §10.4).
 
 Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
 distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
@@ -73,16 +75,18 @@ def restores_logged(r):
         return [(int(w) / int(n), int(c) / int(n)) for n, w, c in RESTORED.findall(f.read())]
 
 
-def run(ctx, reqs, preload, chunks, restores=0):
+def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None):
     """The requests, alternately to two replicas: (completions, per-replica counters, the
-    workload's restores and the --restores ones, each as (wall, CPU) ns per restored token)."""
+    workload's restores and the --restores ones (steady_reqs, else reqs, in turn), each as
+    (wall, CPU) ns per restored token)."""
+    steady_reqs = steady_reqs or reqs
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug"} if preload else {}
     reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
     out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
     first = [restores_logged(r) for r in reps] if preload else []
     for i in range(restores if preload else 0):
         try:  # (the completion itself is not compared here: only the restore is timed)
-            ctx.complete(reps[i % 2], reqs[i % len(reqs)], cache_prompt=False)
+            ctx.complete(reps[i % 2], steady_reqs[i % len(steady_reqs)], cache_prompt=False)
         except urllib.error.HTTPError:
             pass
     st = [ctx.stats(r, everything=True) for r in reps] if preload else []
@@ -104,12 +108,16 @@ def main():
     ap.add_argument("--suffix-words", type=int, default=400)
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--restores", type=int, default=0)
+    ap.add_argument("--steady", choices=("workload", "short"), default="workload",
+                    help="the --restores requests: the workload's, or the prefix and a short "
+                         "question each (no snapshot between restores)")
     ap.add_argument("--work-dir")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvs-bench-chunks-server-")
     ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
                             keep=False)
     prefix, reqs = prompts(args)
+    steady_reqs = [prefix + cs.question(i) for i in range(8)] if args.steady == "short" else None
     ref = None
     timing = {}
     for chunks in (None, False, True):
@@ -128,7 +136,7 @@ def main():
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores)
+            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores, steady_reqs)
             timing[chunks] = (first, steady)
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:
@@ -138,7 +146,7 @@ def main():
             node = sst["store_used_bytes"] + sum(s["store_used_bytes"] for s in st)
             agg = {k: sum(s.get(k, 0) for s in st) for k in st[0]
                    if k.startswith(("llama_chunks_", "llama_prefix_restored_tokens",
-                                    "llama_prefix_snapshot_bytes"))}
+                                    "llama_prefix_snapshot_bytes", "llama_prefix_snapshots"))}
             print(f"KVSHIM_LLAMA_CHUNKS={int(chunks)}: node bytes {node} (serve "
                   f"{sst['store_used_bytes']}, replicas {[s['store_used_bytes'] for s in st]}), "
                   f"/ distinct KV = {node / (distinct * KV_PER_TOKEN):.3f}; serve evictions "
