@@ -19,8 +19,7 @@
 static ts_server_t S;
 
 static void down(void) {
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
+  ts_server_reset(&S);
 }
 
 /* Start a server with cache_mb MiB of cache arena; tweak may change options first. */
