@@ -34,7 +34,8 @@ static void *tt_main(void *v) {
 }
 
 /* Starts body(t) on a new thread; 0 or pthread_create's error. t must outlive tt_join. */
-static inline int tt_start(tt_thread_t *t, tt_body_fn body, void *obj, const void *data, uint64_t arg) {
+static inline int tt_start(tt_thread_t *t, tt_body_fn body, void *obj, const void *data,
+                           uint64_t arg) {
   *t = (tt_thread_t){.body = body, .obj = obj, .data = data, .arg = arg, .rc = 1};
   return pthread_create(&t->th, NULL, tt_main, t);
 }

@@ -627,7 +627,8 @@ static int worker(tt_thread_t *t) {
 Test(pool, concurrent_alloc_free, .timeout = 60) {
   kvs_pool_t *p = make_pool(128 * PG, 0);
   tt_thread_t t[4];
-  for (int i = 0; i < 4; i++) cr_assert_eq(tt_start(&t[i], worker, p, NULL, (uint64_t)(i + 1) * 0x1111), 0);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(tt_start(&t[i], worker, p, NULL, (uint64_t)(i + 1) * 0x1111), 0);
   for (int i = 0; i < 4; i++) {
     tt_join(&t[i]);
     cr_expect_eq(t[i].rc, 0, "worker %d", i);

@@ -1009,7 +1009,8 @@ static int reg_worker(tt_thread_t *w) {
     uint64_t base = lane + (uint64_t)(i % 64) * 0x1000;
     if (kvs_tensor_registry_add(r, base, 0x1000, &t, true) != 0) failures++;
     kvs_tensor_record_t rec;
-    if (kvs_tensor_registry_lookup(r, base + 0x10, &rec) != 0 || rec.desc.ipc.handle[0] != id) failures++;
+    if (kvs_tensor_registry_lookup(r, base + 0x10, &rec) != 0 || rec.desc.ipc.handle[0] != id)
+      failures++;
     if (kvs_tensor_registry_remove(r, base, NULL) != 0) failures++;
   }
   return failures;

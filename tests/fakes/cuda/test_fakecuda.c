@@ -918,7 +918,8 @@ static void t_streams_async(void) {
   PFN_cuMemcpyHtoD_v3020 htod_ptds = (PFN_cuMemcpyHtoD_v3020)sym("cuMemcpyHtoD_v2_ptds");
   PFN_cuStreamSynchronize_v2000 sync_ptsz =
       (PFN_cuStreamSynchronize_v2000)sym("cuStreamSynchronize_ptsz");
-  async_round_trip("_ptsz", htod_ptsz, dtoh_ptsz, sync_ptsz, CU_STREAM_PER_THREAD, d, src, dst, n, 6);
+  async_round_trip("_ptsz", htod_ptsz, dtoh_ptsz, sync_ptsz, CU_STREAM_PER_THREAD, d, src, dst, n,
+                   6);
   fill(src, n, 7);
   CHECK_CU(htod_ptds(d, src, n), OK);
   memset(dst, 0, n);
