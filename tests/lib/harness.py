@@ -96,7 +96,30 @@ def sum_stats(pattern):
     return merged
 
 
+# ---- refengine (tests/engines/refengine) -----------------------------------------------------
+
+def refengine_prefix_args(prefix_chunks, chunk_tokens=64):
+    """refengine's options for one request on its small model (4 layers, 2 KV heads of 16) whose
+    prompt is a shared prefix of prefix_chunks chunks of chunk_tokens and two chunks more, the
+    kvo buffers in host memory. The caller adds --rank (and --verify)."""
+    return ["--requests", "1", "--prompt-tokens", str((prefix_chunks + 2) * chunk_tokens),
+            "--prefix-tokens", str(prefix_chunks * chunk_tokens),
+            "--chunk-tokens", str(chunk_tokens), "--layers", "4", "--kv-heads", "2",
+            "--head-dim", "16", "--hidden", "32", "--kvo-buffer", "host"]
+
+
 # ---- lines from running children --------------------------------------------------------------
+
+def wait_file(path, what, p=None, timeout=60):
+    """Waits until path exists (a child's "ready" file): a Failure naming what after timeout
+    seconds, or as soon as the process p (when given) has exited without making it."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        require(p is None or p.poll() is None,
+                f"{what}: exited (rc {p.returncode if p else None}) before {path} appeared")
+        require(time.monotonic() < deadline, f"{what}: {path} did not appear in {timeout} s")
+        time.sleep(0.01)
+
 
 def stop_process(p):
     """SIGSTOP the child p and return once it is stopped. kill() only queues a stop: the thread
@@ -287,13 +310,16 @@ class ScriptContext(Context):
 
 # ---- the runner --------------------------------------------------------------------------------
 
-def parser(doc, *required, asan=False):
+def parser(doc, *required, asan=False, optional=()):
     """A driver's option parser: its docstring's first line, each of `required` (an option
-    taking a value, e.g. "--preload"), and with asan, --asan-runtime (the sanitizer runtime that
+    taking a value, e.g. "--preload"), each of `optional` (the same, but a driver may go without
+    it: the cases that need it skip), and with asan, --asan-runtime (the sanitizer runtime that
     goes first in LD_PRELOAD with a sanitized libkvshim.so). Drivers add their other options."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     for opt in required:
         ap.add_argument(opt, required=True)
+    for opt in optional:
+        ap.add_argument(opt)
     if asan:
         ap.add_argument("--asan-runtime", default="",
                         help="ASan builds: the sanitizer runtime, preloaded before kvshim")

@@ -27,6 +27,9 @@
 #   Sets <var> to the shared ASan runtime (libasan.so) in builds with KVSHIM_SANITIZE=address
 #   (a test that preloads an instrumented libkvshim.so into an uninstrumented program puts it
 #   first in LD_PRELOAD), to "" otherwise. Warns once when such a build has none.
+# kvshim_asan_runtime_arg(<var>)
+#   Sets <var> to `--asan-runtime <libasan.so>` (what a Python driver takes) where
+#   kvshim_asan_runtime finds one, to "" otherwise.
 #
 # kvs_unit_test(<name> [source...])
 #   A Criterion unit test of core: <name>.c of the calling folder (and the extra sources) linked
@@ -64,6 +67,15 @@ function(kvshim_asan_runtime out)
   set(${out} "${path}" PARENT_SCOPE)
 endfunction()
 
+function(kvshim_asan_runtime_arg out)
+  kvshim_asan_runtime(lib)
+  set(arg "")
+  if(lib)
+    set(arg --asan-runtime ${lib})
+  endif()
+  set(${out} "${arg}" PARENT_SCOPE)
+endfunction()
+
 function(kvshim_add_py_cases area engine driver)
   cmake_parse_arguments(PARSE_ARGV 3 arg "ASAN_RUNTIME;FAKECUDA;RUN_SERIAL"
     "TIMEOUT;SKIP_RETURN_CODE" "ARGS;LABELS;ENVIRONMENT;ONLY;EXCLUDE")
@@ -90,10 +102,7 @@ function(kvshim_add_py_cases area engine driver)
 
   set(asan "")
   if(arg_ASAN_RUNTIME)
-    kvshim_asan_runtime(lib)
-    if(lib)
-      set(asan --asan-runtime ${lib})
-    endif()
+    kvshim_asan_runtime_arg(asan)
   endif()
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 300)

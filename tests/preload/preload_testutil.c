@@ -334,6 +334,17 @@ static int pt_rpc(pt_peer_t *p, uint16_t op, const void *payload, size_t len, ui
   return 0;
 }
 
+/* Encode *msgp with encfn, then pt_rpc it as op: the reply in *reply (malloc'd) and *rlen, the fd
+ * passed with it in *fd_out (fd_out may be NULL). Any failure fails the test, naming op. */
+#define PT_CALL(p, op, encfn, msgp, reply, rlen, fd_out)                                         \
+  do {                                                                                           \
+    uint8_t req_[512];                                                                           \
+    size_t n_;                                                                                   \
+    PT_CHECK(encfn(msgp, req_, sizeof req_, &n_) == 0, "encode %s", kvs_proto_opcode_name(op));  \
+    int rc_ = pt_rpc(p, op, req_, n_, reply, rlen, fd_out);                                      \
+    PT_CHECK(rc_ == 0, "%s refused: %s", kvs_proto_opcode_name(op), kvs_proto_strerror(rc_));    \
+  } while (0)
+
 void pt_peer_connect(pt_peer_t *p, const char *sock_path) {
   memset(p, 0, sizeof *p);
   p->pool_fd = -1;
@@ -348,14 +359,10 @@ void pt_peer_connect(pt_peer_t *p, const char *sock_path) {
   me.caps = KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE;
   me.max_frame = KVS_PROTO_DEFAULT_MAX_FRAME;
   snprintf(me.group, sizeof me.group, "default");
-  uint8_t out[512];
-  size_t len;
-  PT_CHECK(kvs_proto_hello_encode(&me, out, sizeof out, &len) == 0, "encode HELLO");
   uint8_t *reply;
   size_t rlen;
   int fd = -1;
-  rc = pt_rpc(p, KVS_OP_HELLO, out, len, &reply, &rlen, &fd);
-  PT_CHECK(rc == 0, "HELLO refused: %s", kvs_proto_strerror(rc));
+  PT_CALL(p, KVS_OP_HELLO, kvs_proto_hello_encode, &me, &reply, &rlen, &fd);
   kvs_proto_hello_t srv;
   PT_CHECK(kvs_proto_hello_decode(reply, rlen, &srv) == 0, "bad HELLO reply");
   free(reply);
@@ -366,13 +373,9 @@ void pt_peer_connect(pt_peer_t *p, const char *sock_path) {
 
 void pt_peer_stats(pt_peer_t *p, char *buf, size_t cap) {
   kvs_proto_stats_t m = {KVS_PROTO_STATS_JSON};
-  uint8_t out[16];
-  size_t len;
-  PT_CHECK(kvs_proto_stats_encode(&m, out, sizeof out, &len) == 0, "encode STATS");
   uint8_t *reply;
   size_t rlen;
-  int rc = pt_rpc(p, KVS_OP_STATS, out, len, &reply, &rlen, NULL);
-  PT_CHECK(rc == 0, "STATS: %s", kvs_proto_strerror(rc));
+  PT_CALL(p, KVS_OP_STATS, kvs_proto_stats_encode, &m, &reply, &rlen, NULL);
   kvs_proto_text_t t;
   PT_CHECK(kvs_proto_text_decode(reply, rlen, &t) == 0, "bad STATS reply");
   snprintf(buf, cap, "%.*s", (int)t.len, t.text);
@@ -381,16 +384,12 @@ void pt_peer_stats(pt_peer_t *p, char *buf, size_t cap) {
 
 int pt_peer_export(pt_peer_t *p, uint64_t addr, uint64_t len, kvs_tensor_desc_t *out, int cap) {
   kvs_proto_export_t m = {addr, len};
-  uint8_t req[32];
-  size_t n;
-  PT_CHECK(kvs_proto_export_encode(&m, req, sizeof req, &n) == 0, "encode EXPORT_TENSORS");
   uint8_t *reply;
   size_t rlen;
-  int rc = pt_rpc(p, KVS_OP_EXPORT_TENSORS, req, n, &reply, &rlen, NULL);
-  PT_CHECK(rc == 0, "EXPORT_TENSORS: %s", kvs_proto_strerror(rc));
+  PT_CALL(p, KVS_OP_EXPORT_TENSORS, kvs_proto_export_encode, &m, &reply, &rlen, NULL);
   static kvs_proto_blob_t blobs[KVS_PROTO_MAX_DESCS];
   kvs_proto_export_reply_t rep;
-  rc = kvs_proto_export_reply_decode(reply, rlen, blobs, KVS_PROTO_MAX_DESCS, &rep);
+  int rc = kvs_proto_export_reply_decode(reply, rlen, blobs, KVS_PROTO_MAX_DESCS, &rep);
   PT_CHECK(rc == 0, "bad EXPORT_TENSORS reply: %s", kvs_proto_strerror(rc));
   for (uint32_t i = 0; i < rep.n_descs && (int)i < cap; i++) {
     char msg[256];

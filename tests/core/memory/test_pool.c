@@ -21,6 +21,7 @@
 #include "residency.h"
 #include "../../lib/fdpass.h"
 #include "../../lib/logcapture.h"
+#include "../../lib/threads.h"
 
 #define PG 4096ull
 
@@ -592,51 +593,45 @@ Test(pool, asan_poisons_free_extents, .timeout = 30) {
 
 /* ---- threads --------------------------------------------------------------------------- */
 
-typedef struct {
-  kvs_pool_t *pool;
-  uint64_t seed;
-  int failures;
-} worker_arg_t;
-
-static void *worker(void *v) {
-  worker_arg_t *w = v;
+/* t->obj: the pool; t->arg: the seed. Returns the failures seen. */
+static int worker(tt_thread_t *t) {
+  kvs_pool_t *pool = t->obj;
+  const uint64_t seed = t->arg;
+  int failures = 0;
   uint64_t live[32];
   int n = 0;
-  uint64_t s = w->seed;
-  uint8_t *base = kvs_pool_base(w->pool);
+  uint64_t s = seed;
+  uint8_t *base = kvs_pool_base(pool);
   for (int i = 0; i < 3000; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     if ((s >> 40) % 2 && n < 32) {
       uint64_t off;
-      int rc = kvs_pool_alloc(w->pool, KVS_ARENA_CACHE, PG * (1 + (s >> 50) % 4), &off);
+      int rc = kvs_pool_alloc(pool, KVS_ARENA_CACHE, PG * (1 + (s >> 50) % 4), &off);
       if (rc == 0) {
-        base[off] = (uint8_t)w->seed;
+        base[off] = (uint8_t)seed;
         live[n++] = off;
       } else if (rc != -ENOSPC) {
-        w->failures++;
+        failures++;
       }
     } else if (n) {
       uint64_t off = live[--n];
-      if (base[off] != (uint8_t)w->seed) w->failures++; /* someone else got our extent */
-      if (kvs_pool_free(w->pool, KVS_ARENA_CACHE, off) <= 0) w->failures++;
+      if (base[off] != (uint8_t)seed) failures++; /* someone else got our extent */
+      if (kvs_pool_free(pool, KVS_ARENA_CACHE, off) <= 0) failures++;
     }
   }
   while (n)
-    if (kvs_pool_free(w->pool, KVS_ARENA_CACHE, live[--n]) <= 0) w->failures++;
-  return NULL;
+    if (kvs_pool_free(pool, KVS_ARENA_CACHE, live[--n]) <= 0) failures++;
+  return failures;
 }
 
 Test(pool, concurrent_alloc_free, .timeout = 60) {
   kvs_pool_t *p = make_pool(128 * PG, 0);
-  pthread_t t[4];
-  worker_arg_t args[4];
+  tt_thread_t t[4];
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(tt_start(&t[i], worker, p, NULL, (uint64_t)(i + 1) * 0x1111), 0);
   for (int i = 0; i < 4; i++) {
-    args[i] = (worker_arg_t){p, (uint64_t)(i + 1) * 0x1111, 0};
-    cr_assert_eq(pthread_create(&t[i], NULL, worker, &args[i]), 0);
-  }
-  for (int i = 0; i < 4; i++) {
-    pthread_join(t[i], NULL);
-    cr_expect_eq(args[i].failures, 0, "worker %d", i);
+    tt_join(&t[i]);
+    cr_expect_eq(t[i].rc, 0, "worker %d", i);
   }
   kvs_pool_arena_stats_t s = stats_of(p, KVS_ARENA_CACHE);
   cr_expect_eq(s.allocated, 0);
@@ -793,21 +788,12 @@ Test(pool, prefault_makes_the_cache_arena_resident, .timeout = 30) {
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
 }
 
-typedef struct {
-  kvs_pool_t *pool;
-  int rc;
-} prefault_arg_t;
-static void *prefault_thread(void *v) {
-  prefault_arg_t *a = v;
-  a->rc = kvs_pool_prefault(a->pool);
-  return NULL;
-}
+static int prefault_thread(tt_thread_t *t) { return kvs_pool_prefault(t->obj); }
 
 Test(pool, prefault_in_background_while_allocating, .timeout = 30) {
   kvs_pool_t *p = make_pool(64u << 20, 0);
-  prefault_arg_t arg = {p, 1};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, prefault_thread, &arg), 0);
+  tt_thread_t t;
+  cr_assert_eq(tt_start(&t, prefault_thread, p, NULL, 0), 0);
   uint8_t *base = kvs_pool_base(p);
   for (int i = 0; i < 200; i++) {
     uint64_t off;
@@ -816,8 +802,8 @@ Test(pool, prefault_in_background_while_allocating, .timeout = 30) {
     cr_assert_eq(base[off + 64 * 1024 - 1], (uint8_t)i);
     if (i % 2) cr_assert_gt(kvs_pool_free(p, KVS_ARENA_CACHE, off), 0);
   }
-  pthread_join(t, NULL);
-  cr_expect_eq(arg.rc, 0);
+  tt_join(&t);
+  cr_expect_eq(t.rc, 0);
   cr_expect(kvs__pool_is_valid(p));
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
 }
@@ -826,16 +812,15 @@ Test(pool, destroy_cancels_a_running_prefault, .timeout = 30) {
   kvs_pool_t *p = make_pool(1u << 30, 0);
   const kvs_pool_header_t *h = kvs_pool_header(p);
   uint8_t *cache = kvs_pool_base(p) + h->cache_off;
-  prefault_arg_t arg = {p, 1};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, prefault_thread, &arg), 0);
+  tt_thread_t t;
+  cr_assert_eq(tt_start(&t, prefault_thread, p, NULL, 0), 0);
   /* wait until it is under way: its first piece is resident */
   for (int i = 0; i < 10000 && resident_pages(cache, 1u << 20) == 0; i++) usleep(100);
   cr_expect_eq(kvs_pool_destroy(p, false), 0); /* waits for the prefault to stop */
   /* destroy returned, so the prefault has returned its result */
-  cr_expect_eq(__atomic_load_n(&arg.rc, __ATOMIC_SEQ_CST), -ECANCELED);
-  pthread_join(t, NULL);
-  cr_expect_eq(arg.rc, -ECANCELED);
+  cr_expect_eq(__atomic_load_n(&t.rc, __ATOMIC_SEQ_CST), -ECANCELED);
+  tt_join(&t);
+  cr_expect_eq(t.rc, -ECANCELED);
 }
 
 /* ---- named pools ----------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 
 #include "pool.h"
 #include "residency.h"
+#include "../../lib/threads.h"
 
 #define MIB (1ull << 20)
 
@@ -53,16 +54,8 @@ Test(pool_lean, limit_bounds_the_allocated_bytes) {
   kvs_pool_destroy(p, true);
 }
 
-typedef struct {
-  kvs_pool_t *pool;
-  uint64_t ahead;
-  int rc;
-} ahead_arg_t;
-static void *ahead_thread(void *v) {
-  ahead_arg_t *a = v;
-  a->rc = kvs_pool_prefault_ahead(a->pool, a->ahead);
-  return NULL;
-}
+/* t->obj: the pool; t->arg: how far ahead (bytes). */
+static int ahead_thread(tt_thread_t *t) { return kvs_pool_prefault_ahead(t->obj, t->arg); }
 
 /* Polls (bounded) until the step-ahead prefault has faulted in `want` bytes. */
 static void wait_prefaulted(kvs_pool_t *p, uint64_t want) {
@@ -78,9 +71,8 @@ Test(pool_lean, prefault_ahead_follows_the_high_water_mark, .timeout = 60) {
   kvs_pool_t *p = make_pool(64 * MIB);
   const kvs_pool_header_t *h = kvs_pool_header(p);
   uint8_t *cache = kvs_pool_base(p) + h->cache_off;
-  ahead_arg_t arg = {p, 4 * MIB, 1};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, ahead_thread, &arg), 0);
+  tt_thread_t t;
+  cr_assert_eq(tt_start(&t, ahead_thread, p, NULL, 4 * MIB), 0);
   uint64_t off;
   cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, MIB, &off), 0);
   memset(kvs_pool_base(p) + off, 0x5a, MIB);
@@ -97,19 +89,18 @@ Test(pool_lean, prefault_ahead_follows_the_high_water_mark, .timeout = 60) {
   cr_expect_eq(kvs_pool_base(p)[off + 100], 0x5a, "contents kept");
   /* destroy cancels it */
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
-  pthread_join(t, NULL);
-  cr_expect_eq(arg.rc, -ECANCELED);
+  tt_join(&t);
+  cr_expect_eq(t.rc, -ECANCELED);
 }
 
 Test(pool_lean, prefault_ahead_ends_at_the_arena_end, .timeout = 60) {
   kvs_pool_t *p = make_pool(8 * MIB);
-  ahead_arg_t arg = {p, 4 * MIB, 1};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, ahead_thread, &arg), 0);
+  tt_thread_t t;
+  cr_assert_eq(tt_start(&t, ahead_thread, p, NULL, 4 * MIB), 0);
   uint64_t off;
   cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, 6 * MIB, &off), 0);
-  pthread_join(t, NULL);
-  cr_expect_eq(arg.rc, 0, "the whole arena is faulted in: done");
+  tt_join(&t);
+  cr_expect_eq(t.rc, 0, "the whole arena is faulted in: done");
   cr_expect_eq(kvs_pool_prefaulted(p), 8 * MIB);
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
 }

@@ -61,19 +61,43 @@ static bool info_eq(kvs_store_info_t a, kvs_store_info_t b) {
 }
 static uint64_t stat(kvs_stat_id_t id) { return kvs_stats_get(&stats, id); }
 
-/* Reserve one key of `bytes` for owner; asserts RESERVED; returns the transfer. */
-static kvs_xfer_t reserve1(kvs_owner_t ow, kvs_key_t k, uint64_t bytes, kvs_extent_t *ext) {
+/* Reserve `bytes` for owner: one object under the n keys (its aliases) when object, else one key
+ * (n == 1) with kvs_store_reserve_write; asserts RESERVED; returns the transfer. */
+static kvs_xfer_t reserve_keys(kvs_owner_t ow, const kvs_key_t *keys, size_t n, bool object,
+                               uint64_t bytes, kvs_extent_t *ext) {
   kvs_layout_t l = kvs_layout_blob(bytes);
   uint8_t oc = 0xff;
   kvs_extent_t e;
   kvs_xfer_t x = 0;
-  cr_assert_eq(kvs_store_reserve_write(st, ow, &k, 1, &l, 0, &oc, &e, &x), 1);
+  int r = object ? kvs_store_reserve_object(st, ow, keys, n, &l, 0, &oc, &e, &x)
+                 : kvs_store_reserve_write(st, ow, keys, n, &l, 0, &oc, &e, &x);
+  cr_assert_eq(r, 1, "reserve_%s of %zu keys returned %d", object ? "object" : "write", n, r);
   cr_assert_eq(oc, KVS_RES_RESERVED, "outcome %s", kvs_reserve_outcome_name(oc));
   cr_assert_neq(x, 0);
   cr_assert_eq(e.length, bytes);
   if (ext) *ext = e;
   VALID();
   return x;
+}
+/* Reserve one key of `bytes` for owner; asserts RESERVED; returns the transfer. */
+static kvs_xfer_t reserve1(kvs_owner_t ow, kvs_key_t k, uint64_t bytes, kvs_extent_t *ext) {
+  return reserve_keys(ow, &k, 1, false, bytes, ext);
+}
+/* Reserve n keys (n <= 8) of `bytes` each for the local owner in one kvs_store_reserve_write:
+ * outcome i must be want[i]. Returns what the call returned (the keys reserved); the transfer
+ * in *x. */
+static int reserve_outcomes(const kvs_key_t *keys, size_t n, uint64_t bytes, const uint8_t *want,
+                            kvs_xfer_t *x) {
+  kvs_layout_t l = kvs_layout_blob(bytes);
+  uint8_t oc[8];
+  kvs_extent_t ex[8];
+  cr_assert_leq(n, 8);
+  int r = kvs_store_reserve_write(st, KVS_OWNER_LOCAL, keys, n, &l, 0, oc, ex, x);
+  VALID();
+  for (size_t i = 0; i < n; i++)
+    cr_assert_eq(oc[i], want[i], "key %zu: outcome %s, not %s", i, kvs_reserve_outcome_name(oc[i]),
+                 kvs_reserve_outcome_name(want[i]));
+  return r;
 }
 /* Reserve and commit one key. */
 static void put1(kvs_key_t k, uint64_t bytes) {
@@ -389,16 +413,9 @@ Test(store, busy_second_reservation_no_leak, T_TIMEOUT) {
 Test(store, duplicate_keys_in_one_call, T_TIMEOUT) {
   setup(64);
   kvs_key_t keys[4] = {K(1), K(2), K(1), K(2)};
-  kvs_layout_t l = kvs_layout_blob(100);
-  uint8_t oc[4];
-  kvs_extent_t ex[4];
+  static const uint8_t want[4] = {KVS_RES_RESERVED, KVS_RES_RESERVED, KVS_RES_BUSY, KVS_RES_BUSY};
   kvs_xfer_t x;
-  cr_assert_eq(kvs_store_reserve_write(st, KVS_OWNER_LOCAL, keys, 4, &l, 0, oc, ex, &x), 2);
-  VALID();
-  cr_assert_eq(oc[0], KVS_RES_RESERVED);
-  cr_assert_eq(oc[1], KVS_RES_RESERVED);
-  cr_assert_eq(oc[2], KVS_RES_BUSY);
-  cr_assert_eq(oc[3], KVS_RES_BUSY);
+  cr_assert_eq(reserve_outcomes(keys, 4, 100, want, &x), 2);
   cr_assert_eq(info().reserved_bytes, 2 * PG, "one extent per distinct key");
   cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
   VALID();
@@ -412,26 +429,17 @@ Test(store, present_keys_are_not_evicted_by_the_same_call, T_TIMEOUT) {
   put1(K(2), 4 * 4096);
   /* K(1) is PRESENT; K(3) needs 4 pages: only K(2) may be evicted for it */
   kvs_key_t keys[2] = {K(1), K(3)};
-  kvs_layout_t l = kvs_layout_blob(4 * 4096);
-  uint8_t oc[2];
-  kvs_extent_t ex[2];
+  static const uint8_t want[2] = {KVS_RES_PRESENT, KVS_RES_RESERVED};
   kvs_xfer_t x;
-  cr_assert_eq(kvs_store_reserve_write(st, KVS_OWNER_LOCAL, keys, 2, &l, 0, oc, ex, &x), 1);
-  VALID();
-  cr_assert_eq(oc[0], KVS_RES_PRESENT);
-  cr_assert_eq(oc[1], KVS_RES_RESERVED);
+  cr_assert_eq(reserve_outcomes(keys, 2, 4 * 4096, want, &x), 1);
   cr_assert(ready(K(1)), "told PRESENT, so it must still be there");
   cr_assert_not(ready(K(2)));
   cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
   /* only PRESENT objects left to evict: the new key gets NO_SPACE and they survive */
   keys[1] = K(4);
   kvs_key_t k2[3] = {K(1), K(3), K(4)};
-  uint8_t oc3[3];
-  kvs_extent_t ex3[3];
-  cr_assert_eq(kvs_store_reserve_write(st, KVS_OWNER_LOCAL, k2, 3, &l, 0, oc3, ex3, &x), 0);
-  cr_assert_eq(oc3[0], KVS_RES_PRESENT);
-  cr_assert_eq(oc3[1], KVS_RES_PRESENT);
-  cr_assert_eq(oc3[2], KVS_RES_NO_SPACE);
+  static const uint8_t want3[3] = {KVS_RES_PRESENT, KVS_RES_PRESENT, KVS_RES_NO_SPACE};
+  cr_assert_eq(reserve_outcomes(k2, 3, 4 * 4096, want3, &x), 0);
   cr_assert_eq(x, 0);
   cr_assert(ready(K(1)) && ready(K(3)));
   VALID();
@@ -990,18 +998,14 @@ Test(store, aliases, T_TIMEOUT) {
 Test(store, aliases_die_with_the_object_on_eviction_and_abort, T_TIMEOUT) {
   setup(16);
   kvs_key_t keys[3] = {K(1), K(2), K(3)};
-  kvs_layout_t l = kvs_layout_blob(8 * 4096);
-  uint8_t oc;
-  kvs_extent_t e;
-  kvs_xfer_t x;
   /* abort: no key survives */
-  cr_assert_eq(kvs_store_reserve_object(st, KVS_OWNER_LOCAL, keys, 3, &l, 0, &oc, &e, &x), 1);
+  kvs_xfer_t x = reserve_keys(KVS_OWNER_LOCAL, keys, 3, true, 8 * 4096, NULL);
   cr_assert_eq(kvs_store_abort(st, KVS_OWNER_LOCAL, x), 0);
   VALID();
   cr_assert_eq(info().keys, 0);
   cr_assert_eq(pool_free(), 16 * 4096);
   /* evicted: every alias goes */
-  cr_assert_eq(kvs_store_reserve_object(st, KVS_OWNER_LOCAL, keys, 3, &l, 0, &oc, &e, &x), 1);
+  x = reserve_keys(KVS_OWNER_LOCAL, keys, 3, true, 8 * 4096, NULL);
   cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
   cr_assert_eq(info().keys, 3);
   cr_assert(ready(K(3)));
@@ -1018,11 +1022,7 @@ Test(store, aliases_die_with_the_object_on_eviction_and_abort, T_TIMEOUT) {
 Test(store, alias_duplicates_and_self, T_TIMEOUT) {
   setup(16);
   kvs_key_t keys[4] = {K(1), K(1), K(2), K(2)};
-  kvs_layout_t l = kvs_layout_blob(4096);
-  uint8_t oc;
-  kvs_extent_t e;
-  kvs_xfer_t x;
-  cr_assert_eq(kvs_store_reserve_object(st, KVS_OWNER_LOCAL, keys, 4, &l, 0, &oc, &e, &x), 1);
+  kvs_xfer_t x = reserve_keys(KVS_OWNER_LOCAL, keys, 4, true, 4096, NULL);
   cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
   VALID();
   cr_assert_eq(info().keys, 2);

@@ -28,6 +28,7 @@
 #include "store.h"
 #define STRESS_NAME "test_store_shards"
 #include "../../lib/stress.h"
+#include "store_stress.h"
 
 #define THREADS 4
 #define SHARDS 8
@@ -97,37 +98,35 @@ static void check_account(void) {
 }
 
 typedef struct worker {
-  int id;
-  uint64_t rng;
-  kvs_owner_t owner;
+  ss_worker_t base; /* first: ss_start sets it up */
   uint64_t reserved, aliased, present, no_space, pinned;
 } worker_t;
 
 static void op_reserve(worker_t *w) {
-  kvs_layout_t lay = kvs_layout_blob((uint64_t)(1 + below(&w->rng, 6)) * PG - below(&w->rng, 64));
+  kvs_layout_t lay = kvs_layout_blob((uint64_t)(1 + below(&w->base.rng, 6)) * PG - below(&w->base.rng, 64));
   kvs_extent_t ex[MAX_BATCH];
   uint8_t oc[MAX_BATCH];
   kvs_xfer_t x = 0;
   size_t n;
-  if (below(&w->rng, 4) == 0) { /* an object with aliases: other shards' buckets */
+  if (below(&w->base.rng, 4) == 0) { /* an object with aliases: other shards' buckets */
     kvs_key_t keys[3];
-    uint32_t k = below(&w->rng, KEYSPACE);
+    uint32_t k = below(&w->base.rng, KEYSPACE);
     keys[0] = key_of(k);
     keys[1] = (kvs_key_t){k | ALIAS_BIT, KEY_HI};
     keys[2] = (kvs_key_t){k | ALIAS_BIT | (1ull << 61), KEY_HI};
-    int r = kvs_store_reserve_object(st, w->owner, keys, 3, &lay, 0, &oc[0], &ex[0], &x);
+    int r = kvs_store_reserve_object(st, w->base.owner, keys, 3, &lay, 0, &oc[0], &ex[0], &x);
     CHECK(r == 0 || r == 1, "reserve_object: %d", r);
     n = 1;
     w->aliased += (uint64_t)r;
   } else {
     kvs_key_t keys[MAX_BATCH];
-    n = 1 + below(&w->rng, MAX_BATCH);
-    for (size_t i = 0; i < n; i++) keys[i] = key_of(below(&w->rng, KEYSPACE));
-    int r = kvs_store_reserve_write(st, w->owner, keys, n, &lay, 0, oc, ex, &x);
+    n = 1 + below(&w->base.rng, MAX_BATCH);
+    for (size_t i = 0; i < n; i++) keys[i] = key_of(below(&w->base.rng, KEYSPACE));
+    int r = kvs_store_reserve_write(st, w->base.owner, keys, n, &lay, 0, oc, ex, &x);
     CHECK(r >= 0, "reserve_write: %d", r);
   }
   for (size_t i = 0; i < n; i++) {
-    if (oc[i] == KVS_RES_RESERVED) claim_write(w->id, ex[i]), w->reserved++;
+    if (oc[i] == KVS_RES_RESERVED) claim_write(w->base.id, ex[i]), w->reserved++;
     else if (oc[i] == KVS_RES_PRESENT) w->present++;
     else if (oc[i] == KVS_RES_NO_SPACE) w->no_space++;
     else CHECK(oc[i] == KVS_RES_BUSY, "outcome %s", kvs_reserve_outcome_name(oc[i]));
@@ -136,66 +135,49 @@ static void op_reserve(worker_t *w) {
   check_account();
   for (size_t i = 0; i < n; i++)
     if (oc[i] == KVS_RES_RESERVED) drop_write(ex[i]);
-  int rc = below(&w->rng, 8) == 0 ? kvs_store_abort(st, w->owner, x)
-                                   : kvs_store_commit(st, w->owner, x);
+  int rc = below(&w->base.rng, 8) == 0 ? kvs_store_abort(st, w->base.owner, x)
+                                   : kvs_store_commit(st, w->base.owner, x);
   CHECK(rc == 0, "commit/abort: %d", rc);
 }
 
 static void op_lookup(worker_t *w) {
   kvs_key_t keys[MAX_BATCH];
-  size_t n = 1 + below(&w->rng, MAX_BATCH);
+  size_t n = 1 + below(&w->base.rng, MAX_BATCH);
   for (size_t i = 0; i < n; i++) {
-    uint32_t k = below(&w->rng, KEYSPACE);
-    keys[i] = below(&w->rng, 3) ? key_of(k) : (kvs_key_t){k | ALIAS_BIT, KEY_HI};
+    uint32_t k = below(&w->base.rng, KEYSPACE);
+    keys[i] = below(&w->base.rng, 3) ? key_of(k) : (kvs_key_t){k | ALIAS_BIT, KEY_HI};
   }
   kvs_xfer_t x = 0;
-  int r = kvs_store_lookup(st, w->owner, keys, n, true, &x);
+  int r = kvs_store_lookup(st, w->base.owner, keys, n, true, &x);
   CHECK(r >= 0 && (size_t)r <= n, "lookup: %d", r);
   if (r == 0) return;
   kvs_object_view_t v[MAX_BATCH];
-  CHECK(kvs_store_read_pinned(st, w->owner, x, v, MAX_BATCH) == r, "read_pinned");
+  CHECK(kvs_store_read_pinned(st, w->base.owner, x, v, MAX_BATCH) == r, "read_pinned");
   for (int i = 0; i < r; i++) claim_read(v[i].extent, 1);
   w->pinned += (uint64_t)r;
   for (int i = 0; i < r; i++) claim_read(v[i].extent, -1);
-  CHECK(kvs_store_release(st, w->owner, x) == 0, "release");
+  CHECK(kvs_store_release(st, w->base.owner, x) == 0, "release");
 }
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   for (int op = 0; op < OPS_PER_THREAD; op++) {
-    if (below(&w->rng, 100) < 60) op_reserve(w);
+    if (below(&w->base.rng, 100) < 60) op_reserve(w);
     else op_lookup(w);
   }
   return NULL;
 }
 
 int main(void) {
-  kvs_pool_config_t pc = {0};
-  pc.cache_size = (uint64_t)POOL_PAGES * PG;
-  CHECK(kvs_pool_create(&pc, &pool) == 0, "pool_create");
-  CHECK(kvs_pool_page_size(pool) == PG, "page size");
   kvs_stats_t stats;
-  kvs_stats_init(&stats);
-  kvs_store_config_t cfg = {0};
-  cfg.pool = pool;
-  cfg.stats = &stats;
-  cfg.shards = SHARDS;
-  CHECK(kvs_store_create(&cfg, &st) == 0, "store_create");
+  arena = ss_open((uint64_t)POOL_PAGES * PG, 0, SHARDS, &stats, &pool, &st);
+  CHECK(kvs_pool_page_size(pool) == PG, "page size");
   kvs_store_info_t in;
-  kvs_store_info(st, &in);
-  arena = in.arena_bytes;
   CHECK(arena == (uint64_t)POOL_PAGES * PG, "arena %" PRIu64, arena);
 
   pthread_t th[THREADS];
   worker_t w[THREADS];
-  for (int i = 0; i < THREADS; i++) {
-    memset(&w[i], 0, sizeof w[i]);
-    w[i].id = i;
-    w[i].rng = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 7) ^ 0xd1b54a32d192ed03ull;
-    CHECK(kvs_store_owner_open(st, &w[i].owner) == 0, "owner_open");
-  }
-  for (int i = 0; i < THREADS; i++)
-    CHECK(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0, "pthread_create");
+  ss_start(st, w, sizeof w[0], THREADS, 7, worker_main, th);
   uint64_t reserved = 0, aliased = 0, present = 0, no_space = 0, pinned = 0;
   for (int i = 0; i < THREADS; i++) {
     pthread_join(th[i], NULL);

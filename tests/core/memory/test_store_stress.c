@@ -32,6 +32,7 @@
 #include "store.h"
 #define STRESS_NAME "test_store_stress"
 #include "../../lib/stress.h"
+#include "store_stress.h"
 
 #define THREADS 4
 #define OPS_PER_THREAD 5000
@@ -91,9 +92,7 @@ typedef struct lease {
 } lease_t;
 
 typedef struct worker {
-  int id;
-  uint64_t rng;
-  kvs_owner_t owner;
+  ss_worker_t base; /* first: ss_start sets it up */
   lease_t pending[MAX_PENDING];
   int npending;
   int abandoned;            /* live leases this worker no longer tracks */
@@ -102,7 +101,7 @@ typedef struct worker {
 
 static void check_pinned(worker_t *w, const lease_t *l) {
   kvs_object_view_t v[MAX_BATCH];
-  int r = kvs_store_read_pinned(st, w->owner, l->x, v, MAX_BATCH);
+  int r = kvs_store_read_pinned(st, w->base.owner, l->x, v, MAX_BATCH);
   CHECK(r > 0 && (size_t)r <= l->n, "read_pinned returned %d for %zu keys", r, l->n);
   for (int i = 0; i < r; i++) verify_view(&v[i], l->keys[i]);
   w->verified += (uint64_t)r;
@@ -113,16 +112,16 @@ static void end_lease(worker_t *w, int idx, int how) {
   int rc;
   if (l->read) {
     check_pinned(w, l); /* still intact while pinned, however long it was held */
-    rc = how ? kvs_store_release(st, w->owner, l->x) : kvs_store_abort(st, w->owner, l->x);
+    rc = how ? kvs_store_release(st, w->base.owner, l->x) : kvs_store_abort(st, w->base.owner, l->x);
   } else {
-    rc = how ? kvs_store_commit(st, w->owner, l->x) : kvs_store_abort(st, w->owner, l->x);
+    rc = how ? kvs_store_commit(st, w->base.owner, l->x) : kvs_store_abort(st, w->base.owner, l->x);
   }
   CHECK(rc == 0, "ending a lease the worker holds failed: %d", rc);
   w->pending[idx] = w->pending[--w->npending];
 }
 
 static void keep_or_end(worker_t *w, lease_t *l) {
-  uint32_t c = below(&w->rng, 100);
+  uint32_t c = below(&w->base.rng, 100);
   if (c < 6 && w->npending < MAX_PENDING) {
     w->pending[w->npending++] = *l; /* ended later */
   } else if (c < 8) {
@@ -134,16 +133,16 @@ static void keep_or_end(worker_t *w, lease_t *l) {
 }
 
 static void op_reserve(worker_t *w) {
-  uint32_t words = 1 + below(&w->rng, MAX_WORDS);
+  uint32_t words = 1 + below(&w->base.rng, MAX_WORDS);
   kvs_layout_t lay = {KVS_DTYPE_F32, 1, {words}};
   lease_t l = {0};
   uint8_t oc[MAX_BATCH];
   kvs_extent_t ex[MAX_BATCH];
-  if (below(&w->rng, 4) == 0) { /* an object with an alias */
+  if (below(&w->base.rng, 4) == 0) { /* an object with an alias */
     kvs_key_t k[2];
-    k[0] = key_of(below(&w->rng, KEYSPACE));
+    k[0] = key_of(below(&w->base.rng, KEYSPACE));
     k[1] = alias_of(k[0]);
-    int r = kvs_store_reserve_object(st, w->owner, k, 2, &lay, 0, oc, ex, &l.x);
+    int r = kvs_store_reserve_object(st, w->base.owner, k, 2, &lay, 0, oc, ex, &l.x);
     CHECK(r == 0 || r == 1, "reserve_object: %d", r);
     CHECK((r == 1) == (oc[0] == KVS_RES_RESERVED) && (r == 1) == (l.x != 0), "outcome/xfer");
     if (r == 1) {
@@ -157,13 +156,13 @@ static void op_reserve(worker_t *w) {
     w->busy += oc[0] == KVS_RES_BUSY;
     w->no_space += oc[0] == KVS_RES_NO_SPACE;
   } else {
-    size_t n = 1 + below(&w->rng, MAX_BATCH);
-    uint32_t first = below(&w->rng, KEYSPACE);
+    size_t n = 1 + below(&w->base.rng, MAX_BATCH);
+    uint32_t first = below(&w->base.rng, KEYSPACE);
     kvs_key_t k[MAX_BATCH];
     for (size_t i = 0; i < n; i++) k[i] = key_of((first + (uint32_t)i) % KEYSPACE);
-    uint32_t m = below(&w->rng, 10);
+    uint32_t m = below(&w->base.rng, 10);
     unsigned mode = m == 0 ? KVS_RESERVE_ALL_OR_NOTHING : m == 1 ? KVS_RESERVE_NO_EVICT : 0;
-    int r = kvs_store_reserve_write(st, w->owner, k, n, &lay, mode, oc, ex, &l.x);
+    int r = kvs_store_reserve_write(st, w->base.owner, k, n, &lay, mode, oc, ex, &l.x);
     CHECK(r >= 0 && (size_t)r <= n, "reserve_write: %d", r);
     CHECK((r > 0) == (l.x != 0), "xfer iff something reserved");
     int count = 0;
@@ -189,21 +188,21 @@ static void op_reserve(worker_t *w) {
 }
 
 static void op_lookup(worker_t *w) {
-  size_t n = 1 + below(&w->rng, MAX_BATCH);
-  uint32_t first = below(&w->rng, KEYSPACE);
+  size_t n = 1 + below(&w->base.rng, MAX_BATCH);
+  uint32_t first = below(&w->base.rng, KEYSPACE);
   lease_t l = {0};
   l.read = 1;
   l.n = n;
   for (size_t i = 0; i < n; i++) {
     l.keys[i] = key_of((first + (uint32_t)i) % KEYSPACE);
-    if (below(&w->rng, 3) == 0) l.keys[i] = alias_of(l.keys[i]);
+    if (below(&w->base.rng, 3) == 0) l.keys[i] = alias_of(l.keys[i]);
   }
-  if (below(&w->rng, 5) == 0) {
-    int r = kvs_store_lookup(st, w->owner, l.keys, n, false, NULL);
+  if (below(&w->base.rng, 5) == 0) {
+    int r = kvs_store_lookup(st, w->base.owner, l.keys, n, false, NULL);
     CHECK(r >= 0 && (size_t)r <= n, "lookup: %d", r);
     return;
   }
-  int r = kvs_store_lookup(st, w->owner, l.keys, n, true, &l.x);
+  int r = kvs_store_lookup(st, w->base.owner, l.keys, n, true, &l.x);
   CHECK(r >= 0 && (size_t)r <= n, "lookup(pin): %d", r);
   CHECK((r > 0) == (l.x != 0), "pin transfer iff run > 0");
   if (r == 0) return;
@@ -214,12 +213,12 @@ static void op_lookup(worker_t *w) {
 
 static void op_end_pending(worker_t *w) {
   if (w->npending == 0) return;
-  end_lease(w, (int)below(&w->rng, (uint32_t)w->npending), below(&w->rng, 5) != 0);
+  end_lease(w, (int)below(&w->base.rng, (uint32_t)w->npending), below(&w->base.rng, 5) != 0);
 }
 
 static void op_remove(worker_t *w) {
-  kvs_key_t k = key_of(below(&w->rng, KEYSPACE));
-  if (below(&w->rng, 2)) k = alias_of(k);
+  kvs_key_t k = key_of(below(&w->base.rng, KEYSPACE));
+  if (below(&w->base.rng, 2)) k = alias_of(k);
   int rc = kvs_store_remove(st, &k);
   CHECK(rc == 0 || rc == -ENOENT || rc == -EBUSY, "remove: %d", rc);
 }
@@ -228,18 +227,18 @@ static void op_owner_release(worker_t *w) {
   int expect = w->npending + w->abandoned;
   for (int i = 0; i < w->npending; i++)
     if (w->pending[i].read) check_pinned(w, &w->pending[i]);
-  int rc = kvs_store_owner_release(st, w->owner);
+  int rc = kvs_store_owner_release(st, w->base.owner);
   CHECK(rc == expect, "owner_release ended %d leases, the worker held %d", rc, expect);
   w->npending = 0;
   w->abandoned = 0;
-  CHECK(kvs_store_owner_release(st, w->owner) == -ENOENT, "released owner still open");
-  CHECK(kvs_store_owner_open(st, &w->owner) == 0, "owner_open");
+  CHECK(kvs_store_owner_release(st, w->base.owner) == -ENOENT, "released owner still open");
+  CHECK(kvs_store_owner_open(st, &w->base.owner) == 0, "owner_open");
 }
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   for (int op = 0; op < OPS_PER_THREAD; op++) {
-    uint32_t c = below(&w->rng, 100);
+    uint32_t c = below(&w->base.rng, 100);
     if (c < 36) op_reserve(w);
     else if (c < 72) op_lookup(w);
     else if (c < 88) op_end_pending(w);
@@ -249,7 +248,7 @@ static void *worker_main(void *arg) {
       int n = kvs_store_sweep(st, kvs__now_ms());
       CHECK(n == 0, "sweep at the current time reclaimed %d leases (lease_ms is long)", n);
     }
-    if (w->id == 0 && op == OPS_PER_THREAD / 2) {
+    if (w->base.id == 0 && op == OPS_PER_THREAD / 2) {
       /* Every worker lease was created after zombie_created_ms: this reaches only zombies. */
       int n = kvs_store_sweep(st, zombie_created_ms + LEASE_MS);
       CHECK(n == ZOMBIE_LEASES, "mid-run sweep reclaimed %d leases, expected %d", n,
@@ -298,34 +297,16 @@ int main(int argc, char **argv) {
   uint32_t shards = 0;
   if (argc == 3 && strcmp(argv[1], "--shards") == 0) shards = (uint32_t)atoi(argv[2]);
   else CHECK(argc == 1, "usage: test_store_stress [--shards N]");
-  kvs_pool_config_t pc = {0};
-  pc.cache_size = (uint64_t)POOL_PAGES * 4096;
-  CHECK(kvs_pool_create(&pc, &pool) == 0, "pool_create");
-  pool_base = kvs_pool_base(pool);
   kvs_stats_t stats;
-  kvs_stats_init(&stats);
-  kvs_store_config_t cfg = {0};
-  cfg.pool = pool;
-  cfg.lease_ms = LEASE_MS;
-  cfg.stats = &stats;
-  cfg.shards = shards;
-  CHECK(kvs_store_create(&cfg, &st) == 0, "store_create");
+  const uint64_t arena = ss_open((uint64_t)POOL_PAGES * 4096, LEASE_MS, shards, &stats, &pool, &st);
+  pool_base = kvs_pool_base(pool);
   kvs_store_info_t in;
-  kvs_store_info(st, &in);
-  const uint64_t arena = in.arena_bytes;
 
   make_zombie();
 
   pthread_t th[THREADS];
   worker_t w[THREADS];
-  for (int i = 0; i < THREADS; i++) {
-    memset(&w[i], 0, sizeof w[i]);
-    w[i].id = i;
-    w[i].rng = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) ^ 0xd1b54a32d192ed03ull;
-    CHECK(kvs_store_owner_open(st, &w[i].owner) == 0, "owner_open");
-  }
-  for (int i = 0; i < THREADS; i++)
-    CHECK(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0, "pthread_create");
+  ss_start(st, w, sizeof w[0], THREADS, 1, worker_main, th);
   int outstanding = 0;
   uint64_t reserved = 0, present = 0, busy = 0, no_space = 0, hits = 0, verified = 0;
   for (int i = 0; i < THREADS; i++) {

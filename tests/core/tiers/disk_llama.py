@@ -15,7 +15,6 @@ Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
 """
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,20 +22,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import remote_llama as rl  # noqa: E402  (its Case adapters, checks and serve helpers)
-from remote_llama import Failure, check, cp, serve_stats, stop_serve  # noqa: E402
+from remote_llama import check, cp, serve_stats, start_serve, stop_serve  # noqa: E402
 
 SKIP = 77
-
-
-def start_serve(c, disk):
-    s = subprocess.Popen([c.kvshim, "serve", "--pool-size", "512M", "--disk", disk],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(False),
-                         text=True)
-    c.procs.append(s)
-    banner = s.stdout.readline()
-    if "disk tier on" not in banner:
-        raise Failure("kvshim serve did not start with its disk tier: %r" % banner)
-    return s
 
 
 def run(c):
@@ -46,7 +34,7 @@ def run(c):
         disk = os.path.join(tmp, "disk")
         ref_b = c.cli("B reference", "B", False, 2048)
         c.run_dir = os.path.join(tmp, "run")
-        s1 = start_serve(c, disk)
+        s1 = start_serve(c, "disk", disk)
         a = c.cli("A", "A", True, 2048)
         check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1,
               "A stored its prompt's state straight into serve %s" % cp.show(a))
@@ -56,13 +44,9 @@ def run(c):
         check(serve_stats(c).get("disk_writes", 0) >= 1, "serve wrote A's state to disk")
         s1.kill()  # a crash: nothing flushed, the pool is gone
         s1.wait(timeout=30)
-        s2 = start_serve(c, disk)
+        s2 = start_serve(c, "disk", disk)
         b = c.cli("B after the restart", "B", True, 2048)
-        check(b["completion"] == ref_b["completion"],
-              "B's completion equals B without kvshim:\n     %s\n     %s"
-              % (ref_b["completion"], b["completion"]))
-        check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
-              "B restored the shared prefix through the restarted serve %s" % cp.show(b))
+        rl.check_restored(b, ref_b, "the restarted serve")
         st = serve_stats(c)
         check(st.get("disk_scan_objects", 0) >= 1 and st.get("disk_hits", 0) >= 1 and
               st.get("disk_bad", 1) == 0,

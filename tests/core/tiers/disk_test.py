@@ -151,12 +151,8 @@ def case_refengine(ctx):
     """refengine's kvo chunks survive a SIGKILL of serve; a new engine restores the prefix from
     disk and its output verifies (identical to computing it)."""
     require(ctx.engine and ctx.preload, "refengine needs --engine and --preload")
-    C = 64
-    small = ["--chunk-tokens", str(C), "--layers", "4", "--kv-heads", "2", "--head-dim", "16",
-             "--hidden", "32"]
-    chunks = 1024 // C
-    args = ["--requests", "1", "--prompt-tokens", str((chunks + 2) * C),
-            "--prefix-tokens", str(chunks * C), *small, "--kvo-buffer", "host"]
+    chunks = 1024 // 64
+    args = harness.refengine_prefix_args(chunks, 64)
     s = ctx.serve_disk(pool="256M")
     p = subprocess.run([ctx.engine, *args, "--rank", "0"], capture_output=True, text=True,
                        env=ctx.env(preload=True), timeout=120)
@@ -355,12 +351,6 @@ def case_small_pool(ctx):
     check(ctx.check_dir(0)["objects"] == "2", "the big object left the disk")
 
 
-def parser():
-    ap = harness.parser(__doc__, "--cli", asan=True)
-    ap.add_argument("--engine")
-    ap.add_argument("--preload")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
+    ap = harness.parser(__doc__, "--cli", asan=True, optional=("--engine", "--preload"))
+    sys.exit(harness.main(harness.cases(globals()), ap, Ctx))

@@ -59,14 +59,16 @@ def close_case(c):
     (getattr(c, "close", None) or getattr(c, "cleanup"))()
 
 
-def start_serve(c, remote):
-    s = subprocess.Popen([c.kvshim, "serve", "--pool-size", "512M", "--remote", remote],
+def start_serve(c, tier, where):
+    """`kvshim serve` with its tier ("remote": a Redis URL, "disk": a directory) at where;
+    returns once its banner says the tier is on."""
+    s = subprocess.Popen([c.kvshim, "serve", "--pool-size", "512M", "--" + tier, where],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(False),
                          text=True)
     c.procs.append(s)
     banner = s.stdout.readline()
-    if "remote tier on" not in banner:
-        raise Failure("kvshim serve did not start with its remote tier: %r" % banner)
+    if tier + " tier on" not in banner:
+        raise Failure("kvshim serve did not start with its %s tier: %r" % (tier, banner))
     return s
 
 
@@ -84,25 +86,31 @@ def serve_stats(c):
     return arr[0] if arr else {}
 
 
+def check_restored(b, ref_b, through):
+    """B (its run b) answered as B without kvshim (ref_b) and restored the shared prefix through
+    the serve named by through."""
+    check(b["completion"] == ref_b["completion"],
+          "B's completion equals B without kvshim:\n     %s\n     %s"
+          % (ref_b["completion"], b["completion"]))
+    check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
+          "B restored the shared prefix through %s %s" % (through, cp.show(b)))
+
+
 def run(c, redis):
     nodes = tempfile.mkdtemp(prefix="kvs-rl-n-")
     try:
         c.group = "nodes"
         ref_b = c.cli("B reference", "B", False, 2048)
         c.run_dir = os.path.join(nodes, "a")
-        sa = start_serve(c, redis.url)
+        sa = start_serve(c, "remote", redis.url)
         a = c.cli("A on node A", "A", True, 2048)
         check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1,
                  "A stored its prompt's state straight into node A's serve %s" % cp.show(a))
         stop_serve(sa)
         c.run_dir = os.path.join(nodes, "b")
-        sb = start_serve(c, redis.url)
+        sb = start_serve(c, "remote", redis.url)
         b = c.cli("B on node B", "B", True, 2048)
-        check(b["completion"] == ref_b["completion"],
-                 "B's completion equals B without kvshim:\n     %s\n     %s"
-                 % (ref_b["completion"], b["completion"]))
-        check(cp.pstat(b, "restored_tokens") >= 512 and cp.pstat(b, "peer_restores") >= 1,
-                 "B restored the shared prefix through node B's serve %s" % cp.show(b))
+        check_restored(b, ref_b, "node B's serve")
         st = serve_stats(c)
         check(st.get("remote_hits", 0) >= 1 and st.get("remote_bad_values", 1) == 0,
                  "node B's serve fetched A's state from Redis: hits %s bad %s"

@@ -629,12 +629,8 @@ def case_failover(ctx):
 
 def case_kvo(ctx):
     check(ctx.engine and ctx.preload, "kvo needs --engine and --preload")
-    C = 64
-    small = ["--chunk-tokens", str(C), "--layers", "4", "--kv-heads", "2", "--head-dim", "16",
-             "--hidden", "32"]
-    prefix_chunks = 4096 // C
-    args = ["--requests", "1", "--prompt-tokens", str((prefix_chunks + 2) * C),
-            "--prefix-tokens", str(prefix_chunks * C), *small, "--kvo-buffer", "host"]
+    prefix_chunks = 4096 // 64
+    args = harness.refengine_prefix_args(prefix_chunks, 64)
     with servers.Standalone() as r:
         a, b = ctx.node("a"), ctx.node("b")
         a.start(r.url, pool="256M")
@@ -657,12 +653,6 @@ def case_kvo(ctx):
         b.stop()
 
 
-def parser():
-    ap = harness.parser(__doc__, "--cli", asan=True)
-    ap.add_argument("--engine")
-    ap.add_argument("--preload")
-    return ap
-
-
 if __name__ == "__main__":
-    sys.exit(harness.main(harness.cases(globals()), parser(), Ctx))
+    ap = harness.parser(__doc__, "--cli", asan=True, optional=("--engine", "--preload"))
+    sys.exit(harness.main(harness.cases(globals()), ap, Ctx))

@@ -89,6 +89,18 @@ static void fill(uint8_t *p, size_t n, uint64_t seed) {
 /* The objects: sizes around the block size and a large one; the third has two aliases. */
 #define N_OBJ 5
 static const size_t sizes[N_OBJ] = {300, 512, 4096 + 1, 100000, (2u << 20) + 777};
+/* The N_OBJ objects' bytes: object i is sizes[i] bytes of the pattern of seed + i (the caller
+ * frees them with free_objects). */
+static void make_objects(uint8_t *bytes[N_OBJ], uint64_t seed) {
+  for (int i = 0; i < N_OBJ; i++) {
+    bytes[i] = malloc(sizes[i]);
+    cr_assert_not_null(bytes[i]);
+    fill(bytes[i], sizes[i], seed + (uint64_t)i);
+  }
+}
+static void free_objects(uint8_t *bytes[N_OBJ]) {
+  for (int i = 0; i < N_OBJ; i++) free(bytes[i]);
+}
 static kvs_key_t key_of(int i) { return (kvs_key_t){0x1000u + (uint64_t)i, 77}; }
 static kvs_key_t alias_of(int i, int a) { return (kvs_key_t){0x2000u + (uint64_t)i, (uint64_t)a}; }
 
@@ -153,13 +165,10 @@ static void seg_path(uint64_t id, char *out, size_t cap) {
 Test(disk_io, v2_payload_aligned) {
   make_dir();
   uint8_t *bytes[N_OBJ];
+  make_objects(bytes, 1);
   rig_t r;
   rig_open(&r);
-  for (int i = 0; i < N_OBJ; i++) {
-    bytes[i] = malloc(sizes[i]);
-    fill(bytes[i], sizes[i], (uint64_t)i + 1);
-    commit_and_publish(&r, i, bytes[i]);
-  }
+  for (int i = 0; i < N_OBJ; i++) commit_and_publish(&r, i, bytes[i]);
   wait_for(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, N_OBJ);
   cr_assert_eq(stat_of(&r, KVS_STAT_disk_writes), N_OBJ);
   rig_close(&r);
@@ -194,7 +203,7 @@ Test(disk_io, v2_payload_aligned) {
   expect_served(&r, alias_of(2, 2), bytes[2], sizes[2]);
   cr_assert_eq(stat_of(&r, KVS_STAT_disk_bad), 0);
   rig_close(&r);
-  for (int i = 0; i < N_OBJ; i++) free(bytes[i]);
+  free_objects(bytes);
   rm_dir();
 }
 
@@ -280,10 +289,7 @@ static void write_segment(uint16_t version, uint16_t field_version, bool fix_has
 Test(disk_io, v1_still_read) {
   make_dir();
   uint8_t *bytes[N_OBJ];
-  for (int i = 0; i < N_OBJ; i++) {
-    bytes[i] = malloc(sizes[i]);
-    fill(bytes[i], sizes[i], (uint64_t)i + 11);
-  }
+  make_objects(bytes, 11);
   /* version 1: the payload right after the 128-byte header, not block-aligned */
   cr_assert_eq(kvs_disk_payload_off(KVS_DISK_VERSION_V1, 0), KVS_DISK_HDR_SIZE);
   write_segment(KVS_DISK_VERSION_V1, KVS_DISK_VERSION_V1, true, bytes);
@@ -299,17 +305,14 @@ Test(disk_io, v1_still_read) {
   cr_assert_eq(kvs_disk_check(dir, &rep, err, sizeof err), 0, "%s", err);
   cr_assert_eq(rep.objects, N_OBJ);
   cr_assert_eq(rep.bad, 0);
-  for (int i = 0; i < N_OBJ; i++) free(bytes[i]);
+  free_objects(bytes);
   rm_dir();
 }
 
 Test(disk_io, version_not_misread) {
   make_dir();
   uint8_t *bytes[N_OBJ];
-  for (int i = 0; i < N_OBJ; i++) {
-    bytes[i] = malloc(sizes[i]);
-    fill(bytes[i], sizes[i], (uint64_t)i + 21);
-  }
+  make_objects(bytes, 21);
   /* v1 records whose version field says 2: the header hash covers it, so they are bad */
   write_segment(KVS_DISK_VERSION_V1, KVS_DISK_VERSION, false, bytes);
   rig_t r;
@@ -325,6 +328,6 @@ Test(disk_io, version_not_misread) {
   cr_assert_gt(stat_of(&r, KVS_STAT_disk_bad), 0);
   expect_served(&r, key_of(0), NULL, 0);
   rig_close(&r);
-  for (int i = 0; i < N_OBJ; i++) free(bytes[i]);
+  free_objects(bytes);
   rm_dir();
 }

@@ -25,8 +25,7 @@ static cc_t W; /* a well-behaved witness connection, open before the bad one */
 
 static void down(void) {
   if (W.fd > 0) cc_close(&W);
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
+  ts_server_reset(&S);
   memset(&W, 0, sizeof W);
 }
 
@@ -105,11 +104,7 @@ Test(bad, hello_without_a_common_version, T_TIMEOUT) {
   me.role = KVS_PROTO_ROLE_TOOL;
   me.caps = KVS_PROTO_CAP_INLINE;
   me.max_frame = KVS_PROTO_MIN_MAX_FRAME;
-  uint8_t buf[256];
-  size_t n = 0;
-  cr_assert_eq(kvs_proto_hello_encode(&me, buf, sizeof buf, &n), 0);
-  kvs_proto_header_t h = hdr(KVS_OP_HELLO, 3, (uint32_t)n);
-  cr_assert_eq(cc_send_frame(&c, &h, buf), 0);
+  cr_assert_eq(cc_send_hello(&c, &me, 3), 0);
   expect_refused(&c, -EPROTONOSUPPORT, 3, &b, 1, 1);
 }
 

@@ -248,6 +248,14 @@ bool cc_wait_closed(cc_t *c, int timeout_ms) {
   }
 }
 
+int cc_send_hello(cc_t *c, const kvs_proto_hello_t *me, uint64_t rid) {
+  uint8_t buf[256];
+  size_t n = 0;
+  KVS_TRY(kvs_proto_hello_encode(me, buf, sizeof buf, &n));
+  kvs_proto_header_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_OP_HELLO, 0, rid, (uint32_t)n};
+  return cc_send_frame(c, &h, buf);
+}
+
 int cc_hello(cc_t *c, uint8_t strategy, uint32_t caps, uint32_t max_frame) {
   kvs_proto_hello_t me;
   memset(&me, 0, sizeof me);
@@ -309,13 +317,20 @@ int cc_open(cc_t *c, const char *path, uint8_t strategy) {
     rc_;                                                                                     \
   })
 
+/* CC_CALL_DECODED of kvs_proto_<name>_t whose answer is one scalar of its reply: on success
+ * *outp = reply.field (outp may be NULL). */
+#define CC_CALL_REPLY_FIELD(c, op, name, msgp, field, outp)                                  \
+  ({                                                                                         \
+    kvs_proto_##name##_reply_t rep_;                                                         \
+    int rcf_ = CC_CALL_DECODED(c, op, kvs_proto_##name##_encode, msgp,                       \
+                               kvs_proto_##name##_reply_decode, &rep_);                      \
+    if (rcf_ == 0 && (outp)) *(outp) = rep_.field;                                           \
+    rcf_;                                                                                    \
+  })
+
 int cc_lookup(cc_t *c, const kvs_key_t *keys, uint32_t n, uint32_t *found) {
   kvs_proto_lookup_t m = {.n_keys = n, .keys = keys};
-  kvs_proto_lookup_reply_t lr;
-  int rc = CC_CALL_DECODED(c, KVS_OP_LOOKUP, kvs_proto_lookup_encode, &m,
-                           kvs_proto_lookup_reply_decode, &lr);
-  if (rc == 0 && found) *found = lr.found;
-  return rc;
+  return CC_CALL_REPLY_FIELD(c, KVS_OP_LOOKUP, lookup, &m, found, found);
 }
 
 int cc_prepare_store(cc_t *c, uint8_t strategy, uint8_t kind, const kvs_layout_t *layout,
@@ -345,11 +360,7 @@ int cc_commit_shm(cc_t *c, uint64_t xfer, const kvs_proto_slot_t *slots, uint32_
   m.xfer = xfer;
   m.n_slots = n;
   m.slots = slots;
-  kvs_proto_commit_store_reply_t cr;
-  int rc = CC_CALL_DECODED(c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &m,
-                           kvs_proto_commit_store_reply_decode, &cr);
-  if (rc == 0 && committed) *committed = cr.committed;
-  return rc;
+  return CC_CALL_REPLY_FIELD(c, KVS_OP_COMMIT_STORE, commit_store, &m, committed, committed);
 }
 
 int cc_commit_inline(cc_t *c, uint64_t xfer, uint8_t kind, const kvs_layout_t *layout,
@@ -530,6 +541,11 @@ void ts_server_stop(ts_server_t *s, bool remove_root) {
   kvs_pool_destroy(s->pool, true);
   s->pool = NULL;
   if (remove_root) ts_rmtree(s->root);
+}
+
+void ts_server_reset(ts_server_t *s) {
+  if (s->root[0]) ts_server_stop(s, true);
+  memset(s, 0, sizeof *s);
 }
 
 uint64_t ts_stat(const ts_server_t *s, kvs_stat_id_t id) { return kvs_stats_get(&s->stats, id); }

@@ -69,6 +69,9 @@ int cc_open(cc_t *c, const char *path, uint8_t strategy);
 int cc_send_raw(cc_t *c, const void *p, size_t len);
 /* Send one frame with exactly this header (no validation) and payload. */
 int cc_send_frame(cc_t *c, const kvs_proto_header_t *h, const void *payload);
+/* Send *me, encoded as it is (no checking: a test's own HELLO), as a HELLO frame of request id
+ * rid; reads no reply. */
+int cc_send_hello(cc_t *c, const kvs_proto_hello_t *me, uint64_t rid);
 /* Send a request message, split at the server's max_frame. *rid (may be NULL) gets its id. */
 int cc_send(cc_t *c, uint16_t op, const void *p, size_t len, uint64_t *rid);
 /* Receive one whole message within timeout_ms. -ECONNRESET when the server closed. */
@@ -150,6 +153,9 @@ int ts_server_init(ts_server_t *s, uint64_t cache_bytes);
 int ts_server_start(ts_server_t *s);
 /* Stop the coordinator, destroy store and pool; remove the temp root when remove_root. */
 void ts_server_stop(ts_server_t *s, bool remove_root);
+/* What a test suite's .fini does: stop s and remove its root when it was initialised (its root
+ * is set), then zero it. Accepts a zeroed s. */
+void ts_server_reset(ts_server_t *s);
 uint64_t ts_stat(const ts_server_t *s, kvs_stat_id_t id);
 
 /* Store info snapshot. */

@@ -22,6 +22,7 @@
 #include "internal.h"
 #include "peer.h"
 #include "sock.h"
+#include "../../lib/threads.h"
 
 #define T_TIMEOUT .timeout = 60
 #define RECOVER_MS 2000 /* bound on the server noticing a dead peer and ending its leases */
@@ -351,18 +352,11 @@ Test(server, stopped_mid_call_is_a_timely_miss_then_killed_fails_fast, T_TIMEOUT
   kvs_peers_destroy(p);
 }
 
-typedef struct call_arg {
-  kvs_peers_t *p;
-  kvs_key_t *k;
-  int rc;
-  uint64_t done_ms;
-} call_arg_t;
-static void *call_thread(void *v) {
-  call_arg_t *a = v;
-  sink_ctx_t sc = {a->k, 0};
-  a->rc = kvs_peers_retrieve(a->p, S.instance_id, a->k, NK, sink, &sc);
-  a->done_ms = ts_now_ms();
-  return NULL;
+/* t->obj: the peers; t->data: the NK keys. */
+static int call_thread(tt_thread_t *t) {
+  const kvs_key_t *k = t->data;
+  sink_ctx_t sc = {k, 0};
+  return kvs_peers_retrieve(t->obj, S.instance_id, k, NK, sink, &sc);
 }
 
 Test(server, killed_during_a_call_fails_it_at_once, T_TIMEOUT) {
@@ -374,13 +368,12 @@ Test(server, killed_during_a_call_fails_it_at_once, T_TIMEOUT) {
   for (int i = 0; i < NK; i++) k[i] = tk(51, (uint64_t)i);
   store_some(p, k, NK);
   stop_server(srv);
-  call_arg_t a = {p, k, 1, 0};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, call_thread, &a), 0);
+  tt_thread_t a;
+  cr_assert_eq(tt_start(&a, call_thread, p, k, 0), 0);
   usleep(200000); /* the request is in the stopped server's socket */
   uint64_t t_kill = ts_now_ms();
   cr_assert_eq(kill(srv, SIGKILL), 0);
-  pthread_join(th, NULL);
+  tt_join(&a);
   cr_assert_leq(a.rc, 0);
   cr_assert_leq(a.done_ms - t_kill, 1000, "call ended %llu ms after the server died (deadline 5 s)",
                 (unsigned long long)(a.done_ms - t_kill));

@@ -16,10 +16,8 @@
 static ts_server_t S, L;
 
 static void down(void) {
-  if (S.root[0]) ts_server_stop(&S, true);
-  if (L.root[0]) ts_server_stop(&L, true);
-  memset(&S, 0, sizeof S);
-  memset(&L, 0, sizeof L);
+  ts_server_reset(&S);
+  ts_server_reset(&L);
 }
 
 static void start(void) {

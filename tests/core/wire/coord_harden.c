@@ -27,8 +27,7 @@ static cc_t W; /* a well-behaved witness connection */
 
 static void down(void) {
   if (W.fd > 0) cc_close(&W);
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
+  ts_server_reset(&S);
   memset(&W, 0, sizeof W);
 }
 
@@ -356,11 +355,7 @@ Test(corners, hello_request_with_strategy_chosen_is_ebadmsg, T_TIMEOUT) {
   me.strategy_chosen = KVS_PROTO_STRATEGY_SHM;
   me.caps = KVS_PROTO_CAP_INLINE;
   me.max_frame = KVS_PROTO_MIN_MAX_FRAME;
-  uint8_t buf[256];
-  size_t n = 0;
-  cr_assert_eq(kvs_proto_hello_encode(&me, buf, sizeof buf, &n), 0);
-  kvs_proto_header_t h = hdr(KVS_OP_HELLO, 31, (uint32_t)n);
-  cr_assert_eq(cc_send_frame(&c, &h, buf), 0);
+  cr_assert_eq(cc_send_hello(&c, &me, 31), 0);
   expect_closed_with(&c, -EBADMSG, 31);
 }
 

@@ -17,8 +17,7 @@
 static ts_server_t S;
 
 static void down(void) {
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
+  ts_server_reset(&S);
 }
 
 TestSuite(into, .fini = down);

@@ -13,14 +13,14 @@
 #include "coord_client.h"
 #include "internal.h"
 #include "peer.h"
+#include "tensor_fixture.h"
 
 #define T_TIMEOUT .timeout = 60
 
 static ts_server_t S;
 
 static void down(void) {
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
+  ts_server_reset(&S);
 }
 
 /* Start a server with cache_mb MiB of cache arena; tweak may change options first. */
@@ -578,13 +578,7 @@ Test(ops, export_tensors_cpu_shm, T_TIMEOUT) {
   cr_assert_eq(kvs_store_lookup(S.store, KVS_OWNER_LOCAL, &k, 1, true, &x), 1);
   cr_assert_eq(kvs_store_read_pinned(S.store, KVS_OWNER_LOCAL, x, &v, 1), 1);
   const uint64_t VA = 0x7f0000000000ull;
-  kvs_tensor_desc_t t;
-  memset(&t, 0, sizeof t);
-  t.kind = KVS_TENSOR_CPU_SHM;
-  t.dtype = KVS_DTYPE_U8;
-  t.ndim = 1;
-  t.shape[0] = LEN;
-  t.stride[0] = 1;
+  kvs_tensor_desc_t t = tf_u8_vec(KVS_TENSOR_CPU_SHM, LEN);
   t.cpu.instance_id = S.instance_id;
   t.cpu.offset = v.extent.offset;
   t.cpu.length = LEN;

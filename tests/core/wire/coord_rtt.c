@@ -23,10 +23,8 @@
 static ts_server_t S, S2;
 
 static void down(void) {
-  if (S2.root[0]) ts_server_stop(&S2, true);
-  if (S.root[0]) ts_server_stop(&S, true);
-  memset(&S, 0, sizeof S);
-  memset(&S2, 0, sizeof S2);
+  ts_server_reset(&S2);
+  ts_server_reset(&S);
 }
 
 static void start(ts_server_t *s, const ts_server_t *same_dir) {
@@ -165,10 +163,14 @@ static void open_case(uint32_t lease_ms, kvs_key_t k, cc_t *c, uint32_t caps) {
 }
 #define CAPS_AUTO (KVS_PROTO_CAP_SHM | KVS_PROTO_CAP_INLINE | KVS_PROTO_CAP_AUTO_RELEASE)
 
-/* PREPARE_RETRIEVE of k with AUTO_RELEASE: the pin_ms the server granted (the reply in *r). */
-static uint32_t auto_pin_ms(cc_t *c, kvs_key_t k, kvs_proto_prepare_retrieve_reply_t *r) {
+/* open_case with CAPS_AUTO, then a PREPARE_RETRIEVE of k with AUTO_RELEASE (the reply in *r):
+ * the server must grant pin_ms (why: the rule that gives it). */
+static void open_auto_release(uint32_t lease_ms, kvs_key_t k, cc_t *c,
+                              kvs_proto_prepare_retrieve_reply_t *r, uint32_t pin_ms,
+                              const char *why) {
+  open_case(lease_ms, k, c, CAPS_AUTO);
   prepare(c, k, KVS_PROTO_RETRIEVE_AUTO_RELEASE, r);
-  return r->pin_ms;
+  cr_assert_eq(r->pin_ms, pin_ms, "pin_ms %u, not %u: %s", r->pin_ms, pin_ms, why);
 }
 
 Test(rtt, a_client_without_the_cap_keeps_its_pins_until_commit, T_TIMEOUT) {
@@ -194,10 +196,9 @@ Test(rtt, a_client_without_the_cap_keeps_its_pins_until_commit, T_TIMEOUT) {
 Test(rtt, auto_release_pins_end_at_the_next_request_or_after_pin_ms, T_TIMEOUT) {
   kvs_key_t k = tk(44, 0);
   cc_t c;
-  open_case(0, k, &c, CAPS_AUTO);
   kvs_proto_prepare_retrieve_reply_t r;
   /* ended by the next request */
-  cr_assert_eq(auto_pin_ms(&c, k, &r), 1000, "min(lease 30 s, 1 s)");
+  open_auto_release(0, k, &c, &r, 1000, "min(lease 30 s, 1 s)");
   cr_assert_eq(ts_info(S.store).pins, 1);
   cr_assert_eq(cc_ping(&c, 1, NULL, 0), 0);
   cr_assert_eq(ts_info(S.store).pins, 0);
@@ -221,11 +222,9 @@ Test(rtt, auto_release_pins_end_at_the_next_request_or_after_pin_ms, T_TIMEOUT) 
 }
 
 Test(rtt, auto_release_pin_ms_is_never_longer_than_the_lease, T_TIMEOUT) {
-  kvs_key_t k = tk(45, 0);
   cc_t c;
-  open_case(200, k, &c, CAPS_AUTO);
   kvs_proto_prepare_retrieve_reply_t r;
-  cr_assert_eq(auto_pin_ms(&c, k, &r), 200);
+  open_auto_release(200, tk(45, 0), &c, &r, 200, "min(lease 200 ms, 1 s)");
   cc_close(&c);
 }
 

@@ -68,6 +68,17 @@ static uint8_t *encode_with(enc_fn enc, const void *m, size_t *len_out) {
 }
 #define ENCODE(fn, msg, lenp) encode_with((enc_fn)(fn), (msg), (lenp))
 
+/* A message of scalars only: ENCODE *msgp (its encoding must be want_len bytes) and decode it
+ * back into *outp with decfn; the encoding is freed, so *outp may not point into it. */
+#define ROUND_TRIP(encfn, decfn, msgp, want_len, outp)                                        \
+  do {                                                                                        \
+    size_t rt_len_;                                                                           \
+    uint8_t *rt_b_ = ENCODE(encfn, msgp, &rt_len_);                                           \
+    cr_assert_eq(rt_len_, (size_t)(want_len), #encfn ": %zu bytes", rt_len_);                 \
+    cr_assert_eq(decfn(rt_b_, rt_len_, outp), 0, #decfn " failed");                           \
+    free(rt_b_);                                                                              \
+  } while (0)
+
 /* Generic decode entry for table-driven tests: decode into scratch storage. */
 typedef int (*dec_fn)(const void *p, size_t len);
 static kvs_proto_object_t g_objs[KVS_PROTO_MAX_KEYS];
@@ -769,11 +780,8 @@ T(small_messages_round_trip) {
   size_t len;
   uint8_t *b;
   kvs_proto_xfer_t x = {.xfer = UINT64_MAX}, xd;
-  b = ENCODE(kvs_proto_xfer_encode, &x, &len);
-  cr_assert_eq(len, 8);
-  cr_assert_eq(kvs_proto_xfer_decode(b, len, &xd), 0);
+  ROUND_TRIP(kvs_proto_xfer_encode, kvs_proto_xfer_decode, &x, 8, &xd);
   cr_assert_eq(xd.xfer, UINT64_MAX);
-  free(b);
 
   cr_assert_eq(kvs_proto_empty_decode(NULL, 0), 0);
   uint8_t one[8] = {0};
@@ -781,11 +789,8 @@ T(small_messages_round_trip) {
 
   for (uint8_t f = 0; f <= 1; f++) {
     kvs_proto_stats_t st = {.format = f}, sd;
-    b = ENCODE(kvs_proto_stats_encode, &st, &len);
-    cr_assert_eq(len, 1);
-    cr_assert_eq(kvs_proto_stats_decode(b, len, &sd), 0);
+    ROUND_TRIP(kvs_proto_stats_encode, kvs_proto_stats_decode, &st, 1, &sd);
     cr_assert_eq(sd.format, f);
-    free(b);
   }
   kvs_proto_stats_t bad = {.format = 2};
   cr_assert_eq(kvs_proto_stats_encode(&bad, NULL, 0, &len), -EINVAL);
@@ -814,12 +819,9 @@ T(small_messages_round_trip) {
   free(b);
 
   kvs_proto_export_t e = {.address = 0x7f1234560000ull, .length = 0x10000}, ed;
-  b = ENCODE(kvs_proto_export_encode, &e, &len);
-  cr_assert_eq(len, 16);
-  cr_assert_eq(kvs_proto_export_decode(b, len, &ed), 0);
+  ROUND_TRIP(kvs_proto_export_encode, kvs_proto_export_decode, &e, 16, &ed);
   cr_assert_eq(ed.address, e.address);
   cr_assert_eq(ed.length, e.length);
-  free(b);
 
   kvs_proto_export_reply_t r = {.n_descs = 2, .n_fds = 1, .descs = g_blobs}, rd;
   b = ENCODE(kvs_proto_export_reply_encode, &r, &len);

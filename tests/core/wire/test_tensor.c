@@ -19,6 +19,7 @@
 #include "tensor.h"
 #include "../../lib/fdpass.h"
 #include "../../lib/logcapture.h"
+#include "../../lib/threads.h"
 
 
 /* ---- helpers ---------------------------------------------------------------------------- */
@@ -997,25 +998,22 @@ Test(tensor, registry_matches_reference_model, .timeout = 60) {
   kvs_tensor_registry_destroy(r);
 }
 
-typedef struct {
-  kvs_tensor_registry_t *r;
-  int id;
-  int failures;
-} worker_t;
-
-static void *reg_worker(void *arg) {
-  worker_t *w = arg;
-  kvs_tensor_desc_t t = ipc_tmpl((uint8_t)w->id);
-  uint64_t lane = 0x1000000ull * (uint64_t)(w->id + 1);
+/* w->obj: the registry; w->arg: the worker's id, its lane. Returns the failures seen. */
+static int reg_worker(tt_thread_t *w) {
+  kvs_tensor_registry_t *r = w->obj;
+  const uint8_t id = (uint8_t)w->arg;
+  int failures = 0;
+  kvs_tensor_desc_t t = ipc_tmpl(id);
+  uint64_t lane = 0x1000000ull * (w->arg + 1);
   for (int i = 0; i < 5000; i++) {
     uint64_t base = lane + (uint64_t)(i % 64) * 0x1000;
-    if (kvs_tensor_registry_add(w->r, base, 0x1000, &t, true) != 0) w->failures++;
+    if (kvs_tensor_registry_add(r, base, 0x1000, &t, true) != 0) failures++;
     kvs_tensor_record_t rec;
-    if (kvs_tensor_registry_lookup(w->r, base + 0x10, &rec) != 0 || rec.desc.ipc.handle[0] != (uint8_t)w->id)
-      w->failures++;
-    if (kvs_tensor_registry_remove(w->r, base, NULL) != 0) w->failures++;
+    if (kvs_tensor_registry_lookup(r, base + 0x10, &rec) != 0 || rec.desc.ipc.handle[0] != id)
+      failures++;
+    if (kvs_tensor_registry_remove(r, base, NULL) != 0) failures++;
   }
-  return NULL;
+  return failures;
 }
 
 Test(tensor, registry_concurrent_lanes, .timeout = 60) {
@@ -1023,15 +1021,11 @@ Test(tensor, registry_concurrent_lanes, .timeout = 60) {
   cr_assert_eq(kvs_tensor_registry_create(1024, &r), 0);
   kvs_tensor_desc_t t = ipc_tmpl(0xee);
   cr_assert_eq(kvs_tensor_registry_add(r, 0x10, 0x10, &t, true), 0); /* stays throughout */
-  worker_t w[4];
-  pthread_t th[4];
+  tt_thread_t w[4];
+  for (int i = 0; i < 4; i++) cr_assert_eq(tt_start(&w[i], reg_worker, r, NULL, (uint64_t)i), 0);
   for (int i = 0; i < 4; i++) {
-    w[i] = (worker_t){.r = r, .id = i};
-    cr_assert_eq(pthread_create(&th[i], NULL, reg_worker, &w[i]), 0);
-  }
-  for (int i = 0; i < 4; i++) {
-    pthread_join(th[i], NULL);
-    cr_assert_eq(w[i].failures, 0, "worker %d", i);
+    tt_join(&w[i]);
+    cr_assert_eq(w[i].rc, 0, "worker %d", i);
   }
   cr_assert_eq(kvs_tensor_registry_count(r), 1);
   cr_assert(kvs__tensor_registry_is_valid(r));

@@ -6,21 +6,10 @@
 #include <string.h>
 
 #include "tensor.h"
-
-/* A contiguous vector of n bytes of the given kind, every other field zero. */
-static kvs_tensor_desc_t u8_vec(uint32_t kind, uint64_t n) {
-  kvs_tensor_desc_t d;
-  memset(&d, 0, sizeof d);
-  d.kind = kind;
-  d.dtype = KVS_DTYPE_U8;
-  d.ndim = 1;
-  d.shape[0] = n;
-  d.stride[0] = 1;
-  return d;
-}
+#include "tensor_fixture.h"
 
 static kvs_tensor_desc_t ipc_desc(uint64_t gen) {
-  kvs_tensor_desc_t d = u8_vec(KVS_TENSOR_CUDA_IPC, 4096);
+  kvs_tensor_desc_t d = tf_u8_vec(KVS_TENSOR_CUDA_IPC, 4096);
   d.device_uuid[0] = 0x42;
   for (int i = 0; i < KVS_TENSOR_IPC_HANDLE_SIZE; i++) d.ipc.handle[i] = (uint8_t)(i * 7 + 1);
   d.ipc.offset = 0;
@@ -65,7 +54,7 @@ Test(tensor_gen, zero_generation_is_trailing_bytes) {
   e[2] = (uint8_t)(n + 8 - 4);
   cr_assert_eq(kvs_tensor_decode(e, (size_t)n + 8, &out), -EMSGSIZE);
   /* another kind never carries one */
-  kvs_tensor_desc_t c = u8_vec(KVS_TENSOR_CPU_SHM, 16);
+  kvs_tensor_desc_t c = tf_u8_vec(KVS_TENSOR_CPU_SHM, 16);
   c.cpu.instance_id = 5;
   c.cpu.length = 16;
   n = kvs_tensor_encode(&c, e, sizeof e);

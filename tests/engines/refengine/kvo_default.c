@@ -280,14 +280,26 @@ KVO_API int kvo_lookup(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_
   return hits > INT_MAX ? -EOVERFLOW : (int)hits;
 }
 
-KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
-                           size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
+/* What kvo_load_chunk and kvo_store_chunk start with: the arguments checked (an error is returned
+ * with no lock taken), then the cache lock taken and the chunk's entry in *e (NULL: not cached),
+ * its key in *k_out (may be NULL). On 0 the caller holds cache.lock. */
+static int lock_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
+                      size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len,
+                      chunk_key_t *k_out, entry_t **e) {
   int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len);
   if (rc != 0) return rc;
   chunk_key_t k = key_of_chunk(desc, tokens, chunk_index);
-
+  if (k_out) *k_out = k;
   pthread_mutex_lock(&cache.lock);
-  entry_t *e = find(k);
+  *e = find(k);
+  return 0;
+}
+
+KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
+                           size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
+  entry_t *e;
+  int rc = lock_chunk(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, NULL, &e);
+  if (rc != 0) return rc;
   if (e == NULL || e->len != desc->chunk_bytes) {
     rc = KVO_MISS;
   } else {
@@ -300,13 +312,10 @@ KVO_API int kvo_load_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_
 
 KVO_API int kvo_store_chunk(const kvo_desc_t *desc, const uint32_t *tokens, size_t n_tokens,
                             size_t chunk_index, int buf_kind, uint64_t buf, size_t buf_len) {
-  int rc = check_chunk_args(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len);
+  chunk_key_t k;
+  entry_t *present;
+  int rc = lock_chunk(desc, tokens, n_tokens, chunk_index, buf_kind, buf, buf_len, &k, &present);
   if (rc != 0) return rc;
-
-  chunk_key_t k = key_of_chunk(desc, tokens, chunk_index);
-
-  pthread_mutex_lock(&cache.lock);
-  entry_t *present = find(k);
   if (present != NULL) touch(present);
   bool wanted = present == NULL && desc->chunk_bytes <= cache.capacity;
   pthread_mutex_unlock(&cache.lock);

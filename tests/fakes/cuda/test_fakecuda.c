@@ -873,6 +873,23 @@ static void t_ipc_free_open(void) {
   CHECK(st == 0, "freeing after the importer closed it failed (status %d)", st);
 }
 
+/* One asynchronous round trip of n bytes of pattern seed through d: htod from src, dtoh into dst
+ * (cleared first), both on stream s, then sync(s); what names the entry points. */
+static void async_round_trip(const char *what, PFN_cuMemcpyHtoDAsync_v3020 htod,
+                             PFN_cuMemcpyDtoHAsync_v3020 dtoh, PFN_cuStreamSynchronize_v2000 sync,
+                             CUstream s, CUdeviceptr d, unsigned char *src, unsigned char *dst,
+                             size_t n, unsigned seed) {
+  fill(src, n, seed);
+  CUresult rc = htod(d, src, n, s);
+  CHECK(rc == OK, "%s: HtoD returned %s", what, err_name(rc));
+  memset(dst, 0, n);
+  rc = dtoh(dst, d, n, s);
+  CHECK(rc == OK, "%s: DtoH returned %s", what, err_name(rc));
+  rc = sync(s);
+  CHECK(rc == OK, "%s: synchronize returned %s", what, err_name(rc));
+  CHECK(is_filled(dst, n, seed), "%s round trip lost data", what);
+}
+
 static void t_streams_async(void) {
   setup();
   const size_t n = 8192;
@@ -886,12 +903,8 @@ static void t_streams_async(void) {
   CHECK_CU(cuStreamCreate(&keep, 0x10), CUDA_ERROR_INVALID_VALUE);
   CHECK(keep == (CUstream)0x77, "out-parameter written on failure");
 
-  fill(src, n, 5);
-  CHECK_CU(cuMemcpyHtoDAsync(d, src, n, s), OK);
-  memset(dst, 0, n);
-  CHECK_CU(cuMemcpyDtoHAsync(dst, d, n, s), OK);
-  CHECK_CU(cuStreamSynchronize(s), OK);
-  CHECK(is_filled(dst, n, 5), "async round trip lost data");
+  async_round_trip("async", cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuStreamSynchronize, s, d, src,
+                   dst, n, 5);
   CHECK_CU(cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, d, n, NULL), OK);
   CHECK_CU(cuMemcpyDtoDAsync(d, d + n / 2, n / 2, CU_STREAM_LEGACY), OK);
 
@@ -905,12 +918,8 @@ static void t_streams_async(void) {
   PFN_cuMemcpyHtoD_v3020 htod_ptds = (PFN_cuMemcpyHtoD_v3020)sym("cuMemcpyHtoD_v2_ptds");
   PFN_cuStreamSynchronize_v2000 sync_ptsz =
       (PFN_cuStreamSynchronize_v2000)sym("cuStreamSynchronize_ptsz");
-  fill(src, n, 6);
-  CHECK_CU(htod_ptsz(d, src, n, CU_STREAM_PER_THREAD), OK);
-  memset(dst, 0, n);
-  CHECK_CU(dtoh_ptsz(dst, d, n, CU_STREAM_PER_THREAD), OK);
-  CHECK_CU(sync_ptsz(CU_STREAM_PER_THREAD), OK);
-  CHECK(is_filled(dst, n, 6), "_ptsz round trip lost data");
+  async_round_trip("_ptsz", htod_ptsz, dtoh_ptsz, sync_ptsz, CU_STREAM_PER_THREAD, d, src, dst, n,
+                   6);
   fill(src, n, 7);
   CHECK_CU(htod_ptds(d, src, n), OK);
   memset(dst, 0, n);

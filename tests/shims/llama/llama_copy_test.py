@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "lib"))
 sys.path.insert(0, os.path.join(HERE, "..", "kvo"))
 sys.path.insert(0, HERE)
-from harness import check, read_stats  # noqa: E402
+from harness import check, read_stats, wait_file  # noqa: E402
 import harness  # noqa: E402
 from kvo_copy_test import live_stats  # noqa: E402
 from llama_shim import (N_TOK, Ctx, baseline_save_load, fields, models,  # noqa: E402
@@ -90,13 +90,6 @@ def case_own_copy(ctx):
     check(st2["store_committed_objects"] == 1, f"B kept no copy: {st2}")
 
 
-def wait_file(pa, path, what):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path):
-        check(time.monotonic() < deadline and pa.poll() is None, f"A never got {what}")
-        time.sleep(0.02)
-
-
 def case_serve_stopped(ctx):
     serve = ctx.serve()
     a, _, _ = models(ctx)
@@ -112,11 +105,11 @@ def case_serve_stopped(ctx):
     pa, sa = ctx.start(cmds, KVSHIM_RPC_TIMEOUT_MS=2000)
     serve2 = None
     try:
-        wait_file(pa, ready, "ready")
+        wait_file(ready, "A ready", pa)
         stop_process(serve)  # every thread of serve stopped before A may send its next save
         with open(go, "w"):
             pass
-        wait_file(pa, ready2, "to its second save")
+        wait_file(ready2, "A at its second save", pa)
         serve.send_signal(signal.SIGKILL)
         serve.wait(timeout=30)
         serve2 = ctx.serve()
@@ -177,7 +170,7 @@ def case_lean_after_serve(ctx):
     pa, sa = ctx.start(cmds, KVSHIM_LLAMA_WRITE_THROUGH=0, KVSHIM_POOL_SIZE="64M",
                        KVSHIM_POOL_LEAN_SIZE="1M")
     try:
-        wait_file(pa, ready, "ready")
+        wait_file(ready, "A ready", pa)
         serve.send_signal(signal.SIGKILL)
         serve.wait(timeout=30)
         time.sleep(0.3)  # past the peer discovery's rate limit (200 ms)

@@ -90,7 +90,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
-from harness import ScriptContext, check, read_stats  # noqa: E402
+from harness import ScriptContext, check, read_stats, wait_file  # noqa: E402
 import harness  # noqa: E402
 from llama_shim import stop_process  # noqa: E402
 
@@ -757,13 +757,6 @@ def case_chunks(ctx):
           f"B's restore was not read in place in serve's pool: {sb}")
 
 
-def wait_file(path, p, what):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path):
-        check(time.monotonic() < deadline and p.poll() is None, f"{what} never got ready")
-        time.sleep(0.02)
-
-
 def case_chunks_mix(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, one restore from a mix of local and peer chunks: B holds the
     first two chunks of a 1024-token prefix (its own 612-token prompt), A (a peer) then stores
@@ -783,9 +776,9 @@ def case_chunks_mix(ctx):
                           preload=False, what="B reference")
     on = {"KVSHIM_LLAMA_CHUNKS": "1"}
     pb, sb = ctx.start(b_cmds, **on)
-    wait_file(b_ready, pb, "B")
+    wait_file(b_ready, "B ready", pb)
     pa, sa = ctx.start(a_cmds, **on)
-    wait_file(a_ready, pa, "A")
+    wait_file(a_ready, "A ready", pa)
     with open(b_go, "w"):
         pass
     lb, err = ctx.finish(pb, "B")
@@ -813,7 +806,7 @@ def case_chunks_foreign(ctx):
     ready, done = ctx.p("a.ready"), ctx.p("done")
     pa, sa = ctx.start([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4",
                         f"touch {ready}", f"waitfile {done} 60"], KVSHIM_LLAMA_CHUNKS="1")
-    wait_file(ready, pa, "A")
+    wait_file(ready, "A ready", pa)
     try:
         for what, model, kv in (("other model", b, 1), ("other KV type", a, 8),
                                 ("same model and KV type", a, 1)):

@@ -53,10 +53,9 @@ import os
 import re
 import signal
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
-from harness import ScriptContext, check, read_stats, stop_process  # noqa: E402,F401 (stop_process: re-exported)
+from harness import ScriptContext, check, read_stats, stop_process, wait_file  # noqa: E402,F401 (stop_process: re-exported)
 import harness  # noqa: E402
 
 
@@ -77,13 +76,6 @@ class Ctx(ScriptContext):
 def fields(line):
     """'load ret=5 n=3 toks=ab check=1' -> {'ret': '5', 'n': '3', ...}"""
     return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-
-
-def wait_file(path, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        check(time.monotonic() < deadline, f"{what}: {path} did not appear in {timeout} s")
-        time.sleep(0.01)
 
 
 def touch(path):

@@ -285,6 +285,19 @@ static void fx_fini(fx_t *f) {
   llama_model_free(f->m);
 }
 
+/* The split under NS of n_tokens of g_tok decoded by a new flash-attention context of m (a
+ * layout other than a plain context's); the context and its state are freed, *o is the caller's
+ * (split_free). */
+static void split_flash(struct llama_model *m, int32_t n_tokens, split_t *o) {
+  struct llama_context *c = context(m, 1, 1, false);
+  cr_assert_eq(fakellama_decode(c, 0, g_tok, n_tokens), 0);
+  size_t len;
+  uint8_t *st = state_of(c, 0, &len);
+  split_state(st, len, g_tok, NS, o);
+  free(st);
+  llama_free(c);
+}
+
 static kvs__llama_chunks_status_t fx_assemble(fx_t *f, uint32_t nch) {
   size_t got = 0;
   return assemble(&f->s, nch, 0, f->out, f->len, &got);
@@ -431,21 +444,15 @@ Test(chunks_bad, chunk_of_another_model_or_kv_setting) {
   f.s.ch[1] = o.ch[1];
   cr_assert_eq(fx_assemble(&f, 3), KVS_LLAMA_CHUNKS_NAMESPACE);
   /* the same tokens through a flash-attention context: another layout, another frame */
-  struct llama_context *c2 = context(f.m, 1, 1, false);
-  cr_assert_eq(fakellama_decode(c2, 0, g_tok, 200), 0);
-  size_t l2;
-  uint8_t *st2 = state_of(c2, 0, &l2);
   split_t o2;
-  split_state(st2, l2, g_tok, NS, &o2);
+  split_flash(f.m, 200, &o2);
   f.s.ch[1] = o2.ch[1];
   f.s.chlen[1] = o2.chlen[1];
   cr_assert_eq(fx_assemble(&f, 3), KVS_LLAMA_CHUNKS_FRAME);
   f.s.ch[1] = keep;
   f.s.chlen[1] = keep_len;
-  free(st2);
   split_free(&o);
   split_free(&o2);
-  llama_free(c2);
   fx_fini(&f);
 }
 
@@ -477,12 +484,8 @@ Test(chunks_bad, chunks_out_of_order_or_missing) {
 Test(chunks_bad, short_chunk_before_the_last) {
   fx_t f;
   fx_init(&f, 1);
-  struct llama_context *c2 = context(f.m, 1, 1, false);
-  cr_assert_eq(fakellama_decode(c2, 0, g_tok, 100), 0);
-  size_t l2;
-  uint8_t *st2 = state_of(c2, 0, &l2);
   split_t o;
-  split_state(st2, l2, g_tok, NS, &o);
+  split_flash(f.m, 100, &o);
   uint8_t *keep = f.s.ch[1];
   size_t keep_len = f.s.chlen[1];
   f.s.ch[1] = o.ch[1];
@@ -492,9 +495,7 @@ Test(chunks_bad, short_chunk_before_the_last) {
   f.s.ch[1] = keep;
   f.s.chlen[1] = keep_len;
   memset(f.out, 0xa5, f.len); /* the 2-chunk assembly above was valid and wrote */
-  free(st2);
   split_free(&o);
-  llama_free(c2);
   fx_fini(&f);
 }
 
