@@ -13,35 +13,46 @@
 #include "../lib/logcapture.h"
 #include "rows.h"
 
+/* Every core row of got equals want's, walked through core's table (strings by content, the
+ * rest by value): one expectation a row, named by its variable. */
+static void expect_core_rows(const kvs_options_t *got, const kvs_options_t *want) {
+  const kvs_option_table_t *t = &kvs_options_core;
+  for (kvs_option_id_t i = 0; i < t->n; i++) {
+    const kvs_option_row_t *r = &t->rows[i];
+    const char *g = (const char *)got + r->offset, *w = (const char *)want + r->offset;
+    char gs[KVS_OPT_STR_MAX], ws[KVS_OPT_STR_MAX];
+    kvs_options_format_value(t, got, i, gs, sizeof gs);
+    kvs_options_format_value(t, want, i, ws, sizeof ws);
+    size_t n = r->type == KVS_OPTION_SIZE || r->type == KVS_OPTION_INT ? sizeof(uint64_t)
+               : r->type == KVS_OPTION_STR || r->type == KVS_OPTION_NAME ||
+                       r->type == KVS_OPTION_UIDS
+                   ? KVS_OPT_STR_MAX
+                   : sizeof(int);
+    bool same = n == KVS_OPT_STR_MAX ? strcmp(g, w) == 0 : memcmp(g, w, n) == 0;
+    cr_expect(same, "%s = %s, expected %s", r->env, gs, ws);
+  }
+}
+
 Test(options, defaults_match_the_design_table) {
   kvs_config_t o;
   char *env[] = {NULL};
   cr_assert_eq(kvs_config_load(&o, env, 0), 0);
   cr_expect_eq(o.enable, 1);
   cr_expect_eq(o.hooks, KVS_HOOKS_AUTO);
-  cr_expect_eq(o.core.pool_size, 1ull << 30);
   cr_expect_eq(o.host_pool_size, 4ull << 30);
   cr_expect_eq(o.host_min, 1ull << 20);
-  cr_expect_eq(o.core.hugepages, 0);
-  cr_expect_str_eq(o.core.pool_name, "");
-  cr_expect_eq(o.core.strategy, KVS_STRATEGY_AUTO);
-  cr_expect_str_eq(o.core.group, "default");
-  char want[64];
-  snprintf(want, sizeof want, "/tmp/kvshim-%u", (unsigned)getuid());
-  cr_expect_str_eq(o.core.run_dir, want);
-  cr_expect_eq(o.core.peers, 1);
-  cr_expect_eq(o.core.push, KVS_PUSH_AUTO);
-  cr_expect_eq(o.core.chunk_tokens, 256);
-  cr_expect_str_eq(o.core.salt, "");
-  cr_expect_eq(o.core.lease_ms, 30000);
-  cr_expect_eq(o.core.rpc_timeout_ms, 2000);
-  cr_expect_eq(o.core.max_frame, 64ull << 20);
-  cr_expect_str_eq(o.core.allow_uids, "");
+  /* Core's rows (zero and "" where not named). */
+  kvs_options_t want = {.pool_size = 1ull << 30, .group = "default", .peers = 1,
+                        .chunk_tokens = 256, .lease_ms = 30000, .rpc_timeout_ms = 2000,
+                        .max_frame = 64ull << 20, .log = KVS_LOG_WARN,
+                        .remote_ttl = 86400000, .remote_timeout_ms = 1000, .remote_threads = 2,
+                        .remote_queue = 1024, .disk_size = 10ull << 30,
+                        .disk_sync = KVS_DISK_SYNC_BATCH};
+  snprintf(want.run_dir, sizeof want.run_dir, "/tmp/kvshim-%u", (unsigned)getuid());
+  expect_core_rows(&o.core, &want);
   cr_expect_eq(o.llama_write_through, 1);
   cr_expect_eq(o.llama_prefix, 1);
   cr_expect_eq(o.llama_min_tokens, 256);
-  cr_expect_eq(o.core.log, KVS_LOG_WARN);
-  cr_expect_str_eq(o.core.log_file, "");
   cr_expect_str_eq(o.stats, "");
   for (int i = 0; i < KVS_OPT__COUNT; i++) cr_expect_eq(o.core.source[i], KVS_OPT_FROM_DEFAULT);
 }
@@ -66,41 +77,26 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_assert_eq(kvs_config_load(&o, env, 0), 0, "no problems expected");
   cr_expect_eq(o.enable, 0);
   cr_expect_eq(o.hooks, KVS_HOOK_CUDA | KVS_HOOK_KVO);
-  cr_expect_eq(o.core.pool_size, 512ull << 20);
   cr_expect_eq(o.host_pool_size, 0);
   cr_expect_eq(o.host_min, 64ull << 10);
-  cr_expect_eq(o.core.hugepages, 1);
-  cr_expect_str_eq(o.core.pool_name, "/kvs-pool");
-  cr_expect_eq(o.core.strategy, KVS_STRATEGY_INLINE);
-  cr_expect_str_eq(o.core.group, "team.a-1");
-  cr_expect_str_eq(o.core.run_dir, "/run/x");
-  cr_expect_eq(o.core.peers, 0);
-  cr_expect_eq(o.core.push, KVS_PUSH_OFF);
-  cr_expect_eq(o.core.chunk_tokens, 16);
-  cr_expect_str_eq(o.core.salt, "s3cret");
-  cr_expect_eq(o.core.lease_ms, 500);
-  cr_expect_eq(o.core.rpc_timeout_ms, 75);
-  cr_expect_eq(o.core.max_frame, 1ull << 30);
-  cr_expect_str_eq(o.core.allow_uids, "1000,65534");
+  const kvs_options_t want = {
+      .pool_size = 512ull << 20, .hugepages = 1, .pool_name = "/kvs-pool",
+      .strategy = KVS_STRATEGY_INLINE, .group = "team.a-1", .run_dir = "/run/x", .peers = 0,
+      .push = KVS_PUSH_OFF, .chunk_tokens = 16, .salt = "s3cret", .lease_ms = 500,
+      .rpc_timeout_ms = 75, .max_frame = 1ull << 30, .allow_uids = "1000,65534",
+      .log = KVS_LOG_DEBUG, .log_file = "/tmp/kvs.log", .remote = "redis://h:6379/2",
+      .remote_password_file = "/etc/kvs.pw", .remote_ttl = 60000, .remote_timeout_ms = 250,
+      .remote_threads = 3, .remote_queue = 64, .disk = "/var/lib/kvs", .disk_size = 2ull << 30,
+      .disk_sync = KVS_DISK_SYNC_ALWAYS};
+  expect_core_rows(&o.core, &want);
   cr_expect_eq(o.llama_write_through, 0);
-  cr_expect_str_eq(o.core.remote, "redis://h:6379/2");
-  cr_expect_str_eq(o.core.remote_password_file, "/etc/kvs.pw");
-  cr_expect_eq(o.core.remote_ttl, 60000);
-  cr_expect_eq(o.core.remote_timeout_ms, 250);
-  cr_expect_eq(o.core.remote_threads, 3);
-  cr_expect_eq(o.core.remote_queue, 64);
   cr_expect_eq(o.cuda_pin_arena, 1);
   cr_expect_eq(o.one_copy, 0);
   cr_expect_eq(o.pool_lean_size, 8ull << 20);
   cr_expect_eq(o.llama_wait_ms, 250);
-  cr_expect_str_eq(o.core.disk, "/var/lib/kvs");
-  cr_expect_eq(o.core.disk_size, 2ull << 30);
-  cr_expect_eq(o.core.disk_sync, KVS_DISK_SYNC_ALWAYS);
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
   cr_expect_eq(o.llama_chunks, 1);
-  cr_expect_eq(o.core.log, KVS_LOG_DEBUG);
-  cr_expect_str_eq(o.core.log_file, "/tmp/kvs.log");
   cr_expect_str_eq(o.stats, "/tmp/s.json");
   for (int i = 0; i < KVS_OPT__COUNT; i++)
     cr_expect_eq(o.core.source[i], KVS_OPT_FROM_ENV, "%s not marked as from env",
