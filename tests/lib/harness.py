@@ -310,16 +310,20 @@ class ScriptContext(Context):
 
 # ---- the runner --------------------------------------------------------------------------------
 
-def parser(doc, *required, asan=False, optional=()):
+def parser(doc, *required, asan=False, optional=(), **defaults):
     """A driver's option parser: its docstring's first line, each of `required` (an option
     taking a value, e.g. "--preload"), each of `optional` (the same, but a driver may go without
-    it: the cases that need it skip), and with asan, --asan-runtime (the sanitizer runtime that
-    goes first in LD_PRELOAD with a sanitized libkvshim.so). Drivers add their other options."""
+    it: the cases that need it skip), each of `defaults` (an option named by the keyword, "_"
+    for "-", with that default and its type: layers=8 is --layers, an int, 8 when not given),
+    and with asan, --asan-runtime (the sanitizer runtime that goes first in LD_PRELOAD with a
+    sanitized libkvshim.so). Drivers add their other options."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     for opt in required:
         ap.add_argument(opt, required=True)
     for opt in optional:
         ap.add_argument(opt)
+    for name, default in defaults.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     if asan:
         ap.add_argument("--asan-runtime", default="",
                         help="ASan builds: the sanitizer runtime, preloaded before kvshim")

@@ -33,7 +33,6 @@ Usage: bench_restore.py --preload LIBKVSHIM [--prefixes 5] [--prefix-tokens 500]
                         [tiny-gguf flags: --layers 8 --embd 512]
 """
 
-import argparse
 import json
 import os
 import random
@@ -50,6 +49,7 @@ APP = os.path.join(HERE, "app.mjs")
 TINY_GGUF = os.path.join(ROOT, "scripts", "tiny-gguf")
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from benchfig import spread  # noqa: E402
+import harness  # noqa: E402
 
 
 def run(cmd, env, what):
@@ -66,20 +66,12 @@ def fig(name, xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--prefixes", type=int, default=5)
-    ap.add_argument("--prefix-tokens", type=int, default=500)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--embd", type=int, default=512)
+    ap = harness.parser(__doc__, "--preload", optional=("--work-dir", "--json"), prefixes=5,
+                        prefix_tokens=500, reps=3, layers=8, embd=512, serve_pool="1G")
     ap.add_argument("--pool-size", default="512M", help="KVSHIM_POOL_SIZE of A and B")
     ap.add_argument("--env", action="append", default=[], metavar="KVSHIM_X=V",
                     help="another KVSHIM_* variable for A and B (repeatable)")
     ap.add_argument("--serve", metavar="KVSHIM_CLI", help="run `kvshim serve` in the group")
-    ap.add_argument("--serve-pool", default="1G")
-    ap.add_argument("--work-dir")
-    ap.add_argument("--json")
     a = ap.parse_args()
 
     work = a.work_dir or tempfile.mkdtemp(prefix="kvshim-bench-restore-")

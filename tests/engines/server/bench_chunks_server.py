@@ -45,6 +45,7 @@ import urllib.error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_server as cs  # noqa: E402
+import harness  # noqa: E402  (tests/lib, on the path check_server sets)
 
 KV_PER_TOKEN = 8 * 512 * 2 * 2  # layers x (K + V) values per layer x 2 bytes (f16)
 FLAGS = ("-np", "1")  # one slot holds the whole 8192-token context (the defaults split it in 4)
@@ -101,17 +102,11 @@ def spread(xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--cli", required=True)
-    ap.add_argument("--prefix-words", type=int, default=1700)
-    ap.add_argument("--suffix-words", type=int, default=400)
-    ap.add_argument("--requests", type=int, default=12)
-    ap.add_argument("--restores", type=int, default=0)
+    ap = harness.parser(__doc__, "--preload", "--cli", optional=("--work-dir",),
+                        prefix_words=1700, suffix_words=400, requests=12, restores=0)
     ap.add_argument("--steady", choices=("workload", "short"), default="workload",
                     help="the --restores requests: the workload's, or the prefix and a short "
                          "question each (no snapshot between restores)")
-    ap.add_argument("--work-dir")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvs-bench-chunks-server-")
     ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",

@@ -19,7 +19,6 @@ function of the workload (repeated runs give the same figures; --reps checks tha
 Usage: bench_chunks.py --host PREFIXHOST --preload LIBKVSHIM --kvshim CLI [--prefix 4096]
                        [--suffix 1024] [--requests 50] [--layers 8] [--embd 512] [--reps 1]
 """
-import argparse
 import json
 import os
 import re
@@ -32,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
 from benchfig import spread  # noqa: E402
+import harness  # noqa: E402
 
 
 def env_for(run_dir, group, preload=None, **extra):
@@ -204,21 +204,11 @@ def summary(rows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", required=True)
-    ap.add_argument("--preload", required=True)
-    ap.add_argument("--kvshim", required=True)
-    ap.add_argument("--prefix", type=int, default=4096)
-    ap.add_argument("--suffix", type=int, default=1024)
-    ap.add_argument("--requests", type=int, default=50)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--embd", type=int, default=512)
-    ap.add_argument("--serve-pool", default="3G")
-    ap.add_argument("--reps", type=int, default=1)
+    ap = harness.parser(__doc__, "--host", "--preload", "--kvshim", prefix=4096, suffix=1024,
+                        requests=50, layers=8, embd=512, serve_pool="3G", reps=1, stores=4,
+                        restores=8)
     ap.add_argument("--timing", action="store_true",
                     help="the timing goals (restore and store, chunks vs whole) instead")
-    ap.add_argument("--stores", type=int, default=4)
-    ap.add_argument("--restores", type=int, default=8)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="kvs-bench-chunks-")
     model = os.path.join(work, "m.gguf")
