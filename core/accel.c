@@ -18,14 +18,8 @@ static int mem_open_ipc(const struct kvs_tensor_desc *d, void **devptr) { return
 static int mem_close_ipc(void *devptr) { return -ENOTSUP; }
 
 static const kvs_accel_ops_t accel_memcpy = {
-    .name = "memcpy",
-    .copy = mem_copy,
-    .pin = mem_pin,
-    .unpin = mem_unpin,
-    .open_ipc = mem_open_ipc,
-    .close_ipc = mem_close_ipc,
-    .pin_readonly = mem_pin,
-};
+    .name = "memcpy", .copy = mem_copy, .pin = mem_pin, .unpin = mem_unpin,
+    .open_ipc = mem_open_ipc, .close_ipc = mem_close_ipc, .pin_readonly = mem_pin};
 static const kvs_accel_ops_t *_Atomic accel_cur = &accel_memcpy;
 
 const kvs_accel_ops_t *kvs_accel_default(void) { return &accel_memcpy; }

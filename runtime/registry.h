@@ -57,7 +57,7 @@ typedef struct kvs_tensor_query_info {
   uint64_t gap_bytes;      /* bytes of the range inside no record */
 } kvs_tensor_query_info_t;
 
-/* max_records: capacity (0 = 65536). Errors: -EINVAL (more than 2^24), -ENOMEM. */
+/* max_records: capacity (0 = 65536). Errors: -EINVAL (more than 2^22), -ENOMEM. */
 int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out);
 /* Accepts NULL. Debug builds poison the struct. */
 void kvs_tensor_registry_destroy(kvs_tensor_registry_t *reg);

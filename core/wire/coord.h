@@ -19,7 +19,7 @@
  * (the seed leaked it). PREPARE_RETRIEVE inline copies the bytes and releases the pins at once.
  *
  * Threads: the coordinator thread owns every connection; kvs_coord_start/stop are called from
- * one other thread. The store is thread safe and borrowed. */
+ * one other thread. The store and the tensors' ctx are thread safe and borrowed. */
 #ifndef KVSHIM_COORD_H
 #define KVSHIM_COORD_H
 
@@ -68,7 +68,7 @@ typedef struct kvs_coord_remote {
  *          answered with an ERROR "bad address range". The coordinator calls it twice per
  *          request (count, then fill) and sends at most KVS_PROTO_MAX_DESCS. Runs on the
  *          coordinator thread, concurrently with the process's other threads: thread safe and
- *          never blocking beyond a short lock. */
+ *          never blocking beyond a short lock. ctx is borrowed: it outlives the coordinator. */
 typedef struct kvs_coord_tensors {
   void *ctx;
   int (*query)(void *ctx, uint64_t addr, uint64_t len, kvs_tensor_desc_t *out, size_t cap);
