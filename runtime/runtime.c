@@ -146,9 +146,11 @@ static int rt_build_parts(kvs__runtime_t *rt, const kvs_config_t *c) {
     return rc;
   }
   if (o->peers) {
+    /* EXPORT_TENSORS answers from the registry (core/wire/coord.h's interface, copied) */
+    kvs_coord_tensors_t exports = kvs_tensor_registry_coord(rt->tensors);
     kvs_coord_config_t cc = {.store = rt->store, .pool = rt->pool, .opts = o,
                              .role = KVS_PROTO_ROLE_ENGINE, .instance_id = rt->instance_id,
-                             .tensors = rt->tensors};
+                             .tensors = &exports};
     if ((rc = kvs_coord_start(&cc, &rt->coord)) < 0) {
       kvs_log_warn("cannot start the coordinator in %s: %s", o->run_dir, strerror(-rc));
       return rc;

@@ -38,9 +38,9 @@
 #include "coord.h"
 #include "peer.h"
 #include "pool.h"
+#include "registry.h"
 #include "rows.h"
 #include "store.h"
-#include "tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,7 +60,7 @@ typedef struct kvs__runtime {
   kvs_config_t opts;               /* the configuration snapshot (runtime/rows.h) */
   kvs_pool_t *pool;                /* owned; never destroyed (see exit above) */
   kvs_store_t *store;              /* owned */
-  kvs_tensor_registry_t *tensors;  /* owned: every intercepted allocation */
+  kvs_tensor_registry_t *tensors;  /* owned: every intercepted allocation (registry.h) */
   kvs_coord_t *coord;              /* owned; NULL with KVSHIM_PEERS=0 */
   kvs_peers_t *peers;              /* owned; NULL with KVSHIM_PEERS=0 */
   uint64_t instance_id;            /* the pool's, also the coordinator's socket name */

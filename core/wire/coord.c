@@ -131,7 +131,8 @@ struct kvs_coord {
   uint32_t n_auto;    /* connections with an auto_xfer pending */
   kvs_store_t *store;
   kvs_pool_t *pool;
-  kvs_tensor_registry_t *tensors;
+  bool has_tensors;
+  kvs_coord_tensors_t tensors; /* EXPORT_TENSORS' answers (has_tensors) */
   kvs_stats_t *stats;
   uint8_t role;
   uint8_t strategy;   /* KVSHIM_STRATEGY */
@@ -820,8 +821,8 @@ static void on_export_tensors(kvs_coord_t *c, conn_t *k, uint64_t rid,
   kvs_proto_blob_t *blobs = NULL;
   uint8_t *enc = NULL;
   int n = 0;
-  if (c->tensors) {
-    n = kvs_tensor_registry_query(c->tensors, req->address, req->length, NULL, 0, NULL);
+  if (c->has_tensors) {
+    n = c->tensors.query(c->tensors.ctx, req->address, req->length, NULL, 0);
     if (n < 0) {
       queue_error(c, k, rid, n, "bad address range");
       return;
@@ -837,7 +838,7 @@ static void on_export_tensors(kvs_coord_t *c, conn_t *k, uint64_t rid,
       queue_error(c, k, rid, -ENOMEM, "out of memory");
       return;
     }
-    n = kvs_tensor_registry_query(c->tensors, req->address, req->length, descs, (size_t)n, NULL);
+    n = c->tensors.query(c->tensors.ctx, req->address, req->length, descs, (size_t)n);
     if (n > (int)KVS_PROTO_MAX_DESCS) n = KVS_PROTO_MAX_DESCS;
     for (int i = 0; i < n; i++) {
       uint8_t *dst = enc + (size_t)i * KVS_PROTO_MAX_DESC_BYTES;
@@ -1391,7 +1392,10 @@ int kvs_coord_start(const kvs_coord_config_t *cfg, kvs_coord_t **out) {
   if (!c) return -ENOMEM;
   c->store = cfg->store;
   c->pool = cfg->pool;
-  c->tensors = cfg->tensors;
+  if (cfg->tensors && cfg->tensors->query) {
+    c->tensors = *cfg->tensors;
+    c->has_tensors = true;
+  }
   c->stats = cfg->stats ? cfg->stats : kvs_stats_global();
   c->role = cfg->role ? cfg->role : KVS_PROTO_ROLE_ENGINE;
   c->strategy = (uint8_t)o->strategy;

@@ -19,10 +19,11 @@
  * (the seed leaked it). PREPARE_RETRIEVE inline copies the bytes and releases the pins at once.
  *
  * Threads: the coordinator thread owns every connection; kvs_coord_start/stop are called from
- * one other thread. The store and the tensor registry are thread safe and borrowed. */
+ * one other thread. The store and the tensors' ctx are thread safe and borrowed. */
 #ifndef KVSHIM_COORD_H
 #define KVSHIM_COORD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "options.h"
@@ -55,6 +56,24 @@ typedef struct kvs_coord_remote {
   void (*published)(void *ctx, const kvs_key_t *keys, size_t n, bool object);
 } kvs_coord_remote_t;
 
+/* The exportable allocations as the coordinator sees them: what EXPORT_TENSORS
+ * (docs/protocol.md 4.10) answers from (design §8). core owns only this interface; the
+ * runtime's registry of intercepted allocations provides it (runtime/registry.h,
+ * kvs_tensor_registry_coord).
+ *   query  the descriptors covering [addr, addr + len) of the process's address space, in
+ *          address order, one per overlapping exportable allocation, each restricted to the
+ *          part of the allocation inside the range (a valid descriptor: kvs_tensor_validate).
+ *          Writes up to cap of them to out (NULL when cap is 0) and returns how many there are
+ *          (may exceed cap), or a negative errno: -EINVAL (len 0, addr + len overflows) is
+ *          answered with an ERROR "bad address range". The coordinator calls it twice per
+ *          request (count, then fill) and sends at most KVS_PROTO_MAX_DESCS. Runs on the
+ *          coordinator thread, concurrently with the process's other threads: thread safe and
+ *          never blocking beyond a short lock. ctx is borrowed: it outlives the coordinator. */
+typedef struct kvs_coord_tensors {
+  void *ctx;
+  int (*query)(void *ctx, uint64_t addr, uint64_t len, kvs_tensor_desc_t *out, size_t cap);
+} kvs_coord_tensors_t;
+
 typedef struct kvs_coord_config {
   kvs_store_t *store;              /* borrowed, required */
   kvs_pool_t *pool;                /* borrowed: the store's pool, offered to SHM peers */
@@ -62,7 +81,7 @@ typedef struct kvs_coord_config {
                                       allow_uids (copied) */
   uint8_t role;                    /* KVS_PROTO_ROLE_ENGINE or KVS_PROTO_ROLE_CACHE */
   uint64_t instance_id;            /* non-zero; names the socket */
-  kvs_tensor_registry_t *tensors;  /* borrowed, may be NULL: EXPORT_TENSORS answers none */
+  const kvs_coord_tensors_t *tensors; /* copied; NULL = EXPORT_TENSORS answers none */
   kvs_stats_t *stats;              /* borrowed; NULL = kvs_stats_global() */
   const kvs_coord_remote_t *remote;/* copied; NULL = no remote tier (HELLO without CAP_REMOTE) */
 } kvs_coord_config_t;

@@ -15,10 +15,10 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "accel.h"
 #include "peer.h"
 #include "pool.h"
 #include "proto.h"
-#include "tensor.h"
 
 #define MAX_REPLY_BYTES (2ull << 30)
 #define PUSH_MAX_KEYS 256u

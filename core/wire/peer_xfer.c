@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "accel.h"
 #include "internal.h"
 #include "log.h"
 #include "peer_conn.h"

@@ -1,5 +1,6 @@
-/* kvshim tensor: IPC-exportable tensor descriptors, their wire encoding, the accelerator
- * copy/pin interface and the registry of exportable allocations (design §8, §2, §9.4).
+/* kvshim tensor: IPC-exportable tensor descriptors, their wire encoding and the device UUID ->
+ * local ordinal map that opening one needs (design §8). The accelerator that opens and copies
+ * them is core/accel.h's; the registry of exportable allocations, runtime/registry.h's.
  *
  * Descriptor. A tensor is a strided view of a storage region named by a kind-specific handle:
  *     CPU_SHM      bytes [cpu.offset, cpu.offset + cpu.length) of the pool whose header carries
@@ -54,8 +55,8 @@
  *     -ERANGE           the strided extent does not fit the handle's region (or overflows)
  * encode and kvs_tensor_validate refuse an invalid descriptor with the same codes.
  *
- * Threads: descriptors are plain values. kvs_accel_* swap one atomic pointer. The registry and
- * the device-ordinal cache take their own locks (see below). */
+ * Threads: descriptors are plain values. The device-ordinal cache takes its own lock (see
+ * below). */
 #ifndef KVSHIM_TENSOR_H
 #define KVSHIM_TENSOR_H
 
@@ -168,111 +169,6 @@ int kvs_tensor_byte_span(const kvs_tensor_desc_t *d, uint64_t *lo, uint64_t *hi)
  * (cpu.instance_id is not the pool's: the descriptor belongs to another pool), -ERANGE (the
  * region is not inside the segment's cache or host arena). */
 int kvs_tensor_open_cpu(const kvs_tensor_desc_t *d, kvs_pool_t *pool, void **ptr);
-
-/* ---- accelerator copy/pin interface (design §2) --------------------------------------------
- * core reaches an accelerator only through these operations; shims/cuda installs its own
- * table. The default one (no accelerator in the process) copies with memcpy for every
- * direction ("device" memory is then host memory), pins and unpins as no-ops returning 0, and
- * cannot open IPC handles (-ENOTSUP). Every function returns 0 or a negative errno. */
-typedef enum kvs_copy_dir {
-  KVS_COPY_H2H = 0,
-  KVS_COPY_H2D = 1,
-  KVS_COPY_D2H = 2,
-  KVS_COPY_D2D = 3,
-} kvs_copy_dir_t;
-
-typedef struct kvs_accel_ops {
-  const char *name; /* for logs: "memcpy", "cuda" */
-  int (*copy)(void *dst, const void *src, size_t len, kvs_copy_dir_t dir);
-  int (*pin)(void *ptr, size_t len);    /* page-lock host memory for DMA */
-  int (*unpin)(void *ptr);              /* ptr as given to a successful pin */
-  int (*open_ipc)(const kvs_tensor_desc_t *d, void **devptr); /* CUDA_IPC / CUDA_VMM_FD */
-  int (*close_ipc)(void *devptr);       /* devptr from a successful open_ipc */
-  /* Optional (NULL: use pin): pin memory the device only reads, such as a peer's pool mapped
-   * read-only (CUDA: CU_MEMHOSTREGISTER_READ_ONLY where the device supports it); unpin undoes
-   * it. */
-  int (*pin_readonly)(void *ptr, size_t len);
-} kvs_accel_ops_t;
-
-/* The built-in table (static storage). */
-const kvs_accel_ops_t *kvs_accel_default(void);
-/* The table in use now (an acquire load). Never NULL. */
-const kvs_accel_ops_t *kvs_accel_get(void);
-/* Install ops (NULL: the default) with one atomic exchange; *prev (may be NULL) gets the table
- * it replaced. ops is borrowed for ever: a thread that fetched it before the swap may still
- * call into it, so tables must have static storage. -EINVAL (nothing changes) when any function
- * pointer is NULL. */
-int kvs_accel_set(const kvs_accel_ops_t *ops, const kvs_accel_ops_t **prev);
-
-/* ---- registry of exportable allocations (design §8, §9.4) ---------------------------------
- * One record per intercepted allocation: [base, base + length) in the process's address space
- * (host or device), whether it can be exported, and a descriptor template naming its handle.
- * Invariant: records are kept sorted by base and never overlap:
- *     rec[i].base + rec[i].length <= rec[i+1].base
- * so lookup is a binary search, O(log n); add and remove move the (24-byte) index entries
- * after the insertion point, O(n) bytes moved. Storage is reserved at create (lazily backed
- * anonymous mappings): add never allocates, so allocation hooks can call it.
- * Threads: one rwlock guards everything; lookup/query/count take it shared.
- *
- * Template (only for exportable records): kind, device_uuid and the handle of the record's
- * first byte:
- *     CPU_SHM      cpu.instance_id, cpu.offset = pool offset of base (cpu.length ignored)
- *     CUDA_IPC     ipc.handle, ipc.offset = offset of base in the allocation (normally 0),
- *                  ipc.alloc_len (0 = ipc.offset + length), ipc.generation
- *     CUDA_VMM_FD  vmm.fd_index, vmm.offset of base, vmm.size (0 = vmm.offset + length),
- *                  vmm.granularity
- * dtype/ndim/shape/stride/storage_offset of the template are ignored. Descriptors produced
- * for a sub-range [a, b) of a record are 1-D byte views: dtype U8, ndim 1, shape {b - a},
- * stride {1}, storage_offset 0, with the handle offset advanced by a - base (and cpu.length
- * = b - a). */
-typedef struct kvs_tensor_registry kvs_tensor_registry_t;
-
-typedef struct kvs_tensor_record {
-  uint64_t base;           /* first byte (address) */
-  uint64_t length;         /* bytes, > 0 */
-  bool exportable;         /* false: cuMemCreate/cuMemAllocAsync/graph memory (listed only) */
-  kvs_tensor_desc_t desc;  /* exportable: byte view of the whole record; else zeroed */
-} kvs_tensor_record_t;
-
-typedef struct kvs_tensor_query_info {
-  uint32_t records;        /* records overlapping the range */
-  uint32_t exported;       /* descriptors produced (== the return value) */
-  uint32_t skipped;        /* overlapping records that are not exportable */
-  uint64_t covered_bytes;  /* bytes of the range inside exportable records */
-  uint64_t skipped_bytes;  /* bytes of the range inside records that are not exportable */
-  uint64_t gap_bytes;      /* bytes of the range inside no record */
-} kvs_tensor_query_info_t;
-
-/* max_records: capacity (0 = 65536). Errors: -EINVAL (more than 2^24), -ENOMEM. */
-int kvs_tensor_registry_create(uint32_t max_records, kvs_tensor_registry_t **out);
-/* Accepts NULL. Debug builds poison the struct. */
-void kvs_tensor_registry_destroy(kvs_tensor_registry_t *reg);
-
-/* Record [base, base + length). tmpl is required (and must give a valid descriptor for the
- * whole record) when exportable, ignored otherwise. Errors: -EINVAL (length 0, base + length
- * overflows, missing template), a validation code for a bad template, -EEXIST (overlaps a
- * record: nothing changes), -ENOSPC (registry full). */
-int kvs_tensor_registry_add(kvs_tensor_registry_t *reg, uint64_t base, uint64_t length,
-                            const kvs_tensor_desc_t *tmpl, bool exportable);
-/* Replace the template/exportability of the record starting at base (e.g. once its IPC handle
- * was fetched on demand). Same errors as add, -ENOENT when no record starts at base. */
-int kvs_tensor_registry_update(kvs_tensor_registry_t *reg, uint64_t base,
-                               const kvs_tensor_desc_t *tmpl, bool exportable);
-/* Forget the record starting exactly at base; *out (may be NULL) gets it. -ENOENT otherwise. */
-int kvs_tensor_registry_remove(kvs_tensor_registry_t *reg, uint64_t base,
-                               kvs_tensor_record_t *out);
-/* The record containing addr (base <= addr < base + length), or -ENOENT. */
-int kvs_tensor_registry_lookup(kvs_tensor_registry_t *reg, uint64_t addr,
-                               kvs_tensor_record_t *out);
-/* Descriptors covering [addr, addr + len), in address order, one per overlapping exportable
- * record, each restricted to the part of the record inside the range. Up to cap are written
- * to out; returns how many there are (may exceed cap), or -EINVAL (len 0, addr + len
- * overflows, out NULL with cap > 0). info (may be NULL) gets the accounting. */
-int kvs_tensor_registry_query(kvs_tensor_registry_t *reg, uint64_t addr, uint64_t len,
-                              kvs_tensor_desc_t *out, size_t cap, kvs_tensor_query_info_t *info);
-size_t kvs_tensor_registry_count(kvs_tensor_registry_t *reg);
-/* Sorted, non-overlapping, index consistent with the records (O(n)). */
-bool kvs__tensor_registry_is_valid(kvs_tensor_registry_t *reg);
 
 /* ---- device UUID -> local ordinal (design §8) ----------------------------------------------
  * scan writes the UUID of ordinal i to uuids[i] for every device, up to cap, and returns the

@@ -72,11 +72,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "accel.h"
 #include "cuda_hooks.h"
 #include "internal.h"
 #include "log.h"
 #include "pool.h"
 #include "prim.h"
+#include "registry.h"
 #include "runtime.h"
 #include "stats.h"
 #include "tensor.h"

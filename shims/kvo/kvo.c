@@ -50,13 +50,13 @@
 
 #include <kvshim/kvo.h>
 
+#include "accel.h"
 #include "cache.h"
 #include "internal.h"
 #include "keys.h"
 #include "kvo_hooks.h"
 #include "runtime.h"
 #include "stats.h"
-#include "tensor.h"
 
 /* Keys chained per batch on the stack by kvo_lookup (16 bytes each). */
 #define KVO_KEY_BATCH 256

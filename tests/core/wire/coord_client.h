@@ -141,7 +141,8 @@ typedef struct ts_server {
   kvs_pool_t *pool;
   kvs_store_t *store;
   kvs_coord_t *coord;
-  kvs_tensor_registry_t *tensors; /* may be set before start */
+  kvs_coord_tensors_t tensors;    /* EXPORT_TENSORS: may be set before start (query NULL:
+                                     answers none) */
   uint64_t instance_id;
   uint8_t role;
   char path[KVS_SOCK_PATH_MAX + 1];

@@ -13,6 +13,7 @@
 #include "coord_client.h"
 #include "internal.h"
 #include "peer.h"
+#include "registry.h" /* runtime/: EXPORT_TENSORS answers from the runtime's registry */
 #include "tensor_fixture.h"
 
 #define T_TIMEOUT .timeout = 60
@@ -563,7 +564,7 @@ Test(ops, ping_echo_and_split_messages, T_TIMEOUT) {
 static kvs_tensor_registry_t *REG;
 static void with_registry(ts_server_t *s) {
   cr_assert_eq(kvs_tensor_registry_create(16, &REG), 0);
-  s->tensors = REG;
+  s->tensors = kvs_tensor_registry_coord(REG);
 }
 
 Test(ops, export_tensors_cpu_shm, T_TIMEOUT) {

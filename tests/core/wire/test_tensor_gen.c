@@ -1,6 +1,7 @@
 /* core/wire/tensor: the CUDA_IPC generation (issue 14 item 3): an optional u64 after alloc_len,
- * present exactly when non-zero; round trips, equality, the registry's descriptors, and the
- * refusal of a zero generation on the wire (trailing bytes). */
+ * present exactly when non-zero; round trips, equality, and the refusal of a zero generation on
+ * the wire (trailing bytes). The registry's descriptors carry it too:
+ * tests/runtime/test_registry.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <string.h>
@@ -8,18 +9,8 @@
 #include "tensor.h"
 #include "tensor_fixture.h"
 
-static kvs_tensor_desc_t ipc_desc(uint64_t gen) {
-  kvs_tensor_desc_t d = tf_u8_vec(KVS_TENSOR_CUDA_IPC, 4096);
-  d.device_uuid[0] = 0x42;
-  for (int i = 0; i < KVS_TENSOR_IPC_HANDLE_SIZE; i++) d.ipc.handle[i] = (uint8_t)(i * 7 + 1);
-  d.ipc.offset = 0;
-  d.ipc.alloc_len = 1 << 20;
-  d.ipc.generation = gen;
-  return d;
-}
-
 Test(tensor_gen, present_only_when_nonzero) {
-  kvs_tensor_desc_t a = ipc_desc(0), b = ipc_desc(0x1234500000007ull), out;
+  kvs_tensor_desc_t a = tf_ipc_desc(0), b = tf_ipc_desc(0x1234500000007ull), out;
   uint8_t ea[KVS_TENSOR_ENC_MAX], eb[KVS_TENSOR_ENC_MAX];
   int na = kvs_tensor_encode(&a, ea, sizeof ea), nb = kvs_tensor_encode(&b, eb, sizeof eb);
   cr_assert_eq(na, 4 + 32 + 16 + 80, "without a generation: the 80-byte handle (%d)", na);
@@ -38,7 +29,7 @@ Test(tensor_gen, present_only_when_nonzero) {
 }
 
 Test(tensor_gen, zero_generation_is_trailing_bytes) {
-  kvs_tensor_desc_t b = ipc_desc(99), out;
+  kvs_tensor_desc_t b = tf_ipc_desc(99), out;
   memset(&out, 0xee, sizeof out);
   kvs_tensor_desc_t before = out;
   uint8_t e[KVS_TENSOR_ENC_MAX + 8];
@@ -61,20 +52,4 @@ Test(tensor_gen, zero_generation_is_trailing_bytes) {
   memset(e + n, 1, 8);
   e[2] = (uint8_t)(n + 8 - 4);
   cr_assert_eq(kvs_tensor_decode(e, (size_t)n + 8, &out), -EMSGSIZE);
-}
-
-Test(tensor_gen, registry_descriptors_carry_it) {
-  kvs_tensor_registry_t *r;
-  cr_assert_eq(kvs_tensor_registry_create(16, &r), 0);
-  kvs_tensor_desc_t t = ipc_desc(0x777700000001ull);
-  cr_assert_eq(kvs_tensor_registry_add(r, 0x100000, 1 << 20, &t, true), 0);
-  kvs_tensor_desc_t out[2];
-  kvs_tensor_query_info_t qi;
-  cr_assert_eq(kvs_tensor_registry_query(r, 0x100000 + 4096, 8192, out, 2, &qi), 1);
-  cr_assert_eq(out[0].ipc.generation, 0x777700000001ull);
-  cr_assert_eq(out[0].ipc.offset, 4096);
-  kvs_tensor_record_t rec;
-  cr_assert_eq(kvs_tensor_registry_remove(r, 0x100000, &rec), 0);
-  cr_assert_eq(rec.desc.ipc.generation, 0x777700000001ull, "the free path reads it back");
-  kvs_tensor_registry_destroy(r);
 }

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "accel.h"
 #include "cuda_captureutil.h"
 #include "preload_testutil.h"
-#include "tensor.h"
 
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
 

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "accel.h"
 #include "preload_testutil.h"
-#include "tensor.h"
 
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
 

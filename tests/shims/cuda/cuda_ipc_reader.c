@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "accel.h"
 #include "preload_testutil.h"
 #include "tensor.h"
 

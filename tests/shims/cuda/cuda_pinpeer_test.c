@@ -22,12 +22,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "accel.h"
 #include "discovery.h"
 #include "peer.h"
 #include "preload_testutil.h"
 #include "runtime.h"
 #include "stats.h"
-#include "tensor.h"
 
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
 

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "accel.h"
 #include "preload_testutil.h"
-#include "tensor.h"
 
 const kvs_accel_ops_t *kvs__cuda_accel_ops(void);
 
