@@ -112,9 +112,10 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
     if (d) closedir(d);
     if (retry) p->dir_mtime = (struct timespec){0, 0};
   }
-  /* Forget dead connections (a call failed on them, or the peer hung up: its process ended or
-   * its coordinator stopped, seen without waiting for a call to fail on it); recompute whether a
-   * cache peer is there. Adopting it (registering its pool mapping, sizing the own pool) is the
+  /* Forget dead connections (a call failed on them, or, at a scan that listed the directory,
+   * the peer hung up: its process ended or its coordinator stopped, seen without waiting for a
+   * call to fail on it; a rate-limited call, which the facade makes before its queries, adds no
+   * system call per peer); recompute whether a cache peer is there. Adopting it (registering its pool mapping, sizing the own pool) is the
    * caller's event: kvs_peers_pin_cache, from the runtime's watcher (design §3.8). A connection
    * forgotten while a caller holds it is freed by that caller's unref. */
   pconn_t *graveyard = NULL;
@@ -123,7 +124,7 @@ int kvs_peers_discover(kvs_peers_t *p, bool force) {
   p->has_cache = false;
   for (pconn_t **pp = &p->conns; *pp;) {
     pconn_t *c = *pp;
-    if (c->fd < 0 || hung_up(c->fd)) {
+    if (c->fd < 0 || (!recent && hung_up(c->fd))) {
       *pp = c->next;
       c->listed = false;
       if (c->refs == 0) c->next = graveyard, graveyard = c;
