@@ -223,11 +223,10 @@ typedef struct px_ctx {
   bool chunks_window; /* chunk storage asked for, but a window cache: every state stored whole */
   void *cbuf, *cpin;
   size_t cbuf_cap, cpin_cap;
-  /* What cbuf holds when asm_valid: the state px_assemble wrote (asm_got bytes) from the
-   * objects and parameters asm_id hashes (px_assembly_id). Cleared before anything else writes
-   * cbuf (a snapshot's state, a failed assembly), so a restore of the same run loads it again
-   * without assembling it again. */
-  bool asm_valid;
+  /* What cbuf holds when asm_id != 0: the state px_assemble wrote (asm_got bytes) from the
+   * objects and parameters asm_id hashes (px_assembly_id, never 0). Set to 0 before anything
+   * else writes cbuf (a snapshot's state, a failed assembly), so a restore of the same run loads
+   * it again without assembling it again. */
   uint64_t asm_id;
   size_t asm_got;
   uint32_t memo_next;
@@ -434,7 +433,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->chunks_window = tmp.chunks_window;
     slot->cbuf = slot->cpin = NULL;
     slot->cbuf_cap = slot->cpin_cap = 0;
-    slot->asm_valid = false;
+    slot->asm_id = 0;
     memcpy(slot->fp, tmp.fp, sizeof slot->fp);
     slot->ns = tmp.ns;
     slot->rules = tmp.rules;
@@ -493,7 +492,7 @@ static void px_forget(struct llama_context *ctx) {
     kvs__prim_unmap(c->cpin, c->cpin_cap);
     c->cbuf = c->cpin = NULL;
     c->cbuf_cap = c->cpin_cap = 0;
-    c->asm_valid = false;
+    c->asm_id = 0;
     c->multi_len = c->multi_cap = c->imap_n = 0;
     c->saved_len = c->saved_cap = 0;
     for (size_t i = 0; i < PX_MEMO_MAX; i++) {
@@ -1070,7 +1069,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   const size_t fmax = sizeof(kvs__llama_frame_hdr_t) +
                       KVS_LLAMA_CHUNKS_MAX_SECTIONS * (sizeof(kvs__llama_frame_sec_t) +
                       KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
-  c->asm_valid = false; /* the state written below replaces any assembly */
+  c->asm_id = 0; /* the state written below replaces any assembly */
   if (!px_grow(&c->cbuf, &c->cbuf_cap, S + fmax)) return -ENOMEM;
   if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
   kvs__llama_chunks_scan_t sc;
@@ -1240,19 +1239,18 @@ static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, 
                                               uint64_t S, size_t *got) {
   const uint32_t nch = good + (take ? 1 : 0);
   uint64_t id = px_assembly_id(c, pl, f, flen, ch, lens, nch, take, S);
-  if (id && c->asm_valid && c->asm_id == id) {
+  if (id && c->asm_id == id) {
     *got = c->asm_got;
     kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_reused);
     return KVS_LLAMA_CHUNKS_OK;
   }
-  c->asm_valid = false;
+  c->asm_id = 0;
   uint64_t t0 = kvs__now_ns();
   kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
       f, flen, c->chunk, c->ns, ch, lens, nch, take, pl->s, c->cbuf, (size_t)S, got);
   if (r == KVS_LLAMA_CHUNKS_OK) {
     kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
     kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
-    c->asm_valid = id != 0;
     c->asm_id = id;
     c->asm_got = *got;
   }
