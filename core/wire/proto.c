@@ -382,6 +382,19 @@ static int decode_open(kvs_proto_reader_t *r, const void *p, size_t len, void *m
 #define KVS__GET_LAYOUT(field, count) read_layout(&r, &m.field);
 #define KVS__GET_ARRAY(field, count) m.field = kvs_proto_read_array(&r, m.count, sizeof *m.field);
 
+/* The opening of a hand-written codec (messages with a variable part): the writer w over
+ * (buf, cap), or the reader r over (p, len) with the message m zeroed, then the message's
+ * fixed head (its KVS_PROTO_HEAD_ row list) written or read. */
+#define KVS__ENCODE_HEAD(msg)                                                                 \
+  kvs_proto_writer_t w;                                                                       \
+  kvs_proto_writer_init(&w, buf, cap);                                                        \
+  KVS_PROTO_HEAD_##msg(KVS__PUT)
+#define KVS__DECODE_HEAD(msg)                                                                 \
+  kvs_proto_reader_t r;                                                                       \
+  kvs_proto_##msg##_t m;                                                                      \
+  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));                                             \
+  KVS_PROTO_HEAD_##msg(KVS__GET)
+
 /* ---- HELLO ------------------------------------------------------------------------------------ */
 
 static bool hello_ok(const kvs_proto_hello_t *m, size_t group_len) {
@@ -397,9 +410,7 @@ static bool hello_ok(const kvs_proto_hello_t *m, size_t group_len) {
 int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, size_t *len) {
   size_t glen = strnlen(m->group, sizeof(m->group));
   if (!hello_ok(m, glen)) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  KVS_PROTO_HEAD_hello(KVS__PUT)
+  KVS__ENCODE_HEAD(hello)
   kvs_proto_write_u16(&w, (uint16_t)glen);
   kvs_proto_write_u16(&w, 0);
   kvs_proto_write_bytes(&w, m->group, glen);
@@ -411,10 +422,7 @@ int kvs_proto_hello_encode(const kvs_proto_hello_t *m, void *buf, size_t cap, si
 }
 
 int kvs_proto_hello_decode(const void *p, size_t len, kvs_proto_hello_t *out) {
-  kvs_proto_reader_t r;
-  kvs_proto_hello_t m;
-  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
-  KVS_PROTO_HEAD_hello(KVS__GET)
+  KVS__DECODE_HEAD(hello)
   uint16_t glen = kvs_proto_read_u16(&r);
   zero16(&r);
   require(&r, glen <= KVS_PROTO_MAX_GROUP);
@@ -565,9 +573,7 @@ int kvs_proto_commit_store_encode(const kvs_proto_commit_store_t *m, void *buf, 
              !slot_list_ok(m->slots, m->n_slots)) {
     return -EINVAL;
   }
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  KVS_PROTO_HEAD_commit_store(KVS__PUT)
+  KVS__ENCODE_HEAD(commit_store)
   kvs_proto_write_u32(&w, m->is_inline ? m->n_entries : m->n_slots);
   kvs_proto_write_u32(&w, 0);
   if (m->is_inline) {
@@ -581,10 +587,7 @@ int kvs_proto_commit_store_encode(const kvs_proto_commit_store_t *m, void *buf, 
 }
 
 int kvs_proto_commit_store_decode(const void *p, size_t len, kvs_proto_commit_store_t *out) {
-  kvs_proto_reader_t r;
-  kvs_proto_commit_store_t m;
-  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
-  KVS_PROTO_HEAD_commit_store(KVS__GET)
+  KVS__DECODE_HEAD(commit_store)
   uint32_t count = kvs_proto_read_u32(&r); /* entries (inline) or slots (SHM) */
   zero32(&r);
   if (m.is_inline) m.n_entries = count;
@@ -658,9 +661,7 @@ int kvs_proto_prepare_retrieve_reply_encode(const kvs_proto_prepare_retrieve_rep
     if (m->is_inline && __builtin_add_overflow(sum, o->length, &sum)) return -EINVAL;
   }
   if (sum > SIZE_MAX) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  KVS_PROTO_HEAD_prepare_retrieve_reply(KVS__PUT)
+  KVS__ENCODE_HEAD(prepare_retrieve_reply)
   for (uint32_t i = 0; i < m->n_objects; i++) {
     const kvs_proto_object_t *o = &m->objects[i];
     kvs_proto_write_u32(&w, o->key_index);
@@ -704,10 +705,7 @@ static void read_objects(kvs_proto_reader_t *r, uint32_t n, uint32_t n_found, ui
 static int decode_retrieve_reply(const void *p, size_t len, kvs_proto_object_t *objects,
                                  size_t cap, kvs_proto_prepare_retrieve_reply_t *out,
                                  bool with_data) {
-  kvs_proto_reader_t r;
-  kvs_proto_prepare_retrieve_reply_t m;
-  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
-  KVS_PROTO_HEAD_prepare_retrieve_reply(KVS__GET)
+  KVS__DECODE_HEAD(prepare_retrieve_reply)
   require(&r, retrieve_reply_head_ok(m.xfer, m.n_found, m.n_objects, m.is_inline) &&
                   (m.pin_ms == 0 || m.xfer != 0));
   size_t table = r.pos;
@@ -771,9 +769,7 @@ int kvs_proto_export_reply_encode(const kvs_proto_export_reply_t *m, void *buf, 
     return -EINVAL;
   for (uint32_t i = 0; i < m->n_descs; i++)
     if (!blob_len_ok(m->descs[i].len) || !m->descs[i].data) return -EINVAL;
-  kvs_proto_writer_t w;
-  kvs_proto_writer_init(&w, buf, cap);
-  KVS_PROTO_HEAD_export_reply(KVS__PUT)
+  KVS__ENCODE_HEAD(export_reply)
   for (uint32_t i = 0; i < m->n_descs; i++) {
     kvs_proto_write_u32(&w, m->descs[i].len);
     kvs_proto_write_bytes(&w, m->descs[i].data, m->descs[i].len);
@@ -793,10 +789,7 @@ static void read_blobs(kvs_proto_reader_t *r, uint32_t n, kvs_proto_blob_t *desc
 
 int kvs_proto_export_reply_decode(const void *p, size_t len, kvs_proto_blob_t *descs,
                                   size_t cap, kvs_proto_export_reply_t *out) {
-  kvs_proto_reader_t r;
-  kvs_proto_export_reply_t m;
-  KVS_TRY(decode_open(&r, p, len, &m, sizeof m));
-  KVS_PROTO_HEAD_export_reply(KVS__GET)
+  KVS__DECODE_HEAD(export_reply)
   require(&r, m.n_descs <= KVS_PROTO_MAX_DESCS && m.n_fds <= KVS_PROTO_MAX_FDS);
   size_t table = r.pos;
   read_blobs(&r, m.n_descs, NULL);

@@ -134,22 +134,29 @@ size_t kvs__llama_state_size(const kvs__llama_state_api_t *a, struct llama_conte
   return r;
 }
 
+/* One get (dst) or set (src) of a sequence's state, the _ext form where the engine has it. */
+static size_t state_io(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
+                       const uint8_t *src, size_t size, int32_t seq) {
+  uint64_t t0 = kvs__now_ns();
+  size_t r = 0;
+  if (dst)
+    r = a->get_data_ext ? a->get_data_ext(ctx, dst, size, seq, 0)
+        : a->get_data   ? a->get_data(ctx, dst, size, seq)
+                        : 0;
+  else
+    r = a->set_data_ext ? a->set_data_ext(ctx, src, size, seq, 0)
+        : a->set_data   ? a->set_data(ctx, src, size, seq)
+                        : 0;
+  state_time(dst ? KVS_STAT_llama_state_get_ns : KVS_STAT_llama_state_set_ns, t0);
+  return r;
+}
+
 size_t kvs__llama_state_get(const kvs__llama_state_api_t *a, struct llama_context *ctx, uint8_t *dst,
                             size_t size, int32_t seq) {
-  uint64_t t0 = kvs__now_ns();
-  size_t r = a->get_data_ext ? a->get_data_ext(ctx, dst, size, seq, 0)
-             : a->get_data   ? a->get_data(ctx, dst, size, seq)
-                             : 0;
-  state_time(KVS_STAT_llama_state_get_ns, t0);
-  return r;
+  return dst ? state_io(a, ctx, dst, NULL, size, seq) : 0;
 }
 
 size_t kvs__llama_state_set(const kvs__llama_state_api_t *a, struct llama_context *ctx,
                             const uint8_t *src, size_t size, int32_t seq) {
-  uint64_t t0 = kvs__now_ns();
-  size_t r = a->set_data_ext ? a->set_data_ext(ctx, src, size, seq, 0)
-             : a->set_data   ? a->set_data(ctx, src, size, seq)
-                             : 0;
-  state_time(KVS_STAT_llama_state_set_ns, t0);
-  return r;
+  return state_io(a, ctx, NULL, src, size, seq);
 }

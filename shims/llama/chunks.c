@@ -287,14 +287,40 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
   return o;
 }
 
+/* Both headers (frame and chunk) open with the same tag: magic, version, hdr_size. */
+typedef struct head_tag {
+  uint32_t magic;
+  uint16_t version, hdr_size;
+} head_tag_t;
+_Static_assert(offsetof(kvs__llama_frame_hdr_t, hdr_size) == offsetof(head_tag_t, hdr_size) &&
+                   offsetof(kvs__llama_chunk_hdr_t, hdr_size) == offsetof(head_tag_t, hdr_size),
+               "frame and chunk headers open with the tag");
+
+/* A header of size bytes at h: zeroed, its tag ours. */
+static void head_open(void *h, size_t size, uint32_t magic) {
+  head_tag_t t = {magic, KVS_LLAMA_CHUNKS_VERSION, (uint16_t)size};
+  memset(h, 0, size);
+  memcpy(h, &t, sizeof t);
+}
+
+/* The header of size bytes at the front of p (len bytes) into h: SHORT, FOREIGN (a tag not
+ * ours, of another size) or OK. */
+static kvs__llama_chunks_status_t head_read(const uint8_t *p, size_t len, void *h, size_t size,
+                                            uint32_t magic) {
+  if (!p || len < size) return KVS_LLAMA_CHUNKS_SHORT;
+  memcpy(h, p, size);
+  head_tag_t t;
+  memcpy(&t, h, sizeof t);
+  if (t.magic != magic || t.version != KVS_LLAMA_CHUNKS_VERSION || t.hdr_size != size)
+    return KVS_LLAMA_CHUNKS_FOREIGN;
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
 uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_scan_t *sc,
                                  uint32_t T, kvs_key_t ns, uint8_t *dst, size_t cap) {
   if (T == 0 || cap < sc->frame_size) return 0;
   kvs__llama_frame_hdr_t h;
-  memset(&h, 0, sizeof h);
-  h.magic = KVS_LLAMA_FRAME_MAGIC;
-  h.version = KVS_LLAMA_CHUNKS_VERSION;
-  h.hdr_size = sizeof h;
+  head_open(&h, sizeof h, KVS_LLAMA_FRAME_MAGIC);
   h.chunk_tokens = T;
   h.n_sections = sc->n_sections;
   h.flags = sc->flags;
@@ -365,10 +391,7 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   uint64_t a = (uint64_t)c * T, N = sc->n_cells;
   uint32_t n = (uint32_t)(upto - a < T ? upto - a : T);
   kvs__llama_chunk_hdr_t h;
-  memset(&h, 0, sizeof h);
-  h.magic = KVS_LLAMA_CHUNK_MAGIC;
-  h.version = KVS_LLAMA_CHUNKS_VERSION;
-  h.hdr_size = sizeof h;
+  head_open(&h, sizeof h, KVS_LLAMA_CHUNK_MAGIC);
   h.index = c;
   h.n_tokens = n;
   h.chunk_tokens = T;
@@ -392,11 +415,8 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
 kvs__llama_chunks_status_t kvs__llama_frame_check(const uint8_t *f, size_t len, uint32_t T,
                                                   kvs_key_t ns, kvs__llama_frame_hdr_t *hdr) {
   kvs__llama_frame_hdr_t h;
-  if (!f || len < sizeof h) return KVS_LLAMA_CHUNKS_SHORT;
-  memcpy(&h, f, sizeof h);
-  if (h.magic != KVS_LLAMA_FRAME_MAGIC || h.version != KVS_LLAMA_CHUNKS_VERSION ||
-      h.hdr_size != sizeof h)
-    return KVS_LLAMA_CHUNKS_FOREIGN;
+  kvs__llama_chunks_status_t st = head_read(f, len, &h, sizeof h, KVS_LLAMA_FRAME_MAGIC);
+  if (st != KVS_LLAMA_CHUNKS_OK) return st;
   if (h.n_sections == 0 || h.n_sections > KVS_LLAMA_CHUNKS_MAX_SECTIONS ||
       (h.flags & ~(KVS_LLAMA_FRAME_EXT | KVS_LLAMA_FRAME_HAS_V)) != 0 || h.n_layers == 0 ||
       h.n_layers > h.n_sections * KVS_LLAMA_CHUNKS_MAX_LAYERS)
@@ -442,11 +462,8 @@ static kvs__llama_chunks_status_t chunk_fields(const uint8_t *chunk, size_t len,
                                                const kvs__llama_frame_hdr_t *fh, uint32_t c,
                                                kvs__llama_chunk_hdr_t *hdr) {
   kvs__llama_chunk_hdr_t h;
-  if (!chunk || len < sizeof h) return KVS_LLAMA_CHUNKS_SHORT;
-  memcpy(&h, chunk, sizeof h);
-  if (h.magic != KVS_LLAMA_CHUNK_MAGIC || h.version != KVS_LLAMA_CHUNKS_VERSION ||
-      h.hdr_size != sizeof h)
-    return KVS_LLAMA_CHUNKS_FOREIGN;
+  kvs__llama_chunks_status_t st = head_read(chunk, len, &h, sizeof h, KVS_LLAMA_CHUNK_MAGIC);
+  if (st != KVS_LLAMA_CHUNKS_OK) return st;
   if (h.ns_lo != fh->ns_lo || h.ns_hi != fh->ns_hi) return KVS_LLAMA_CHUNKS_NAMESPACE;
   if (h.frame_id != fh->checksum || h.chunk_tokens != fh->chunk_tokens)
     return KVS_LLAMA_CHUNKS_FRAME;

@@ -172,6 +172,17 @@ typedef struct px_memo {
 /* ggml-cpu: GGML_FA_TILE_Q, and a multiple of every row group (prefix_shadow.h) */
 #define PX_CPU_CLASS 64
 
+/* A context's one lazily backed mapping (kvs__prim_alloc, owned by its px_ctx_t, unmapped at
+ * px_forget) and the arrays carved from it besides the shadow's (sh.seq, sh.tok, sh.keys). */
+typedef struct px_work {
+  void *map;
+  size_t len;
+  kvs_key_t *keys;        /* sh.kcap keys: one reservation's key list */
+  int32_t *pos, *nseq;    /* re-decode batch: rules.ubatch entries each */
+  int32_t **seq;
+  int8_t *logits;
+} px_work_t;
+
 typedef struct px_ctx {
   _Atomic(struct llama_context *) ctx; /* NULL: free slot; published last (release) */
   pthread_mutex_t lock;                /* guards every field below except skip */
@@ -183,13 +194,8 @@ typedef struct px_ctx {
   kvs__px_rules_t rules;
   uint32_t chunk, min_tokens;
   kvs__px_shadow_t sh;
-  kvs_key_t *kscratch;    /* sh.kcap keys: one reservation's key list */
-  int32_t *rpos, *rnseq;  /* re-decode batch: rules.ubatch entries each */
-  int32_t **rseq;
-  int8_t *rlogits;
+  px_work_t work;
   int32_t rseqval;
-  void *map;
-  size_t map_len;
   /* Single flight (px_flight). A claimant keeps its claim on the batch it computed until its
    * next batch of that sequence has claimed (or not) the next key, so a process following it
    * never sees a gap between two claims and starts computing the same batch. A follower
@@ -386,8 +392,8 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   }
   if (rc < 0) return "no memory for its shadow";
   uint8_t *b = map;
-  c->map = map;
-  c->map_len = len;
+  c->work.map = map;
+  c->work.len = len;
   c->sh.n_seq = n_seq;
   c->sh.cap = cap;
   c->sh.kcap = kcap;
@@ -395,11 +401,11 @@ static const char *px_setup(px_ctx_t *c, struct llama_context *ctx, struct llama
   c->sh.seq = (kvs__px_seq_t *)(void *)(b + off_seq);
   c->sh.tok = (int32_t *)(void *)(b + off_tok);
   c->sh.keys = (kvs_key_t *)(void *)(b + off_keys);
-  c->kscratch = (kvs_key_t *)(void *)(b + off_ks);
-  c->rpos = (int32_t *)(void *)(b + off_rpos);
-  c->rnseq = (int32_t *)(void *)(b + off_rnseq);
-  c->rseq = (int32_t **)(void *)(b + off_rseq);
-  c->rlogits = (int8_t *)(b + off_rlog);
+  c->work.keys = (kvs_key_t *)(void *)(b + off_ks);
+  c->work.pos = (int32_t *)(void *)(b + off_rpos);
+  c->work.nseq = (int32_t *)(void *)(b + off_rnseq);
+  c->work.seq = (int32_t **)(void *)(b + off_rseq);
+  c->work.logits = (int8_t *)(b + off_rlog);
   c->disabled = false;
   atomic_store(&c->skip, 0);
   return NULL;
@@ -440,13 +446,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
     slot->chunk = tmp.chunk;
     slot->min_tokens = tmp.min_tokens;
     slot->sh = tmp.sh;
-    slot->kscratch = tmp.kscratch;
-    slot->rpos = tmp.rpos;
-    slot->rnseq = tmp.rnseq;
-    slot->rseq = tmp.rseq;
-    slot->rlogits = tmp.rlogits;
-    slot->map = tmp.map;
-    slot->map_len = tmp.map_len;
+    slot->work = tmp.work;
     atomic_store(&slot->skip, 0);
     pthread_mutex_init(&slot->lock, NULL);
     atomic_fetch_add(&g_nctx, 1);
@@ -454,7 +454,7 @@ static void px_register(struct llama_context *ctx, struct llama_model *model,
   }
   pthread_mutex_unlock(&g_table_lock);
   if (!slot) {
-    kvs__prim_unmap(tmp.map, tmp.map_len);
+    kvs__prim_unmap(tmp.work.map, tmp.work.len);
     kvs_log_warn("llama.cpp prefix cache: more than %d contexts: context %p not cached",
                  PX_CTX_MAX, (void *)ctx);
     return;
@@ -481,9 +481,9 @@ static void px_forget(struct llama_context *ctx) {
     c->follow_id = 0;
     atomic_store_explicit(&c->ctx, NULL, memory_order_release);
     atomic_fetch_sub(&g_nctx, 1);
-    map = c->map;
-    len = c->map_len;
-    c->map = NULL;
+    map = c->work.map;
+    len = c->work.len;
+    c->work.map = NULL;
     kvs__prim_unmap(c->saved, c->saved_cap);
     c->saved = NULL;
     kvs__prim_unmap(c->multi, c->multi_len);
@@ -691,8 +691,9 @@ static bool px_redecode(px_ctx_t *c, struct llama_context *ctx, int32_t s, uint3
   c->rseqval = s;
   for (uint32_t off = 0; off < n;) {
     uint32_t len = n - off < c->rules.ubatch ? n - off : c->rules.ubatch;
+    px_work_t *w = &c->work;
     kvs__llama_batch_t b =
-        px_seq_batch(tok + off, off, len, c->rpos, c->rnseq, c->rseq, c->rlogits, &c->rseqval);
+        px_seq_batch(tok + off, off, len, w->pos, w->nseq, w->seq, w->logits, &c->rseqval);
     if (decode(ctx, b) != 0) return false;
     off += len;
   }
@@ -878,7 +879,7 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
 
 /* The keys of a peer's copy (kvs__cache_keys_fn): every chunk key of the tokens it covers, as
  * at its producer (computed from its tokens; the one asked for must be among them), in
- * kscratch: [h(J-1), h(0) .. h(J-2)]. The full check, tokens included, runs on the copy before
+ * work.keys: [h(J-1), h(0) .. h(J-2)]. The full check, tokens included, runs on the copy before
  * it is kept. */
 typedef struct px_fetch_keys {
   px_ctx_t *c;
@@ -910,9 +911,9 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
   for (uint32_t i = 0; i < J; i++) {
     prev = kvs_keys_chain(prev, tok + (size_t)i * c->chunk, c->chunk);
     if (i + 1 == k->j && !kvs_key_eq(prev, k->want)) goto bad; /* not the state asked for */
-    c->kscratch[i + 1 < J ? i + 1 : 0] = prev;
+    c->work.keys[i + 1 < J ? i + 1 : 0] = prev;
   }
-  *keys = c->kscratch;
+  *keys = c->work.keys;
   return c->swa ? 1 : (int)J; /* a window state: its own chunk key only */
 bad: /* delivered under our key but not a state we can use: the peer is told (REPORT_BAD) */
   k->bad_len = len;
@@ -1662,8 +1663,8 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   kvs__llama_state_api_t api;
   px_state_api(&api);
-  c->kscratch[0] = keys[J - 1];
-  for (uint32_t i = 0; i + 1 < J; i++) c->kscratch[i + 1] = keys[i];
+  c->work.keys[0] = keys[J - 1];
+  for (uint32_t i = 0; i + 1 < J; i++) c->work.keys[i + 1] = keys[i];
   kvs__llama_blob_hdr_t h;
   memset(&h, 0, sizeof h);
   h.kind = KVS_LLAMA_BLOB_KIND_PREFIX;
@@ -1677,13 +1678,13 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
   h.canon_tokens = cov;
   kvs__llama_blob_save_t sv;
   const char *why = NULL;
-  int rc = kvs__llama_blob_begin(&home, c->kscratch, c->swa ? 1 : J, false, &api, ctx, s,
+  int rc = kvs__llama_blob_begin(&home, c->work.keys, c->swa ? 1 : J, false, &api, ctx, s,
                                  kvs__px_tok(&c->sh, (uint32_t)s), N, &h, &sv);
   if (rc == -EEXIST) {
     q->snap = J * C;
     return true;
   }
-  if (rc == 0 && kvs__llama_blob_commit(&home, c->kscratch, c->swa ? 1 : J, &h, &sv) < 0)
+  if (rc == 0 && kvs__llama_blob_commit(&home, c->work.keys, c->swa ? 1 : J, &h, &sv) < 0)
     rc = -EPIPE;
   if (rc < 0) {
     why = rc == -ENODATA ? "the engine reported no sequence state"
