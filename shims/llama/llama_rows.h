@@ -19,61 +19,75 @@
   X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
     "llama prefix cache: longest wait for another process computing the same prefix (0: never)")
 
-#define KVS_LLAMA_STATS(X)                                                                    \
-  X(llama_prefix_lookups, C, "llama prefix cache: batches that looked for a cached prefix")    \
-  X(llama_prefix_restores, C, "llama prefix cache: cached prefixes restored into a sequence") \
-  X(llama_prefix_restored_tokens, C, "llama prefix cache: batch tokens not decoded (restored)") \
-  X(llama_prefix_restore_failures, C,                                                         \
-    "llama prefix cache: restores undone (the engine's batch was decoded unchanged)")          \
-  X(llama_prefix_peer_restores, C, "llama prefix cache: restores of a state fetched from a peer") \
-  X(llama_prefix_snapshots, C, "llama prefix cache: sequence states stored")                  \
-  X(llama_prefix_snapshot_bytes, C, "llama prefix cache: bytes of sequence states stored")    \
-  X(llama_prefix_snapshot_ns, C,                                                              \
-    "llama prefix cache: nanoseconds spent storing states on the decode path (all included)") \
-  X(llama_prefix_restore_ns, C,                                                               \
-    "llama prefix cache: nanoseconds spent looking up and restoring before decodes")         \
-  X(llama_state_get_ns, C,                                                                    \
-    "nanoseconds inside the engine's llama_state_seq_get_size/get_data called by kvshim")    \
-  X(llama_state_set_ns, C,                                                                    \
-    "nanoseconds inside the engine's llama_state_seq_set_data called by kvshim")             \
-  X(llama_prefix_snapshot_failures, C, "llama prefix cache: sequence states the cache could not keep") \
-  X(llama_prefix_passthrough, C,                                                              \
-    "llama prefix cache: batches passed through (several sequences, tainted, embeddings...)")  \
-  X(llama_prefix_bad_blobs, C, "llama prefix cache: cached states refused by a check")        \
-  X(llama_prefix_claims, C, "llama prefix cache: batches computed while claimed for the node") \
-  X(llama_prefix_waits, C, "llama prefix cache: batches that waited for another process's claim") \
-  X(llama_prefix_shared_in_batch, C,                                                          \
-    "llama prefix cache: sequences restored from a prefix another sequence of their batch computed once") \
-  X(llama_prefix_prompt_tokens, C,                                                            \
-    "llama prefix cache: tokens of decode batches of more than one token (prompt tokens seen)") \
-  X(llama_prefix_refused_rules, C,                                                            \
-    "llama prefix cache: batches that could not take a restore (too short, outputs, ubatch rules)") \
-  X(llama_prefix_refused_unknown, C,                                                          \
-    "llama prefix cache: prompt batches not restored into: the sequence's KV is not what kvshim knows") \
-  X(llama_prefix_refused_several, C,                                                          \
-    "llama prefix cache: prompt batches not restored into: several sequences in one batch")    \
-  X(llama_prefix_refused_disabled, C,                                                         \
-    "llama prefix cache: prompt batches not restored into: the context is no longer cached")   \
-  X(llama_prefix_states_known, C,                                                             \
-    "llama prefix cache: engine state loads whose tokens kvshim knew (a state it saw saved, a file)") \
-  X(llama_chunks_stored, C, "llama chunk storage: chunk objects stored")                     \
-  X(llama_chunks_dedup, C, "llama chunk storage: chunks of a snapshot found already stored (not stored again)") \
-  X(llama_chunks_saved_bytes, C, "llama chunk storage: bytes of chunks not stored again (dedup)") \
-  X(llama_chunks_whole, C,                                                                    \
-    "llama chunk storage: states stored whole, not split (every reason: the three below)")     \
-  X(llama_chunks_whole_window, C,                                                             \
-    "llama chunk storage: states stored whole: a sliding-window cache without swa_full")       \
-  X(llama_chunks_whole_cells, C,                                                              \
-    "llama chunk storage: states stored whole: cells not the sequence at 0..n-1 in one stream") \
-  X(llama_chunks_whole_layout, C,                                                             \
-    "llama chunk storage: states stored whole: a state layout not known (memory, release)")    \
-  X(llama_chunks_assembled, C, "llama chunk storage: states assembled from chunk objects for a restore") \
-  X(llama_chunks_assemble_ns, C, "llama chunk storage: time spent assembling states, ns")     \
-  X(llama_chunks_tails, C,                                                                    \
-    "llama chunk storage: short chunks stored of the canonical tokens past a snapshot's whole chunks") \
-  X(llama_chunks_tail_tokens, C,                                                              \
-    "llama chunk storage: tokens restored from part of a continuation chunk (past a run's whole chunks)") \
-  X(llama_chunks_reused, C,                                                                   \
-    "llama chunk storage: restores of the state last assembled in the context (same chunks: no copy)")
+/* The two groups most of the family's counters belong to, written once: each help string is
+ * its group's prefix and its own words (one string literal after concatenation). */
+#define KVS_LLAMA_PREFIX_GROUP "llama prefix cache: "
+#define KVS_LLAMA_CHUNKS_GROUP "llama chunk storage: "
+
+#define KVS_LLAMA_STATS(X)                                                                     \
+  X(llama_prefix_lookups, C, KVS_LLAMA_PREFIX_GROUP "batches that looked for a cached prefix") \
+  X(llama_prefix_restores, C,                                                                  \
+    KVS_LLAMA_PREFIX_GROUP "cached prefixes restored into a sequence")                         \
+  X(llama_prefix_restored_tokens, C,                                                           \
+    KVS_LLAMA_PREFIX_GROUP "batch tokens not decoded (restored)")                              \
+  X(llama_prefix_restore_failures, C,                                                          \
+    KVS_LLAMA_PREFIX_GROUP "restores undone (the engine's batch was decoded unchanged)")       \
+  X(llama_prefix_peer_restores, C,                                                             \
+    KVS_LLAMA_PREFIX_GROUP "restores of a state fetched from a peer")                          \
+  X(llama_prefix_snapshots, C, KVS_LLAMA_PREFIX_GROUP "sequence states stored")                \
+  X(llama_prefix_snapshot_bytes, C, KVS_LLAMA_PREFIX_GROUP "bytes of sequence states stored")  \
+  X(llama_prefix_snapshot_ns, C,                                                               \
+    KVS_LLAMA_PREFIX_GROUP "nanoseconds spent storing states on the decode path (all included)") \
+  X(llama_prefix_restore_ns, C,                                                                \
+    KVS_LLAMA_PREFIX_GROUP "nanoseconds spent looking up and restoring before decodes")        \
+  X(llama_state_get_ns, C,                                                                     \
+    "nanoseconds inside the engine's llama_state_seq_get_size/get_data called by kvshim")      \
+  X(llama_state_set_ns, C,                                                                     \
+    "nanoseconds inside the engine's llama_state_seq_set_data called by kvshim")               \
+  X(llama_prefix_snapshot_failures, C,                                                         \
+    KVS_LLAMA_PREFIX_GROUP "sequence states the cache could not keep")                         \
+  X(llama_prefix_passthrough, C,                                                               \
+    KVS_LLAMA_PREFIX_GROUP "batches passed through (several sequences, tainted, embeddings...)") \
+  X(llama_prefix_bad_blobs, C, KVS_LLAMA_PREFIX_GROUP "cached states refused by a check")      \
+  X(llama_prefix_claims, C,                                                                    \
+    KVS_LLAMA_PREFIX_GROUP "batches computed while claimed for the node")                      \
+  X(llama_prefix_waits, C,                                                                     \
+    KVS_LLAMA_PREFIX_GROUP "batches that waited for another process's claim")                  \
+  X(llama_prefix_shared_in_batch, C,                                                           \
+    KVS_LLAMA_PREFIX_GROUP "sequences restored from a prefix another sequence of their batch computed once") \
+  X(llama_prefix_prompt_tokens, C,                                                             \
+    KVS_LLAMA_PREFIX_GROUP "tokens of decode batches of more than one token (prompt tokens seen)") \
+  X(llama_prefix_refused_rules, C,                                                             \
+    KVS_LLAMA_PREFIX_GROUP "batches that could not take a restore (too short, outputs, ubatch rules)") \
+  X(llama_prefix_refused_unknown, C,                                                           \
+    KVS_LLAMA_PREFIX_GROUP "prompt batches not restored into: the sequence's KV is not what kvshim knows") \
+  X(llama_prefix_refused_several, C,                                                           \
+    KVS_LLAMA_PREFIX_GROUP "prompt batches not restored into: several sequences in one batch") \
+  X(llama_prefix_refused_disabled, C,                                                          \
+    KVS_LLAMA_PREFIX_GROUP "prompt batches not restored into: the context is no longer cached") \
+  X(llama_prefix_states_known, C,                                                              \
+    KVS_LLAMA_PREFIX_GROUP "engine state loads whose tokens kvshim knew (a state it saw saved, a file)") \
+  X(llama_chunks_stored, C, KVS_LLAMA_CHUNKS_GROUP "chunk objects stored")                     \
+  X(llama_chunks_dedup, C,                                                                     \
+    KVS_LLAMA_CHUNKS_GROUP "chunks of a snapshot found already stored (not stored again)")     \
+  X(llama_chunks_saved_bytes, C,                                                               \
+    KVS_LLAMA_CHUNKS_GROUP "bytes of chunks not stored again (dedup)")                         \
+  X(llama_chunks_whole, C,                                                                     \
+    KVS_LLAMA_CHUNKS_GROUP "states stored whole, not split (every reason: the three below)")   \
+  X(llama_chunks_whole_window, C,                                                              \
+    KVS_LLAMA_CHUNKS_GROUP "states stored whole: a sliding-window cache without swa_full")     \
+  X(llama_chunks_whole_cells, C,                                                               \
+    KVS_LLAMA_CHUNKS_GROUP "states stored whole: cells not the sequence at 0..n-1 in one stream") \
+  X(llama_chunks_whole_layout, C,                                                              \
+    KVS_LLAMA_CHUNKS_GROUP "states stored whole: a state layout not known (memory, release)")  \
+  X(llama_chunks_assembled, C,                                                                 \
+    KVS_LLAMA_CHUNKS_GROUP "states assembled from chunk objects for a restore")                \
+  X(llama_chunks_assemble_ns, C, KVS_LLAMA_CHUNKS_GROUP "time spent assembling states, ns")    \
+  X(llama_chunks_tails, C,                                                                     \
+    KVS_LLAMA_CHUNKS_GROUP "short chunks stored of the canonical tokens past a snapshot's whole chunks") \
+  X(llama_chunks_tail_tokens, C,                                                               \
+    KVS_LLAMA_CHUNKS_GROUP "tokens restored from part of a continuation chunk (past a run's whole chunks)") \
+  X(llama_chunks_reused, C,                                                                    \
+    KVS_LLAMA_CHUNKS_GROUP "restores of the state last assembled in the context (same chunks: no copy)")
 
 #endif
