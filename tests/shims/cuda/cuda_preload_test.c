@@ -932,11 +932,21 @@ static void say_options(const tcase_t *c, const char *workload) {
   fflush(stdout);
 }
 
-static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload) {
+/* Start workload w with pipes to it; line gets the first line it prints (its "ready ..."). */
+static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload, char line[256]) {
   say_options(c, workload);
   char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
   pt_spawn_opts_t o = {.pipes = true, .err_path = c->err};
   pt_spawn(p, argv, &c->env, &o);
+  pt_readline(p, line, 256);
+}
+/* Let a spawned workload that waits for "go" finish: it answers "done" and exits 0. */
+static void finish_child(pt_proc_t *p, tcase_t *c) {
+  char line[256];
+  pt_writeline(p, "go");
+  pt_readline(p, line, sizeof line);
+  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
+  PT_CHECK(pt_wait(p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
 }
 static int run_child(tcase_t *c, const char *workload, rlim_t fsize) {
   say_options(c, workload);
@@ -968,9 +978,45 @@ static void expect_stat(const char *json, const char *name, long long want) {
   long long got = pt_stat(json, name);
   PT_CHECK(got == want, "%s = %lld, expected %lld", name, got, want);
 }
+/* Run workload w (run_child); it must succeed. Returns its KVSHIM_STATS text (the caller frees
+ * it). */
+static char *run_stats(tcase_t *c, const char *w) {
+  PT_CHECK(run_child(c, w, 0) == 0, "child failed (see %s)", c->err);
+  return must_read(c->stats);
+}
+/* The host arena's counters in a stats text: the allocations it served, those that fell back
+ * to the driver and, unless UNCHECKED, the bytes still in use. */
+#define UNCHECKED (-1)
+static void expect_arena(const char *st, long long allocs, long long fallbacks, long long used) {
+  expect_stat(st, "host_arena_allocs", allocs);
+  expect_stat(st, "host_arena_fallbacks", fallbacks);
+  if (used != UNCHECKED) expect_stat(st, "host_arena_used_bytes", used);
+}
 static void expect_count(const char *text, const char *needle, int want) {
   int got = pt_count(text, needle);
   PT_CHECK(got == want, "'%s' appears %d times, expected %d", needle, got, want);
+}
+/* A needle and how many times it must appear in a text: a row of a list that WANT ends. */
+typedef struct count_want {
+  const char *needle;
+  int want;
+} count_want_t;
+#define WANT(...) ((const count_want_t[]){__VA_ARGS__, {NULL, 0}})
+static void expect_counts(const char *text, const count_want_t *w) {
+  for (; w->needle; w++) expect_count(text, w->needle, w->want);
+}
+/* The fake driver's call log at path, as expect_counts; the real driver writes none. */
+static void expect_log(const char *path, const count_want_t *w) {
+  if (g_real_driver) return;
+  char *log = must_read(path);
+  expect_counts(log, w);
+  free(log);
+}
+
+/* Connect peer to the coordinator at sock (a child's) and read its stats, JSON, into json. */
+static void peer_stats(pt_peer_t *peer, const char *sock, char json[8192]) {
+  pt_peer_connect(peer, sock);
+  pt_peer_stats(peer, json, 8192);
 }
 
 static void open_pool(pt_peer_t *peer, kvs_pool_t **pool) {
@@ -981,22 +1027,18 @@ static void open_pool(pt_peer_t *peer, kvs_pool_t **pool) {
 
 static int case_host_pool(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, c, "host");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "host", line);
   uintptr_t a, b, s;
   PT_CHECK(sscanf(line, "ready %" SCNxPTR " %" SCNxPTR " %" SCNxPTR, &a, &b, &s) == 3, "'%s'",
            line);
   char socks[4][256];
   PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
-  PT_CHECK(peer.pid == (uint32_t)p.pid, "the socket belongs to the child");
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
-  expect_stat(json, "host_arena_allocs", 2);
-  expect_stat(json, "host_arena_used_bytes", 6 * MiB);
-  expect_stat(json, "host_arena_fallbacks", 0);
+  peer_stats(&peer, socks[0], json);
+  PT_CHECK(peer.pid == (uint32_t)p.pid, "the socket belongs to the child");
+  expect_arena(json, 2, 0, 6 * MiB);
 
   /* A second process reads the buffers through CPU_SHM descriptors and the pool fd. */
   kvs_pool_t *pool;
@@ -1016,31 +1058,24 @@ static int case_host_pool(tcase_t *c) {
   kvs_pool_destroy(pool, true);
   pt_peer_close(&peer);
 
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
+  finish_child(&p, c);
 
-  char *st = must_read(c->stats), *log = g_real_driver ? NULL : must_read(c->log);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_used_bytes", 0);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  char *st = must_read(c->stats);
+  expect_arena(st, 2, 0, 0);
   expect_stat(st, "hook_fallbacks", 0);
-  if (log) {
   /* The defaults: one piece (the whole 32 MiB arena, smaller than 64 MiB) registered inside
    * the first host allocation; both buffers from it; freed back without an unregistration. */
-  expect_count(log, "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1", 1);
-  expect_count(log, "cuMemHostRegister_v2", 1);
-  expect_count(log, "cuMemHostUnregister", 0);
-  expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
-  expect_count(log, "cuMemHostAlloc bytesize=4194304", 0);
-  expect_count(log, "cuMemAllocHost", 0);
-  expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
-  expect_count(log, "cuMemFreeHost p=r", 0);
-  }
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostUnregister", 0},
+      {"cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1},
+      {"cuMemHostAlloc bytesize=4194304", 0},
+      {"cuMemAllocHost", 0},
+      {"cuMemFreeHost p=h1 -> 0", 1},
+      {"cuMemFreeHost p=r", 0}));
   PT_CHECK(pt_list_sockets(c->run, socks, 4) == 0, "socket removed at exit");
   free(st);
-  free(log);
   return 0;
 }
 
@@ -1048,11 +1083,8 @@ static int case_host_pool(tcase_t *c) {
  * host pointer of registered memory (FAKECUDA_NO_HOSTPTR), nothing is pooled and the program
  * behaves the same. */
 static int case_host_devaccess(tcase_t *c) {
-  PT_CHECK(run_child(c, "hostdev", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+  char *st = run_stats(c, "hostdev");
+  expect_arena(st, 2, 0, 0);
   free(st);
   if (!g_real_driver) {
     pt_env_set(&c->env, "FAKECUDA_DEVICES", "2");
@@ -1060,35 +1092,29 @@ static int case_host_devaccess(tcase_t *c) {
     tc_next(c, "nohostptr");
     PT_CHECK(run_child(c, "hostdev", 0) == 0, "child failed without the attribute (see %s)",
              c->err);
-    char *log = must_read(c->log);
     st = must_read(c->stats);
-    expect_stat(st, "host_arena_allocs", 0);
-    expect_stat(st, "host_arena_fallbacks", 2);
-    expect_count(log, "cuMemHostRegister", 0);
-    expect_count(log, "cuMemAllocHost_v2 bytesize=2097152 -> 0", 1);
-    free(st), free(log);
+    expect_arena(st, 0, 2, UNCHECKED);
+    free(st);
+    expect_log(c->log, WANT(
+        {"cuMemHostRegister", 0},
+        {"cuMemAllocHost_v2 bytesize=2097152 -> 0", 1}));
   }
   return 0;
 }
 
 static int case_arena_full(tcase_t *c) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "4M");
-  PT_CHECK(run_child(c, "arena", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats), *log = g_real_driver ? NULL : must_read(c->log);
-  expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_fallbacks", 1);
-  expect_stat(st, "host_arena_used_bytes", 0);
-  if (log) {
-    /* The defaults: the 4 MiB arena is one piece, registered for the first buffer; the second
-     * does not fit beside it and goes to the driver. */
-    expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 1);
-    expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
-    expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 0); /* kept registered */
-  }
+  char *st = run_stats(c, "arena");
+  expect_arena(st, 1, 1, 0);
   free(st);
-  free(log);
+  /* The defaults: the 4 MiB arena is one piece, registered for the first buffer; the second
+   * does not fit beside it and goes to the driver. */
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1},
+      {"cuMemFreeHost p=h1 -> 0", 1},
+      {"cuMemHostUnregister", 0})); /* kept registered */
   return 0;
 }
 
@@ -1097,9 +1123,8 @@ static int case_arena_full(tcase_t *c) {
 static void start_exporter(tcase_t *c, pt_proc_t *p, unsigned long long *d,
                            unsigned long long *pd, size_t *pitch, char (*socks)[256],
                            char reader[PATH_MAX]) {
-  spawn_child(p, c, "device");
   char line[256];
-  pt_readline(p, line, sizeof line);
+  spawn_child(p, c, "device", line);
   PT_CHECK(sscanf(line, "ready %llx %llx %zu", d, pd, pitch) == 3, "'%s'", line);
   PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   snprintf(reader, PATH_MAX, "%s", pt_self_exe());
@@ -1130,19 +1155,15 @@ static int case_device_ipc(tcase_t *c) {
   PT_CHECK(rc == 0, "reader failed: %s", rerr_text ? rerr_text : "?");
   free(rerr_text);
   pt_env_free(&renv);
-  if (!g_real_driver) {
-    char *rl = must_read(rlog);
-    expect_count(rl, "cuIpcOpenMemHandle_v2 bytes=1048576 flags=0x1 -> 0", 1); /* opened once */
-    expect_count(rl, "cuIpcCloseMemHandle", 1);                                 /* closed once */
-    expect_count(rl, "cuMemHostRegister_v2 bytesize=1048576 flags=0x1 -> 0", 1); /* kvs_accel pin */
-    expect_count(rl, "cuMemHostUnregister p=r1 -> 0", 1);
-    free(rl);
-  }
+  expect_log(rlog, WANT(
+      {"cuIpcOpenMemHandle_v2 bytes=1048576 flags=0x1 -> 0", 1}, /* opened once */
+      {"cuIpcCloseMemHandle", 1}, /* closed once */
+      {"cuMemHostRegister_v2 bytesize=1048576 flags=0x1 -> 0", 1}, /* kvs_accel pin */
+      {"cuMemHostUnregister p=r1 -> 0", 1}));
 
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
+  peer_stats(&peer, socks[0], json);
   expect_stat(json, "cuda_device_allocs", 2);
   expect_stat(json, "cuda_device_exportable", 2);
   pt_writeline(&p, "free");
@@ -1154,12 +1175,9 @@ static int case_device_ipc(tcase_t *c) {
   pt_peer_close(&peer);
   pt_writeline(&p, "exit");
   PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
-  if (!g_real_driver) {
-    char *log = must_read(c->log);
-    expect_count(log, "cuIpcGetMemHandle dptr=d1 -> 0", 1);
-    expect_count(log, "cuIpcGetMemHandle dptr=d2 -> 0", 1);
-    free(log);
-  }
+  expect_log(c->log, WANT(
+      {"cuIpcGetMemHandle dptr=d1 -> 0", 1},
+      {"cuIpcGetMemHandle dptr=d2 -> 0", 1}));
   return 0;
 }
 
@@ -1196,11 +1214,7 @@ static int case_ipc_free(tcase_t *c) {
   pt_env_free(&renv);
   pt_writeline(&p, "exit");
   PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "exporter failed (see %s)", c->err);
-  if (!g_real_driver) {
-    char *log = must_read(c->log);
-    expect_count(log, "undefined behaviour", 0);
-    free(log);
-  }
+  expect_log(c->log, WANT({"undefined behaviour", 0}));
   return 0;
 }
 
@@ -1257,20 +1271,15 @@ static int case_failopen(tcase_t *c) {
     expect_count(plain, "r=0", 2);
   }
   char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_fallbacks", 2); /* before cuInit, without a context */
-  expect_stat(st, "host_arena_used_bytes", 0);
-  if (!g_real_driver) {
-    char *log = must_read(c->log);
-    expect_count(log, "cuMemFree_v2 dptr=unknown -> 1", 1);
-    expect_count(log, "cuMemFreeHost p=unknown -> 1", 1); /* the stack pointer */
-    expect_count(log, "cuMemFreeHost p=r1 -> 1", 1);      /* the double free (kept registered) */
-    expect_count(log, "cuMemFreeHost p=r1+4096 -> 1", 1); /* interior pointer: forwarded */
-    expect_count(log, "cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1);
-    expect_count(log, "cuMemAllocAsync bytesize=1048576 -> 400", 1);
-    expect_count(log, "cuMemFreeAsync dptr=unknown -> 1", 1);
-    free(log);
-  }
+  expect_arena(st, 1, 2, 0); /* the fallbacks: before cuInit, without a context */
+  expect_log(c->log, WANT(
+      {"cuMemFree_v2 dptr=unknown -> 1", 1},
+      {"cuMemFreeHost p=unknown -> 1", 1}, /* the stack pointer */
+      {"cuMemFreeHost p=r1 -> 1", 1}, /* the double free (kept registered) */
+      {"cuMemFreeHost p=r1+4096 -> 1", 1}, /* interior pointer: forwarded */
+      {"cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1},
+      {"cuMemAllocAsync bytesize=1048576 -> 400", 1},
+      {"cuMemFreeAsync dptr=unknown -> 1", 1}));
   free(plain), free(pre), free(st);
   return 0;
 }
@@ -1313,10 +1322,8 @@ static int case_initfail_pool(tcase_t *c) { return case_initfail(c, true); }
 static int case_peers0(tcase_t *c) {
   pt_env_set(&c->env, "KVSHIM_PEERS", "0");
   pt_env_set(&c->env, "KVSHIM_LOG", "info");
-  PT_CHECK(run_child(c, "arena", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats), *err = must_read(c->err);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  char *st = run_stats(c, "arena"), *err = must_read(c->err);
+  expect_arena(st, 2, 0, UNCHECKED);
   expect_count(err, "info: ready:", 1);
   expect_count(err, ", socket ", 0);
   PT_CHECK(pt_dir_entries(c->run) == -1, "KVSHIM_PEERS=0 created the run directory");
@@ -1326,9 +1333,8 @@ static int case_peers0(tcase_t *c) {
 
 static int case_fork(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, c, "fork");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "fork", line);
   int g, inherited, seen;
   char status[32];
   PT_CHECK(sscanf(line, "both %d %31s %d %d", &g, status, &inherited, &seen) == 4, "'%s'", line);
@@ -1343,10 +1349,7 @@ static int case_fork(tcase_t *c) {
   pt_peer_connect(&peer, socks[0]);
   PT_CHECK(peer.pid == (uint32_t)p.pid, "the coordinator is not the parent's");
   pt_peer_close(&peer);
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
+  finish_child(&p, c);
   char gstats[1100];
   snprintf(gstats, sizeof gstats, "%s.%d", c->stats, g);
   char *ps = must_read(c->stats);
@@ -1363,8 +1366,7 @@ static int case_threads(tcase_t *c) {
   char *out = must_read(c->out), *err = must_read(c->err), *st = must_read(c->stats);
   expect_count(out, "sockets 1\n", 1);
   expect_count(err, "info: ready:", 1);
-  expect_stat(st, "host_arena_allocs", NTHREADS);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_arena(st, NTHREADS, 0, UNCHECKED);
   free(out), free(err), free(st);
   /* The default 4 GiB arena: the concurrent first calls register one piece between them (the
    * others wait for it), not one each, and none goes to the driver. */
@@ -1372,8 +1374,7 @@ static int case_threads(tcase_t *c) {
   tc_next(c, "4g");
   PT_CHECK(run_child(c, "threads", 0) == 0, "child failed with a 4G arena (see %s)", c->err);
   st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", NTHREADS);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_arena(st, NTHREADS, 0, UNCHECKED);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
@@ -1395,9 +1396,8 @@ static int case_notouch(tcase_t *c) {
     free(out), free(err);
   }
   pt_proc_t p;
-  spawn_child(&p, c, "idle");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "idle", line);
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/maps", (int)p.pid);
   char *maps = must_read(path);
@@ -1504,17 +1504,15 @@ static int case_gpa_alias(tcase_t *c) {
  * stats, listed by no EXPORT_TENSORS answer, forgotten when freed. */
 static int case_unexportable(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, c, "origins");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "origins", line);
   unsigned long long a, m, d;
   PT_CHECK(sscanf(line, "ready %llx %llx %llx", &a, &m, &d) == 3, "'%s'", line);
   char socks[4][256];
   PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
+  peer_stats(&peer, socks[0], json);
   expect_stat(json, "cuda_device_allocs", 3);
   expect_stat(json, "cuda_device_exportable", 1);
   expect_stat(json, "cuda_device_unexportable", 2);
@@ -1523,10 +1521,7 @@ static int case_unexportable(tcase_t *c) {
   PT_CHECK(pt_peer_export(&peer, m, MiB, desc, 4) == 0, "managed memory exported");
   PT_CHECK(pt_peer_export(&peer, d, MiB, desc, 4) == 1, "cuMemAlloc memory not exported");
   pt_peer_close(&peer);
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
+  finish_child(&p, c);
   char *st = must_read(c->stats);
   expect_stat(st, "cuda_device_unexportable", 2);
   free(st);
@@ -1551,10 +1546,8 @@ static int case_bypass(tcase_t *c) {
 }
 
 static int case_zerocopy(tcase_t *c) {
-  PT_CHECK(run_child(c, "zerocopy", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  char *st = run_stats(c, "zerocopy");
+  expect_arena(st, 2, 0, UNCHECKED);
   free(st);
   return 0;
 }
@@ -1563,28 +1556,22 @@ static int case_zerocopy(tcase_t *c) {
  * (allocs of them, no fallback) and went back to it. */
 static void run_arena_case(tcase_t *c, const char *pool, long long allocs) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "%s", pool);
-  PT_CHECK(run_child(c, c->name, 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", allocs);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+  char *st = run_stats(c, c->name);
+  expect_arena(st, allocs, 0, 0);
   free(st);
 }
 
 static int case_keep(tcase_t *c) {
   run_arena_case(c, "8M", 4);
-  if (!g_real_driver) {
-    char *log = must_read(c->log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=7340032 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 3);  /* the 5M request reused the 6M extent */
-    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1); /* released for the 7M one */
-    expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 2);
-    expect_count(log, "cuMemFreeHost p=r3 -> 1", 1); /* the double free went to the driver */
-    free(log);
-  }
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2 bytesize=7340032 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 3}, /* the 5M request reused the 6M extent */
+      {"cuMemHostUnregister p=r1 -> 0", 1}, /* released for the 7M one */
+      {"cuMemHostUnregister p=r2 -> 0", 1},
+      {"cuMemHostUnregister", 2},
+      {"cuMemFreeHost p=r3 -> 1", 1})); /* the double free went to the driver */
   return 0;
 }
 
@@ -1592,29 +1579,25 @@ static int case_keep(tcase_t *c) {
  * next ahead of use off the engine's thread (issue 23 items 1-3). */
 static int case_pieces(tcase_t *c) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "256M");
-  PT_CHECK(run_child(c, "pieces", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", 4);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+  char *st = run_stats(c, "pieces");
+  expect_arena(st, 4, 0, 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     expect_stat(st, "host_arena_pieces_ahead", 1);
     /* The first piece went back once both were free (the second is the one piece kept). */
     expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
-    char *log = must_read(c->log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 pin_ns=64000 "
-                      "thread=main", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=64000 "
-                      "thread=other", 1);
-    expect_count(log, "cuMemHostRegister_v2", 2);
-    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 1);
-    expect_count(log, "cuMemHostAlloc ", 0);
-    expect_count(log, "cuMemAllocHost", 0);
-    free(log);
   }
   free(st);
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 pin_ns=64000 "
+       "thread=main", 1},
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=64000 "
+       "thread=other", 1},
+      {"cuMemHostRegister_v2", 2},
+      {"cuMemHostUnregister p=r1 -> 0", 1},
+      {"cuMemHostUnregister", 1},
+      {"cuMemHostAlloc ", 0},
+      {"cuMemAllocHost", 0}));
   return 0;
 }
 
@@ -1624,28 +1607,23 @@ static int case_pieces(tcase_t *c) {
 static int case_first16(tcase_t *c) {
   tc_unset(c, "KVSHIM_POOL_SIZE"); /* every option at its default (4 GiB host arena) */
   tc_unset(c, "KVSHIM_HOST_POOL_SIZE");
-  PT_CHECK(run_child(c, "first16", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
+  char *st = run_stats(c, "first16");
   expect_stat(st, "host_arena_allocs", 1);
   expect_stat(st, "host_arena_used_bytes", 16 * MiB);
   long long pinned = pt_stat(st, "host_arena_pinned_bytes");
   PT_CHECK(pinned > 0 && pinned <= 64 * MiB + 16 * MiB,
            "locked %lld bytes after one 16 MiB allocation (at most one piece plus the buffer)",
            pinned);
-  if (!g_real_driver) {
-    char *log = must_read(c->log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 1);
-    expect_count(log, "cuMemHostAlloc ", 0);
-    free(log);
-  }
   free(st);
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostAlloc ", 0}));
   return 0;
 }
 
 static int case_vmm(tcase_t *c) {
-  PT_CHECK(run_child(c, "vmm", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
+  char *st = run_stats(c, "vmm");
   expect_stat(st, "cuda_vmm_allocs", 2);
   expect_stat(st, "cuda_vmm_bytes", 4 * MiB);
   free(st);
@@ -1678,8 +1656,7 @@ static int case_freesync(tcase_t *c) {
     PT_CHECK(run_child(c, "freesync", 0) == 0, "child failed (%s; see %s)",
              own ? "KVSHIM_CUDA_PIN_ARENA=0" : "defaults", c->err);
     char *st = must_read(c->stats);
-    expect_stat(st, "host_arena_allocs", 2);
-    expect_stat(st, "host_arena_fallbacks", 0);
+    expect_arena(st, 2, 0, UNCHECKED);
     free(st);
   }
   return 0;
@@ -1691,10 +1668,8 @@ static int case_freesync(tcase_t *c) {
  * host_arena_inline_pins counts them. */
 static int case_pin_arena(tcase_t *c) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "256M");
-  PT_CHECK(run_child(c, "pinarena", 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", 7);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  char *st = run_stats(c, "pinarena");
+  expect_arena(st, 7, 0, UNCHECKED);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     char *log = must_read(c->log);
@@ -1767,23 +1742,22 @@ static int case_cudart(tcase_t *c) {
        * cudaMalloc through cuMemAlloc_v2's. */
       expect_stat(st, "host_arena_allocs", 2);
       expect_stat(st, "cuda_device_allocs", 1);
-      char *log = must_read(c->log);
-      expect_count(log, "\ncuMemHostAlloc ", 0); /* line starts: not the resolver's lines */
-      expect_count(log, "\ncuMemFreeHost ", 0);
-      expect_count(log, "\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2);
-      expect_count(log, "\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1);
-      expect_count(log, "\ncuMemFree_v2 dptr=d1 -> 0", 1);
-      free(log);
+      expect_log(c->log, WANT(
+          {"\ncuMemHostAlloc ", 0}, /* line starts: not the resolver's lines */
+          {"\ncuMemFreeHost ", 0},
+          {"\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2},
+          {"\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1},
+          {"\ncuMemFree_v2 dptr=d1 -> 0", 1}));
       /* Without the preload the same program used the driver's own calls. */
-      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1);
-      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1);
-      expect_count(plain_log, "\ncuMemFreeHost p=h", 2);
-      expect_count(plain_log, "\ncuMemHostRegister_v2", 0);
+      expect_counts(plain_log, WANT(
+          {"\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1},
+          {"\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1},
+          {"\ncuMemFreeHost p=h", 2},
+          {"\ncuMemHostRegister_v2", 0}));
       /* The default (pinning on demand in pieces): both cudart host allocations are served
        * by the arena, from one piece registered inside the first. */
       char *dflt = run_cudart(c, prog, "default", true, true, plain), *st2 = must_read(c->stats);
-      expect_stat(st2, "host_arena_allocs", 2);
-      expect_stat(st2, "host_arena_fallbacks", 0);
+      expect_arena(st2, 2, 0, UNCHECKED);
       expect_stat(st2, "host_arena_inline_pins", 1);
       expect_stat(st2, "host_arena_used_bytes", 0);
       free(dflt), free(st2);
