@@ -457,6 +457,18 @@ static int grow(void **arr, size_t *cap, size_t elem) {
   return 0;
 }
 
+/* Caller holds reg_lock. Appends o (the caller's calloc, made outside the lock) to a handle
+ * list of *n entries (*cap allocated), which then owns it; returns o, or NULL when o is NULL or
+ * the list cannot grow (o freed, the list unchanged). */
+static void *handle_add_locked(void ***list, size_t *n, size_t *cap, void *o) {
+  if (!o || (*n == *cap && grow((void **)list, cap, sizeof **list) < 0)) {
+    free(o);
+    return NULL;
+  }
+  (*list)[(*n)++] = o;
+  return o;
+}
+
 /* Caller holds reg_lock. 1 when c is a context handle this process handed out. */
 static int ctx_known(const struct CUctx_st *c) {
   if (!c) return 0;
@@ -1095,18 +1107,12 @@ static CUresult ctx_create(const char *name, CUcontext *pctx, unsigned flags, CU
   if (r == CUDA_SUCCESS) {
     c = calloc(1, sizeof *c);
     lock();
-    if (!c || (ctx_n == ctx_cap && grow((void **)&ctx_list, &ctx_cap, sizeof *ctx_list) < 0)) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
+    c = handle_add_locked((void ***)&ctx_list, &ctx_n, &ctx_cap, c);
+    if (c)
       *c = (struct CUctx_st){.magic = FK_CTX_MAGIC, .dev = dev, .alive = 1, .ord = ++ord_ctx,
                              .flags = flags};
-      ctx_list[ctx_n++] = c;
-    }
     unlock();
-    if (r != CUDA_SUCCESS) {
-      free(c);
-      c = NULL;
-    }
+    if (!c) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r == CUDA_SUCCESS) {
     tls_ctx[tls_depth++] = c; /* a new context becomes current, supplanting the old one */
@@ -1285,19 +1291,12 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   if (r == CUDA_SUCCESS) {
     s = calloc(1, sizeof *s);
     lock();
-    if (!s || (stream_n == stream_cap &&
-               grow((void **)&stream_list, &stream_cap, sizeof *stream_list) < 0)) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
+    s = handle_add_locked((void ***)&stream_list, &stream_n, &stream_cap, s);
+    if (s)
       *s = (struct CUstream_st){.magic = FK_STREAM_MAGIC, .ord = ++ord_stream, .flags = Flags,
                                 .alive = 1, .ctx = c};
-      stream_list[stream_n++] = s;
-    }
     unlock();
-    if (r != CUDA_SUCCESS) {
-      free(s);
-      s = NULL;
-    }
+    if (!s) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r == CUDA_SUCCESS) {
     *phStream = s;
