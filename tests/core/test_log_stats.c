@@ -13,6 +13,7 @@
 #include "log.h"
 #include "stats.h"
 #include "../lib/logcapture.h"
+#include "../lib/threads.h"
 
 Test(log, prefix_level_and_newline) {
   int fd = log_capture(-1);
@@ -167,23 +168,18 @@ Test(stats, snapshot_copies_every_field) {
 #define STRIPE_THREADS 4
 #define STRIPE_ADDS 200000u
 
-typedef struct striper {
-  kvs_stats_t *st;
-  pthread_barrier_t *go;
-  uint32_t stripe;
-} striper_t;
-
-static void *stripe_main(void *arg) {
-  striper_t *t = arg;
-  pthread_barrier_wait(t->go);
+/* One striper: STRIPE_ADDS updates of the stats t->obj once the barrier t->data lets every
+ * thread go; returns the stripe its row is. */
+static int stripe_body(tt_thread_t *t) {
+  kvs_stats_t *st = t->obj;
+  pthread_barrier_wait((pthread_barrier_t *)t->data);
   for (uint32_t i = 0; i < STRIPE_ADDS; i++) {
-    kvs_stats_inc(t->st, KVS_STAT_store_commits);
-    kvs_stats_add(t->st, KVS_STAT_store_evicted_bytes, 4096);
-    kvs_stats_add(t->st, KVS_STAT_store_used_bytes, 3);             /* a gauge up ... */
-    kvs_stats_add(t->st, KVS_STAT_store_used_bytes, (uint64_t)-2);  /* ... and down */
+    kvs_stats_inc(st, KVS_STAT_store_commits);
+    kvs_stats_add(st, KVS_STAT_store_evicted_bytes, 4096);
+    kvs_stats_add(st, KVS_STAT_store_used_bytes, 3);             /* a gauge up ... */
+    kvs_stats_add(st, KVS_STAT_store_used_bytes, (uint64_t)-2);  /* ... and down */
   }
-  t->stripe = kvs__stats_stripe();
-  return NULL;
+  return (int)kvs__stats_stripe();
 }
 
 Test(stats, striped_counters_sum_exactly_across_threads, .timeout = 60) {
@@ -192,13 +188,10 @@ Test(stats, striped_counters_sum_exactly_across_threads, .timeout = 60) {
   kvs_stats_set(&st, KVS_STAT_store_used_bytes, 1000);
   pthread_barrier_t go;
   pthread_barrier_init(&go, NULL, STRIPE_THREADS);
-  pthread_t th[STRIPE_THREADS];
-  striper_t t[STRIPE_THREADS];
-  for (int i = 0; i < STRIPE_THREADS; i++) {
-    t[i] = (striper_t){&st, &go, UINT32_MAX};
-    cr_assert_eq(pthread_create(&th[i], NULL, stripe_main, &t[i]), 0);
-  }
-  for (int i = 0; i < STRIPE_THREADS; i++) pthread_join(th[i], NULL);
+  tt_thread_t t[STRIPE_THREADS];
+  for (int i = 0; i < STRIPE_THREADS; i++)
+    cr_assert_eq(tt_start(&t[i], stripe_body, &st, &go, (uint64_t)i), 0);
+  for (int i = 0; i < STRIPE_THREADS; i++) tt_join(&t[i]);
   pthread_barrier_destroy(&go);
   uint64_t n = (uint64_t)STRIPE_THREADS * STRIPE_ADDS;
   cr_expect_eq(kvs_stats_get(&st, KVS_STAT_store_commits), n);
@@ -207,9 +200,10 @@ Test(stats, striped_counters_sum_exactly_across_threads, .timeout = 60) {
   /* each thread had a stripe of its own (fewer threads than stripes), and its row holds
    * exactly its own additions */
   for (int i = 0; i < STRIPE_THREADS; i++) {
-    cr_assert_lt(t[i].stripe, KVS_STATS_STRIPES);
-    for (int j = 0; j < i; j++) cr_expect_neq(t[i].stripe, t[j].stripe, "threads %d, %d", i, j);
-    cr_expect_eq(st.row[t[i].stripe][KVS_STAT_store_commits], STRIPE_ADDS);
+    cr_assert_geq(t[i].rc, 0);
+    cr_assert_lt(t[i].rc, KVS_STATS_STRIPES);
+    for (int j = 0; j < i; j++) cr_expect_neq(t[i].rc, t[j].rc, "threads %d, %d", i, j);
+    cr_expect_eq(st.row[t[i].rc][KVS_STAT_store_commits], STRIPE_ADDS);
   }
   /* the text renders the sums */
   char buf[16384];

@@ -5,7 +5,8 @@
  * fuzzers mutate from. Not part of the build; run by hand when a format changes,
  * after building build/ (for libkvshim_core.a):
  *
- *   cc -std=gnu11 -Icore -Ishims/llama -Iruntime -Ishims/kvo/include \
+ *   cc -std=gnu11 -Icore -Icore/memory -Icore/wire -Ishims/llama -Iruntime \
+ *      -Ishims/kvo/include -Itests/fakes/llama \
  *      tests/fuzz/gen_llama_corpus.c shims/llama/blob.c shims/llama/blob_hash.c \
  *      shims/llama/chunks.c \
  *      build/core/libkvshim_core.a \
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "blob.h"
+#include "blobtest.h"
 #include "chunks.h"
 #include "llama_harness.h"
 #include "runtime.h"
@@ -44,22 +46,12 @@ static void put(const char *dir, const char *name, const void *p, size_t n) {
  * keyed tokens in chunks of CHUNK. */
 static void llama_blob(const char *name, uint32_t kind, uint32_t n_tokens, uint32_t keyed,
                        uint64_t body) {
-  uint64_t state = KVS_LLAMA_STATE_HDR + body, len = KVS_LLAMA_BLOB_HDR + 4ull * n_tokens + state;
-  uint8_t *b = calloc(1, len);
-  if (!b) exit(1);
+  uint64_t state = KVS_LLAMA_STATE_HDR + body, len;
   kvs__llama_blob_hdr_t h;
-  memset(&h, 0, sizeof h);
-  h.magic = KVS_LLAMA_BLOB_MAGIC;
-  h.version = KVS_LLAMA_BLOB_VERSION;
-  h.hdr_size = KVS_LLAMA_BLOB_HDR;
-  h.kind = kind;
-  h.n_tokens = n_tokens;
+  uint8_t *b = blob_new(&h, kind, n_tokens, state, FP, (kvs_key_t){.lo = NS_LO, .hi = NS_HI}, &len);
+  if (!b) exit(1);
   h.keyed_tokens = keyed;
   h.chunk_tokens = kind == KVS_LLAMA_BLOB_KIND_PREFIX ? CHUNK : 0;
-  h.state_size = state;
-  memcpy(h.model_fp, FP, 16);
-  h.ns_lo = NS_LO;
-  h.ns_hi = NS_HI;
   h.saved_ns = 1700000000000000000ull;
   if (kind == KVS_LLAMA_BLOB_KIND_SEQ) {
     h.file_dev = 2049, h.file_ino = 42, h.file_mtime_ns = 1700000000000000000ll;
@@ -71,9 +63,7 @@ static void llama_blob(const char *name, uint32_t kind, uint32_t n_tokens, uint3
   uint32_t m = KVS_LLAMA_STATE_MAGIC;
   memcpy(st, &m, 4);
   for (uint64_t i = KVS_LLAMA_STATE_HDR; i < state; i++) st[i] = (uint8_t)i;
-  memcpy(b, &h, sizeof h);
-  h.checksum = kvs__llama_blob_checksum(b, len);
-  memcpy(b, &h, sizeof h);
+  blob_seal(b, &h, len);
   const kvs__llama_blob_want_t w = {
       .kind = kind, .chunk = CHUNK, .model_fp = FP, .ns = {.lo = NS_LO, .hi = NS_HI}};
   kvs__llama_blob_status_t rc = kvs__llama_blob_check(b, len, &w, NULL);

@@ -4,8 +4,8 @@
 #
 # kvshim_add_py_cases(<area> <engine> <driver.py>
 #                     [ARGS arg...] [LABELS label...] [TIMEOUT seconds] [ENVIRONMENT VAR=value...]
-#                     [ONLY case...] [EXCLUDE case...] [ASAN_RUNTIME] [FAKECUDA]
-#                     [SKIP_RETURN_CODE code] [RUN_SERIAL])
+#                     [ONLY case...] [EXCLUDE case...] [REQUIRES target...] [ASAN_RUNTIME]
+#                     [FAKECUDA] [SKIP_RETURN_CODE code] [RUN_SERIAL])
 #   Registers one ctest per case of a Python driver built on tests/lib/harness.py. The case list
 #   is written once, in the driver: it is read at configure time from `<driver> --list` (and
 #   editing the driver re-runs the configure step). Each test runs
@@ -14,6 +14,8 @@
 #   runs, `fake` for the stand-ins (tests/fakes/cuda, tests/fakes/llama, refengine, fixtures) and
 #   `node` for node-llama-cpp. `{case}` in ARGS becomes the case's name (per-case work dirs).
 #     ONLY / EXCLUDE    register only these cases / all but these
+#     REQUIRES          the targets ARGS names: when one is not built, register nothing and say
+#                       so in one status line
 #     ASAN_RUNTIME      in ASan builds, pass --asan-runtime with the shared sanitizer runtime
 #                       (the driver preloads it before libkvshim.so)
 #     FAKECUDA          select the fake CUDA driver through LD_LIBRARY_PATH (kvs_fakecuda_env)
@@ -78,10 +80,21 @@ endfunction()
 
 function(kvshim_add_py_cases area engine driver)
   cmake_parse_arguments(PARSE_ARGV 3 arg "ASAN_RUNTIME;FAKECUDA;RUN_SERIAL"
-    "TIMEOUT;SKIP_RETURN_CODE" "ARGS;LABELS;ENVIRONMENT;ONLY;EXCLUDE")
+    "TIMEOUT;SKIP_RETURN_CODE" "ARGS;LABELS;ENVIRONMENT;ONLY;EXCLUDE;REQUIRES")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kvshim_add_py_cases(${area} ${engine}): unknown arguments "
                         "${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  set(missing "")
+  foreach(t IN LISTS arg_REQUIRES)
+    if(NOT TARGET ${t})
+      list(APPEND missing ${t})
+    endif()
+  endforeach()
+  if(missing)
+    list(JOIN missing ", " missing)
+    message(STATUS "kvshim: ${area}_${engine}_* tests skipped: ${missing} not built")
+    return()
   endif()
   if(NOT Python3_EXECUTABLE)
     find_package(Python3 REQUIRED COMPONENTS Interpreter)

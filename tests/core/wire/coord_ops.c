@@ -20,7 +20,20 @@
 
 static ts_server_t S;
 
+/* The objects a storing test works on (start_objs): n keys tk(seed, i), each with a malloc'd
+ * buffer of len bytes holding its pattern, all of layout blob(len). down() frees the buffers. */
+#define OBJS_MAX 8
+typedef struct objs {
+  int n;
+  kvs_layout_t l;
+  kvs_key_t k[OBJS_MAX];
+  void *bufs[OBJS_MAX];
+} objs_t;
+static objs_t O;
+
 static void down(void) {
+  for (int i = 0; i < O.n; i++) free(O.bufs[i]);
+  O.n = 0;
   ts_server_reset(&S);
 }
 
@@ -40,15 +53,19 @@ static void open_shm(cc_t *c) {
 
 static kvs_layout_t blob(uint64_t n) { return kvs_layout_blob(n); }
 
-/* n keys tk(seed, i) and for each a malloc'd buffer of len bytes holding its pattern (the
- * caller frees them). */
-static void pattern_bufs(kvs_key_t *k, void **bufs, int n, uint64_t seed, uint64_t len) {
-  for (int i = 0; i < n; i++) {
-    k[i] = tk(seed, (uint64_t)i);
-    bufs[i] = malloc(len);
-    cr_assert_not_null(bufs[i]);
-    pat_fill(bufs[i], len, k[i]);
+/* A server with cache_mb MiB of cache arena (start) holding nothing yet, and O: n objects of len
+ * bytes from seed, for the test to store. */
+static const objs_t *start_objs(uint64_t cache_mb, int n, uint64_t seed, uint64_t len) {
+  start(cache_mb, NULL);
+  cr_assert_leq(n, OBJS_MAX);
+  O.l = blob(len);
+  for (O.n = 0; O.n < n; O.n++) {
+    O.k[O.n] = tk(seed, (uint64_t)O.n);
+    O.bufs[O.n] = malloc(len);
+    cr_assert_not_null(O.bufs[O.n]);
+    pat_fill(O.bufs[O.n], len, O.k[O.n]);
   }
+  return &O;
 }
 
 /* Check object i of a retrieve reply against key k's pattern and expected length. */
@@ -148,18 +165,16 @@ Test(ops, lookup_counts_the_leading_run_without_pinning, T_TIMEOUT) {
 }
 
 Test(ops, store_shm_then_retrieve_shm_and_inline_identical, T_TIMEOUT) {
-  start(8, NULL);
   enum { N = 4 };
   const uint64_t LEN = 3 * 4096 + 100;
-  kvs_key_t k[N];
-  for (int i = 0; i < N; i++) k[i] = tk(3, (uint64_t)i);
-  kvs_layout_t l = blob(LEN);
+  const objs_t *o = start_objs(8, N, 3, LEN);
   cc_t a, b;
   open_shm(&a);
   cr_assert_eq(cc_open(&b, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
 
   cc_pstore_t ps;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_CHUNKS, &l, k, N, &ps), 0);
+  cr_assert_eq(
+      cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_CHUNKS, &o->l, o->k, N, &ps), 0);
   cr_assert_neq(ps.xfer, 0);
   cr_assert_eq(ps.n_outcomes, N);
   cr_assert_eq(ps.n_slots, N);
@@ -176,42 +191,42 @@ Test(ops, store_shm_then_retrieve_shm_and_inline_identical, T_TIMEOUT) {
   cr_assert_eq(in.objects_writing, N);
   /* Reserved but uncommitted: invisible to every reader. */
   uint32_t found = 99;
-  cr_assert_eq(cc_lookup(&b, k, N, &found), 0);
+  cr_assert_eq(cc_lookup(&b, o->k, N, &found), 0);
   cr_assert_eq(found, 0);
   cc_pretr_t pr;
-  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, k, N, &pr), 0);
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, o->k, N, &pr), 0);
   cr_assert_eq(pr.n_found, 0);
   cc_pretr_free(&pr);
 
-  cr_assert_eq(cc_write_and_commit(&a, &ps, k, KVS_PROTO_KIND_CHUNKS), N);
+  cr_assert_eq(cc_write_and_commit(&a, &ps, o->k, KVS_PROTO_KIND_CHUNKS), N);
   in = ts_info(S.store);
   cr_assert_eq(in.reserved_bytes, 0);
   cr_assert_eq(in.objects_ready, N);
   cr_assert_eq(in.used_bytes + in.reserved_bytes + in.free_bytes, in.arena_bytes);
-  cr_assert_eq(cc_lookup(&b, k, N, &found), 0);
+  cr_assert_eq(cc_lookup(&b, o->k, N, &found), 0);
   cr_assert_eq(found, N);
 
   /* Retrieve through SHM: pinned until COMMIT_RETRIEVE. */
   cc_pretr_t rs, ri;
-  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, N, &rs), 0);
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, o->k, N, &rs), 0);
   cr_assert_eq(rs.n_found, N);
   cr_assert_eq(rs.n_objects, N);
   cr_assert(!rs.is_inline);
   cr_assert_neq(rs.xfer, 0);
   cr_assert_eq(ts_info(S.store).pins, N);
   for (uint32_t i = 0; i < N; i++) {
-    check_obj(&a, &rs, i, k[i], LEN);
+    check_obj(&a, &rs, i, o->k[i], LEN);
     cr_assert_eq(rs.objects[i].layout.ndim, 1);
     cr_assert_eq(rs.objects[i].layout.shape[0], LEN);
   }
   /* Retrieve inline on the other connection meanwhile: the pins end with the reply. */
-  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, k, N, &ri), 0);
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, o->k, N, &ri), 0);
   cr_assert_eq(ri.n_found, N);
   cr_assert(ri.is_inline);
   cr_assert_eq(ri.xfer, 0);
   cr_assert_eq(ts_info(S.store).pins, N, "inline retrieve left pins behind");
   for (uint32_t i = 0; i < N; i++) {
-    check_obj(&b, &ri, i, k[i], LEN);
+    check_obj(&b, &ri, i, o->k[i], LEN);
     cr_assert_eq(memcmp(cc_object_bytes(&a, &rs, i), cc_object_bytes(&b, &ri, i), LEN), 0,
                  "SHM and inline bytes differ for object %u", i);
   }
@@ -222,30 +237,26 @@ Test(ops, store_shm_then_retrieve_shm_and_inline_identical, T_TIMEOUT) {
   cc_pretr_free(&rs);
   cc_pretr_free(&ri);
   /* The inline connection may also retrieve only part: a missing key in the middle. */
-  kvs_key_t mixed[3] = {k[0], tk(3, 99), k[2]};
+  kvs_key_t mixed[3] = {o->k[0], tk(3, 99), o->k[2]};
   cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_INLINE, mixed, 3, &ri), 0);
   cr_assert_eq(ri.n_found, 1);
   cr_assert_eq(ri.n_objects, 1);
-  check_obj(&b, &ri, 0, k[0], LEN);
+  check_obj(&b, &ri, 0, o->k[0], LEN);
   cc_pretr_free(&ri);
   cc_close(&a);
   cc_close(&b);
 }
 
 Test(ops, store_inline_then_retrieve_both_ways, T_TIMEOUT) {
-  start(8, NULL);
   enum { N = 5 };
   const uint64_t LEN = 20000;
-  kvs_key_t k[N];
-  void *bufs[N];
-  pattern_bufs(k, bufs, N, 4, LEN);
-  kvs_layout_t l = blob(LEN);
+  const objs_t *o = start_objs(8, N, 4, LEN);
   cc_t a, b;
   cr_assert_eq(cc_open(&a, S.path, KVS_PROTO_STRATEGY_INLINE), 0);
   open_shm(&b);
   /* Inline prepare: an empty context (nothing reserved, no transfer). */
   cc_pstore_t ps;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &o->l, o->k, N, &ps), 0);
   cr_assert_eq(ps.xfer, 0);
   cr_assert_eq(ps.n_slots, 0);
   cr_assert_eq(ps.n_outcomes, N);
@@ -253,69 +264,67 @@ Test(ops, store_inline_then_retrieve_both_ways, T_TIMEOUT) {
   cr_assert_eq(ts_info(S.store).reserved_bytes, 0);
   uint32_t committed = 0;
   uint8_t outc[N];
-  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &l, k, N,
-                                (const void *const *)bufs, &committed, outc), 0);
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &o->l, o->k, N,
+                                (const void *const *)o->bufs, &committed, outc), 0);
   cr_assert_eq(committed, N);
   for (int i = 0; i < N; i++) cr_assert_eq(outc[i], KVS_RES_RESERVED);
   kvs_store_info_t in = ts_info(S.store);
   cr_assert_eq(in.objects_ready, N);
   cr_assert_eq(in.reserved_bytes, 0);
-  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  cr_assert_eq(ts_local_verify(S.store, o->k, N), N);
   /* Second time: PRESENT, nothing to send; a commit anyway keeps nothing new. */
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_INLINE, 0, &o->l, o->k, N, &ps), 0);
   for (int i = 0; i < N; i++) cr_assert_eq(ps.outcomes[i], KVS_RES_PRESENT);
-  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &l, k, 2,
-                                (const void *const *)bufs, &committed, outc), 0);
+  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_CHUNKS, &o->l, o->k, 2,
+                                (const void *const *)o->bufs, &committed, outc), 0);
   cr_assert_eq(committed, 0);
   cr_assert_eq(outc[0], KVS_RES_PRESENT);
   cr_assert_eq(ts_info(S.store).objects_ready, N);
   /* SHM prepare of present keys: PRESENT, no slots, no transfer. */
-  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, N, &ps), 0);
   cr_assert_eq(ps.xfer, 0);
   cr_assert_eq(ps.n_slots, 0);
   cr_assert_eq(ps.outcomes[N - 1], KVS_RES_PRESENT);
 
   cc_pretr_t rs, ri;
-  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_SHM, k, N, &rs), 0);
-  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, k, N, &ri), 0);
+  cr_assert_eq(cc_prepare_retrieve(&b, KVS_PROTO_STRATEGY_SHM, o->k, N, &rs), 0);
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, o->k, N, &ri), 0);
   cr_assert_eq(rs.n_found, N);
   cr_assert_eq(ri.n_found, N);
   for (uint32_t i = 0; i < N; i++) {
-    check_obj(&b, &rs, i, k[i], LEN);
-    check_obj(&a, &ri, i, k[i], LEN);
-    cr_assert_eq(memcmp(cc_object_bytes(&b, &rs, i), bufs[i], LEN), 0);
-    cr_assert_eq(memcmp(cc_object_bytes(&a, &ri, i), bufs[i], LEN), 0);
+    check_obj(&b, &rs, i, o->k[i], LEN);
+    check_obj(&a, &ri, i, o->k[i], LEN);
+    cr_assert_eq(memcmp(cc_object_bytes(&b, &rs, i), o->bufs[i], LEN), 0);
+    cr_assert_eq(memcmp(cc_object_bytes(&a, &ri, i), o->bufs[i], LEN), 0);
   }
   cr_assert_eq(cc_commit_retrieve(&b, rs.xfer), 0);
   cc_pretr_free(&rs);
   cc_pretr_free(&ri);
-  for (int i = 0; i < N; i++) free(bufs[i]);
   cc_close(&a);
   cc_close(&b);
 }
 
 Test(ops, object_with_aliases_shm_and_inline, T_TIMEOUT) {
-  start(8, NULL);
   const uint64_t LEN = 10000;
-  kvs_layout_t l = blob(LEN);
-  kvs_key_t ka[3] = {tk(5, 0), tk(5, 1), tk(5, 2)};
+  const objs_t *o = start_objs(8, 3, 5, LEN);
   cc_t a;
   open_shm(&a);
   cc_pstore_t ps;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_OBJECT, &l, ka, 3, &ps), 0);
+  cr_assert_eq(
+      cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_OBJECT, &o->l, o->k, 3, &ps), 0);
   cr_assert_eq(ps.n_outcomes, 1);
   cr_assert_eq(ps.n_slots, 1);
   cr_assert_eq(ps.outcomes[0], KVS_RES_RESERVED);
-  cr_assert_eq(cc_write_and_commit(&a, &ps, ka, KVS_PROTO_KIND_OBJECT), 1);
+  cr_assert_eq(cc_write_and_commit(&a, &ps, o->k, KVS_PROTO_KIND_OBJECT), 1);
   kvs_store_info_t in = ts_info(S.store);
   cr_assert_eq(in.objects_ready, 1);
   cr_assert_eq(in.keys, 3);
   /* Every alias answers, with the primary's bytes. */
   for (int i = 0; i < 3; i++) {
     cc_pretr_t r;
-    cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, &ka[i], 1, &r), 0);
+    cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, &o->k[i], 1, &r), 0);
     cr_assert_eq(r.n_found, 1);
-    check_obj(&a, &r, 0, ka[0], LEN);
+    check_obj(&a, &r, 0, o->k[0], LEN);
     cr_assert_eq(cc_commit_retrieve(&a, r.xfer), 0);
     cc_pretr_free(&r);
   }
@@ -325,7 +334,8 @@ Test(ops, object_with_aliases_shm_and_inline, T_TIMEOUT) {
   pat_fill(buf, LEN, kb[0]);
   const void *bufs[1] = {buf};
   uint32_t committed = 0;
-  cr_assert_eq(cc_commit_inline(&a, 0, KVS_PROTO_KIND_OBJECT, &l, kb, 2, bufs, &committed, NULL), 0);
+  cr_assert_eq(
+      cc_commit_inline(&a, 0, KVS_PROTO_KIND_OBJECT, &o->l, kb, 2, bufs, &committed, NULL), 0);
   cr_assert_eq(committed, 1);
   cc_pretr_t r;
   cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_INLINE, &kb[1], 1, &r), 0);
@@ -337,25 +347,21 @@ Test(ops, object_with_aliases_shm_and_inline, T_TIMEOUT) {
 }
 
 Test(ops, inline_commit_naming_shm_transfer_aborts_its_reservation, T_TIMEOUT) {
-  start(8, NULL);
   enum { N = 3 };
   const uint64_t LEN = 9000;
-  kvs_layout_t l = blob(LEN);
-  kvs_key_t k[N];
-  void *bufs[N];
-  pattern_bufs(k, bufs, N, 6, LEN);
+  const objs_t *o = start_objs(8, N, 6, LEN);
   cc_t a;
   open_shm(&a);
   kvs_store_info_t base = ts_info(S.store);
   uint64_t aborts0 = ts_stat(&S, KVS_STAT_store_aborted_objects);
   cc_pstore_t ps;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, N, &ps), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, N, &ps), 0);
   cr_assert_eq(ps.n_slots, N);
   cr_assert_gt(ts_info(S.store).reserved_bytes, base.reserved_bytes);
   /* The seed's flow: the client decides to send the bytes inline after all. */
   uint32_t committed = 0;
-  cr_assert_eq(cc_commit_inline(&a, ps.xfer, KVS_PROTO_KIND_CHUNKS, &l, k, N,
-                                (const void *const *)bufs, &committed, NULL), 0);
+  cr_assert_eq(cc_commit_inline(&a, ps.xfer, KVS_PROTO_KIND_CHUNKS, &o->l, o->k, N,
+                                (const void *const *)o->bufs, &committed, NULL), 0);
   cr_assert_eq(committed, N);
   kvs_store_info_t in = ts_info(S.store);
   cr_assert_eq(in.reserved_bytes, base.reserved_bytes, "the SHM reservation leaked");
@@ -366,40 +372,36 @@ Test(ops, inline_commit_naming_shm_transfer_aborts_its_reservation, T_TIMEOUT) {
   cr_assert_eq(in.used_bytes, base.used_bytes + N * KVS__ALIGN_UP(LEN, pg));
   cr_assert_eq(in.used_bytes + in.free_bytes, in.arena_bytes);
   cr_assert_eq(ts_stat(&S, KVS_STAT_store_aborted_objects), aborts0 + N);
-  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  cr_assert_eq(ts_local_verify(S.store, o->k, N), N);
   /* The replaced transfer no longer exists. */
   cr_assert_eq(cc_abort(&a, ps.xfer), -ENOENT);
   cr_assert_eq(cc_commit_shm(&a, ps.xfer, ps.slots, ps.n_slots, NULL), -ENOENT);
-  for (int i = 0; i < N; i++) free(bufs[i]);
   cc_close(&a);
 }
 
 Test(ops, duplicate_prepare_is_busy_and_leaks_nothing, T_TIMEOUT) {
-  start(8, NULL);
-  const uint64_t LEN = 4096;
-  kvs_layout_t l = blob(LEN);
-  kvs_key_t k[3] = {tk(7, 0), tk(7, 1), tk(7, 2)};
+  const objs_t *o = start_objs(8, 3, 7, 4096);
   cc_t a, b;
   open_shm(&a);
   open_shm(&b);
   cc_pstore_t pa, pb;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pa), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 2, &pa), 0);
   cr_assert_eq(pa.n_slots, 2);
   uint64_t r1 = ts_info(S.store).reserved_bytes;
   cr_assert_gt(r1, 0);
   /* Another connection: BUSY, no slots, no transfer, nothing more reserved. */
-  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pb), 0);
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 2, &pb), 0);
   cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
   cr_assert_eq(pb.outcomes[1], KVS_RES_BUSY);
   cr_assert_eq(pb.n_slots, 0);
   cr_assert_eq(pb.xfer, 0);
   cr_assert_eq(ts_info(S.store).reserved_bytes, r1, "a duplicate prepare reserved bytes");
   /* The same connection again: BUSY too (the seed overwrote and leaked the first). */
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 1, &pb), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 1, &pb), 0);
   cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
   cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
   /* A mix: the free key is reserved, the busy one is not. */
-  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, &k[1], 2, &pb), 0);
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &o->l, &o->k[1], 2, &pb), 0);
   cr_assert_eq(pb.outcomes[0], KVS_RES_BUSY);
   cr_assert_eq(pb.outcomes[1], KVS_RES_RESERVED);
   cr_assert_eq(pb.n_slots, 1);
@@ -407,42 +409,37 @@ Test(ops, duplicate_prepare_is_busy_and_leaks_nothing, T_TIMEOUT) {
   cr_assert_eq(cc_abort(&b, pb.xfer), 0);
   cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
   /* An inline commit of a key being written elsewhere: BUSY outcome, nothing kept. */
-  void *buf = malloc(LEN);
-  pat_fill(buf, LEN, k[0]);
-  const void *bufs[1] = {buf};
   uint32_t committed = 9;
   uint8_t outc[1] = {0xff};
-  cr_assert_eq(cc_commit_inline(&b, 0, 0, &l, k, 1, bufs, &committed, outc), 0);
+  cr_assert_eq(cc_commit_inline(&b, 0, 0, &o->l, o->k, 1, (const void *const *)o->bufs,
+                                &committed, outc), 0);
   cr_assert_eq(committed, 0);
   cr_assert_eq(outc[0], KVS_RES_BUSY);
   cr_assert_eq(ts_info(S.store).reserved_bytes, r1);
   /* The owner commits; now everyone sees PRESENT. */
-  cr_assert_eq(cc_write_and_commit(&a, &pa, k, 0), 2);
+  cr_assert_eq(cc_write_and_commit(&a, &pa, o->k, 0), 2);
   cr_assert_eq(ts_info(S.store).reserved_bytes, 0);
-  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pb), 0);
+  cr_assert_eq(cc_prepare_store(&b, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 2, &pb), 0);
   cr_assert_eq(pb.outcomes[0], KVS_RES_PRESENT);
   cr_assert_eq(pb.outcomes[1], KVS_RES_PRESENT);
-  cr_assert_eq(ts_local_verify(S.store, k, 2), 2);
-  free(buf);
+  cr_assert_eq(ts_local_verify(S.store, o->k, 2), 2);
   cc_close(&a);
   cc_close(&b);
 }
 
 Test(ops, foreign_transfer_is_eperm_and_changes_nothing, T_TIMEOUT) {
-  start(8, NULL);
   const uint64_t LEN = 8192;
-  kvs_layout_t l = blob(LEN);
-  kvs_key_t k[2] = {tk(8, 0), tk(8, 1)};
+  const objs_t *o = start_objs(8, 2, 8, LEN);
   cc_t a, b;
   open_shm(&a);
   open_shm(&b);
   uint64_t errs0 = ts_stat(&S, KVS_STAT_coord_errors);
   uint64_t bad0 = ts_stat(&S, KVS_STAT_store_bad_transfer);
   cc_pstore_t pa;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &pa), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 2, &pa), 0);
   kvs_store_info_t mid = ts_info(S.store);
   uint8_t *base = kvs_pool_base(b.pool);
-  for (uint32_t i = 0; i < pa.n_slots; i++) pat_fill(base + pa.slots[i].offset, LEN, k[i]);
+  for (uint32_t i = 0; i < pa.n_slots; i++) pat_fill(base + pa.slots[i].offset, LEN, o->k[i]);
   /* b names a's transfer with a's exact slots: refused, and the connection stays. */
   cr_assert_eq(cc_commit_shm(&b, pa.xfer, pa.slots, pa.n_slots, NULL), -EPERM);
   cr_assert_eq(cc_abort(&b, pa.xfer), -EPERM);
@@ -456,7 +453,7 @@ Test(ops, foreign_transfer_is_eperm_and_changes_nothing, T_TIMEOUT) {
   cr_assert_eq(committed, 2);
   /* Read transfers too. */
   cc_pretr_t r;
-  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, 2, &r), 0);
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, o->k, 2, &r), 0);
   cr_assert_eq(cc_commit_retrieve(&b, r.xfer), -EPERM);
   cr_assert_eq(ts_info(S.store).pins, 2);
   cr_assert_eq(cc_commit_retrieve(&a, r.xfer), 0);
@@ -472,27 +469,25 @@ Test(ops, foreign_transfer_is_eperm_and_changes_nothing, T_TIMEOUT) {
 }
 
 Test(ops, abort_and_commit_retrieve_noop, T_TIMEOUT) {
-  start(4, NULL);
-  kvs_layout_t l = blob(4096);
-  kvs_key_t k[2] = {tk(9, 0), tk(9, 1)};
+  const objs_t *o = start_objs(4, 2, 9, 4096);
   cc_t a;
   open_shm(&a);
   cc_pstore_t ps;
-  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &l, k, 2, &ps), 0);
+  cr_assert_eq(cc_prepare_store(&a, KVS_PROTO_STRATEGY_SHM, 0, &o->l, o->k, 2, &ps), 0);
   cr_assert_gt(ts_info(S.store).reserved_bytes, 0);
   cr_assert_eq(cc_abort(&a, ps.xfer), 0);
   kvs_store_info_t in = ts_info(S.store);
   cr_assert_eq(in.reserved_bytes, 0);
   cr_assert_eq(in.free_bytes, in.arena_bytes);
   uint32_t found = 9;
-  cr_assert_eq(cc_lookup(&a, k, 2, &found), 0);
+  cr_assert_eq(cc_lookup(&a, o->k, 2, &found), 0);
   cr_assert_eq(found, 0);
   cr_assert_eq(cc_abort(&a, ps.xfer), -ENOENT);
   cr_assert_eq(cc_commit_retrieve(&a, 0), 0, "COMMIT_RETRIEVE 0 is a no-op");
   /* ABORT of a read transfer releases its pins. */
-  cr_assert_eq(ts_local_put(S.store, k, 2, &l), 2);
+  cr_assert_eq(ts_local_put(S.store, o->k, 2, &o->l), 2);
   cc_pretr_t r;
-  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, k, 2, &r), 0);
+  cr_assert_eq(cc_prepare_retrieve(&a, KVS_PROTO_STRATEGY_SHM, o->k, 2, &r), 0);
   cr_assert_eq(ts_info(S.store).pins, 2);
   cr_assert_eq(cc_abort(&a, r.xfer), 0);
   cr_assert_eq(ts_info(S.store).pins, 0);
@@ -501,10 +496,8 @@ Test(ops, abort_and_commit_retrieve_noop, T_TIMEOUT) {
 }
 
 Test(ops, stats_info_and_json, T_TIMEOUT) {
-  start(4, NULL);
-  kvs_layout_t l = blob(4096);
-  kvs_key_t k[2] = {tk(10, 0), tk(10, 1)};
-  cr_assert_eq(ts_local_put(S.store, k, 2, &l), 2);
+  const objs_t *o = start_objs(4, 2, 10, 4096);
+  cr_assert_eq(ts_local_put(S.store, o->k, 2, &o->l), 2);
   cc_t a;
   open_shm(&a);
   static char text[65536];
@@ -655,13 +648,9 @@ static kvs_peers_t *peers_for(int strategy) {
 }
 
 Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
-  start(16, NULL);
   enum { N = 8 };
   const uint64_t LEN = 100000;
-  kvs_key_t k[N];
-  void *bufs[N];
-  pattern_bufs(k, bufs, N, 13, LEN);
-  kvs_layout_t l = blob(LEN);
+  const objs_t *o = start_objs(16, N, 13, LEN);
   kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO), *pi = peers_for(KVS_STRATEGY_INLINE);
   kvs_peer_info_t info[2];
   cr_assert_eq(kvs_peers_list(ps, info, 2), 1);
@@ -673,18 +662,19 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
 
   /* First half stored through SHM, second half inline. */
   uint8_t outc[N];
-  cr_assert_eq(kvs_peers_store(ps, 0, k, N / 2, &l, false, (const void *const *)bufs, outc), N / 2);
+  cr_assert_eq(
+      kvs_peers_store(ps, 0, o->k, N / 2, &o->l, false, (const void *const *)o->bufs, outc), N / 2);
   cr_assert_eq(outc[0], KVS_RES_RESERVED);
-  cr_assert_eq(kvs_peers_store(pi, S.instance_id, &k[N / 2], N / 2, &l, false,
-                               (const void *const *)&bufs[N / 2], outc), N / 2);
-  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  cr_assert_eq(kvs_peers_store(pi, S.instance_id, &o->k[N / 2], N / 2, &o->l, false,
+                               (const void *const *)&o->bufs[N / 2], outc), N / 2);
+  cr_assert_eq(ts_local_verify(S.store, o->k, N), N);
   uint64_t best = 0;
-  cr_assert_eq(kvs_peers_lookup(ps, k, N, &best), N);
+  cr_assert_eq(kvs_peers_lookup(ps, o->k, N, &best), N);
   cr_assert_eq(best, S.instance_id);
 
-  sink_ctx_t a = {k, LEN, {0}, 0}, b = {k, LEN, {0}, 0};
-  cr_assert_eq(kvs_peers_retrieve(ps, 0, k, N, sink, &a), N);
-  cr_assert_eq(kvs_peers_retrieve(pi, S.instance_id, k, N, sink, &b), N);
+  sink_ctx_t a = {o->k, LEN, {0}, 0}, b = {o->k, LEN, {0}, 0};
+  cr_assert_eq(kvs_peers_retrieve(ps, 0, o->k, N, sink, &a), N);
+  cr_assert_eq(kvs_peers_retrieve(pi, S.instance_id, o->k, N, sink, &b), N);
   cr_assert_eq(a.bad + b.bad, 0);
   for (int i = 0; i < N; i++) {
     cr_assert_eq(memcmp(a.copy[i], b.copy[i], LEN), 0, "SHM and inline differ at %d", i);
@@ -704,42 +694,36 @@ Test(ops, peers_api_shm_and_inline_return_the_same_bytes, T_TIMEOUT) {
   kvs_store_info_t base = {0};
   cr_assert_geq(ts_wait_baseline(S.store, &base, S.coord, 0, 2000), 0);
   cr_assert_eq(ts_stat(&S, KVS_STAT_coord_errors), 0);
-  for (int i = 0; i < N; i++) free(bufs[i]);
 }
 
 /* The queries are pure (core/wire/peer.h, design §3.8): with a server listening but no discovery
  * run, lookup, retrieve and store find no peer, and none of them dials one (the table stays
  * empty). The first discovery then finds it, and the same calls reach it. */
 Test(ops, peers_queries_never_discover, T_TIMEOUT) {
-  start(16, NULL);
-  kvs_options_t o = S.opts;
-  kvs_peers_config_t pc = {.opts = &o, .role = KVS_PROTO_ROLE_TOOL};
+  const objs_t *o = start_objs(16, 1, 17, 4096);
+  kvs_options_t opts = S.opts;
+  kvs_peers_config_t pc = {.opts = &opts, .role = KVS_PROTO_ROLE_TOOL};
   kvs_peers_t *p = NULL;
   cr_assert_eq(kvs_peers_create(&pc, &p), 0);
-  kvs_key_t k = tk(17, 1);
-  void *buf = NULL;
-  pattern_bufs(&k, &buf, 1, 17, 4096);
-  kvs_layout_t l = blob(4096);
   uint64_t best = 1;
-  sink_ctx_t a = {&k, 4096, {0}, 0};
+  sink_ctx_t a = {o->k, 4096, {0}, 0};
   kvs_peer_info_t info[1];
-  cr_assert_eq(kvs_peers_store(p, 0, &k, 1, &l, false, (const void *const *)&buf, NULL),
+  cr_assert_eq(kvs_peers_store(p, 0, o->k, 1, &o->l, false, (const void *const *)o->bufs, NULL),
                -ENOENT, "a store found a peer nobody discovered");
-  cr_assert_eq(kvs_peers_lookup(p, &k, 1, &best), 0);
+  cr_assert_eq(kvs_peers_lookup(p, o->k, 1, &best), 0);
   cr_assert_eq(best, 0);
-  cr_assert_eq(kvs_peers_retrieve(p, 0, &k, 1, sink, &a), 0);
+  cr_assert_eq(kvs_peers_retrieve(p, 0, o->k, 1, sink, &a), 0);
   cr_assert_eq(kvs_peers_cache_peer(p), 0);
   cr_assert_eq(kvs_peers_list(p, info, 1), 0, "a query dialled the server");
   cr_assert_eq(ts_stat(&S, KVS_STAT_coord_connections), 0, "a query connected");
   cr_assert_eq(kvs_peers_discover(p, true), 1);
-  cr_assert_eq(kvs_peers_store(p, 0, &k, 1, &l, false, (const void *const *)&buf, NULL), 1);
-  cr_assert_eq(kvs_peers_lookup(p, &k, 1, &best), 1);
+  cr_assert_eq(kvs_peers_store(p, 0, o->k, 1, &o->l, false, (const void *const *)o->bufs, NULL), 1);
+  cr_assert_eq(kvs_peers_lookup(p, o->k, 1, &best), 1);
   cr_assert_eq(best, S.instance_id);
-  cr_assert_eq(kvs_peers_retrieve(p, 0, &k, 1, sink, &a), 1);
+  cr_assert_eq(kvs_peers_retrieve(p, 0, o->k, 1, sink, &a), 1);
   cr_assert_eq(a.bad, 0);
   free(a.copy[0]);
   kvs_peers_destroy(p);
-  free(buf);
 }
 
 /* ---- WATCH (docs/protocol.md 4.12) ----------------------------------------------------------- */

@@ -179,6 +179,19 @@ static void cfg_mask(const char *var, unsigned long *out) {
     *out = m;
 }
 
+/* A 0/1 variable var: 1 when it is set to one of them (*out then 0 or 1), 0 when unset or
+ * invalid (warned about; the default kept). */
+static int cfg_flag(const char *var, int *out) {
+  const char *v = getenv(var);
+  if (!v || !*v) return 0;
+  if (strcmp(v, "0") && strcmp(v, "1")) {
+    cfg_warn(var, v, "expected 0 or 1, using 0");
+    return 0;
+  }
+  *out = !strcmp(v, "1");
+  return 1;
+}
+
 static void cfg_load(void) {
   const char *v = getenv("FAKECUDA_DEVICES");
   if (v && *v) {
@@ -203,23 +216,13 @@ static void cfg_load(void) {
     cfg_log_fd = open(v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (cfg_log_fd < 0) cfg_warn("FAKECUDA_LOG", v, strerror(errno));
   }
-  v = getenv("FAKECUDA_NO_UVA");
-  if (v && *v) {
-    if (strcmp(v, "0") && strcmp(v, "1"))
-      cfg_warn("FAKECUDA_NO_UVA", v, "expected 0 or 1, using 0");
-    else
-      cfg_uva = !strcmp(v, "0");
-  }
-  v = getenv("FAKECUDA_GPA_ALIAS");
-  if (v && *v) {
-    if (strcmp(v, "0") && strcmp(v, "1"))
-      cfg_warn("FAKECUDA_GPA_ALIAS", v, "expected 0 or 1, using 0");
+  int no_uva, alias;
+  if (cfg_flag("FAKECUDA_NO_UVA", &no_uva)) cfg_uva = !no_uva;
+  if (cfg_flag("FAKECUDA_GPA_ALIAS", &alias)) {
 #if defined(__x86_64__)
-    else
-      cfg_gpa_alias = !strcmp(v, "1");
+    cfg_gpa_alias = alias;
 #else
-    else if (!strcmp(v, "1"))
-      cfg_warn("FAKECUDA_GPA_ALIAS", v, "jump stubs exist on x86-64 only, using 0");
+    if (alias) cfg_warn("FAKECUDA_GPA_ALIAS", "1", "jump stubs exist on x86-64 only, using 0");
 #endif
   }
   cfg_mask("FAKECUDA_NO_HOSTPTR", &cfg_no_hostptr);
@@ -234,13 +237,7 @@ static void cfg_load(void) {
       cfg_register_ns_per_mib = ns;
   }
   cfg_mask("FAKECUDA_NO_READONLY_REGISTER", &cfg_no_roreg);
-  v = getenv("FAKECUDA_DEFER_ASYNC");
-  if (v && *v) {
-    if (strcmp(v, "0") && strcmp(v, "1"))
-      cfg_warn("FAKECUDA_DEFER_ASYNC", v, "expected 0 or 1, using 0");
-    else
-      cfg_defer_async = !strcmp(v, "1");
-  }
+  cfg_flag("FAKECUDA_DEFER_ASYNC", &cfg_defer_async);
   /* The child of a fork inherits a consistent registry and an unlocked mutex. */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
@@ -458,6 +455,18 @@ static int grow(void **arr, size_t *cap, size_t elem) {
   *arr = p;
   *cap = ncap;
   return 0;
+}
+
+/* Caller holds reg_lock. Appends o (the caller's calloc, made outside the lock) to a handle
+ * list of *n entries (*cap allocated), which then owns it; returns o, or NULL when o is NULL or
+ * the list cannot grow (o freed, the list unchanged). */
+static void *handle_add_locked(void ***list, size_t *n, size_t *cap, void *o) {
+  if (!o || (*n == *cap && grow((void **)list, cap, sizeof **list) < 0)) {
+    free(o);
+    return NULL;
+  }
+  (*list)[(*n)++] = o;
+  return o;
 }
 
 /* Caller holds reg_lock. 1 when c is a context handle this process handed out. */
@@ -1098,18 +1107,12 @@ static CUresult ctx_create(const char *name, CUcontext *pctx, unsigned flags, CU
   if (r == CUDA_SUCCESS) {
     c = calloc(1, sizeof *c);
     lock();
-    if (!c || (ctx_n == ctx_cap && grow((void **)&ctx_list, &ctx_cap, sizeof *ctx_list) < 0)) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
+    c = handle_add_locked((void ***)&ctx_list, &ctx_n, &ctx_cap, c);
+    if (c)
       *c = (struct CUctx_st){.magic = FK_CTX_MAGIC, .dev = dev, .alive = 1, .ord = ++ord_ctx,
                              .flags = flags};
-      ctx_list[ctx_n++] = c;
-    }
     unlock();
-    if (r != CUDA_SUCCESS) {
-      free(c);
-      c = NULL;
-    }
+    if (!c) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r == CUDA_SUCCESS) {
     tls_ctx[tls_depth++] = c; /* a new context becomes current, supplanting the old one */
@@ -1288,19 +1291,12 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   if (r == CUDA_SUCCESS) {
     s = calloc(1, sizeof *s);
     lock();
-    if (!s || (stream_n == stream_cap &&
-               grow((void **)&stream_list, &stream_cap, sizeof *stream_list) < 0)) {
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
+    s = handle_add_locked((void ***)&stream_list, &stream_n, &stream_cap, s);
+    if (s)
       *s = (struct CUstream_st){.magic = FK_STREAM_MAGIC, .ord = ++ord_stream, .flags = Flags,
                                 .alive = 1, .ctx = c};
-      stream_list[stream_n++] = s;
-    }
     unlock();
-    if (r != CUDA_SUCCESS) {
-      free(s);
-      s = NULL;
-    }
+    if (!s) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (r == CUDA_SUCCESS) {
     *phStream = s;
@@ -1452,11 +1448,17 @@ CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureSta
   return r;
 }
 
-CUresult cuGraphDestroy(CUgraph hGraph) {
+/* Releasing one of the fake's static objects (a capture's graph, the module): nothing is freed;
+ * a handle other than want answers bad. */
+static CUresult static_release(const char *name, const void *h, const void *want, CUresult bad) {
   CUresult r = need_init();
-  if (r == CUDA_SUCCESS && hGraph != &fk_graph) r = CUDA_ERROR_INVALID_VALUE;
-  fk_log("cuGraphDestroy -> %d", (int)r);
+  if (r == CUDA_SUCCESS && h != want) r = bad;
+  fk_log("%s -> %d", name, (int)r);
   return r;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+  return static_release("cuGraphDestroy", hGraph, &fk_graph, CUDA_ERROR_INVALID_VALUE);
 }
 
 /* ---- device memory ------------------------------------------------------------------------ */
@@ -1539,6 +1541,16 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   fk_log("cuMemRelease handle=%llu -> %d", (unsigned long long)handle, (int)r);
   return r;
 }
+/* The end of every device free, cuMemFree's and cuMemFreeAsync's: unless the checks before
+ * failed (r), the queued work is drained and dptr's allocation destroyed; logged under name. */
+static CUresult free_drained(const char *name, CUdeviceptr dptr, CUresult r) {
+  char lb[FK_LABEL_MAX];
+  ptr_label((uintptr_t)dptr, lb, sizeof lb);
+  if (r == CUDA_SUCCESS) drain_all();
+  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
+  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
+  return r;
+}
 static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS) {
@@ -1546,12 +1558,7 @@ static CUresult mem_free_async(const char *name, CUdeviceptr dptr, CUstream s) {
     if (!stream_ok_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
     unlock();
   }
-  char lb[FK_LABEL_MAX];
-  ptr_label((uintptr_t)dptr, lb, sizeof lb);
-  if (r == CUDA_SUCCESS) drain_all();
-  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
-  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
-  return r;
+  return free_drained(name, dptr, r);
 }
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   return mem_free_async("cuMemFreeAsync", dptr, hStream);
@@ -1617,12 +1624,7 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
 static CUresult mem_free(const char *name, CUdeviceptr dptr) {
   CUresult r = need_ctx(NULL);
   if (r == CUDA_SUCCESS) r = capture_guard();
-  char lb[FK_LABEL_MAX];
-  ptr_label((uintptr_t)dptr, lb, sizeof lb);
-  if (r == CUDA_SUCCESS) drain_all();
-  if (r == CUDA_SUCCESS) r = dev_destroy((uintptr_t)dptr);
-  fk_log("%s dptr=%s -> %d", name, lb, (int)r);
-  return r;
+  return free_drained(name, dptr, r);
 }
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return mem_free("cuMemFree_v2", dptr); }
 CUresult cuMemFree(CUdeviceptr_v1 dptr) { return mem_free("cuMemFree", (CUdeviceptr)dptr); }
@@ -2328,10 +2330,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   return r;
 }
 CUresult cuModuleUnload(CUmodule hmod) {
-  CUresult r = need_init();
-  if (r == CUDA_SUCCESS && hmod != &fk_module) r = CUDA_ERROR_INVALID_HANDLE;
-  fk_log("cuModuleUnload -> %d", (int)r);
-  return r;
+  return static_release("cuModuleUnload", hmod, &fk_module, CUDA_ERROR_INVALID_HANDLE);
 }
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
   CUresult r = need_init();

@@ -856,6 +856,9 @@ static int child_main(const char *w) {
 /* ========================================= cases ========================================== */
 
 typedef struct tcase {
+  const char *name;  /* the case (argv[1]), its temporary directory's tag */
+  char *const *args; /* the arguments after it (cudart <prog>, bandwidth <prog> ...) */
+  int nargs;
   char tmp[256];
   char run[1024], stats[1024], log[1024], err[1024], out[1024];
   pt_env_t env;
@@ -867,8 +870,8 @@ typedef struct tcase {
  * test's own KVSHIM_RUN_DIR and KVSHIM_STATS. Every run prints the options it set
  * ("options: ..."), which scripts/gpu-check shows for its step. Cases about registering each
  * buffer on its own (KVSHIM_CUDA_PIN_ARENA=0) use tc_init_own. */
-static void tc_init(tcase_t *c, const char *tag, bool preload) {
-  if (!c->tmp[0]) pt_mkdtemp(c->tmp, sizeof c->tmp, tag);
+static void tc_init(tcase_t *c, bool preload) {
+  if (!c->tmp[0]) pt_mkdtemp(c->tmp, sizeof c->tmp, c->name);
   snprintf(c->run, sizeof c->run, "%s/run", c->tmp);
   snprintf(c->stats, sizeof c->stats, "%s/stats.json", c->tmp);
   snprintf(c->log, sizeof c->log, "%s/fake.log", c->tmp);
@@ -893,8 +896,8 @@ static void tc_unset(tcase_t *c, const char *name) {
       return;
     }
 }
-static void tc_init_own(tcase_t *c, const char *tag, bool preload) {
-  tc_init(c, tag, preload);
+static void tc_init_own(tcase_t *c, bool preload) {
+  tc_init(c, preload);
   pt_env_set(&c->env, "KVSHIM_CUDA_PIN_ARENA", "0");
 }
 /* New output files for the next run in the same directory. */
@@ -929,11 +932,21 @@ static void say_options(const tcase_t *c, const char *workload) {
   fflush(stdout);
 }
 
-static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload) {
+/* Start workload w with pipes to it; line gets the first line it prints (its "ready ..."). */
+static void spawn_child(pt_proc_t *p, tcase_t *c, const char *workload, char line[256]) {
   say_options(c, workload);
   char *argv[] = {(char *)pt_self_exe(), "--child", (char *)workload, NULL};
   pt_spawn_opts_t o = {.pipes = true, .err_path = c->err};
   pt_spawn(p, argv, &c->env, &o);
+  pt_readline(p, line, 256);
+}
+/* Let a spawned workload that waits for "go" finish: it answers "done" and exits 0. */
+static void finish_child(pt_proc_t *p, tcase_t *c) {
+  char line[256];
+  pt_writeline(p, "go");
+  pt_readline(p, line, sizeof line);
+  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
+  PT_CHECK(pt_wait(p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
 }
 static int run_child(tcase_t *c, const char *workload, rlim_t fsize) {
   say_options(c, workload);
@@ -949,13 +962,61 @@ static char *must_read(const char *path) {
   PT_CHECK(t, "%s is missing", path);
   return t;
 }
+/* The plain arm of a comparison: workload w run without the preload (its files "-plain"); its
+ * stdout in *out and the driver's call log in *log ("" on the real driver; log may be NULL),
+ * both the caller's to free. c's environment is then the preloaded one (tc_init) for the arm
+ * compared with it. */
+static void run_plain(tcase_t *c, const char *w, char **out, char **log) {
+  tc_init(c, false);
+  tc_next(c, "plain");
+  PT_CHECK(run_child(c, w, 0) == 0, "plain run failed");
+  *out = must_read(c->out);
+  if (log) *log = g_real_driver ? strdup("") : must_read(c->log);
+  tc_init(c, true);
+}
 static void expect_stat(const char *json, const char *name, long long want) {
   long long got = pt_stat(json, name);
   PT_CHECK(got == want, "%s = %lld, expected %lld", name, got, want);
 }
+/* Run workload w (run_child); it must succeed. Returns its KVSHIM_STATS text (the caller frees
+ * it). */
+static char *run_stats(tcase_t *c, const char *w) {
+  PT_CHECK(run_child(c, w, 0) == 0, "child failed (see %s)", c->err);
+  return must_read(c->stats);
+}
+/* The host arena's counters in a stats text: the allocations it served, those that fell back
+ * to the driver and, unless UNCHECKED, the bytes still in use. */
+#define UNCHECKED (-1)
+static void expect_arena(const char *st, long long allocs, long long fallbacks, long long used) {
+  expect_stat(st, "host_arena_allocs", allocs);
+  expect_stat(st, "host_arena_fallbacks", fallbacks);
+  if (used != UNCHECKED) expect_stat(st, "host_arena_used_bytes", used);
+}
 static void expect_count(const char *text, const char *needle, int want) {
   int got = pt_count(text, needle);
   PT_CHECK(got == want, "'%s' appears %d times, expected %d", needle, got, want);
+}
+/* A needle and how many times it must appear in a text: a row of a list that WANT ends. */
+typedef struct count_want {
+  const char *needle;
+  int want;
+} count_want_t;
+#define WANT(...) ((const count_want_t[]){__VA_ARGS__, {NULL, 0}})
+static void expect_counts(const char *text, const count_want_t *w) {
+  for (; w->needle; w++) expect_count(text, w->needle, w->want);
+}
+/* The fake driver's call log at path, as expect_counts; the real driver writes none. */
+static void expect_log(const char *path, const count_want_t *w) {
+  if (g_real_driver) return;
+  char *log = must_read(path);
+  expect_counts(log, w);
+  free(log);
+}
+
+/* Connect peer to the coordinator at sock (a child's) and read its stats, JSON, into json. */
+static void peer_stats(pt_peer_t *peer, const char *sock, char json[8192]) {
+  pt_peer_connect(peer, sock);
+  pt_peer_stats(peer, json, 8192);
 }
 
 static void open_pool(pt_peer_t *peer, kvs_pool_t **pool) {
@@ -964,26 +1025,20 @@ static void open_pool(pt_peer_t *peer, kvs_pool_t **pool) {
   PT_CHECK(rc == 0, "kvs_pool_attach: %s", strerror(-rc));
 }
 
-static int case_host_pool(void) {
-  tcase_t c = {0};
-  tc_init(&c, "host", true);
+static int case_host_pool(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, &c, "host");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "host", line);
   uintptr_t a, b, s;
   PT_CHECK(sscanf(line, "ready %" SCNxPTR " %" SCNxPTR " %" SCNxPTR, &a, &b, &s) == 3, "'%s'",
            line);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
-  PT_CHECK(peer.pid == (uint32_t)p.pid, "the socket belongs to the child");
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
-  expect_stat(json, "host_arena_allocs", 2);
-  expect_stat(json, "host_arena_used_bytes", 6 * MiB);
-  expect_stat(json, "host_arena_fallbacks", 0);
+  peer_stats(&peer, socks[0], json);
+  PT_CHECK(peer.pid == (uint32_t)p.pid, "the socket belongs to the child");
+  expect_arena(json, 2, 0, 6 * MiB);
 
   /* A second process reads the buffers through CPU_SHM descriptors and the pool fd. */
   kvs_pool_t *pool;
@@ -1003,86 +1058,63 @@ static int case_host_pool(void) {
   kvs_pool_destroy(pool, true);
   pt_peer_close(&peer);
 
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+  finish_child(&p, c);
 
-  char *st = must_read(c.stats), *log = g_real_driver ? NULL : must_read(c.log);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_used_bytes", 0);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  char *st = must_read(c->stats);
+  expect_arena(st, 2, 0, 0);
   expect_stat(st, "hook_fallbacks", 0);
-  if (log) {
   /* The defaults: one piece (the whole 32 MiB arena, smaller than 64 MiB) registered inside
    * the first host allocation; both buffers from it; freed back without an unregistration. */
-  expect_count(log, "cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1", 1);
-  expect_count(log, "cuMemHostRegister_v2", 1);
-  expect_count(log, "cuMemHostUnregister", 0);
-  expect_count(log, "cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1);
-  expect_count(log, "cuMemHostAlloc bytesize=4194304", 0);
-  expect_count(log, "cuMemAllocHost", 0);
-  expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
-  expect_count(log, "cuMemFreeHost p=r", 0);
-  }
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 0, "socket removed at exit");
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=33554432 flags=0x3 -> 0 range=r1", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostUnregister", 0},
+      {"cuMemHostAlloc bytesize=65536 flags=0x0 -> 0", 1},
+      {"cuMemHostAlloc bytesize=4194304", 0},
+      {"cuMemAllocHost", 0},
+      {"cuMemFreeHost p=h1 -> 0", 1},
+      {"cuMemFreeHost p=r", 0}));
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 0, "socket removed at exit");
   free(st);
-  free(log);
-  tc_done(&c);
   return 0;
 }
 
 /* Pooled buffers are device-accessible like the driver's own; where a device cannot use the
  * host pointer of registered memory (FAKECUDA_NO_HOSTPTR), nothing is pooled and the program
  * behaves the same. */
-static int case_host_devaccess(void) {
-  tcase_t c = {0};
-  tc_init(&c, "hostdev", true);
-  PT_CHECK(run_child(&c, "hostdev", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+static int case_host_devaccess(tcase_t *c) {
+  char *st = run_stats(c, "hostdev");
+  expect_arena(st, 2, 0, 0);
   free(st);
   if (!g_real_driver) {
-    pt_env_set(&c.env, "FAKECUDA_DEVICES", "2");
-    pt_env_set(&c.env, "FAKECUDA_NO_HOSTPTR", "2");
-    tc_next(&c, "nohostptr");
-    PT_CHECK(run_child(&c, "hostdev", 0) == 0, "child failed without the attribute (see %s)",
-             c.err);
-    char *log = must_read(c.log);
-    st = must_read(c.stats);
-    expect_stat(st, "host_arena_allocs", 0);
-    expect_stat(st, "host_arena_fallbacks", 2);
-    expect_count(log, "cuMemHostRegister", 0);
-    expect_count(log, "cuMemAllocHost_v2 bytesize=2097152 -> 0", 1);
-    free(st), free(log);
+    pt_env_set(&c->env, "FAKECUDA_DEVICES", "2");
+    pt_env_set(&c->env, "FAKECUDA_NO_HOSTPTR", "2");
+    tc_next(c, "nohostptr");
+    PT_CHECK(run_child(c, "hostdev", 0) == 0, "child failed without the attribute (see %s)",
+             c->err);
+    st = must_read(c->stats);
+    expect_arena(st, 0, 2, UNCHECKED);
+    free(st);
+    expect_log(c->log, WANT(
+        {"cuMemHostRegister", 0},
+        {"cuMemAllocHost_v2 bytesize=2097152 -> 0", 1}));
   }
-  tc_done(&c);
   return 0;
 }
 
-static int case_arena_full(void) {
-  tcase_t c = {0};
-  tc_init(&c, "arena", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4M");
-  PT_CHECK(run_child(&c, "arena", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats), *log = g_real_driver ? NULL : must_read(c.log);
-  expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_fallbacks", 1);
-  expect_stat(st, "host_arena_used_bytes", 0);
-  if (log) {
-    /* The defaults: the 4 MiB arena is one piece, registered for the first buffer; the second
-     * does not fit beside it and goes to the driver. */
-    expect_count(log, "cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 1);
-    expect_count(log, "cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1);
-    expect_count(log, "cuMemFreeHost p=h1 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 0); /* kept registered */
-  }
+static int case_arena_full(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "4M");
+  char *st = run_stats(c, "arena");
+  expect_arena(st, 1, 1, 0);
   free(st);
-  free(log);
-  tc_done(&c);
+  /* The defaults: the 4 MiB arena is one piece, registered for the first buffer; the second
+   * does not fit beside it and goes to the driver. */
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostAlloc bytesize=3145728 flags=0x0 -> 0 pp=h1", 1},
+      {"cuMemFreeHost p=h1 -> 0", 1},
+      {"cuMemHostUnregister", 0})); /* kept registered */
   return 0;
 }
 
@@ -1091,9 +1123,8 @@ static int case_arena_full(void) {
 static void start_exporter(tcase_t *c, pt_proc_t *p, unsigned long long *d,
                            unsigned long long *pd, size_t *pitch, char (*socks)[256],
                            char reader[PATH_MAX]) {
-  spawn_child(p, c, "device");
   char line[256];
-  pt_readline(p, line, sizeof line);
+  spawn_child(p, c, "device", line);
   PT_CHECK(sscanf(line, "ready %llx %llx %zu", d, pd, pitch) == 3, "'%s'", line);
   PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   snprintf(reader, PATH_MAX, "%s", pt_self_exe());
@@ -1101,9 +1132,7 @@ static void start_exporter(tcase_t *c, pt_proc_t *p, unsigned long long *d,
   snprintf(slash + 1, PATH_MAX - (size_t)(slash + 1 - reader), "cuda_ipc_reader");
 }
 
-static int case_device_ipc(void) {
-  tcase_t c = {0};
-  tc_init(&c, "device", true);
+static int case_device_ipc(tcase_t *c) {
   pt_proc_t p;
   char line[256];
   unsigned long long d, pd;
@@ -1111,9 +1140,9 @@ static int case_device_ipc(void) {
   char socks[4][256];
   /* The reader: another process, not preloaded, using shims/cuda's open_ipc. */
   char reader[PATH_MAX], rlog[1024], rerr[1024], a1[32], a2[32], a3[32];
-  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
-  snprintf(rlog, sizeof rlog, "%s/reader-fake.log", c.tmp);
-  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
+  start_exporter(c, &p, &d, &pd, &pitch, socks, reader);
+  snprintf(rlog, sizeof rlog, "%s/reader-fake.log", c->tmp);
+  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c->tmp);
   snprintf(a1, sizeof a1, "%llx", d);
   snprintf(a2, sizeof a2, "%llx", pd);
   snprintf(a3, sizeof a3, "%zu", pitch * 16);
@@ -1126,19 +1155,15 @@ static int case_device_ipc(void) {
   PT_CHECK(rc == 0, "reader failed: %s", rerr_text ? rerr_text : "?");
   free(rerr_text);
   pt_env_free(&renv);
-  if (!g_real_driver) {
-    char *rl = must_read(rlog);
-    expect_count(rl, "cuIpcOpenMemHandle_v2 bytes=1048576 flags=0x1 -> 0", 1); /* opened once */
-    expect_count(rl, "cuIpcCloseMemHandle", 1);                                 /* closed once */
-    expect_count(rl, "cuMemHostRegister_v2 bytesize=1048576 flags=0x1 -> 0", 1); /* kvs_accel pin */
-    expect_count(rl, "cuMemHostUnregister p=r1 -> 0", 1);
-    free(rl);
-  }
+  expect_log(rlog, WANT(
+      {"cuIpcOpenMemHandle_v2 bytes=1048576 flags=0x1 -> 0", 1}, /* opened once */
+      {"cuIpcCloseMemHandle", 1}, /* closed once */
+      {"cuMemHostRegister_v2 bytesize=1048576 flags=0x1 -> 0", 1}, /* kvs_accel pin */
+      {"cuMemHostUnregister p=r1 -> 0", 1}));
 
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
+  peer_stats(&peer, socks[0], json);
   expect_stat(json, "cuda_device_allocs", 2);
   expect_stat(json, "cuda_device_exportable", 2);
   pt_writeline(&p, "free");
@@ -1149,30 +1174,24 @@ static int case_device_ipc(void) {
   PT_CHECK(pt_peer_export(&peer, pd, pitch * 16, desc, 2) == 0, "freed pitch allocation");
   pt_peer_close(&peer);
   pt_writeline(&p, "exit");
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
-  if (!g_real_driver) {
-    char *log = must_read(c.log);
-    expect_count(log, "cuIpcGetMemHandle dptr=d1 -> 0", 1);
-    expect_count(log, "cuIpcGetMemHandle dptr=d2 -> 0", 1);
-    free(log);
-  }
-  tc_done(&c);
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c->err);
+  expect_log(c->log, WANT(
+      {"cuIpcGetMemHandle dptr=d1 -> 0", 1},
+      {"cuIpcGetMemHandle dptr=d2 -> 0", 1}));
   return 0;
 }
 
 /* Issue 14 item 3: a free while another process has the export open waits (bounded) for its
  * lease; the fake aborts the exporter when it frees memory a live importer maps (cuda.h,
  * cuIpcOpenMemHandle: undefined behaviour). A stale generation is then refused. */
-static int case_ipc_free(void) {
-  tcase_t c = {0};
-  tc_init(&c, "ipcfree", true);
+static int case_ipc_free(tcase_t *c) {
   pt_proc_t p, r;
   char line[256];
   unsigned long long d, pd;
   size_t pitch;
   char socks[4][256], reader[PATH_MAX], rerr[1024], a1[32], a2[32];
-  start_exporter(&c, &p, &d, &pd, &pitch, socks, reader);
-  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c.tmp);
+  start_exporter(c, &p, &d, &pd, &pitch, socks, reader);
+  snprintf(rerr, sizeof rerr, "%s/reader-stderr.txt", c->tmp);
   snprintf(a1, sizeof a1, "%llx", d);
   snprintf(a2, sizeof a2, "%ld", (long)p.pid);
   pt_env_t renv;
@@ -1185,7 +1204,7 @@ static int case_ipc_free(void) {
   pt_writeline(&r, "hold");
   pt_writeline(&p, "free"); /* cuMemFree while the reader holds the handle: must wait */
   pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "freed") == 0, "exporter: '%s' (see %s)", line, c.err);
+  PT_CHECK(strcmp(line, "freed") == 0, "exporter: '%s' (see %s)", line, c->err);
   pt_readline(&r, line, sizeof line);
   PT_CHECK(strcmp(line, "closed") == 0, "reader: '%s'", line);
   pt_writeline(&r, "freed");
@@ -1194,123 +1213,98 @@ static int case_ipc_free(void) {
   PT_CHECK(pt_wait(&r, TIMEOUT_S) == 0, "reader failed (see %s)", rerr);
   pt_env_free(&renv);
   pt_writeline(&p, "exit");
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "exporter failed (see %s)", c.err);
-  if (!g_real_driver) {
-    char *log = must_read(c.log);
-    expect_count(log, "undefined behaviour", 0);
-    free(log);
-  }
-  tc_done(&c);
+  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "exporter failed (see %s)", c->err);
+  expect_log(c->log, WANT({"undefined behaviour", 0}));
   return 0;
 }
 
-static int case_enable0(void) {
-  tcase_t c = {0};
-  tc_init(&c, "enable0", false);
-  tc_next(&c, "plain");
-  PT_CHECK(run_child(&c, "mix", 0) == 0, "plain run failed");
-  char *plain_log = g_real_driver ? strdup("") : must_read(c.log), *plain_out = must_read(c.out);
-
-  tc_init(&c, "enable0", true);
-  pt_env_set(&c.env, "KVSHIM_ENABLE", "0");
-  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
-  tc_next(&c, "off");
-  PT_CHECK(run_child(&c, "mix", 0) == 0, "KVSHIM_ENABLE=0 run failed");
-  char *off_log = g_real_driver ? strdup("") : must_read(c.log), *off_out = must_read(c.out);
+static int case_enable0(tcase_t *c) {
+  char *plain_log, *plain_out;
+  run_plain(c, "mix", &plain_out, &plain_log);
+  pt_env_set(&c->env, "KVSHIM_ENABLE", "0");
+  pt_env_set(&c->env, "KVSHIM_LOG", "debug");
+  tc_next(c, "off");
+  PT_CHECK(run_child(c, "mix", 0) == 0, "KVSHIM_ENABLE=0 run failed");
+  char *off_log = g_real_driver ? strdup("") : must_read(c->log), *off_out = must_read(c->out);
   PT_CHECK(strcmp(plain_log, off_log) == 0, "KVSHIM_ENABLE=0 changed the driver calls:\n%s\n---\n%s",
            plain_log, off_log);
   PT_CHECK(strcmp(plain_out, off_out) == 0, "KVSHIM_ENABLE=0 changed the results");
-  PT_CHECK(pt_dir_entries(c.run) == -1, "KVSHIM_ENABLE=0 created the run directory");
+  PT_CHECK(pt_dir_entries(c->run) == -1, "KVSHIM_ENABLE=0 created the run directory");
   /* KVSHIM_STATS is still written (README: "enabled": false), every hook passed through. */
-  char *off_st = must_read(c.stats);
+  char *off_st = must_read(c->stats);
   PT_CHECK(pt_count(off_st, "\"enabled\":false") == 1, "no \"enabled\":false in %s", off_st);
   PT_CHECK(pt_stat(off_st, "hook_calls") == 0, "KVSHIM_ENABLE=0 counted hook calls: %s", off_st);
   free(off_st);
-  char *err = must_read(c.err);
+  char *err = must_read(c->err);
   expect_count(err, "info: ready", 0);
   expect_count(err, "-> kvshim", 0); /* nothing was routed to a wrapper */
   expect_count(err, "debug:   KVSHIM_ENABLE=0 (env)", 1); /* KVSHIM_LOG=debug: the table */
   free(err);
 
-  tc_init(&c, "enable0", true);
-  tc_next(&c, "on");
-  PT_CHECK(run_child(&c, "mix", 0) == 0, "enabled run failed");
-  char *on_log = g_real_driver ? strdup("") : must_read(c.log), *on_out = must_read(c.out);
+  tc_init(c, true);
+  tc_next(c, "on");
+  PT_CHECK(run_child(c, "mix", 0) == 0, "enabled run failed");
+  char *on_log = g_real_driver ? strdup("") : must_read(c->log), *on_out = must_read(c->out);
   PT_CHECK(strcmp(plain_out, on_out) == 0, "the enabled run's results differ");
   if (!g_real_driver) {
     PT_CHECK(strcmp(plain_log, on_log) != 0, "the enabled run's log equals the plain one");
     expect_count(on_log, "cuMemHostRegister_v2", 1);
   } else {
-    char *st = must_read(c.stats);
+    char *st = must_read(c->stats);
     expect_stat(st, "host_arena_allocs", 1); /* the enabled arm did intercept */
     free(st);
   }
   free(plain_log), free(plain_out), free(off_log), free(off_out), free(on_log), free(on_out);
-  tc_done(&c);
   return 0;
 }
 
-static int case_failopen(void) {
-  tcase_t c = {0};
-  tc_init(&c, "failopen", false);
-  tc_next(&c, "plain");
-  PT_CHECK(run_child(&c, "errors", 0) == 0, "plain run failed");
-  char *plain = must_read(c.out);
-  tc_init(&c, "failopen", true);
-  tc_next(&c, "preload");
-  PT_CHECK(run_child(&c, "errors", 0) == 0, "preloaded run failed");
-  char *pre = must_read(c.out);
+static int case_failopen(tcase_t *c) {
+  char *plain;
+  run_plain(c, "errors", &plain, NULL);
+  tc_next(c, "preload");
+  PT_CHECK(run_child(c, "errors", 0) == 0, "preloaded run failed");
+  char *pre = must_read(c->out);
   PT_CHECK(strcmp(plain, pre) == 0, "results differ under the preload:\n%s---\n%s", plain, pre);
   /* The transcript shows real failures, not a run of successes. */
   if (!g_real_driver) {
     expect_count(plain, "out=kept", 7);
     expect_count(plain, "r=0", 2);
   }
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 1);
-  expect_stat(st, "host_arena_fallbacks", 2); /* before cuInit, without a context */
-  expect_stat(st, "host_arena_used_bytes", 0);
-  if (!g_real_driver) {
-    char *log = must_read(c.log);
-    expect_count(log, "cuMemFree_v2 dptr=unknown -> 1", 1);
-    expect_count(log, "cuMemFreeHost p=unknown -> 1", 1); /* the stack pointer */
-    expect_count(log, "cuMemFreeHost p=r1 -> 1", 1);      /* the double free (kept registered) */
-    expect_count(log, "cuMemFreeHost p=r1+4096 -> 1", 1); /* interior pointer: forwarded */
-    expect_count(log, "cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1);
-    expect_count(log, "cuMemAllocAsync bytesize=1048576 -> 400", 1);
-    expect_count(log, "cuMemFreeAsync dptr=unknown -> 1", 1);
-    free(log);
-  }
+  char *st = must_read(c->stats);
+  expect_arena(st, 1, 2, 0); /* the fallbacks: before cuInit, without a context */
+  expect_log(c->log, WANT(
+      {"cuMemFree_v2 dptr=unknown -> 1", 1},
+      {"cuMemFreeHost p=unknown -> 1", 1}, /* the stack pointer */
+      {"cuMemFreeHost p=r1 -> 1", 1}, /* the double free (kept registered) */
+      {"cuMemFreeHost p=r1+4096 -> 1", 1}, /* interior pointer: forwarded */
+      {"cuMemHostAlloc bytesize=4194304 flags=0x80 -> 1", 1},
+      {"cuMemAllocAsync bytesize=1048576 -> 400", 1},
+      {"cuMemFreeAsync dptr=unknown -> 1", 1}));
   free(plain), free(pre), free(st);
-  tc_done(&c);
   return 0;
 }
 
-static int case_initfail(bool pool) {
-  tcase_t c = {0};
-  tc_init(&c, "initfail", false);
-  tc_next(&c, "plain");
-  PT_CHECK(run_child(&c, "mix", 0) == 0, "plain run failed");
-  char *plain_log = g_real_driver ? strdup("") : must_read(c.log), *plain_out = must_read(c.out);
-  tc_init(&c, "initfail", true);
+static int case_initfail(tcase_t *c, bool pool) {
+  char *plain_log, *plain_out;
+  run_plain(c, "mix", &plain_out, &plain_log);
   rlim_t fsize = 0;
   if (pool) {
     /* The pool cannot be sized: RLIMIT_FSIZE stops ftruncate of the memfd. */
-    pt_env_set(&c.env, "KVSHIM_POOL_SIZE", "512M");
+    pt_env_set(&c->env, "KVSHIM_POOL_SIZE", "512M");
     fsize = 64u << 20;
   } else {
     char blocker[300];
-    snprintf(blocker, sizeof blocker, "%s/blocker", c.tmp);
+    snprintf(blocker, sizeof blocker, "%s/blocker", c->tmp);
     FILE *f = fopen(blocker, "w");
     PT_CHECK(f, "create %s", blocker);
     fclose(f);
-    snprintf(c.run, sizeof c.run, "%s/run", blocker); /* a directory under a regular file */
-    pt_env_set(&c.env, "KVSHIM_RUN_DIR", "%s", c.run);
+    snprintf(c->run, sizeof c->run, "%s/run", blocker); /* a directory under a regular file */
+    pt_env_set(&c->env, "KVSHIM_RUN_DIR", "%s", c->run);
   }
-  tc_next(&c, "preload");
-  PT_CHECK(run_child(&c, "mix", fsize) == 0, "the program failed under a broken kvshim");
-  char *log = g_real_driver ? strdup("") : must_read(c.log), *out = must_read(c.out),
-       *st = must_read(c.stats), *err = must_read(c.err);
+  tc_next(c, "preload");
+  PT_CHECK(run_child(c, "mix", fsize) == 0, "the program failed under a broken kvshim");
+  char *log = g_real_driver ? strdup("") : must_read(c->log), *out = must_read(c->out),
+       *st = must_read(c->stats), *err = must_read(c->err);
   PT_CHECK(strcmp(plain_out, out) == 0, "results differ");
   PT_CHECK(strcmp(plain_log, log) == 0, "driver calls differ:\n%s---\n%s", plain_log, log);
   expect_count(err, "kvshim is off in this process", 1);
@@ -1319,35 +1313,28 @@ static int case_initfail(bool pool) {
   expect_stat(st, "host_arena_allocs", 0);
   expect_stat(st, "hook_calls", 0);
   free(plain_log), free(plain_out), free(log), free(out), free(st), free(err);
-  tc_done(&c);
   return 0;
 }
+static int case_initfail_rundir(tcase_t *c) { return case_initfail(c, false); }
+static int case_initfail_pool(tcase_t *c) { return case_initfail(c, true); }
 
 /* KVSHIM_PEERS=0: the pool works, no coordinator, no run directory. */
-static int case_peers0(void) {
-  tcase_t c = {0};
-  tc_init(&c, "peers0", true);
-  pt_env_set(&c.env, "KVSHIM_PEERS", "0");
-  pt_env_set(&c.env, "KVSHIM_LOG", "info");
-  PT_CHECK(run_child(&c, "arena", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats), *err = must_read(c.err);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
+static int case_peers0(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_PEERS", "0");
+  pt_env_set(&c->env, "KVSHIM_LOG", "info");
+  char *st = run_stats(c, "arena"), *err = must_read(c->err);
+  expect_arena(st, 2, 0, UNCHECKED);
   expect_count(err, "info: ready:", 1);
   expect_count(err, ", socket ", 0);
-  PT_CHECK(pt_dir_entries(c.run) == -1, "KVSHIM_PEERS=0 created the run directory");
+  PT_CHECK(pt_dir_entries(c->run) == -1, "KVSHIM_PEERS=0 created the run directory");
   free(st), free(err);
-  tc_done(&c);
   return 0;
 }
 
-static int case_fork(void) {
-  tcase_t c = {0};
-  tc_init(&c, "fork", true);
+static int case_fork(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, &c, "fork");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "fork", line);
   int g, inherited, seen;
   char status[32];
   PT_CHECK(sscanf(line, "both %d %31s %d %d", &g, status, &inherited, &seen) == 4, "'%s'", line);
@@ -1357,72 +1344,60 @@ static int case_fork(void) {
   PT_CHECK(inherited == 0, "the fork child still holds %d sockets of its parent", inherited);
   PT_CHECK(seen == 1, "the fork child saw %d sockets (it started a coordinator)", seen);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator, the parent's");
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator, the parent's");
   pt_peer_t peer;
   pt_peer_connect(&peer, socks[0]);
   PT_CHECK(peer.pid == (uint32_t)p.pid, "the coordinator is not the parent's");
   pt_peer_close(&peer);
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
+  finish_child(&p, c);
   char gstats[1100];
-  snprintf(gstats, sizeof gstats, "%s.%d", c.stats, g);
-  char *ps = must_read(c.stats);
+  snprintf(gstats, sizeof gstats, "%s.%d", c->stats, g);
+  char *ps = must_read(c->stats);
   expect_stat(ps, "host_arena_allocs", 1);
   PT_CHECK(!pt_exists(gstats), "the fork child wrote stats: it built a runtime");
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 0, "sockets removed at exit");
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 0, "sockets removed at exit");
   free(ps);
-  tc_done(&c);
   return 0;
 }
 
-static int case_threads(void) {
-  tcase_t c = {0};
-  tc_init(&c, "threads", true);
-  pt_env_set(&c.env, "KVSHIM_LOG", "info");
-  PT_CHECK(run_child(&c, "threads", 0) == 0, "child failed (see %s)", c.err);
-  char *out = must_read(c.out), *err = must_read(c.err), *st = must_read(c.stats);
+static int case_threads(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_LOG", "info");
+  PT_CHECK(run_child(c, "threads", 0) == 0, "child failed (see %s)", c->err);
+  char *out = must_read(c->out), *err = must_read(c->err), *st = must_read(c->stats);
   expect_count(out, "sockets 1\n", 1);
   expect_count(err, "info: ready:", 1);
-  expect_stat(st, "host_arena_allocs", NTHREADS);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  expect_arena(st, NTHREADS, 0, UNCHECKED);
   free(out), free(err), free(st);
   /* The default 4 GiB arena: the concurrent first calls register one piece between them (the
    * others wait for it), not one each, and none goes to the driver. */
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "4G");
-  tc_next(&c, "4g");
-  PT_CHECK(run_child(&c, "threads", 0) == 0, "child failed with a 4G arena (see %s)", c.err);
-  st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", NTHREADS);
-  expect_stat(st, "host_arena_fallbacks", 0);
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "4G");
+  tc_next(c, "4g");
+  PT_CHECK(run_child(c, "threads", 0) == 0, "child failed with a 4G arena (see %s)", c->err);
+  st = must_read(c->stats);
+  expect_arena(st, NTHREADS, 0, UNCHECKED);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
   }
   free(st);
-  tc_done(&c);
   return 0;
 }
 
-static int case_notouch(void) {
-  tcase_t c = {0};
-  tc_init(&c, "notouch", true);
-  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
-  pt_env_foreign(&c.env);
+static int case_notouch(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_LOG", "debug");
+  pt_env_foreign(&c->env);
   const char *progs[][3] = {{"/bin/sh", "-c", "true"}, {"/bin/true", NULL, NULL}};
   for (int i = 0; i < 2; i++) {
     if (!pt_exists(progs[i][0])) continue;
     char *argv[] = {(char *)progs[i][0], (char *)progs[i][1], (char *)progs[i][2], NULL};
-    PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", progs[i][0]);
-    char *out = must_read(c.out), *err = must_read(c.err);
+    PT_CHECK(pt_run(argv, &c->env, c->out, c->err, TIMEOUT_S) == 0, "%s failed", progs[i][0]);
+    char *out = must_read(c->out), *err = must_read(c->err);
     PT_CHECK(!out[0] && !err[0], "%s printed: '%s' '%s'", progs[i][0], out, err);
     free(out), free(err);
   }
   pt_proc_t p;
-  spawn_child(&p, &c, "idle");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "idle", line);
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/maps", (int)p.pid);
   char *maps = must_read(path);
@@ -1432,12 +1407,11 @@ static int case_notouch(void) {
   PT_CHECK(pt_dir_entries(path) == 1, "the idle process has %d threads", pt_dir_entries(path));
   pt_writeline(&p, "go");
   PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "idle child failed");
-  char *err = must_read(c.err);
+  char *err = must_read(c->err);
   PT_CHECK(!err[0], "the idle child printed '%s'", err);
-  PT_CHECK(pt_dir_entries(c.run) == -1, "a run directory was created");
-  PT_CHECK(!pt_exists(c.stats), "stats were written");
+  PT_CHECK(pt_dir_entries(c->run) == -1, "a run directory was created");
+  PT_CHECK(!pt_exists(c->stats), "stats were written");
   free(maps), free(err);
-  tc_done(&c);
   return 0;
 }
 
@@ -1453,17 +1427,13 @@ static bool is_hooked(const char *sym) {
   return false;
 }
 
-static int case_gpa(void) {
-  tcase_t c = {0};
-  tc_init(&c, "gpa", false);
-  tc_next(&c, "plain");
-  PT_CHECK(run_child(&c, "gpa", 0) == 0, "plain run failed");
-  char *plain = must_read(c.out);
-  tc_init(&c, "gpa", true);
-  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
-  tc_next(&c, "preload");
-  PT_CHECK(run_child(&c, "gpa", 0) == 0, "preloaded run failed (see %s)", c.err);
-  char *pre = must_read(c.out);
+static int case_gpa(tcase_t *c) {
+  char *plain;
+  run_plain(c, "gpa", &plain, NULL);
+  pt_env_set(&c->env, "KVSHIM_LOG", "debug");
+  tc_next(c, "preload");
+  PT_CHECK(run_child(c, "gpa", 0) == 0, "preloaded run failed (see %s)", c->err);
+  char *pre = must_read(c->out);
   /* Per-thread and legacy variants got different wrappers. */
   expect_count(pre, "sym=cuMemcpyHtoDAsync_v2_ptsz\n", 2);
   expect_count(pre, "sym=cuMemcpyHtoDAsync_v2\n", 3);
@@ -1497,31 +1467,28 @@ static int case_gpa(void) {
     lines++;
   }
   PT_CHECK(lines == 33 && hooked == 20, "%d lines, %d hooked", lines, hooked);
-  char *st = must_read(c.stats), *err = must_read(c.err);
+  char *st = must_read(c->stats), *err = must_read(c->err);
   expect_stat(st, "host_arena_allocs", 1);
   expect_stat(st, "host_arena_h2d_bytes", 4096); /* counted by the _ptsz wrapper */
   expect_stat(st, "cuda_device_allocs", 1);      /* the dlsym'd cuMemAlloc_v2 wrapper */
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
   expect_count(err, "dlsym: cuMemAlloc_v2 -> kvshim", 1);
   free(plain), free(pre), free(st), free(err);
-  tc_done(&c);
   return 0;
 }
 
 /* The resolver hands out entry points other than the exported symbols (FAKECUDA_GPA_ALIAS):
  * kvshim learns its answers and substitutes them too. */
-static int case_gpa_alias(void) {
+static int case_gpa_alias(tcase_t *c) {
   if (g_real_driver) return 0;
 #if !defined(__x86_64__)
   printf("SKIP: the fake's resolver aliases exist on x86-64 only\n");
   return 0;
 #endif
-  tcase_t c = {0};
-  tc_init(&c, "gpa_alias", true);
-  pt_env_set(&c.env, "FAKECUDA_GPA_ALIAS", "1");
-  pt_env_set(&c.env, "KVSHIM_LOG", "debug");
-  PT_CHECK(run_child(&c, "gpa_alias", 0) == 0, "child failed (see %s)", c.err);
-  char *out = must_read(c.out), *st = must_read(c.stats), *err = must_read(c.err);
+  pt_env_set(&c->env, "FAKECUDA_GPA_ALIAS", "1");
+  pt_env_set(&c->env, "KVSHIM_LOG", "debug");
+  PT_CHECK(run_child(c, "gpa_alias", 0) == 0, "child failed (see %s)", c->err);
+  char *out = must_read(c->out), *st = must_read(c->stats), *err = must_read(c->err);
   expect_count(out, "obj=libkvshim.so", 8);
   expect_stat(st, "cuda_device_allocs", 1);
   expect_stat(st, "host_arena_allocs", 3);
@@ -1530,27 +1497,22 @@ static int case_gpa_alias(void) {
   expect_count(err, "cuGetProcAddress: cuMemcpyHtoDAsync_v2_ptsz -> kvshim", 1);
   expect_count(err, "bypass kvshim", 0);
   free(out), free(st), free(err);
-  tc_done(&c);
   return 0;
 }
 
 /* Stream-ordered and managed allocations are recorded as not exportable: counted in the
  * stats, listed by no EXPORT_TENSORS answer, forgotten when freed. */
-static int case_unexportable(void) {
-  tcase_t c = {0};
-  tc_init(&c, "origins", true);
+static int case_unexportable(tcase_t *c) {
   pt_proc_t p;
-  spawn_child(&p, &c, "origins");
   char line[256];
-  pt_readline(&p, line, sizeof line);
+  spawn_child(&p, c, "origins", line);
   unsigned long long a, m, d;
   PT_CHECK(sscanf(line, "ready %llx %llx %llx", &a, &m, &d) == 3, "'%s'", line);
   char socks[4][256];
-  PT_CHECK(pt_list_sockets(c.run, socks, 4) == 1, "one coordinator socket");
+  PT_CHECK(pt_list_sockets(c->run, socks, 4) == 1, "one coordinator socket");
   pt_peer_t peer;
-  pt_peer_connect(&peer, socks[0]);
   char json[8192];
-  pt_peer_stats(&peer, json, sizeof json);
+  peer_stats(&peer, socks[0], json);
   expect_stat(json, "cuda_device_allocs", 3);
   expect_stat(json, "cuda_device_exportable", 1);
   expect_stat(json, "cuda_device_unexportable", 2);
@@ -1559,158 +1521,117 @@ static int case_unexportable(void) {
   PT_CHECK(pt_peer_export(&peer, m, MiB, desc, 4) == 0, "managed memory exported");
   PT_CHECK(pt_peer_export(&peer, d, MiB, desc, 4) == 1, "cuMemAlloc memory not exported");
   pt_peer_close(&peer);
-  pt_writeline(&p, "go");
-  pt_readline(&p, line, sizeof line);
-  PT_CHECK(strcmp(line, "done") == 0, "'%s'", line);
-  PT_CHECK(pt_wait(&p, TIMEOUT_S) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
+  finish_child(&p, c);
+  char *st = must_read(c->stats);
   expect_stat(st, "cuda_device_unexportable", 2);
   free(st);
-  tc_done(&c);
   return 0;
 }
 
 /* The resolver handed out kvshim's allocation wrappers, the driver is in use, yet no
  * allocation reached kvshim: one warning at exit. A program whose allocations do reach kvshim
  * (the gpa workload) gets none. */
-static int case_bypass(void) {
+static int case_bypass(tcase_t *c) {
   if (g_real_driver) return 0; /* the legacy 32-bit entry point may be absent */
-  tcase_t c = {0};
-  tc_init(&c, "bypass", true);
-  PT_CHECK(run_child(&c, "bypass", 0) == 0, "child failed (see %s)", c.err);
-  char *err = must_read(c.err);
+  PT_CHECK(run_child(c, "bypass", 0) == 0, "child failed (see %s)", c->err);
+  char *err = must_read(c->err);
   expect_count(err, "no allocation reached kvshim", 1);
   free(err);
-  tc_next(&c, "gpa");
-  PT_CHECK(run_child(&c, "gpa", 0) == 0, "gpa child failed (see %s)", c.err);
-  err = must_read(c.err);
+  tc_next(c, "gpa");
+  PT_CHECK(run_child(c, "gpa", 0) == 0, "gpa child failed (see %s)", c->err);
+  err = must_read(c->err);
   expect_count(err, "no allocation reached kvshim", 0);
   free(err);
-  tc_done(&c);
   return 0;
 }
 
-static int case_zerocopy(void) {
-  tcase_t c = {0};
-  tc_init(&c, "zerocopy", true);
-  PT_CHECK(run_child(&c, "zerocopy", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 2);
-  expect_stat(st, "host_arena_fallbacks", 0);
+static int case_zerocopy(tcase_t *c) {
+  char *st = run_stats(c, "zerocopy");
+  expect_arena(st, 2, 0, UNCHECKED);
   free(st);
-  tc_done(&c);
   return 0;
 }
 
-/* Run workload w with a host arena of pool bytes; every buffer came from the arena (allocs of
- * them, no fallback) and went back to it. */
-static void run_arena_case(tcase_t *c, const char *w, const char *pool, long long allocs) {
-  tc_init_own(c, w, true);
+/* Run the case's workload with a host arena of pool bytes; every buffer came from the arena
+ * (allocs of them, no fallback) and went back to it. */
+static void run_arena_case(tcase_t *c, const char *pool, long long allocs) {
   pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "%s", pool);
-  PT_CHECK(run_child(c, w, 0) == 0, "child failed (see %s)", c->err);
-  char *st = must_read(c->stats);
-  expect_stat(st, "host_arena_allocs", allocs);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+  char *st = run_stats(c, c->name);
+  expect_arena(st, allocs, 0, 0);
   free(st);
 }
 
-static int case_keep(void) {
-  tcase_t c = {0};
-  run_arena_case(&c, "keep", "8M", 4);
-  if (!g_real_driver) {
-    char *log = must_read(c.log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=7340032 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 3);  /* the 5M request reused the 6M extent */
-    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1); /* released for the 7M one */
-    expect_count(log, "cuMemHostUnregister p=r2 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 2);
-    expect_count(log, "cuMemFreeHost p=r3 -> 1", 1); /* the double free went to the driver */
-    free(log);
-  }
-  tc_done(&c);
+static int case_keep(tcase_t *c) {
+  run_arena_case(c, "8M", 4);
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=6291456 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2 bytesize=2097152 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2 bytesize=7340032 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 3}, /* the 5M request reused the 6M extent */
+      {"cuMemHostUnregister p=r1 -> 0", 1}, /* released for the 7M one */
+      {"cuMemHostUnregister p=r2 -> 0", 1},
+      {"cuMemHostUnregister", 2},
+      {"cuMemFreeHost p=r3 -> 1", 1})); /* the double free went to the driver */
   return 0;
 }
 
 /* The default: pieces registered one per call, the first inside the engine's first call, the
  * next ahead of use off the engine's thread (issue 23 items 1-3). */
-static int case_pieces(void) {
-  tcase_t c = {0};
-  tc_init(&c, "pieces", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "256M");
-  PT_CHECK(run_child(&c, "pieces", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 4);
-  expect_stat(st, "host_arena_fallbacks", 0);
-  expect_stat(st, "host_arena_used_bytes", 0);
+static int case_pieces(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "256M");
+  char *st = run_stats(c, "pieces");
+  expect_arena(st, 4, 0, 0);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
     expect_stat(st, "host_arena_pieces_ahead", 1);
     /* The first piece went back once both were free (the second is the one piece kept). */
     expect_stat(st, "host_arena_pinned_bytes", 64 * MiB);
-    char *log = must_read(c.log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 pin_ns=64000 "
-                      "thread=main", 1);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=64000 "
-                      "thread=other", 1);
-    expect_count(log, "cuMemHostRegister_v2", 2);
-    expect_count(log, "cuMemHostUnregister p=r1 -> 0", 1);
-    expect_count(log, "cuMemHostUnregister", 1);
-    expect_count(log, "cuMemHostAlloc ", 0);
-    expect_count(log, "cuMemAllocHost", 0);
-    free(log);
   }
   free(st);
-  tc_done(&c);
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 pin_ns=64000 "
+       "thread=main", 1},
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r2 pin_ns=64000 "
+       "thread=other", 1},
+      {"cuMemHostRegister_v2", 2},
+      {"cuMemHostUnregister p=r1 -> 0", 1},
+      {"cuMemHostUnregister", 1},
+      {"cuMemHostAlloc ", 0},
+      {"cuMemAllocHost", 0}));
   return 0;
 }
 
 /* Locked memory after one 16 MiB pinned allocation with the shipped defaults (the default
  * 4 GiB host arena): at most one piece plus the buffer, and the buffer pooled (issue 23 item 2:
  * the whole arena used to be registered, and the buffer left to the driver). */
-static int case_first16(void) {
-  tcase_t c = {0};
-  tc_init(&c, "first16", true);
-  tc_unset(&c, "KVSHIM_POOL_SIZE"); /* every option at its default (4 GiB host arena) */
-  tc_unset(&c, "KVSHIM_HOST_POOL_SIZE");
-  PT_CHECK(run_child(&c, "first16", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
+static int case_first16(tcase_t *c) {
+  tc_unset(c, "KVSHIM_POOL_SIZE"); /* every option at its default (4 GiB host arena) */
+  tc_unset(c, "KVSHIM_HOST_POOL_SIZE");
+  char *st = run_stats(c, "first16");
   expect_stat(st, "host_arena_allocs", 1);
   expect_stat(st, "host_arena_used_bytes", 16 * MiB);
   long long pinned = pt_stat(st, "host_arena_pinned_bytes");
   PT_CHECK(pinned > 0 && pinned <= 64 * MiB + 16 * MiB,
            "locked %lld bytes after one 16 MiB allocation (at most one piece plus the buffer)",
            pinned);
-  if (!g_real_driver) {
-    char *log = must_read(c.log);
-    expect_count(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0", 1);
-    expect_count(log, "cuMemHostRegister_v2", 1);
-    expect_count(log, "cuMemHostAlloc ", 0);
-    free(log);
-  }
   free(st);
-  tc_done(&c);
+  expect_log(c->log, WANT(
+      {"cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0", 1},
+      {"cuMemHostRegister_v2", 1},
+      {"cuMemHostAlloc ", 0}));
   return 0;
 }
 
-static int case_vmm(void) {
-  tcase_t c = {0};
-  tc_init(&c, "vmm", true);
-  PT_CHECK(run_child(&c, "vmm", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
+static int case_vmm(tcase_t *c) {
+  char *st = run_stats(c, "vmm");
   expect_stat(st, "cuda_vmm_allocs", 2);
   expect_stat(st, "cuda_vmm_bytes", 4 * MiB);
   free(st);
-  tc_done(&c);
   return 0;
 }
 
 /* Bounded lease files, and a dead process's removed (issue 23 item 5). */
-static int case_leases(void) {
-  tcase_t c = {0};
-  tc_init(&c, "leases", true);
+static int case_leases(tcase_t *c) {
   pid_t gone = fork();
   PT_CHECK(gone >= 0, "fork");
   if (gone == 0) _exit(0);
@@ -1719,30 +1640,25 @@ static int case_leases(void) {
   snprintf(dead, sizeof dead, "/dev/shm/kvshim-ipc-%u-%u", (unsigned)getuid(), (unsigned)gone);
   int fd = open(dead, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   PT_CHECK(fd >= 0 && write(fd, "\1", 1) == 1 && close(fd) == 0, "make %s", dead);
-  pt_env_set(&c.env, "KVS_TEST_DEAD_LEASE", "%s", dead);
-  int rc = run_child(&c, "leases", 0);
+  pt_env_set(&c->env, "KVS_TEST_DEAD_LEASE", "%s", dead);
+  int rc = run_child(c, "leases", 0);
   unlink(dead);
-  PT_CHECK(rc == 0, "child failed (see %s)", c.err);
-  tc_done(&c);
+  PT_CHECK(rc == 0, "child failed (see %s)", c->err);
   return 0;
 }
 
 /* cuMemFreeHost of a pooled buffer waits for the work queued on it (issue 23 item 4), with
  * the default pieces and with each buffer registered on its own (KVSHIM_CUDA_PIN_ARENA=0). */
-static int case_freesync(void) {
-  tcase_t c = {0};
+static int case_freesync(tcase_t *c) {
   for (int own = 0; own < 2; own++) {
-    if (own) tc_init_own(&c, "freesync", true);
-    else tc_init(&c, "freesync", true);
-    pt_env_set(&c.env, "FAKECUDA_DEFER_ASYNC", "1");
-    PT_CHECK(run_child(&c, "freesync", 0) == 0, "child failed (%s; see %s)",
-             own ? "KVSHIM_CUDA_PIN_ARENA=0" : "defaults", c.err);
-    char *st = must_read(c.stats);
-    expect_stat(st, "host_arena_allocs", 2);
-    expect_stat(st, "host_arena_fallbacks", 0);
+    if (own) tc_init_own(c, true); /* the first round: the defaults (main's tc_init) */
+    pt_env_set(&c->env, "FAKECUDA_DEFER_ASYNC", "1");
+    PT_CHECK(run_child(c, "freesync", 0) == 0, "child failed (%s; see %s)",
+             own ? "KVSHIM_CUDA_PIN_ARENA=0" : "defaults", c->err);
+    char *st = must_read(c->stats);
+    expect_arena(st, 2, 0, UNCHECKED);
     free(st);
   }
-  tc_done(&c);
   return 0;
 }
 
@@ -1750,17 +1666,13 @@ static int case_freesync(void) {
  * the arena served), none after (host_arena_inline_pins 1), no unregistration.
  * KVSHIM_CUDA_PIN_ARENA=0: every size's first buffer is registered inline, and
  * host_arena_inline_pins counts them. */
-static int case_pin_arena(void) {
-  tcase_t c = {0};
-  tc_init(&c, "pinarena", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "256M");
-  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child failed (see %s)", c.err);
-  char *st = must_read(c.stats);
-  expect_stat(st, "host_arena_allocs", 7);
-  expect_stat(st, "host_arena_fallbacks", 0);
+static int case_pin_arena(tcase_t *c) {
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "256M");
+  char *st = run_stats(c, "pinarena");
+  expect_arena(st, 7, 0, UNCHECKED);
   if (!g_real_driver) {
     expect_stat(st, "host_arena_inline_pins", 1);
-    char *log = must_read(c.log);
+    char *log = must_read(c->log);
     expect_count(log, "cuMemHostRegister_v2", 1);
     const char *reg = strstr(log, "cuMemHostRegister_v2 bytesize=67108864 flags=0x3 -> 0 range=r1 "
                                   "pin_ns=64000 thread=main");
@@ -1773,15 +1685,14 @@ static int case_pin_arena(void) {
   free(st);
   /* KVSHIM_CUDA_PIN_ARENA=0: each size's first buffer is registered inline (the first 8M
    * extent is kept and reused, and the second round reuses the kept extents). */
-  tc_init_own(&c, "pinarena", true);
-  tc_next(&c, "own");
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "32M");
-  PT_CHECK(run_child(&c, "pinarena", 0) == 0, "child without the option failed (see %s)", c.err);
-  st = must_read(c.stats);
+  tc_init_own(c, true);
+  tc_next(c, "own");
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "32M");
+  PT_CHECK(run_child(c, "pinarena", 0) == 0, "child without the option failed (see %s)", c->err);
+  st = must_read(c->stats);
   expect_stat(st, "host_arena_allocs", 7);
   expect_stat(st, "host_arena_inline_pins", 3);
   free(st);
-  tc_done(&c);
   return 0;
 }
 
@@ -1790,8 +1701,8 @@ static int case_pin_arena(void) {
  * given. Returns its stdout. */
 static char *run_cudart(tcase_t *c, const char *prog, const char *tag, bool preload,
                         bool pin_default, const char *plain) {
-  if (pin_default) tc_init(c, "cudart", preload);
-  else tc_init_own(c, "cudart", preload);
+  if (pin_default) tc_init(c, preload);
+  else tc_init_own(c, preload);
   pt_env_foreign(&c->env);
   if (preload) pt_env_set(&c->env, "KVSHIM_LOG", "debug");
   tc_next(c, tag);
@@ -1804,11 +1715,11 @@ static char *run_cudart(tcase_t *c, const char *prog, const char *tag, bool prel
   return out;
 }
 
-static int case_cudart(const char *prog) {
-  tcase_t c = {0};
-  char *plain = run_cudart(&c, prog, "plain", false, false, NULL);
-  char *plain_log = g_real_driver ? NULL : must_read(c.log);
-  char *pre = run_cudart(&c, prog, "preload", true, false, plain), *err = must_read(c.err);
+static int case_cudart(tcase_t *c) {
+  const char *prog = c->args[0];
+  char *plain = run_cudart(c, prog, "plain", false, false, NULL);
+  char *plain_log = g_real_driver ? NULL : must_read(c->log);
+  char *pre = run_cudart(c, prog, "preload", true, false, plain), *err = must_read(c->err);
   /* The runtime fetched cuGetProcAddress_v2 with dlsym and every entry point through it. */
   expect_count(err, "dlsym: cuGetProcAddress_v2 -> kvshim", 1);
   expect_count(err, "cuGetProcAddress: cuMemAlloc_v2 -> kvshim", 1);
@@ -1818,7 +1729,7 @@ static int case_cudart(const char *prog) {
   PT_CHECK(g_real_driver || pt_count(plain, "init ok") == 1,
            "the CUDA runtime did not initialise on the fake driver: %s", plain);
   if (pt_count(plain, "init ok") == 1) {
-    char *st = must_read(c.stats);
+    char *st = must_read(c->stats);
     PT_CHECK(pt_stat(st, "host_arena_allocs") >= 1, "cudaMallocHost did not reach the pool");
     PT_CHECK(pt_stat(st, "cuda_device_allocs") >= 1, "cudaMalloc was not recorded");
     PT_CHECK(pt_stat(st, "host_arena_used_bytes") == 0, "cudaFreeHost did not return the pool");
@@ -1831,23 +1742,22 @@ static int case_cudart(const char *prog) {
        * cudaMalloc through cuMemAlloc_v2's. */
       expect_stat(st, "host_arena_allocs", 2);
       expect_stat(st, "cuda_device_allocs", 1);
-      char *log = must_read(c.log);
-      expect_count(log, "\ncuMemHostAlloc ", 0); /* line starts: not the resolver's lines */
-      expect_count(log, "\ncuMemFreeHost ", 0);
-      expect_count(log, "\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2);
-      expect_count(log, "\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1);
-      expect_count(log, "\ncuMemFree_v2 dptr=d1 -> 0", 1);
-      free(log);
+      expect_log(c->log, WANT(
+          {"\ncuMemHostAlloc ", 0}, /* line starts: not the resolver's lines */
+          {"\ncuMemFreeHost ", 0},
+          {"\ncuMemHostRegister_v2 bytesize=4194304 flags=0x3 -> 0", 2},
+          {"\ncuMemAlloc_v2 bytesize=1048576 -> 0", 1},
+          {"\ncuMemFree_v2 dptr=d1 -> 0", 1}));
       /* Without the preload the same program used the driver's own calls. */
-      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1);
-      expect_count(plain_log, "\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1);
-      expect_count(plain_log, "\ncuMemFreeHost p=h", 2);
-      expect_count(plain_log, "\ncuMemHostRegister_v2", 0);
+      expect_counts(plain_log, WANT(
+          {"\ncuMemHostAlloc bytesize=4194304 flags=0x0 -> 0", 1},
+          {"\ncuMemHostAlloc bytesize=4194304 flags=0x3 -> 0", 1},
+          {"\ncuMemFreeHost p=h", 2},
+          {"\ncuMemHostRegister_v2", 0}));
       /* The default (pinning on demand in pieces): both cudart host allocations are served
        * by the arena, from one piece registered inside the first. */
-      char *dflt = run_cudart(&c, prog, "default", true, true, plain), *st2 = must_read(c.stats);
-      expect_stat(st2, "host_arena_allocs", 2);
-      expect_stat(st2, "host_arena_fallbacks", 0);
+      char *dflt = run_cudart(c, prog, "default", true, true, plain), *st2 = must_read(c->stats);
+      expect_arena(st2, 2, 0, UNCHECKED);
       expect_stat(st2, "host_arena_inline_pins", 1);
       expect_stat(st2, "host_arena_used_bytes", 0);
       free(dflt), free(st2);
@@ -1861,33 +1771,32 @@ static int case_cudart(const char *prog) {
            strtok(plain, "\n"));
     /* Hooked functions were called, so the stats file is written (README), counting no
      * allocation. */
-    char *st = must_read(c.stats);
+    char *st = must_read(c->stats);
     PT_CHECK(pt_stat(st, "cuda_device_allocs") == 0 && pt_stat(st, "host_arena_allocs") == 0,
              "no allocation hook ran, yet the stats count one: %s", st);
     free(st);
   }
   free(plain), free(plain_log), free(pre), free(err);
-  tc_done(&c);
   return 0;
 }
 
 /* cuda_bandwidth with and without the preload: the data arrives intact both ways, and the
  * preloaded run's buffer came from the host arena. */
-static int case_bandwidth(const char *prog, const char *mib, const char *reps) {
-  tcase_t c = {0};
-  tc_init(&c, "bandwidth", false);
-  tc_next(&c, "plain");
-  say_options(&c, "cuda_bandwidth");
+static int case_bandwidth(tcase_t *c) {
+  const char *prog = c->args[0], *mib = c->nargs >= 2 ? c->args[1] : "4",
+             *reps = c->nargs >= 3 ? c->args[2] : "3";
+  tc_next(c, "plain");
+  say_options(c, "cuda_bandwidth");
   char *argv[] = {(char *)prog, "--mib", (char *)mib, "--reps", (char *)reps, NULL};
-  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed", prog);
-  char *plain = must_read(c.out);
-  tc_init(&c, "bandwidth", true);
-  pt_env_set(&c.env, "KVSHIM_HOST_POOL_SIZE", "%lluM", 2ull * strtoull(mib, NULL, 10) + 8);
-  tc_next(&c, "preload");
-  say_options(&c, "cuda_bandwidth");
-  PT_CHECK(pt_run(argv, &c.env, c.out, c.err, TIMEOUT_S) == 0, "%s failed under the preload",
+  PT_CHECK(pt_run(argv, &c->env, c->out, c->err, TIMEOUT_S) == 0, "%s failed", prog);
+  char *plain = must_read(c->out);
+  tc_init(c, true);
+  pt_env_set(&c->env, "KVSHIM_HOST_POOL_SIZE", "%lluM", 2ull * strtoull(mib, NULL, 10) + 8);
+  tc_next(c, "preload");
+  say_options(c, "cuda_bandwidth");
+  PT_CHECK(pt_run(argv, &c->env, c->out, c->err, TIMEOUT_S) == 0, "%s failed under the preload",
            prog);
-  char *pre = must_read(c.out), *st = must_read(c.stats);
+  char *pre = must_read(c->out), *st = must_read(c->stats);
   printf("without kvshim: %swith kvshim:    %s", plain, pre);
   PT_CHECK(strstr(plain, "\"h2d_gbps\":") && strstr(pre, "\"h2d_gbps\":"), "no figures");
   /* Pooled buffers against the driver's own pinned memory, measured in this run: a ratio.
@@ -1905,9 +1814,51 @@ static int case_bandwidth(const char *prog, const char *mib, const char *reps) {
   expect_stat(st, "host_arena_allocs", 1);
   expect_stat(st, "host_arena_used_bytes", 0);
   free(plain), free(pre), free(st);
-  tc_done(&c);
   return 0;
 }
+
+/* ========================================== main ========================================== */
+
+/* One row per case: main owns its tcase_t (a temporary directory tagged with the name, the
+ * first run's environment) and removes it after a pass; a failed check exits before that,
+ * leaving the files (pt_fail). */
+typedef struct tcase_row {
+  const char *name;       /* argv[1]; ctest runs it as cuda_preload_<name> */
+  int (*run)(tcase_t *c); /* 0: passed */
+  bool preload;           /* the first run preloaded (else the plain arm of a comparison) */
+  bool own;               /* KVSHIM_CUDA_PIN_ARENA=0 from the start (tc_init_own) */
+  int nargs;              /* the arguments it needs after its name */
+} tcase_row_t;
+
+static const tcase_row_t k_cases[] = {
+    {"host_pool", case_host_pool, true, false, 0},
+    {"arena_full", case_arena_full, true, false, 0},
+    {"host_devaccess", case_host_devaccess, true, false, 0},
+    {"device_ipc", case_device_ipc, true, false, 0},
+    {"ipc_free", case_ipc_free, true, false, 0},
+    {"pin_arena", case_pin_arena, true, false, 0},
+    {"enable0", case_enable0, false, false, 0},
+    {"failopen", case_failopen, false, false, 0},
+    {"initfail_rundir", case_initfail_rundir, false, false, 0},
+    {"initfail_pool", case_initfail_pool, false, false, 0},
+    {"fork", case_fork, true, false, 0},
+    {"peers0", case_peers0, true, false, 0},
+    {"threads", case_threads, true, false, 0},
+    {"notouch", case_notouch, true, false, 0},
+    {"gpa", case_gpa, false, false, 0},
+    {"gpa_alias", case_gpa_alias, true, false, 0},
+    {"unexportable", case_unexportable, true, false, 0},
+    {"bypass", case_bypass, true, false, 0},
+    {"keep", case_keep, true, true, 0},
+    {"pieces", case_pieces, true, false, 0},
+    {"first16", case_first16, true, false, 0},
+    {"freesync", case_freesync, true, false, 0},
+    {"leases", case_leases, true, false, 0},
+    {"vmm", case_vmm, true, false, 0},
+    {"zerocopy", case_zerocopy, true, false, 0},
+    {"cudart", case_cudart, false, true, 1},
+    {"bandwidth", case_bandwidth, false, false, 1},
+};
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1918,39 +1869,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s <case> | --child <workload>\n", argv[0]);
     return 2;
   }
-  const char *k = argv[1];
-  int rc;
-  if (!strcmp(k, "host_pool")) rc = case_host_pool();
-  else if (!strcmp(k, "arena_full")) rc = case_arena_full();
-  else if (!strcmp(k, "host_devaccess")) rc = case_host_devaccess();
-  else if (!strcmp(k, "device_ipc")) rc = case_device_ipc();
-  else if (!strcmp(k, "ipc_free")) rc = case_ipc_free();
-  else if (!strcmp(k, "pin_arena")) rc = case_pin_arena();
-  else if (!strcmp(k, "enable0")) rc = case_enable0();
-  else if (!strcmp(k, "failopen")) rc = case_failopen();
-  else if (!strcmp(k, "initfail_rundir")) rc = case_initfail(false);
-  else if (!strcmp(k, "initfail_pool")) rc = case_initfail(true);
-  else if (!strcmp(k, "fork")) rc = case_fork();
-  else if (!strcmp(k, "peers0")) rc = case_peers0();
-  else if (!strcmp(k, "threads")) rc = case_threads();
-  else if (!strcmp(k, "notouch")) rc = case_notouch();
-  else if (!strcmp(k, "gpa")) rc = case_gpa();
-  else if (!strcmp(k, "gpa_alias")) rc = case_gpa_alias();
-  else if (!strcmp(k, "unexportable")) rc = case_unexportable();
-  else if (!strcmp(k, "bypass")) rc = case_bypass();
-  else if (!strcmp(k, "keep")) rc = case_keep();
-  else if (!strcmp(k, "pieces")) rc = case_pieces();
-  else if (!strcmp(k, "first16")) rc = case_first16();
-  else if (!strcmp(k, "freesync")) rc = case_freesync();
-  else if (!strcmp(k, "leases")) rc = case_leases();
-  else if (!strcmp(k, "vmm")) rc = case_vmm();
-  else if (!strcmp(k, "zerocopy")) rc = case_zerocopy();
-  else if (!strcmp(k, "cudart") && argc >= 3) rc = case_cudart(argv[2]);
-  else if (!strcmp(k, "bandwidth") && argc >= 3) rc = case_bandwidth(argv[2], argc >= 4 ? argv[3] : "4", argc >= 5 ? argv[4] : "3");
-  else {
-    fprintf(stderr, "unknown case %s\n", k);
+  const tcase_row_t *row = NULL;
+  for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+    if (!strcmp(argv[1], k_cases[i].name)) row = &k_cases[i];
+  if (!row || argc - 2 < row->nargs) {
+    fprintf(stderr, "unknown case %s\n", argv[1]);
     return 2;
   }
-  if (rc == 0) printf("PASS %s\n", k);
+  tcase_t c = {.name = row->name, .args = argv + 2, .nargs = argc - 2};
+  if (row->own) tc_init_own(&c, row->preload);
+  else tc_init(&c, row->preload);
+  int rc = row->run(&c);
+  tc_done(&c);
+  if (rc == 0) printf("PASS %s\n", row->name);
   return rc;
 }
