@@ -69,7 +69,7 @@
  *
  * Invariants (kvs__store_is_valid, every lock held):
  *   used + reserved + pool free == arena;  used = sum ext_len(READY), reserved = sum(WRITING)
- *   ext_len == kvs_pool_extent_len(off) for every object; len == kvs_layout_nbytes(layout)
+ *   ext_len == kvs_pool_extent_len(off) for every object; 0 < kvs_layout_nbytes(layout) <= ext_len
  *   a key maps to at most one entry; every bound entry's object is live; a READY object's
  *   entries are all bound; a WRITING object's primary is bound and its aliases are not
  *   an object lies in its primary key's shard, its entries in the object's shard's slice;
@@ -141,9 +141,11 @@
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
 
+/* 128 bytes, and the table 128-byte aligned: a record is two whole cache lines, so writing one
+ * object never writes a line of its neighbours (slots next to each other are usually other
+ * threads' objects). Its layout bytes (what views report) are kvs_layout_nbytes(&layout). */
 typedef struct obj {
   uint64_t off;      /* segment offset of the extent */
-  uint64_t len;      /* layout bytes (what views report) */
   uint64_t ext_len;  /* the extent's real, page-rounded length (what the accounting counts) */
   uint64_t epoch;    /* reserve call that found it PRESENT: that call may not evict it */
   uint32_t state;    /* OBJ_* */
@@ -156,6 +158,7 @@ typedef struct obj {
   uint16_t mark;     /* validator scratch */
   kvs_layout_t layout;
 } obj_t;
+_Static_assert(sizeof(obj_t) == 128, "an object record is two cache lines");
 
 typedef struct kent {
   kvs_key_t key;
@@ -1270,7 +1273,6 @@ static uint8_t reserve_key_locked(kvs_store_t *s, uint32_t si, uint32_t x, kvs_k
   obj_t *o = &s->objs[oi];
   memset(o, 0, sizeof *o);
   o->off = off;
-  o->len = nbytes;
   o->ext_len = ext_len;
   o->state = OBJ_WRITING;
   o->keys = ki;
@@ -1690,7 +1692,7 @@ int kvs_store_read_pinned(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer,
     const obj_t *ob = &s->objs[s->pins[p].obj];
     views[i].key = s->pins[p].key;
     views[i].extent.offset = ob->off;
-    views[i].extent.length = ob->len;
+    views[i].extent.length = kvs_layout_nbytes(&ob->layout);
     views[i].layout = ob->layout;
   }
   rc = (int)s->xfers[x].count;
@@ -1834,7 +1836,8 @@ static bool valid_locked(kvs_store_t *s) {
       o->mark = 0; /* from here on: pin entries naming it */
       if (o->state == OBJ_FREE) continue;
       V(o->state == OBJ_WRITING || o->state == OBJ_READY);
-      V(o->len == kvs_layout_nbytes(&o->layout) && o->len > 0 && o->len <= o->ext_len);
+      uint64_t len = kvs_layout_nbytes(&o->layout);
+      V(len > 0 && len <= o->ext_len);
       V((int64_t)o->ext_len == kvs_pool_extent_len(s->pool, KVS_ARENA_CACHE, o->off));
       V(kvs_pool_arena_of(s->pool, o->off, o->ext_len) == KVS_ARENA_CACHE);
       V(o->keys != NIL);
