@@ -69,7 +69,7 @@
  *
  * Invariants (kvs__store_is_valid, every lock held):
  *   used + reserved + pool free == arena;  used = sum ext_len(READY), reserved = sum(WRITING)
- *   ext_len == kvs_pool_extent_len(off) for every object; 0 < kvs_layout_nbytes(layout) <= ext_len
+ *   ext_len == kvs_pool_extent_len(off) for every object; 0 < nbytes(layout) <= ext_len
  *   a key maps to at most one entry; every bound entry's object is live; a READY object's
  *   entries are all bound; a WRITING object's primary is bound and its aliases are not
  *   an object lies in its primary key's shard, its entries in the object's shard's slice;
