@@ -54,8 +54,12 @@
  * reserve reads in every domain (head_created) lies on lines of its own.
  *
  * Lists (all intrusive, by index):
- *   LRU:    per shard, its READY objects with pins == 0, least recently used at the head.
- *           lru_bytes = sum of their extents.
+ *   LRU:    per shard, its READY objects, least recently used at the head: every one with
+ *           pins == 0, and pinned ones until an eviction meets them at the head (a pin writes
+ *           only its object; the release moves it to the tail, where a pin-release right after
+ *           a commit finds it already). lru_bytes = the extents of its READY objects with
+ *           pins == 0. The head's lru_prev is stale (removing the head writes no neighbour:
+ *           the next head's record is not written until it is evicted itself).
  *   FIFO:   per domain, its live transfers in creation order; created_ms is non-decreasing
  *           along it, and every lease has the same length, so the expired ones are a prefix.
  *   owner:  each owner's live transfers (owner release is O(its leases)).
@@ -65,7 +69,7 @@
  *
  * Invariants (kvs__store_is_valid, every lock held):
  *   used + reserved + pool free == arena;  used = sum ext_len(READY), reserved = sum(WRITING)
- *   ext_len == kvs_pool_extent_len(off) for every object; len == kvs_layout_nbytes(layout)
+ *   ext_len == kvs_pool_extent_len(off) for every object; 0 < nbytes(layout) <= ext_len
  *   a key maps to at most one entry; every bound entry's object is live; a READY object's
  *   entries are all bound; a WRITING object's primary is bound and its aliases are not
  *   an object lies in its primary key's shard, its entries in the object's shard's slice;
@@ -137,9 +141,11 @@
 enum { OBJ_FREE = 0, OBJ_WRITING = 1, OBJ_READY = 2 };
 enum { XF_FREE = 0, XF_WRITE = 1, XF_READ = 2 };
 
+/* 128 bytes, and the table 128-byte aligned: a record is two whole cache lines, so writing one
+ * object never writes a line of its neighbours (slots next to each other are usually other
+ * threads' objects). Its layout bytes (what views report) are kvs_layout_nbytes(&layout). */
 typedef struct obj {
   uint64_t off;      /* segment offset of the extent */
-  uint64_t len;      /* layout bytes (what views report) */
   uint64_t ext_len;  /* the extent's real, page-rounded length (what the accounting counts) */
   uint64_t epoch;    /* reserve call that found it PRESENT: that call may not evict it */
   uint32_t state;    /* OBJ_* */
@@ -152,6 +158,7 @@ typedef struct obj {
   uint16_t mark;     /* validator scratch */
   kvs_layout_t layout;
 } obj_t;
+_Static_assert(sizeof(obj_t) == 128, "an object record is two cache lines");
 
 typedef struct kent {
   kvs_key_t key;
@@ -212,7 +219,7 @@ typedef struct slots {
 typedef struct shard {
   pthread_mutex_t lock;
   uint32_t lru_head, lru_tail;
-  uint64_t lru_bytes;      /* extents of its LRU */
+  uint64_t lru_bytes;      /* extents of its LRU's unpinned objects */
   uint64_t used, reserved; /* extents of its READY / WRITING objects */
   uint32_t nready, nwriting, nkeys; /* nkeys: bound entries in its buckets */
   slots_t sobj, skey;
@@ -475,24 +482,80 @@ static void kent_free(shard_t *sh, kvs_store_t *s, uint32_t e) {
 
 /* ---- LRU (per shard) ------------------------------------------------------------------- */
 
+/* Whether READY object i is on shard sh's LRU (the head's lru_prev is stale). */
+static inline bool lru_listed(const kvs_store_t *s, const shard_t *sh, uint32_t i) {
+  return s->objs[i].lru_prev != NIL || sh->lru_head == i;
+}
+
+static void lru_link_tail(kvs_store_t *s, shard_t *sh, uint32_t i) {
+  obj_t *o = &s->objs[i];
+  o->lru_prev = sh->lru_tail;
+  o->lru_next = NIL;
+  if (sh->lru_tail) s->objs[sh->lru_tail].lru_next = i;
+  else sh->lru_head = i;
+  sh->lru_tail = i;
+}
+
+static void lru_unlink(kvs_store_t *s, shard_t *sh, uint32_t i) {
+  obj_t *o = &s->objs[i];
+  if (sh->lru_head == i) {
+    sh->lru_head = o->lru_next; /* the new head's lru_prev goes stale, unwritten */
+    if (o->lru_next == NIL) sh->lru_tail = NIL;
+  } else {
+    s->objs[o->lru_prev].lru_next = o->lru_next;
+    if (o->lru_next) s->objs[o->lru_next].lru_prev = o->lru_prev;
+    else sh->lru_tail = o->lru_prev;
+  }
+  o->lru_prev = o->lru_next = NIL;
+}
+
+/* A new READY object, or an unpinned one (its last pin released): the most recently used. */
 static void lru_push_tail(kvs_store_t *s, shard_t *sh, uint32_t i) {
-  LIST_PUSH_TAIL(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
+  if (lru_listed(s, sh, i)) {
+    if (sh->lru_tail != i) {
+      lru_unlink(s, sh, i);
+      lru_link_tail(s, sh, i);
+    }
+  } else {
+    lru_link_tail(s, sh, i);
+  }
   BUMP(sh->lru_bytes, s->objs[i].ext_len);
 }
 
+/* An unpinned READY object leaves the LRU (it is deleted). */
 static void lru_remove(kvs_store_t *s, shard_t *sh, uint32_t i) {
-  obj_t *o = &s->objs[i];
-  LIST_REMOVE(s->objs, i, lru_prev, lru_next, sh->lru_head, sh->lru_tail);
-  o->lru_prev = o->lru_next = NIL;
-  BUMP(sh->lru_bytes, -(int64_t)o->ext_len);
+  lru_unlink(s, sh, i);
+  BUMP(sh->lru_bytes, -(int64_t)s->objs[i].ext_len);
+}
+
+/* The object's first pin: it stays listed (unlinked when an eviction meets it at the head,
+ * moved to the tail at its release), its bytes are no longer evictable. */
+static void lru_pinned(shard_t *sh, const obj_t *o) { BUMP(sh->lru_bytes, -(int64_t)o->ext_len); }
+
+/* A used unpinned object goes to the tail. */
+static void lru_touch(kvs_store_t *s, shard_t *sh, uint32_t i) {
+  if (sh->lru_tail == i) return;
+  lru_unlink(s, sh, i);
+  lru_link_tail(s, sh, i);
 }
 
 /* ---- objects --------------------------------------------------------------------------- */
 
+/* What an evicted object leaves to the reservation that evicted it (evict_one_for): its
+ * extent, still allocated in the pool, and with slots its object slot and its primary key
+ * entry's slot, off the free stacks. The reservation fills them at once: they are the lines
+ * the eviction has just written, where slots popped from a stack are whatever the last
+ * eviction in the shard (by any thread) freed. */
+typedef struct reuse {
+  uint64_t off;
+  uint32_t obj, kent; /* NIL unless slots were asked for */
+} reuse_t;
+
 /* Delete a READY unpinned or a WRITING object: unbind all its keys, free its extent (or, with
- * keep, leave it allocated in the pool for the caller, who accounts it at once). Caller holds
- * its shard, and every shard when it is a READY foreign object. */
-static void obj_delete_keep(kvs_store_t *s, uint32_t i, bool keep) {
+ * r, leave it allocated in the pool for the caller, who accounts it at once; with slots too,
+ * likewise its object slot and primary key entry, see reuse_t). Caller holds its shard, and
+ * every shard when it is a READY foreign object. */
+static void obj_delete_keep(kvs_store_t *s, uint32_t i, reuse_t *r, bool slots) {
   shard_t *sh = &s->shards[obj_shard(s, i)];
   obj_t *o = &s->objs[i];
   if (o->state == OBJ_READY) {
@@ -504,19 +567,28 @@ static void obj_delete_keep(kvs_store_t *s, uint32_t i, bool keep) {
     acct_reserved(s, sh, -(int64_t)o->ext_len);
     BUMP(sh->nwriting, -1);
   }
+  slots = r && slots;
+  if (r) r->obj = r->kent = NIL;
   for (uint32_t e = o->keys, next; e != NIL; e = next) {
     next = s->kents[e].onext;
     if (s->kents[e].bound) key_unbind(s, e);
-    kent_free(sh, s, e);
+    if (slots && e == o->keys) r->kent = e; /* the caller rewrites the whole entry */
+    else kent_free(sh, s, e);
   }
-  if (!keep) {
-    int64_t r = kvs_pool_free(s->pool, KVS_ARENA_CACHE, o->off);
-    if (r != (int64_t)o->ext_len) set_pool_err(s, r < 0 ? (int)r : -EIO);
+  if (r) {
+    r->off = o->off;
+  } else {
+    int64_t rc = kvs_pool_free(s->pool, KVS_ARENA_CACHE, o->off);
+    if (rc != (int64_t)o->ext_len) set_pool_err(s, rc < 0 ? (int)rc : -EIO);
+  }
+  if (slots) { /* the caller rewrites the whole record */
+    r->obj = i;
+    return;
   }
   memset(o, 0, sizeof *o);
   slots_put(&sh->sobj, i);
 }
-static void obj_delete(kvs_store_t *s, uint32_t i) { obj_delete_keep(s, i, false); }
+static void obj_delete(kvs_store_t *s, uint32_t i) { obj_delete_keep(s, i, NULL, false); }
 
 enum { EV_DONE = 0, EV_NONE = 1, EV_BLOCKED = 2, EV_KEPT = 3 /* done, extent kept */ };
 
@@ -524,12 +596,14 @@ enum { EV_DONE = 0, EV_NONE = 1, EV_BLOCKED = 2, EV_KEPT = 3 /* done, extent kep
  * the running reservation call `epoch` (then everything after it is too: protected objects
  * sit at the tail): EV_NONE. A foreign head needs every shard: EV_BLOCKED unless all. With
  * kept non-NULL and a victim extent of exactly want_len bytes, the extent stays allocated and
- * goes to the caller (*kept = its offset): a full cache of equal objects then makes no pool
- * call to replace one (the pool's arena mutex is shared by every shard). */
+ * goes to the caller (kept->off), with its slots when slots (kept->obj, kept->kent; reuse_t):
+ * a full cache of equal objects then makes no pool call to replace one (the pool's arena mutex
+ * is shared by every shard). */
 static int evict_one_for(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all,
-                         uint64_t want_len, uint64_t *kept) {
+                         uint64_t want_len, reuse_t *kept, bool slots) {
   shard_t *sh = &s->shards[si];
   uint32_t i = sh->lru_head;
+  for (; i != NIL && s->objs[i].pins; i = sh->lru_head) lru_unlink(s, sh, i); /* see LRU */
   if (i == NIL || s->objs[i].epoch == epoch) return EV_NONE;
   if (s->objs[i].foreign && !all) return EV_BLOCKED;
   /* A full cache evicts at (nearly) every reservation, walking the LRU from its head: warm
@@ -557,14 +631,13 @@ static int evict_one_for(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all,
   }
   uint64_t bytes = s->objs[i].ext_len;
   bool keep = kept && bytes == want_len;
-  if (keep) *kept = s->objs[i].off;
-  obj_delete_keep(s, i, keep);
+  obj_delete_keep(s, i, keep ? kept : NULL, slots);
   kvs_stats_inc(s->stats, KVS_STAT_store_evictions);
   kvs_stats_add(s->stats, KVS_STAT_store_evicted_bytes, bytes);
   return keep ? EV_KEPT : EV_DONE;
 }
 static int evict_one(kvs_store_t *s, uint32_t si, uint64_t epoch, bool all) {
-  return evict_one_for(s, si, epoch, all, 0, NULL);
+  return evict_one_for(s, si, epoch, all, 0, NULL, false);
 }
 
 /* All-locked mode: evict one object from any shard, shard heads taken round robin (the
@@ -631,8 +704,10 @@ static int alloc_extent(kvs_store_t *s, uint32_t si, uint64_t nbytes, uint64_t r
     if (mode & KVS_RESERVE_NO_EVICT) return rc;
     if (!all) {
       if (sh->lru_bytes < rounded) return -EAGAIN;
-      int ev = evict_one_for(s, si, epoch, false, rounded, off);
+      reuse_t r;
+      int ev = evict_one_for(s, si, epoch, false, rounded, &r, false);
       if (ev == EV_KEPT) {
+        *off = r.off;
         *ext_len = rounded;
         return 0;
       }
@@ -1161,31 +1236,43 @@ static uint8_t reserve_key_locked(kvs_store_t *s, uint32_t si, uint32_t x, kvs_k
     if (o->state != OBJ_READY) return KVS_RES_BUSY;
     /* The caller is told "nothing to write": this call must not evict it. */
     o->epoch = epoch;
-    if (o->pins == 0) {
-      lru_remove(s, &s->shards[os], oi);
-      lru_push_tail(s, &s->shards[os], oi);
-    }
+    if (o->pins == 0) lru_touch(s, &s->shards[os], oi); /* else its release does */
     return KVS_RES_PRESENT;
   }
-  bool blocked = false;
-  uint32_t oi = slot_get_evicting(s, si, &sh->sobj, mode, epoch, all, &blocked);
-  if (oi == NIL) return blocked ? RES_AGAIN : KVS_RES_NO_SPACE;
-  uint32_t ki = slot_get_evicting(s, si, &sh->skey, mode, epoch, all, &blocked);
-  if (ki == NIL) {
-    slots_put(&sh->sobj, oi);
-    return blocked ? RES_AGAIN : KVS_RES_NO_SPACE;
-  }
+  uint32_t oi = NIL, ki = NIL;
   uint64_t off = 0, ext_len = 0;
-  int rc = alloc_extent(s, si, nbytes, rounded, mode, epoch, all, &off, &ext_len);
-  if (rc < 0) {
-    slots_put(&sh->skey, ki);
-    slots_put(&sh->sobj, oi);
-    return rc == -EAGAIN ? RES_AGAIN : KVS_RES_NO_SPACE;
+  /* A full arena and a shard head of the same length (a full cache of equal objects): the
+   * head is the victim the general path below would pick; take its extent and its slots. */
+  if (!all && !(mode & KVS_RESERVE_NO_EVICT) && sh->lru_head != NIL &&
+      s->objs[sh->lru_head].ext_len == rounded &&
+      kvs_pool_room(s->pool, KVS_ARENA_CACHE) < rounded) {
+    reuse_t r;
+    if (evict_one_for(s, si, epoch, false, rounded, &r, true) == EV_KEPT) {
+      oi = r.obj;
+      ki = r.kent;
+      off = r.off;
+      ext_len = rounded;
+    }
+  }
+  if (oi == NIL) {
+    bool blocked = false;
+    oi = slot_get_evicting(s, si, &sh->sobj, mode, epoch, all, &blocked);
+    if (oi == NIL) return blocked ? RES_AGAIN : KVS_RES_NO_SPACE;
+    ki = slot_get_evicting(s, si, &sh->skey, mode, epoch, all, &blocked);
+    if (ki == NIL) {
+      slots_put(&sh->sobj, oi);
+      return blocked ? RES_AGAIN : KVS_RES_NO_SPACE;
+    }
+    int rc = alloc_extent(s, si, nbytes, rounded, mode, epoch, all, &off, &ext_len);
+    if (rc < 0) {
+      slots_put(&sh->skey, ki);
+      slots_put(&sh->sobj, oi);
+      return rc == -EAGAIN ? RES_AGAIN : KVS_RES_NO_SPACE;
+    }
   }
   obj_t *o = &s->objs[oi];
   memset(o, 0, sizeof *o);
   o->off = off;
-  o->len = nbytes;
   o->ext_len = ext_len;
   o->state = OBJ_WRITING;
   o->keys = ki;
@@ -1571,7 +1658,7 @@ int kvs_store_lookup(kvs_store_t *s, kvs_owner_t owner, const kvs_key_t *keys, s
     pe->obj = oi;
     LIST_PUSH_TAIL(s->pins, p, prev, next, xf->head, xf->tail);
     xf->count++;
-    if (ob->pins++ == 0) lru_remove(s, os, oi);
+    if (ob->pins++ == 0) lru_pinned(os, ob);
   }
   if (held) pthread_mutex_unlock(&held->lock);
   if (pin) {
@@ -1605,7 +1692,7 @@ int kvs_store_read_pinned(kvs_store_t *s, kvs_owner_t owner, kvs_xfer_t xfer,
     const obj_t *ob = &s->objs[s->pins[p].obj];
     views[i].key = s->pins[p].key;
     views[i].extent.offset = ob->off;
-    views[i].extent.length = ob->len;
+    views[i].extent.length = kvs_layout_nbytes(&ob->layout);
     views[i].layout = ob->layout;
   }
   rc = (int)s->xfers[x].count;
@@ -1749,7 +1836,8 @@ static bool valid_locked(kvs_store_t *s) {
       o->mark = 0; /* from here on: pin entries naming it */
       if (o->state == OBJ_FREE) continue;
       V(o->state == OBJ_WRITING || o->state == OBJ_READY);
-      V(o->len == kvs_layout_nbytes(&o->layout) && o->len > 0 && o->len <= o->ext_len);
+      uint64_t len = kvs_layout_nbytes(&o->layout);
+      V(len > 0 && len <= o->ext_len);
       V((int64_t)o->ext_len == kvs_pool_extent_len(s->pool, KVS_ARENA_CACHE, o->off));
       V(kvs_pool_arena_of(s->pool, o->off, o->ext_len) == KVS_ARENA_CACHE);
       V(o->keys != NIL);
@@ -1775,11 +1863,13 @@ static bool valid_locked(kvs_store_t *s) {
         used += o->ext_len;
         nready++;
         if (o->pins == 0) lru_expect++;
+        if (!lru_listed(s, sh, i)) V(o->pins && o->lru_next == NIL); /* see LRU */
         V(o->xfer == NIL && o->xnext == NIL);
       } else {
         reserved += o->ext_len;
         nwriting++;
         V(o->pins == 0);
+        V(o->lru_prev == NIL && o->lru_next == NIL && sh->lru_head != i);
         V(o->xfer >= 1 && o->xfer <= s->nparts * s->xfer_per &&
           s->xfers[o->xfer].kind == XF_WRITE);
       }
@@ -1803,16 +1893,19 @@ static bool valid_locked(kvs_store_t *s) {
     }
 
     /* its LRU: exactly its READY unpinned objects */
-    uint64_t lru_n = 0, lru_bytes = 0;
+    uint64_t lru_n = 0, lru_unpinned = 0, lru_bytes = 0;
     uint32_t prev = NIL;
     for (uint32_t i = sh->lru_head; i != NIL; prev = i, i = s->objs[i].lru_next) {
       V(++lru_n <= sh->sobj.hw);
       const obj_t *o = &s->objs[i];
       V(obj_shard(s, i) == si);
-      V(o->state == OBJ_READY && o->pins == 0 && o->lru_prev == prev);
+      V(o->state == OBJ_READY && (i == sh->lru_head || o->lru_prev == prev));
+      V(lru_listed(s, sh, i));
+      if (o->pins) continue;
+      lru_unpinned++;
       lru_bytes += o->ext_len;
     }
-    V(prev == sh->lru_tail && lru_n == lru_expect && lru_bytes == sh->lru_bytes);
+    V(prev == sh->lru_tail && lru_unpinned == lru_expect && lru_bytes == sh->lru_bytes);
   }
   for (uint32_t si = 0; si < s->nparts; si++) V(nbound_in[si] == s->shards[si].nkeys);
 

@@ -22,8 +22,9 @@
  *     used_bytes + reserved_bytes + free_bytes == cache arena size
  * where used = extents of READY objects, reserved = extents of WRITING objects, free = free
  * bytes of the cache arena. A reservation that does not fit evicts READY unpinned objects in
- * LRU order (least recently committed or looked up first), O(1) each, until it fits; if it
- * still does not fit the key gets NO_SPACE. Pinned and WRITING objects are never evicted.
+ * LRU order (least recently committed or looked up first), O(1) each (amortised), until it
+ * fits; if it still does not fit the key gets NO_SPACE. Pinned and WRITING objects are never
+ * evicted.
  * The LRU order is per shard (design §4.4): exact for a one-shard store, approximate across
  * shards; the capacity account is exact either way.
  *
@@ -186,8 +187,8 @@ int kvs_store_commit(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
 int kvs_store_abort(kvs_store_t *store, kvs_owner_t owner, kvs_xfer_t xfer);
 
 /* Count the leading run of READY keys. With pin, pin those objects under a new read transfer
- * (*xfer; 0 when the run is empty) and move them to the LRU tail (a pinned object leaves the
- * LRU; its release puts it back at the tail). Returns the run length (>= 0)
+ * (*xfer; 0 when the run is empty) and move them to the LRU tail (a pinned object is not
+ * evictable; its release puts it back at the tail). Returns the run length (>= 0)
  * or -ENOENT (owner), -EINVAL (NULL keys, n == 0, pin without xfer), -ENOSPC (pin and the
  * transfer table is full). A pin table that fills up shortens the run (never an error).
  * Without pin the LRU is not touched (a count is not a use). */

@@ -758,6 +758,63 @@ Test(store, full_pool_evicts_lru_order, T_TIMEOUT) {
   VALID();
 }
 
+/* A pin leaves its object on the LRU (store.c, "LRU"): an eviction that meets it at the head
+ * passes over it, and its release puts it at the tail, as if it had left the list at the pin. */
+Test(store, pinned_objects_keep_their_lru_order, T_TIMEOUT) {
+  setup(64);
+  for (uint64_t i = 0; i < 4; i++) put1(K(i), 16 * 4096); /* LRU: 0 1 2 3 */
+  kvs_xfer_t r0, r2;
+  cr_assert_eq(kvs_store_lookup(st, KVS_OWNER_LOCAL, &(kvs_key_t){0, 42}, 1, true, &r0), 1);
+  cr_assert_eq(kvs_store_lookup(st, KVS_OWNER_LOCAL, &(kvs_key_t){2, 42}, 1, true, &r2), 1);
+  VALID();
+  /* 0 (the head) and 2 are pinned: the first eviction passes over 0 and takes 1 */
+  cr_assert_eq(try1(K(10), 16 * 4096, 0, true), KVS_RES_RESERVED);
+  cr_assert_not(ready(K(1)));
+  cr_assert(ready(K(0)) && ready(K(2)) && ready(K(3)));
+  /* releases: 2 then 0, so LRU: 3 10 2 0 */
+  cr_assert_eq(kvs_store_release(st, KVS_OWNER_LOCAL, r2), 0);
+  VALID();
+  cr_assert_eq(kvs_store_release(st, KVS_OWNER_LOCAL, r0), 0);
+  VALID();
+  static const uint64_t victims[4] = {3, 10, 2, 0};
+  for (uint64_t i = 0; i < 4; i++) {
+    cr_assert_eq(try1(K(20 + i), 16 * 4096, 0, true), KVS_RES_RESERVED);
+    cr_assert_not(ready(K(victims[i])), "eviction %llu: %llu should be gone",
+                  (unsigned long long)i, (unsigned long long)victims[i]);
+    for (uint64_t j = i + 1; j < 4; j++)
+      cr_assert(ready(K(victims[j])), "eviction %llu took %llu out of LRU order",
+                (unsigned long long)i, (unsigned long long)victims[j]);
+  }
+  cr_assert_eq(stat(KVS_STAT_store_evictions), 5);
+  VALID();
+}
+
+/* A full cache of equal objects: a reservation takes its victim's extent (and its object and
+ * key slots), never the pool's; the accounts stay exact. */
+Test(store, full_cache_of_equal_objects_reuses_the_victims_extent, T_TIMEOUT) {
+  setup(64);
+  kvs_extent_t ex[4];
+  for (uint64_t i = 0; i < 4; i++) {
+    kvs_xfer_t x = reserve1(KVS_OWNER_LOCAL, K(i), 16 * 4096, &ex[i]);
+    cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
+  }
+  for (uint64_t n = 0; n < 12; n++) {
+    kvs_extent_t e;
+    kvs_xfer_t x = reserve1(KVS_OWNER_LOCAL, K(100 + n), 16 * 4096, &e);
+    cr_assert_eq(e.offset, ex[n % 4].offset, "reservation %llu: not the victim's extent",
+                 (unsigned long long)n);
+    cr_assert_not(ready(K(n < 4 ? n : 100 + n - 4)));
+    cr_assert_eq(kvs_store_commit(st, KVS_OWNER_LOCAL, x), 0);
+    VALID();
+    kvs_store_info_t in = info();
+    cr_assert_eq(in.used_bytes, 64 * PG);
+    cr_assert_eq(in.objects_ready, 4);
+    cr_assert_eq(in.keys, 4);
+    cr_assert_eq(pool_free(), 0);
+  }
+  cr_assert_eq(stat(KVS_STAT_store_evictions), 12);
+}
+
 Test(store, batch_lru_order_keeps_the_prefix_head, T_TIMEOUT) {
   setup(8);
   kvs_key_t keys[4] = {K(0), K(1), K(2), K(3)};
