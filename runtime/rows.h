@@ -40,9 +40,10 @@ enum {
   KVS_HOOK_FAMILIES(KVS__HOOK_BIT)
 #undef KVS__HOOK_BIT
 };
-/* "cuda|llama|kvo": the families' names in their order (a FLAGS row's choices). */
+/* "cuda|llama|kvo": the families' names in their order (a FLAGS row's choices), past the
+ * leading '|' of the concatenation (indexed, not "+ 1": clang's -Wstring-plus-int). */
 #define KVS__HOOK_CHOICE(id, name, title, rows) "|" #name
-#define KVS__HOOK_CHOICES (KVS_HOOK_FAMILIES(KVS__HOOK_CHOICE) + 1)
+#define KVS__HOOK_CHOICES (&(KVS_HOOK_FAMILIES(KVS__HOOK_CHOICE))[1])
 
 /* ---- the runtime's own rows ----------------------------------------------------------------- */
 
