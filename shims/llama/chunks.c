@@ -204,11 +204,27 @@ static uint8_t *put_u64(uint8_t *o, uint64_t v) {
   return o + 8;
 }
 
-/* Move len bytes between a place in the state (st) and the chunk's payload (pl): out of the
- * state when splitting, into it when assembling. */
-static void mv(uint8_t *st, uint8_t *pl, uint64_t len, bool split) {
-  if (split) memcpy(pl, st, (size_t)len);
-  else memcpy(st, pl, (size_t)len);
+/* How lay_out moves a run: out of the state (split), or into it (assembling), where a run of
+ * at least defer->min bytes is recorded against the state at `state` instead (design §10.4). */
+typedef struct mover {
+  bool split;
+  kvs__llama_defer_t *defer;
+  const uint8_t *state;
+} mover_t;
+
+/* Move len bytes between a place in the state (st) and the chunk's payload (pl). */
+static void mv(const mover_t *m, uint8_t *st, uint8_t *pl, uint64_t len) {
+  if (m->split) {
+    memcpy(pl, st, (size_t)len);
+    return;
+  }
+  kvs__llama_defer_t *d = m->defer;
+  if (d && len && len >= d->min && d->n < d->cap) {
+    d->runs[d->n++] = (kvs__llama_run_t){(uint64_t)(st - m->state), len, pl};
+    d->bytes += len;
+    return;
+  }
+  memcpy(st, pl, (size_t)len);
 }
 
 /* The one walk of a state's layout by its frame, shared by the splitter and the assembler: the
@@ -223,7 +239,7 @@ static void mv(uint8_t *st, uint8_t *pl, uint64_t len, bool split) {
  * hashed into hs just before its cells move, while it is in cache: hs then holds the hash of
  * the whole payload. Returns the end of the state. */
 static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *state, uint8_t *pl,
-                        uint64_t a, uint64_t n, uint64_t held, bool split,
+                        uint64_t a, uint64_t n, uint64_t held, const mover_t *m,
                         kvs__llama_hasher_t *hs) {
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, f, sizeof fh);
@@ -250,7 +266,7 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       o += 4 + 4 * ((uint64_t)mine + 1);
       if (hs && ext) kvs__llama_hasher_update(hs, pl, (size_t)(held * KVS_LLAMA_CELL_EXT));
       for (uint64_t j = 0; ext && j < n; j++)
-        mv(o + (a + j) * mb + 8, pl + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT, split);
+        mv(m, o + (a + j) * mb + 8, pl + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT);
       if (ext) pl += held * KVS_LLAMA_CELL_EXT;
       o += N * mb + 8;
     }
@@ -260,7 +276,7 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       if (!pl) put_u64(put_u32(o, (uint32_t)L.k_type), L.k_row);
       o += 12;
       if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.k_row));
-      if (pl) mv(o + a * L.k_row, pl, n * L.k_row, split), pl += held * L.k_row;
+      if (pl) mv(m, o + a * L.k_row, pl, n * L.k_row), pl += held * L.k_row;
       o += N * L.k_row;
     }
     for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
@@ -272,11 +288,11 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       if (s.v_trans) { /* element j of every cell is one run of N values: the chunk's n of it */
         if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(L.v_embd * held * L.v_el));
         for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += held * L.v_el)
-          mv(o + (j * N + a) * L.v_el, pl, n * L.v_el, split);
+          mv(m, o + (j * N + a) * L.v_el, pl, n * L.v_el);
         o += N * L.v_el * L.v_embd;
       } else {
         if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.v_row));
-        if (pl) mv(o + a * L.v_row, pl, n * L.v_row, split), pl += held * L.v_row;
+        if (pl) mv(m, o + a * L.v_row, pl, n * L.v_row), pl += held * L.v_row;
         o += N * L.v_row;
       }
     }
@@ -402,8 +418,9 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   memcpy(dst + sizeof h, tok + a, 4 * (size_t)n);
   /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
    * walk only reads it when splitting */
+  const mover_t split = {true, NULL, state};
   lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
-          n, true, NULL);
+          n, &split, NULL);
   memcpy(dst, &h, sizeof h);
   h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
@@ -490,6 +507,29 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 
 /* ---- assembly -------------------------------------------------------------------------------- */
 
+/* Sort recorded runs by their place in the state (distinct places: runs never overlap). A
+ * heapsort: in place, no allocation (qsort may allocate), O(n log n) for the chunk-major order
+ * the assembler records them in. */
+static void runs_sift(kvs__llama_run_t *r, size_t i, size_t n) {
+  for (size_t c; (c = 2 * i + 1) < n; i = c) {
+    if (c + 1 < n && r[c + 1].off > r[c].off) c++;
+    if (r[i].off >= r[c].off) return;
+    kvs__llama_run_t t = r[i];
+    r[i] = r[c];
+    r[c] = t;
+  }
+}
+
+static void runs_sort(kvs__llama_run_t *r, size_t n) {
+  for (size_t i = n / 2; i-- > 0;) runs_sift(r, i, n);
+  for (size_t e = n; e-- > 1;) {
+    kvs__llama_run_t t = r[0];
+    r[0] = r[e];
+    r[e] = t;
+    runs_sift(r, 0, e);
+  }
+}
+
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n) {
   kvs__llama_frame_hdr_t h;
   memcpy(&h, f, sizeof h);
@@ -510,7 +550,8 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,
                                                       uint32_t last_n, int32_t seq, uint8_t *dst,
-                                                      size_t cap, size_t *out_len) {
+                                                      size_t cap, size_t *out_len,
+                                                      kvs__llama_defer_t *defer) {
   kvs__llama_frame_hdr_t fh;
   kvs__llama_chunks_status_t st = kvs__llama_frame_check(f, flen, T, ns, &fh);
   if (st != KVS_LLAMA_CHUNKS_OK) return st;
@@ -535,6 +576,8 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
     if (s.n_stream > 1 && (uint32_t)seq >= s.n_stream) return KVS_LLAMA_CHUNKS_FIELD;
   }
   if (!dst || cap < size) return KVS_LLAMA_CHUNKS_SPACE;
+  if (defer) defer->n = 0, defer->bytes = 0;
+  const mover_t into = {false, defer, dst};
   /* One read of each chunk: each run of its payload hashed while it is in cache, then copied to
    * its places (lay_out with a hasher: the checksum seeded() computes, in pieces), the checksum
    * compared at the chunk's end. A damaged chunk is found only after it and the chunks before
@@ -549,10 +592,11 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
     kvs__llama_hasher_update(&hs, ch[i] + sizeof(kvs__llama_chunk_hdr_t), (size_t)(4 * own));
     /* (assembling: the chunk is only read; the last may give only its first n of own) */
     uint8_t *pl = (uint8_t *)(uintptr_t)(ch[i] + sizeof(kvs__llama_chunk_hdr_t) + 4 * own);
-    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, own, false, &hs);
+    lay_out(f, N, seq, dst, pl, (uint64_t)i * T, n, own, &into, &hs);
     if (kvs__llama_hasher_digest(&hs) != sum) return KVS_LLAMA_CHUNKS_CHECKSUM;
   }
-  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, false, NULL) - dst);
+  *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, &into, NULL) - dst);
+  if (defer) runs_sort(defer->runs, defer->n);
   return KVS_LLAMA_CHUNKS_OK;
 }
 

@@ -47,6 +47,7 @@
 #ifndef KVSHIM_LLAMA_CHUNKS_H
 #define KVSHIM_LLAMA_CHUNKS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -192,6 +193,23 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 /* Bytes of the state for n tokens in frame f (checked), or 0 when n is out of range. */
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 
+/* Runs of an assembled state left where they lie (design §10.4, "direct loads"): when the
+ * assembler is given one, each payload run of at least `min` bytes is recorded in runs[] (while
+ * there is room; past cap it is copied as usual) instead of copied into dst. Every run is still
+ * hashed before the assembly returns OK. On OK runs[0, n) are sorted by off and do not overlap;
+ * bytes is their sum. The caller owns runs. */
+typedef struct kvs__llama_run {
+  uint64_t off;       /* bytes [off, off + len) of the state */
+  uint64_t len;
+  const uint8_t *src; /* are src[0, len): in a chunk object's payload */
+} kvs__llama_run_t;
+
+typedef struct kvs__llama_defer {
+  kvs__llama_run_t *runs;
+  uint32_t cap, n;
+  uint64_t min, bytes;
+} kvs__llama_defer_t;
+
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks
  * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T
  * and ns, kvs__llama_chunk_check with index i for ch[i]). last_n: of the last chunk only its
@@ -201,11 +219,13 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
  * end (design §10.4). OK with *out_len the
  * state's bytes, or the first refusal; *out_len is set only on OK, and nothing is written to
  * dst on a refusal but CHECKSUM (the chunks before the damaged one were copied: dst holds no
- * usable state). */
+ * usable state). defer (NULL: every byte copied): runs recorded, see kvs__llama_defer_t; n and
+ * bytes are reset first. */
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,
                                                       kvs_key_t ns, const uint8_t *const *ch,
                                                       const size_t *chlen, uint32_t nch,
                                                       uint32_t last_n, int32_t seq, uint8_t *dst,
-                                                      size_t cap, size_t *out_len);
+                                                      size_t cap, size_t *out_len,
+                                                      kvs__llama_defer_t *defer);
 
 #endif

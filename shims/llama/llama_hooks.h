@@ -62,7 +62,9 @@
  * llama_context_params by value, forwarded like kvs__llama_model_params_t), kvs__llama_memory_t
  * (llama_memory_t), llama_pos = int32_t. KVS_LLAMA_PREFIX_HOOKS are exported; every function
  * that takes an engine batch index (_ith, llama_sampler_sample) is among them, so output indices
- * can be remapped when tokens were skipped. */
+ * can be remapped when tokens were skipped. The last row is libggml-base's, which libllama's state
+ * loader calls through the PLT: during kvshim's own direct loads it serves the tensor runs from
+ * the chunks where they lie (prefix.c, design §10.4); otherwise it passes straight through. */
 #define KVS_LLAMA_PREFIX_HOOKS(X)                                                             \
   X(struct llama_context *, llama_init_from_model,                                            \
     (struct llama_model * model, kvs__llama_ctx_params_t params), (model, params))            \
@@ -110,7 +112,10 @@
     (struct llama_context * ctx, int32_t seq_id, struct llama_sampler * smpl),                \
     (ctx, seq_id, smpl))                                                                      \
   X(size_t, llama_state_set_data, (struct llama_context * ctx, const uint8_t *src, size_t size), \
-    (ctx, src, size))
+    (ctx, src, size))                                                                         \
+  X(void, ggml_backend_tensor_set,                                                            \
+    (struct ggml_tensor * tensor, const void *data, size_t offset, size_t size),              \
+    (tensor, data, offset, size))
 
 /* Functions of libllama the prefix cache calls itself (never hooked by it; the state functions
  * are hooked by the other family, and prefix.c calls their real definitions). */

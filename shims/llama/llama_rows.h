@@ -16,6 +16,8 @@
     "smallest prefix worth restoring")                                                        \
   X(llama_chunks, "KVSHIM_LLAMA_CHUNKS", BOOL, "0", 0, 1, "", "",                             \
     "llama prefix cache: store states as one object per chunk, each chunk once (design 10.4)") \
+  X(llama_direct, "KVSHIM_LLAMA_DIRECT", BOOL, "1", 0, 1, "", "",                             \
+    "llama chunk storage: restores by assembly hand the engine's tensor uploads the chunks where they lie (design 10.4)") \
   X(llama_wait_ms, "KVSHIM_LLAMA_WAIT_MS", INT, "5000", 0, 600000, "", "ms",                  \
     "llama prefix cache: longest wait for another process computing the same prefix (0: never)")
 
@@ -88,6 +90,12 @@
   X(llama_chunks_tail_tokens, C,                                                               \
     KVS_LLAMA_CHUNKS_GROUP "tokens restored from part of a continuation chunk (past a run's whole chunks)") \
   X(llama_chunks_reused, C,                                                                    \
-    KVS_LLAMA_CHUNKS_GROUP "restores of the state last assembled in the context (same chunks: no copy)")
+    KVS_LLAMA_CHUNKS_GROUP "restores of the state last assembled in the context (same chunks: no copy)") \
+  X(llama_chunks_direct, C,                                                                    \
+    KVS_LLAMA_CHUNKS_GROUP "restores by assembly loaded from the chunks where they lie (design 10.4)") \
+  X(llama_chunks_direct_bytes, C,                                                              \
+    KVS_LLAMA_CHUNKS_GROUP "bytes those restores uploaded straight from the chunks (not copied)") \
+  X(llama_chunks_direct_refused, C,                                                            \
+    KVS_LLAMA_CHUNKS_GROUP "loads whose tensor data did not all pass through ggml_backend_tensor_set (direct loads off)")
 
 #endif

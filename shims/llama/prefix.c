@@ -72,7 +72,9 @@
  * is not stored again. A state that cannot be split is stored as a whole blob (counted). A
  * restore pins the longest local run of chunk objects, fetches the rest of the run from the
  * best peer, assembles the state into a scratch blob and restores it as any blob
- * (px_restore_chunks).
+ * (px_restore_chunks). Direct loads (KVSHIM_LLAMA_DIRECT, px_direct_*): the assembly writes only
+ * what is not per-token payload, and the engine's own load, which hands each tensor run to
+ * ggml_backend_tensor_set, is served those runs from the chunks where they lie (hooked below).
  *
  * Snapshot. After a successful single-sequence decode whose last token has an output, when
  * floor(min(n, canon) / chunk) chunks >= min tokens and >= the last snapshot + one chunk: unless
@@ -183,6 +185,17 @@ typedef struct px_work {
   int8_t *logits;
 } px_work_t;
 
+/* A direct load (design §10.4, px_direct_*): the state handed to the engine, whose runs[i]
+ * (sorted, disjoint: the assembler's) lie in the chunks, not in it; served[i] counts the bytes
+ * of runs[i] the engine has uploaded through ggml_backend_tensor_set. */
+typedef struct px_direct {
+  const uint8_t *base;
+  uint64_t len;
+  const kvs__llama_run_t *runs;
+  uint64_t *served;
+  uint32_t n;
+} px_direct_t;
+
 typedef struct px_ctx {
   _Atomic(struct llama_context *) ctx; /* NULL: free slot; published last (release) */
   pthread_mutex_t lock;                /* guards every field below except skip */
@@ -235,6 +248,15 @@ typedef struct px_ctx {
    * it again without assembling it again. */
   uint64_t asm_id;
   size_t asm_got;
+  /* Direct loads: druns holds the runs an assembly left in the chunks (kvs__prim_alloc, owned
+   * here); dl, while not NULL, the load px_load is to make from them; direct_id the identity of
+   * the last assembly loaded directly (the same run again is assembled in full and then reused,
+   * px_assemble). */
+  void *druns;
+  size_t druns_cap;
+  px_direct_t direct, *dl;
+  uint64_t direct_id;
+  bool direct_refused; /* the last px_load was a direct load the engine did not serve in full */
   uint32_t memo_next;
 } px_ctx_t;
 
@@ -490,9 +512,11 @@ static void px_forget(struct llama_context *ctx) {
     c->multi = NULL;
     kvs__prim_unmap(c->cbuf, c->cbuf_cap);
     kvs__prim_unmap(c->cpin, c->cpin_cap);
-    c->cbuf = c->cpin = NULL;
-    c->cbuf_cap = c->cpin_cap = 0;
-    c->asm_id = 0;
+    kvs__prim_unmap(c->druns, c->druns_cap);
+    c->cbuf = c->cpin = c->druns = NULL;
+    c->cbuf_cap = c->cpin_cap = c->druns_cap = 0;
+    c->asm_id = c->direct_id = 0;
+    c->dl = NULL;
     c->multi_len = c->multi_cap = c->imap_n = 0;
     c->saved_len = c->saved_cap = 0;
     for (size_t i = 0; i < PX_MEMO_MAX; i++) {
@@ -792,6 +816,119 @@ static uint32_t px_restore_point(const px_ctx_t *c, const px_plan_t *pl,
   return 0;
 }
 
+/* ---- direct loads (design §10.4) ------------------------------------------------------------ */
+
+/* The engine's llama_state_seq_set_data reads a state's metadata itself but hands every tensor
+ * run (a layer's K or V rows of a cell range; one element of every cell of a transposed V) to
+ * ggml_backend_tensor_set with a pointer into the state: llama_io_read_host records the runs and
+ * flushes them when the reader ends, still inside the call (llama-context.cpp:2630-2680 of the
+ * pinned release; libllama imports the function from libggml-base, so LD_PRELOAD interposes it).
+ * A direct load hands the engine an assembly whose long payload runs were not copied (they were
+ * hashed and recorded, kvs__llama_defer_t) and serves each upload of such a run from the chunk
+ * where it lies: the state is not copied. Every direct load is checked afterwards to have served
+ * every run in full; one that did not (an engine that reads the tensor bytes itself: llama.cpp
+ * linked statically, another release) read bytes never written: it is undone, direct loads go
+ * off for the process, and the same run is assembled whole and loaded again (px_assemble_load).
+ * So the first restore by assembly of a process finds out, at the cost of one load at most. */
+
+/* Runs shorter than this are copied (a call per run costs more than their copy). */
+#define PX_DIRECT_MIN_RUN 4096u
+/* Runs recorded at most per assembly; the rest are copied. */
+#define PX_DIRECT_MAX_RUNS 65536u
+
+/* Does the engine upload a state's tensors through ggml_backend_tensor_set? -1 not known yet,
+ * 0 no (direct loads off for the process), 1 yes. */
+static atomic_int px_direct_verdict = -1;
+
+/* The direct load in progress on this thread (set only around the engine's set_data call). */
+static __thread px_direct_t *px_direct_now __attribute__((tls_model("initial-exec")));
+
+/* Upload bytes [a, a + size) of d's state into tensor at offset: runs from their chunks, the
+ * bytes between them from the state; each run's share counted. */
+static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set real,
+                            struct ggml_tensor *tensor, uint64_t a, size_t offset, size_t size) {
+  const uint64_t a0 = a, e = a + size;
+  uint32_t lo = 0, hi = d->n; /* the first run that ends after a */
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (d->runs[mid].off + d->runs[mid].len <= a) lo = mid + 1;
+    else hi = mid;
+  }
+  for (uint32_t i = lo; a < e;) {
+    const kvs__llama_run_t *r = i < d->n ? &d->runs[i] : NULL;
+    const uint8_t *src = d->base + a;
+    uint64_t end;
+    if (r && r->off <= a) { /* in run i */
+      end = r->off + r->len < e ? r->off + r->len : e;
+      src = r->src + (a - r->off);
+      d->served[i++] += end - a;
+    } else { /* bytes the assembly wrote, up to the next run */
+      end = r && r->off < e ? r->off : e;
+    }
+    real(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
+    a = end;
+  }
+}
+
+void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data, size_t offset,
+                             size_t size) {
+  kvs__px_pfn_ggml_backend_tensor_set real = px_real_ggml_backend_tensor_set();
+  if (kvs__unlikely(!real)) return;
+  px_direct_t *d = px_direct_now;
+  uintptr_t p = (uintptr_t)data, b = d ? (uintptr_t)d->base : 0;
+  if (kvs__likely(!d) || size == 0 || p < b || p - b >= d->len || size > d->len - (p - b)) {
+    real(tensor, data, offset, size);
+    return;
+  }
+  px_direct_serve(d, real, tensor, p - b, offset, size);
+}
+
+/* After the engine loaded d's state: were all its runs uploaded through the hook? A run not
+ * served means the engine read bytes that were never written: false (the load must be undone),
+ * and direct loads go off for the process. */
+static bool px_direct_judge(const px_direct_t *d) {
+  bool whole = true;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < d->n; i++) {
+    whole = whole && d->served[i] == d->runs[i].len;
+    bytes += d->runs[i].len;
+  }
+  if (whole) {
+    if (atomic_exchange(&px_direct_verdict, 1) != 1)
+      kvs_log_info("llama.cpp prefix cache: the engine uploads a state's tensors through "
+                   "ggml_backend_tensor_set: restores by assembly load the chunks where they lie");
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_direct);
+    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_direct_bytes, bytes);
+    return true;
+  }
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_direct_refused);
+  if (atomic_exchange(&px_direct_verdict, 0) != 0)
+    kvs_log_info("llama.cpp prefix cache: the engine did not upload every tensor run of a state "
+                 "through ggml_backend_tensor_set (llama.cpp linked statically, or another "
+                 "release?): restores by assembly copy the state from now on");
+  return false;
+}
+
+/* The runs an assembly of identity id (nch chunks in frame f) may leave in the chunks, in *d:
+ * NULL (copy every byte) when direct loads are off or known not to work here, or when the same
+ * run was loaded directly just before (copied whole this time, its next restores reuse it:
+ * px_assemble). */
+static kvs__llama_defer_t *px_defer_for(px_ctx_t *c, const uint8_t *f, size_t flen,
+                                        uint32_t nch, uint64_t id, kvs__llama_defer_t *d) {
+  int v = atomic_load_explicit(&px_direct_verdict, memory_order_relaxed);
+  if (!kvs__runtime_options()->llama_direct || v == 0 || !id ||
+      flen < sizeof(kvs__llama_frame_hdr_t) || (v == 1 && id == c->direct_id))
+    return NULL;
+  kvs__llama_frame_hdr_t fh; /* checked by the assembler; here only a bound */
+  memcpy(&fh, f, sizeof fh);
+  uint64_t cap = (uint64_t)nch * (2ull * fh.n_layers + 2);
+  if (cap > PX_DIRECT_MAX_RUNS) cap = PX_DIRECT_MAX_RUNS;
+  if (!px_grow(&c->druns, &c->druns_cap, (size_t)cap * (sizeof(kvs__llama_run_t) + 8)))
+    return NULL;
+  *d = (kvs__llama_defer_t){.runs = c->druns, .cap = (uint32_t)cap, .min = PX_DIRECT_MIN_RUN};
+  return d;
+}
+
 static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
                         const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
                         const uint8_t *state, uint32_t *k_out);
@@ -838,8 +975,18 @@ static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t 
   if (pl->rebase && !c->saved_len && !px_save_seq(c, ctx, s)) return PX_SKIP;
   kvs__llama_state_api_t api;
   px_state_api(&api);
+  px_direct_t *d = c->dl; /* a direct load of this very state (px_assemble), once */
+  c->dl = NULL;
+  c->direct_refused = false;
+  if (d && (d->base != state || d->len != h.state_size)) d = NULL;
+  px_direct_now = d;
   size_t rd = kvs__llama_state_set(&api, ctx, state, (size_t)h.state_size, s);
+  px_direct_now = NULL;
   if (rd != h.state_size) why = "llama_state_seq_set_data refused it";
+  else if (d && !px_direct_judge(d)) {
+    why = "its tensor data did not all pass through ggml_backend_tensor_set";
+    c->direct_refused = true;
+  }
   if (!why && h.n_tokens > k && !px_real_llama_memory_seq_rm()(c->mem, s, (int32_t)k, -1))
     why = "llama_memory_seq_rm could not trim it";
   if (!why) {
@@ -1233,25 +1380,37 @@ static uint64_t px_assembly_id(const px_ctx_t *c, const px_plan_t *pl, const uin
  * nothing written over it since) it is used as it is: counted in llama_chunks_reused. A restore
  * of a popular prefix into the slots of one replica copies it once, not per restore (design
  * §10.4). Such a reuse does not read the chunks' payloads again: a chunk damaged since the
- * assembly is found at the next assembly that reads it (the state loaded is the one checked). */
+ * assembly is found at the next assembly that reads it (the state loaded is the one checked).
+ * With direct loads (px_defer_for) the long runs are hashed but left in the chunks, and c->dl
+ * tells px_load to serve them from there: the chunks must stay pinned until that load. A run
+ * loaded directly and restored again at once is assembled whole the second time (then reused). */
 static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, const uint8_t *f,
                                               size_t flen, const uint8_t *const *ch,
                                               const size_t *lens, uint32_t good, uint32_t take,
                                               uint64_t S, size_t *got) {
   const uint32_t nch = good + (take ? 1 : 0);
   uint64_t id = px_assembly_id(c, pl, f, flen, ch, lens, nch, take, S);
+  c->dl = NULL;
   if (id && c->asm_id == id) {
     *got = c->asm_got;
     kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_reused);
     return KVS_LLAMA_CHUNKS_OK;
   }
   c->asm_id = 0;
+  kvs__llama_defer_t defer, *dp = px_defer_for(c, f, flen, nch, id, &defer);
   uint64_t t0 = kvs__now_ns();
   kvs__llama_chunks_status_t r = kvs__llama_chunks_assemble(
-      f, flen, c->chunk, c->ns, ch, lens, nch, take, pl->s, c->cbuf, (size_t)S, got);
-  if (r == KVS_LLAMA_CHUNKS_OK) {
-    kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
-    kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+      f, flen, c->chunk, c->ns, ch, lens, nch, take, pl->s, c->cbuf, (size_t)S, got, dp);
+  if (r != KVS_LLAMA_CHUNKS_OK) return r;
+  kvs_stats_add(px_stats(), KVS_STAT_llama_chunks_assemble_ns, kvs__now_ns() - t0);
+  kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
+  if (dp && dp->n) { /* px_load loads it directly; cbuf is not the whole state: no reuse */
+    px_direct_t *d = &c->direct;
+    *d = (px_direct_t){c->cbuf, *got, dp->runs, (uint64_t *)(void *)(dp->runs + dp->cap), dp->n};
+    memset(d->served, 0, (size_t)dp->n * sizeof *d->served);
+    c->dl = d;
+    c->direct_id = id;
+  } else {
     c->asm_id = id;
     c->asm_got = *got;
   }
@@ -1274,18 +1433,42 @@ static px_res_t px_load_assembled(px_ctx_t *c, struct llama_context *ctx, px_pla
   return res;
 }
 
+/* px_assemble into cbuf (S bytes, grown by the caller), then px_load_assembled: directly when
+ * px_assemble made it a direct load. A direct load the engine did not serve in full was undone
+ * and turned direct loads off: the run is then assembled whole and loaded again (the first
+ * restore by assembly of a process on such an engine). The chunks must stay pinned throughout.
+ * OK: *res says how the load went; else the assembler's refusal, nothing loaded. */
+static kvs__llama_chunks_status_t px_assemble_load(px_ctx_t *c, struct llama_context *ctx,
+                                                   px_plan_t *pl, const uint8_t *f, size_t flen,
+                                                   const uint8_t *const *ch, const size_t *lens,
+                                                   uint32_t good, uint32_t take, uint64_t S,
+                                                   uint32_t *k, px_res_t *res) {
+  size_t got = 0;
+  kvs__llama_chunks_status_t r = px_assemble(c, pl, f, flen, ch, lens, good, take, S, &got);
+  if (r != KVS_LLAMA_CHUNKS_OK) return r;
+  *res = px_load_assembled(c, ctx, pl, good, take, got, k);
+  if (!c->direct_refused) return r;
+  c->direct_refused = false;
+  r = px_assemble(c, pl, f, flen, ch, lens, good, take, S, &got); /* whole: direct loads off */
+  if (r == KVS_LLAMA_CHUNKS_OK) *res = px_load_assembled(c, ctx, pl, good, take, got, k);
+  return r;
+}
+
 /* px_chunks_in_place's transfer: the frame (key 0), the run's chunks, the continuation chunk
- * (when asked for); the assembly runs in the last delivery, while every object is pinned. */
+ * (when asked for); the assembly and the load run in the last delivery, while every object is
+ * pinned (a direct load reads the chunks where they lie). */
 typedef struct px_inplace_chunks {
   px_ctx_t *c;
-  const px_plan_t *pl;
+  px_plan_t *pl;
   const uint8_t **ptr;
   size_t *lens;
   uint32_t nk, prun;
   bool cont;
   uint32_t good, take;
-  size_t got;
-  kvs__llama_chunks_status_t st;
+  kvs__llama_chunks_status_t st; /* OK: assembled and loaded, res says how */
+  struct llama_context *ctx;
+  uint32_t *k;
+  px_res_t res;
 } px_inplace_chunks_t;
 
 static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layout,
@@ -1311,8 +1494,8 @@ static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layou
     return 0;
   uint64_t S = kvs__llama_chunks_state_size(x->ptr[0], N);
   if (!S || !px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) return 0;
-  x->st = px_assemble(c, x->pl, x->ptr[0], x->lens[0], x->ptr + 1, x->lens + 1, x->good, x->take,
-                      S, &x->got);
+  x->st = px_assemble_load(c, x->ctx, x->pl, x->ptr[0], x->lens[0], x->ptr + 1, x->lens + 1,
+                           x->good, x->take, S, x->k, &x->res);
   return 0;
 }
 
@@ -1341,10 +1524,16 @@ static int px_chunks_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   memcpy(ik + 1, keys, (size_t)prun * sizeof *ik);
   if (cont) ik[nk - 1] = tkey;
   memset(ptr, 0, (size_t)nk * sizeof *ptr);
-  px_inplace_chunks_t x = {c, pl, ptr, lens, nk, prun, cont, 0, 0, 0, KVS_LLAMA_CHUNKS_FIELD};
+  px_inplace_chunks_t x = {.c = c, .pl = pl, .ptr = ptr, .lens = lens, .nk = nk, .prun = prun,
+                           .cont = cont, .st = KVS_LLAMA_CHUNKS_FIELD, .ctx = ctx, .k = k};
   int r = kvs__cache_read_cache_peer(rt, ik, nk, px_inplace_chunks_sink, &x);
-  if (r != (int)nk || x.st != KVS_LLAMA_CHUNKS_OK) return 0; /* -ESTALE too: cbuf thrown away */
-  *res = px_load_assembled(c, ctx, pl, x.good, x.take, x.got, k);
+  if (r != (int)nk || x.st != KVS_LLAMA_CHUNKS_OK) { /* -ESTALE too: cbuf thrown away */
+    c->asm_id = 0;
+    /* the pins expired while it was read: what was loaded may be another object's bytes */
+    if (x.st == KVS_LLAMA_CHUNKS_OK && x.res == PX_OK) px_undo(c, ctx, pl->s, pl->n);
+    return 0;
+  }
+  *res = x.res;
   if (*res == PX_OK) {
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
     kvs_stats_inc(px_stats(), KVS_STAT_cache_peer_loads);
@@ -1465,11 +1654,12 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t S = kvs__llama_chunks_state_size(fr.p, N);
   if (fr.len < sizeof(kvs__llama_frame_hdr_t) || !S || N > c->sh.cap) goto out;
   /* the state straight into cbuf (reused: grown, never shrunk), each chunk checked (its
-   * checksum: one pass) and copied once; handed to llama_state_seq_set_data from there with the
-   * prompt's tokens (the run's, checked equal above): no blob is sealed or checked again */
+   * checksum: one pass) and its long runs left where they are for a direct load (else copied
+   * once); handed to llama_state_seq_set_data from there with the prompt's tokens (the run's,
+   * checked equal above): no blob is sealed or checked again */
   if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) goto out;
-  size_t got = 0;
-  kvs__llama_chunks_status_t r = px_assemble(c, pl, fr.p, fr.len, ptr, lens, good, take, S, &got);
+  kvs__llama_chunks_status_t r =
+      px_assemble_load(c, ctx, pl, fr.p, fr.len, ptr, lens, good, take, S, k, &res);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
@@ -1484,7 +1674,6 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     res = PX_BAD;
     goto out;
   }
-  res = px_load_assembled(c, ctx, pl, good, take, got, k);
   if (res == PX_OK && (n > run || (take && !tpinned)))
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_peer_restores);
 out:

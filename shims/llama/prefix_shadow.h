@@ -56,6 +56,7 @@ struct llama_sampler;
 struct llama_adapter_lora;
 struct llama_memory_i;
 typedef struct llama_memory_i *kvs__llama_memory_t; /* llama_memory_t */
+struct ggml_tensor; /* ggml.h: only passed through (ggml_backend_tensor_set, direct loads) */
 
 /* struct llama_batch (pinned llama.h; the same since the batch API exists). Passed by value. */
 typedef struct kvs__llama_batch {

@@ -66,7 +66,7 @@ Test(options, every_row_is_read_from_the_environment) {
       "KVSHIM_SALT=s3cret", "KVSHIM_LEASE_MS=500", "KVSHIM_RPC_TIMEOUT_MS=75",
       "KVSHIM_MAX_FRAME=1GB", "KVSHIM_ALLOW_UIDS=1000,65534", "KVSHIM_LLAMA_WRITE_THROUGH=false",
       "KVSHIM_LLAMA_PREFIX=0", "KVSHIM_LLAMA_MIN_TOKENS=512", "KVSHIM_LLAMA_CHUNKS=1",
-      "KVSHIM_LOG=debug",
+      "KVSHIM_LLAMA_DIRECT=0", "KVSHIM_LOG=debug",
       "KVSHIM_LOG_FILE=/tmp/kvs.log", "KVSHIM_STATS=/tmp/s.json",
       "KVSHIM_REMOTE=redis://h:6379/2", "KVSHIM_REMOTE_PASSWORD_FILE=/etc/kvs.pw",
       "KVSHIM_REMOTE_TTL=60000", "KVSHIM_REMOTE_TIMEOUT_MS=250", "KVSHIM_REMOTE_THREADS=3",
@@ -97,6 +97,7 @@ Test(options, every_row_is_read_from_the_environment) {
   cr_expect_eq(o.llama_prefix, 0);
   cr_expect_eq(o.llama_min_tokens, 512);
   cr_expect_eq(o.llama_chunks, 1);
+  cr_expect_eq(o.llama_direct, 0);
   cr_expect_str_eq(o.stats, "/tmp/s.json");
   for (int i = 0; i < KVS_OPT__COUNT; i++)
     cr_expect_eq(o.core.source[i], KVS_OPT_FROM_ENV, "%s not marked as from env",

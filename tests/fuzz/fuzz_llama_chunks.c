@@ -81,14 +81,31 @@ static void split_mode(const uint8_t *st, size_t len) {
   size_t got = 0;
   CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
                                    (const uint8_t *const *)ch, chlen, nch, 0, sc.seq, out, len,
-                                   &got) == KVS_LLAMA_CHUNKS_OK);
+                                   &got, NULL) == KVS_LLAMA_CHUNKS_OK);
   CHECK(got == len && memcmp(out, st, len) == 0);
+  { /* the runs of at least 16 bytes left in the chunks (at most 64; direct loads): the other
+     * bytes written, the runs sorted and disjoint, and in place they give the state again */
+    kvs__llama_run_t runs[64];
+    kvs__llama_defer_t d = {runs, 64, 0, 16, 0};
+    memset(out, 0xa5, len);
+    CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
+                                     (const uint8_t *const *)ch, chlen, nch, 0, sc.seq, out, len,
+                                     &got, &d) == KVS_LLAMA_CHUNKS_OK);
+    uint64_t sum = 0, end = 0;
+    for (uint32_t i = 0; i < d.n; i++) {
+      CHECK(runs[i].len >= 16 && runs[i].off >= end && runs[i].off + runs[i].len <= len);
+      end = runs[i].off + runs[i].len;
+      memcpy(out + runs[i].off, runs[i].src, (size_t)runs[i].len);
+      sum += runs[i].len;
+    }
+    CHECK(sum == d.bytes && got == len && memcmp(out, st, len) == 0);
+  }
   for (uint32_t j = 1; j < nch; j++) { /* every prefix of whole chunks */
     size_t want = (size_t)kvs__llama_chunks_state_size(frame, (uint64_t)j * CHUNK);
     CHECK(want > 0 && want < len);
     CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
                                      (const uint8_t *const *)ch, chlen, j, 0, sc.seq, out, want,
-                                     &got) == KVS_LLAMA_CHUNKS_OK);
+                                     &got, NULL) == KVS_LLAMA_CHUNKS_OK);
     CHECK(got == want);
     uint8_t *pre = malloc(got);
     memcpy(pre, out, got);
@@ -116,7 +133,7 @@ static void split_mode(const uint8_t *st, size_t len) {
       size_t g1 = 0, g2 = 0;
       CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,
                                        (const uint8_t *const *)ch, chlen, j + 1, p, sc.seq,
-                                       part, sz, &g1) == KVS_LLAMA_CHUNKS_OK);
+                                       part, sz, &g1, NULL) == KVS_LLAMA_CHUNKS_OK);
       size_t tl = (size_t)kvs__llama_chunk_size(&sc, CHUNK, upto, j);
       CHECK(tl > 0 && tl <= chlen[j]);
       uint8_t *tail = malloc(tl);
@@ -128,11 +145,11 @@ static void split_mode(const uint8_t *st, size_t len) {
       mix[j] = tail;
       mixlen[j] = tl;
       CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS, mix, mixlen,
-                                       j + 1, 0, sc.seq, whole, sz, &g2) == KVS_LLAMA_CHUNKS_OK);
+                                       j + 1, 0, sc.seq, whole, sz, &g2, NULL) == KVS_LLAMA_CHUNKS_OK);
       CHECK(g1 == sz && g2 == sz && memcmp(part, whole, sz) == 0);
       /* more tokens than the chunk holds: refused */
       CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS, mix, mixlen,
-                                       j + 1, p + 1, sc.seq, whole, sz, &g2) ==
+                                       j + 1, p + 1, sc.seq, whole, sz, &g2, NULL) ==
             KVS_LLAMA_CHUNKS_FIELD);
       free(tail);
       free(part);
@@ -195,7 +212,7 @@ static void assemble_mode(const uint8_t *d, size_t n, bool fix) {
   const uint32_t last_n = nch % 2; /* odd: only the last chunk's first token */
   kvs__llama_chunks_status_t r =
       kvs__llama_chunks_assemble(frame, flen, CHUNK, NS, (const uint8_t *const *)ch, chlen, nch,
-                                 last_n, (int32_t)(nch % 3), out, cap, &got);
+                                 last_n, (int32_t)(nch % 3), out, cap, &got, NULL);
   named(r);
   if (r != KVS_LLAMA_CHUNKS_OK) {
     CHECK(got == 7);

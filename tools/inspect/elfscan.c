@@ -10,6 +10,8 @@
 #include <libelf.h>
 #include <limits.h>
 #include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,10 +123,18 @@ int kvs_elf_family_hooks(kvs_elf_family_t f, kvs_elf_hook_t *first, unsigned *co
   return 0;
 }
 
-/* The hook whose name is the NUL-terminated s, or -1. Cheap reject on the first byte: this
- * runs for every dynamic symbol of every object. */
+/* The hook whose name is the NUL-terminated s, or -1. Cheap reject on the first byte (the
+ * first bytes of the hook names, learnt from them once): this runs for every dynamic symbol of
+ * every object. */
 static int hook_of(const char *s) {
-  if (s[0] != 'c' && s[0] != 'l' && s[0] != 'k') return -1;
+  static _Atomic(bool) learnt;
+  static _Atomic(bool) first[256];
+  if (!atomic_load_explicit(&learnt, memory_order_acquire)) {
+    for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
+      atomic_store_explicit(&first[(unsigned char)hook_names[h][0]], true, memory_order_relaxed);
+    atomic_store_explicit(&learnt, true, memory_order_release);
+  }
+  if (!atomic_load_explicit(&first[(unsigned char)s[0]], memory_order_relaxed)) return -1;
   for (unsigned h = 0; h < KVS_ELF_HOOK_COUNT; h++)
     if (strcmp(s, hook_names[h]) == 0) return (int)h;
   return -1;

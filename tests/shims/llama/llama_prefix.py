@@ -882,6 +882,50 @@ def case_chunks_reuse(ctx):
           f"{cs}")
 
 
+def case_chunks_direct(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, direct loads (design §10.4). The fake loads a state's tensor runs
+    through libfakeggml's ggml_backend_tensor_set, as llama.cpp's llama_io_read_host does, so a
+    restore by assembly writes only the state's metadata and kvshim serves the runs from the
+    chunks where they lie. Three prompts restore three different runs (the prefix's four chunks,
+    then 100 and 200 tokens of its continuation chunk too): three direct loads, outputs
+    identical. An engine that reads the tensor bytes itself (FAKELLAMA_TENSOR_MEMCPY=1, as a
+    llama.cpp linked statically would): the first direct load is found incomplete, undone and
+    counted (llama_chunks_direct_refused), the run assembled whole and loaded again: the same
+    three restores, no failure, no direct load after it. One that stops going through ggml after
+    its first load (FAKELLAMA_TENSOR_MEMCPY_AFTER=1): the first restore is direct, the second is
+    refused and loaded whole. KVSHIM_LLAMA_DIRECT=0: every assembly copied. Without the check
+    after each load the MEMCPY runs would load bytes never written (outputs differ)."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 2"]
+    for suffix in ("r20@3", "r100@2+r20@3", "r200@2+r20@4"):
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 {shared}+{suffix}", "gen 0 0 2"]
+    on = {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0"}
+    modes = (("through ggml", {}, 3, 0, 3),
+             ("engine copies itself", {"FAKELLAMA_TENSOR_MEMCPY": "1"}, 0, 1, 4),
+             ("engine copies itself after one load", {"FAKELLAMA_TENSOR_MEMCPY_AFTER": "1"}, 1, 1, 4),
+             ("KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0, 0, 3))
+    restored = None
+    for what, env, direct, refused, assembled in modes:
+        ref_env = {k: v for k, v in env.items() if k.startswith("FAKELLAMA_")}
+        st, err = same(ctx, cmds, f"chunks-direct: {what}", preload_extra={**on, **env},
+                       ref_extra=ref_env)
+        cs = chunk_stats(st)
+        print(f"chunks-direct: {what}: {cs}")
+        expect(st, what, restores=("==", 3), bad_blobs=("==", 0), restore_failures=("==", 0))
+        check(cs.get("llama_chunks_direct") == direct and
+              cs.get("llama_chunks_direct_refused") == refused and
+              cs.get("llama_chunks_assembled") == assembled,
+              f"{what}: expected {direct} direct loads, {refused} refused, {assembled} "
+              f"assemblies: {cs}")
+        check((cs.get("llama_chunks_direct_bytes", 0) > 0) == (direct > 0), f"{what}: {cs}")
+        check(("did not upload every tensor run" in err) == (refused > 0),
+              f"{what}: the refusal is logged once it happens:\n{err[-2000:]}")
+        got = prefix_stats(st).get("restored_tokens")
+        restored = got if restored is None else restored
+        check(got == restored, f"{what}: restored {got} tokens, {restored} through ggml")
+
+
 def case_chunks_evict(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
     a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
@@ -943,6 +987,7 @@ CASES = {
     "chunks-evict": case_chunks_evict,
     "chunks-tail": case_chunks_tail,
     "chunks-reuse": case_chunks_reuse,
+    "chunks-direct": case_chunks_direct,
 }
 
 

@@ -112,7 +112,7 @@ static void split_free(split_t *s) {
 static kvs__llama_chunks_status_t assemble(const split_t *s, uint32_t nch, int32_t seq,
                                            uint8_t *dst, size_t cap, size_t *out) {
   return kvs__llama_chunks_assemble(s->frame, s->flen, T, NS, (const uint8_t *const *)s->ch,
-                                    s->chlen, nch, 0, seq, dst, cap, out);
+                                    s->chlen, nch, 0, seq, dst, cap, out, NULL);
 }
 
 /* ---- round trip and prefixes -------------------------------------------------------------- */
@@ -195,13 +195,13 @@ static void prefix(int flash, unsigned seed, uint32_t first, uint32_t nch, uint3
   size_t got = 0;
   if (last_n) {
     cr_assert_eq(kvs__llama_chunks_assemble(x.s.frame, x.s.flen, T, NS, ch, x.s.chlen, nch, T + 1,
-                                            0, out, x.len, &got),
+                                            0, out, x.len, &got, NULL),
                  KVS_LLAMA_CHUNKS_FIELD);
     cr_assert_eq(out[0], 0xa5, "a refused assembly wrote");
   }
   for (int32_t seq = 0; seq < 2; seq++) {
     cr_assert_eq(kvs__llama_chunks_assemble(x.s.frame, x.s.flen, T, NS, ch, x.s.chlen, nch,
-                                            last_n, seq, out, x.len, &got),
+                                            last_n, seq, out, x.len, &got, NULL),
                  KVS_LLAMA_CHUNKS_OK);
     if (seq == 0) { /* the engine's own state of the first tokens */
       cr_assert_eq(got, x.plen);
@@ -221,6 +221,69 @@ Test(chunks, prefix_is_the_engines_state_rows) { prefix(1, 11, 128, 2, 0); }
 Test(chunks, prefix_is_the_engines_state_transposed) { prefix(0, 11, 128, 2, 0); }
 Test(chunks, partial_chunk_is_the_engines_state_rows) { prefix(1, 12, 100, 2, 36); }
 Test(chunks, partial_chunk_is_the_engines_state_transposed) { prefix(0, 12, 100, 2, 36); }
+
+/* ---- runs left in the chunks (direct loads, design §10.4) ---------------------------------- */
+
+/* An assembly told to leave the runs of at least `min` bytes in the chunks (cap of them at most)
+ * writes every other byte of the full assembly and none of those runs; the runs it records are sorted, disjoint, at least min long, within the state, and
+ * their sources hold exactly the state's bytes there: put in place they give the full assembly.
+ * A byte flipped in a chunk's payload is still found (every run is hashed). */
+static void deferred(int flash, uint64_t min, uint32_t cap) {
+  struct llama_model *m = model(3, 24, 0);
+  struct llama_context *c = context(m, flash, 1, false);
+  tokens_init(5);
+  cr_assert_eq(fakellama_decode(c, 0, g_tok, 300), 0);
+  size_t len, got = 0;
+  uint8_t *st = state_of(c, 0, &len);
+  split_t s;
+  split_state(st, len, g_tok, NS, &s);
+  uint8_t *full = malloc(len), *out = malloc(len);
+  cr_assert_eq(assemble(&s, s.nch, 0, full, len, &got), KVS_LLAMA_CHUNKS_OK);
+  memset(out, 0xa5, len);
+  kvs__llama_run_t *runs = calloc(cap, sizeof *runs);
+  kvs__llama_defer_t d = {runs, cap, 7, min, 9}; /* n and bytes are reset */
+  const uint8_t *const *ch = (const uint8_t *const *)s.ch;
+  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, ch, s.chlen, s.nch, 0, 0, out,
+                                          len, &got, &d),
+               KVS_LLAMA_CHUNKS_OK);
+  cr_assert_eq(got, len);
+  cr_assert_gt(d.n, 0, "no run left in the chunks");
+  cr_assert_leq(d.n, cap);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < d.n; i++) {
+    const kvs__llama_run_t *r = &runs[i];
+    cr_assert_geq(r->len, min);
+    cr_assert_leq(r->off + r->len, len);
+    if (i) cr_assert_geq(r->off, runs[i - 1].off + runs[i - 1].len, "runs unsorted or overlapping");
+    cr_assert(memcmp(r->src, full + r->off, (size_t)r->len) == 0, "run %u: not the state's bytes", i);
+    for (uint64_t b = 0; b < r->len; b++)
+      cr_assert_eq(out[r->off + b], 0xa5, "run %u was copied", i);
+    memcpy(out + r->off, r->src, (size_t)r->len);
+    sum += r->len;
+  }
+  cr_assert_eq(sum, d.bytes);
+  cr_assert(memcmp(out, full, len) == 0, "the assembly with its runs in place differs");
+  /* a flipped byte inside the first run's chunk payload */
+  const kvs__llama_run_t r0 = runs[0];
+  uint32_t i = 0;
+  while (!(r0.src >= s.ch[i] && r0.src < s.ch[i] + s.chlen[i])) i++;
+  s.ch[i][r0.src - s.ch[i]] ^= 0x10;
+  cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, ch, s.chlen, s.nch, 0, 0, out,
+                                          len, &got, &d),
+               KVS_LLAMA_CHUNKS_CHECKSUM);
+  free(runs);
+  free(out);
+  free(full);
+  free(st);
+  split_free(&s);
+  llama_free(c);
+  llama_model_free(m);
+}
+
+Test(chunks, runs_left_in_chunks_rows) { deferred(1, 64, 4096); }
+Test(chunks, runs_left_in_chunks_transposed) { deferred(0, 64, 4096); }
+Test(chunks, runs_left_in_chunks_capped) { deferred(1, 64, 3); }
+Test(chunks, runs_left_in_chunks_short_runs_copied) { deferred(0, 1000, 4096); }
 
 /* Two prompts sharing 128 tokens give byte-identical first chunks (what dedup relies on), from
  * different sequences. */
@@ -421,12 +484,12 @@ Test(chunks_bad, chunk_damaged_truncated_or_foreign) {
   kvs_key_t other = {NS.lo + 1, NS.hi};
   cr_assert_eq(kvs__llama_chunks_assemble(f.s.frame, f.s.flen, T, other,
                                           (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, 0, f.out,
-                                          f.len, &got),
+                                          f.len, &got, NULL),
                KVS_LLAMA_CHUNKS_NAMESPACE);
   /* another chunk size */
   cr_assert_eq(kvs__llama_chunks_assemble(f.s.frame, f.s.flen, T * 2, NS,
                                           (const uint8_t *const *)f.s.ch, f.s.chlen, 3, 0, 0, f.out,
-                                          f.len, &got),
+                                          f.len, &got, NULL),
                KVS_LLAMA_CHUNKS_FRAME);
   fx_fini(&f);
 }
