@@ -1,5 +1,6 @@
 /* tests/fakes/llama: see fakellama.h. Test code: plain malloc and stdio, one global lock. */
 #include "fakellama.h"
+#include "fakeggml.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -52,6 +53,16 @@ struct llama_context {
   int32_t n_out_ids, n_outputs;
   int mem_tag;      /* llama_get_memory returns &mem_tag */
   uint64_t params_hash; /* XXH3 of the llama_context_params received */
+  /* The KV cache's tensors a state load writes, as the pinned llama_kv_cache::state_read_data
+   * writes layer.k_stream[strm] / v_stream[strm]: [st * n_layer + l] is stream st's layer l,
+   * each of kv_size = kv_cells[st] cells, ggml_nbytes exactly that: K cell-major (cell i's
+   * n_embd bytes at i * n_embd), V cell-major (cell i's FAKE_V_ROW bytes at i * FAKE_V_ROW) or,
+   * v_trans, element-major (element j of cell i at (i + j * kv_size) * FAKE_V_EL). A load
+   * writes a sequence's cells at [head, head + n) of its stream's tensors, then builds the
+   * sequence's cells from those bytes (body_assemble). Both arrays hold n_stream * n_layer
+   * entries, NULL and kv_cells[st] 0 until stream st's first load (stream_tensors). */
+  struct ggml_tensor **k_tensor, **v_tensor;
+  uint32_t kv_cells[MAX_SEQ];
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -60,6 +71,9 @@ static size_t payload_size(const struct llama_model *m) {
   return (size_t)m->n_layer * m->n_embd;
 }
 static size_t cell_size(const struct llama_model *m) { return 4 + 8 + payload_size(m); }
+
+/* KV streams: one when unified, else one per sequence (defined with the serialisation). */
+static uint32_t n_stream(const struct llama_context *ctx);
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static uint32_t get32(const uint8_t *p) {
@@ -227,12 +241,26 @@ struct llama_context *llama_init_from_model(struct llama_model *model,
   c->unified = params.kv_unified;
   c->v_trans = params.flash_attn_type == 0; /* LLAMA_FLASH_ATTN_TYPE_DISABLED (llama.h:192) */
   c->params_hash = XXH3_64bits(&params, sizeof params);
+  size_t slots = (size_t)n_stream(c) * model->n_layer;
+  c->k_tensor = calloc(slots, sizeof *c->k_tensor);
+  c->v_tensor = calloc(slots, sizeof *c->v_tensor);
+  if (!c->k_tensor || !c->v_tensor) {
+    llama_free(c);
+    return NULL;
+  }
   return c;
 }
 
 void llama_free(struct llama_context *ctx) {
   if (!ctx) return;
   for (uint32_t i = 0; i < ctx->n_seq; i++) free(ctx->seq[i].cells);
+  size_t slots = (size_t)n_stream(ctx) * ctx->model->n_layer;
+  for (size_t i = 0; i < slots; i++) {
+    if (ctx->k_tensor) fakeggml_tensor_free(ctx->k_tensor[i]);
+    if (ctx->v_tensor) fakeggml_tensor_free(ctx->v_tensor[i]);
+  }
+  free(ctx->k_tensor);
+  free(ctx->v_tensor);
   free(ctx->rows);
   free(ctx->out_ids);
   free(ctx);
@@ -472,16 +500,147 @@ static uint32_t body_cells(const uint8_t *src, size_t avail) {
   return n;
 }
 
+/* ---- loading tensor data: the pinned llama.cpp's io readers ---------------------------------- */
+
+/* One tensor write of a state load: the size bytes at src (inside what the loader reads) go to
+ * the tensor's bytes [offset, offset + size). */
+typedef struct tensor_run {
+  struct ggml_tensor *tensor;
+  const uint8_t *src;
+  size_t offset, size;
+} tensor_run_t;
+
+/* The tensor writes of one loader call. The pinned llama.cpp parses a state through an io
+ * object that copies the metadata as the parser asks for it (read) but not the tensor data
+ * (read_tensor):
+ *   from memory (llama_state_seq_set_data[_ext], llama_state_set_data: llama_io_read_host,
+ *   llama-context.cpp:2630-2680) read_tensor only records (tensor, pointer into the caller's
+ *   buffer, offset, size), and the object's destructor, once the parse has ended, successful
+ *   or not, writes every recorded run in record order with ggml_backend_tensor_set;
+ *   from a file (llama_state_seq_load_file, llama_state_load_file: llama_io_read_file,
+ *   2707-2727) read_tensor reads the run into a buffer and writes it at once.
+ * The fake does the same (it reads a file whole first: a run's bytes lie in that buffer).
+ * via_ggml false (FAKELLAMA_TENSOR_MEMCPY[_AFTER]) writes with a memcpy inside libfakellama
+ * instead, as a llama.cpp linked with a static ggml would: the same bytes at the same time,
+ * no ggml_backend_tensor_set call. Invariants: runs[0, n_runs) are recorded and not yet
+ * written (n_runs is 0 unless deferred); a state's tensor bytes reach the fake only through
+ * run_write, never read from the source otherwise. */
+typedef struct state_reader {
+  tensor_run_t *runs; /* [cap] */
+  size_t n_runs, cap;
+  bool deferred; /* memory: written by reader_flush; file: written as recorded */
+  bool via_ggml; /* ggml_backend_tensor_set through the PLT, else memcpy */
+} state_reader_t;
+
+static uint64_t g_state_loads; /* loader calls so far in this process; under g_lock */
+
+/* One loader call's reader, under g_lock. Every call of llama_state_seq_set_data[_ext] (the
+ * non-_ext one once: it calls the _ext one), llama_state_set_data and, once its file is read,
+ * llama_state_seq_load_file and llama_state_load_file counts, whatever it returns. */
+static void reader_open(state_reader_t *rd, bool deferred) {
+  uint64_t call = g_state_loads++;
+  const char *all = getenv("FAKELLAMA_TENSOR_MEMCPY");
+  const char *after = getenv("FAKELLAMA_TENSOR_MEMCPY_AFTER");
+  bool memcpy_all = all && all[0] == '1';
+  bool memcpy_now = after && *after && call >= strtoull(after, NULL, 10);
+  memset(rd, 0, sizeof *rd);
+  rd->deferred = deferred;
+  rd->via_ggml = !memcpy_all && !memcpy_now;
+}
+
+static void run_write(const state_reader_t *rd, const tensor_run_t *r) {
+  if (rd->via_ggml)
+    ggml_backend_tensor_set(r->tensor, r->src, r->offset, r->size); /* libfakeggml, PLT */
+  else if (r->size)
+    memcpy((uint8_t *)r->tensor->data + r->offset, r->src, r->size);
+}
+
+/* read_tensor: the run recorded (deferred) or written now. 0, or -1 when memory is short (the
+ * load fails; the runs recorded before are still written, as the destructor still runs). */
+static int reader_tensor(state_reader_t *rd, struct ggml_tensor *t, const uint8_t *src,
+                         size_t offset, size_t size) {
+  tensor_run_t r = {t, src, offset, size};
+  if (!rd->deferred) {
+    run_write(rd, &r);
+    return 0;
+  }
+  if (rd->n_runs == rd->cap) {
+    size_t cap = rd->cap ? 2 * rd->cap : 64;
+    tensor_run_t *runs = realloc(rd->runs, cap * sizeof *runs);
+    if (!runs) return -1;
+    rd->runs = runs;
+    rd->cap = cap;
+  }
+  rd->runs[rd->n_runs++] = r;
+  return 0;
+}
+
+/* The io object's destructor: the recorded runs written, in record order. */
+static void reader_flush(state_reader_t *rd) {
+  for (size_t i = 0; i < rd->n_runs; i++) run_write(rd, &rd->runs[i]);
+  rd->n_runs = 0;
+}
+
+/* Ends a loader call's reader: what is still recorded is written, the run list freed. */
+static void reader_close(state_reader_t *rd) {
+  reader_flush(rd);
+  free(rd->runs);
+  rd->runs = NULL;
+  rd->cap = 0;
+}
+
+/* Makes stream st's tensors hold at least cells cells: kv_size (the real cells.size(),
+ * llama-kv-cache.cpp:2662) is n_ctx, a stream's cells (one sequence's, or with kv_unified every
+ * sequence's), or the cells of a larger state: the fake loads a sequence of more than n_ctx
+ * cells into a context of one stream per sequence (its own check, kept: only decoding stops at
+ * n_ctx). Each tensor's ggml_nbytes is exactly kv_size cells, so a write past the last cell
+ * aborts in ggml_backend_tensor_set. The tensors are (re)made before a read records a run into
+ * them, never after: a read's cells in a unified stream stay within n_ctx (body_parse's room
+ * check), and another stream holds one sequence. 0, or -1 when memory is short. */
+static int stream_tensors(struct llama_context *ctx, uint32_t st, uint32_t cells) {
+  const struct llama_model *m = ctx->model;
+  if (ctx->kv_cells[st] >= cells) return 0;
+  uint32_t kv_size = cells > ctx->n_ctx ? cells : ctx->n_ctx;
+  ctx->kv_cells[st] = 0;
+  char name[48];
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    size_t i = (size_t)st * m->n_layer + l;
+    fakeggml_tensor_free(ctx->k_tensor[i]);
+    fakeggml_tensor_free(ctx->v_tensor[i]);
+    snprintf(name, sizeof name, "cache_k_l%u (stream %u)", l, st);
+    ctx->k_tensor[i] = fakeggml_tensor_new(name, (size_t)kv_size * m->n_embd);
+    snprintf(name, sizeof name, "cache_v_l%u (stream %u)", l, st);
+    ctx->v_tensor[i] = fakeggml_tensor_new(name, (size_t)kv_size * FAKE_V_ROW);
+  }
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    size_t i = (size_t)st * m->n_layer + l;
+    if (!ctx->k_tensor[i] || !ctx->v_tensor[i]) return -1;
+  }
+  ctx->kv_cells[st] = kv_size;
+  return 0;
+}
+
 /* Parse a body from src[0, avail) as llama_kv_cache::state_read does (llama-kv-cache.cpp
- * 2123-2200, 2335-2450, 2508-2670): the bytes it consumes, 0 when it does not fit this context
- * (every check the real reader makes, each cited below), or (size_t)-1 when src is shorter
- * than the body claims. On 0 / -1 the sequence is emptied, as llama.cpp does on a failed
- * restore (seq_rm, llama-kv-cache.cpp:2190). */
-static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail) {
+ * 2123-2200, 2335-2450, 2508-2670), the sequence's n cells going to [head, head + n) of its
+ * stream's tensors. The metadata is checked (every check the real reader makes, each cited
+ * below) and copied as it is parsed (the cells' pos into q); each tensor run is only handed to
+ * rd, in the real reader's order and at its offsets (state_read_data, 2508-2670, for one run
+ * of cells): K, per layer one run of n rows at head * row; V, per layer one run of n rows at
+ * head * FAKE_V_ROW or, v_trans, for each element j one run of the n cells' element j at
+ * (head + j * kv_size) * FAKE_V_EL. Returns the bytes it consumed, q->n_cells = n (their
+ * payload and chain are body_assemble's, once rd has written the runs); 0 when the body does
+ * not fit this context, or (size_t)-1 when src is shorter than the body claims: q is empty
+ * then, as llama.cpp empties the sequence on a failed restore (seq_rm, llama-kv-cache.cpp:2190),
+ * and the runs recorded so far are still written. */
+static size_t body_parse(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail,
+                         state_reader_t *rd, uint32_t head) {
   const struct llama_model *m = ctx->model;
   q->n_cells = 0;
   size_t off = 0;
-#define NEED(k)                                                                                 do {                                                                                            if ((k) > avail - off) return (size_t)-1;                                                   } while (0)
+#define NEED(k)                                                                                 \
+  do {                                                                                          \
+    if ((k) > avail - off) return (size_t)-1;                                                   \
+  } while (0)
   NEED(4);
   if (get32(src) != n_stream(ctx)) return 0; /* 2150-2154 "n_stream mismatch" */
   off = 4;
@@ -498,7 +657,11 @@ static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src,
    * (llama-kv-cache.cpp:2341 seq_rm, 2418-2421 find_slot: "failed to find %d available cells"):
    * in a unified context the other sequences' cells take room. */
   if (ctx->unified && cells_except(ctx, q) + n > ctx->n_ctx) return 0;
-  if (seq_reserve(q, cs, n) != 0) return 0;
+  uint32_t strm = stream_of(ctx, q);
+  if (seq_reserve(q, cs, n) != 0 || stream_tensors(ctx, strm, head + n) != 0) return 0;
+  size_t kv_size = ctx->kv_cells[strm];
+  struct ggml_tensor **k = ctx->k_tensor + (size_t)strm * m->n_layer;
+  struct ggml_tensor **v = ctx->v_tensor + (size_t)strm * m->n_layer;
   uint8_t *cells = q->cells;
   NEED(12 * (size_t)n);
   for (uint32_t i = 0; i < n; i++, off += 12) {
@@ -515,9 +678,10 @@ static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src,
     /* 2580-2596 "mismatched key type", "mismatched key row size" */
     if (get32(src + off) != ctx->kv_type || get64(src + off + 4) != m->n_embd) return 0;
     off += 12;
-    NEED((size_t)n * m->n_embd);
-    for (uint32_t i = 0; i < n; i++, off += m->n_embd)
-      memcpy(cells + i * cs + 12 + (size_t)l * m->n_embd, src + off, m->n_embd);
+    size_t rows = (size_t)n * m->n_embd;
+    NEED(rows);
+    if (reader_tensor(rd, k[l], src + off, (size_t)head * m->n_embd, rows) != 0) return 0;
+    off += rows;
   }
   for (uint32_t l = 0; l < n_layer; l++) {
     NEED(12);
@@ -526,25 +690,20 @@ static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src,
                 : get64(src + off + 4) != FAKE_V_ROW)
       return 0; /* value row size / element size / GQA embedding size (2620-2670) */
     off += 12;
-    NEED((size_t)n * FAKE_V_ROW);
-    for (uint32_t i = 0; i < n; i++) {
-      uint64_t v = 0;
-      if (v_trans)
-        for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
-          memcpy((uint8_t *)&v + j * FAKE_V_EL, src + off + ((size_t)j * n + i) * FAKE_V_EL,
-                 FAKE_V_EL);
-      else
-        memcpy(&v, src + off + (size_t)i * FAKE_V_ROW, 8);
-      v ^= l * V_SALT;
-      /* Layer 0's V is the cell's chain; another layer's V that disagrees is damaged KV:
-       * the cell's chain is spoilt, so every later output differs (as wrong V would). */
-      if (l == 0) memcpy(cells + i * cs + 4, &v, 8);
-      else if (v != cell_chain(cells + i * cs)) {
-        uint64_t bad = cell_chain(cells + i * cs) ^ 1;
-        memcpy(cells + i * cs + 4, &bad, 8);
+    if (v_trans) {
+      for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++) {
+        size_t els = (size_t)n * FAKE_V_EL;
+        NEED(els);
+        size_t at = ((size_t)head + (size_t)j * kv_size) * FAKE_V_EL;
+        if (reader_tensor(rd, v[l], src + off, at, els) != 0) return 0;
+        off += els;
       }
+    } else {
+      size_t rows = (size_t)n * FAKE_V_ROW;
+      NEED(rows);
+      if (reader_tensor(rd, v[l], src + off, (size_t)head * FAKE_V_ROW, rows) != 0) return 0;
+      off += rows;
     }
-    off += (size_t)n * FAKE_V_ROW;
   }
   for (; st < n_stream(ctx); st++, off += 4) {
     NEED(4);
@@ -553,6 +712,47 @@ static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src,
 #undef NEED
   q->n_cells = n;
   return off;
+}
+
+/* q's cells [0, n_cells) from the bytes its stream's tensors hold at [head, head + n_cells)
+ * (written by body_parse's runs; the pos is in place): the payload is the K rows, the chain
+ * layer 0's V. Another layer's V that disagrees is damaged KV: the cell's chain is spoilt, so
+ * every later output differs (as wrong V would). */
+static void body_assemble(struct llama_context *ctx, seq_t *q, uint32_t head) {
+  const struct llama_model *m = ctx->model;
+  uint32_t strm = stream_of(ctx, q);
+  size_t cs = cell_size(m), first = (size_t)strm * m->n_layer, kv_size = ctx->kv_cells[strm];
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    const uint8_t *k = ctx->k_tensor[first + l]->data, *v = ctx->v_tensor[first + l]->data;
+    for (uint32_t i = 0; i < q->n_cells; i++) {
+      uint8_t *cell = q->cells + (size_t)i * cs;
+      size_t at = (size_t)head + i;
+      memcpy(cell + 12 + (size_t)l * m->n_embd, k + at * m->n_embd, m->n_embd);
+      uint64_t x = 0;
+      if (ctx->v_trans)
+        for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
+          memcpy((uint8_t *)&x + j * FAKE_V_EL, v + (at + (size_t)j * kv_size) * FAKE_V_EL,
+                 FAKE_V_EL);
+      else
+        memcpy(&x, v + at * FAKE_V_ROW, FAKE_V_ROW);
+      x ^= l * V_SALT;
+      if (l == 0) memcpy(cell + 4, &x, 8);
+      else if (x != cell_chain(cell)) {
+        uint64_t bad = cell_chain(cell) ^ 1;
+        memcpy(cell + 4, &bad, 8);
+      }
+    }
+  }
+}
+
+/* One sequence's body, loaded alone at head 0 of its stream: parsed (the runs recorded), the
+ * reader's writes, then the cells built from the tensors. body_parse's return value. */
+static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail,
+                        state_reader_t *rd) {
+  size_t r = body_parse(ctx, q, src, avail, rd, 0);
+  reader_flush(rd);
+  if (q->n_cells) body_assemble(ctx, q, 0);
+  return r;
 }
 
 static int get_data_fails(void) {
@@ -598,13 +798,16 @@ size_t llama_state_seq_set_data_ext(struct llama_context *ctx, const uint8_t *sr
                                     llama_seq_id dest, llama_state_seq_flags flags) {
   (void)flags;
   pthread_mutex_lock(&g_lock);
+  state_reader_t rd;
+  reader_open(&rd, true); /* llama_io_read_host */
   seq_t *q = seq_of(ctx, dest);
   size_t n = 0;
   if (q && src && set_data_fails(src, size)) q->n_cells = 0;
   else if (q && src && size >= 8 && get32(src) == IO_MAGIC) {
-    size_t b = body_read(ctx, q, src + 8, size - 8);
+    size_t b = body_read(ctx, q, src + 8, size - 8, &rd);
     n = b == 0 || b == (size_t)-1 ? 0 : 8 + b;
   }
+  reader_close(&rd);
   pthread_mutex_unlock(&g_lock);
   return n;
 }
@@ -671,6 +874,8 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *path, ll
   uint8_t *b = path ? read_file(path, &len) : NULL;
   if (!b) return 0;
   pthread_mutex_lock(&g_lock);
+  state_reader_t rd;
+  reader_open(&rd, false); /* llama_io_read_file */
   size_t ret = 0;
   seq_t *q = seq_of(ctx, dest);
   if (!q || len < 12 || get32(b) != SEQ_MAGIC || get32(b + 4) != SEQ_VERSION) goto out;
@@ -685,7 +890,7 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *path, ll
   memcpy(tokens_out, b + 12, 4 * (size_t)n);
   *n_out = n;
   size_t off = 12 + 4 * (size_t)n;
-  size_t r = body_read(ctx, q, b + off, len - off);
+  size_t r = body_read(ctx, q, b + off, len - off, &rd);
   if (r == (size_t)-1) {
     /* The pinned llama.cpp dies here (GGML_ASSERT in state_seq_load_file). */
     fprintf(stderr, "fakellama: truncated sequence state file %s: aborting like llama.cpp\n",
@@ -694,6 +899,7 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *path, ll
   }
   if (r) ret = off + r;
 out:
+  reader_close(&rd);
   pthread_mutex_unlock(&g_lock);
   free(b);
   return ret;
@@ -720,18 +926,38 @@ static void ctx_state_write(const struct llama_context *ctx, uint8_t *p) {
   }
 }
 
-static size_t ctx_state_read(struct llama_context *ctx, const uint8_t *p, size_t avail) {
+/* The whole context's state, one reader for all of it (as llama_context::state_read_data
+ * reads the whole KV through one io object): every sequence parsed in order, each into its
+ * stream's tensors after the cells earlier sequences of this read placed there; then the
+ * reader's writes; then the parsed sequences' cells built. A sequence that does not load
+ * ends the read (0): the ones before it are loaded, it is empty, the ones after it unchanged. */
+static size_t ctx_state_read(struct llama_context *ctx, const uint8_t *p, size_t avail,
+                             state_reader_t *rd) {
   size_t hdr = 4 + (sizeof ARCH - 1) + 4;
   if (avail < hdr || get32(p) != sizeof ARCH - 1 || memcmp(p + 4, ARCH, sizeof ARCH - 1) != 0 ||
       get32(p + 4 + sizeof ARCH - 1) != ctx->n_seq)
     return 0;
   size_t off = hdr;
-  for (uint32_t i = 0; i < ctx->n_seq; i++) {
-    size_t r = body_read(ctx, &ctx->seq[i], p + off, avail - off);
-    if (r == 0 || r == (size_t)-1) return 0;
+  uint32_t placed[MAX_SEQ] = {0}; /* per stream: cells of this read's sequences so far */
+  uint32_t head[MAX_SEQ];         /* per sequence: its first cell in its stream's tensors */
+  uint32_t parsed = 0;
+  bool ok = true;
+  for (; parsed < ctx->n_seq; parsed++) {
+    seq_t *q = &ctx->seq[parsed];
+    uint32_t st = stream_of(ctx, q);
+    head[parsed] = placed[st];
+    size_t r = body_parse(ctx, q, p + off, avail - off, rd, head[parsed]);
+    if (r == 0 || r == (size_t)-1) {
+      ok = false;
+      break;
+    }
+    placed[st] += q->n_cells;
     off += r;
   }
-  return off;
+  reader_flush(rd);
+  for (uint32_t i = 0; i < parsed; i++)
+    if (ctx->seq[i].n_cells) body_assemble(ctx, &ctx->seq[i], head[i]);
+  return ok ? off : 0;
 }
 
 size_t llama_state_get_size(struct llama_context *ctx) {
@@ -754,7 +980,10 @@ size_t llama_state_get_data(struct llama_context *ctx, uint8_t *dst, size_t size
 
 size_t llama_state_set_data(struct llama_context *ctx, const uint8_t *src, size_t size) {
   pthread_mutex_lock(&g_lock);
-  size_t n = ctx && src ? ctx_state_read(ctx, src, size) : 0;
+  state_reader_t rd;
+  reader_open(&rd, true); /* llama_io_read_host */
+  size_t n = ctx && src ? ctx_state_read(ctx, src, size, &rd) : 0;
+  reader_close(&rd);
   pthread_mutex_unlock(&g_lock);
   return n;
 }
@@ -786,6 +1015,8 @@ bool llama_state_load_file(struct llama_context *ctx, const char *path, llama_to
   uint8_t *b = path ? read_file(path, &len) : NULL;
   if (!b) return false;
   pthread_mutex_lock(&g_lock);
+  state_reader_t rd;
+  reader_open(&rd, false); /* llama_io_read_file */
   bool ok = false;
   if (ctx && len >= 12 && get32(b) == SESSION_MAGIC && get32(b + 4) == SESSION_VERSION) {
     uint32_t n = get32(b + 8);
@@ -793,9 +1024,10 @@ bool llama_state_load_file(struct llama_context *ctx, const char *path, llama_to
       memcpy(tokens_out, b + 12, 4 * (size_t)n);
       *n_out = n;
       size_t off = 12 + 4 * (size_t)n;
-      ok = ctx_state_read(ctx, b + off, len - off) == len - off;
+      ok = ctx_state_read(ctx, b + off, len - off, &rd) == len - off;
     }
   }
+  reader_close(&rd);
   pthread_mutex_unlock(&g_lock);
   free(b);
   return ok;

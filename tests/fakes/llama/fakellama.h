@@ -37,6 +37,17 @@
  * engine would have computed in another class, changes every later cell and output).
  * fakellama_decode and fakellama_seq_check use the full class (a long, aligned batch).
  *
+ * Loading a state's tensor data follows the pinned llama.cpp's readers (fakellama.c
+ * state_reader_t): the body's metadata is parsed and checked as it is read, but its K and V
+ * runs are only recorded against the context's fake KV tensors (per stream and layer a K and a
+ * V tensor, fakeggml.h) and written afterwards, each with ggml_backend_tensor_set, a call into
+ * libfakeggml.so (a NEEDED library) through libfakellama's PLT, so a preloaded library can
+ * interpose it. From memory (set_data) every run is written once the parse has ended, in
+ * record order, also after a parse that failed half-way (llama_io_read_host's destructor);
+ * from a file (load_file) each run is written as it is read (llama_io_read_file). The fake's
+ * KV is then built from the tensors' bytes only. ggml_backend_tensor_set aborts on a write out
+ * of its tensor's bounds, as the real one does.
+ *
  * llama_decode follows the pinned llama_batch_allocr: tokens < FAKELLAMA_N_VOCAB, sequence ids
  * < n_seq_max, pos NULL continues each sequence after its last cell, seq_id NULL means 0,
  * logits NULL outputs the last token (every token with embeddings), a sequence's batch
@@ -49,10 +60,17 @@
  * the shipped libllama does. FAKELLAMA_GPU=1 makes llama_supports_gpu_offload return true.
  *
  * Test knobs (environment, read at each call): FAKELLAMA_GET_DATA_FAIL=1 makes
- * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_SET_DATA_FAIL_OVER=N makes
- * llama_state_seq_set_data[_ext] refuse a state of more than N cells (0, destination emptied); FAKELLAMA_DECODE_TOUCH=PATH
- * creates PATH when a llama_decode call starts, FAKELLAMA_DECODE_DELAY_MS=N then sleeps N ms
- * (a slow engine, caught in the middle of a prompt by another process). */
+ * llama_state_seq_get_data[_ext] return 0 (an engine error); FAKELLAMA_SET_DATA_FAIL_OVER=N
+ * makes llama_state_seq_set_data[_ext] refuse a state of more than N cells (0, destination
+ * emptied); FAKELLAMA_DECODE_TOUCH=PATH creates PATH when a llama_decode call starts,
+ * FAKELLAMA_DECODE_DELAY_MS=N then sleeps N ms (a slow engine, caught in the middle of a prompt
+ * by another process). FAKELLAMA_TENSOR_MEMCPY=1 makes the state loaders write the tensor runs
+ * with memcpy inside libfakellama, no ggml_backend_tensor_set call at all (a llama.cpp linked
+ * with a static ggml: nothing to interpose); FAKELLAMA_TENSOR_MEMCPY_AFTER=N makes the first N
+ * state loader calls of the process go through ggml_backend_tensor_set and the later ones use
+ * memcpy (every call of llama_state_seq_set_data[_ext], llama_state_set_data and, once its file
+ * is read, llama_state_seq_load_file and llama_state_load_file counts, whatever it returns). Both
+ * load the same bytes: the outputs are identical. */
 #ifndef KVSHIM_FAKELLAMA_H
 #define KVSHIM_FAKELLAMA_H
 

@@ -22,7 +22,7 @@
 #ifndef HOST_NAME
 #error "define HOST_NAME (the host's name in its error messages) before including hostutil.h"
 #endif
-#define MAX_ARGS 9
+#define MAX_ARGS 10 /* a command's arguments after its name (prefixhost's ctx takes 10) */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, HOST_NAME ": ");

@@ -12,10 +12,12 @@
  * Commands (models 0..7, contexts 0..7):
  *   mkmodel PATH NAME NLAYER NEMBD WEIGHT_KB SEED   write a fake GGUF model
  *   model M PATH                         llama_model_load_from_file
- *   ctx C M [NSEQ [KVTYPE [NCTX [NBATCH [NUBATCH [SWAFULL [UNIFIED]]]]]]]
+ *   ctx C M [NSEQ [KVTYPE [NCTX [NBATCH [NUBATCH [SWAFULL [UNIFIED [FLASH]]]]]]]]
  *                                        llama_init_from_model (prints whether the params
  *                                        arrived intact); UNIFIED 1: kv_unified (one KV
- *                                        stream: NCTX cells for all sequences together)
+ *                                        stream: NCTX cells for all sequences together);
+ *                                        FLASH: flash_attn_type (0: disabled, the state's V
+ *                                        transposed; default -1, auto)
  *   prompt C SEQ SPEC [BS [OUTS]]        decode SPEC after the sequence's last cell in engine
  *                                        batches of BS tokens (default: the context's n_batch),
  *                                        explicit positions; OUTS: last (the last token of each
@@ -306,6 +308,7 @@ static void run(const char *v, char **x, int argn) {
     cp.n_ubatch = argn > 6 ? (uint32_t)num(x[6]) : 512;
     if (argn > 7) cp.swa_full = num(x[7]) != 0;
     if (argn > 8) cp.kv_unified = num(x[8]) != 0;
+    if (argn > 9) cp.flash_attn_type = (int32_t)num(x[9]);
     cp.n_threads = cp.n_threads_batch = 1;
     if (g_ctx[c]) llama_free(g_ctx[c]);
     g_ctx[c] = g_model[m] ? llama_init_from_model(g_model[m], cp) : NULL;
