@@ -115,9 +115,11 @@ def reference(args, work, model):
 
 def timing_run(args, work, model, chunks):
     """One process, its own pool (no peers): --stores different prefixes of --prefix tokens
-    stored (each a snapshot: chunks or one whole blob), then the first one restored --restores
-    times (rm, prompt prefix + 16 tokens: the 16 never reach a chunk, so nothing more is
-    stored), then the limit: the median memcpy of the state's bytes. Each restore's and store's
+    stored (each a snapshot: chunks or one whole blob), then restored --restores times in turn
+    (rm, prompt prefix k + 16 tokens: the 16 never reach a chunk, so nothing more is stored; the
+    prefixes in turn, so no restore is of the run restored just before, which a context keeps:
+    every restore by assembly assembles, design §10.4), then the limit: the median memcpy of
+    the state's bytes. Each restore's and store's
     time is its KVSHIM_LOG=debug line (prefix.c px_restore / px_snapshot; the counters'
     llama_prefix_restore_ns / snapshot_ns add up the same spans): the medians of those, robust
     to a process preempted on a busy machine where the sums are not."""
@@ -130,7 +132,8 @@ def timing_run(args, work, model, chunks):
     for k in range(args.stores):
         cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@{k + 1}"]
     for i in range(args.restores):
-        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@1+r16@{100 + i}", "sleep 20"]
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 r{args.prefix}@{i % args.stores + 1}+r16@{100 + i}",
+                 "sleep 20"]
     cmds += [f"memcpy {state} 9"]
     st = os.path.join(work, f"timing-{int(chunks)}.json")
     pool = (args.stores + 2) * state * 2 // 2**20 + 64
@@ -154,6 +157,8 @@ def timing_run(args, work, model, chunks):
                  f"{args.stores}")
     if chunks and e.get("llama_chunks_assembled", 0) != args.restores:
         sys.exit(f"chunks=1: {e.get('llama_chunks_assembled')} assemblies")
+    if args.stores < 2:
+        sys.exit("--stores must be at least 2 (restores take the prefixes in turn)")
     rest = [(int(m.group(1)), int(m.group(2))) for m in
             re.finditer(r"tokens restored in (\d+) ns \((\d+) ns on CPU\)", r.stderr)]
     stores = [(int(m.group(2)) / int(m.group(1)), int(m.group(3)) / int(m.group(1))) for m in
@@ -165,6 +170,7 @@ def timing_run(args, work, model, chunks):
             "assemble_ms": e.get("llama_chunks_assemble_ns", 0) / n_rest / 1e6,
             "store_ns_per_byte": statistics.median(x[0] for x in stores),
             "store_cpu_ns_per_byte": statistics.median(x[1] for x in stores),
+            "direct": e.get("llama_chunks_direct", 0),
             "memcpy_ms": int(mc[2]) / 1e6, "state_bytes": state}
 
 
@@ -184,6 +190,7 @@ def timing(args, work, model):
         row = {"whole_ms": w["restore_ms"], "chunks_ms": c["restore_ms"],
                "whole_cpu_ms": w["restore_cpu_ms"], "chunks_cpu_ms": c["restore_cpu_ms"],
                "assemble_ms": c["assemble_ms"], "memcpy_ms": mcp,
+               "direct_loads": c["direct"],
                "restore_ratio": c["restore_ms"] / w["restore_ms"],
                "restore_cpu_ratio": c["restore_cpu_ms"] / w["restore_cpu_ms"],
                "whole_cpu_vs_memcpy": w["restore_cpu_ms"] / w["memcpy_ms"],

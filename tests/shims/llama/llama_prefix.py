@@ -863,9 +863,11 @@ def case_chunks_reuse(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, one process, no peers (design §10.4, the assembly kept). A
     1024-token prefix is stored as chunks by a prompt with a 300-token suffix; prompts with
     20-token suffixes restore its four chunks and store nothing (their suffix ends no new
-    chunk). The first assembles the state, the next loads the same state again from the
-    context's buffer; a prompt with a 300-token suffix restores the same way, then snapshots
-    (the buffer holds its state now), so the prompt after it assembles again. Outputs identical."""
+    chunk). The first loads the run directly (its runs left in the chunks: the buffer is not
+    the whole state), so the next, the same run again, assembles it whole; a prompt with a
+    300-token suffix then loads that state again from the context's buffer and snapshots (the
+    buffer holds its state now), so the prompt after it assembles whole again. Outputs
+    identical."""
     a, _ = models(ctx)
     shared = "r1024@1"
     cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 2"]
@@ -877,9 +879,10 @@ def case_chunks_reuse(ctx):
     print(f"chunks-reuse: {cs}")
     expect(st, "chunks-reuse", restores=("==", 4), restored_tokens=(">=", 4 * 1024),
            bad_blobs=("==", 0), restore_failures=("==", 0))
-    check(cs.get("llama_chunks_assembled") == 2 and cs.get("llama_chunks_reused") == 2,
-          f"chunks-reuse: expected 2 assemblies (r20@3, r20@6) and 2 reuses (r20@4, r300@5): "
-          f"{cs}")
+    check(cs.get("llama_chunks_assembled") == 3 and cs.get("llama_chunks_reused") == 1 and
+          cs.get("llama_chunks_direct") == 1,
+          f"chunks-reuse: expected 3 assemblies (r20@3 direct, r20@4 and r20@6 whole) and 1 "
+          f"reuse (r300@5): {cs}")
 
 
 def case_chunks_direct(ctx):
