@@ -234,10 +234,18 @@ static void mv(const mover_t *m, uint8_t *st, uint8_t *pl, uint64_t len) {
  * the state and the payload pl of a chunk of `held` tokens (n <= held; in the payload's order:
  * per section ext, K per layer, V per layer, each a run of `held` cells of which the first n
  * move): out of the state (split, n == held; the state is only read) or into it (a partial
- * continuation chunk moves its first n). With hs (assembling), each run or block of the payload
- * (an ext run, a layer's K run, a layer's V run or transposed block: all of it, in order) is
- * hashed into hs just before its cells move, while it is in cache: hs then holds the hash of
- * the whole payload. Returns the end of the state. */
+ * continuation chunk moves its first n). With hs, each run or block of the payload (an ext run,
+ * a layer's K run, a layer's V run or transposed block: all of it, in order) is hashed into hs
+ * while it is in cache: assembling, just before its cells move out of it; splitting, just after
+ * they moved into it. hs then holds the hash of the whole payload. Returns the end of the
+ * state. */
+/* blk_hash(.., false, ..) before a payload block's cells move, (.., true, ..) after: hashes it
+ * into hs (when given) at the moment lay_out's comment says. */
+static void blk_hash(kvs__llama_hasher_t *hs, const mover_t *m, bool after, const uint8_t *p,
+                     uint64_t len) {
+  if (hs && after == m->split) kvs__llama_hasher_update(hs, p, (size_t)len);
+}
+
 static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *state, uint8_t *pl,
                         uint64_t a, uint64_t n, uint64_t held, const mover_t *m,
                         kvs__llama_hasher_t *hs) {
@@ -264,9 +272,10 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       o = put_u32(put_u32(o, s.v_trans), s.n_layer);
     } else {
       o += 4 + 4 * ((uint64_t)mine + 1);
-      if (hs && ext) kvs__llama_hasher_update(hs, pl, (size_t)(held * KVS_LLAMA_CELL_EXT));
+      if (ext) blk_hash(hs, m, false, pl, held * KVS_LLAMA_CELL_EXT);
       for (uint64_t j = 0; ext && j < n; j++)
         mv(m, o + (a + j) * mb + 8, pl + j * KVS_LLAMA_CELL_EXT, KVS_LLAMA_CELL_EXT);
+      if (ext) blk_hash(hs, m, true, pl, held * KVS_LLAMA_CELL_EXT);
       if (ext) pl += held * KVS_LLAMA_CELL_EXT;
       o += N * mb + 8;
     }
@@ -275,8 +284,12 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       memcpy(&L, lay + l * sizeof L, sizeof L);
       if (!pl) put_u64(put_u32(o, (uint32_t)L.k_type), L.k_row);
       o += 12;
-      if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.k_row));
-      if (pl) mv(m, o + a * L.k_row, pl, n * L.k_row), pl += held * L.k_row;
+      if (pl) {
+        blk_hash(hs, m, false, pl, held * L.k_row);
+        mv(m, o + a * L.k_row, pl, n * L.k_row);
+        blk_hash(hs, m, true, pl, held * L.k_row);
+        pl += held * L.k_row;
+      }
       o += N * L.k_row;
     }
     for (uint32_t l = 0; has_v && l < s.n_layer; l++) {
@@ -286,13 +299,19 @@ static uint8_t *lay_out(const uint8_t *f, uint64_t N, int32_t seq, uint8_t *stat
       else if (!pl) put_u64(put_u32(o, (uint32_t)L.v_type), L.v_row);
       o += 12;
       if (s.v_trans) { /* element j of every cell is one run of N values: the chunk's n of it */
-        if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(L.v_embd * held * L.v_el));
+        uint8_t *blk = pl;
+        if (pl) blk_hash(hs, m, false, blk, L.v_embd * held * L.v_el);
         for (uint64_t j = 0; pl && j < L.v_embd; j++, pl += held * L.v_el)
           mv(m, o + (j * N + a) * L.v_el, pl, n * L.v_el);
+        if (pl) blk_hash(hs, m, true, blk, L.v_embd * held * L.v_el);
         o += N * L.v_el * L.v_embd;
       } else {
-        if (pl && hs) kvs__llama_hasher_update(hs, pl, (size_t)(held * L.v_row));
-        if (pl) mv(m, o + a * L.v_row, pl, n * L.v_row), pl += held * L.v_row;
+        if (pl) {
+          blk_hash(hs, m, false, pl, held * L.v_row);
+          mv(m, o + a * L.v_row, pl, n * L.v_row);
+          blk_hash(hs, m, true, pl, held * L.v_row);
+          pl += held * L.v_row;
+        }
         o += N * L.v_row;
       }
     }
@@ -416,13 +435,18 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   h.ns_lo = ns.lo;
   h.ns_hi = ns.hi;
   memcpy(dst + sizeof h, tok + a, 4 * (size_t)n);
+  memcpy(dst, &h, sizeof h);
+  /* the checksum seeded() computes, in pieces: the header before it, the tokens, then each
+   * block of the payload right after the walk wrote it (in cache; one pass over the state) */
+  kvs__llama_hasher_t hs;
+  kvs__llama_hasher_init(&hs, kvs__llama_hash(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), 0));
+  kvs__llama_hasher_update(&hs, dst + sizeof h, 4 * (size_t)n);
   /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
    * walk only reads it when splitting */
   const mover_t split = {true, NULL, state};
   lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
-          n, &split, NULL);
-  memcpy(dst, &h, sizeof h);
-  h.checksum = seeded(dst, offsetof(kvs__llama_chunk_hdr_t, checksum), sizeof h, (size_t)size);
+          n, &split, &hs);
+  h.checksum = kvs__llama_hasher_digest(&hs);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
   return KVS_LLAMA_CHUNKS_OK;
 }

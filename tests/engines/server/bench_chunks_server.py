@@ -76,12 +76,13 @@ def restores_logged(r):
         return [(int(w) / int(n), int(c) / int(n)) for n, w, c in RESTORED.findall(f.read())]
 
 
-def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None):
+def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None, direct=1):
     """The requests, alternately to two replicas: (completions, per-replica counters, the
     workload's restores and the --restores ones (steady_reqs, else reqs, in turn), each as
     (wall, CPU) ns per restored token)."""
     steady_reqs = steady_reqs or reqs
-    extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug"} if preload else {}
+    extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug",
+             "KVSHIM_LLAMA_DIRECT": str(direct)} if preload else {}
     reps = [ctx.start_server(preload, FLAGS, **extra) for _ in range(2)]
     out = [complete(ctx, reps[i % 2], r) for i, r in enumerate(reqs)]
     first = [restores_logged(r) for r in reps] if preload else []
@@ -107,6 +108,9 @@ def main():
     ap.add_argument("--steady", choices=("workload", "short"), default="workload",
                     help="the --restores requests: the workload's, or the prefix and a short "
                          "question each (no snapshot between restores)")
+    ap.add_argument("--direct", type=int, choices=(0, 1), default=1,
+                    help="KVSHIM_LLAMA_DIRECT of the replicas (0: a restore by assembly copies "
+                         "the state, the way before direct loads; default 1)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvs-bench-chunks-server-")
     ns = argparse.Namespace(preload=args.preload, cli=args.cli, work_dir=None, asan_runtime="",
@@ -131,7 +135,8 @@ def main():
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores, steady_reqs)
+            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores, steady_reqs,
+                                               args.direct)
             timing[chunks] = (first, steady)
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:

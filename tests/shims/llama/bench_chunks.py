@@ -140,7 +140,7 @@ def timing_run(args, work, model, chunks):
     r = subprocess.run([args.host] + cmds, capture_output=True, text=True, timeout=3600,
                        env=env_for(run_dir, f"bench-timing-{os.getpid()}", args.preload,
                                    KVSHIM_STATS=st, KVSHIM_PEERS=0, KVSHIM_POOL_SIZE=f"{pool}M",
-                                   KVSHIM_LOG="debug",
+                                   KVSHIM_LOG="debug", KVSHIM_LLAMA_DIRECT=int(args.direct),
                                    KVSHIM_LLAMA_CHUNKS=int(chunks)))
     shutil.rmtree(run_dir, ignore_errors=True)
     if r.returncode != 0:
@@ -216,6 +216,9 @@ def main():
                         restores=8)
     ap.add_argument("--timing", action="store_true",
                     help="the timing goals (restore and store, chunks vs whole) instead")
+    ap.add_argument("--direct", type=int, choices=(0, 1), default=1,
+                    help="KVSHIM_LLAMA_DIRECT for the timing runs (0: restores by assembly copy "
+                         "the state, the way before direct loads; default 1)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="kvs-bench-chunks-")
     model = os.path.join(work, "m.gguf")

@@ -896,13 +896,17 @@ def case_chunks_direct(ctx):
     counted (llama_chunks_direct_refused), the run assembled whole and loaded again: the same
     three restores, no failure, no direct load after it. One that stops going through ggml after
     its first load (FAKELLAMA_TENSOR_MEMCPY_AFTER=1): the first restore is direct, the second is
-    refused and loaded whole. KVSHIM_LLAMA_DIRECT=0: every assembly copied. Without the check
-    after each load the MEMCPY runs would load bytes never written (outputs differ)."""
+    refused and loaded whole. KVSHIM_LLAMA_DIRECT=0: every assembly copied. A context with V
+    transposed (no flash attention): its K runs load directly, its short per-element V runs are
+    copied. Without the check after each load the MEMCPY runs would load bytes never written
+    (outputs differ)."""
     a, _ = models(ctx)
     shared = "r1024@1"
-    cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 2"]
+    body = [f"prompt 0 0 {shared}+r300@2", "gen 0 0 2"]
     for suffix in ("r20@3", "r100@2+r20@3", "r200@2+r20@4"):
-        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 {shared}+{suffix}", "gen 0 0 2"]
+        body += ["rm 0 0 -1 -1", f"prompt 0 0 {shared}+{suffix}", "gen 0 0 2"]
+    cmds = [f"model 0 {a}", "ctx 0 0 1"] + body
+    transposed = [f"model 0 {a}", "ctx 0 0 1 1 4096 2048 512 0 0 0"] + body
     on = {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0"}
     modes = (("through ggml", {}, 3, 0, 3),
              ("engine copies itself", {"FAKELLAMA_TENSOR_MEMCPY": "1"}, 0, 1, 4),
@@ -927,6 +931,11 @@ def case_chunks_direct(ctx):
         got = prefix_stats(st).get("restored_tokens")
         restored = got if restored is None else restored
         check(got == restored, f"{what}: restored {got} tokens, {restored} through ggml")
+    st, err = same(ctx, transposed, "chunks-direct: V transposed", preload_extra=on)
+    cs = chunk_stats(st)
+    expect(st, "V transposed", restores=("==", 3), bad_blobs=("==", 0), restore_failures=("==", 0))
+    check(cs.get("llama_chunks_direct") == 3 and cs.get("llama_chunks_direct_refused") == 0,
+          f"V transposed: expected 3 direct loads: {cs}")
 
 
 def case_chunks_evict(ctx):
