@@ -287,8 +287,8 @@ static int cmd_serve(kvs_options_t *o) {
     kvs_pool_destroy(pool, true);
     return EXIT_MISS;
   }
-  pthread_t pf;
-  if (pthread_create(&pf, NULL, serve_prefault, pool) == 0) pthread_detach(pf);
+  pthread_t pf; /* joined before the pool is destroyed (kvs_pool_cancel_prefault) */
+  bool prefaulting = pthread_create(&pf, NULL, serve_prefault, pool) == 0;
   char size[32];
   kvs_options_format_value(&kvs_options_core, o, KVS_OPT_pool_size, size, sizeof size);
   kvs_remote_attach(remote, coord);
@@ -300,6 +300,8 @@ static int cmd_serve(kvs_options_t *o) {
   int sig = 0;
   sigwait(&stop, &sig);
   fprintf(stderr, "kvshim serve: %s received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  kvs_pool_cancel_prefault(pool);
+  if (prefaulting) pthread_join(pf, NULL);
   kvs_disk_attach(disk, NULL);
   kvs_remote_attach(remote, NULL);
   kvs_coord_stop(coord);

@@ -545,10 +545,7 @@ int kvs_pool_destroy(kvs_pool_t *pool, bool force) {
     }
   }
   /* Stop prefaults: a prefault either sees closing, or is counted before we look. */
-  atomic_store(&pool->closing, 1);
-  pthread_mutex_lock(&pool->pf_lock);
-  pthread_cond_broadcast(&pool->pf_cond);
-  pthread_mutex_unlock(&pool->pf_lock);
+  kvs_pool_cancel_prefault(pool);
   while (atomic_load(&pool->prefaulting) != 0) {
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
@@ -829,6 +826,14 @@ static int prefault_range(kvs_pool_t *pool, uint64_t from, uint64_t to, prefault
     done += step;
   }
   return 0;
+}
+
+void kvs_pool_cancel_prefault(kvs_pool_t *pool) {
+  if (!pool) return;
+  atomic_store(&pool->closing, 1);
+  pthread_mutex_lock(&pool->pf_lock);
+  pthread_cond_broadcast(&pool->pf_cond);
+  pthread_mutex_unlock(&pool->pf_lock);
 }
 
 int kvs_pool_prefault(kvs_pool_t *pool) {

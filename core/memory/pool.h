@@ -147,6 +147,12 @@ int kvs_pool_arena_stats(kvs_pool_t *pool, kvs_arena_t arena, kvs_pool_arena_sta
  * out). The host arena is never prefaulted. */
 int kvs_pool_prefault(kvs_pool_t *pool);
 
+/* Make every prefault of the pool, running or to come, return -ECANCELED (kvs_pool_destroy does
+ * this first). The pool stays usable. A thread that prefaults a pool must have returned before
+ * the pool is destroyed: cancel, join that thread, then destroy (a thread that had not yet
+ * entered kvs_pool_prefault would otherwise find the pool freed). */
+void kvs_pool_cancel_prefault(kvs_pool_t *pool);
+
 /* Step-ahead prefault (an engine's pool, design §5): fault the cache arena in only `ahead`
  * bytes (rounded up to the page size) past the end of the highest extent ever allocated
  * (nothing before the first allocation), and

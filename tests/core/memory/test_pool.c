@@ -788,6 +788,27 @@ Test(pool, prefault_makes_the_cache_arena_resident, .timeout = 30) {
   cr_expect_eq(kvs_pool_destroy(p, true), 0);
 }
 
+/* kvs_pool_cancel_prefault: every prefault after it returns -ECANCELED and faults nothing in,
+ * while the pool stays usable (kvshim serve cancels, joins its prefault thread, then destroys:
+ * a thread that had not yet started must not find the pool freed). */
+Test(pool, cancelled_prefault_does_nothing_and_the_pool_stays_usable, .timeout = 30) {
+  kvs_pool_t *p = make_pool(8u << 20, 8u << 20);
+  const kvs_pool_header_t *h = kvs_pool_header(p);
+  uint8_t *cache = kvs_pool_base(p) + h->cache_off;
+  kvs_pool_cancel_prefault(p);
+  kvs_pool_cancel_prefault(p); /* twice: no harm */
+  cr_expect_eq(kvs_pool_prefault(p), -ECANCELED);
+  cr_expect_lt(resident_pages(cache, h->cache_size), h->cache_size / PG / 2,
+               "a cancelled prefault faulted pages in");
+  uint64_t off;
+  cr_assert_eq(kvs_pool_alloc(p, KVS_ARENA_CACHE, 2 * PG, &off), 0);
+  memset(kvs_pool_base(p) + off, 0x5a, 2 * PG);
+  cr_expect_eq(kvs_pool_base(p)[off + PG], 0x5a);
+  cr_expect(kvs__pool_is_valid(p));
+  kvs_pool_cancel_prefault(NULL); /* NULL: nothing */
+  cr_expect_eq(kvs_pool_destroy(p, true), 0);
+}
+
 static int prefault_thread(tt_thread_t *t) { return kvs_pool_prefault(t->obj); }
 
 Test(pool, prefault_in_background_while_allocating, .timeout = 30) {
