@@ -204,26 +204,39 @@ static uint8_t *put_u64(uint8_t *o, uint64_t v) {
   return o + 8;
 }
 
-/* How lay_out moves a run: out of the state (split), or into it (assembling), where a run of
- * at least defer->min bytes is recorded against the state at `state` instead (design §10.4). */
+/* How lay_out moves a run: out of the state (split), or into it (assembling). Splitting, a run
+ * of at least `min` bytes is already in the chunk (the engine wrote it there: a direct
+ * snapshot), or, planning, recorded in defer for the engine to write there. Assembling, a run of
+ * at least defer->min bytes is recorded in defer instead of copied (a direct load). Runs are
+ * recorded against the state at `state` (design §10.4). */
 typedef struct mover {
-  bool split;
+  bool split, plan;
+  uint64_t min; /* splitting: runs this long are in the chunk already (UINT64_MAX: none) */
   kvs__llama_defer_t *defer;
   const uint8_t *state;
 } mover_t;
 
+/* Record run [st, st + len) of the state as chunk[0, len) in d; false when there is no room. */
+static bool record(kvs__llama_defer_t *d, const mover_t *m, uint8_t *st, uint8_t *chunk,
+                   uint64_t len) {
+  if (d->n >= d->cap) return false;
+  d->runs[d->n++] = (kvs__llama_run_t){(uint64_t)(st - m->state), len, chunk};
+  d->bytes += len;
+  return true;
+}
+
 /* Move len bytes between a place in the state (st) and the chunk's payload (pl). */
 static void mv(const mover_t *m, uint8_t *st, uint8_t *pl, uint64_t len) {
-  if (m->split) {
-    memcpy(pl, st, (size_t)len);
-    return;
-  }
   kvs__llama_defer_t *d = m->defer;
-  if (d && len && len >= d->min && d->n < d->cap) {
-    d->runs[d->n++] = (kvs__llama_run_t){(uint64_t)(st - m->state), len, pl};
-    d->bytes += len;
+  if (m->split) {
+    if (len < m->min) {
+      if (!m->plan) memcpy(pl, st, (size_t)len);
+    } else if (m->plan && !record(d, m, st, pl, len)) {
+      d->cap = 0; /* no room: the plan is refused (kvs__llama_chunk_plan) */
+    }
     return;
   }
+  if (d && len && len >= d->min && record(d, m, st, pl, len)) return;
   memcpy(st, pl, (size_t)len);
 }
 
@@ -414,11 +427,11 @@ uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, u
   return sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * sc->cell_bytes;
 }
 
-kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
-                                                  const kvs__llama_chunks_scan_t *sc,
-                                                  const int32_t *tok, uint32_t T, uint32_t upto,
-                                                  uint32_t c, const uint8_t *frame, kvs_key_t ns,
-                                                  uint8_t *dst, size_t cap) {
+kvs__llama_chunks_status_t kvs__llama_chunk_finish(const uint8_t *state,
+                                                   const kvs__llama_chunks_scan_t *sc,
+                                                   const int32_t *tok, uint32_t T, uint32_t upto,
+                                                   uint32_t c, const uint8_t *frame, kvs_key_t ns,
+                                                   uint8_t *dst, size_t cap, uint64_t min) {
   uint64_t size = kvs__llama_chunk_size(sc, T, upto, c);
   if (size == 0) return KVS_LLAMA_CHUNKS_FIELD;
   if (cap < size) return KVS_LLAMA_CHUNKS_SPACE;
@@ -443,11 +456,42 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
   kvs__llama_hasher_update(&hs, dst + sizeof h, 4 * (size_t)n);
   /* a splittable state is laid out as the frame says (scan: one stream, cells 0..N-1); the
    * walk only reads it when splitting */
-  const mover_t split = {true, NULL, state};
+  const mover_t split = {.split = true, .min = min, .state = state};
   lay_out(frame, N, sc->seq, (uint8_t *)(uintptr_t)state, dst + sizeof h + 4 * (size_t)n, a, n,
           n, &split, &hs);
   h.checksum = kvs__llama_hasher_digest(&hs);
   memcpy(dst + offsetof(kvs__llama_chunk_hdr_t, checksum), &h.checksum, 8);
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
+                                                  const kvs__llama_chunks_scan_t *sc,
+                                                  const int32_t *tok, uint32_t T, uint32_t upto,
+                                                  uint32_t c, const uint8_t *frame, kvs_key_t ns,
+                                                  uint8_t *dst, size_t cap) {
+  return kvs__llama_chunk_finish(state, sc, tok, T, upto, c, frame, ns, dst, cap, UINT64_MAX);
+}
+
+kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t N, int32_t seq,
+                                                 uint32_t T, uint32_t upto, uint32_t c,
+                                                 uint8_t *state, uint8_t *dst, size_t cap,
+                                                 kvs__llama_defer_t *d) {
+  kvs__llama_frame_hdr_t fh;
+  memcpy(&fh, frame, sizeof fh);
+  if (upto > N) upto = (uint32_t)N;
+  uint64_t a = (uint64_t)c * T;
+  if (T == 0 || a >= upto || seq < 0 || !d) return KVS_LLAMA_CHUNKS_FIELD;
+  uint64_t n = upto - a < T ? upto - a : T;
+  if (cap < sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * fh.cell_bytes) return KVS_LLAMA_CHUNKS_SPACE;
+  const uint32_t room = d->cap;
+  /* the state's places are only computed: nothing at state is read or written */
+  const mover_t plan = {.split = true, .plan = true, .min = d->min, .defer = d, .state = state};
+  lay_out(frame, N, seq, state, dst + sizeof(kvs__llama_chunk_hdr_t) + 4 * n, a, n, n, &plan,
+          NULL);
+  if (d->cap == 0) { /* no room for every run */
+    d->cap = room;
+    return KVS_LLAMA_CHUNKS_FIELD;
+  }
   return KVS_LLAMA_CHUNKS_OK;
 }
 
@@ -544,7 +588,9 @@ static void runs_sift(kvs__llama_run_t *r, size_t i, size_t n) {
   }
 }
 
-static void runs_sort(kvs__llama_run_t *r, size_t n) {
+void kvs__llama_runs_sort(kvs__llama_defer_t *d) {
+  kvs__llama_run_t *r = d->runs;
+  size_t n = d->n;
   for (size_t i = n / 2; i-- > 0;) runs_sift(r, i, n);
   for (size_t e = n; e-- > 1;) {
     kvs__llama_run_t t = r[0];
@@ -601,7 +647,7 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
   }
   if (!dst || cap < size) return KVS_LLAMA_CHUNKS_SPACE;
   if (defer) defer->n = 0, defer->bytes = 0;
-  const mover_t into = {false, defer, dst};
+  const mover_t into = {.defer = defer, .state = dst};
   /* One read of each chunk: each run of its payload hashed while it is in cache, then copied to
    * its places (lay_out with a hasher: the checksum seeded() computes, in pieces), the checksum
    * compared at the chunk's end. A damaged chunk is found only after it and the chunks before
@@ -620,7 +666,7 @@ kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t f
     if (kvs__llama_hasher_digest(&hs) != sum) return KVS_LLAMA_CHUNKS_CHECKSUM;
   }
   *out_len = (size_t)(lay_out(f, N, seq, dst, NULL, 0, 0, 0, &into, NULL) - dst);
-  if (defer) runs_sort(defer->runs, defer->n);
+  if (defer) kvs__llama_runs_sort(defer);
   return KVS_LLAMA_CHUNKS_OK;
 }
 

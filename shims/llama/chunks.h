@@ -179,6 +179,50 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
                                                   uint32_t c, const uint8_t *frame, kvs_key_t ns,
                                                   uint8_t *dst, size_t cap);
 
+/* Runs of a state that lie in chunk objects, not in the state buffer (design §10.4, direct loads
+ * and direct snapshots). Assembling: each payload run of at least `min` bytes is recorded in
+ * runs[] (while there is room; past cap it is copied as usual) instead of copied into dst; every
+ * run is still hashed before the assembly returns OK, and on OK runs[0, n) are sorted by off and
+ * do not overlap. Planning a chunk (kvs__llama_chunk_plan): each of its payload runs of at least
+ * `min` bytes is recorded, for the engine to write there. bytes is their sum. The caller owns
+ * runs. */
+typedef struct kvs__llama_run {
+  uint64_t off;   /* bytes [off, off + len) of the state */
+  uint64_t len;
+  uint8_t *chunk; /* are chunk[0, len): in a chunk object's payload */
+} kvs__llama_run_t;
+
+typedef struct kvs__llama_defer {
+  kvs__llama_run_t *runs;
+  uint32_t cap, n;
+  uint64_t min, bytes;
+} kvs__llama_defer_t;
+
+/* Direct snapshots (design §10.4): chunk c of the first `upto` tokens of the state of sequence
+ * seq holding N tokens in frame (checked; the frame of the state about to be written at state),
+ * to be written at dst (cap >= its size): each payload run of at least d->min bytes is appended
+ * to d (d->n, d->bytes grow; no room: FIELD, d->n then unusable) as its place in the state and
+ * its place in dst. Nothing is read or written at state or dst. Then the engine writes the state
+ * with those runs sent to dst, and kvs__llama_chunk_finish completes the chunk. OK, SPACE or
+ * FIELD. */
+kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t N, int32_t seq,
+                                                 uint32_t T, uint32_t upto, uint32_t c,
+                                                 uint8_t *state, uint8_t *dst, size_t cap,
+                                                 kvs__llama_defer_t *d);
+
+/* kvs__llama_chunk_write for a chunk planned with runs of at least `min` bytes: those are in
+ * dst already (the engine wrote them); the header, the tokens and the shorter runs are written
+ * from the scanned state, and the checksum over all of it. min UINT64_MAX: kvs__llama_chunk_write
+ * itself. */
+kvs__llama_chunks_status_t kvs__llama_chunk_finish(const uint8_t *state,
+                                                   const kvs__llama_chunks_scan_t *sc,
+                                                   const int32_t *tok, uint32_t T, uint32_t upto,
+                                                   uint32_t c, const uint8_t *frame, kvs_key_t ns,
+                                                   uint8_t *dst, size_t cap, uint64_t min);
+
+/* Sort d's runs by their place in the state (in place, no allocation). */
+void kvs__llama_runs_sort(kvs__llama_defer_t *d);
+
 /* Check a frame object: every field, its length and its checksum, against the chunk size T and
  * namespace ns of the restoring context. On OK *hdr (when not NULL) is its header. */
 kvs__llama_chunks_status_t kvs__llama_frame_check(const uint8_t *f, size_t len, uint32_t T,
@@ -193,22 +237,6 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 /* Bytes of the state for n tokens in frame f (checked), or 0 when n is out of range. */
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
 
-/* Runs of an assembled state left where they lie (design §10.4, "direct loads"): when the
- * assembler is given one, each payload run of at least `min` bytes is recorded in runs[] (while
- * there is room; past cap it is copied as usual) instead of copied into dst. Every run is still
- * hashed before the assembly returns OK. On OK runs[0, n) are sorted by off and do not overlap;
- * bytes is their sum. The caller owns runs. */
-typedef struct kvs__llama_run {
-  uint64_t off;       /* bytes [off, off + len) of the state */
-  uint64_t len;
-  const uint8_t *src; /* are src[0, len): in a chunk object's payload */
-} kvs__llama_run_t;
-
-typedef struct kvs__llama_defer {
-  kvs__llama_run_t *runs;
-  uint32_t cap, n;
-  uint64_t min, bytes;
-} kvs__llama_defer_t;
 
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks
  * ch[0 .. nch) (lengths chlen), in frame f, every object checked (kvs__llama_frame_check with T

@@ -62,9 +62,10 @@
  * llama_context_params by value, forwarded like kvs__llama_model_params_t), kvs__llama_memory_t
  * (llama_memory_t), llama_pos = int32_t. KVS_LLAMA_PREFIX_HOOKS are exported; every function
  * that takes an engine batch index (_ith, llama_sampler_sample) is among them, so output indices
- * can be remapped when tokens were skipped. The last row is libggml-base's, which libllama's state
- * loader calls through the PLT: during kvshim's own direct loads it serves the tensor runs from
- * the chunks where they lie (prefix.c, design §10.4); otherwise it passes straight through. */
+ * can be remapped when tokens were skipped. The last two rows are libggml-base's, which
+ * libllama's state reader and writer call through the PLT: during kvshim's own direct loads and
+ * snapshots they move the tensor runs from or into the chunks where they lie (prefix.c, design
+ * §10.4); otherwise they pass straight through. */
 #define KVS_LLAMA_PREFIX_HOOKS(X)                                                             \
   X(struct llama_context *, llama_init_from_model,                                            \
     (struct llama_model * model, kvs__llama_ctx_params_t params), (model, params))            \
@@ -115,6 +116,9 @@
     (ctx, src, size))                                                                         \
   X(void, ggml_backend_tensor_set,                                                            \
     (struct ggml_tensor * tensor, const void *data, size_t offset, size_t size),              \
+    (tensor, data, offset, size))                                                             \
+  X(void, ggml_backend_tensor_get,                                                            \
+    (const struct ggml_tensor *tensor, void *data, size_t offset, size_t size),               \
     (tensor, data, offset, size))
 
 /* Functions of libllama the prefix cache calls itself (never hooked by it; the state functions

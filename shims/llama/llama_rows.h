@@ -96,6 +96,10 @@
   X(llama_chunks_direct_bytes, C,                                                              \
     KVS_LLAMA_CHUNKS_GROUP "bytes those restores uploaded straight from the chunks (not copied)") \
   X(llama_chunks_direct_refused, C,                                                            \
-    KVS_LLAMA_CHUNKS_GROUP "loads whose tensor data did not all pass through ggml_backend_tensor_set (direct loads off)")
+    KVS_LLAMA_CHUNKS_GROUP "loads whose tensor data did not all pass through ggml_backend_tensor_set (direct loads off)") \
+  X(llama_chunks_direct_stores, C,                                                             \
+    KVS_LLAMA_CHUNKS_GROUP "snapshots whose chunks the engine wrote in place (design 10.4)")     \
+  X(llama_chunks_direct_store_refused, C,                                                      \
+    KVS_LLAMA_CHUNKS_GROUP "snapshots whose tensor data did not all pass through ggml_backend_tensor_get (direct snapshots off)")
 
 #endif

@@ -189,11 +189,12 @@ typedef struct px_work {
  * (sorted, disjoint: the assembler's) lie in the chunks, not in it; served[i] counts the bytes
  * of runs[i] the engine has uploaded through ggml_backend_tensor_set. */
 typedef struct px_direct {
-  const uint8_t *base;
+  uint8_t *base;
   uint64_t len;
   const kvs__llama_run_t *runs;
   uint64_t *served;
   uint32_t n;
+  bool get; /* a direct snapshot (ggml_backend_tensor_get), else a direct load (_set) */
 } px_direct_t;
 
 typedef struct px_ctx {
@@ -256,6 +257,12 @@ typedef struct px_ctx {
   size_t druns_cap;
   px_direct_t direct, *dl;
   uint64_t direct_id;
+  /* Direct snapshots (px_snapshot_direct): sframe holds the frame of the context's last state
+   * split (sframe_len bytes; 0: none yet), splan the plan of one snapshot (both
+   * kvs__prim_alloc, owned here). */
+  void *sframe, *splan;
+  size_t sframe_cap, splan_cap;
+  uint64_t sframe_len;
   bool direct_refused; /* the last px_load was a direct load the engine did not serve in full */
   uint32_t memo_next;
 } px_ctx_t;
@@ -513,8 +520,11 @@ static void px_forget(struct llama_context *ctx) {
     kvs__prim_unmap(c->cbuf, c->cbuf_cap);
     kvs__prim_unmap(c->cpin, c->cpin_cap);
     kvs__prim_unmap(c->druns, c->druns_cap);
-    c->cbuf = c->cpin = c->druns = NULL;
-    c->cbuf_cap = c->cpin_cap = c->druns_cap = 0;
+    kvs__prim_unmap(c->sframe, c->sframe_cap);
+    kvs__prim_unmap(c->splan, c->splan_cap);
+    c->cbuf = c->cpin = c->druns = c->sframe = c->splan = NULL;
+    c->cbuf_cap = c->cpin_cap = c->druns_cap = c->sframe_cap = c->splan_cap = 0;
+    c->sframe_len = 0;
     c->asm_id = c->direct_id = 0;
     c->dl = NULL;
     c->multi_len = c->multi_cap = c->imap_n = 0;
@@ -843,10 +853,12 @@ static atomic_int px_direct_verdict = -1;
 /* The direct load in progress on this thread (set only around the engine's set_data call). */
 static __thread px_direct_t *px_direct_now __attribute__((tls_model("initial-exec")));
 
-/* Upload bytes [a, a + size) of d's state into tensor at offset: runs from their chunks, the
- * bytes between them from the state; each run's share counted. */
-static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set real,
-                            struct ggml_tensor *tensor, uint64_t a, size_t offset, size_t size) {
+/* Move bytes [a, a + size) of d's state between tensor (at offset) and memory: a load uploads
+ * them (set), a snapshot downloads them (get); the runs' bytes from or into their chunks, the
+ * bytes between runs from or into the state; each run's share counted. */
+static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set set,
+                            kvs__px_pfn_ggml_backend_tensor_get get, struct ggml_tensor *tensor,
+                            uint64_t a, size_t offset, size_t size) {
   const uint64_t a0 = a, e = a + size;
   uint32_t lo = 0, hi = d->n; /* the first run that ends after a */
   while (lo < hi) {
@@ -856,44 +868,67 @@ static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set 
   }
   for (uint32_t i = lo; a < e;) {
     const kvs__llama_run_t *r = i < d->n ? &d->runs[i] : NULL;
-    const uint8_t *src = d->base + a;
+    uint8_t *src = d->base + a;
     uint64_t end;
     if (r && r->off <= a) { /* in run i */
       end = r->off + r->len < e ? r->off + r->len : e;
-      src = r->src + (a - r->off);
+      src = r->chunk + (a - r->off);
       d->served[i++] += end - a;
     } else { /* bytes the assembly wrote, up to the next run */
       end = r && r->off < e ? r->off : e;
     }
-    real(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
+    if (set) set(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
+    else get(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
     a = end;
   }
+}
+
+/* The direct load or snapshot of this thread that [data, data + size) falls in (get: which),
+ * else NULL; *a its offset in the state. */
+static px_direct_t *px_direct_for(const void *data, size_t size, bool get, uint64_t *a) {
+  px_direct_t *d = px_direct_now;
+  uintptr_t p = (uintptr_t)data, b = d ? (uintptr_t)d->base : 0;
+  if (kvs__likely(!d) || d->get != get || size == 0 || p < b || p - b >= d->len ||
+      size > d->len - (p - b))
+    return NULL;
+  *a = p - b;
+  return d;
 }
 
 void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data, size_t offset,
                              size_t size) {
   kvs__px_pfn_ggml_backend_tensor_set real = px_real_ggml_backend_tensor_set();
   if (kvs__unlikely(!real)) return;
-  px_direct_t *d = px_direct_now;
-  uintptr_t p = (uintptr_t)data, b = d ? (uintptr_t)d->base : 0;
-  if (kvs__likely(!d) || size == 0 || p < b || p - b >= d->len || size > d->len - (p - b)) {
-    real(tensor, data, offset, size);
-    return;
-  }
-  px_direct_serve(d, real, tensor, p - b, offset, size);
+  uint64_t a = 0;
+  px_direct_t *d = px_direct_for(data, size, false, &a);
+  if (kvs__likely(!d)) real(tensor, data, offset, size);
+  else px_direct_serve(d, real, NULL, tensor, a, offset, size);
+}
+
+void ggml_backend_tensor_get(const struct ggml_tensor *tensor, void *data, size_t offset,
+                             size_t size) {
+  kvs__px_pfn_ggml_backend_tensor_get real = px_real_ggml_backend_tensor_get();
+  if (kvs__unlikely(!real)) return;
+  uint64_t a = 0;
+  px_direct_t *d = px_direct_for(data, size, true, &a);
+  if (kvs__likely(!d)) real(tensor, data, offset, size);
+  else px_direct_serve(d, NULL, real, (struct ggml_tensor *)(uintptr_t)tensor, a, offset, size);
+}
+
+/* Did the engine move every run of d in full through the hook? */
+static bool px_direct_whole(const px_direct_t *d) {
+  for (uint32_t i = 0; i < d->n; i++)
+    if (d->served[i] != d->runs[i].len) return false;
+  return true;
 }
 
 /* After the engine loaded d's state: were all its runs uploaded through the hook? A run not
  * served means the engine read bytes that were never written: false (the load must be undone),
  * and direct loads go off for the process. */
 static bool px_direct_judge(const px_direct_t *d) {
-  bool whole = true;
   uint64_t bytes = 0;
-  for (uint32_t i = 0; i < d->n; i++) {
-    whole = whole && d->served[i] == d->runs[i].len;
-    bytes += d->runs[i].len;
-  }
-  if (whole) {
+  for (uint32_t i = 0; i < d->n; i++) bytes += d->runs[i].len;
+  if (px_direct_whole(d)) {
     if (atomic_exchange(&px_direct_verdict, 1) != 1)
       kvs_log_info("llama.cpp prefix cache: the engine uploads a state's tensors through "
                    "ggml_backend_tensor_set: restores by assembly load the chunks where they lie");
@@ -1200,6 +1235,163 @@ static int px_fill_chunk(void *arg, uint8_t *dst) {
              : -EIO;
 }
 
+/* ---- direct snapshots (design §10.4) ----------------------------------------------------------- */
+
+/* The mirror of direct loads: the engine's llama_state_seq_get_data writes a state's metadata
+ * itself and hands every tensor run to ggml_backend_tensor_get with a pointer into the buffer
+ * (llama_io_write_host, llama-context.cpp:2577-2628 of the pinned release: flushed when the
+ * writer ends, inside the call). With the context's frame known from an earlier split (the
+ * frame names no token count) the state's layout is known before the call: each chunk to store
+ * is reserved in the own pool first, its long runs planned (kvs__llama_chunk_plan), and the hook
+ * sends each run the engine downloads straight into its chunk; the state buffer receives the
+ * metadata and the runs of chunks not stored (dedup). Then each chunk's header, tokens and short
+ * runs are written and its checksum computed (kvs__llama_chunk_finish), and it is committed: no
+ * copy of the state. Only without a cache peer (one copy per node reserves at the peer one object
+ * per request). Checked as a direct load is: a run not moved through the hook in full, or a state
+ * whose layout is not the one planned, aborts every reservation and the copy path runs (the
+ * former also turns direct snapshots off for the process). */
+
+/* Does the engine download a state's tensors through ggml_backend_tensor_get? As
+ * px_direct_verdict. */
+static atomic_int px_store_verdict = -1;
+
+/* One chunk object of a direct snapshot: reserved at dst (len bytes), under keys[0, nk). */
+typedef struct px_planned {
+  kvs_key_t keys[2];
+  uint32_t nk, index;
+  uint64_t len;
+  uint8_t *dst;
+  kvs__cache_ref_t ref;
+} px_planned_t;
+
+static void px_planned_abort(kvs__runtime_t *rt, px_planned_t *pp, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) kvs__cache_abort(rt, pp[i].ref);
+}
+
+/* px_snapshot_chunks' work with the engine writing the chunks in place (above), for a state of S
+ * bytes whose buffer (cbuf) is grown. 1: not done, nothing stored or left reserved (the caller
+ * takes the copy path); else as px_snapshot_chunks. */
+static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
+                              int32_t s, const kvs_key_t *keys, uint32_t J, uint32_t cov,
+                              size_t S, uint64_t *bytes) {
+  const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
+  if (!kvs__runtime_options()->llama_direct || !c->sframe_len || kvs__llama_blob_cache(&home) ||
+      atomic_load_explicit(&px_store_verdict, memory_order_relaxed) == 0)
+    return 1;
+  const uint8_t *frame = c->sframe;
+  kvs__llama_frame_hdr_t fh;
+  memcpy(&fh, frame, sizeof fh);
+  /* the state's token count from its size (the size is linear in it) */
+  const uint64_t s1 = kvs__llama_chunks_state_size(frame, 1), s2 = kvs__llama_chunks_state_size(frame, 2);
+  if (!s1 || s2 <= s1 || S < s1) return 1;
+  const uint64_t per = s2 - s1, N = (S - (s1 - per)) / per;
+  const uint32_t C = c->chunk;
+  if (kvs__llama_chunks_state_size(frame, N) != S || N < (uint64_t)J * C) return 1;
+  if (cov > N) cov = (uint32_t)N;
+  const uint32_t nmax = J + 1;
+  const uint64_t cap = (uint64_t)nmax * (2ull * fh.n_layers + 2);
+  if (cap > PX_DIRECT_MAX_RUNS) return 1;
+  size_t need = nmax * sizeof(px_planned_t) + (size_t)cap * (sizeof(kvs__llama_run_t) + 8);
+  if (!px_grow(&c->splan, &c->splan_cap, need)) return 1;
+  px_planned_t *pp = c->splan;
+  kvs__llama_defer_t d = {(kvs__llama_run_t *)(void *)(pp + nmax), (uint32_t)cap, 0,
+                          PX_DIRECT_MIN_RUN, 0};
+  uint64_t *served = (uint64_t *)(void *)(d.runs + cap);
+  uint8_t *state = c->cbuf;
+  /* reserve and plan every chunk to store (the tail, J, under its continuation key alone) */
+  int prun = kvs__cache_peers_run(rt, keys, J, NULL);
+  uint32_t np = 0, dedup = 0;
+  uint64_t saved = 0;
+  for (uint32_t i = 0; i <= J; i++) {
+    uint64_t a = (uint64_t)i * C, n = cov > a ? (cov - a < C ? cov - a : C) : 0;
+    if (!n || (i == J && !J)) break;
+    uint64_t len = sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * fh.cell_bytes;
+    if (i < J && ((int)i < prun || kvs__cache_has_local(rt, keys[i]))) {
+      dedup++, saved += len;
+      continue;
+    }
+    px_planned_t *p = &pp[np];
+    p->index = i;
+    p->len = len;
+    p->keys[0] = i < J ? keys[i] : px_next_key(keys[J - 1]);
+    p->keys[1] = i ? px_next_key(keys[i - 1]) : keys[i];
+    p->nk = i < J && i ? 2 : 1;
+    int rc = kvs__cache_reserve(rt, p->keys, p->nk, len, false, &p->dst, &p->ref);
+    if (rc == -EEXIST) {
+      if (i < J) dedup++, saved += len;
+      continue;
+    }
+    if (rc < 0 || kvs__llama_chunk_plan(frame, N, s, C, cov, i, state, p->dst, (size_t)len, &d) !=
+                      KVS_LLAMA_CHUNKS_OK) {
+      if (rc == 0) np++;
+      px_planned_abort(rt, pp, np);
+      return 1;
+    }
+    np++;
+  }
+  if (!np || !d.n) {
+    px_planned_abort(rt, pp, np);
+    return 1;
+  }
+  kvs__llama_runs_sort(&d);
+  memset(served, 0, (size_t)d.n * sizeof *served);
+  px_direct_t dw = {state, S, d.runs, served, d.n, true};
+  kvs__llama_state_api_t api;
+  px_state_api(&api);
+  px_direct_now = &dw;
+  size_t got = kvs__llama_state_get(&api, ctx, state, S, s);
+  px_direct_now = NULL;
+  kvs__llama_chunks_scan_t sc;
+  bool whole = got == S && px_direct_whole(&dw);
+  if (got == S && !whole) {
+    kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_direct_store_refused);
+    if (atomic_exchange(&px_store_verdict, 0) != 0)
+      kvs_log_info("llama.cpp prefix cache: the engine did not download every tensor run of a "
+                   "state through ggml_backend_tensor_get: snapshots copy the state from now on");
+  }
+  /* the layout planned must be the one written: same token count, same frame */
+  uint8_t *fnow = state + S;
+  if (!whole || kvs__llama_chunks_scan(state, S, &sc) != KVS_LLAMA_CHUNKS_OK || sc.n_cells != N ||
+      sc.frame_size != c->sframe_len ||
+      kvs__llama_chunks_frame(state, &sc, C, c->ns, fnow, (size_t)sc.frame_size) != fh.checksum) {
+    px_planned_abort(rt, pp, np);
+    return 1;
+  }
+  if (atomic_exchange(&px_store_verdict, 1) != 1)
+    kvs_log_info("llama.cpp prefix cache: the engine downloads a state's tensors through "
+                 "ggml_backend_tensor_get: snapshots write the chunks in place");
+  kvs_stats_t *st = px_stats();
+  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), C, cov, 0, sc.frame_size,
+                 c->ns};
+  const kvs_key_t fkeys[2] = {px_frame_key(c, fh.checksum), px_frame_ns_key(c)};
+  int rc = kvs__llama_obj_store(&home, fkeys, 2, sc.frame_size, px_fill_frame, &f);
+  if (rc < 0 && rc != -EEXIST) {
+    px_planned_abort(rt, pp, np);
+    return rc;
+  }
+  uint64_t wrote = 0;
+  for (uint32_t k = 0; k < np; k++) {
+    px_planned_t *p = &pp[k];
+    if (kvs__llama_chunk_finish(state, &sc, f.tok, C, cov, p->index, frame, c->ns, p->dst,
+                                (size_t)p->len, PX_DIRECT_MIN_RUN) != KVS_LLAMA_CHUNKS_OK) {
+      px_planned_abort(rt, pp + k, np - k);
+      return -EIO;
+    }
+    rc = kvs__cache_commit(rt, p->keys, p->nk, p->ref);
+    if (rc < 0) { /* the chunks before it stay: a later restore uses their run */
+      px_planned_abort(rt, pp + k + 1, np - k - 1);
+      return rc;
+    }
+    kvs_stats_inc(st, p->index < J ? KVS_STAT_llama_chunks_stored : KVS_STAT_llama_chunks_tails);
+    wrote += p->len;
+  }
+  kvs_stats_add(st, KVS_STAT_llama_chunks_dedup, dedup);
+  kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, saved);
+  kvs_stats_inc(st, KVS_STAT_llama_chunks_direct_stores);
+  *bytes = wrote + sc.frame_size;
+  return 0;
+}
+
 /* Store sequence s's state as a frame and its first J chunks (chunk i > 0 also under the
  * continuation key after chunk i - 1), each chunk already cached here or at a peer counted and
  * not stored again, then the canonical tokens past them up to cov (< J + 1 chunks) as a short
@@ -1219,6 +1411,8 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                       KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
   c->asm_id = 0; /* the state written below replaces any assembly */
   if (!px_grow(&c->cbuf, &c->cbuf_cap, S + fmax)) return -ENOMEM;
+  int dr = px_snapshot_direct(c, rt, ctx, s, keys, J, cov, S, bytes);
+  if (dr != 1) return dr;
   if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
   kvs__llama_chunks_scan_t sc;
   kvs__llama_chunks_status_t r = kvs__llama_chunks_scan(c->cbuf, S, &sc);
@@ -1236,6 +1430,11 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   uint8_t *frame = (uint8_t *)c->cbuf + S;
   uint64_t id = kvs__llama_chunks_frame(state, &sc, c->chunk, c->ns, frame, (size_t)sc.frame_size);
   if (!id) return -EIO;
+  /* the context's frame, for its next snapshots' plans (px_snapshot_direct) */
+  if (px_grow(&c->sframe, &c->sframe_cap, (size_t)sc.frame_size)) {
+    memcpy(c->sframe, frame, (size_t)sc.frame_size);
+    c->sframe_len = sc.frame_size;
+  }
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   if (cov > sc.n_cells) cov = sc.n_cells;
   px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), c->chunk, cov, 0,
@@ -1406,7 +1605,8 @@ static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, 
   kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   if (dp && dp->n) { /* px_load loads it directly; cbuf is not the whole state: no reuse */
     px_direct_t *d = &c->direct;
-    *d = (px_direct_t){c->cbuf, *got, dp->runs, (uint64_t *)(void *)(dp->runs + dp->cap), dp->n};
+    *d = (px_direct_t){c->cbuf, *got, dp->runs, (uint64_t *)(void *)(dp->runs + dp->cap), dp->n,
+                       false};
     memset(d->served, 0, (size_t)dp->n * sizeof *d->served);
     c->dl = d;
     c->direct_id = id;

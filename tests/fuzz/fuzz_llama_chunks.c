@@ -95,7 +95,7 @@ static void split_mode(const uint8_t *st, size_t len) {
     for (uint32_t i = 0; i < d.n; i++) {
       CHECK(runs[i].len >= 16 && runs[i].off >= end && runs[i].off + runs[i].len <= len);
       end = runs[i].off + runs[i].len;
-      memcpy(out + runs[i].off, runs[i].src, (size_t)runs[i].len);
+      memcpy(out + runs[i].off, runs[i].chunk, (size_t)runs[i].len);
       sum += runs[i].len;
     }
     CHECK(sum == d.bytes && got == len && memcmp(out, st, len) == 0);

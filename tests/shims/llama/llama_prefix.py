@@ -938,6 +938,55 @@ def case_chunks_direct(ctx):
           f"V transposed: expected 3 direct loads: {cs}")
 
 
+def case_chunks_direct_store(ctx):
+    """KVSHIM_LLAMA_CHUNKS=1, direct snapshots (design §10.4). The fake writes a state's tensor
+    runs through libfakeggml's ggml_backend_tensor_get, as llama.cpp's llama_io_write_host does,
+    so once a context's frame is known (its first snapshot, split by copying) each later snapshot
+    reserves its chunks first and kvshim sends the runs the engine writes straight into them.
+    Four snapshots after the first: one storing past a shared prefix (4 chunks found already
+    stored: dedup), one of a fresh prompt, and one longer prompt after each; then prompts
+    restore from the chunks those snapshots wrote in place: outputs identical, and the chunk
+    counters and node
+    bytes equal those of the copying snapshots (KVSHIM_LLAMA_DIRECT=0). An engine that writes the
+    tensor bytes itself (FAKELLAMA_TENSOR_GET_MEMCPY=1): the first direct snapshot is found
+    incomplete, its reservations dropped (llama_chunks_direct_store_refused) and the state
+    stored by copying, as every later one: the same counters and outputs. With one copy per node
+    (`kvshim serve`) snapshots copy (a chunk is reserved at serve one request each)."""
+    a, _ = models(ctx)
+    shared = "r1024@1"
+    cmds = [f"model 0 {a}", "ctx 0 0 1"]
+    for p in (f"{shared}+r300@2", f"{shared}+r300@3", "r1300@7", "r1300@7+r300@8",
+              f"{shared}+r300@3+r300@4", f"{shared}+r300@3+r300@4+r9@5", "r1300@7+r300@8+r9@6",
+              f"{shared}+r300@2+r9@9"):
+        cmds += ["rm 0 0 -1 -1", f"prompt 0 0 {p}", "gen 0 0 2"]
+    on = {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_PEERS": "0"}
+    keep = ("llama_chunks_stored", "llama_chunks_dedup", "llama_chunks_saved_bytes",
+            "llama_chunks_tails", "llama_chunks_assembled")
+    base = None
+    for what, env, direct, refused in (("KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0, 0),
+                                       ("through ggml", {}, 4, 0),
+                                       ("engine writes itself", {"FAKELLAMA_TENSOR_GET_MEMCPY": "1"},
+                                        0, 1)):
+        ref_env = {k: v for k, v in env.items() if k.startswith("FAKELLAMA_")}
+        st, err = same(ctx, cmds, f"chunks-direct-store: {what}", preload_extra={**on, **env},
+                       ref_extra=ref_env)
+        cs = chunk_stats(st)
+        print(f"chunks-direct-store: {what}: {cs} used {st.get('store_used_bytes')}")
+        check(cs.get("llama_chunks_direct_stores") == direct and
+              cs.get("llama_chunks_direct_store_refused") == refused,
+              f"{what}: expected {direct} direct snapshots, {refused} refused: {cs}")
+        expect(st, what, snapshots=("==", 5), restores=(">=", 6), bad_blobs=("==", 0),
+               restore_failures=("==", 0), snapshot_failures=("==", 0))
+        got = ({k: cs.get(k) for k in keep}, st.get("store_used_bytes"))
+        base = got if base is None else base
+        check(got == base, f"{what}: chunk counters and node bytes {got}, copying {base}")
+    ctx.serve()
+    st, _ = same(ctx, cmds, "chunks-direct-store: serve", preload_extra={"KVSHIM_LLAMA_CHUNKS": "1"})
+    cs = chunk_stats(st)
+    check(cs.get("llama_chunks_direct_stores") == 0 and cs.get("llama_chunks_stored", 0) > 0,
+          f"serve: snapshots copy into serve's pool: {cs}")
+
+
 def case_chunks_evict(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, a chunk evicted between store and restore. One process, no peers,
     a 2 MiB pool (512 pages); a chunk of this model is 67 pages (256 tokens x 1056 bytes plus
@@ -1000,6 +1049,7 @@ CASES = {
     "chunks-tail": case_chunks_tail,
     "chunks-reuse": case_chunks_reuse,
     "chunks-direct": case_chunks_direct,
+    "chunks-direct-store": case_chunks_direct_store,
 }
 
 

@@ -255,10 +255,10 @@ static void deferred(int flash, uint64_t min, uint32_t cap) {
     cr_assert_geq(r->len, min);
     cr_assert_leq(r->off + r->len, len);
     if (i) cr_assert_geq(r->off, runs[i - 1].off + runs[i - 1].len, "runs unsorted or overlapping");
-    cr_assert(memcmp(r->src, full + r->off, (size_t)r->len) == 0, "run %u: not the state's bytes", i);
+    cr_assert(memcmp(r->chunk, full + r->off, (size_t)r->len) == 0, "run %u: not the state's bytes", i);
     for (uint64_t b = 0; b < r->len; b++)
       cr_assert_eq(out[r->off + b], 0xa5, "run %u was copied", i);
-    memcpy(out + r->off, r->src, (size_t)r->len);
+    memcpy(out + r->off, r->chunk, (size_t)r->len);
     sum += r->len;
   }
   cr_assert_eq(sum, d.bytes);
@@ -266,8 +266,8 @@ static void deferred(int flash, uint64_t min, uint32_t cap) {
   /* a flipped byte inside the first run's chunk payload */
   const kvs__llama_run_t r0 = runs[0];
   uint32_t i = 0;
-  while (!(r0.src >= s.ch[i] && r0.src < s.ch[i] + s.chlen[i])) i++;
-  s.ch[i][r0.src - s.ch[i]] ^= 0x10;
+  while (!(r0.chunk >= s.ch[i] && r0.chunk < s.ch[i] + s.chlen[i])) i++;
+  s.ch[i][r0.chunk - s.ch[i]] ^= 0x10;
   cr_assert_eq(kvs__llama_chunks_assemble(s.frame, s.flen, T, NS, ch, s.chlen, s.nch, 0, 0, out,
                                           len, &got, &d),
                KVS_LLAMA_CHUNKS_CHECKSUM);
@@ -284,6 +284,56 @@ Test(chunks, runs_left_in_chunks_rows) { deferred(1, 64, 4096); }
 Test(chunks, runs_left_in_chunks_transposed) { deferred(0, 64, 4096); }
 Test(chunks, runs_left_in_chunks_capped) { deferred(1, 64, 3); }
 Test(chunks, runs_left_in_chunks_short_runs_copied) { deferred(0, 1000, 4096); }
+
+/* Direct snapshots (design §10.4): a chunk planned before the state exists writes nothing; its
+ * recorded runs (at least min bytes each) name the state's bytes the engine will write into the
+ * chunk; once they are there, kvs__llama_chunk_finish gives exactly the chunk kvs__llama_chunk_write
+ * makes from the whole state. Too little room for the runs: FIELD. */
+static void planned(int flash, uint64_t min) {
+  struct llama_model *m = model(3, 24, 0);
+  struct llama_context *c = context(m, flash, 2, false);
+  tokens_init(9);
+  cr_assert_eq(fakellama_decode(c, 1, g_tok, 300), 0);
+  size_t len;
+  uint8_t *st = state_of(c, 1, &len);
+  split_t s;
+  split_state(st, len, g_tok, NS, &s);
+  for (uint32_t ci = 0; ci < s.nch; ci++) {
+    uint8_t *dst = malloc(s.chlen[ci]);
+    memset(dst, 0xa5, s.chlen[ci]);
+    kvs__llama_run_t runs[64];
+    kvs__llama_defer_t d = {runs, 64, 0, min, 0};
+    cr_assert_eq(kvs__llama_chunk_plan(s.frame, s.sc.n_cells, s.sc.seq, T, s.sc.n_cells, ci, st,
+                                       dst, s.chlen[ci], &d),
+                 KVS_LLAMA_CHUNKS_OK);
+    cr_assert_gt(d.n, 0, "chunk %u: no run planned", ci);
+    for (size_t b = 0; b < s.chlen[ci]; b++) cr_assert_eq(dst[b], 0xa5, "the plan wrote");
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < d.n; i++) { /* the engine writes each run where the plan says */
+      cr_assert_geq(runs[i].len, min);
+      cr_assert(runs[i].chunk >= dst && runs[i].chunk + runs[i].len <= dst + s.chlen[ci]);
+      memcpy(runs[i].chunk, st + runs[i].off, (size_t)runs[i].len);
+      sum += runs[i].len;
+    }
+    cr_assert_eq(sum, d.bytes);
+    cr_assert_eq(kvs__llama_chunk_finish(st, &s.sc, g_tok, T, s.sc.n_cells, ci, s.frame, NS, dst,
+                                         s.chlen[ci], min),
+                 KVS_LLAMA_CHUNKS_OK);
+    cr_assert(memcmp(dst, s.ch[ci], s.chlen[ci]) == 0, "chunk %u differs from the split's", ci);
+    kvs__llama_defer_t small = {runs, 1, 0, min, 0};
+    cr_assert_eq(kvs__llama_chunk_plan(s.frame, s.sc.n_cells, s.sc.seq, T, s.sc.n_cells, ci, st,
+                                       dst, s.chlen[ci], &small),
+                 KVS_LLAMA_CHUNKS_FIELD, "no room for the runs");
+    free(dst);
+  }
+  free(st);
+  split_free(&s);
+  llama_free(c);
+  llama_model_free(m);
+}
+
+Test(chunks, planned_chunk_is_the_split_rows) { planned(1, 64); }
+Test(chunks, planned_chunk_is_the_split_transposed) { planned(0, 64); }
 
 /* Two prompts sharing 128 tokens give byte-identical first chunks (what dedup relies on), from
  * different sequences. */
