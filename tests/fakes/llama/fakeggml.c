@@ -11,13 +11,13 @@ struct ggml_backend_buffer {
   size_t size;
 };
 
-/* GGML_ASSERT's end: the failed condition on stderr, then abort (ggml.c ggml_abort). */
-_Noreturn static void assert_failed(const struct ggml_tensor *t, const char *cond,
+/* GGML_ASSERT's end: the failed condition on stderr, then abort (ggml.c ggml_abort). fn: the
+ * entry point whose check failed. */
+_Noreturn static void assert_failed(const char *fn, const struct ggml_tensor *t, const char *cond,
                                     size_t offset, size_t size) {
   fprintf(stderr,
-          "fakeggml: ggml_backend_tensor_set: GGML_ASSERT(%s) failed (tensor %s, offset %zu, "
-          "size %zu, nbytes %zu)\n",
-          cond, t ? t->name : "(null)", offset, size, t ? t->nbytes : 0);
+          "fakeggml: %s: GGML_ASSERT(%s) failed (tensor %s, offset %zu, size %zu, nbytes %zu)\n",
+          fn, cond, t ? t->name : "(null)", offset, size, t ? t->nbytes : 0);
   abort();
 }
 
@@ -27,17 +27,37 @@ _Noreturn static void assert_failed(const struct ggml_tensor *t, const char *con
  * without overflow. */
 void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data, size_t offset,
                              size_t size) {
-  if (!tensor) assert_failed(tensor, "tensor", offset, size);
+  static const char fn[] = "ggml_backend_tensor_set";
+  if (!tensor) assert_failed(fn, tensor, "tensor", offset, size);
   if (!tensor->buffer)
-    assert_failed(tensor, "buf != NULL && \"tensor buffer not set\"", offset, size);
+    assert_failed(fn, tensor, "buf != NULL && \"tensor buffer not set\"", offset, size);
   if (size == 0) return;
   if (!tensor->data)
-    assert_failed(tensor, "tensor->data != NULL && \"tensor not allocated\"", offset, size);
+    assert_failed(fn, tensor, "tensor->data != NULL && \"tensor not allocated\"", offset, size);
   if (size > tensor->nbytes || offset > tensor->nbytes - size)
-    assert_failed(tensor,
+    assert_failed(fn, tensor,
                   "offset + size <= ggml_nbytes(tensor) && \"tensor write out of bounds\"",
                   offset, size);
   memcpy((unsigned char *)tensor->data + offset, data, size);
+}
+
+/* The pinned ggml-backend.cpp:350-363, the same checks in the same order (the bounds check's
+ * message says "read"); then the buffer's get_tensor, on a CPU buffer a memcpy out of the
+ * tensor's bytes. */
+void ggml_backend_tensor_get(const struct ggml_tensor *tensor, void *data, size_t offset,
+                             size_t size) {
+  static const char fn[] = "ggml_backend_tensor_get";
+  if (!tensor) assert_failed(fn, tensor, "tensor", offset, size);
+  if (!tensor->buffer)
+    assert_failed(fn, tensor, "buf != NULL && \"tensor buffer not set\"", offset, size);
+  if (size == 0) return;
+  if (!tensor->data)
+    assert_failed(fn, tensor, "tensor->data != NULL && \"tensor not allocated\"", offset, size);
+  if (size > tensor->nbytes || offset > tensor->nbytes - size)
+    assert_failed(fn, tensor,
+                  "offset + size <= ggml_nbytes(tensor) && \"tensor read out of bounds\"",
+                  offset, size);
+  memcpy(data, (const unsigned char *)tensor->data + offset, size);
 }
 
 struct ggml_tensor *fakeggml_tensor_new(const char *name, size_t nbytes) {

@@ -1,17 +1,20 @@
-/* tests/fakes/llama: a libggml-base stand-in, the one ggml entry point libfakellama calls.
+/* tests/fakes/llama: a libggml-base stand-in, the two ggml entry points libfakellama calls.
  *
- * The pinned llama.cpp loads a sequence state's tensor data through ggml_backend_tensor_set,
- * a call from libllama.so into libggml-base.so through the PLT (it is an undefined dynamic
- * symbol of libllama.so), so a library LD_PRELOADed into the engine can interpose it. The
- * fake keeps that shape: libfakeggml.so exports ggml_backend_tensor_set and libfakellama.so
- * has it as a NEEDED library and calls it through its PLT (fakellama.c run_write).
+ * The pinned llama.cpp loads a sequence state's tensor data through ggml_backend_tensor_set
+ * and writes it out (llama_state_seq_get_data, the state files) through
+ * ggml_backend_tensor_get, calls from libllama.so into libggml-base.so through the PLT (both
+ * are undefined dynamic symbols of libllama.so), so a library LD_PRELOADed into the engine can
+ * interpose them. The fake keeps that shape: libfakeggml.so exports both and libfakellama.so
+ * has it as a NEEDED library and calls them through its PLT (fakellama.c run_do).
  *
  * ggml_backend_tensor_set makes the checks the real one makes (ggml/src/ggml-backend.cpp:335-348
  * of the pinned release) and aborts as GGML_ASSERT does, with a message naming the failed
  * check: a NULL tensor, a tensor without a buffer, a size-0 write returns without writing, a
  * tensor without data, offset + size beyond the tensor's bytes (ggml_nbytes). Otherwise it
  * copies size bytes from data to the tensor's bytes at offset (a CPU buffer's set_tensor is
- * that memcpy).
+ * that memcpy). ggml_backend_tensor_get (ggml-backend.cpp:350-363) makes the same checks in the
+ * same order (out of bounds: "tensor read out of bounds") and copies the tensor's bytes
+ * [offset, offset + size) to data.
  *
  * struct ggml_tensor is the fake's own layout, not ggml's: kvshim never dereferences a tensor,
  * it passes the pointer through. */
@@ -41,6 +44,10 @@ struct ggml_tensor {
 /* The pinned ggml's prototype (ggml-backend.h). Writes data[0, size) to the tensor's bytes
  * [offset, offset + size); aborts on a violated check (above). */
 FAKEGGML_API void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data,
+                                          size_t offset, size_t size);
+/* The pinned ggml's prototype (ggml-backend.h). Copies the tensor's bytes [offset, offset +
+ * size) to data[0, size); aborts on a violated check (above). */
+FAKEGGML_API void ggml_backend_tensor_get(const struct ggml_tensor *tensor, void *data,
                                           size_t offset, size_t size);
 
 /* ---- fake-only API --------------------------------------------------------------------------- */

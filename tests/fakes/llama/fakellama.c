@@ -439,53 +439,6 @@ static uint8_t *put32p(uint8_t *p, uint32_t v) {
   return p + 4;
 }
 
-static void body_write(const struct llama_context *ctx, const seq_t *q, uint8_t *dst) {
-  const struct llama_model *m = ctx->model;
-  size_t cs = cell_size(m), n = q->n_cells;
-  /* each stream's count, and right after a non-empty one its cells (state_write, 2061-2119) */
-  uint8_t *o = put32p(dst, n_stream(ctx));
-  uint32_t mine = stream_of(ctx, q);
-  for (uint32_t st = 0; st <= mine; st++) o = put32p(o, st == mine ? q->n_cells : 0);
-  uint8_t *tail = dst + body_size(ctx, q) - 4 * (size_t)(n_stream(ctx) - 1 - mine);
-  for (uint32_t st = mine + 1; st < n_stream(ctx); st++) put32(tail + 4 * (st - mine - 1), 0);
-  if (!n) return;
-  for (size_t i = 0; i < n; i++) {
-    memcpy(o, q->cells + i * cs, 4); /* pos */
-    o = put32p(o + 4, 1);
-    o = put32p(o, seq_index(ctx, q));
-  }
-  o = put32p(o, ctx->v_trans);
-  o = put32p(o, m->n_layer);
-  for (uint32_t l = 0; l < m->n_layer; l++) {
-    uint64_t row = m->n_embd;
-    o = put32p(o, ctx->kv_type);
-    memcpy(o, &row, 8);
-    o += 8;
-    for (size_t i = 0; i < n; i++, o += m->n_embd)
-      memcpy(o, q->cells + i * cs + 12 + (size_t)l * m->n_embd, m->n_embd);
-  }
-  for (uint32_t l = 0; l < m->n_layer; l++) {
-    o = put32p(o, ctx->kv_type);
-    if (ctx->v_trans) {
-      o = put32p(o, FAKE_V_EL);
-      o = put32p(o, FAKE_V_ROW / FAKE_V_EL);
-      for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
-        for (size_t i = 0; i < n; i++, o += FAKE_V_EL) {
-          uint64_t v = cell_chain(q->cells + i * cs) ^ (l * V_SALT);
-          memcpy(o, (uint8_t *)&v + j * FAKE_V_EL, FAKE_V_EL);
-        }
-    } else {
-      uint64_t row = FAKE_V_ROW;
-      memcpy(o, &row, 8);
-      o += 8;
-      for (size_t i = 0; i < n; i++, o += FAKE_V_ROW) {
-        uint64_t v = cell_chain(q->cells + i * cs) ^ (l * V_SALT);
-        memcpy(o, &v, 8);
-      }
-    }
-  }
-}
-
 static uint64_t get64(const uint8_t *p) {
   uint64_t v;
   memcpy(&v, p, 8);
@@ -500,93 +453,130 @@ static uint32_t body_cells(const uint8_t *src, size_t avail) {
   return n;
 }
 
-/* ---- loading tensor data: the pinned llama.cpp's io readers ---------------------------------- */
+/* ---- tensor data: the pinned llama.cpp's io objects ------------------------------------------ */
 
-/* One tensor write of a state load: the size bytes at src (inside what the loader reads) go to
- * the tensor's bytes [offset, offset + size). */
+/* One tensor run of a state load or save. A load (src) writes the size bytes at src, inside
+ * what the loader reads, to the tensor's bytes [offset, offset + size); a save (dst) copies
+ * those tensor bytes to dst, inside the state being written. Exactly one of src, dst is set. */
 typedef struct tensor_run {
   struct ggml_tensor *tensor;
-  const uint8_t *src;
+  const uint8_t *src; /* load: ggml_backend_tensor_set's data */
+  uint8_t *dst;       /* save: ggml_backend_tensor_get's data */
   size_t offset, size;
 } tensor_run_t;
 
-/* The tensor writes of one loader call. The pinned llama.cpp parses a state through an io
- * object that copies the metadata as the parser asks for it (read) but not the tensor data
- * (read_tensor):
+/* The tensor runs of one loader or saver call. The pinned llama.cpp moves a state through an io
+ * object that copies the metadata as the parser or writer goes (read / write) but hands each
+ * tensor run to the object (read_tensor / write_tensor):
  *   from memory (llama_state_seq_set_data[_ext], llama_state_set_data: llama_io_read_host,
  *   llama-context.cpp:2630-2680) read_tensor only records (tensor, pointer into the caller's
  *   buffer, offset, size), and the object's destructor, once the parse has ended, successful
  *   or not, writes every recorded run in record order with ggml_backend_tensor_set;
  *   from a file (llama_state_seq_load_file, llama_state_load_file: llama_io_read_file,
- *   2707-2727) read_tensor reads the run into a buffer and writes it at once.
- * The fake does the same (it reads a file whole first: a run's bytes lie in that buffer).
- * via_ggml false (FAKELLAMA_TENSOR_MEMCPY[_AFTER]) writes with a memcpy inside libfakellama
- * instead, as a llama.cpp linked with a static ggml would: the same bytes at the same time,
- * no ggml_backend_tensor_set call. Invariants: runs[0, n_runs) are recorded and not yet
- * written (n_runs is 0 unless deferred); a state's tensor bytes reach the fake only through
- * run_write, never read from the source otherwise. */
-typedef struct state_reader {
+ *   2707-2727) read_tensor reads the run into a buffer and writes it at once;
+ *   to memory (llama_state_seq_get_data[_ext], llama_state_get_data: llama_io_write_host,
+ *   2577-2628) write_tensor only records (tensor, the current position in the caller's buffer,
+ *   offset, size) and moves past the run (2598-2610); the destructor (2582-2587), once the
+ *   writer has ended, reads every recorded run into its place with ggml_backend_tensor_get;
+ *   to a file (llama_state_seq_save_file, llama_state_save_file: llama_io_write_file,
+ *   2682-2705) write_tensor reads the run with ggml_backend_tensor_get into a buffer at once and
+ *   writes that to the file (2691-2695).
+ * The fake does the same; it reads a file whole first and builds a file in memory before
+ * writing it, so a file run's bytes lie in that buffer at their place. via_ggml false moves
+ * the bytes with a memcpy inside libfakellama instead, as a llama.cpp linked with a static ggml
+ * would: the same bytes at the same time, no ggml call (loads: FAKELLAMA_TENSOR_MEMCPY[_AFTER];
+ * saves: FAKELLAMA_TENSOR_GET_MEMCPY). Invariants: runs[0, n_runs) are recorded and not yet
+ * done (n_runs is 0 unless deferred); a state's tensor bytes move between the state and the
+ * fake's KV tensors only through run_do. */
+typedef struct state_io {
   tensor_run_t *runs; /* [cap] */
   size_t n_runs, cap;
-  bool deferred; /* memory: written by reader_flush; file: written as recorded */
-  bool via_ggml; /* ggml_backend_tensor_set through the PLT, else memcpy */
-} state_reader_t;
+  bool deferred; /* memory: done by io_flush; file: done as recorded */
+  bool via_ggml; /* ggml_backend_tensor_set / _get through the PLT, else memcpy */
+} state_io_t;
 
 static uint64_t g_state_loads; /* loader calls so far in this process; under g_lock */
 
-/* One loader call's reader, under g_lock. Every call of llama_state_seq_set_data[_ext] (the
+static bool env_is_1(const char *name) {
+  const char *e = getenv(name);
+  return e && e[0] == '1';
+}
+
+/* One loader call's io object, under g_lock. Every call of llama_state_seq_set_data[_ext] (the
  * non-_ext one once: it calls the _ext one), llama_state_set_data and, once its file is read,
  * llama_state_seq_load_file and llama_state_load_file counts, whatever it returns. */
-static void reader_open(state_reader_t *rd, bool deferred) {
+static void io_open_load(state_io_t *io, bool deferred) {
   uint64_t call = g_state_loads++;
-  const char *all = getenv("FAKELLAMA_TENSOR_MEMCPY");
   const char *after = getenv("FAKELLAMA_TENSOR_MEMCPY_AFTER");
-  bool memcpy_all = all && all[0] == '1';
   bool memcpy_now = after && *after && call >= strtoull(after, NULL, 10);
-  memset(rd, 0, sizeof *rd);
-  rd->deferred = deferred;
-  rd->via_ggml = !memcpy_all && !memcpy_now;
+  memset(io, 0, sizeof *io);
+  io->deferred = deferred;
+  io->via_ggml = !env_is_1("FAKELLAMA_TENSOR_MEMCPY") && !memcpy_now;
 }
 
-static void run_write(const state_reader_t *rd, const tensor_run_t *r) {
-  if (rd->via_ggml)
+/* One saver call's io object (get_data, the state files), under g_lock. */
+static void io_open_save(state_io_t *io, bool deferred) {
+  memset(io, 0, sizeof *io);
+  io->deferred = deferred;
+  io->via_ggml = !env_is_1("FAKELLAMA_TENSOR_GET_MEMCPY");
+}
+
+static void run_do(const state_io_t *io, const tensor_run_t *r) {
+  if (r->dst) {
+    if (io->via_ggml)
+      ggml_backend_tensor_get(r->tensor, r->dst, r->offset, r->size); /* libfakeggml, PLT */
+    else if (r->size)
+      memcpy(r->dst, (const uint8_t *)r->tensor->data + r->offset, r->size);
+  } else if (io->via_ggml) {
     ggml_backend_tensor_set(r->tensor, r->src, r->offset, r->size); /* libfakeggml, PLT */
-  else if (r->size)
+  } else if (r->size) {
     memcpy((uint8_t *)r->tensor->data + r->offset, r->src, r->size);
+  }
 }
 
-/* read_tensor: the run recorded (deferred) or written now. 0, or -1 when memory is short (the
- * load fails; the runs recorded before are still written, as the destructor still runs). */
-static int reader_tensor(state_reader_t *rd, struct ggml_tensor *t, const uint8_t *src,
-                         size_t offset, size_t size) {
-  tensor_run_t r = {t, src, offset, size};
-  if (!rd->deferred) {
-    run_write(rd, &r);
+/* read_tensor / write_tensor: the run recorded (deferred) or done now. 0, or -1 when memory is
+ * short (the call fails; the runs recorded before are still done, as the destructor still
+ * runs). */
+static int io_run(state_io_t *io, const tensor_run_t *r) {
+  if (!io->deferred) {
+    run_do(io, r);
     return 0;
   }
-  if (rd->n_runs == rd->cap) {
-    size_t cap = rd->cap ? 2 * rd->cap : 64;
-    tensor_run_t *runs = realloc(rd->runs, cap * sizeof *runs);
+  if (io->n_runs == io->cap) {
+    size_t cap = io->cap ? 2 * io->cap : 64;
+    tensor_run_t *runs = realloc(io->runs, cap * sizeof *runs);
     if (!runs) return -1;
-    rd->runs = runs;
-    rd->cap = cap;
+    io->runs = runs;
+    io->cap = cap;
   }
-  rd->runs[rd->n_runs++] = r;
+  io->runs[io->n_runs++] = *r;
   return 0;
 }
 
-/* The io object's destructor: the recorded runs written, in record order. */
-static void reader_flush(state_reader_t *rd) {
-  for (size_t i = 0; i < rd->n_runs; i++) run_write(rd, &rd->runs[i]);
-  rd->n_runs = 0;
+static int reader_tensor(state_io_t *io, struct ggml_tensor *t, const uint8_t *src,
+                         size_t offset, size_t size) {
+  tensor_run_t r = {t, src, NULL, offset, size};
+  return io_run(io, &r);
 }
 
-/* Ends a loader call's reader: what is still recorded is written, the run list freed. */
-static void reader_close(state_reader_t *rd) {
-  reader_flush(rd);
-  free(rd->runs);
-  rd->runs = NULL;
-  rd->cap = 0;
+static int writer_tensor(state_io_t *io, struct ggml_tensor *t, uint8_t *dst, size_t offset,
+                         size_t size) {
+  tensor_run_t r = {t, NULL, dst, offset, size};
+  return io_run(io, &r);
+}
+
+/* The io object's destructor: the recorded runs done, in record order. */
+static void io_flush(state_io_t *io) {
+  for (size_t i = 0; i < io->n_runs; i++) run_do(io, &io->runs[i]);
+  io->n_runs = 0;
+}
+
+/* Ends a call's io object: what is still recorded is done, the run list freed. */
+static void io_close(state_io_t *io) {
+  io_flush(io);
+  free(io->runs);
+  io->runs = NULL;
+  io->cap = 0;
 }
 
 /* Makes stream st's tensors hold at least cells cells: kv_size (the real cells.size(),
@@ -633,7 +623,7 @@ static int stream_tensors(struct llama_context *ctx, uint32_t st, uint32_t cells
  * then, as llama.cpp empties the sequence on a failed restore (seq_rm, llama-kv-cache.cpp:2190),
  * and the runs recorded so far are still written. */
 static size_t body_parse(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail,
-                         state_reader_t *rd, uint32_t head) {
+                         state_io_t *rd, uint32_t head) {
   const struct llama_model *m = ctx->model;
   q->n_cells = 0;
   size_t off = 0;
@@ -745,12 +735,117 @@ static void body_assemble(struct llama_context *ctx, seq_t *q, uint32_t head) {
   }
 }
 
+/* The fake's own bookkeeping before a save: the KV of the sequences qs[0, nq) (cells with
+ * pos, chain and payload) put into their streams' tensors, sequence i at [head[i], head[i] +
+ * n) of its stream (placed one after another per stream, as ctx_state_read places them), the
+ * inverse of body_assemble: layer l's K row of cell c at c * n_embd, its V (chain ^ l * V_SALT)
+ * at c * FAKE_V_ROW or, v_trans, element j at (c + j * kv_size) * FAKE_V_EL. The tensors are
+ * sized as a load sizes them (stream_tensors), all before any is filled (a stream's tensors
+ * are remade when they grow). head: out, nq entries. 0, or -1 when memory is short. */
+static int kv_fill(struct llama_context *ctx, const seq_t *const *qs, uint32_t nq,
+                   uint32_t *head) {
+  const struct llama_model *m = ctx->model;
+  uint32_t placed[MAX_SEQ] = {0};
+  for (uint32_t i = 0; i < nq; i++) {
+    uint32_t st = stream_of(ctx, qs[i]);
+    head[i] = placed[st];
+    placed[st] += qs[i]->n_cells;
+  }
+  for (uint32_t st = 0; st < n_stream(ctx); st++)
+    if (placed[st] && stream_tensors(ctx, st, placed[st]) != 0) return -1;
+  size_t cs = cell_size(m);
+  for (uint32_t i = 0; i < nq; i++) {
+    uint32_t strm = stream_of(ctx, qs[i]);
+    size_t first = (size_t)strm * m->n_layer, kv_size = ctx->kv_cells[strm];
+    for (uint32_t l = 0; l < m->n_layer && qs[i]->n_cells; l++) {
+      uint8_t *k = ctx->k_tensor[first + l]->data, *v = ctx->v_tensor[first + l]->data;
+      for (uint32_t c = 0; c < qs[i]->n_cells; c++) {
+        const uint8_t *cell = qs[i]->cells + (size_t)c * cs;
+        size_t at = (size_t)head[i] + c;
+        memcpy(k + at * m->n_embd, cell + 12 + (size_t)l * m->n_embd, m->n_embd);
+        uint64_t x = cell_chain(cell) ^ (l * V_SALT);
+        if (ctx->v_trans)
+          for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++)
+            memcpy(v + (at + (size_t)j * kv_size) * FAKE_V_EL, (uint8_t *)&x + j * FAKE_V_EL,
+                   FAKE_V_EL);
+        else
+          memcpy(v + at * FAKE_V_ROW, &x, FAKE_V_ROW);
+      }
+    }
+  }
+  return 0;
+}
+
+/* Write q's body (body_size bytes) to dst as llama_kv_cache::state_write does
+ * (llama-kv-cache.cpp:2053-2119, state_write_data 2236-2330, one cell range [head, head + n) of
+ * its stream, kv_fill'ed): the metadata written here as it goes, each tensor run handed to wr
+ * at its place in dst, in the real writer's order and at its offsets: K, per layer one run of
+ * n rows at head * row (2262-2267); V, per layer one run of n rows at head * FAKE_V_ROW
+ * (2289-2294) or, v_trans, for each element j one run of the n cells' element j at
+ * (head + j * kv_size) * FAKE_V_EL (2321-2329). The tensor bytes reach dst only through wr.
+ * 0, or -1 when memory is short (wr's recorded runs are still done by its io_close). */
+static int body_write(struct llama_context *ctx, const seq_t *q, uint8_t *dst, state_io_t *wr,
+                      uint32_t head) {
+  const struct llama_model *m = ctx->model;
+  size_t cs = cell_size(m), n = q->n_cells;
+  /* each stream's count, and right after a non-empty one its cells (state_write, 2061-2119) */
+  uint8_t *o = put32p(dst, n_stream(ctx));
+  uint32_t mine = stream_of(ctx, q);
+  for (uint32_t st = 0; st <= mine; st++) o = put32p(o, st == mine ? q->n_cells : 0);
+  uint8_t *tail = dst + body_size(ctx, q) - 4 * (size_t)(n_stream(ctx) - 1 - mine);
+  for (uint32_t st = mine + 1; st < n_stream(ctx); st++) put32(tail + 4 * (st - mine - 1), 0);
+  if (!n) return 0;
+  for (size_t i = 0; i < n; i++) {
+    memcpy(o, q->cells + i * cs, 4); /* pos */
+    o = put32p(o + 4, 1);
+    o = put32p(o, seq_index(ctx, q));
+  }
+  size_t kv_size = ctx->kv_cells[mine];
+  struct ggml_tensor **k = ctx->k_tensor + (size_t)mine * m->n_layer;
+  struct ggml_tensor **v = ctx->v_tensor + (size_t)mine * m->n_layer;
+  o = put32p(o, ctx->v_trans);
+  o = put32p(o, m->n_layer);
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    uint64_t row = m->n_embd;
+    o = put32p(o, ctx->kv_type);
+    memcpy(o, &row, 8);
+    o += 8;
+    if (writer_tensor(wr, k[l], o, (size_t)head * m->n_embd, n * m->n_embd) != 0) return -1;
+    o += n * m->n_embd;
+  }
+  for (uint32_t l = 0; l < m->n_layer; l++) {
+    o = put32p(o, ctx->kv_type);
+    if (ctx->v_trans) {
+      o = put32p(o, FAKE_V_EL);
+      o = put32p(o, FAKE_V_ROW / FAKE_V_EL);
+      for (uint32_t j = 0; j < FAKE_V_ROW / FAKE_V_EL; j++, o += n * FAKE_V_EL) {
+        size_t at = ((size_t)head + (size_t)j * kv_size) * FAKE_V_EL;
+        if (writer_tensor(wr, v[l], o, at, n * FAKE_V_EL) != 0) return -1;
+      }
+    } else {
+      uint64_t row = FAKE_V_ROW;
+      memcpy(o, &row, 8);
+      o += 8;
+      if (writer_tensor(wr, v[l], o, (size_t)head * FAKE_V_ROW, n * FAKE_V_ROW) != 0) return -1;
+      o += n * FAKE_V_ROW;
+    }
+  }
+  return 0;
+}
+
+/* One sequence's body saved alone at head 0 of its stream: kv_fill, then body_write. */
+static int body_save(struct llama_context *ctx, const seq_t *q, uint8_t *dst, state_io_t *wr) {
+  uint32_t head;
+  if (kv_fill(ctx, &q, 1, &head) != 0) return -1;
+  return body_write(ctx, q, dst, wr, head);
+}
+
 /* One sequence's body, loaded alone at head 0 of its stream: parsed (the runs recorded), the
  * reader's writes, then the cells built from the tensors. body_parse's return value. */
 static size_t body_read(struct llama_context *ctx, seq_t *q, const uint8_t *src, size_t avail,
-                        state_reader_t *rd) {
+                        state_io_t *rd) {
   size_t r = body_parse(ctx, q, src, avail, rd, 0);
-  reader_flush(rd);
+  io_flush(rd);
   if (q->n_cells) body_assemble(ctx, q, 0);
   return r;
 }
@@ -778,10 +873,12 @@ size_t llama_state_seq_get_data_ext(struct llama_context *ctx, uint8_t *dst, siz
   seq_t *q = seq_of(ctx, s);
   size_t n = 0;
   if (q && dst && size >= 8 + body_size(ctx, q)) {
+    state_io_t wr;
+    io_open_save(&wr, true); /* llama_io_write_host */
     put32(dst, IO_MAGIC);
     memcpy(dst + 4, &s, 4);
-    body_write(ctx, q, dst + 8);
-    n = 8 + body_size(ctx, q);
+    if (body_save(ctx, q, dst + 8, &wr) == 0) n = 8 + body_size(ctx, q);
+    io_close(&wr);
   }
   pthread_mutex_unlock(&g_lock);
   return n;
@@ -798,8 +895,8 @@ size_t llama_state_seq_set_data_ext(struct llama_context *ctx, const uint8_t *sr
                                     llama_seq_id dest, llama_state_seq_flags flags) {
   (void)flags;
   pthread_mutex_lock(&g_lock);
-  state_reader_t rd;
-  reader_open(&rd, true); /* llama_io_read_host */
+  state_io_t rd;
+  io_open_load(&rd, true); /* llama_io_read_host */
   seq_t *q = seq_of(ctx, dest);
   size_t n = 0;
   if (q && src && set_data_fails(src, size)) q->n_cells = 0;
@@ -807,7 +904,7 @@ size_t llama_state_seq_set_data_ext(struct llama_context *ctx, const uint8_t *sr
     size_t b = body_read(ctx, q, src + 8, size - 8, &rd);
     n = b == 0 || b == (size_t)-1 ? 0 : 8 + b;
   }
-  reader_close(&rd);
+  io_close(&rd);
   pthread_mutex_unlock(&g_lock);
   return n;
 }
@@ -855,12 +952,12 @@ size_t llama_state_seq_save_file(struct llama_context *ctx, const char *path, ll
     size_t bs = body_size(ctx, q);
     uint8_t *body = malloc(bs);
     uint32_t h[3] = {SEQ_MAGIC, SEQ_VERSION, (uint32_t)n};
-    if (body) {
-      body_write(ctx, q, body);
-      if (write_all(f, h, sizeof h) == 0 && write_all(f, tokens, 4 * n) == 0 &&
-          write_all(f, body, bs) == 0)
-        ret = sizeof h + 4 * n + bs;
-    }
+    state_io_t wr;
+    io_open_save(&wr, false); /* llama_io_write_file */
+    if (body && body_save(ctx, q, body, &wr) == 0 && write_all(f, h, sizeof h) == 0 &&
+        write_all(f, tokens, 4 * n) == 0 && write_all(f, body, bs) == 0)
+      ret = sizeof h + 4 * n + bs;
+    io_close(&wr);
     free(body);
     if (fclose(f) != 0) ret = 0;
   }
@@ -874,8 +971,8 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *path, ll
   uint8_t *b = path ? read_file(path, &len) : NULL;
   if (!b) return 0;
   pthread_mutex_lock(&g_lock);
-  state_reader_t rd;
-  reader_open(&rd, false); /* llama_io_read_file */
+  state_io_t rd;
+  io_open_load(&rd, false); /* llama_io_read_file */
   size_t ret = 0;
   seq_t *q = seq_of(ctx, dest);
   if (!q || len < 12 || get32(b) != SEQ_MAGIC || get32(b + 4) != SEQ_VERSION) goto out;
@@ -899,7 +996,7 @@ size_t llama_state_seq_load_file(struct llama_context *ctx, const char *path, ll
   }
   if (r) ret = off + r;
 out:
-  reader_close(&rd);
+  io_close(&rd);
   pthread_mutex_unlock(&g_lock);
   free(b);
   return ret;
@@ -914,16 +1011,24 @@ static size_t ctx_state_size(const struct llama_context *ctx) {
   return n;
 }
 
-static void ctx_state_write(const struct llama_context *ctx, uint8_t *p) {
+/* The whole context's state, one io object for all of it (as llama_context::state_write_data
+ * writes the whole KV through one): every sequence kv_fill'ed into its stream's tensors after
+ * the ones before it, then written in order. 0, or -1 when memory is short. */
+static int ctx_state_write(struct llama_context *ctx, uint8_t *p, state_io_t *wr) {
+  const seq_t *qs[MAX_SEQ];
+  uint32_t head[MAX_SEQ];
+  for (uint32_t i = 0; i < ctx->n_seq; i++) qs[i] = &ctx->seq[i];
+  if (kv_fill(ctx, qs, ctx->n_seq, head) != 0) return -1;
   put32(p, sizeof ARCH - 1);
   memcpy(p + 4, ARCH, sizeof ARCH - 1);
   p += 4 + sizeof ARCH - 1;
   put32(p, ctx->n_seq);
   p += 4;
   for (uint32_t i = 0; i < ctx->n_seq; i++) {
-    body_write(ctx, &ctx->seq[i], p);
-    p += body_size(ctx, &ctx->seq[i]);
+    if (body_write(ctx, qs[i], p, wr, head[i]) != 0) return -1;
+    p += body_size(ctx, qs[i]);
   }
+  return 0;
 }
 
 /* The whole context's state, one reader for all of it (as llama_context::state_read_data
@@ -932,7 +1037,7 @@ static void ctx_state_write(const struct llama_context *ctx, uint8_t *p) {
  * reader's writes; then the parsed sequences' cells built. A sequence that does not load
  * ends the read (0): the ones before it are loaded, it is empty, the ones after it unchanged. */
 static size_t ctx_state_read(struct llama_context *ctx, const uint8_t *p, size_t avail,
-                             state_reader_t *rd) {
+                             state_io_t *rd) {
   size_t hdr = 4 + (sizeof ARCH - 1) + 4;
   if (avail < hdr || get32(p) != sizeof ARCH - 1 || memcmp(p + 4, ARCH, sizeof ARCH - 1) != 0 ||
       get32(p + 4 + sizeof ARCH - 1) != ctx->n_seq)
@@ -954,7 +1059,7 @@ static size_t ctx_state_read(struct llama_context *ctx, const uint8_t *p, size_t
     placed[st] += q->n_cells;
     off += r;
   }
-  reader_flush(rd);
+  io_flush(rd);
   for (uint32_t i = 0; i < parsed; i++)
     if (ctx->seq[i].n_cells) body_assemble(ctx, &ctx->seq[i], head[i]);
   return ok ? off : 0;
@@ -971,8 +1076,10 @@ size_t llama_state_get_data(struct llama_context *ctx, uint8_t *dst, size_t size
   pthread_mutex_lock(&g_lock);
   size_t n = 0;
   if (ctx && dst && size >= ctx_state_size(ctx)) {
-    ctx_state_write(ctx, dst);
-    n = ctx_state_size(ctx);
+    state_io_t wr;
+    io_open_save(&wr, true); /* llama_io_write_host */
+    if (ctx_state_write(ctx, dst, &wr) == 0) n = ctx_state_size(ctx);
+    io_close(&wr);
   }
   pthread_mutex_unlock(&g_lock);
   return n;
@@ -980,10 +1087,10 @@ size_t llama_state_get_data(struct llama_context *ctx, uint8_t *dst, size_t size
 
 size_t llama_state_set_data(struct llama_context *ctx, const uint8_t *src, size_t size) {
   pthread_mutex_lock(&g_lock);
-  state_reader_t rd;
-  reader_open(&rd, true); /* llama_io_read_host */
+  state_io_t rd;
+  io_open_load(&rd, true); /* llama_io_read_host */
   size_t n = ctx && src ? ctx_state_read(ctx, src, size, &rd) : 0;
-  reader_close(&rd);
+  io_close(&rd);
   pthread_mutex_unlock(&g_lock);
   return n;
 }
@@ -997,11 +1104,11 @@ bool llama_state_save_file(struct llama_context *ctx, const char *path, const ll
     size_t ss = ctx_state_size(ctx);
     uint8_t *st = malloc(ss);
     uint32_t h[3] = {SESSION_MAGIC, SESSION_VERSION, (uint32_t)n};
-    if (st) {
-      ctx_state_write(ctx, st);
-      ok = write_all(f, h, sizeof h) == 0 && write_all(f, tokens, 4 * n) == 0 &&
-           write_all(f, st, ss) == 0;
-    }
+    state_io_t wr;
+    io_open_save(&wr, false); /* llama_io_write_file */
+    ok = st && ctx_state_write(ctx, st, &wr) == 0 && write_all(f, h, sizeof h) == 0 &&
+         write_all(f, tokens, 4 * n) == 0 && write_all(f, st, ss) == 0;
+    io_close(&wr);
     free(st);
     if (fclose(f) != 0) ok = false;
   }
@@ -1015,8 +1122,8 @@ bool llama_state_load_file(struct llama_context *ctx, const char *path, llama_to
   uint8_t *b = path ? read_file(path, &len) : NULL;
   if (!b) return false;
   pthread_mutex_lock(&g_lock);
-  state_reader_t rd;
-  reader_open(&rd, false); /* llama_io_read_file */
+  state_io_t rd;
+  io_open_load(&rd, false); /* llama_io_read_file */
   bool ok = false;
   if (ctx && len >= 12 && get32(b) == SESSION_MAGIC && get32(b + 4) == SESSION_VERSION) {
     uint32_t n = get32(b + 8);
@@ -1027,7 +1134,7 @@ bool llama_state_load_file(struct llama_context *ctx, const char *path, llama_to
       ok = ctx_state_read(ctx, b + off, len - off, &rd) == len - off;
     }
   }
-  reader_close(&rd);
+  io_close(&rd);
   pthread_mutex_unlock(&g_lock);
   free(b);
   return ok;

@@ -38,7 +38,7 @@
  * fakellama_decode and fakellama_seq_check use the full class (a long, aligned batch).
  *
  * Loading a state's tensor data follows the pinned llama.cpp's readers (fakellama.c
- * state_reader_t): the body's metadata is parsed and checked as it is read, but its K and V
+ * state_io_t): the body's metadata is parsed and checked as it is read, but its K and V
  * runs are only recorded against the context's fake KV tensors (per stream and layer a K and a
  * V tensor, fakeggml.h) and written afterwards, each with ggml_backend_tensor_set, a call into
  * libfakeggml.so (a NEEDED library) through libfakellama's PLT, so a preloaded library can
@@ -47,6 +47,13 @@
  * from a file (load_file) each run is written as it is read (llama_io_read_file). The fake's
  * KV is then built from the tensors' bytes only. ggml_backend_tensor_set aborts on a write out
  * of its tensor's bounds, as the real one does.
+ * Saving one follows the pinned writers the same way: the fake first puts the sequences' KV
+ * into the same tensors (sized as a load sizes them, a sequence at cell 0 of its stream), then
+ * writes the metadata into the state as it goes and reads each K and V run, at the offsets
+ * the loader writes it, with ggml_backend_tensor_get through the PLT: into memory
+ * (get_data) every run once the writer has ended, in record order (llama_io_write_host's
+ * destructor); into a file (save_file) each run as it comes (llama_io_write_file). The state's
+ * tensor bytes are only what ggml_backend_tensor_get returned.
  *
  * llama_decode follows the pinned llama_batch_allocr: tokens < FAKELLAMA_N_VOCAB, sequence ids
  * < n_seq_max, pos NULL continues each sequence after its last cell, seq_id NULL means 0,
@@ -70,7 +77,11 @@
  * state loader calls of the process go through ggml_backend_tensor_set and the later ones use
  * memcpy (every call of llama_state_seq_set_data[_ext], llama_state_set_data and, once its file
  * is read, llama_state_seq_load_file and llama_state_load_file counts, whatever it returns). Both
- * load the same bytes: the outputs are identical. */
+ * load the same bytes: the outputs are identical. Neither changes the savers:
+ * FAKELLAMA_TENSOR_GET_MEMCPY=1 makes the state savers (llama_state_seq_get_data[_ext],
+ * llama_state_get_data, llama_state_seq_save_file, llama_state_save_file) copy the tensor runs
+ * out with memcpy inside libfakellama, no ggml_backend_tensor_get call (a static ggml again):
+ * the same state bytes. */
 #ifndef KVSHIM_FAKELLAMA_H
 #define KVSHIM_FAKELLAMA_H
 

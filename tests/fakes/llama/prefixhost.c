@@ -34,6 +34,8 @@
  *   rm C SEQ P0 P1 | cp C SRC DST P0 P1 | keep C SEQ | add C SEQ P0 P1 D | div C SEQ P0 P1 D
  *   clear C                              llama_memory_* (clear = llama_memory_clear)
  *   copyseq C SRC DST                    llama_state_seq_get_data + set_data (an engine state load)
+ *   statehash C SEQ|all                  llama_state_seq_get_data of SEQ (all: llama_state_get_data,
+ *                                        the whole context): its length and XXH3 of its bytes
  *   emb C 0|1                            llama_set_embeddings
  *   pos C SEQ                            llama_memory_seq_pos_min / pos_max
  *   decoded C                            tokens the engine's llama_decode computed on C (not a
@@ -365,6 +367,16 @@ static void run(const char *v, char **x, int argn) {
     size_t st = llama_state_seq_set_data(c, buf, g, d);
     free(buf);
     printf("copyseq get=%zu set=%zu\n", g, st);
+  } else if (IS("statehash")) {
+    NEED(2);
+    struct llama_context *c = ctx_of(x[0]);
+    bool all = strcmp(x[1], "all") == 0;
+    int32_t s = all ? 0 : (int32_t)num(x[1]);
+    size_t sz = all ? llama_state_get_size(c) : llama_state_seq_get_size(c, s);
+    uint8_t *buf = malloc(sz ? sz : 1);
+    size_t g = all ? llama_state_get_data(c, buf, sz) : llama_state_seq_get_data(c, buf, sz, s);
+    printf("statehash get=%zu xxh=%016" PRIx64 "\n", g, XXH3_64bits(buf, g));
+    free(buf);
   } else if (IS("emb")) {
     NEED(2);
     llama_set_embeddings(ctx_of(x[0]), num(x[1]) != 0);
