@@ -474,7 +474,7 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
 
 kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t N, int32_t seq,
                                                  uint32_t T, uint32_t upto, uint32_t c,
-                                                 uint8_t *state, uint8_t *dst, size_t cap,
+                                                 const uint8_t *state, uint8_t *dst, size_t cap,
                                                  kvs__llama_defer_t *d) {
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, frame, sizeof fh);
@@ -486,8 +486,8 @@ kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t 
   const uint32_t room = d->cap;
   /* the state's places are only computed: nothing at state is read or written */
   const mover_t plan = {.split = true, .plan = true, .min = d->min, .defer = d, .state = state};
-  lay_out(frame, N, seq, state, dst + sizeof(kvs__llama_chunk_hdr_t) + 4 * n, a, n, n, &plan,
-          NULL);
+  lay_out(frame, N, seq, (uint8_t *)(uintptr_t)state, dst + sizeof(kvs__llama_chunk_hdr_t) + 4 * n,
+          a, n, n, &plan, NULL);
   if (d->cap == 0) { /* no room for every run */
     d->cap = room;
     return KVS_LLAMA_CHUNKS_FIELD;

@@ -207,7 +207,7 @@ typedef struct kvs__llama_defer {
  * FIELD. */
 kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t N, int32_t seq,
                                                  uint32_t T, uint32_t upto, uint32_t c,
-                                                 uint8_t *state, uint8_t *dst, size_t cap,
+                                                 const uint8_t *state, uint8_t *dst, size_t cap,
                                                  kvs__llama_defer_t *d);
 
 /* kvs__llama_chunk_write for a chunk planned with runs of at least `min` bytes: those are in

@@ -77,6 +77,25 @@ static void split_mode(const uint8_t *st, size_t len) {
           KVS_LLAMA_CHUNKS_OK);
   }
   CHECK(kvs__llama_chunk_size(&sc, CHUNK, sc.n_cells, nch) == 0);
+  for (uint32_t c = 0; c < nch; c++) { /* direct snapshots: planned, written, finished */
+    kvs__llama_run_t runs[64];
+    kvs__llama_defer_t d = {runs, 64, 0, 16, 0};
+    uint8_t *dst = malloc(chlen[c]);
+    kvs__llama_chunks_status_t pr = kvs__llama_chunk_plan(frame, sc.n_cells, sc.seq, CHUNK,
+                                                          sc.n_cells, c, st, dst, chlen[c], &d);
+    CHECK(pr == KVS_LLAMA_CHUNKS_OK || pr == KVS_LLAMA_CHUNKS_FIELD); /* FIELD: over 64 runs */
+    if (pr == KVS_LLAMA_CHUNKS_OK) {
+      for (uint32_t i = 0; i < d.n; i++) {
+        CHECK(runs[i].len >= 16 && runs[i].off + runs[i].len <= len &&
+              runs[i].chunk >= dst && runs[i].chunk + runs[i].len <= dst + chlen[c]);
+        memcpy(runs[i].chunk, st + runs[i].off, (size_t)runs[i].len);
+      }
+      CHECK(kvs__llama_chunk_finish(st, &sc, tok, CHUNK, sc.n_cells, c, frame, NS, dst, chlen[c],
+                                    16) == KVS_LLAMA_CHUNKS_OK);
+      CHECK(memcmp(dst, ch[c], chlen[c]) == 0);
+    }
+    free(dst);
+  }
   uint8_t *out = malloc(len);
   size_t got = 0;
   CHECK(kvs__llama_chunks_assemble(frame, (size_t)sc.frame_size, CHUNK, NS,

@@ -171,6 +171,7 @@ def timing_run(args, work, model, chunks):
             "store_ns_per_byte": statistics.median(x[0] for x in stores),
             "store_cpu_ns_per_byte": statistics.median(x[1] for x in stores),
             "direct": e.get("llama_chunks_direct", 0),
+            "direct_stores": e.get("llama_chunks_direct_stores", 0),
             "memcpy_ms": int(mc[2]) / 1e6, "state_bytes": state}
 
 
@@ -190,7 +191,7 @@ def timing(args, work, model):
         row = {"whole_ms": w["restore_ms"], "chunks_ms": c["restore_ms"],
                "whole_cpu_ms": w["restore_cpu_ms"], "chunks_cpu_ms": c["restore_cpu_ms"],
                "assemble_ms": c["assemble_ms"], "memcpy_ms": mcp,
-               "direct_loads": c["direct"],
+               "direct_loads": c["direct"], "direct_stores": c["direct_stores"],
                "restore_ratio": c["restore_ms"] / w["restore_ms"],
                "restore_cpu_ratio": c["restore_cpu_ms"] / w["restore_cpu_ms"],
                "whole_cpu_vs_memcpy": w["restore_cpu_ms"] / w["memcpy_ms"],
