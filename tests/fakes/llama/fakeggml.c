@@ -1,6 +1,7 @@
 /* tests/fakes/llama: see fakeggml.h. Test code: plain malloc and stdio. */
 #include "fakeggml.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,43 +22,37 @@ _Noreturn static void assert_failed(const char *fn, const struct ggml_tensor *t,
   abort();
 }
 
-/* The pinned ggml-backend.cpp:335-348, check for check and in its order: the tensor, its
- * buffer (a view's buffer is its source's; the fake has no views), size 0 returns, its data,
- * the bounds; then the buffer's set_tensor, on a CPU buffer a memcpy. offset + size is checked
- * without overflow. */
-void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data, size_t offset,
-                             size_t size) {
-  static const char fn[] = "ggml_backend_tensor_set";
+/* The checks both pinned functions make, check for check and in their order
+ * (ggml-backend.cpp:335-348 set, 350-363 get): the tensor, its buffer (a view's buffer is its
+ * source's; the fake has no views), size 0 returns (false), its data, the bounds (offset + size
+ * checked without overflow; `bounds`: the assertion's text, "write" or "read"). */
+static bool access_ok(const char *fn, const struct ggml_tensor *tensor, size_t offset, size_t size,
+                      const char *bounds) {
   if (!tensor) assert_failed(fn, tensor, "tensor", offset, size);
   if (!tensor->buffer)
     assert_failed(fn, tensor, "buf != NULL && \"tensor buffer not set\"", offset, size);
-  if (size == 0) return;
+  if (size == 0) return false;
   if (!tensor->data)
     assert_failed(fn, tensor, "tensor->data != NULL && \"tensor not allocated\"", offset, size);
   if (size > tensor->nbytes || offset > tensor->nbytes - size)
-    assert_failed(fn, tensor,
-                  "offset + size <= ggml_nbytes(tensor) && \"tensor write out of bounds\"",
-                  offset, size);
-  memcpy((unsigned char *)tensor->data + offset, data, size);
+    assert_failed(fn, tensor, bounds, offset, size);
+  return true;
 }
 
-/* The pinned ggml-backend.cpp:350-363, the same checks in the same order (the bounds check's
- * message says "read"); then the buffer's get_tensor, on a CPU buffer a memcpy out of the
- * tensor's bytes. */
+/* Then the buffer's set_tensor: on a CPU buffer a memcpy into the tensor's bytes. */
+void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data, size_t offset,
+                             size_t size) {
+  if (access_ok("ggml_backend_tensor_set", tensor, offset, size,
+                "offset + size <= ggml_nbytes(tensor) && \"tensor write out of bounds\""))
+    memcpy((unsigned char *)tensor->data + offset, data, size);
+}
+
+/* Then the buffer's get_tensor: on a CPU buffer a memcpy out of the tensor's bytes. */
 void ggml_backend_tensor_get(const struct ggml_tensor *tensor, void *data, size_t offset,
                              size_t size) {
-  static const char fn[] = "ggml_backend_tensor_get";
-  if (!tensor) assert_failed(fn, tensor, "tensor", offset, size);
-  if (!tensor->buffer)
-    assert_failed(fn, tensor, "buf != NULL && \"tensor buffer not set\"", offset, size);
-  if (size == 0) return;
-  if (!tensor->data)
-    assert_failed(fn, tensor, "tensor->data != NULL && \"tensor not allocated\"", offset, size);
-  if (size > tensor->nbytes || offset > tensor->nbytes - size)
-    assert_failed(fn, tensor,
-                  "offset + size <= ggml_nbytes(tensor) && \"tensor read out of bounds\"",
-                  offset, size);
-  memcpy(data, (const unsigned char *)tensor->data + offset, size);
+  if (access_ok("ggml_backend_tensor_get", tensor, offset, size,
+                "offset + size <= ggml_nbytes(tensor) && \"tensor read out of bounds\""))
+    memcpy(data, (const unsigned char *)tensor->data + offset, size);
 }
 
 struct ggml_tensor *fakeggml_tensor_new(const char *name, size_t nbytes) {
