@@ -418,13 +418,26 @@ uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_s
   return h.checksum;
 }
 
-uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t upto,
-                               uint32_t c) {
-  if (upto > sc->n_cells) upto = sc->n_cells;
+/* Bytes of chunk c of the first `upto` of N tokens, cell_bytes of payload per token (0: none). */
+static uint64_t chunk_bytes(uint64_t N, uint64_t cell_bytes, uint32_t T, uint64_t upto,
+                            uint32_t c) {
+  if (upto > N) upto = N;
   if (T == 0 || (uint64_t)c * T >= upto) return 0;
   uint64_t n = upto - (uint64_t)c * T;
   if (n > T) n = T;
-  return sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * sc->cell_bytes;
+  return sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * cell_bytes;
+}
+
+uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t upto,
+                               uint32_t c) {
+  return chunk_bytes(sc->n_cells, sc->cell_bytes, T, upto, c);
+}
+
+uint64_t kvs__llama_frame_chunk_size(const uint8_t *frame, uint64_t N, uint32_t T, uint32_t upto,
+                                     uint32_t c) {
+  kvs__llama_frame_hdr_t fh;
+  memcpy(&fh, frame, sizeof fh);
+  return chunk_bytes(N, fh.cell_bytes, T, upto, c);
 }
 
 kvs__llama_chunks_status_t kvs__llama_chunk_finish(const uint8_t *state,
@@ -476,13 +489,11 @@ kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t 
                                                  uint32_t T, uint32_t upto, uint32_t c,
                                                  const uint8_t *state, uint8_t *dst, size_t cap,
                                                  kvs__llama_defer_t *d) {
-  kvs__llama_frame_hdr_t fh;
-  memcpy(&fh, frame, sizeof fh);
+  uint64_t size = kvs__llama_frame_chunk_size(frame, N, T, upto, c);
+  if (size == 0 || seq < 0 || !d) return KVS_LLAMA_CHUNKS_FIELD;
+  if (cap < size) return KVS_LLAMA_CHUNKS_SPACE;
   if (upto > N) upto = (uint32_t)N;
-  uint64_t a = (uint64_t)c * T;
-  if (T == 0 || a >= upto || seq < 0 || !d) return KVS_LLAMA_CHUNKS_FIELD;
-  uint64_t n = upto - a < T ? upto - a : T;
-  if (cap < sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * fh.cell_bytes) return KVS_LLAMA_CHUNKS_SPACE;
+  uint64_t a = (uint64_t)c * T, n = upto - a < T ? upto - a : T;
   const uint32_t room = d->cap;
   /* the state's places are only computed: nothing at state is read or written */
   const mover_t plan = {.split = true, .plan = true, .min = d->min, .defer = d, .state = state};
@@ -614,6 +625,14 @@ uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n) {
             12ull * s.n_layer * ((h.flags & KVS_LLAMA_FRAME_HAS_V) ? 2 : 1);
   }
   return size;
+}
+
+uint64_t kvs__llama_chunks_state_tokens(const uint8_t *f, uint64_t size) {
+  /* the size is base + n * per (kvs__llama_chunks_state_size) */
+  uint64_t s1 = kvs__llama_chunks_state_size(f, 1), s2 = kvs__llama_chunks_state_size(f, 2);
+  if (!s1 || s2 <= s1 || size < s1) return 0;
+  uint64_t per = s2 - s1, n = (size - (s1 - per)) / per;
+  return kvs__llama_chunks_state_size(f, n) == size ? n : 0;
 }
 
 kvs__llama_chunks_status_t kvs__llama_chunks_assemble(const uint8_t *f, size_t flen, uint32_t T,

@@ -168,6 +168,10 @@ uint64_t kvs__llama_chunks_frame(const uint8_t *state, const kvs__llama_chunks_s
 uint64_t kvs__llama_chunk_size(const kvs__llama_chunks_scan_t *sc, uint32_t T, uint32_t upto,
                                uint32_t c);
 
+/* kvs__llama_chunk_size of a state of N tokens in frame (checked), before it is written. */
+uint64_t kvs__llama_frame_chunk_size(const uint8_t *frame, uint64_t N, uint32_t T, uint32_t upto,
+                                     uint32_t c);
+
 /* Write chunk c of the first `upto` tokens of the scanned state (its tokens tok[c T, c T + n),
  * n = min(T, upto - c T), tok holding sc->n_cells tokens) into dst (cap >=
  * kvs__llama_chunk_size), with frame, the state's own frame (kvs__llama_chunks_frame with the
@@ -236,6 +240,8 @@ kvs__llama_chunks_status_t kvs__llama_chunk_check(const uint8_t *chunk, size_t l
 
 /* Bytes of the state for n tokens in frame f (checked), or 0 when n is out of range. */
 uint64_t kvs__llama_chunks_state_size(const uint8_t *f, uint64_t n);
+/* Its inverse: the tokens of a state of `size` bytes in frame f, or 0 when no count gives it. */
+uint64_t kvs__llama_chunks_state_tokens(const uint8_t *f, uint64_t size);
 
 
 /* Assemble into dst (cap bytes) the state of sequence seq holding the tokens of the chunks

@@ -944,6 +944,23 @@ static bool px_direct_judge(const px_direct_t *d) {
   return false;
 }
 
+/* The one layout of a direct load's or snapshot's runs: in a grown buffer, `head` bytes of the
+ * caller's, then cap runs (a kvs__llama_defer_t of PX_DIRECT_MIN_RUN), then one served counter
+ * per run (px_served: the counters of d). px_runs_room grows the buffer and sets *d on it;
+ * false: no memory. */
+static uint64_t *px_served(const kvs__llama_defer_t *d) {
+  return (uint64_t *)(void *)(d->runs + d->cap);
+}
+
+static bool px_runs_room(void **buf, size_t *bufcap, size_t head, uint64_t cap,
+                         kvs__llama_defer_t *d) {
+  if (!px_grow(buf, bufcap, head + (size_t)cap * (sizeof(kvs__llama_run_t) + sizeof(uint64_t))))
+    return false;
+  *d = (kvs__llama_defer_t){.runs = (kvs__llama_run_t *)(void *)((uint8_t *)*buf + head),
+                            .cap = (uint32_t)cap, .min = PX_DIRECT_MIN_RUN};
+  return true;
+}
+
 /* The runs an assembly of identity id (nch chunks in frame f) may leave in the chunks, in *d:
  * NULL (copy every byte) when direct loads are off or known not to work here, or when the same
  * run was loaded directly just before (copied whole this time, its next restores reuse it:
@@ -958,10 +975,7 @@ static kvs__llama_defer_t *px_defer_for(px_ctx_t *c, const uint8_t *f, size_t fl
   memcpy(&fh, f, sizeof fh);
   uint64_t cap = (uint64_t)nch * (2ull * fh.n_layers + 2);
   if (cap > PX_DIRECT_MAX_RUNS) cap = PX_DIRECT_MAX_RUNS;
-  if (!px_grow(&c->druns, &c->druns_cap, (size_t)cap * (sizeof(kvs__llama_run_t) + 8)))
-    return NULL;
-  *d = (kvs__llama_defer_t){.runs = c->druns, .cap = (uint32_t)cap, .min = PX_DIRECT_MIN_RUN};
-  return d;
+  return px_runs_room(&c->druns, &c->druns_cap, 0, cap, d) ? d : NULL;
 }
 
 static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
@@ -1281,31 +1295,25 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   const uint8_t *frame = c->sframe;
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, frame, sizeof fh);
-  /* the state's token count from its size (the size is linear in it) */
-  const uint64_t s1 = kvs__llama_chunks_state_size(frame, 1), s2 = kvs__llama_chunks_state_size(frame, 2);
-  if (!s1 || s2 <= s1 || S < s1) return 1;
-  const uint64_t per = s2 - s1, N = (S - (s1 - per)) / per;
+  const uint64_t N = kvs__llama_chunks_state_tokens(frame, S); /* the layout to plan */
   const uint32_t C = c->chunk;
-  if (kvs__llama_chunks_state_size(frame, N) != S || N < (uint64_t)J * C) return 1;
+  if (!N || N < (uint64_t)J * C) return 1;
   if (cov > N) cov = (uint32_t)N;
   const uint32_t nmax = J + 1;
   const uint64_t cap = (uint64_t)nmax * (2ull * fh.n_layers + 2);
   if (cap > PX_DIRECT_MAX_RUNS) return 1;
-  size_t need = nmax * sizeof(px_planned_t) + (size_t)cap * (sizeof(kvs__llama_run_t) + 8);
-  if (!px_grow(&c->splan, &c->splan_cap, need)) return 1;
+  kvs__llama_defer_t d;
+  if (!px_runs_room(&c->splan, &c->splan_cap, nmax * sizeof(px_planned_t), cap, &d)) return 1;
   px_planned_t *pp = c->splan;
-  kvs__llama_defer_t d = {(kvs__llama_run_t *)(void *)(pp + nmax), (uint32_t)cap, 0,
-                          PX_DIRECT_MIN_RUN, 0};
-  uint64_t *served = (uint64_t *)(void *)(d.runs + cap);
+  uint64_t *served = px_served(&d);
   uint8_t *state = c->cbuf;
   /* reserve and plan every chunk to store (the tail, J, under its continuation key alone) */
   int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint32_t np = 0, dedup = 0;
   uint64_t saved = 0;
   for (uint32_t i = 0; i <= J; i++) {
-    uint64_t a = (uint64_t)i * C, n = cov > a ? (cov - a < C ? cov - a : C) : 0;
-    if (!n || (i == J && !J)) break;
-    uint64_t len = sizeof(kvs__llama_chunk_hdr_t) + 4 * n + n * fh.cell_bytes;
+    uint64_t len = kvs__llama_frame_chunk_size(frame, N, C, cov, i);
+    if (!len || (i == J && !J)) break;
     if (i < J && ((int)i < prun || kvs__cache_has_local(rt, keys[i]))) {
       dedup++, saved += len;
       continue;
@@ -1605,8 +1613,7 @@ static kvs__llama_chunks_status_t px_assemble(px_ctx_t *c, const px_plan_t *pl, 
   kvs_stats_inc(px_stats(), KVS_STAT_llama_chunks_assembled);
   if (dp && dp->n) { /* px_load loads it directly; cbuf is not the whole state: no reuse */
     px_direct_t *d = &c->direct;
-    *d = (px_direct_t){c->cbuf, *got, dp->runs, (uint64_t *)(void *)(dp->runs + dp->cap), dp->n,
-                       false};
+    *d = (px_direct_t){c->cbuf, *got, dp->runs, px_served(dp), dp->n, false};
     memset(d->served, 0, (size_t)dp->n * sizeof *d->served);
     c->dl = d;
     c->direct_id = id;
