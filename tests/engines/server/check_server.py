@@ -40,7 +40,9 @@ Cases:
               the replica without kvshim gives
   chunks      chunk storage (KVSHIM_LLAMA_CHUNKS=1, design §10.4) with llama-server's defaults
               (4 slots, kv_unified): A stores the document as chunk objects (none whole), B
-              restores >= 90% of it assembled from them (llama_chunks_assembled); identical
+              restores >= 90% of it assembled from them (llama_chunks_assembled), each a
+              direct load (llama_chunks_direct: the chunks served to ggml_backend_tensor_set
+              where they lie); identical
   killed      replica A stores the document, then is SIGKILLed in the middle of another
               request; B restores >= 90% of the document from `kvshim serve`; identical
 """
@@ -390,6 +392,10 @@ def case_chunks(ctx):
     print(f"B: {({k: v for k, v in sb.items() if k.startswith('llama_chunks_')})}")
     check(sb.get("llama_chunks_assembled", 0) >= 1,
           f"B restored without assembling chunks: {sb}\n{ctx.tail(p)}")
+    # the real reader uploads through ggml_backend_tensor_set: every assembly loads directly
+    check(sb.get("llama_chunks_direct", 0) == sb.get("llama_chunks_assembled") and
+          sb.get("llama_chunks_direct_refused", 0) == 0,
+          f"B's restores by assembly were not direct loads (design 10.4): {sb}")
 
 
 def case_killed(ctx):
