@@ -301,6 +301,85 @@ void kvs__cache_abort(kvs__runtime_t *rt, kvs__cache_ref_t ref) {
   kvs_store_abort(rt->store, KVS_OWNER_LOCAL, ref);
 }
 
+/* w[0..n) (n <= KVS_PEERS_RESERVE_MAX) at cache peer `cache`: those it reserves begun (rc 0),
+ * those it holds already -EEXIST, the others left for the own pool (rc 1). */
+static void writes_at_peer(kvs__runtime_t *rt, uint64_t cache, kvs__cache_write_t *w, size_t n) {
+  kvs_peer_resv_t *r[KVS_PEERS_RESERVE_MAX] = {0};
+  for (size_t i = 0; i < n; i++) {
+    w[i].peer = (kvs_peer_resv_t){.keys = w[i].keys, .n_keys = w[i].nk, .len = w[i].len};
+    r[i] = &w[i].peer;
+  }
+  int got = kvs_peers_reserve(rt->peers, cache, r, n);
+  for (size_t i = 0; i < n; i++) {
+    if (w[i].peer.conn) {
+      w[i].bytes = w[i].peer.dst;
+      w[i].rc = 0;
+    } else if (got >= 0 && w[i].peer.outcome == KVS_RES_PRESENT) {
+      w[i].rc = -EEXIST;
+    } else {
+      if (got != -ENOTSUP) count(KVS_STAT_cache_peer_fallbacks); /* inline: own copy, as before */
+      w[i].rc = 1;
+    }
+  }
+}
+
+void kvs__cache_writes_begin(kvs__runtime_t *rt, uint64_t cache, kvs__cache_write_t *w,
+                             size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    w[i].rc = 1, w[i].bytes = NULL, w[i].ref = 0;
+    w[i].peer.conn = NULL;
+  }
+  if (cache) { /* one copy per node: the slots in the cache peer's pool, as save_at_peer's */
+    KVS__REENTRY_GUARD();
+    for (size_t i = 0; i < n; i += KVS_PEERS_RESERVE_MAX)
+      writes_at_peer(rt, cache, w + i, n - i < KVS_PEERS_RESERVE_MAX ? n - i : KVS_PEERS_RESERVE_MAX);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (w[i].rc == 1)
+      w[i].rc = kvs__cache_reserve(rt, w[i].keys, w[i].nk, w[i].len, false, &w[i].bytes,
+                                   &w[i].ref);
+}
+
+/* Publish the writes *pw[0..k) (k <= KVS_PEERS_RESERVE_MAX) begun at the cache peer. */
+static size_t publish_at_peer(kvs__runtime_t *rt, kvs__cache_write_t *const *pw, size_t k) {
+  kvs_peer_resv_t *r[KVS_PEERS_RESERVE_MAX] = {0};
+  for (size_t i = 0; i < k; i++) r[i] = &pw[i]->peer;
+  KVS__REENTRY_GUARD();
+  int got = kvs_peers_publish(rt->peers, r, k);
+  for (size_t i = 0; i < k; i++) pw[i]->rc = r[i]->rc;
+  if (got <= 0) return 0;
+  kvs_stats_add(kvs_stats_global(), KVS_STAT_cache_peer_stores, (uint64_t)got);
+  return (size_t)got;
+}
+
+size_t kvs__cache_writes_publish(kvs__runtime_t *rt, kvs__cache_write_t *w, size_t n) {
+  size_t published = 0, k = 0;
+  kvs__cache_write_t *pw[KVS_PEERS_RESERVE_MAX];
+  for (size_t i = 0; i < n; i++) {
+    if (w[i].rc != 0) continue; /* not begun */
+    if (!w[i].peer.conn) {
+      w[i].rc = kvs__cache_commit(rt, w[i].keys, w[i].nk, w[i].ref);
+      published += w[i].rc == 0;
+      continue;
+    }
+    pw[k++] = &w[i];
+    if (k == KVS_PEERS_RESERVE_MAX) published += publish_at_peer(rt, pw, k), k = 0;
+  }
+  if (k) published += publish_at_peer(rt, pw, k);
+  return published;
+}
+
+void kvs__cache_write_drop(kvs__runtime_t *rt, kvs__cache_write_t *w) {
+  if (w->rc != 0) return;
+  w->rc = -ECANCELED;
+  if (!w->peer.conn) {
+    kvs__cache_abort(rt, w->ref);
+    return;
+  }
+  KVS__REENTRY_GUARD();
+  kvs_peers_unreserve(rt->peers, &w->peer);
+}
+
 bool kvs__cache_pin(kvs__runtime_t *rt, kvs_key_t key, const uint8_t **bytes, uint64_t *len,
                     kvs__cache_ref_t *ref) {
   KVS__REENTRY_GUARD();

@@ -130,6 +130,37 @@ int kvs__cache_commit(kvs__runtime_t *rt, const kvs_key_t *keys, size_t nk, kvs_
 /* Drop a reservation (nothing published). */
 void kvs__cache_abort(kvs__runtime_t *rt, kvs__cache_ref_t ref);
 
+/* A write of one object held by the caller across its own work, such as an engine call that
+ * writes into it (direct snapshots, design §10.4): in the cache peer's pool in one-copy mode
+ * (peer.conn set; no connection lock held meanwhile), else in the own pool (ref). Begun by
+ * kvs__cache_writes_begin and ended once by kvs__cache_writes_publish or kvs__cache_write_drop. */
+typedef struct kvs__cache_write {
+  /* the caller's: the object, len bytes under keys[0] + aliases keys[1..nk) */
+  const kvs_key_t *keys;
+  uint32_t nk;
+  uint64_t len;
+  /* begin: 0 (begun: write the len bytes at bytes), -EEXIST (held already) or an errno;
+   * publish: 0 (published) or an errno */
+  int rc;
+  uint8_t *bytes;
+  kvs__cache_ref_t ref;  /* own pool: the store's write */
+  kvs_peer_resv_t peer;  /* at the cache peer */
+} kvs__cache_write_t;
+
+/* Begin the writes w[0..n): in cache peer `cache`'s pool (from kvs__cache_peer; 0: none), all
+ * in one round trip per KVS_PEERS_RESERVE_MAX; each it does not take there (none, one served
+ * inline, or it failed or refused: counted in cache_peer_fallbacks) in the own pool as
+ * kvs__cache_reserve without replace. Each w[i].rc: 0, -EEXIST (the cache peer or the own store
+ * holds keys[0] already) or kvs__cache_reserve's negative errno. */
+void kvs__cache_writes_begin(kvs__runtime_t *rt, uint64_t cache, kvs__cache_write_t *w, size_t n);
+/* Publish the begun writes among w[0..n) (rc 0; the others are skipped), their bytes complete:
+ * at the cache peer in one round trip per KVS_PEERS_RESERVE_MAX (counted in cache_peer_stores),
+ * in the own pool by kvs__cache_commit. Returns how many were published; each w[i].rc says 0 or
+ * why not (nothing of it published). Every one is ended. */
+size_t kvs__cache_writes_publish(kvs__runtime_t *rt, kvs__cache_write_t *w, size_t n);
+/* End a begun write (rc 0) without publishing it; nothing to do for one not begun. */
+void kvs__cache_write_drop(kvs__runtime_t *rt, kvs__cache_write_t *w);
+
 /* Pin the local READY object under key: true with *bytes, *len (the own pool, valid until
  * kvs__cache_unpin) and *ref; false when it is not there. */
 bool kvs__cache_pin(kvs__runtime_t *rt, kvs_key_t key, const uint8_t **bytes, uint64_t *len,

@@ -449,6 +449,172 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
   return store_with(p, instance, keys, n, layout, object, bufs, outcomes, copy, ctx);
 }
 
+/* ---- a write held across the caller's own work (kvs_peer_resv_t) ---------------------------- */
+
+/* ABORT of write transfer xfer on c (c->lock held); a failed abort only costs the peer a lease. */
+static void abort_xfer(kvs_peers_t *p, pconn_t *c, uint64_t xfer) {
+  kvs_proto_xfer_t x = {xfer};
+  uint8_t *r = NULL;
+  size_t n = 0;
+  int rc;
+  KVS__PEER_RPC(rc, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r, &n);
+  (void)rc;
+  free(r);
+}
+
+/* The requests of one pipelined batch, encoded into one buffer (kvs__peer_rpc_batch's input),
+ * and what came back. */
+typedef struct batch {
+  uint8_t *buf;
+  uint8_t *reqs[KVS_PEERS_RESERVE_MAX];
+  size_t lens[KVS_PEERS_RESERVE_MAX];
+  uint8_t *reps[KVS_PEERS_RESERVE_MAX];
+  size_t rlens[KVS_PEERS_RESERVE_MAX];
+  int codes[KVS_PEERS_RESERVE_MAX];
+} batch_t;
+
+static void batch_free(batch_t *b, size_t n) {
+  for (size_t i = 0; i < n; i++) free(b->reps[i]);
+  free(b->buf);
+}
+
+/* Encodes request i of a batch into buf (cap bytes; NULL/0: only *len), as the proto encoders. */
+typedef int (*encode_at_fn)(void *ctx, size_t i, uint8_t *buf, size_t cap, size_t *len);
+
+/* Encode requests 0..n into b (sized first, then written). 0 or a negative errno. */
+static int batch_encode(batch_t *b, size_t n, encode_at_fn enc, void *ctx) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = enc(ctx, i, NULL, 0, &b->lens[i]);
+    if (rc < 0) return rc;
+    total += b->lens[i];
+  }
+  b->buf = malloc(total ? total : 1);
+  if (!b->buf) return -ENOMEM;
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    b->reqs[i] = b->buf + off;
+    int rc = enc(ctx, i, b->reqs[i], b->lens[i], &b->lens[i]);
+    if (rc < 0) return rc;
+    off += b->lens[i];
+  }
+  return 0;
+}
+
+/* PREPARE_STORE of r[i]: one object, a 1-D u8 layout of its length. */
+static int resv_encode(void *ctx, size_t i, uint8_t *buf, size_t cap, size_t *len) {
+  const kvs_peer_resv_t *o = ((kvs_peer_resv_t *const *)ctx)[i];
+  kvs_proto_prepare_store_t m = {KVS_PROTO_STRATEGY_SHM, KVS_PROTO_KIND_OBJECT, 0,
+                                 kvs_layout_blob(o->len), o->n_keys, o->keys};
+  return kvs_proto_prepare_store_encode(&m, buf, cap, len);
+}
+
+int kvs_peers_reserve(kvs_peers_t *p, uint64_t instance, kvs_peer_resv_t *const *r, size_t n) {
+  if (!p || !r || n == 0 || n > KVS_PEERS_RESERVE_MAX) return -EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    if (!r[i] || !r[i]->keys || !r[i]->n_keys || r[i]->n_keys > KVS_PROTO_MAX_KEYS || !r[i]->len)
+      return -EINVAL;
+    r[i]->outcome = 0, r[i]->dst = NULL, r[i]->xfer = r[i]->offset = 0, r[i]->conn = NULL;
+  }
+  pconn_t *c = kvs__peer_grab(p, instance, true);
+  if (!c) return -ENOENT;
+  batch_t b = {0};
+  int rc = batch_encode(&b, n, resv_encode, (void *)r);
+  unsigned got = 0;
+  pthread_mutex_lock(&c->lock);
+  if (rc == 0 && (!c->pool || p->opts.strategy == KVS_STRATEGY_INLINE)) rc = -ENOTSUP;
+  if (rc == 0)
+    rc = kvs__peer_rpc_batch(p, c, KVS_OP_PREPARE_STORE, b.reqs, b.lens, n, b.reps, b.rlens,
+                             b.codes);
+  const uint64_t seg = rc == 0 ? kvs_pool_segment_size(c->pool) : 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    kvs_proto_prepare_store_reply_t rep;
+    if (b.codes[i] || kvs_proto_prepare_store_reply_decode(b.reps[i], b.rlens[i], &rep) < 0)
+      continue; /* refused or malformed: not reserved (a transfer we cannot name lapses) */
+    kvs_peer_resv_t *o = r[i];
+    o->outcome = rep.n_outcomes ? rep.outcomes[0] : 0;
+    if (!rep.xfer) continue;
+    const kvs_proto_slot_t *s = rep.n_slots == 1 ? &rep.slots[0] : NULL;
+    if (o->outcome == KVS_RES_RESERVED && s && s->key_index == 0 && s->length == o->len &&
+        s->offset <= seg && o->len <= seg - s->offset) {
+      o->dst = kvs_pool_base(c->pool) + s->offset;
+      o->xfer = rep.xfer;
+      o->offset = s->offset;
+      o->conn = c;
+      got++;
+    } else {
+      abort_xfer(p, c, rep.xfer);
+      o->outcome = 0;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  batch_free(&b, rc == 0 ? n : 0);
+  if (got > 1) kvs__peer_ref(p, c, got - 1); /* one reference per reservation */
+  else if (got == 0) kvs__peer_unref(p, c);
+  return rc < 0 ? rc : (int)got;
+}
+
+/* COMMIT_STORE of r[i]: its one slot, as the PREPARE_STORE reply gave it. */
+static int publish_encode(void *ctx, size_t i, uint8_t *buf, size_t cap, size_t *len) {
+  const kvs_peer_resv_t *o = ((kvs_peer_resv_t *const *)ctx)[i];
+  const kvs_proto_slot_t slot = {0, 0, o->offset, o->len};
+  kvs_proto_commit_store_t m = {0};
+  m.xfer = o->xfer;
+  m.n_slots = 1;
+  m.slots = &slot;
+  return kvs_proto_commit_store_encode(&m, buf, cap, len);
+}
+
+/* Publish r[0..n), all reserved on connection c, in one batch; each ends (its reference too). */
+static int publish_on(kvs_peers_t *p, pconn_t *c, kvs_peer_resv_t *const *r, size_t n) {
+  batch_t b = {0};
+  int rc = batch_encode(&b, n, publish_encode, (void *)r);
+  pthread_mutex_lock(&c->lock);
+  if (rc == 0)
+    rc = kvs__peer_rpc_batch(p, c, KVS_OP_COMMIT_STORE, b.reqs, b.lens, n, b.reps, b.rlens,
+                             b.codes);
+  else
+    for (size_t i = 0; i < n; i++) abort_xfer(p, c, r[i]->xfer);
+  pthread_mutex_unlock(&c->lock);
+  int published = 0;
+  for (size_t i = 0; i < n; i++) {
+    r[i]->rc = rc < 0 ? rc : b.codes[i];
+    published += r[i]->rc == 0;
+    r[i]->conn = NULL;
+    kvs__peer_unref(p, c);
+  }
+  batch_free(&b, rc == 0 ? n : 0);
+  if (published) kvs_stats_add(p->stats, KVS_STAT_peer_stores, (uint64_t)published);
+  return published;
+}
+
+int kvs_peers_publish(kvs_peers_t *p, kvs_peer_resv_t *const *r, size_t n) {
+  if (!p || !r || n > KVS_PEERS_RESERVE_MAX) return -EINVAL;
+  int published = 0;
+  kvs_peer_resv_t *run[KVS_PEERS_RESERVE_MAX];
+  for (size_t i = 0; i < n; i++)
+    if (!r[i]->conn) r[i]->rc = -EINVAL; /* nothing to publish */
+  for (size_t i = 0; i < n; i++) {
+    if (!r[i]->conn) continue; /* not reserved, or published with an earlier connection's */
+    pconn_t *c = r[i]->conn; /* every reservation on c from i on */
+    size_t k = 0;
+    for (size_t j = i; j < n; j++)
+      if (r[j]->conn == c) run[k++] = r[j];
+    published += publish_on(p, c, run, k);
+  }
+  return published;
+}
+
+void kvs_peers_unreserve(kvs_peers_t *p, kvs_peer_resv_t *r) {
+  pconn_t *c = r->conn;
+  if (!p || !c) return;
+  pthread_mutex_lock(&c->lock);
+  abort_xfer(p, c, r->xfer);
+  pthread_mutex_unlock(&c->lock);
+  kvs__peer_unref(p, c);
+  r->dst = NULL, r->xfer = r->offset = 0, r->conn = NULL;
+}
+
 int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n,
                     uint32_t wait_ms) {
   if (!p || !keys || n == 0 || n > KVS_PROTO_MAX_WATCH_KEYS) return -EINVAL;

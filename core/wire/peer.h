@@ -172,6 +172,47 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
                          const kvs_layout_t *layout, bool object, const void *const *bufs,
                          uint8_t *outcomes, kvs_peer_copy_fn copy, void *ctx);
 
+/* A write of one object reserved at a peer and held across the caller's own work (direct
+ * snapshots with one copy per node, design §10.4): dst..dst+len is the object's slot in the
+ * peer's pool, mapped here. Each reservation references the connection (never freed, its
+ * mapping kept) until it is ended, once, by kvs_peers_publish or kvs_peers_unreserve; the
+ * connection's lock is not held in between, so other calls go on. The peer ends it by itself if
+ * this connection closes, or when its store's lease (KVSHIM_LEASE_MS) runs out: the publish
+ * then fails and nothing is published. */
+typedef struct kvs_peer_resv {
+  /* the caller's: the object, len bytes (a 1-D u8 layout) under keys[0] + aliases keys[1..n_keys) */
+  const kvs_key_t *keys;
+  uint32_t n_keys;
+  uint64_t len;
+  /* kvs_peers_reserve's */
+  uint8_t outcome;     /* the peer's kvs_reserve_outcome_t; 0 when it answered none */
+  uint8_t *dst;        /* reserved: where to write the len bytes */
+  uint64_t xfer;       /* the peer's write transfer */
+  uint64_t offset;     /* the slot's offset in the peer's pool (its key index is 0) */
+  struct pconn *conn;  /* referenced while reserved; NULL otherwise */
+  /* kvs_peers_publish's: 0 published, or a negative errno */
+  int rc;
+} kvs_peer_resv_t;
+
+/* The most objects one kvs_peers_reserve or kvs_peers_publish call takes. */
+#define KVS_PEERS_RESERVE_MAX 64
+
+/* Reserve *r[0..n) at peer `instance` over SHM, one PREPARE_STORE (kind object) each, sent back
+ * to back (pipelined, docs/protocol.md 2.2): one round trip for all. Returns how many were
+ * reserved (those have conn set; each other's outcome says why: PRESENT, BUSY, NO_SPACE, ...,
+ * or 0 for a request the peer refused or answered with no valid slot, its transfer aborted),
+ * or a negative errno and nothing reserved: -EINVAL (n is 0 or above KVS_PEERS_RESERVE_MAX, an
+ * object without keys or bytes), -ENOTSUP (a peer served inline), -ENOENT (no such live peer)
+ * or the call's. */
+int kvs_peers_reserve(kvs_peers_t *p, uint64_t instance, kvs_peer_resv_t *const *r, size_t n);
+/* Publish *r[0..n) (reserved, bytes written), one COMMIT_STORE each, pipelined per connection.
+ * Returns how many were published; each r[i]->rc says 0 or why not (nothing of it published).
+ * Every one is ended (conn NULL); one not reserved gets -EINVAL. */
+int kvs_peers_publish(kvs_peers_t *p, kvs_peer_resv_t *const *r, size_t n);
+/* End a reservation without publishing it (ABORT; a failed abort only costs the peer a lease).
+ * Nothing to do when r holds none. */
+void kvs_peers_unreserve(kvs_peers_t *p, kvs_peer_resv_t *r);
+
 /* Retrieve keys[0..n) from peer `instance` (0 = the best peer a lookup finds) straight into
  * the caller's buffers: object i (exactly len bytes, else the delivery stops) is copied into
  * dsts[i] by copy (NULL = kvs_peers_copy) while the peer holds its pin, with no copy anywhere

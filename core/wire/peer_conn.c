@@ -217,6 +217,31 @@ int kvs__peer_rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size
   return rc == 1 ? (code < 0 ? code : -EIO) : 0;
 }
 
+int kvs__peer_rpc_batch(kvs_peers_t *p, pconn_t *c, uint16_t op, uint8_t *const *reqs,
+                        const size_t *req_lens, size_t n, uint8_t **replies, size_t *reply_lens,
+                        int *rcs) {
+  for (size_t i = 0; i < n; i++) replies[i] = NULL, reply_lens[i] = 0, rcs[i] = 0;
+  if (n == 0 || n > KVS__PEER_BATCH_MAX) return -EINVAL;
+  if (c->fd < 0) return -ENOTCONN;
+  uint64_t deadline = kvs__peer_deadline(p);
+  uint64_t rid0 = c->next_rid + 1;
+  c->next_rid += n;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = kvs__peer_send_request(c, op, rid0 + i, reqs[i], req_lens[i], deadline);
+  if (rc == 0) rc = kvs__peer_drain(p, c, deadline); /* a posted request's reply comes first */
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    int code = 0;
+    int r = read_reply(p, c, op, rid0 + i, deadline, i == 0, &replies[i], &reply_lens[i], NULL,
+                       &code);
+    if (r < 0) rc = r;
+    else if (r == 1) rcs[i] = code < 0 ? code : -EIO;
+  }
+  if (rc == 0) return 0;
+  for (size_t i = 0; i < n; i++) free(replies[i]), replies[i] = NULL;
+  return kvs__peer_conn_failed(p, c, op, rc);
+}
+
 /* Send a request whose answer nobody waits for (COMMIT_RETRIEVE: the unpin happens when the
  * peer reads it, in order; its empty reply is read by the next call on this connection). This
  * takes one round trip off the caller's path. Only for requests with tiny replies: the next
@@ -319,6 +344,12 @@ void kvs__peer_unref(kvs_peers_t *p, pconn_t *c) {
   bool dead = --c->refs == 0 && !c->listed;
   pthread_mutex_unlock(&p->table_lock);
   if (dead) kvs__peer_conn_free(c);
+}
+
+void kvs__peer_ref(kvs_peers_t *p, pconn_t *c, unsigned n) {
+  pthread_mutex_lock(&p->table_lock);
+  c->refs += n;
+  pthread_mutex_unlock(&p->table_lock);
 }
 
 /* Take a reference on the live connection to instance (0 = cache peer, else first live). */

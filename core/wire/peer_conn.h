@@ -113,6 +113,18 @@ int kvs__peer_conn_failed(kvs_peers_t *p, pconn_t *c, uint16_t op, int rc);
  * kept) or another negative errno (connection closed). */
 int kvs__peer_rpc(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t req_len,
                   uint8_t **reply, size_t *reply_len, int *fd_out);
+/* The most requests one kvs__peer_rpc_batch sends before it reads: their small requests and
+ * replies (a few hundred bytes each) fit a socket's buffers together, so the peer never blocks
+ * writing a reply we have not begun to read while we are still sending. */
+#define KVS__PEER_BATCH_MAX 64
+/* n requests of one opcode sent back to back (pipelining, docs/protocol.md 2.2), then their
+ * replies read in order (c->lock held): one round trip for all. Only for small requests and
+ * replies (above). 0 with replies[i] (malloc'd, the caller frees) and reply_lens[i], rcs[i] 0
+ * or the peer's ERROR code for request i (replies[i] NULL); or a transport errno (connection
+ * closed, replies all NULL). */
+int kvs__peer_rpc_batch(kvs_peers_t *p, pconn_t *c, uint16_t op, uint8_t *const *reqs,
+                        const size_t *req_lens, size_t n, uint8_t **replies, size_t *reply_lens,
+                        int *rcs);
 /* Send a request whose tiny reply the next call on c reads and drops. */
 int kvs__peer_rpc_post(kvs_peers_t *p, pconn_t *c, uint16_t op, const void *req, size_t req_len);
 /* Connect to path and HELLO: a new connection, not in the table, or NULL. */
@@ -123,6 +135,8 @@ void kvs__peer_conn_free(pconn_t *c);
  * else the first live one), or NULL; kvs__peer_unref gives it back. */
 pconn_t *kvs__peer_grab(kvs_peers_t *p, uint64_t instance, bool prefer_cache);
 void kvs__peer_unref(kvs_peers_t *p, pconn_t *c);
+/* Take n more references on c (the caller holds one). */
+void kvs__peer_ref(kvs_peers_t *p, pconn_t *c, unsigned n);
 /* How long a server may wait before it replies: three quarters of our deadline. */
 uint32_t kvs__peer_reply_wait_ms(const kvs_peers_t *p);
 /* The one live peer without a remote tier, when there is exactly one live peer; else 0. */

@@ -1256,12 +1256,13 @@ static int px_fill_chunk(void *arg, uint8_t *dst) {
  * (llama_io_write_host, llama-context.cpp:2577-2628 of the pinned release: flushed when the
  * writer ends, inside the call). With the context's frame known from an earlier split (the
  * frame names no token count) the state's layout is known before the call: each chunk to store
- * is reserved in the own pool first, its long runs planned (kvs__llama_chunk_plan), and the hook
- * sends each run the engine downloads straight into its chunk; the state buffer receives the
- * metadata and the runs of chunks not stored (dedup). Then each chunk's header, tokens and short
- * runs are written and its checksum computed (kvs__llama_chunk_finish), and it is committed: no
- * copy of the state. Only without a cache peer (one copy per node reserves at the peer one object
- * per request). Checked as a direct load is: a run not moved through the hook in full, or a state
+ * is reserved first (kvs__cache_write_begin: in the cache peer's pool with one copy per node, each
+ * reservation held there without the connection's lock, else in the own pool), its long runs
+ * planned (kvs__llama_chunk_plan), and the hook sends each run the engine downloads straight into
+ * its chunk; the state buffer receives the metadata and the runs of chunks not stored (dedup).
+ * Then each chunk's header, tokens and short runs are written and its checksum computed
+ * (kvs__llama_chunk_finish), and it is published: no copy of the state. Checked as a direct load
+ * is: a run not moved through the hook in full, or a state
  * whose layout is not the one planned, aborts every reservation and the copy path runs (the
  * former also turns direct snapshots off for the process). */
 
@@ -1269,17 +1270,16 @@ static int px_fill_chunk(void *arg, uint8_t *dst) {
  * px_direct_verdict. */
 static atomic_int px_store_verdict = -1;
 
-/* One chunk object of a direct snapshot: reserved at dst (len bytes), under keys[0, nk). */
+/* One object of a direct snapshot (the chunks to store, then the frame): its keys and chunk
+ * index. Its write (kvs__cache_write_t, in the cache peer's pool or the own one) lies at the same
+ * index of the array after the nmax of these. */
 typedef struct px_planned {
   kvs_key_t keys[2];
-  uint32_t nk, index;
-  uint64_t len;
-  uint8_t *dst;
-  kvs__cache_ref_t ref;
+  uint32_t index;
 } px_planned_t;
 
-static void px_planned_abort(kvs__runtime_t *rt, px_planned_t *pp, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) kvs__cache_abort(rt, pp[i].ref);
+static void px_planned_abort(kvs__runtime_t *rt, kvs__cache_write_t *w, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) kvs__cache_write_drop(rt, &w[i]);
 }
 
 /* px_snapshot_chunks' work with the engine writing the chunks in place (above), for a state of S
@@ -1289,9 +1289,10 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                               int32_t s, const kvs_key_t *keys, uint32_t J, uint32_t cov,
                               size_t S, uint64_t *bytes) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
-  if (!kvs__runtime_options()->llama_direct || !c->sframe_len || kvs__llama_blob_cache(&home) ||
+  if (!kvs__runtime_options()->llama_direct || !c->sframe_len ||
       atomic_load_explicit(&px_store_verdict, memory_order_relaxed) == 0)
     return 1;
+  const uint64_t cache = kvs__llama_blob_cache(&home); /* one copy per node: write there */
   const uint8_t *frame = c->sframe;
   kvs__llama_frame_hdr_t fh;
   memcpy(&fh, frame, sizeof fh);
@@ -1299,15 +1300,22 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   const uint32_t C = c->chunk;
   if (!N || N < (uint64_t)J * C) return 1;
   if (cov > N) cov = (uint32_t)N;
-  const uint32_t nmax = J + 1;
+  const uint32_t nmax = J + 2; /* the frame, chunks 0..J */
   const uint64_t cap = (uint64_t)nmax * (2ull * fh.n_layers + 2);
   if (cap > PX_DIRECT_MAX_RUNS) return 1;
   kvs__llama_defer_t d;
-  if (!px_runs_room(&c->splan, &c->splan_cap, nmax * sizeof(px_planned_t), cap, &d)) return 1;
+  if (!px_runs_room(&c->splan, &c->splan_cap,
+                    nmax * (sizeof(px_planned_t) + sizeof(kvs__cache_write_t)), cap, &d))
+    return 1;
   px_planned_t *pp = c->splan;
+  kvs__cache_write_t *w = (kvs__cache_write_t *)(void *)(pp + nmax);
   uint64_t *served = px_served(&d);
   uint8_t *state = c->cbuf;
-  /* reserve and plan every chunk to store (the tail, J, under its continuation key alone) */
+  /* every chunk not held already (the tail, J, under its continuation key alone), then the
+   * frame (the context's: the check below finds the state's the same). At the cache peer all
+   * are begun at once, after one look at what it holds (as px_snapshot_chunks stores there); in
+   * the own pool each is begun right after its own look, so a chunk a reservation evicts is
+   * still found missing and stored (as px_snapshot_chunks does). */
   int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint32_t np = 0, dedup = 0;
   uint64_t saved = 0;
@@ -1320,27 +1328,48 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
     }
     px_planned_t *p = &pp[np];
     p->index = i;
-    p->len = len;
     p->keys[0] = i < J ? keys[i] : px_next_key(keys[J - 1]);
     p->keys[1] = i ? px_next_key(keys[i - 1]) : keys[i];
-    p->nk = i < J && i ? 2 : 1;
-    int rc = kvs__cache_reserve(rt, p->keys, p->nk, len, false, &p->dst, &p->ref);
-    if (rc == -EEXIST) {
-      if (i < J) dedup++, saved += len;
-      continue;
-    }
-    if (rc < 0 || kvs__llama_chunk_plan(frame, N, s, C, cov, i, state, p->dst, (size_t)len, &d) !=
-                      KVS_LLAMA_CHUNKS_OK) {
-      if (rc == 0) np++;
-      px_planned_abort(rt, pp, np);
-      return 1;
-    }
+    w[np] = (kvs__cache_write_t){.keys = p->keys, .nk = i < J && i ? 2 : 1, .len = len};
+    if (!cache) kvs__cache_writes_begin(rt, 0, &w[np], 1);
     np++;
   }
-  if (!np || !d.n) {
-    px_planned_abort(rt, pp, np);
+  if (np == 0) return 1;
+  pp[np] = (px_planned_t){{px_frame_key(c, fh.checksum), px_frame_ns_key(c)}, 0};
+  w[np] = (kvs__cache_write_t){.keys = pp[np].keys, .nk = 2, .len = c->sframe_len};
+  if (cache) kvs__cache_writes_begin(rt, cache, w, np + 1);
+  else kvs__cache_writes_begin(rt, 0, &w[np], 1);
+  /* keep the begun chunks and plan their long runs; then the frame (held already is fine) */
+  uint32_t m = 0;
+  bool ok = w[np].rc == 0 || w[np].rc == -EEXIST;
+  for (uint32_t k = 0; ok && k < np; k++) {
+    if (w[k].rc == -EEXIST) { /* stored meanwhile by another process */
+      if (pp[k].index < J) dedup++, saved += w[k].len;
+      continue;
+    }
+    ok = w[k].rc == 0 &&
+         kvs__llama_chunk_plan(frame, N, s, C, cov, pp[k].index, state, w[k].bytes,
+                               (size_t)w[k].len, &d) == KVS_LLAMA_CHUNKS_OK;
+    if (ok && m != k) { /* moved down: the write's keys are the planned slot's */
+      pp[m] = pp[k];
+      w[m] = w[k];
+      w[m].keys = pp[m].keys;
+      w[k].rc = 1; /* no longer begun there */
+    }
+    m += ok;
+  }
+  if (!ok || m == 0 || !d.n) {
+    px_planned_abort(rt, w, np + 1);
     return 1;
   }
+  if (m != np) { /* the frame after the kept chunks */
+    pp[m] = pp[np];
+    w[m] = w[np];
+    w[m].keys = pp[m].keys;
+    w[np].rc = 1;
+  }
+  np = m; /* chunks; the frame is w[np] */
+  if (w[np].rc == 0) memcpy(w[np].bytes, frame, (size_t)c->sframe_len);
   kvs__llama_runs_sort(&d);
   memset(served, 0, (size_t)d.n * sizeof *served);
   px_direct_t dw = {state, S, d.runs, served, d.n, true};
@@ -1362,39 +1391,37 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   if (!whole || kvs__llama_chunks_scan(state, S, &sc) != KVS_LLAMA_CHUNKS_OK || sc.n_cells != N ||
       sc.frame_size != c->sframe_len ||
       kvs__llama_chunks_frame(state, &sc, C, c->ns, fnow, (size_t)sc.frame_size) != fh.checksum) {
-    px_planned_abort(rt, pp, np);
+    px_planned_abort(rt, w, np + 1);
     return 1;
   }
   if (atomic_exchange(&px_store_verdict, 1) != 1)
     kvs_log_info("llama.cpp prefix cache: the engine downloads a state's tensors through "
                  "ggml_backend_tensor_get: snapshots write the chunks in place");
-  kvs_stats_t *st = px_stats();
-  px_fill_t f = {state, frame, &sc, kvs__px_tok(&c->sh, (uint32_t)s), C, cov, 0, sc.frame_size,
-                 c->ns};
-  const kvs_key_t fkeys[2] = {px_frame_key(c, fh.checksum), px_frame_ns_key(c)};
-  int rc = kvs__llama_obj_store(&home, fkeys, 2, sc.frame_size, px_fill_frame, &f);
-  if (rc < 0 && rc != -EEXIST) {
-    px_planned_abort(rt, pp, np);
-    return rc;
-  }
-  uint64_t wrote = 0;
-  for (uint32_t k = 0; k < np; k++) {
-    px_planned_t *p = &pp[k];
-    if (kvs__llama_chunk_finish(state, &sc, f.tok, C, cov, p->index, frame, c->ns, p->dst,
-                                (size_t)p->len, PX_DIRECT_MIN_RUN) != KVS_LLAMA_CHUNKS_OK) {
-      px_planned_abort(rt, pp + k, np - k);
+  const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)s);
+  for (uint32_t k = 0; k < np; k++)
+    if (kvs__llama_chunk_finish(state, &sc, tok, C, cov, pp[k].index, frame, c->ns, w[k].bytes,
+                                (size_t)w[k].len, PX_DIRECT_MIN_RUN) != KVS_LLAMA_CHUNKS_OK) {
+      px_planned_abort(rt, w, np + 1);
       return -EIO;
     }
-    rc = kvs__cache_commit(rt, p->keys, p->nk, p->ref);
-    if (rc < 0) { /* the chunks before it stay: a later restore uses their run */
-      px_planned_abort(rt, pp + k + 1, np - k - 1);
-      return rc;
+  /* published together; a chunk that fails leaves the others (a later restore uses the run
+   * they make) */
+  kvs__cache_writes_publish(rt, w, np + 1);
+  kvs_stats_t *st = px_stats();
+  uint64_t wrote = 0;
+  int rc = w[np].rc == -EEXIST ? 0 : w[np].rc;
+  for (uint32_t k = 0; k < np; k++) {
+    if (w[k].rc != 0) {
+      rc = rc ? rc : w[k].rc;
+      continue;
     }
-    kvs_stats_inc(st, p->index < J ? KVS_STAT_llama_chunks_stored : KVS_STAT_llama_chunks_tails);
-    wrote += p->len;
+    kvs_stats_inc(st, pp[k].index < J ? KVS_STAT_llama_chunks_stored
+                                      : KVS_STAT_llama_chunks_tails);
+    wrote += w[k].len;
   }
   kvs_stats_add(st, KVS_STAT_llama_chunks_dedup, dedup);
   kvs_stats_add(st, KVS_STAT_llama_chunks_saved_bytes, saved);
+  if (rc < 0) return rc;
   kvs_stats_inc(st, KVS_STAT_llama_chunks_direct_stores);
   *bytes = wrote + sc.frame_size;
   return 0;

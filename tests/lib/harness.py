@@ -86,6 +86,17 @@ def read_stats(path):
         raise Failure(f"stats file {path} is not JSON ({e}): {text[:200]!r}")
 
 
+def live_stats(ctx, pid, timeout=60):
+    """The stats of live process pid (`kvshim stats PID --json`, its first entry), or None while
+    it cannot answer (no coordinator before its runtime is up)."""
+    r = subprocess.run([ctx.kvshim, "stats", str(pid), "--json"], capture_output=True, text=True,
+                       env=ctx.env(preload=False), timeout=timeout)
+    if r.returncode != 0:
+        return None
+    d = json.loads(r.stdout)
+    return d[0] if isinstance(d, list) else d
+
+
 def sum_stats(pattern):
     """The integer counters of every stats file matching a glob, summed ({} when none)."""
     merged = {}

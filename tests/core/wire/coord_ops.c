@@ -726,6 +726,117 @@ Test(ops, peers_queries_never_discover, T_TIMEOUT) {
   kvs_peers_destroy(p);
 }
 
+/* ---- writes held across the caller's own work (kvs_peers_reserve, core/wire/peer.h) ----------- */
+
+/* Several object reservations at one peer in one round trip, held at once without the
+ * connection's lock (the direct snapshots of design §10.4 hold one per chunk across the
+ * engine's call): other calls on the same connection go on meanwhile, nothing is visible before
+ * its publish, an unreserved one leaves nothing behind, a key being written or stored is not
+ * reserved again (its outcome says why), and what is published is exactly the bytes written in
+ * place, under its aliases too. */
+Test(ops, peers_reservations_are_held_across_other_calls, T_TIMEOUT) {
+  enum { N = 3 };
+  const uint64_t LEN = 50000;
+  const objs_t *o = start_objs(8, N, 31, LEN);
+  kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO), *pi = peers_for(KVS_STRATEGY_INLINE);
+  kvs_store_info_t base = ts_info(S.store);
+  const kvs_key_t keys0[2] = {o->k[0], tk(31, 100)}; /* object 0 with an alias */
+  kvs_peer_resv_t r[N + 1], again = {.keys = &o->k[1], .n_keys = 1, .len = LEN};
+  kvs_peer_resv_t *rp[N + 1];
+  for (int i = 0; i < N; i++) {
+    r[i] = (kvs_peer_resv_t){.keys = i ? &o->k[i] : keys0, .n_keys = i ? 1 : 2, .len = LEN};
+    rp[i] = &r[i];
+  }
+  r[N] = (kvs_peer_resv_t){.keys = &o->k[1], .n_keys = 1, .len = LEN}; /* twice in one call */
+  rp[N] = &r[N];
+  cr_assert_eq(kvs_peers_reserve(ps, 0, rp, N + 1), N);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(r[i].outcome, KVS_RES_RESERVED);
+    cr_assert_not_null(r[i].dst);
+    cr_assert_not_null(r[i].conn);
+  }
+  cr_assert_eq(r[N].outcome, KVS_RES_BUSY, "the same key twice: the second is being written");
+  cr_assert_null(r[N].conn);
+  cr_assert_neq(r[0].dst, r[1].dst);
+  /* held, not visible; the connection answers other calls meanwhile */
+  uint64_t best = 0;
+  cr_assert_eq(kvs_peers_lookup(ps, o->k, N, &best), 0);
+  cr_assert_eq(kvs_peers_ping(ps, S.instance_id), 0);
+  cr_assert_eq(ts_info(S.store).objects_writing, base.objects_writing + N);
+  kvs_peer_resv_t *ap = &again;
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &ap, 1), 0);
+  cr_assert_eq(again.outcome, KVS_RES_BUSY);
+  cr_assert_eq(kvs_peers_reserve(pi, S.instance_id, &ap, 1), -ENOTSUP, "inline: no slot to hold");
+  /* written in place and published, out of order, with one never reserved among them; the last
+   * dropped */
+  for (int i = 0; i < 2; i++) pat_fill(r[i].dst, LEN, o->k[i]);
+  uint64_t stores0 = kvs_stats_get(kvs_stats_global(), KVS_STAT_peer_stores);
+  kvs_peer_resv_t *pub[3] = {&r[1], &r[N], &r[0]};
+  cr_assert_eq(kvs_peers_publish(ps, pub, 3), 2);
+  cr_assert_eq(r[0].rc, 0);
+  cr_assert_eq(r[1].rc, 0);
+  cr_assert_eq(r[N].rc, -EINVAL, "never reserved: nothing to publish");
+  cr_assert_null(r[0].conn, "a published reservation is ended");
+  cr_assert_eq(kvs_peers_publish(ps, &pub[2], 1), 0, "published twice");
+  kvs_peers_unreserve(ps, &r[2]);
+  cr_assert_null(r[2].conn);
+  cr_assert_eq(kvs_stats_get(kvs_stats_global(), KVS_STAT_peer_stores), stores0 + 2);
+  cr_assert_eq(ts_local_verify(S.store, o->k, 2), 2);
+  sink_ctx_t a = {o->k, LEN, {0}, 0}; /* checks delivery 0 against key 0's pattern */
+  cr_assert_eq(kvs_peers_retrieve(ps, 0, &keys0[1], 1, sink, &a), 1);
+  cr_assert_eq(a.bad, 0, "the alias answers with other bytes");
+  free(a.copy[0]);
+  cr_assert_eq(ts_local_count(S.store, &o->k[2], 1), 0, "an unreserved object was published");
+  cr_assert_geq(ts_wait_baseline(S.store, &base, NULL, 0, 2000), 0, "a reservation leaked");
+  /* stored now: PRESENT, nothing reserved */
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &ap, 1), 0);
+  cr_assert_eq(again.outcome, KVS_RES_PRESENT);
+  /* bad input: refused, nothing sent */
+  kvs_peer_resv_t bad = {.keys = o->k, .n_keys = 1, .len = 0};
+  kvs_peer_resv_t *bp = &bad;
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &bp, 1), -EINVAL, "an object of no bytes");
+  bad = (kvs_peer_resv_t){.keys = o->k, .n_keys = 0, .len = LEN};
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &bp, 1), -EINVAL, "an object without keys");
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &bp, 0), -EINVAL, "no objects");
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &bp, KVS_PEERS_RESERVE_MAX + 1), -EINVAL);
+  /* the peer goes away while a reservation is held: the bytes stay writable here (the
+   * mapping is the connection's, kept by the reservation) and the publish fails */
+  rp[0] = &r[2];
+  cr_assert_eq(kvs_peers_reserve(ps, 0, rp, 1), 1);
+  ts_server_stop(&S, false);
+  pat_fill(r[2].dst, LEN, o->k[2]);
+  cr_assert_eq(kvs_peers_publish(ps, rp, 1), 0);
+  cr_assert_lt(r[2].rc, 0);
+  cr_assert_null(r[2].conn);
+  kvs_peers_destroy(ps);
+  kvs_peers_destroy(pi);
+}
+
+/* A full batch (KVS_PEERS_RESERVE_MAX requests sent before the first reply is read) reserves
+ * and publishes every object, one PREPARE_STORE and one COMMIT_STORE each, every byte as
+ * written. */
+Test(ops, peers_reservations_a_full_batch, T_TIMEOUT) {
+  enum { N = KVS_PEERS_RESERVE_MAX };
+  const uint64_t LEN = 8192;
+  start(8, NULL);
+  kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO);
+  static kvs_key_t k[N];
+  static kvs_peer_resv_t r[N];
+  kvs_peer_resv_t *rp[N];
+  for (int i = 0; i < N; i++) {
+    k[i] = tk(37, (uint64_t)i);
+    r[i] = (kvs_peer_resv_t){.keys = &k[i], .n_keys = 1, .len = LEN};
+    rp[i] = &r[i];
+  }
+  uint64_t reqs0 = ts_stat(&S, KVS_STAT_coord_requests);
+  cr_assert_eq(kvs_peers_reserve(ps, 0, rp, N), N);
+  for (int i = 0; i < N; i++) pat_fill(r[i].dst, LEN, k[i]);
+  cr_assert_eq(kvs_peers_publish(ps, rp, N), N);
+  cr_assert_eq(ts_stat(&S, KVS_STAT_coord_requests), reqs0 + 2 * N);
+  cr_assert_eq(ts_local_verify(S.store, k, N), N);
+  kvs_peers_destroy(ps);
+}
+
 /* ---- WATCH (docs/protocol.md 4.12) ----------------------------------------------------------- */
 
 /* One WATCH on a raw connection: 0 and its state, or the ERROR code / transport errno. */

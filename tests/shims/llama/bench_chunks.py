@@ -51,15 +51,21 @@ def requests_of(args, n_ctx):
     return head, reqs
 
 
-def run_mode(args, work, model, chunks):
-    run_dir = tempfile.mkdtemp(prefix="kvs-bc-", dir="/tmp")
-    group = f"bench-chunks-{chunks}-{os.getpid()}"
-    serve = subprocess.Popen([args.kvshim, "serve", "--pool-size", args.serve_pool],
+def start_serve(args, run_dir, group, pool):
+    """`kvshim serve` in group, once it has printed its socket line."""
+    serve = subprocess.Popen([args.kvshim, "serve", "--pool-size", pool],
                              env=env_for(run_dir, group), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     banner = serve.stdout.readline()
     if "socket" not in banner:
         sys.exit(f"kvshim serve did not start: {banner!r}")
+    return serve
+
+
+def run_mode(args, work, model, chunks):
+    run_dir = tempfile.mkdtemp(prefix="kvs-bc-", dir="/tmp")
+    group = f"bench-chunks-{chunks}-{os.getpid()}"
+    serve = start_serve(args, run_dir, group, args.serve_pool)
     n_ctx = args.prefix + args.suffix + 64
     head, reqs = requests_of(args, n_ctx)
     head = [h.format(model=model) for h in head]
@@ -114,7 +120,9 @@ def reference(args, work, model):
 
 
 def timing_run(args, work, model, chunks):
-    """One process, its own pool (no peers): --stores different prefixes of --prefix tokens
+    """One process, its own pool (no peers; with --serve, a `kvshim serve` of its own in one-copy
+    mode: stores go into serve's pool, restores read there): --stores different prefixes of
+    --prefix tokens
     stored (each a snapshot: chunks or one whole blob), then restored --restores times in turn
     (rm, prompt prefix k + 16 tokens: the 16 never reach a chunk, so nothing more is stored; the
     prefixes in turn, so no restore is of the run restored just before, which a context keeps:
@@ -137,15 +145,24 @@ def timing_run(args, work, model, chunks):
     cmds += [f"memcpy {state} 9"]
     st = os.path.join(work, f"timing-{int(chunks)}.json")
     pool = (args.stores + 2) * state * 2 // 2**20 + 64
+    group = f"bench-timing-{os.getpid()}"
+    serve = start_serve(args, run_dir, group, f"{pool}M") if args.serve else None
     r = subprocess.run([args.host] + cmds, capture_output=True, text=True, timeout=3600,
-                       env=env_for(run_dir, f"bench-timing-{os.getpid()}", args.preload,
-                                   KVSHIM_STATS=st, KVSHIM_PEERS=0, KVSHIM_POOL_SIZE=f"{pool}M",
+                       env=env_for(run_dir, group, args.preload,
+                                   KVSHIM_STATS=st, KVSHIM_PEERS=int(args.serve),
+                                   KVSHIM_POOL_SIZE=f"{pool}M",
                                    KVSHIM_LOG="debug", KVSHIM_LLAMA_DIRECT=int(args.direct),
                                    KVSHIM_LLAMA_CHUNKS=int(chunks)))
+    if serve:
+        serve.terminate()
+        serve.communicate(timeout=30)
     shutil.rmtree(run_dir, ignore_errors=True)
     if r.returncode != 0:
         sys.exit(f"prefixhost exited {r.returncode}:\n{r.stderr[-3000:]}")
     e = json.load(open(st))
+    if args.serve and e.get("cache_peer_stores", 0) < args.stores:
+        sys.exit(f"chunks={int(chunks)}: {e.get('cache_peer_stores')} objects stored at serve, "
+                 f"{e.get('cache_peer_fallbacks')} fell back")
     mc = [ln for ln in r.stdout.splitlines() if ln.startswith("memcpy ")][-1].split()
     n_rest = e["llama_prefix_restores"]
     if n_rest != args.restores or e["llama_prefix_restored_tokens"] != args.restores * args.prefix:
@@ -180,9 +197,10 @@ def timing(args, work, model):
     restore by assembly / restore of one whole blob of the same tokens (goal <= 1.1), store
     ns per stored byte chunks / whole (goal <= 1.0); each restore time also as a ratio to the
     memcpy of the state's bytes in the same run. Median [min..max] over --reps."""
+    where = "kvshim serve (one copy per node)" if args.serve else "own pool, no peers"
     print(f"timing: {args.prefix}-token prefix, {args.layers} layers x {args.embd} embd; "
           f"{args.stores} stores and {args.restores} restores per process, one process per "
-          f"mode and repetition, own pool, no peers")
+          f"mode and repetition, {where}")
     rows = {}
     for rep in range(args.reps):
         w = timing_run(args, work, model, False)
@@ -220,6 +238,9 @@ def main():
     ap.add_argument("--direct", type=int, choices=(0, 1), default=1,
                     help="KVSHIM_LLAMA_DIRECT for the timing runs (0: restores by assembly copy "
                          "the state, the way before direct loads; default 1)")
+    ap.add_argument("--serve", action="store_true",
+                    help="the timing runs with a kvshim serve of their own (one copy per node: "
+                         "states and chunks stored in serve's pool) instead of the own pool")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="kvs-bench-chunks-")
     model = os.path.join(work, "m.gguf")

@@ -13,11 +13,9 @@ Cases:
                  reports it (peer_bad_reports) and serve drops it (coord_bad_dropped); a second
                  B is never handed the same corrupt object again.
 """
-import json
 import mmap
 import os
 import struct
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,11 +25,9 @@ from harness import Failure, check  # noqa: E402
 
 
 def serve_stats(ctx, s):
-    p = subprocess.run([ctx.kvshim, "stats", str(s.pid), "--json"], capture_output=True, text=True,
-                       env=ctx.env(preload=False), timeout=30)
-    check(p.returncode == 0, f"kvshim stats: {p.stderr}")
-    d = json.loads(p.stdout)
-    return d[0] if isinstance(d, list) else d
+    d = harness.live_stats(ctx, s.pid, timeout=30)
+    check(d is not None, f"kvshim stats {s.pid}: no answer")
+    return d
 
 
 def flip_pool(pid):

@@ -82,10 +82,8 @@ Cases:
               batch of several sequences skipped whole (restored from serve): B, whose batch
               has that claim key and nothing to restore, claims it itself and does not wait
 """
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -116,9 +114,7 @@ def prefix_stats(st):
 def live_prefix_stats(ctx, p):
     """The llama_prefix_* counters of the live process p (kvshim stats PID --json); {} while it
     cannot answer yet (no coordinator before its runtime is up)."""
-    r = subprocess.run([ctx.kvshim, "stats", str(p.pid), "--json"], capture_output=True,
-                       text=True, env=ctx.env(preload=False), timeout=60)
-    return prefix_stats(json.loads(r.stdout)) if r.returncode == 0 else {}
+    return prefix_stats(harness.live_stats(ctx, p.pid))
 
 
 def same(ctx, cmds, what, preload_extra=None, ref_extra=None, **kw):
@@ -951,7 +947,10 @@ def case_chunks_direct_store(ctx):
     tensor bytes itself (FAKELLAMA_TENSOR_GET_MEMCPY=1): the first direct snapshot is found
     incomplete, its reservations dropped (llama_chunks_direct_store_refused) and the state
     stored by copying, as every later one: the same counters and outputs. With one copy per node
-    (`kvshim serve`) snapshots copy (a chunk is reserved at serve one request each)."""
+    (`kvshim serve`) the chunks are reserved in serve's pool, each held across the engine's call
+    without the connection's lock, and written there in place: the same 4 direct snapshots, and
+    serve ends with the chunk counters and bytes of a serve the same prompts filled by copying
+    (each run with a fresh serve)."""
     a, _ = models(ctx)
     shared = "r1024@1"
     cmds = [f"model 0 {a}", "ctx 0 0 1"]
@@ -980,11 +979,46 @@ def case_chunks_direct_store(ctx):
         got = ({k: cs.get(k) for k in keep}, st.get("store_used_bytes"))
         base = got if base is None else base
         check(got == base, f"{what}: chunk counters and node bytes {got}, copying {base}")
-    ctx.serve()
-    st, _ = same(ctx, cmds, "chunks-direct-store: serve", preload_extra={"KVSHIM_LLAMA_CHUNKS": "1"})
+    at_serve = None
+    for what, env, direct in (("serve, KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0),
+                              ("serve", {}, 4)):
+        sv = ctx.serve()
+        st, _ = same(ctx, cmds, f"chunks-direct-store: {what}",
+                     preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", **env})
+        node = harness.live_stats(ctx, sv.pid) or {}
+        sv.kill()
+        sv.communicate(timeout=10)
+        cs = chunk_stats(st)
+        print(f"chunks-direct-store: {what}: {cs} cache_peer_stores "
+              f"{st.get('cache_peer_stores')}, serve holds {node.get('store_used_bytes')}")
+        check(cs.get("llama_chunks_direct_stores") == direct and
+              cs.get("llama_chunks_direct_store_refused", 0) == 0,
+              f"{what}: expected {direct} direct snapshots into serve's pool: {cs}")
+        expect(st, what, snapshots=("==", 5), restores=(">=", 6), bad_blobs=("==", 0),
+               restore_failures=("==", 0), snapshot_failures=("==", 0))
+        check(st.get("cache_peer_stores", 0) > 0 and st.get("cache_peer_fallbacks", 0) == 0,
+              f"{what}: every chunk stored at serve: {st.get('cache_peer_stores')} stored, "
+              f"{st.get('cache_peer_fallbacks')} fell back")
+        got = ({k: cs.get(k) for k in keep}, node.get("store_used_bytes"),
+               node.get("store_objects"))
+        at_serve = got if at_serve is None else at_serve
+        check(got == at_serve, f"{what}: chunk counters and serve's bytes and objects {got}, "
+                               f"copying {at_serve}")
+    # an engine that reaches serve inline (KVSHIM_STRATEGY=inline: no mapping of serve's pool)
+    # cannot write there in place: its snapshots still write in place, into its own pool
+    sv = ctx.serve()
+    st, _ = same(ctx, cmds, "chunks-direct-store: serve inline",
+                 preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_STRATEGY": "inline"})
+    sv.kill()
+    sv.communicate(timeout=10)
     cs = chunk_stats(st)
-    check(cs.get("llama_chunks_direct_stores") == 0 and cs.get("llama_chunks_stored", 0) > 0,
-          f"serve: snapshots copy into serve's pool: {cs}")
+    print(f"chunks-direct-store: serve inline: {cs}")
+    check(cs.get("llama_chunks_direct_stores") == 4 and
+          {k: cs.get(k) for k in keep} == base[0],
+          f"serve inline: expected 4 direct snapshots into the own pool and the counters of "
+          f"{base[0]}: {cs}")
+    expect(st, "serve inline", snapshots=("==", 5), restores=(">=", 6), bad_blobs=("==", 0),
+           restore_failures=("==", 0), snapshot_failures=("==", 0))
 
 
 def case_chunks_evict(ctx):
