@@ -226,8 +226,23 @@ int kvs__peer_rpc_batch(kvs_peers_t *p, pconn_t *c, uint16_t op, uint8_t *const 
   uint64_t deadline = kvs__peer_deadline(p);
   uint64_t rid0 = c->next_rid + 1;
   c->next_rid += n;
+  /* every request one frame (they are small): all the frames in one send, so the peer reads
+   * them in one wake-up; else one request after another */
+  uint32_t fmax = c->peer_max_frame ? c->peer_max_frame : KVS_PROTO_MIN_MAX_FRAME;
+  uint8_t hb[KVS__PEER_BATCH_MAX][KVS_PROTO_HEADER_SIZE];
+  struct iovec iov[2 * KVS__PEER_BATCH_MAX];
+  bool one_send = true;
   int rc = 0;
-  for (size_t i = 0; rc == 0 && i < n; i++)
+  for (size_t i = 0; rc == 0 && one_send && i < n; i++) {
+    kvs_proto_header_t h;
+    rc = kvs_proto_frame_header(op, 0, rid0 + i, req_lens[i], 0, fmax, &h);
+    one_send = rc == 0 && !(h.flags & KVS_PROTO_F_MORE);
+    kvs_proto_header_encode(&h, hb[i]);
+    iov[2 * i] = (struct iovec){hb[i], sizeof hb[i]};
+    iov[2 * i + 1] = (struct iovec){reqs[i], req_lens[i]};
+  }
+  if (rc == 0 && one_send) rc = kvs_sock_send_all(c->fd, iov, (int)(2 * n), -1, deadline);
+  for (size_t i = 0; rc == 0 && !one_send && i < n; i++)
     rc = kvs__peer_send_request(c, op, rid0 + i, reqs[i], req_lens[i], deadline);
   if (rc == 0) rc = kvs__peer_drain(p, c, deadline); /* a posted request's reply comes first */
   for (size_t i = 0; rc == 0 && i < n; i++) {

@@ -211,6 +211,7 @@ static uint8_t *put_u64(uint8_t *o, uint64_t v) {
  * recorded against the state at `state` (design §10.4). */
 typedef struct mover {
   bool split, plan;
+  bool drop; /* planning runs nobody writes (kvs__llama_plan_drop): recorded with chunk NULL */
   uint64_t min; /* splitting: runs this long are in the chunk already (UINT64_MAX: none) */
   kvs__llama_defer_t *defer;
   const uint8_t *state;
@@ -220,7 +221,7 @@ typedef struct mover {
 static bool record(kvs__llama_defer_t *d, const mover_t *m, uint8_t *st, uint8_t *chunk,
                    uint64_t len) {
   if (d->n >= d->cap) return false;
-  d->runs[d->n++] = (kvs__llama_run_t){(uint64_t)(st - m->state), len, chunk};
+  d->runs[d->n++] = (kvs__llama_run_t){(uint64_t)(st - m->state), len, m->drop ? NULL : chunk};
   d->bytes += len;
   return true;
 }
@@ -495,12 +496,32 @@ kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t 
   if (upto > N) upto = (uint32_t)N;
   uint64_t a = (uint64_t)c * T, n = upto - a < T ? upto - a : T;
   const uint32_t room = d->cap;
-  /* the state's places are only computed: nothing at state is read or written */
+  /* the state's places are only computed: nothing at state or dst is read or written */
   const mover_t plan = {.split = true, .plan = true, .min = d->min, .defer = d, .state = state};
   lay_out(frame, N, seq, (uint8_t *)(uintptr_t)state, dst + sizeof(kvs__llama_chunk_hdr_t) + 4 * n,
           a, n, n, &plan, NULL);
   if (d->cap == 0) { /* no room for every run */
     d->cap = room;
+    return KVS_LLAMA_CHUNKS_FIELD;
+  }
+  return KVS_LLAMA_CHUNKS_OK;
+}
+
+kvs__llama_chunks_status_t kvs__llama_plan_drop(const uint8_t *frame, uint64_t N, int32_t seq,
+                                                uint64_t a, uint64_t n, const uint8_t *state,
+                                                kvs__llama_defer_t *d) {
+  if (!d || seq < 0 || n == 0 || a > N || n > N - a) return KVS_LLAMA_CHUNKS_FIELD;
+  const uint32_t room = d->cap, n0 = d->n;
+  const uint64_t bytes0 = d->bytes;
+  /* The walk moves tokens [a, a + n) as one payload of n tokens; that payload is never
+   * written, so its places are counted from state (a payload is smaller than the state: they
+   * stay inside it) and only the state's are recorded. */
+  const mover_t plan = {.split = true, .plan = true, .drop = true, .min = d->min, .defer = d,
+                        .state = state};
+  lay_out(frame, N, seq, (uint8_t *)(uintptr_t)state, (uint8_t *)(uintptr_t)state, a, n, n, &plan,
+          NULL);
+  if (d->cap == 0) { /* no room: as it was */
+    d->cap = room, d->n = n0, d->bytes = bytes0;
     return KVS_LLAMA_CHUNKS_FIELD;
   }
   return KVS_LLAMA_CHUNKS_OK;

@@ -193,7 +193,8 @@ kvs__llama_chunks_status_t kvs__llama_chunk_write(const uint8_t *state,
 typedef struct kvs__llama_run {
   uint64_t off;   /* bytes [off, off + len) of the state */
   uint64_t len;
-  uint8_t *chunk; /* are chunk[0, len): in a chunk object's payload */
+  uint8_t *chunk; /* are chunk[0, len): in a chunk object's payload (a plan's NULL: nowhere,
+                   * the engine's write of them is dropped) */
 } kvs__llama_run_t;
 
 typedef struct kvs__llama_defer {
@@ -213,6 +214,15 @@ kvs__llama_chunks_status_t kvs__llama_chunk_plan(const uint8_t *frame, uint64_t 
                                                  uint32_t T, uint32_t upto, uint32_t c,
                                                  const uint8_t *state, uint8_t *dst, size_t cap,
                                                  kvs__llama_defer_t *d);
+
+/* Direct snapshots: tokens [a, a + n) of the same state that nobody reads (chunks held already):
+ * each of their payload runs of at least d->min bytes is appended to d with chunk NULL, for the
+ * engine's writes of them to be dropped; the tokens of several chunks in one range make one run
+ * per layer (per element of a transposed V). Nothing at state is read or written. OK, or FIELD
+ * (a bad range, or no room: d as it was). */
+kvs__llama_chunks_status_t kvs__llama_plan_drop(const uint8_t *frame, uint64_t N, int32_t seq,
+                                                uint64_t a, uint64_t n, const uint8_t *state,
+                                                kvs__llama_defer_t *d);
 
 /* kvs__llama_chunk_write for a chunk planned with runs of at least `min` bytes: those are in
  * dst already (the engine wrote them); the header, the tokens and the shorter runs are written

@@ -855,7 +855,8 @@ static __thread px_direct_t *px_direct_now __attribute__((tls_model("initial-exe
 
 /* Move bytes [a, a + size) of d's state between tensor (at offset) and memory: a load uploads
  * them (set), a snapshot downloads them (get); the runs' bytes from or into their chunks, the
- * bytes between runs from or into the state; each run's share counted. */
+ * bytes between runs from or into the state; each run's share counted. A snapshot's run with no
+ * chunk (of a chunk held already) is not downloaded at all: nobody reads those bytes. */
 static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set set,
                             kvs__px_pfn_ggml_backend_tensor_get get, struct ggml_tensor *tensor,
                             uint64_t a, size_t offset, size_t size) {
@@ -872,10 +873,14 @@ static void px_direct_serve(px_direct_t *d, kvs__px_pfn_ggml_backend_tensor_set 
     uint64_t end;
     if (r && r->off <= a) { /* in run i */
       end = r->off + r->len < e ? r->off + r->len : e;
-      src = r->chunk + (a - r->off);
+      src = r->chunk ? r->chunk + (a - r->off) : NULL;
       d->served[i++] += end - a;
     } else { /* bytes the assembly wrote, up to the next run */
       end = r && r->off < e ? r->off : e;
+    }
+    if (!src) { /* a run nobody needs (get only: an assembly records none) */
+      a = end;
+      continue;
     }
     if (set) set(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
     else get(tensor, src, offset + (size_t)(a - a0), (size_t)(end - a));
@@ -1278,6 +1283,22 @@ typedef struct px_planned {
   uint32_t index;
 } px_planned_t;
 
+/* Runs of chunks held already shorter than this are downloaded into the state buffer anyway
+ * (above a cell's ext record, which the engine writes itself, not through ggml). */
+#define PX_DROP_MIN_RUN 64u
+
+/* The runs of chunks [first, first + n) of a direct snapshot (held already: nobody reads
+ * them) into d with no destination, so the engine's downloads of them are dropped. Best
+ * effort: without room they are downloaded into the state buffer as before. */
+static void px_plan_drop(const uint8_t *frame, uint64_t N, int32_t s, uint32_t C, uint32_t first,
+                         uint32_t n, const uint8_t *state, kvs__llama_defer_t *d) {
+  if (!n) return;
+  const uint64_t min = d->min;
+  d->min = PX_DROP_MIN_RUN;
+  (void)kvs__llama_plan_drop(frame, N, s, (uint64_t)first * C, (uint64_t)n * C, state, d);
+  d->min = min;
+}
+
 static void px_planned_abort(kvs__runtime_t *rt, kvs__cache_write_t *w, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) kvs__cache_write_drop(rt, &w[i]);
 }
@@ -1301,11 +1322,13 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   if (!N || N < (uint64_t)J * C) return 1;
   if (cov > N) cov = (uint32_t)N;
   const uint32_t nmax = J + 2; /* the frame, chunks 0..J */
-  const uint64_t cap = (uint64_t)nmax * (2ull * fh.n_layers + 2);
-  if (cap > PX_DIRECT_MAX_RUNS) return 1;
+  /* room for every long run of the chunks stored, and (best effort) the runs of the chunks
+   * held already, whose downloads are dropped */
+  if ((uint64_t)nmax * (2ull * fh.n_layers + 2) > PX_DIRECT_MAX_RUNS) return 1;
   kvs__llama_defer_t d;
   if (!px_runs_room(&c->splan, &c->splan_cap,
-                    nmax * (sizeof(px_planned_t) + sizeof(kvs__cache_write_t)), cap, &d))
+                    nmax * (sizeof(px_planned_t) + sizeof(kvs__cache_write_t)),
+                    PX_DIRECT_MAX_RUNS, &d))
     return 1;
   px_planned_t *pp = c->splan;
   kvs__cache_write_t *w = (kvs__cache_write_t *)(void *)(pp + nmax);
@@ -1317,15 +1340,20 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
    * the own pool each is begun right after its own look, so a chunk a reservation evicts is
    * still found missing and stored (as px_snapshot_chunks does). */
   int prun = kvs__cache_peers_run(rt, keys, J, NULL);
-  uint32_t np = 0, dedup = 0;
+  uint32_t np = 0, dedup = 0, held = 0; /* held: the run of held chunks before chunk i */
   uint64_t saved = 0;
   for (uint32_t i = 0; i <= J; i++) {
     uint64_t len = kvs__llama_frame_chunk_size(frame, N, C, cov, i);
-    if (!len || (i == J && !J)) break;
+    if (!len || (i == J && !J)) {
+      px_plan_drop(frame, N, s, C, i - held, held, state, &d);
+      break;
+    }
     if (i < J && ((int)i < prun || kvs__cache_has_local(rt, keys[i]))) {
-      dedup++, saved += len;
+      dedup++, saved += len, held++;
       continue;
     }
+    px_plan_drop(frame, N, s, C, i - held, held, state, &d);
+    held = 0;
     px_planned_t *p = &pp[np];
     p->index = i;
     p->keys[0] = i < J ? keys[i] : px_next_key(keys[J - 1]);
@@ -1334,7 +1362,6 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
     if (!cache) kvs__cache_writes_begin(rt, 0, &w[np], 1);
     np++;
   }
-  if (np == 0) return 1;
   pp[np] = (px_planned_t){{px_frame_key(c, fh.checksum), px_frame_ns_key(c)}, 0};
   w[np] = (kvs__cache_write_t){.keys = pp[np].keys, .nk = 2, .len = c->sframe_len};
   if (cache) kvs__cache_writes_begin(rt, cache, w, np + 1);
@@ -1343,8 +1370,11 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   uint32_t m = 0;
   bool ok = w[np].rc == 0 || w[np].rc == -EEXIST;
   for (uint32_t k = 0; ok && k < np; k++) {
-    if (w[k].rc == -EEXIST) { /* stored meanwhile by another process */
-      if (pp[k].index < J) dedup++, saved += w[k].len;
+    if (w[k].rc == -EEXIST) { /* stored meanwhile by another process: its runs dropped too */
+      if (pp[k].index < J) {
+        dedup++, saved += w[k].len;
+        px_plan_drop(frame, N, s, C, pp[k].index, 1, state, &d);
+      }
       continue;
     }
     ok = w[k].rc == 0 &&
@@ -1358,7 +1388,7 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
     }
     m += ok;
   }
-  if (!ok || m == 0 || !d.n) {
+  if (!ok || !d.n) {
     px_planned_abort(rt, w, np + 1);
     return 1;
   }

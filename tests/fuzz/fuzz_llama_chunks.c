@@ -93,6 +93,16 @@ static void split_mode(const uint8_t *st, size_t len) {
       CHECK(kvs__llama_chunk_finish(st, &sc, tok, CHUNK, sc.n_cells, c, frame, NS, dst, chlen[c],
                                     16) == KVS_LLAMA_CHUNKS_OK);
       CHECK(memcmp(dst, ch[c], chlen[c]) == 0);
+      /* its tokens as a range nobody reads: the same runs, no destination */
+      kvs__llama_run_t none[64];
+      kvs__llama_defer_t dn = {none, 64, 0, 16, 0};
+      const uint64_t first = (uint64_t)c * CHUNK;
+      const uint64_t n = sc.n_cells - first < CHUNK ? sc.n_cells - first : CHUNK;
+      CHECK(kvs__llama_plan_drop(frame, sc.n_cells, sc.seq, first, n, st, &dn) ==
+            KVS_LLAMA_CHUNKS_OK);
+      CHECK(dn.n == d.n && dn.bytes == d.bytes);
+      for (uint32_t i = 0; i < d.n; i++)
+        CHECK(!none[i].chunk && none[i].off == runs[i].off && none[i].len == runs[i].len);
     }
     free(dst);
   }

@@ -29,6 +29,11 @@ kvshim restores it each time) for the steady state, timed apart. With --steady s
 requests are the prefix and a short question each instead (no new chunk, so no snapshot between
 two restores: the context's last assembly is loaded again, design §10.4).
 
+Store time (issue 25's "store on the producer: no slower than today per stored byte"): each
+snapshot's debug line ("N bytes stored in W ns (C ns on CPU)", prefix.c) gives its wall and CPU
+time per stored byte (for chunks, the bytes of the chunks and frame written; dedup leaves the
+rest unwritten); printed per mode as median [min-max], and chunks / whole blobs of the medians.
+
 Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
 distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
 x the model's KV bytes per token (8 layers x 512 K and 512 V values in f16: 16,384; token
@@ -76,10 +81,19 @@ def restores_logged(r):
         return [(int(w) / int(n), int(c) / int(n)) for n, w, c in RESTORED.findall(f.read())]
 
 
+STORED = re.compile(r"(\d+) bytes stored in (\d+) ns \((\d+) ns on CPU\)")
+
+
+def stores_logged(r):
+    """(wall, CPU) ns per stored byte of every snapshot replica r logged so far."""
+    with open(r.log, errors="replace") as f:
+        return [(int(w) / int(n), int(c) / int(n)) for n, w, c in STORED.findall(f.read())]
+
+
 def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None, direct=1):
     """The requests, alternately to two replicas: (completions, per-replica counters, the
     workload's restores and the --restores ones (steady_reqs, else reqs, in turn), each as
-    (wall, CPU) ns per restored token)."""
+    (wall, CPU) ns per restored token, and every snapshot as (wall, CPU) ns per stored byte)."""
     steady_reqs = steady_reqs or reqs
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug",
              "KVSHIM_LLAMA_DIRECT": str(direct)} if preload else {}
@@ -95,11 +109,13 @@ def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None, direct=1):
     for r in reps:
         ctx.stop(r)
     steady = [x for r, f in zip(reps, first) for x in restores_logged(r)[len(f):]]
-    return out, st, ([x for f in first for x in f], steady)
+    stores = [x for r in reps for x in stores_logged(r)] if preload else []
+    return out, st, ([x for f in first for x in f], steady, stores)
 
 
-def spread(xs):
-    return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]" if xs else "-"
+def spread(xs, digits=1):
+    return (f"{statistics.median(xs):.{digits}f} [{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
+            if xs else "-")
 
 
 def main():
@@ -135,9 +151,9 @@ def main():
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st, (first, steady) = run(ctx, reqs, True, chunks, args.restores, steady_reqs,
-                                               args.direct)
-            timing[chunks] = (first, steady)
+            got, st, (first, steady, stores) = run(ctx, reqs, True, chunks, args.restores,
+                                                       steady_reqs, args.direct)
+            timing[chunks] = (first, steady, stores)
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:
                 sys.exit(f"chunks={int(chunks)}: requests {bad} differ from the replicas without "
@@ -155,10 +171,19 @@ def main():
                 print(f"  restores, {what}: {len(per_token)}, ns per restored token: wall "
                       f"{spread([w for w, _ in per_token])}, CPU "
                       f"{spread([c for _, c in per_token])}")
+            print(f"  snapshots: {len(stores)}, ns per stored byte: wall "
+                  f"{spread([w for w, _ in stores], 3)}, CPU {spread([c for _, c in stores], 3)}")
         finally:
             ctx.cleanup()
+    for i, what in ((0, "wall"), (1, "CPU")):
+        on, off = timing.get(True, ([], [], []))[2], timing.get(False, ([], [], []))[2]
+        if on and off:
+            a = statistics.median(x[i] for x in on)
+            b = statistics.median(x[i] for x in off)
+            print(f"store per byte, chunks / whole blobs ({what}, medians): {a / b:.2f} "
+                  f"(goal <= 1.0)")
     for j, which in ((0, "first per replica"), (1, "steady")):
-        on, off = timing.get(True, ([], []))[j], timing.get(False, ([], []))[j]
+        on, off = timing.get(True, ([], [], []))[j], timing.get(False, ([], [], []))[j]
         for i, what in ((0, "wall"), (1, "CPU")):
             if on and off:
                 a = statistics.median(x[i] for x in on)

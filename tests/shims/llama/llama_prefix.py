@@ -83,6 +83,7 @@ Cases:
               has that claim key and nothing to restore, claims it itself and does not wait
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -953,6 +954,16 @@ def case_chunks_direct_store(ctx):
     (each run with a fresh serve)."""
     a, _ = models(ctx)
     shared = "r1024@1"
+    # With --tensor-count, libtensorset_count.so after kvshim counts the bytes the engine really
+    # downloads (kvshim's hook forwards to it): a direct snapshot does not download the runs of
+    # chunks held already (nobody reads them), so it downloads fewer than a copying one.
+    count = ({"LD_PRELOAD": ":".join(filter(None, (ctx.asan_runtime, ctx.preload,
+                                                   ctx.args.tensor_count)))}
+             if getattr(ctx.args, "tensor_count", None) else {})
+
+    def downloaded(err):
+        m = re.search(r"tensorget calls=\d+ bytes=(\d+)", err)
+        return int(m.group(1)) if m else None
     cmds = [f"model 0 {a}", "ctx 0 0 1"]
     for p in (f"{shared}+r300@2", f"{shared}+r300@3", "r1300@7", "r1300@7+r300@8",
               f"{shared}+r300@3+r300@4", f"{shared}+r300@3+r300@4+r9@5", "r1300@7+r300@8+r9@6",
@@ -962,15 +973,18 @@ def case_chunks_direct_store(ctx):
     keep = ("llama_chunks_stored", "llama_chunks_dedup", "llama_chunks_saved_bytes",
             "llama_chunks_tails", "llama_chunks_assembled")
     base = None
+    got_bytes = {}
     for what, env, direct, refused in (("KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0, 0),
                                        ("through ggml", {}, 4, 0),
                                        ("engine writes itself", {"FAKELLAMA_TENSOR_GET_MEMCPY": "1"},
                                         0, 1)):
         ref_env = {k: v for k, v in env.items() if k.startswith("FAKELLAMA_")}
-        st, err = same(ctx, cmds, f"chunks-direct-store: {what}", preload_extra={**on, **env},
-                       ref_extra=ref_env)
+        st, err = same(ctx, cmds, f"chunks-direct-store: {what}",
+                       preload_extra={**on, **env, **count}, ref_extra=ref_env)
         cs = chunk_stats(st)
-        print(f"chunks-direct-store: {what}: {cs} used {st.get('store_used_bytes')}")
+        got_bytes[what] = downloaded(err)
+        print(f"chunks-direct-store: {what}: {cs} used {st.get('store_used_bytes')}, engine "
+              f"downloaded {got_bytes[what]} bytes")
         check(cs.get("llama_chunks_direct_stores") == direct and
               cs.get("llama_chunks_direct_store_refused") == refused,
               f"{what}: expected {direct} direct snapshots, {refused} refused: {cs}")
@@ -979,6 +993,11 @@ def case_chunks_direct_store(ctx):
         got = ({k: cs.get(k) for k in keep}, st.get("store_used_bytes"))
         base = got if base is None else base
         check(got == base, f"{what}: chunk counters and node bytes {got}, copying {base}")
+    if count:
+        full, direct = got_bytes["KVSHIM_LLAMA_DIRECT=0"], got_bytes["through ggml"]
+        check(full and direct is not None and direct < full,
+              f"direct snapshots downloaded {direct} bytes, copying ones {full}: the runs of "
+              f"chunks held already must not be downloaded")
     at_serve = None
     for what, env, direct in (("serve, KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0),
                               ("serve", {}, 4)):
@@ -1088,5 +1107,6 @@ CASES = {
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(CASES, harness.parser(__doc__, "--host", "--preload", "--cli", asan=True),
+    sys.exit(harness.main(CASES, harness.parser(__doc__, "--host", "--preload", "--cli", asan=True,
+                                                optional=("--tensor-count",)),
                           Ctx))

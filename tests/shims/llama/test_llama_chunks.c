@@ -320,12 +320,45 @@ static void planned(int flash, uint64_t min) {
                                          s.chlen[ci], min),
                  KVS_LLAMA_CHUNKS_OK);
     cr_assert(memcmp(dst, s.ch[ci], s.chlen[ci]) == 0, "chunk %u differs from the split's", ci);
+    /* the chunk's tokens as a range nobody reads (held already): the same runs of the state,
+     * with no destination, for the engine's writes of them to be dropped */
+    kvs__llama_run_t none[64];
+    kvs__llama_defer_t dn = {none, 64, 0, min, 0};
+    const uint64_t first = (uint64_t)ci * T;
+    const uint64_t n = s.sc.n_cells - first < T ? s.sc.n_cells - first : T;
+    cr_assert_eq(kvs__llama_plan_drop(s.frame, s.sc.n_cells, s.sc.seq, first, n, st, &dn),
+                 KVS_LLAMA_CHUNKS_OK);
+    cr_assert_eq(dn.n, d.n);
+    cr_assert_eq(dn.bytes, d.bytes);
+    for (uint32_t i = 0; i < d.n; i++) {
+      cr_assert_eq(none[i].off, runs[i].off);
+      cr_assert_eq(none[i].len, runs[i].len);
+      cr_assert_null(none[i].chunk, "a run of a chunk nobody writes has a destination");
+    }
     kvs__llama_defer_t small = {runs, 1, 0, min, 0};
     cr_assert_eq(kvs__llama_chunk_plan(s.frame, s.sc.n_cells, s.sc.seq, T, s.sc.n_cells, ci, st,
                                        dst, s.chlen[ci], &small),
                  KVS_LLAMA_CHUNKS_FIELD, "no room for the runs");
+    kvs__llama_defer_t smalln = {none, 1, 0, min, 0};
+    cr_assert_eq(kvs__llama_plan_drop(s.frame, s.sc.n_cells, s.sc.seq, first, n, st, &smalln),
+                 KVS_LLAMA_CHUNKS_FIELD, "no room for the runs");
+    cr_assert_eq(smalln.n, 0, "a refused plan leaves d as it was");
+    cr_assert_eq(smalln.bytes, 0);
     free(dst);
   }
+  /* all the chunks as one range: one run per layer (per element of a transposed V) covering
+   * every chunk's, and bad ranges refused */
+  kvs__llama_run_t all[64];
+  kvs__llama_defer_t da = {all, 64, 0, min, 0};
+  cr_assert_eq(kvs__llama_plan_drop(s.frame, s.sc.n_cells, s.sc.seq, 0, s.sc.n_cells, st, &da),
+               KVS_LLAMA_CHUNKS_OK);
+  for (uint32_t i = 0; i + 1 < da.n; i++)
+    cr_assert_leq(all[i].off + all[i].len, all[i + 1].off, "runs in the state's order, apart");
+  cr_assert_eq(all[0].len % s.sc.n_cells, 0, "a run is every cell's row or element");
+  cr_assert_eq(kvs__llama_plan_drop(s.frame, s.sc.n_cells, s.sc.seq, 1, s.sc.n_cells, st, &da),
+               KVS_LLAMA_CHUNKS_FIELD, "past the state's tokens");
+  cr_assert_eq(kvs__llama_plan_drop(s.frame, s.sc.n_cells, s.sc.seq, 0, 0, st, &da),
+               KVS_LLAMA_CHUNKS_FIELD, "no tokens");
   free(st);
   split_free(&s);
   llama_free(c);
