@@ -602,8 +602,11 @@ void kvs__llama_prefix_state_load(struct llama_context *ctx, int32_t seq) {
 static kvs_stats_t *px_stats(void) { return kvs_stats_global(); }
 
 /* Make the mapping *buf (kvs__prim_alloc, *cap bytes, owned by the caller's context) hold at
- * least need bytes; its contents are not kept. False: no memory, *buf unchanged. */
-static bool px_grow(void **buf, size_t *cap, size_t need) {
+ * least need bytes; its contents are not kept. huge: in huge pages where the kernel gives them
+ * on request (for a buffer written whole: one page fault per 2 MiB instead of per 4 KiB; a
+ * buffer written only here and there would have every 2 MiB page it touches zeroed whole).
+ * False: no memory, *buf unchanged. */
+static bool px_grow_as(void **buf, size_t *cap, size_t need, bool huge) {
   if (need <= *cap) return true;
   void *p = NULL;
   int rc;
@@ -612,13 +615,24 @@ static bool px_grow(void **buf, size_t *cap, size_t need) {
     rc = kvs__prim_alloc(need, &p);
   }
   if (rc < 0) return false;
-  /* huge pages where the kernel gives them on request: a state-sized scratch buffer's first
-   * use is otherwise one page fault per 4 KiB (a restore by assembly's first copy) */
-  kvs__prim_hugepage_hint(p, need);
+  if (huge) kvs__prim_hugepage_hint(p, need);
   kvs__prim_unmap(*buf, *cap);
   *buf = p;
   *cap = need;
   return true;
+}
+
+static bool px_grow(void **buf, size_t *cap, size_t need) {
+  return px_grow_as(buf, cap, need, true);
+}
+
+/* px_grow of a context's state buffer (cbuf). With direct loads and snapshots (the default) it
+ * is written only here and there: the state's metadata, a few bytes between the runs that come
+ * from or go to the chunks (design §10.4); huge pages then made a process's first restore by
+ * assembly zero the whole state's worth of them (docs/PERF.md 14.2). Only a context that copies
+ * every byte (KVSHIM_LLAMA_DIRECT=0) gets them. */
+static bool px_grow_state(px_ctx_t *c, size_t need) {
+  return px_grow_as(&c->cbuf, &c->cbuf_cap, need, !kvs__runtime_options()->llama_direct);
 }
 
 /* The engine's memory of sequence s is now tok[0, n) at positions 0..n-1 (a state load whose
@@ -1475,7 +1489,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                       KVS_LLAMA_CHUNKS_MAX_SECTIONS * (sizeof(kvs__llama_frame_sec_t) +
                       KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
   c->asm_id = 0; /* the state written below replaces any assembly */
-  if (!px_grow(&c->cbuf, &c->cbuf_cap, S + fmax)) return -ENOMEM;
+  if (!px_grow_state(c, S + fmax)) return -ENOMEM;
   int dr = px_snapshot_direct(c, rt, ctx, s, keys, J, cov, S, bytes);
   if (dr != 1) return dr;
   if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
@@ -1757,7 +1771,7 @@ static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layou
   if (!x->good || N <= x->pl->n || N > c->sh.cap || x->lens[0] < sizeof(kvs__llama_frame_hdr_t))
     return 0;
   uint64_t S = kvs__llama_chunks_state_size(x->ptr[0], N);
-  if (!S || !px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) return 0;
+  if (!S || !px_grow_state(c, (size_t)S)) return 0;
   x->st = px_assemble_load(c, x->ctx, x->pl, x->ptr[0], x->lens[0], x->ptr + 1, x->lens + 1,
                            x->good, x->take, S, x->k, &x->res);
   return 0;
@@ -1921,7 +1935,7 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
    * checksum: one pass) and its long runs left where they are for a direct load (else copied
    * once); handed to llama_state_seq_set_data from there with the prompt's tokens (the run's,
    * checked equal above): no blob is sealed or checked again */
-  if (!px_grow(&c->cbuf, &c->cbuf_cap, (size_t)S)) goto out;
+  if (!px_grow_state(c, (size_t)S)) goto out;
   kvs__llama_chunks_status_t r =
       px_assemble_load(c, ctx, pl, fr.p, fr.len, ptr, lens, good, take, S, k, &res);
   if (r != KVS_LLAMA_CHUNKS_OK) {
