@@ -1322,7 +1322,7 @@ static void px_planned_abort(kvs__runtime_t *rt, kvs__cache_write_t *w, uint32_t
  * takes the copy path); else as px_snapshot_chunks. */
 static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                               int32_t s, const kvs_key_t *keys, uint32_t J, uint32_t cov,
-                              size_t S, uint64_t *bytes) {
+                              int prun, size_t S, uint64_t *bytes) {
   const kvs__llama_blob_home_t home = kvs__llama_blob_home(rt);
   if (!kvs__runtime_options()->llama_direct || !c->sframe_len ||
       atomic_load_explicit(&px_store_verdict, memory_order_relaxed) == 0)
@@ -1353,7 +1353,6 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
    * are begun at once, after one look at what it holds (as px_snapshot_chunks stores there); in
    * the own pool each is begun right after its own look, so a chunk a reservation evicts is
    * still found missing and stored (as px_snapshot_chunks does). */
-  int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint32_t np = 0, dedup = 0, held = 0; /* held: the run of held chunks before chunk i */
   uint64_t saved = 0;
   for (uint32_t i = 0; i <= J; i++) {
@@ -1472,13 +1471,14 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
 }
 
 /* Store sequence s's state as a frame and its first J chunks (chunk i > 0 also under the
- * continuation key after chunk i - 1), each chunk already cached here or at a peer counted and
- * not stored again, then the canonical tokens past them up to cov (< J + 1 chunks) as a short
+ * continuation key after chunk i - 1), each chunk already cached here or at a peer (keys[0,
+ * prun): the leading run the caller's look found at the peers) counted and not stored again,
+ * then the canonical tokens past them up to cov (< J + 1 chunks) as a short
  * chunk under the continuation key after chunk J - 1 alone. 0 (stored; *bytes what was
  * written), 1 (the state cannot be split: store it whole), or a negative errno. */
 static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_context *ctx,
                               int32_t s, const kvs_key_t *keys, uint32_t J, uint32_t cov,
-                              uint64_t *bytes) {
+                              int prun, uint64_t *bytes) {
   kvs_stats_t *st = px_stats();
   kvs__llama_state_api_t api;
   px_state_api(&api);
@@ -1490,7 +1490,7 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                       KVS_LLAMA_CHUNKS_MAX_LAYERS * sizeof(kvs__llama_frame_layer_t));
   c->asm_id = 0; /* the state written below replaces any assembly */
   if (!px_grow_state(c, S + fmax)) return -ENOMEM;
-  int dr = px_snapshot_direct(c, rt, ctx, s, keys, J, cov, S, bytes);
+  int dr = px_snapshot_direct(c, rt, ctx, s, keys, J, cov, prun, S, bytes);
   if (dr != 1) return dr;
   if (kvs__llama_state_get(&api, ctx, c->cbuf, S, s) != S) return -EIO;
   kvs__llama_chunks_scan_t sc;
@@ -1521,7 +1521,6 @@ static int px_snapshot_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
   const kvs_key_t fkeys[2] = {px_frame_key(c, id), px_frame_ns_key(c)};
   int rc = kvs__llama_obj_store(&home, fkeys, 2, sc.frame_size, px_fill_frame, &f);
   if (rc < 0 && rc != -EEXIST) return rc;
-  int prun = kvs__cache_peers_run(rt, keys, J, NULL);
   uint64_t wrote = 0;
   for (uint32_t i = 0; i < J; i++) {
     uint64_t len = kvs__llama_chunk_size(&sc, c->chunk, cov, i);
@@ -2088,6 +2087,7 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
   kvs_stats_t *st = px_stats();
   const kvs_key_t *keys;
   bool cached;
+  int prun = 0; /* chunks: the leading run of keys some peer holds, when asked */
   {
     KVS__REENTRY_GUARD();
     kvs__px_keys_compute(&c->sh, (uint32_t)s, c->ns, q->nkeys, J);
@@ -2096,7 +2096,8 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
     if (c->chunks) { /* every chunk there (a dropped or evicted middle one is stored again) */
       uint32_t here = 0;
       while (here < J && kvs__cache_has_local(rt, keys[here])) here++;
-      cached = here == J || kvs__cache_peers_run(rt, keys, J, NULL) == (int)J;
+      if (here < J) prun = kvs__cache_peers_run(rt, keys, J, NULL);
+      cached = here == J || prun == (int)J;
     } else {
       cached = kvs__cache_has_local(rt, keys[J - 1]) ||
                kvs__cache_peers_run(rt, &keys[J - 1], 1, NULL) == 1;
@@ -2108,7 +2109,7 @@ static bool px_snapshot_timed(px_ctx_t *c, struct llama_context *ctx, int32_t s)
   }
   if (c->chunks) {
     uint64_t wrote = 0;
-    int cr = px_snapshot_chunks(c, rt, ctx, s, keys, J, cov, &wrote);
+    int cr = px_snapshot_chunks(c, rt, ctx, s, keys, J, cov, prun, &wrote);
     if (cr == 0) {
       q->snap = J * C;
       kvs_stats_inc(st, KVS_STAT_llama_prefix_snapshots);
