@@ -331,8 +331,10 @@ void kvs__cache_writes_begin(kvs__runtime_t *rt, uint64_t cache, kvs__cache_writ
   }
   if (cache) { /* one copy per node: the slots in the cache peer's pool, as save_at_peer's */
     KVS__REENTRY_GUARD();
-    for (size_t i = 0; i < n; i += KVS_PEERS_RESERVE_MAX)
-      writes_at_peer(rt, cache, w + i, n - i < KVS_PEERS_RESERVE_MAX ? n - i : KVS_PEERS_RESERVE_MAX);
+    for (size_t i = 0; i < n; i += KVS_PEERS_RESERVE_MAX) {
+      size_t k = n - i < KVS_PEERS_RESERVE_MAX ? n - i : KVS_PEERS_RESERVE_MAX;
+      writes_at_peer(rt, cache, w + i, k);
+    }
   }
   for (size_t i = 0; i < n; i++)
     if (w[i].rc == 1)

@@ -180,7 +180,8 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
  * this connection closes, or when its store's lease (KVSHIM_LEASE_MS) runs out: the publish
  * then fails and nothing is published. */
 typedef struct kvs_peer_resv {
-  /* the caller's: the object, len bytes (a 1-D u8 layout) under keys[0] + aliases keys[1..n_keys) */
+  /* the caller's: the object, len bytes (a 1-D u8 layout), under keys[0] and the aliases
+   * keys[1..n_keys) */
   const kvs_key_t *keys;
   uint32_t n_keys;
   uint64_t len;
