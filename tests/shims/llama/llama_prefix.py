@@ -951,7 +951,11 @@ def case_chunks_direct_store(ctx):
     (`kvshim serve`) the chunks are reserved in serve's pool, each held across the engine's call
     without the connection's lock, and written there in place: the same 4 direct snapshots, and
     serve ends with the chunk counters and bytes of a serve the same prompts filled by copying
-    (each run with a fresh serve)."""
+    (each run with a fresh serve). With 16-token chunks of a wider model a snapshot reserves
+    more chunks than one batch of requests holds: every chunk still lands at serve. An engine
+    that reaches serve inline writes its chunks in place in its own pool. With --tensor-count,
+    the bytes the engine downloads are counted: a direct snapshot drops the downloads of chunks
+    held already, so fewer than a copying one."""
     a, _ = models(ctx)
     shared = "r1024@1"
     # With --tensor-count, libtensorset_count.so after kvshim counts the bytes the engine really
@@ -1023,6 +1027,28 @@ def case_chunks_direct_store(ctx):
         at_serve = got if at_serve is None else at_serve
         check(got == at_serve, f"{what}: chunk counters and serve's bytes and objects {got}, "
                                f"copying {at_serve}")
+    # 16-token chunks of a model of 256 values a row (a chunk's K run 4 KiB, planned): a
+    # snapshot of up to 1,933 tokens reserves more chunks than one batch of requests holds
+    # (KVS_PEERS_RESERVE_MAX, 64): several batches, every chunk at serve
+    wide = ctx.p("wide.gguf")
+    ctx.run([f"mkmodel {wide} alpha 2 256 64 1"], preload=False)
+    sv = ctx.serve()
+    st, _ = same(ctx, [f"model 0 {wide}"] + cmds[1:], "chunks-direct-store: serve, 16-token chunks",
+                 preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_CHUNK_TOKENS": "16"})
+    sv.kill()
+    sv.communicate(timeout=10)
+    cs = chunk_stats(st)
+    print(f"chunks-direct-store: serve, 16-token chunks: {cs}")
+    snaps = prefix_stats(st).get("snapshots", 0)
+    at = st.get("cache_peer_stores", 0)
+    check(snaps >= 5 and cs.get("llama_chunks_direct_stores") == snaps - 1 and
+          cs.get("llama_chunks_stored", 0) > 64 and st.get("cache_peer_fallbacks", 0) == 0 and
+          at >= cs.get("llama_chunks_stored", 0) + cs.get("llama_chunks_tails", 0),
+          f"16-token chunks: expected every snapshot but the first ({snaps}) direct, over 64 "
+          f"chunks, every one stored at serve ({at}): {cs}, fallbacks "
+          f"{st.get('cache_peer_fallbacks')}")
+    expect(st, "16-token chunks", restores=(">=", 6), bad_blobs=("==", 0),
+           restore_failures=("==", 0), snapshot_failures=("==", 0))
     # an engine that reaches serve inline (KVSHIM_STRATEGY=inline: no mapping of serve's pool)
     # cannot write there in place: its snapshots still write in place, into its own pool
     sv = ctx.serve()
