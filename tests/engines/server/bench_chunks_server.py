@@ -32,7 +32,9 @@ two restores: the context's last assembly is loaded again, design §10.4).
 Store time (issue 25's "store on the producer: no slower than today per stored byte"): each
 snapshot's debug line ("N bytes stored in W ns (C ns on CPU)", prefix.c) gives its wall and CPU
 time per stored byte (for chunks, the bytes of the chunks and frame written; dedup leaves the
-rest unwritten); printed per mode as median [min-max], and chunks / whole blobs of the medians.
+rest unwritten) and per snapshot; printed per mode as median [min-max] over all snapshots and
+over those after each replica's first (with chunks that one learns the context's frame by
+copying the whole state), and chunks / whole blobs of the medians.
 
 Node bytes in use: serve's store_used_bytes at the end plus both replicas'. The limit: the
 distinct KV bytes of the workload, (prefix tokens + each request's tokens after the prefix)
@@ -85,15 +87,19 @@ STORED = re.compile(r"(\d+) bytes stored in (\d+) ns \((\d+) ns on CPU\)")
 
 
 def stores_logged(r):
-    """(wall, CPU) ns per stored byte of every snapshot replica r logged so far."""
+    """(wall, CPU) ns per stored byte and (wall, CPU) ms of every snapshot replica r logged so
+    far."""
     with open(r.log, errors="replace") as f:
-        return [(int(w) / int(n), int(c) / int(n)) for n, w, c in STORED.findall(f.read())]
+        return [(int(w) / int(n), int(c) / int(n), int(w) / 1e6, int(c) / 1e6)
+                for n, w, c in STORED.findall(f.read())]
 
 
 def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None, direct=1):
     """The requests, alternately to two replicas: (completions, per-replica counters, the
     workload's restores and the --restores ones (steady_reqs, else reqs, in turn), each as
-    (wall, CPU) ns per restored token, and every snapshot as (wall, CPU) ns per stored byte)."""
+    (wall, CPU) ns per restored token, and every snapshot (stores_logged), all of them and the
+    later ones (each replica's first apart: with chunks it learns the context's frame by
+    copying the whole state, design §10.4))."""
     steady_reqs = steady_reqs or reqs
     extra = {"KVSHIM_LLAMA_CHUNKS": str(int(chunks)), "KVSHIM_LOG": "debug",
              "KVSHIM_LLAMA_DIRECT": str(direct)} if preload else {}
@@ -109,8 +115,10 @@ def run(ctx, reqs, preload, chunks, restores=0, steady_reqs=None, direct=1):
     for r in reps:
         ctx.stop(r)
     steady = [x for r, f in zip(reps, first) for x in restores_logged(r)[len(f):]]
-    stores = [x for r in reps for x in stores_logged(r)] if preload else []
-    return out, st, ([x for f in first for x in f], steady, stores)
+    per_rep = [stores_logged(r) for r in reps] if preload else []
+    stores = [x for xs in per_rep for x in xs]
+    later = [x for xs in per_rep for x in xs[1:]]
+    return out, st, ([x for f in first for x in f], steady, stores, later)
 
 
 def spread(xs, digits=1):
@@ -151,9 +159,9 @@ def main():
                       f"{KV_PER_TOKEN} = {distinct * KV_PER_TOKEN} bytes")
                 continue
             serve = ctx.serve(pool="3G")
-            got, st, (first, steady, stores) = run(ctx, reqs, True, chunks, args.restores,
-                                                       steady_reqs, args.direct)
-            timing[chunks] = (first, steady, stores)
+            got, st, (first, steady, stores, later) = run(ctx, reqs, True, chunks, args.restores,
+                                                              steady_reqs, args.direct)
+            timing[chunks] = (first, steady, stores, later)
             bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
             if bad:
                 sys.exit(f"chunks={int(chunks)}: requests {bad} differ from the replicas without "
@@ -172,18 +180,28 @@ def main():
                       f"{spread([w for w, _ in per_token])}, CPU "
                       f"{spread([c for _, c in per_token])}")
             print(f"  snapshots: {len(stores)}, ns per stored byte: wall "
-                  f"{spread([w for w, _ in stores], 3)}, CPU {spread([c for _, c in stores], 3)}")
+                  f"{spread([x[0] for x in stores], 3)}, CPU {spread([x[1] for x in stores], 3)}"
+                  f"; the {len(later)} after each replica's first: ns per stored byte wall "
+                  f"{spread([x[0] for x in later], 3)}, CPU {spread([x[1] for x in later], 3)}, "
+                  f"ms per snapshot wall {spread([x[2] for x in later], 2)}, CPU "
+                  f"{spread([x[3] for x in later], 2)}")
         finally:
             ctx.cleanup()
-    for i, what in ((0, "wall"), (1, "CPU")):
-        on, off = timing.get(True, ([], [], []))[2], timing.get(False, ([], [], []))[2]
+    none = ([], [], [], [])
+    for j, i, what in ((2, 0, "per stored byte, all snapshots, wall"),
+                       (2, 1, "per stored byte, all snapshots, CPU"),
+                       (3, 0, "per stored byte, later snapshots, wall"),
+                       (3, 1, "per stored byte, later snapshots, CPU"),
+                       (3, 2, "per snapshot, later snapshots, wall"),
+                       (3, 3, "per snapshot, later snapshots, CPU")):
+        on, off = timing.get(True, none)[j], timing.get(False, none)[j]
         if on and off:
             a = statistics.median(x[i] for x in on)
             b = statistics.median(x[i] for x in off)
-            print(f"store per byte, chunks / whole blobs ({what}, medians): {a / b:.2f} "
-                  f"(goal <= 1.0)")
+            goal = " (goal <= 1.0)" if "byte" in what else ""
+            print(f"store {what}, chunks / whole blobs (medians): {a / b:.2f}{goal}")
     for j, which in ((0, "first per replica"), (1, "steady")):
-        on, off = timing.get(True, ([], [], []))[j], timing.get(False, ([], [], []))[j]
+        on, off = timing.get(True, none)[j], timing.get(False, none)[j]
         for i, what in ((0, "wall"), (1, "CPU")):
             if on and off:
                 a = statistics.median(x[i] for x in on)
