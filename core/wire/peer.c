@@ -128,7 +128,6 @@ static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
                 &rn);
   if (rc == 0 && !streamed) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
   if (rc == 0 && !streamed) {
-    uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
     const uint8_t *base = c->pool ? kvs_pool_base(c->pool) : NULL;
     for (uint32_t i = 0; i < r.n_objects; i++) {
       const kvs_proto_object_t *o = &objs[i];
@@ -137,7 +136,7 @@ static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
       if (r.is_inline) {
         bytes = o->data;
       } else {
-        if (!base || o->offset > seg || o->length > seg - o->offset) {
+        if (!kvs__peer_in_pool(c, o->offset, o->length)) {
           rc = -EFAULT; /* a peer pointing outside its own pool: stop, report a miss */
           break;
         }
@@ -451,17 +450,6 @@ int kvs_peers_store_into(kvs_peers_t *p, uint64_t instance, const kvs_key_t *key
 
 /* ---- a write held across the caller's own work (kvs_peer_resv_t) ---------------------------- */
 
-/* ABORT of write transfer xfer on c (c->lock held); a failed abort only costs the peer a lease. */
-static void abort_xfer(kvs_peers_t *p, pconn_t *c, uint64_t xfer) {
-  kvs_proto_xfer_t x = {xfer};
-  uint8_t *r = NULL;
-  size_t n = 0;
-  int rc;
-  KVS__PEER_RPC(rc, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r, &n);
-  (void)rc;
-  free(r);
-}
-
 /* The requests of one pipelined batch, encoded into one buffer (kvs__peer_rpc_batch's input),
  * and what came back. */
 typedef struct batch {
@@ -526,7 +514,6 @@ int kvs_peers_reserve(kvs_peers_t *p, uint64_t instance, kvs_peer_resv_t *const 
   if (rc == 0)
     rc = kvs__peer_rpc_batch(p, c, KVS_OP_PREPARE_STORE, b.reqs, b.lens, n, b.reps, b.rlens,
                              b.codes);
-  const uint64_t seg = rc == 0 ? kvs_pool_segment_size(c->pool) : 0;
   for (size_t i = 0; rc == 0 && i < n; i++) {
     kvs_proto_prepare_store_reply_t rep;
     if (b.codes[i] || kvs_proto_prepare_store_reply_decode(b.reps[i], b.rlens[i], &rep) < 0)
@@ -536,14 +523,14 @@ int kvs_peers_reserve(kvs_peers_t *p, uint64_t instance, kvs_peer_resv_t *const 
     if (!rep.xfer) continue;
     const kvs_proto_slot_t *s = rep.n_slots == 1 ? &rep.slots[0] : NULL;
     if (o->outcome == KVS_RES_RESERVED && s && s->key_index == 0 && s->length == o->len &&
-        s->offset <= seg && o->len <= seg - s->offset) {
+        kvs__peer_in_pool(c, s->offset, s->length)) {
       o->dst = kvs_pool_base(c->pool) + s->offset;
       o->xfer = rep.xfer;
       o->offset = s->offset;
       o->conn = c;
       got++;
     } else {
-      abort_xfer(p, c, rep.xfer);
+      kvs__peer_abort(p, c, rep.xfer);
       o->outcome = 0;
     }
   }
@@ -574,7 +561,7 @@ static int publish_on(kvs_peers_t *p, pconn_t *c, kvs_peer_resv_t *const *r, siz
     rc = kvs__peer_rpc_batch(p, c, KVS_OP_COMMIT_STORE, b.reqs, b.lens, n, b.reps, b.rlens,
                              b.codes);
   else
-    for (size_t i = 0; i < n; i++) abort_xfer(p, c, r[i]->xfer);
+    for (size_t i = 0; i < n; i++) kvs__peer_abort(p, c, r[i]->xfer);
   pthread_mutex_unlock(&c->lock);
   int published = 0;
   for (size_t i = 0; i < n; i++) {
@@ -609,7 +596,7 @@ void kvs_peers_unreserve(kvs_peers_t *p, kvs_peer_resv_t *r) {
   pconn_t *c = r->conn;
   if (!p || !c) return;
   pthread_mutex_lock(&c->lock);
-  abort_xfer(p, c, r->xfer);
+  kvs__peer_abort(p, c, r->xfer);
   pthread_mutex_unlock(&c->lock);
   kvs__peer_unref(p, c);
   r->dst = NULL, r->xfer = r->offset = 0, r->conn = NULL;

@@ -168,6 +168,12 @@ int kvs__peer_retrieve_inline_into(kvs_peers_t *p, pconn_t *c,
                                    const kvs_proto_prepare_retrieve_t *m, kvs_proto_object_t *objs,
                                    size_t cap, const kvs__peer_into_t *into,
                                    kvs_proto_prepare_retrieve_reply_t *r, int *delivered);
+/* Do the len bytes at offset, a place the peer named in its pool (a PREPARE_STORE slot, a
+ * PREPARE_RETRIEVE object), lie inside c's mapping of that pool? False without a mapping. The
+ * peer's word is checked before a byte there is read or written. */
+bool kvs__peer_in_pool(const pconn_t *c, uint64_t offset, uint64_t len);
+/* ABORT write transfer xfer on c (c->lock held); a failed abort only costs the peer a lease. */
+void kvs__peer_abort(kvs_peers_t *p, pconn_t *c, uint64_t xfer);
 /* After PREPARE_STORE's reply (rep freed here): the SHM copy and COMMIT_STORE (or ABORT). */
 int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
                         const kvs_proto_prepare_store_reply_t *rp, bool object,

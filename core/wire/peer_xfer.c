@@ -193,6 +193,21 @@ int kvs__peer_retrieve_inline_into(kvs_peers_t *p, pconn_t *c,
   return 0;
 }
 
+bool kvs__peer_in_pool(const pconn_t *c, uint64_t offset, uint64_t len) {
+  uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
+  return c->pool && offset <= seg && len <= seg - offset;
+}
+
+void kvs__peer_abort(kvs_peers_t *p, pconn_t *c, uint64_t xfer) {
+  kvs_proto_xfer_t x = {xfer};
+  uint8_t *r = NULL;
+  size_t n = 0;
+  int rc;
+  KVS__PEER_RPC(rc, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r, &n);
+  (void)rc;
+  free(r);
+}
+
 /* SHM store, after the PREPARE_STORE reply r (in rep, freed here): copy into the peer's pool,
  * commit naming every slot. */
 int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
@@ -201,7 +216,6 @@ int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
                         void *cctx) {
   const kvs_proto_prepare_store_reply_t r = *rp;
   int rc = 0;
-  uint64_t seg = kvs_pool_segment_size(c->pool);
   uint8_t *base = kvs_pool_base(c->pool);
   int kept = 0;
   for (uint32_t i = 0; i < r.n_outcomes; i++) {
@@ -210,7 +224,7 @@ int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
   }
   for (uint32_t i = 0; i < r.n_slots; i++) {
     const kvs_proto_slot_t *s = &r.slots[i];
-    if (s->offset > seg || s->length > seg - s->offset) {
+    if (!kvs__peer_in_pool(c, s->offset, s->length)) {
       rc = -EFAULT;
       break;
     }
@@ -218,23 +232,18 @@ int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
     if (!copy) memcpy(base + s->offset, src, s->length);
     else if ((rc = copy(cctx, s->key_index, base + s->offset, src, s->length)) < 0) break;
   }
-  if (r.xfer) {
+  if (r.xfer && rc == 0) {
     uint8_t *r2 = NULL;
     size_t n2 = 0;
-    if (rc == 0) {
-      kvs_proto_commit_store_t cm = {0};
-      cm.xfer = r.xfer;
-      cm.n_slots = r.n_slots;
-      cm.slots = r.slots;
-      KVS__PEER_RPC(rc, p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
-      if (rc == 0) kept += (int)r.n_slots;
-    } else {
-      kvs_proto_xfer_t x = {r.xfer};
-      int arc; /* an abort that fails only costs the peer a lease */
-      KVS__PEER_RPC(arc, p, c, KVS_OP_ABORT, kvs_proto_xfer_encode, &x, &r2, &n2);
-      (void)arc;
-    }
+    kvs_proto_commit_store_t cm = {0};
+    cm.xfer = r.xfer;
+    cm.n_slots = r.n_slots;
+    cm.slots = r.slots;
+    KVS__PEER_RPC(rc, p, c, KVS_OP_COMMIT_STORE, kvs_proto_commit_store_encode, &cm, &r2, &n2);
+    if (rc == 0) kept += (int)r.n_slots;
     free(r2);
+  } else if (r.xfer) {
+    kvs__peer_abort(p, c, r.xfer);
   }
   free(rep);
   return rc < 0 ? rc : kept;
