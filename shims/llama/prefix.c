@@ -1313,6 +1313,15 @@ static void px_plan_drop(const uint8_t *frame, uint64_t N, int32_t s, uint32_t C
   d->min = min;
 }
 
+/* Move planned object `from` (and its write) down to slot `to`: the write's keys are the slot's
+ * own, and `from` no longer holds a begun write. */
+static void px_planned_move(px_planned_t *pp, kvs__cache_write_t *w, uint32_t to, uint32_t from) {
+  pp[to] = pp[from];
+  w[to] = w[from];
+  w[to].keys = pp[to].keys;
+  w[from].rc = 1;
+}
+
 static void px_planned_abort(kvs__runtime_t *rt, kvs__cache_write_t *w, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) kvs__cache_write_drop(rt, &w[i]);
 }
@@ -1393,24 +1402,14 @@ static int px_snapshot_direct(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
     ok = w[k].rc == 0 &&
          kvs__llama_chunk_plan(frame, N, s, C, cov, pp[k].index, state, w[k].bytes,
                                (size_t)w[k].len, &d) == KVS_LLAMA_CHUNKS_OK;
-    if (ok && m != k) { /* moved down: the write's keys are the planned slot's */
-      pp[m] = pp[k];
-      w[m] = w[k];
-      w[m].keys = pp[m].keys;
-      w[k].rc = 1; /* no longer begun there */
-    }
+    if (ok && m != k) px_planned_move(pp, w, m, k);
     m += ok;
   }
   if (!ok || !d.n) {
     px_planned_abort(rt, w, np + 1);
     return 1;
   }
-  if (m != np) { /* the frame after the kept chunks */
-    pp[m] = pp[np];
-    w[m] = w[np];
-    w[m].keys = pp[m].keys;
-    w[np].rc = 1;
-  }
+  if (m != np) px_planned_move(pp, w, m, np); /* the frame after the kept chunks */
   np = m; /* chunks; the frame is w[np] */
   if (w[np].rc == 0) memcpy(w[np].bytes, frame, (size_t)c->sframe_len);
   kvs__llama_runs_sort(&d);
