@@ -935,6 +935,18 @@ def case_chunks_direct(ctx):
           f"V transposed: expected 3 direct loads: {cs}")
 
 
+def same_with_serve(ctx, cmds, what, env):
+    """same() with a fresh `kvshim serve` in the case's group (one copy per node), stopped
+    after: (the engine's stats, serve's stats at the end)."""
+    sv = ctx.serve()
+    try:
+        st, _ = same(ctx, cmds, what, preload_extra=env)
+        return st, harness.live_stats(ctx, sv.pid) or {}
+    finally:
+        sv.kill()
+        sv.communicate(timeout=10)
+
+
 def case_chunks_direct_store(ctx):
     """KVSHIM_LLAMA_CHUNKS=1, direct snapshots (design §10.4). The fake writes a state's tensor
     runs through libfakeggml's ggml_backend_tensor_get, as llama.cpp's llama_io_write_host does,
@@ -1005,12 +1017,8 @@ def case_chunks_direct_store(ctx):
     at_serve = None
     for what, env, direct in (("serve, KVSHIM_LLAMA_DIRECT=0", {"KVSHIM_LLAMA_DIRECT": "0"}, 0),
                               ("serve", {}, 4)):
-        sv = ctx.serve()
-        st, _ = same(ctx, cmds, f"chunks-direct-store: {what}",
-                     preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", **env})
-        node = harness.live_stats(ctx, sv.pid) or {}
-        sv.kill()
-        sv.communicate(timeout=10)
+        st, node = same_with_serve(ctx, cmds, f"chunks-direct-store: {what}",
+                                   {"KVSHIM_LLAMA_CHUNKS": "1", **env})
         cs = chunk_stats(st)
         print(f"chunks-direct-store: {what}: {cs} cache_peer_stores "
               f"{st.get('cache_peer_stores')}, serve holds {node.get('store_used_bytes')}")
@@ -1032,11 +1040,9 @@ def case_chunks_direct_store(ctx):
     # (KVS_PEERS_RESERVE_MAX, 64): several batches, every chunk at serve
     wide = ctx.p("wide.gguf")
     ctx.run([f"mkmodel {wide} alpha 2 256 64 1"], preload=False)
-    sv = ctx.serve()
-    st, _ = same(ctx, [f"model 0 {wide}"] + cmds[1:], "chunks-direct-store: serve, 16-token chunks",
-                 preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_CHUNK_TOKENS": "16"})
-    sv.kill()
-    sv.communicate(timeout=10)
+    st, _ = same_with_serve(ctx, [f"model 0 {wide}"] + cmds[1:],
+                            "chunks-direct-store: serve, 16-token chunks",
+                            {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_CHUNK_TOKENS": "16"})
     cs = chunk_stats(st)
     print(f"chunks-direct-store: serve, 16-token chunks: {cs}")
     snaps = prefix_stats(st).get("snapshots", 0)
@@ -1051,11 +1057,8 @@ def case_chunks_direct_store(ctx):
            restore_failures=("==", 0), snapshot_failures=("==", 0))
     # an engine that reaches serve inline (KVSHIM_STRATEGY=inline: no mapping of serve's pool)
     # cannot write there in place: its snapshots still write in place, into its own pool
-    sv = ctx.serve()
-    st, _ = same(ctx, cmds, "chunks-direct-store: serve inline",
-                 preload_extra={"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_STRATEGY": "inline"})
-    sv.kill()
-    sv.communicate(timeout=10)
+    st, _ = same_with_serve(ctx, cmds, "chunks-direct-store: serve inline",
+                            {"KVSHIM_LLAMA_CHUNKS": "1", "KVSHIM_STRATEGY": "inline"})
     cs = chunk_stats(st)
     print(f"chunks-direct-store: serve inline: {cs}")
     check(cs.get("llama_chunks_direct_stores") == 4 and
