@@ -39,7 +39,9 @@ Cases:
               document restored, llama_prefix_shared_in_batch >= 1); each completion is one
               the replica without kvshim gives
   chunks      chunk storage (KVSHIM_LLAMA_CHUNKS=1, design §10.4) with llama-server's defaults
-              (4 slots, kv_unified): A stores the document as chunk objects (none whole), B
+              (4 slots, kv_unified): A stores the document as chunk objects (none whole), then
+              an unrelated document in another slot, written in place in serve's pool
+              (llama_chunks_direct_stores; serve holds every chunk), B
               restores >= 90% of it assembled from them (llama_chunks_assembled), each a
               direct load (llama_chunks_direct: the chunks served to ggml_backend_tensor_set
               where they lie); identical
@@ -375,16 +377,30 @@ def case_concurrent_cold(ctx):
 
 
 def case_chunks(ctx):
-    ctx.serve(pool="512M")
+    sv = ctx.serve(pool="512M")
     chunks = {"KVSHIM_LLAMA_CHUNKS": "1"}
-    a, _ = compare(ctx, (), [ask(DOC + question(1))], "A, chunks", **chunks)
-    doc = ntokens(ctx, a, DOC)
+    # A's second prompt shares nothing with its first: llama-server gives it an unused slot, whose
+    # snapshot knows the context's frame and is written in place in serve's pool (direct store)
+    a, _ = compare(ctx, (), [ask(DOC + question(1)), ask(DOC2 + question(3))], "A, chunks",
+                   **chunks)
+    doc, doc2 = ntokens(ctx, a, DOC), ntokens(ctx, a, DOC2)
     sa = ctx.stats(a, everything=True)
     per_chunk = int(ctx.defaults.get("KVSHIM_CHUNK_TOKENS", "256"))
-    print(f"A: {({k: v for k, v in sa.items() if k.startswith('llama_chunks_')})}")
-    check(sa.get("llama_chunks_stored", 0) >= doc // per_chunk,
-          f"A stored {sa.get('llama_chunks_stored')} chunks for a {doc}-token document: {sa}")
+    print(f"A: {({k: v for k, v in sa.items() if k.startswith(('llama_chunks_', 'cache_peer'))})}")
+    check(sa.get("llama_prefix_snapshots", 0) >= 2,
+          f"A did not store both prompts: {sa}\n{ctx.tail(a)}")
+    check(sa.get("llama_chunks_stored", 0) >= doc // per_chunk + doc2 // per_chunk,
+          f"A stored {sa.get('llama_chunks_stored')} chunks for {doc}- and {doc2}-token "
+          f"documents: {sa}")
     check(sa.get("llama_chunks_whole", 0) == 0, f"A stored whole states: {sa}")
+    check(sa.get("llama_chunks_direct_stores", 0) >= 1 and
+          sa.get("llama_chunks_direct_store_refused", 0) == 0 and
+          sa.get("cache_peer_fallbacks", 0) == 0,
+          f"A's second snapshot was not written in place in serve's pool (design 10.4): {sa}")
+    node = harness.live_stats(ctx, sv.pid) or {}
+    check(node.get("store_objects", 0) >= sa.get("llama_chunks_stored") + 1,
+          f"serve holds {node.get('store_objects')} objects, A stored "
+          f"{sa.get('llama_chunks_stored')} chunks and a frame: {node}")
     ctx.stop(a)
     p, _ = compare(ctx, (), [ask(DOC + question(2))], "B, chunks", **chunks)
     expect_restored(ctx, p, doc, "B, chunks")
