@@ -128,7 +128,6 @@ static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
                 &rn);
   if (rc == 0 && !streamed) rc = kvs_proto_prepare_retrieve_reply_decode(rep, rn, objs, n, &r);
   if (rc == 0 && !streamed) {
-    const uint8_t *base = c->pool ? kvs_pool_base(c->pool) : NULL;
     for (uint32_t i = 0; i < r.n_objects; i++) {
       const kvs_proto_object_t *o = &objs[i];
       if (o->key_index != (uint32_t)delivered) break; /* only the leading run */
@@ -136,11 +135,11 @@ static int retrieve(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
       if (r.is_inline) {
         bytes = o->data;
       } else {
-        if (!kvs__peer_in_pool(c, o->offset, o->length)) {
+        bytes = kvs__peer_place(c, o->offset, o->length);
+        if (!bytes) {
           rc = -EFAULT; /* a peer pointing outside its own pool: stop, report a miss */
           break;
         }
-        bytes = base + o->offset;
       }
       if (sink(ctx, o->key_index, &o->layout, bytes, o->length) < 0) break;
       kvs_stats_add(p->stats, KVS_STAT_peer_bytes_in, o->length);
@@ -522,9 +521,12 @@ int kvs_peers_reserve(kvs_peers_t *p, uint64_t instance, kvs_peer_resv_t *const 
     o->outcome = rep.n_outcomes ? rep.outcomes[0] : 0;
     if (!rep.xfer) continue;
     const kvs_proto_slot_t *s = rep.n_slots == 1 ? &rep.slots[0] : NULL;
-    if (o->outcome == KVS_RES_RESERVED && s && s->key_index == 0 && s->length == o->len &&
-        kvs__peer_in_pool(c, s->offset, s->length)) {
-      o->dst = kvs_pool_base(c->pool) + s->offset;
+    uint8_t *dst = o->outcome == KVS_RES_RESERVED && s && s->key_index == 0 &&
+                           s->length == o->len
+                       ? kvs__peer_place(c, s->offset, s->length)
+                       : NULL;
+    if (dst) {
+      o->dst = dst;
       o->xfer = rep.xfer;
       o->offset = s->offset;
       o->conn = c;

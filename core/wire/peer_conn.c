@@ -337,9 +337,12 @@ pconn_t *kvs__peer_dial(kvs_peers_t *p, const char *path, uint64_t id) {
   c->info.strategy = KVS_PROTO_STRATEGY_INLINE;
   c->remote = (h.caps & KVS_PROTO_CAP_REMOTE) != 0;
   if (h.strategy_chosen == KVS_PROTO_STRATEGY_SHM && pool_fd >= 0) {
-    if (kvs_pool_attach(pool_fd, true, &c->pool) == 0)
+    if (kvs_pool_attach(pool_fd, true, &c->pool) == 0) {
       c->info.strategy = KVS_PROTO_STRATEGY_SHM;
-    else
+      uint64_t granules =
+          (kvs_pool_segment_size(c->pool) + KVS__PEER_GRANULE - 1) / KVS__PEER_GRANULE;
+      c->populated = calloc((size_t)(granules + 63) / 64, sizeof *c->populated);
+    } else
       kvs_log_info("cannot map the pool of %s: using inline transfers", path);
   }
   if (pool_fd >= 0) close(pool_fd); /* the mapping keeps the segment */
@@ -350,6 +353,7 @@ void kvs__peer_conn_free(pconn_t *c) {
   conn_kill(c);
   kvs__peer_unpin(c); /* before the mapping goes: never a registration on an unmapped range */
   kvs_pool_destroy(c->pool, true);
+  free((void *)c->populated);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }

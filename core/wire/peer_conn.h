@@ -11,6 +11,7 @@
 #define KVSHIM_PEER_CONN_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -35,6 +36,12 @@ typedef struct pconn {
   uint32_t peer_caps;   /* the server's HELLO caps */
   kvs_peer_info_t info;
   kvs_pool_t *pool;     /* the peer's pool, mapped (SHM) or NULL (inline) */
+  /* Which KVS__PEER_GRANULE granules of that mapping kvs__peer_place has populated: one bit
+   * each, set once their page tables are filled, never cleared while the mapping lives (the
+   * peer's pages stay: serve never punches its pool). NULL: nothing populated (no pool, or no
+   * memory for the bits); populate_off: the kernel cannot (before 5.14). */
+  _Atomic uint64_t *populated;
+  _Atomic bool populate_off;
   bool remote;          /* its HELLO offered KVS_PROTO_CAP_REMOTE (a serve with a remote tier) */
   uint64_t unread_rid;  /* a request sent with rpc_post whose reply is still unread (0: none) */
   /* Bytes read from fd but not consumed yet: a reply's header and a small payload arrive with
@@ -168,10 +175,21 @@ int kvs__peer_retrieve_inline_into(kvs_peers_t *p, pconn_t *c,
                                    const kvs_proto_prepare_retrieve_t *m, kvs_proto_object_t *objs,
                                    size_t cap, const kvs__peer_into_t *into,
                                    kvs_proto_prepare_retrieve_reply_t *r, int *delivered);
-/* Do the len bytes at offset, a place the peer named in its pool (a PREPARE_STORE slot, a
- * PREPARE_RETRIEVE object), lie inside c's mapping of that pool? False without a mapping. The
- * peer's word is checked before a byte there is read or written. */
-bool kvs__peer_in_pool(const pconn_t *c, uint64_t offset, uint64_t len);
+/* kvs__peer_place remembers the parts of the peer's pool it populated in granules of 64 KiB
+ * (one bit each: 2 KiB of bits for a 1 GiB pool), and leaves places under 64 KiB to their
+ * faults (a few faults cost what one madvise does). */
+#define KVS__PEER_GRANULE ((uint64_t)64 << 10)
+#define KVS__PEER_POPULATE_MIN KVS__PEER_GRANULE
+/* The len bytes at offset, a place the peer named in its pool (a PREPARE_STORE slot, a
+ * PREPARE_RETRIEVE object), in c's mapping of that pool, or NULL when they do not lie inside
+ * it (the peer's word is checked before a byte there is read or written) or without a mapping.
+ * A place of KVS__PEER_POPULATE_MIN or more has its page tables filled first, one
+ * MADV_POPULATE (write when the mapping is writable) per run of the granules it touches that
+ * are not populated whole yet, instead of one fault per 4 KiB page on first touch (docs/PERF.md 14.1):
+ * serve's pages exist, this process's page tables for them do not. NULL too when the populate
+ * fails for real (ENOMEM, EFAULT, EHWPOISON): touching those pages would kill the engine with
+ * SIGBUS; the caller's copy fails instead. */
+uint8_t *kvs__peer_place(pconn_t *c, uint64_t offset, uint64_t len);
 /* ABORT write transfer xfer on c (c->lock held); a failed abort only costs the peer a lease. */
 void kvs__peer_abort(kvs_peers_t *p, pconn_t *c, uint64_t xfer);
 /* After PREPARE_STORE's reply (rep freed here): the SHM copy and COMMIT_STORE (or ABORT). */

@@ -193,9 +193,49 @@ int kvs__peer_retrieve_inline_into(kvs_peers_t *p, pconn_t *c,
   return 0;
 }
 
-bool kvs__peer_in_pool(const pconn_t *c, uint64_t offset, uint64_t len) {
+static bool place_populated(const pconn_t *c, uint64_t g) {
+  return atomic_load_explicit(&c->populated[g / 64], memory_order_relaxed) >> (g % 64) & 1;
+}
+
+uint8_t *kvs__peer_place(pconn_t *c, uint64_t offset, uint64_t len) {
   uint64_t seg = c->pool ? kvs_pool_segment_size(c->pool) : 0;
-  return c->pool && offset <= seg && len <= seg - offset;
+  if (!c->pool || offset > seg || len > seg - offset) return NULL;
+  uint8_t *base = kvs_pool_base(c->pool);
+  if (len < KVS__PEER_POPULATE_MIN || !c->populated ||
+      atomic_load_explicit(&c->populate_off, memory_order_relaxed))
+    return base + offset;
+  const uint64_t G = KVS__PEER_GRANULE, page = kvs_pool_page_size(c->pool), end = offset + len;
+  const bool write = kvs_pool_is_writable(c->pool);
+  for (uint64_t g = offset / G, last = (end - 1) / G; g <= last;) {
+    if (place_populated(c, g)) {
+      g++;
+      continue;
+    }
+    uint64_t h = g; /* [g, h]: a run of granules not populated whole, one madvise */
+    while (h < last && !place_populated(c, h + 1)) h++;
+    uint64_t lo = offset > g * G ? offset / page * page : g * G;
+    uint64_t hi = (h + 1) * G < seg ? (h + 1) * G : seg;
+    if (end < hi) hi = (end + page - 1) / page * page;
+    int rc; /* two threads may populate one range at once: harmless */
+    do rc = kvs__prim_populate(base + lo, (size_t)(hi - lo), write);
+    while (rc == -EINTR || rc == -EAGAIN);
+    if (rc == -EINVAL) { /* before 5.14 (or pages it cannot populate): faults, as before */
+      atomic_store_explicit(&c->populate_off, true, memory_order_relaxed);
+      break;
+    }
+    if (rc < 0) {
+      kvs_log_warn("cache peer %016" PRIx64 ": its pool's pages at %" PRIu64 " cannot be "
+                   "mapped here (%s): not used", c->info.instance_id, lo, strerror(-rc));
+      return NULL;
+    }
+    for (; g <= h; g++) { /* the granules now populated whole */
+      uint64_t g_hi = (g + 1) * G < seg ? (g + 1) * G : seg;
+      if (g * G >= lo && g_hi <= hi)
+        atomic_fetch_or_explicit(&c->populated[g / 64], (uint64_t)1 << (g % 64),
+                                 memory_order_relaxed);
+    }
+  }
+  return base + offset;
 }
 
 void kvs__peer_abort(kvs_peers_t *p, pconn_t *c, uint64_t xfer) {
@@ -216,7 +256,6 @@ int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
                         void *cctx) {
   const kvs_proto_prepare_store_reply_t r = *rp;
   int rc = 0;
-  uint8_t *base = kvs_pool_base(c->pool);
   int kept = 0;
   for (uint32_t i = 0; i < r.n_outcomes; i++) {
     if (outcomes) outcomes[i] = r.outcomes[i];
@@ -224,13 +263,14 @@ int kvs__peer_store_shm(kvs_peers_t *p, pconn_t *c, uint8_t *rep,
   }
   for (uint32_t i = 0; i < r.n_slots; i++) {
     const kvs_proto_slot_t *s = &r.slots[i];
-    if (!kvs__peer_in_pool(c, s->offset, s->length)) {
+    uint8_t *dst = kvs__peer_place(c, s->offset, s->length);
+    if (!dst) {
       rc = -EFAULT;
       break;
     }
     const void *src = bufs[object ? 0 : s->key_index];
-    if (!copy) memcpy(base + s->offset, src, s->length);
-    else if ((rc = copy(cctx, s->key_index, base + s->offset, src, s->length)) < 0) break;
+    if (!copy) memcpy(dst, src, s->length);
+    else if ((rc = copy(cctx, s->key_index, dst, src, s->length)) < 0) break;
   }
   if (r.xfer && rc == 0) {
     uint8_t *r2 = NULL;
