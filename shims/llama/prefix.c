@@ -1001,10 +1001,21 @@ static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t 
                         const kvs__llama_blob_hdr_t *hp, const int32_t *btok,
                         const uint8_t *state, uint32_t *k_out);
 
+/* Is the object under a chunk key a chunk object (chunk storage, design §10.4) rather than a
+ * state blob? A process storing whole blobs and one storing chunks share a namespace and keys,
+ * so each meets the other's objects: neither is damaged. */
+static bool px_chunk_object(const void *bytes, uint64_t len) {
+  uint32_t magic = 0;
+  if (len >= sizeof magic) memcpy(&magic, bytes, sizeof magic);
+  return magic == KVS_LLAMA_CHUNK_MAGIC;
+}
+
 /* Check blob (found under the key of pl->keyed tokens), choose the restore point *k and restore
  * it into the sequence (llama_state_seq_set_data, then llama_memory_seq_rm of [k, end)). */
 static px_res_t px_restore_blob(px_ctx_t *c, struct llama_context *ctx, const px_plan_t *pl,
                                 const uint8_t *blob, uint64_t len, uint32_t *k_out) {
+  if (px_chunk_object(blob, len))
+    return PX_SKIP; /* chunk storage's (px_restore_chunks), not a damaged blob: never dropped */
   kvs__llama_blob_hdr_t h;
   const kvs__llama_blob_want_t want = {KVS_LLAMA_BLOB_KIND_PREFIX, c->chunk, c->fp, c->ns};
   kvs__llama_blob_status_t st = kvs__llama_blob_check(blob, len, &want, &h);
@@ -1081,12 +1092,6 @@ static px_res_t px_restore_local(px_ctx_t *c, kvs__runtime_t *rt, struct llama_c
   uint64_t len;
   kvs__cache_ref_t xfer;
   if (!kvs__llama_blob_pin(&home, key, &blob, &len, &xfer)) return PX_SKIP;
-  uint32_t magic = 0;
-  if (len >= 4) memcpy(&magic, blob, 4);
-  if (magic == KVS_LLAMA_CHUNK_MAGIC) { /* chunk storage's, not a blob: px_restore_chunks */
-    kvs__llama_blob_unpin(&home, key, xfer, false);
-    return PX_SKIP;
-  }
   px_res_t res = px_restore_blob(c, ctx, pl, blob, len, k);
   kvs__llama_blob_unpin(&home, key, xfer, res == PX_BAD);
   return res;
@@ -1109,8 +1114,7 @@ static int px_fetch_keys(void *ctx, size_t key_index, const void *bytes, uint64_
   const px_ctx_t *c = k->c;
   kvs__llama_blob_hdr_t h;
   if (key_index != 0) return -1;
-  if (len >= 4 && memcmp(bytes, &(uint32_t){KVS_LLAMA_CHUNK_MAGIC}, 4) == 0)
-    return -1; /* a chunk object (chunk storage): not a blob, and not a bad one */
+  if (px_chunk_object(bytes, len)) return -1; /* not a blob, and not a bad one */
   if (len < KVS_LLAMA_BLOB_HDR) goto bad;
   memcpy(&h, bytes, sizeof h);
   if (h.magic != KVS_LLAMA_BLOB_MAGIC || h.kind != KVS_LLAMA_BLOB_KIND_PREFIX ||
@@ -1785,10 +1789,17 @@ static int px_chunks_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                               uint64_t cache, uint32_t *k, px_res_t *res) {
   const uint32_t C = c->chunk;
   uint32_t nk = 1 + prun;
-  kvs_key_t tkey = px_next_key(keys[prun - 1]);
-  uint64_t tat = 0;
-  bool cont = (uint64_t)prun * C < (uint64_t)pl->n + pl->m &&
-              kvs__cache_peers_run(rt, &tkey, 1, &tat) == 1 && tat == cache;
+  /* the frame and the continuation chunk are read with the run, so they are looked up first:
+   * only a LOOKUP asks a serve with a remote tier to bring what its pool lacks (docs/protocol.md
+   * 4.3), and the run's LOOKUP named neither. One LOOKUP: the frame (else nothing to assemble),
+   * then the continuation chunk when the prompt goes on past the run. */
+  const kvs_key_t look[2] = {px_frame_ns_key(c), px_next_key(keys[prun - 1])};
+  bool want_cont = (uint64_t)prun * C < (uint64_t)pl->n + pl->m;
+  uint64_t at = 0;
+  int found = kvs__cache_peers_run(rt, look, want_cont ? 2 : 1, &at);
+  if (found < 1 || at != cache) return 0;
+  kvs_key_t tkey = look[1];
+  bool cont = want_cont && found == 2;
   nk += cont;
   if (nk > KVS_PROTO_MAX_KEYS) return 0;
   size_t need = (size_t)nk * (sizeof(kvs_key_t) + sizeof(const uint8_t *) + sizeof(size_t));
@@ -1906,8 +1917,9 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t flen64 = 0;
   fpinned = kvs__llama_blob_pin(&home, fkey, &fr.p, &flen64, &fxfer);
   fr.len = (size_t)flen64;
-  if (!fpinned && !(kvs__cache_has_peers(rt) &&
-                    px_fetch_piece(rt, best, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
+  uint64_t fat = 0; /* looked up first: a serve with a remote tier then brings it */
+  if (!fpinned && !(kvs__cache_has_peers(rt) && kvs__cache_peers_run(rt, &fkey, 1, &fat) == 1 &&
+                    fat && px_fetch_piece(rt, fat, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
     goto out;
   /* the chunks' tokens must be the prompt's: the run stops at the first that differs */
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);

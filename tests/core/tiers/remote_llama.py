@@ -9,7 +9,13 @@ tests/engines/llama/check_prefix.py runs it (its Case class is reused, not copie
           which shares PA's ~1,100-token prefix: B's completion equals B without kvshim, its
           stats show the prefix restored from the cache peer, and B's serve counts remote hits.
 
+With --chunks both CLIs store and restore chunk objects (KVSHIM_LLAMA_CHUNKS=1, design §10.4):
+B's serve brings the chunks, the frame and the continuation chunk from Redis (each looked up
+first: only a LOOKUP asks a serve to consult its remote tier) and B assembles them; nothing is
+refused as a damaged state.
+
 usage: remote_llama.py --preload LIBKVSHIM --kvshim CLI [--asan-runtime LIBASAN] [--no-setup]
+                       [--chunks]
 Exit status: 0 pass, 1 fail, 77 skipped (no Node.js >= 20 / no node_modules).
 """
 import argparse
@@ -96,6 +102,20 @@ def check_restored(b, ref_b, through):
           "B restored the shared prefix through %s %s" % (through, cp.show(b)))
 
 
+def check_chunks(c, a, b):
+    """With --chunks: A stored chunk objects (none whole) and B assembled its restore from them;
+    either way nothing B read was refused as a damaged state."""
+    check(cp.pstat(b, "bad_blobs") == 0, "B refused nothing as a damaged state %s" % cp.show(b))
+    if c.llama_env:
+        check(a["stats"].get("llama_chunks_stored", 0) >= 2 and
+              a["stats"].get("llama_chunks_whole", 0) == 0,
+              "A stored chunk objects: %s" % {k: v for k, v in a["stats"].items()
+                                               if k.startswith("llama_chunks_")})
+        check(b["stats"].get("llama_chunks_assembled", 0) >= 1,
+              "B assembled its restore from chunk objects: %s"
+              % {k: v for k, v in b["stats"].items() if k.startswith("llama_chunks_")})
+
+
 def run(c, redis):
     nodes = tempfile.mkdtemp(prefix="kvs-rl-n-")
     try:
@@ -103,14 +123,15 @@ def run(c, redis):
         ref_b = c.cli("B reference", "B", False, 2048)
         c.run_dir = os.path.join(nodes, "a")
         sa = start_serve(c, "remote", redis.url)
-        a = c.cli("A on node A", "A", True, 2048)
+        a = c.cli("A on node A", "A", True, 2048, **c.llama_env)
         check(cp.pstat(a, "snapshots") >= 1 and a["stats"].get("cache_peer_stores", 0) >= 1,
                  "A stored its prompt's state straight into node A's serve %s" % cp.show(a))
         stop_serve(sa)
         c.run_dir = os.path.join(nodes, "b")
         sb = start_serve(c, "remote", redis.url)
-        b = c.cli("B on node B", "B", True, 2048)
+        b = c.cli("B on node B", "B", True, 2048, **c.llama_env)
         check_restored(b, ref_b, "node B's serve")
+        check_chunks(c, a, b)
         st = serve_stats(c)
         check(st.get("remote_hits", 0) >= 1 and st.get("remote_bad_values", 1) == 0,
                  "node B's serve fetched A's state from Redis: hits %s bad %s"
@@ -129,6 +150,8 @@ def drive(body, prefix):
     ap.add_argument("--kvshim", required=True)
     ap.add_argument("--asan-runtime", default="")
     ap.add_argument("--no-setup", action="store_true")
+    ap.add_argument("--chunks", action="store_true",
+                    help="the engines store chunk objects (KVSHIM_LLAMA_CHUNKS=1)")
     args = ap.parse_args()
     if not args.no_setup:
         rc = subprocess.run([llama_e2e.SETUP]).returncode
@@ -140,6 +163,7 @@ def drive(body, prefix):
             return 1
     work = tempfile.mkdtemp(prefix=prefix)
     c = make_case(args, work)
+    c.llama_env = {"KVSHIM_LLAMA_CHUNKS": "1"} if args.chunks else {}
     try:
         body(c)
     except Failure as e:
