@@ -1002,8 +1002,10 @@ static px_res_t px_load(px_ctx_t *c, struct llama_context *ctx, const px_plan_t 
                         const uint8_t *state, uint32_t *k_out);
 
 /* Is the object under a chunk key a chunk object (chunk storage, design §10.4) rather than a
- * state blob? A process storing whole blobs and one storing chunks share a namespace and keys,
- * so each meets the other's objects: neither is damaged. */
+ * state blob? A context storing chunks that finds no usable chunk run (its frame out of reach,
+ * say) looks for a state stored whole under the same keys, where its own chunk objects lie:
+ * they are not damaged blobs, never counted, reported or dropped. (Whole-blob contexts never
+ * meet them: the namespaces differ, px_setup's sig.version.) */
 static bool px_chunk_object(const void *bytes, uint64_t len) {
   uint32_t magic = 0;
   if (len >= sizeof magic) memcpy(&magic, bytes, sizeof magic);
@@ -1906,7 +1908,8 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   px_piece_t fr = {NULL, 0, false, 0, {0}};
   kvs__cache_ref_t fxfer = 0;
   kvs_key_t fkey = {0, 0};
-  bool fpinned = false;
+  bool fpinned = false, fbad = false; /* fbad: the frame failed its check (dropped, told) */
+  uint64_t fat = 0;                   /* the peer the frame was fetched from */
   /* the first piece must be a chunk object (a whole blob under this key: the blob path); a run
    * and a continuation chunk could reach past the sequence's n */
   if (n == 0 || (uint64_t)(n + 1) * C <= pl->n || pc[0].len < sizeof h0 ||
@@ -1917,7 +1920,7 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t flen64 = 0;
   fpinned = kvs__llama_blob_pin(&home, fkey, &fr.p, &flen64, &fxfer);
   fr.len = (size_t)flen64;
-  uint64_t fat = 0; /* looked up first: a serve with a remote tier then brings it */
+  /* looked up first: a serve with a remote tier then brings it */
   if (!fpinned && !(kvs__cache_has_peers(rt) && kvs__cache_peers_run(rt, &fkey, 1, &fat) == 1 &&
                     fat && px_fetch_piece(rt, fat, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
     goto out;
@@ -1953,7 +1956,9 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
                  kvs__llama_chunks_status_name(r));
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
-    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) == KVS_LLAMA_CHUNKS_OK)
+    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) != KVS_LLAMA_CHUNKS_OK)
+      fbad = true; /* the frame, not the chunks: dropped below (the next snapshot stores it) */
+    else
       for (uint32_t i = 0; i < nch && !bad[0]; i++)
         if (kvs__llama_chunk_check(ptr[i], lens[i], &fh, i, NULL) != KVS_LLAMA_CHUNKS_OK) {
           bad[0] = true; /* the first damaged chunk: dropped below */
@@ -1974,8 +1979,12 @@ out:
       kvs__llama_blob_keep(&home, &tp.f, !drop);
     }
   }
-  if (fpinned) kvs__llama_blob_unpin(&home, fkey, fxfer, false);
-  else if (fr.fetched) kvs__llama_blob_keep(&home, &fr.f, true);
+  if (fpinned) {
+    kvs__llama_blob_unpin(&home, fkey, fxfer, fbad);
+  } else if (fr.fetched) {
+    if (fbad) kvs__cache_report_bad(rt, fat, fkey, fr.len, kvs_checksum64(fr.p, fr.len));
+    kvs__llama_blob_keep(&home, &fr.f, !fbad);
+  }
   for (uint32_t i = run; i < n; i++) { /* peer copies: kept unless damaged */
     bool drop = bad[0] && i == bad_i && i < good;
     if (drop)

@@ -12,6 +12,12 @@ Cases:
                  state is counted as a bad blob (llama_prefix_bad_blobs, not a plain miss), B
                  reports it (peer_bad_reports) and serve drops it (coord_bad_dropped); a second
                  B is never handed the same corrupt object again.
+  chunks-frame   KVSHIM_LLAMA_CHUNKS=1: A's chunks and frame are stored at serve, then one byte
+                 of the frame's body is flipped there. B's outputs are identical; the frame is
+                 refused (llama_prefix_bad_blobs), reported and dropped at serve (and nothing
+                 else: the chunk objects B then meets looking for a state stored whole are not
+                 damaged blobs); B's snapshot stores the frame again, so B2 restores the prefix
+                 from the chunks with nothing refused.
 """
 import mmap
 import os
@@ -54,6 +60,71 @@ def flip_pool(pid):
     raise Failure(f"no kvshim pool memfd among {fd_dir}")
 
 
+def pool_map(pid):
+    """The cache arena of process pid's pool memfd, mapped: (mmap, start, end)."""
+    fd_dir = f"/proc/{pid}/fd"
+    for n in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, n))
+        except OSError:
+            continue
+        if "kvshim-pool" not in target:
+            continue
+        with open(os.path.join(fd_dir, n), "r+b") as f:
+            m = mmap.mmap(f.fileno(), 0)
+        magic, = struct.unpack_from("<Q", m, 0)
+        check(magic == 0x4C4F4F504D48534B, f"not a kvshim pool: {magic:#x}")
+        cache_off, cache_size = struct.unpack_from("<QQ", m, 40)
+        return m, cache_off, cache_off + cache_size
+    raise Failure(f"no kvshim pool memfd among {fd_dir}")
+
+
+FRAME_MAGIC = struct.pack("<I", 0x4653564B)  # "KVSF": shims/llama/chunks.h
+FRAME_HDR = 64  # a byte past the frame's header: its body, covered by its checksum
+
+
+def flip_frames(pid):
+    """Flip one byte of the body of every chunk-storage frame object in pid's pool (each starts
+    with the frame magic at an extent's start, a multiple of 64 bytes). Returns how many."""
+    m, lo, hi = pool_map(pid)
+    flipped, at = 0, m.find(FRAME_MAGIC, lo, hi)
+    while at >= 0:
+        if at % 64 == 0:
+            m[at + FRAME_HDR + 4] ^= 0x5A
+            flipped += 1
+        at = m.find(FRAME_MAGIC, at + 4, hi)
+    m.close()
+    return flipped
+
+
+def case_chunks_frame(ctx):
+    a, _ = lp.models(ctx)
+    s = ctx.serve()
+    on = {"KVSHIM_LLAMA_CHUNKS": "1"}
+    b_cmds = [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {lp.P1000} 512", "gen 0 0 8"]
+    ref_b, _, _ = ctx.run(b_cmds, preload=False, what="B reference")
+    _, _, sa = ctx.run([f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {lp.P}", "gen 0 0 4"],
+                       what="A", **on)
+    check(sa.get("llama_chunks_stored", 0) >= 4 and sa.get("cache_peer_stores", 0) >= 1,
+          f"A did not store chunks at serve: {sa}")
+    before = serve_stats(ctx, s)
+    n = flip_frames(s.pid)
+    check(n == 1, f"{n} frame objects found in serve's pool, expected 1")
+    got, err, st = ctx.run(b_cmds, what="B", **on)
+    check(got == ref_b, f"B differs:\n{ref_b}\n{got}\n{err[-2000:]}")
+    lp.expect(st, "B", bad_blobs=(">=", 1), restores=("==", 0))
+    after = serve_stats(ctx, s)
+    check(after["coord_bad_dropped"] == 1,
+          f"serve dropped {after['coord_bad_dropped']} objects, expected the frame alone "
+          f"(held {before['store_objects']}, now {after['store_objects']})")
+    got2, err2, st2 = ctx.run(b_cmds, what="B2", **on)
+    check(got2 == ref_b, f"B2 differs:\n{ref_b}\n{got2}\n{err2[-2000:]}")
+    lp.expect(st2, "B2", bad_blobs=("==", 0), restored_tokens=(">=", 1024))
+    print(f"chunks-frame: identical; B bad_blobs {st.get('llama_prefix_bad_blobs')}, serve "
+          f"dropped {after['coord_bad_dropped']}; B2 restored "
+          f"{st2.get('llama_prefix_restored_tokens')} tokens")
+
+
 def case_corrupt_serve(ctx):
     a, _ = lp.models(ctx)
     s = ctx.serve()
@@ -83,6 +154,6 @@ def case_corrupt_serve(ctx):
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main({"corrupt-serve": case_corrupt_serve},
+    sys.exit(harness.main({"corrupt-serve": case_corrupt_serve, "chunks-frame": case_chunks_frame},
                           harness.parser(__doc__, "--host", "--preload", "--cli", asan=True),
                           lp.Ctx))

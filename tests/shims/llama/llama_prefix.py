@@ -74,8 +74,6 @@ Cases:
   chunks-evict  chunks evicted between store and restore: the restore stops before the first
               missing one, the next snapshot stores them again: identical
   chunks-foreign  chunks of another model or KV type are never found nor assembled: identical
-  chunks-modes  a process storing chunks and one storing whole blobs on one node (serve): each
-              meets the other's objects in place; none is refused as damaged nor dropped
   chunks-reuse  the same run restored again with no snapshot between: the state the context
               assembled last is loaded again, not assembled again (llama_chunks_reused); a
               snapshot between forces a new assembly: identical
@@ -827,39 +825,6 @@ def case_chunks_foreign(ctx):
     ctx.finish(pa, "A")
 
 
-def case_chunks_modes(ctx):
-    """One node, both settings: a process storing chunk objects (KVSHIM_LLAMA_CHUNKS=1) and one
-    storing whole blobs (0) share the namespace and the keys, so each meets the other's objects
-    at `kvshim serve`, where a restore reads them in place. Neither is a damaged state: nothing
-    counted in llama_prefix_bad_blobs, nothing reported to serve or dropped there, outputs
-    identical, and the second process's own snapshot is added. Chunks first, then whole blobs;
-    whole blobs first, then chunks. A whole-blob restore in place used to count a chunk object
-    as damaged and have serve drop it (found with the remote tier: remote_llama_cli_chunks).
-    Not asserted: whether the second restores from the first's objects (a chunk process does
-    not take the whole blob of this case; the closing note of the session says so)."""
-    a, _ = models(ctx)
-    shared = "r1024@1"
-    for first, second in (("1", "0"), ("0", "1")):
-        what = f"chunks-modes: KVSHIM_LLAMA_CHUNKS={second} after {first}"
-        sv = ctx.serve()
-        try:
-            same(ctx, [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@2", "gen 0 0 4"],
-                 f"{what}: the first", preload_extra={"KVSHIM_LLAMA_CHUNKS": first})
-            held = (harness.live_stats(ctx, sv.pid) or {}).get("store_objects", 0)
-            st, _ = same(ctx, [f"model 0 {a}", "ctx 0 0 1", f"prompt 0 0 {shared}+r300@3",
-                               "gen 0 0 4"], what, preload_extra={"KVSHIM_LLAMA_CHUNKS": second})
-            node = harness.live_stats(ctx, sv.pid) or {}
-        finally:
-            sv.kill()
-            sv.communicate(timeout=10)
-        print(f"{what}: {prefix_stats(st)} {chunk_stats(st)}; serve held {held} objects, then "
-              f"{node.get('store_objects')}")
-        expect(st, what, bad_blobs=("==", 0), restore_failures=("==", 0))
-        check(held >= 1 and node.get("store_objects", 0) > held and
-              node.get("coord_bad_reports", 0) == 0 and node.get("coord_bad_dropped", 0) == 0,
-              f"{what}: serve was told of a damaged object or lost one: held {held}, {node}")
-
-
 def case_chunks_tail(ctx):
     """KVSHIM_LLAMA_CHUNKS=1 restores past a run's whole chunks as far as a whole blob does
     (design §10.4, continuation chunks). One process, no peers. A 600-token prompt stores two
@@ -1162,7 +1127,6 @@ CASES = {
     "chunks": case_chunks,
     "chunks-mix": case_chunks_mix,
     "chunks-foreign": case_chunks_foreign,
-    "chunks-modes": case_chunks_modes,
     "chunks-evict": case_chunks_evict,
     "chunks-tail": case_chunks_tail,
     "chunks-reuse": case_chunks_reuse,
