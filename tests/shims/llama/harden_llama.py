@@ -38,26 +38,13 @@ def serve_stats(ctx, s):
 
 def flip_pool(pid):
     """Flip one byte in every 4 KiB page of the cache arena of process pid's pool memfd."""
-    fd_dir = f"/proc/{pid}/fd"
-    for n in os.listdir(fd_dir):
-        try:
-            target = os.readlink(os.path.join(fd_dir, n))
-        except OSError:
-            continue
-        if "kvshim-pool" not in target:
-            continue
-        with open(os.path.join(fd_dir, n), "r+b") as f:
-            m = mmap.mmap(f.fileno(), 0)
-            magic, = struct.unpack_from("<Q", m, 0)
-            check(magic == 0x4C4F4F504D48534B, f"not a kvshim pool: {magic:#x}")
-            cache_off, cache_size = struct.unpack_from("<QQ", m, 40)
-            flipped = 0
-            for off in range(cache_off + 200, cache_off + cache_size, 4096):
-                m[off] ^= 0x5A
-                flipped += 1
-            m.close()
-            return flipped
-    raise Failure(f"no kvshim pool memfd among {fd_dir}")
+    m, lo, hi = pool_map(pid)
+    flipped = 0
+    for off in range(lo + 200, hi, 4096):
+        m[off] ^= 0x5A
+        flipped += 1
+    m.close()
+    return flipped
 
 
 def pool_map(pid):
