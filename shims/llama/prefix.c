@@ -1767,6 +1767,9 @@ static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layou
   const uint32_t C = c->chunk;
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)x->pl->s);
   x->good = px_chunks_matching(c, tok, x->ptr + 1, x->lens + 1, x->prun);
+  /* a chunk under the prompt's key with other tokens is damaged (its key is the chain hash of
+   * its tokens): the copy path finds and drops it */
+  if (x->good < x->prun) return 0;
   /* the continuation chunk is the last key, right after the run's prun chunks: used only when
    * the whole run matched, so it already lies at ptr[good + 1] */
   if (x->cont && x->good == x->prun)
@@ -1901,7 +1904,7 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint32_t bad_i = 0;
   px_piece_t tp = {NULL, 0, false, 0, {0}}; /* the continuation chunk (take tokens of it) */
   bool tpinned = false;
-  uint32_t take = 0;
+  uint32_t take = 0, good = 0; /* good: the run's chunks holding the prompt's tokens */
   uint64_t tat = 0;
   kvs_key_t tkey = {0, 0};
   kvs__llama_chunk_hdr_t h0;
@@ -1930,8 +1933,23 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
     ptr[i] = pc[i].p;
     lens[i] = pc[i].len;
   }
-  uint32_t good = px_chunks_matching(c, tok, ptr, lens, n);
-  if (good && (uint64_t)good * C < (uint64_t)pl->n + pl->m) {
+  good = px_chunks_matching(c, tok, ptr, lens, n);
+  if (good < n) {
+    /* Chunk `good` lies under the prompt's key but holds other tokens. Its key is the chain
+     * hash of exactly its tokens, so it is damaged (its checksum says so): counted and dropped
+     * (told), or it would end every restore of this prefix and every snapshot would find it
+     * held. The run before it is still assembled, without a continuation. */
+    kvs__llama_frame_hdr_t fh;
+    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) == KVS_LLAMA_CHUNKS_OK &&
+        kvs__llama_chunk_check(ptr[good], lens[good], &fh, good, NULL) != KVS_LLAMA_CHUNKS_OK) {
+      kvs_log_warn("llama.cpp prefix cache: chunk object refused: chunk %u holds other tokens "
+                   "than its key's and fails its checksum", good);
+      kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
+      bad[0] = true;
+      bad_i = good;
+    }
+  }
+  if (!bad[0] && good && (uint64_t)good * C < (uint64_t)pl->n + pl->m) {
     tkey = px_next_key(keys[good - 1]);
     take = px_continuation(c, rt, pl, good, tkey, &tp, &tpinned, &tat);
   }
@@ -1986,13 +2004,15 @@ out:
     kvs__llama_blob_keep(&home, &fr.f, !fbad);
   }
   for (uint32_t i = run; i < n; i++) { /* peer copies: kept unless damaged */
-    bool drop = bad[0] && i == bad_i && i < good;
+    /* bad_i == good is the continuation's when one was taken */
+    bool drop = bad[0] && i == bad_i && (i < good || !take);
     if (drop)
       kvs__cache_report_bad(rt, best, keys[i], pc[i].len, kvs_checksum64(pc[i].p, pc[i].len));
     kvs__llama_blob_keep(&home, &pc[i].f, !drop);
   }
   for (uint32_t i = 0; i < run; i++) /* local pins: a damaged chunk is dropped */
-    kvs__llama_blob_unpin(&home, keys[i], pc[i].ref, bad[0] && i == bad_i && i < good);
+    kvs__llama_blob_unpin(&home, keys[i], pc[i].ref,
+                          bad[0] && i == bad_i && (i < good || !take));
   return res;
 }
 

@@ -18,6 +18,11 @@ Cases:
                  else: the chunk objects B then meets looking for a state stored whole are not
                  damaged blobs); B's snapshot stores the frame again, so B2 restores the prefix
                  from the chunks with nothing refused.
+  chunks-tokens  KVSHIM_LLAMA_CHUNKS=1: one byte of the tokens of one of A's chunk objects at
+                 serve is flipped. A chunk under the prompt's key with other tokens is damaged
+                 (the key is the chain hash of its tokens): B's outputs are identical, the chunk
+                 is refused (llama_prefix_bad_blobs) and dropped at serve (that one alone), B's
+                 snapshot stores it again, and B2 restores the prefix from the chunks.
 """
 import mmap
 import os
@@ -67,24 +72,41 @@ def pool_map(pid):
 
 
 FRAME_MAGIC = struct.pack("<I", 0x4653564B)  # "KVSF": shims/llama/chunks.h
-FRAME_HDR = 64  # a byte past the frame's header: its body, covered by its checksum
+CHUNK_MAGIC = struct.pack("<I", 0x4B53564B)  # "KVSK"
+OBJ_HDR = 64  # a frame's or chunk's header; a chunk's tokens follow it (chunks.h)
 
 
-def flip_frames(pid):
-    """Flip one byte of the body of every chunk-storage frame object in pid's pool (each starts
-    with the frame magic at an extent's start, a multiple of 64 bytes). Returns how many."""
+def flip_objects(pid, magic, most):
+    """Flip one byte just past the header (a frame's body, a chunk's first token) of at most
+    `most` chunk-storage objects with this magic in pid's pool (each starts with its magic at an
+    extent's start, a multiple of 64 bytes). Returns how many."""
     m, lo, hi = pool_map(pid)
-    flipped, at = 0, m.find(FRAME_MAGIC, lo, hi)
-    while at >= 0:
+    flipped, at = 0, m.find(magic, lo, hi)
+    while at >= 0 and flipped < most:
         if at % 64 == 0:
-            m[at + FRAME_HDR + 4] ^= 0x5A
+            m[at + OBJ_HDR + 4] ^= 0x5A
             flipped += 1
-        at = m.find(FRAME_MAGIC, at + 4, hi)
+        at = m.find(magic, at + 4, hi)
     m.close()
     return flipped
 
 
+def flip_frames(pid):
+    """Flip one byte of the body of every frame object in pid's pool. Returns how many."""
+    return flip_objects(pid, FRAME_MAGIC, 1 << 30)
+
+
 def case_chunks_frame(ctx):
+    chunks_damaged(ctx, "chunks-frame", flip_frames)
+
+
+def case_chunks_tokens(ctx):
+    chunks_damaged(ctx, "chunks-tokens", lambda pid: flip_objects(pid, CHUNK_MAGIC, 1))
+
+
+def chunks_damaged(ctx, what, flip):
+    """A stores chunks at serve; flip(serve pid) damages one object there (returns how many it
+    found); B is identical, refuses the object and has serve drop it alone, and B2 restores."""
     a, _ = lp.models(ctx)
     s = ctx.serve()
     on = {"KVSHIM_LLAMA_CHUNKS": "1"}
@@ -95,19 +117,21 @@ def case_chunks_frame(ctx):
     check(sa.get("llama_chunks_stored", 0) >= 4 and sa.get("cache_peer_stores", 0) >= 1,
           f"A did not store chunks at serve: {sa}")
     before = serve_stats(ctx, s)
-    n = flip_frames(s.pid)
-    check(n == 1, f"{n} frame objects found in serve's pool, expected 1")
+    n = flip(s.pid)
+    check(n == 1, f"{what}: {n} objects damaged in serve's pool, expected 1")
     got, err, st = ctx.run(b_cmds, what="B", **on)
     check(got == ref_b, f"B differs:\n{ref_b}\n{got}\n{err[-2000:]}")
-    lp.expect(st, "B", bad_blobs=(">=", 1), restores=("==", 0))
+    # a damaged frame ends the restore; a damaged chunk ends the run before it
+    lp.expect(st, "B", bad_blobs=(">=", 1), **({"restores": ("==", 0)} if what == "chunks-frame"
+                                               else {}))
     after = serve_stats(ctx, s)
     check(after["coord_bad_dropped"] == 1,
-          f"serve dropped {after['coord_bad_dropped']} objects, expected the frame alone "
+          f"serve dropped {after['coord_bad_dropped']} objects, expected the damaged one alone "
           f"(held {before['store_objects']}, now {after['store_objects']})")
     got2, err2, st2 = ctx.run(b_cmds, what="B2", **on)
     check(got2 == ref_b, f"B2 differs:\n{ref_b}\n{got2}\n{err2[-2000:]}")
     lp.expect(st2, "B2", bad_blobs=("==", 0), restored_tokens=(">=", 1024))
-    print(f"chunks-frame: identical; B bad_blobs {st.get('llama_prefix_bad_blobs')}, serve "
+    print(f"{what}: identical; B bad_blobs {st.get('llama_prefix_bad_blobs')}, serve "
           f"dropped {after['coord_bad_dropped']}; B2 restored "
           f"{st2.get('llama_prefix_restored_tokens')} tokens")
 
@@ -141,6 +165,7 @@ def case_corrupt_serve(ctx):
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main({"corrupt-serve": case_corrupt_serve, "chunks-frame": case_chunks_frame},
+    sys.exit(harness.main({"corrupt-serve": case_corrupt_serve, "chunks-frame": case_chunks_frame,
+                           "chunks-tokens": case_chunks_tokens},
                           harness.parser(__doc__, "--host", "--preload", "--cli", asan=True),
                           lp.Ctx))
