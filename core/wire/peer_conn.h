@@ -185,10 +185,10 @@ int kvs__peer_retrieve_inline_into(kvs_peers_t *p, pconn_t *c,
  * it (the peer's word is checked before a byte there is read or written) or without a mapping.
  * A place of KVS__PEER_POPULATE_MIN or more has its page tables filled first, one
  * MADV_POPULATE (write when the mapping is writable) per run of the granules it touches that
- * are not populated whole yet, instead of one fault per 4 KiB page on first touch (docs/PERF.md 14.1):
- * serve's pages exist, this process's page tables for them do not. NULL too when the populate
- * fails for real (ENOMEM, EFAULT, EHWPOISON): touching those pages would kill the engine with
- * SIGBUS; the caller's copy fails instead. */
+ * are not populated whole yet, instead of one fault per 4 KiB page on first touch
+ * (docs/PERF.md 14.1): serve's pages exist, this process's page tables for them do not.
+ * NULL too when the populate fails for real (ENOMEM, EFAULT, EHWPOISON): touching those pages
+ * would kill the engine with SIGBUS; the caller's copy fails instead. */
 uint8_t *kvs__peer_place(pconn_t *c, uint64_t offset, uint64_t len);
 /* ABORT write transfer xfer on c (c->lock held); a failed abort only costs the peer a lease. */
 void kvs__peer_abort(kvs_peers_t *p, pconn_t *c, uint64_t xfer);

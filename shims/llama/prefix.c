@@ -1770,9 +1770,8 @@ static int px_inplace_chunks_sink(void *ctx, size_t i, const kvs_layout_t *layou
   /* a chunk under the prompt's key with other tokens is damaged (its key is the chain hash of
    * its tokens): the copy path finds and drops it */
   if (x->good < x->prun) return 0;
-  /* the continuation chunk is the last key, right after the run's prun chunks: used only when
-   * the whole run matched, so it already lies at ptr[good + 1] */
-  if (x->cont && x->good == x->prun)
+  /* the whole run matched: the continuation chunk, the last key, lies at ptr[good + 1] */
+  if (x->cont)
     x->take = px_take(c, x->pl, x->good, x->ptr[x->nk - 1], x->lens[x->nk - 1]);
   uint64_t N = (uint64_t)x->good * C + x->take;
   if (!x->good || N <= x->pl->n || N > c->sh.cap || x->lens[0] < sizeof(kvs__llama_frame_hdr_t))
@@ -1860,6 +1859,22 @@ static uint32_t px_continuation(px_ctx_t *c, kvs__runtime_t *rt, const px_plan_t
   return take;
 }
 
+/* The first damaged object of chunks ptr[from, to) (at their indices in the state) of frame fr:
+ * its index, or `to` when each passes its check (checksum included); *frame_bad, and `to`, when
+ * the frame itself fails its check (then no chunk is looked at). */
+static uint32_t px_first_damaged(const px_ctx_t *c, const px_piece_t *fr,
+                                 const uint8_t *const *ptr, const size_t *lens, uint32_t from,
+                                 uint32_t to, bool *frame_bad) {
+  kvs__llama_frame_hdr_t fh;
+  if (kvs__llama_frame_check(fr->p, fr->len, c->chunk, c->ns, &fh) != KVS_LLAMA_CHUNKS_OK) {
+    *frame_bad = true;
+    return to;
+  }
+  for (uint32_t i = from; i < to; i++)
+    if (kvs__llama_chunk_check(ptr[i], lens[i], &fh, i, NULL) != KVS_LLAMA_CHUNKS_OK) return i;
+  return to;
+}
+
 /* Restore sequence pl->s from the longest run of chunk objects of the prompt (jmax chunks at
  * most): the local run, then the best peer's run after it (nothing local and the run at the
  * cache peer: read there in place, px_chunks_in_place); the first chunks' tokens must be
@@ -1939,9 +1954,8 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
      * hash of exactly its tokens, so it is damaged (its checksum says so): counted and dropped
      * (told), or it would end every restore of this prefix and every snapshot would find it
      * held. The run before it is still assembled, without a continuation. */
-    kvs__llama_frame_hdr_t fh;
-    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) == KVS_LLAMA_CHUNKS_OK &&
-        kvs__llama_chunk_check(ptr[good], lens[good], &fh, good, NULL) != KVS_LLAMA_CHUNKS_OK) {
+    bool frame_bad = false; /* left to the assembly below, which drops it */
+    if (px_first_damaged(c, &fr, ptr, lens, good, good + 1, &frame_bad) == good) {
       kvs_log_warn("llama.cpp prefix cache: chunk object refused: chunk %u holds other tokens "
                    "than its key's and fails its checksum", good);
       kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
@@ -1970,18 +1984,12 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   kvs__llama_chunks_status_t r =
       px_assemble_load(c, ctx, pl, fr.p, fr.len, ptr, lens, good, take, S, k, &res);
   if (r != KVS_LLAMA_CHUNKS_OK) {
-    kvs__llama_frame_hdr_t fh;
     kvs_log_warn("llama.cpp prefix cache: chunk objects refused: %s",
                  kvs__llama_chunks_status_name(r));
     kvs_stats_inc(px_stats(), KVS_STAT_llama_prefix_bad_blobs);
-    if (kvs__llama_frame_check(fr.p, fr.len, C, c->ns, &fh) != KVS_LLAMA_CHUNKS_OK)
-      fbad = true; /* the frame, not the chunks: dropped below (the next snapshot stores it) */
-    else
-      for (uint32_t i = 0; i < nch && !bad[0]; i++)
-        if (kvs__llama_chunk_check(ptr[i], lens[i], &fh, i, NULL) != KVS_LLAMA_CHUNKS_OK) {
-          bad[0] = true; /* the first damaged chunk: dropped below */
-          bad_i = i;
-        }
+    /* the frame (the next snapshot stores it again) or the first damaged chunk: dropped below */
+    bad_i = px_first_damaged(c, &fr, ptr, lens, 0, nch, &fbad);
+    bad[0] = bad_i < nch;
     res = PX_BAD;
     goto out;
   }
