@@ -37,6 +37,10 @@ uint64_t kvs__cache_peer(kvs__runtime_t *rt) {
   return kvs__runtime_cache_peer(rt);
 }
 
+bool kvs__cache_peer_has_tiers(kvs__runtime_t *rt, uint64_t instance) {
+  return rt->peers && kvs_peers_has_tiers(rt->peers, instance);
+}
+
 bool kvs__cache_has_local(kvs__runtime_t *rt, kvs_key_t key) {
   KVS__REENTRY_GUARD();
   return kvs_store_lookup(rt->store, KVS_OWNER_LOCAL, &key, 1, false, NULL) == 1;

@@ -73,6 +73,11 @@ uint64_t kvs__cache_peer(kvs__runtime_t *rt);
 /* True when this process has a peer client (KVSHIM_PEERS is not 0): peers may hold objects. */
 static inline bool kvs__cache_has_peers(const kvs__runtime_t *rt) { return rt->peers != 0; }
 
+/* True when peer `instance` (0: the cache peer) keeps tiers below its pool (a serve with a
+ * remote or disk tier): only a LOOKUP there brings what its pool lacks, so a key read there
+ * must be looked up first (kvs_peers_has_tiers). No I/O. */
+bool kvs__cache_peer_has_tiers(kvs__runtime_t *rt, uint64_t instance);
+
 /* True when the local store holds key READY (no pin, no I/O). */
 bool kvs__cache_has_local(kvs__runtime_t *rt, kvs_key_t key);
 

@@ -618,6 +618,14 @@ int kvs_peers_watch(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, si
   return rc < 0 ? rc : (int)r.state;
 }
 
+bool kvs_peers_has_tiers(kvs_peers_t *p, uint64_t instance) {
+  pconn_t *c = p ? kvs__peer_grab(p, instance, true) : NULL;
+  if (!c) return false;
+  bool tiers = c->remote;
+  kvs__peer_unref(p, c);
+  return tiers;
+}
+
 int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n) {
   if (!p || !keys || n == 0) return -EINVAL;
   if (n > KVS_PROTO_MAX_KEYS) n = KVS_PROTO_MAX_KEYS;

@@ -146,6 +146,12 @@ int kvs_peers_report_bad(kvs_peers_t *p, uint64_t instance, kvs_key_t key, uint6
 
 /* ---- one copy per node (design §3.5): the engine side's helpers --------------------------- */
 
+/* Does peer `instance` (0: the cache peer, else the first live one) keep tiers below its pool
+ * (its HELLO offered KVS_PROTO_CAP_REMOTE)? Only a LOOKUP asks such a peer to bring what its
+ * pool lacks (docs/protocol.md 4.3): a key read there without one first is a miss. False when
+ * no such live peer. */
+bool kvs_peers_has_tiers(kvs_peers_t *p, uint64_t instance);
+
 /* The leading run of keys[0..n) that peer `instance` holds READY, in one LOOKUP (no discovery).
  * Returns the run (>= 0), -ENOENT (no such live peer) or the call's negative errno. */
 int kvs_peers_lookup_at(kvs_peers_t *p, uint64_t instance, const kvs_key_t *keys, size_t n);

@@ -1793,14 +1793,18 @@ static int px_chunks_in_place(px_ctx_t *c, kvs__runtime_t *rt, struct llama_cont
                               uint64_t cache, uint32_t *k, px_res_t *res) {
   const uint32_t C = c->chunk;
   uint32_t nk = 1 + prun;
-  /* the frame and the continuation chunk are read with the run, so they are looked up first:
-   * only a LOOKUP asks a serve with a remote tier to bring what its pool lacks (docs/protocol.md
-   * 4.3), and the run's LOOKUP named neither. One LOOKUP: the frame (else nothing to assemble),
-   * then the continuation chunk when the prompt goes on past the run. */
+  /* the frame and the continuation chunk are read with the run, so they are looked up first
+   * in one LOOKUP (the frame, else nothing to assemble; then the continuation chunk when the
+   * prompt goes on past the run): the continuation may not be there, and only a LOOKUP asks a
+   * serve with tiers below its pool to bring what the pool lacks (docs/protocol.md 4.3; the
+   * run's LOOKUP named neither). Without such tiers and no continuation wanted, the read
+   * itself finds the frame or not: no round trip more. */
   const kvs_key_t look[2] = {px_frame_ns_key(c), px_next_key(keys[prun - 1])};
   bool want_cont = (uint64_t)prun * C < (uint64_t)pl->n + pl->m;
-  uint64_t at = 0;
-  int found = kvs__cache_peers_run(rt, look, want_cont ? 2 : 1, &at);
+  uint64_t at = cache;
+  int found = want_cont || kvs__cache_peer_has_tiers(rt, cache)
+                  ? kvs__cache_peers_run(rt, look, want_cont ? 2 : 1, &at)
+                  : 1;
   if (found < 1 || at != cache) return 0;
   kvs_key_t tkey = look[1];
   bool cont = want_cont && found == 2;
@@ -1938,9 +1942,14 @@ static px_res_t px_restore_chunks(px_ctx_t *c, kvs__runtime_t *rt, struct llama_
   uint64_t flen64 = 0;
   fpinned = kvs__llama_blob_pin(&home, fkey, &fr.p, &flen64, &fxfer);
   fr.len = (size_t)flen64;
-  /* looked up first: a serve with a remote tier then brings it */
-  if (!fpinned && !(kvs__cache_has_peers(rt) && kvs__cache_peers_run(rt, &fkey, 1, &fat) == 1 &&
-                    fat && px_fetch_piece(rt, fat, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
+  /* from the peer of the run; looked up first where that peer keeps tiers below its pool
+   * (only a LOOKUP brings the frame from them), which also names the peer holding it */
+  fat = best;
+  if (!fpinned &&
+      !(kvs__cache_has_peers(rt) &&
+        (!kvs__cache_peer_has_tiers(rt, best) ||
+         (kvs__cache_peers_run(rt, &fkey, 1, &fat) == 1 && fat)) &&
+        px_fetch_piece(rt, fat, fkey, KVS_LLAMA_FRAME_MAGIC, &fr)))
     goto out;
   /* the chunks' tokens must be the prompt's: the run stops at the first that differs */
   const int32_t *tok = kvs__px_tok(&c->sh, (uint32_t)pl->s);

@@ -526,7 +526,7 @@ int ts_server_start(ts_server_t *s) {
   if (rc < 0) return rc;
   kvs_coord_config_t cc = {.store = s->store, .pool = s->pool, .opts = &s->opts,
                            .role = s->role, .instance_id = s->instance_id,
-                           .tensors = &s->tensors, .stats = &s->stats};
+                           .tensors = &s->tensors, .stats = &s->stats, .remote = s->remote};
   rc = kvs_coord_start(&cc, &s->coord);
   if (rc < 0) return rc;
   snprintf(s->path, sizeof s->path, "%s", kvs_coord_socket_path(s->coord));

@@ -145,6 +145,8 @@ typedef struct ts_server {
                                      answers none) */
   uint64_t instance_id;
   uint8_t role;
+  const kvs_coord_remote_t *remote; /* tiers below the pool (HELLO's CAP_REMOTE): may be set
+                                     * before start; NULL: none */
   char path[KVS_SOCK_PATH_MAX + 1];
 } ts_server_t;
 

@@ -880,6 +880,36 @@ Test(ops, peers_places_in_the_pool_are_populated, T_TIMEOUT) {
   kvs_peers_destroy(ps);
 }
 
+/* A tier below the pool that holds nothing: every fetch answered at once (nothing brought). */
+static int no_fetch(void *ctx, const kvs_key_t *keys, size_t found, size_t n,
+                    uint64_t deadline_ms, uint64_t token) {
+  (void)ctx, (void)keys, (void)found, (void)n, (void)deadline_ms, (void)token;
+  return -ENOENT;
+}
+static void no_publish(void *ctx, const kvs_key_t *keys, size_t n, bool object) {
+  (void)ctx, (void)keys, (void)n, (void)object;
+}
+static const kvs_coord_remote_t NO_TIER = {NULL, no_fetch, no_publish};
+static void with_tier(ts_server_t *s) { s->remote = &NO_TIER; }
+
+/* kvs_peers_has_tiers tells a peer whose HELLO offered CAP_REMOTE (a LOOKUP there may bring
+ * what its pool lacks, so a key is looked up before it is read) from one without. */
+Test(ops, peers_has_tiers_follows_the_hello, T_TIMEOUT) {
+  start(8, NULL);
+  kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO);
+  cr_assert_eq(kvs_peers_ping(ps, S.instance_id), 0);
+  cr_assert(!kvs_peers_has_tiers(ps, S.instance_id), "a peer without CAP_REMOTE");
+  cr_assert(!kvs_peers_has_tiers(ps, S.instance_id + 1), "no such peer");
+  kvs_peers_destroy(ps);
+  ts_server_reset(&S);
+  start(8, with_tier);
+  ps = peers_for(KVS_STRATEGY_AUTO);
+  cr_assert_eq(kvs_peers_ping(ps, S.instance_id), 0);
+  cr_assert(kvs_peers_has_tiers(ps, S.instance_id), "a peer whose HELLO offered CAP_REMOTE");
+  cr_assert(kvs_peers_has_tiers(ps, 0), "instance 0: the cache peer, else the first live one");
+  kvs_peers_destroy(ps);
+}
+
 /* ---- WATCH (docs/protocol.md 4.12) ----------------------------------------------------------- */
 
 /* One WATCH on a raw connection: 0 and its state, or the ERROR code / transport errno. */
