@@ -124,7 +124,10 @@ extern "C" {
   X(disk_scan_objects, G, "disk tier: objects the start-up scan found")                       \
   X(disk_reads_direct, C, "disk tier: payloads of 1 MiB or more read with O_DIRECT (measured faster)") \
   X(disk_reads_buffered, C,                                                                   \
-    "disk tier: payloads of 1 MiB or more read buffered (measured faster, or a probe)")
+    "disk tier: payloads of 1 MiB or more read buffered (measured faster, or a probe)")      \
+  X(disk_writes_direct, C, "disk tier: payloads of 1 MiB or more written with O_DIRECT (measured faster)") \
+  X(disk_writes_buffered, C,                                                                  \
+    "disk tier: payloads of 1 MiB or more written buffered (measured faster, or a probe)")
 
 /* A stat's id is its row's index in the table; core's rows come first in every table, so
  * KVS_STAT_<name> of a core row is the same everywhere. */

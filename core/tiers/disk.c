@@ -125,6 +125,12 @@ struct kvs_disk {
   kvs_coord_t *coord;
   /* Writer thread only. */
   uint64_t next_seq, unsynced;
+  /* Per method (0 O_DIRECT, 1 buffered) the moving average of ns per MiB of large payload
+   * writes, the fdatasync that makes a buffered one durable included (kvs_disk_pick_direct,
+   * as for reads), and the large writes so far. Buffered writes under --disk-sync batch wait
+   * in pend_* (their ns, their bytes) for the sync that completes their cost. */
+  uint64_t write_ns_mib[2], pend_ns, pend_bytes;
+  uint32_t large_writes;
   uint32_t backoff_ms;
   unsigned logged;          /* bit per fault_t already logged */
   bool faulted;
@@ -139,7 +145,11 @@ bool kvs_disk_pick_direct(uint64_t direct_ns_mib, uint64_t buffered_ns_mib, uint
   if (!direct_ns_mib) return true;
   if (!buffered_ns_mib) return false;
   bool faster = direct_ns_mib <= buffered_ns_mib;
-  return n % KVS_DISK_PROBE_EVERY == KVS_DISK_PROBE_EVERY - 1 ? !faster : faster;
+  uint64_t spread = faster ? buffered_ns_mib / direct_ns_mib : direct_ns_mib / buffered_ns_mib;
+  if (spread < 1) spread = 1;
+  if (spread > KVS_DISK_PROBE_SPREAD) spread = KVS_DISK_PROBE_SPREAD;
+  uint32_t period = KVS_DISK_PROBE_EVERY * (uint32_t)spread;
+  return n % period == period - 1 ? !faster : faster;
 }
 
 static int pread_all(int fd, void *buf, size_t len, uint64_t off) {
@@ -425,13 +435,34 @@ static void write_ok(kvs_disk_t *d) {
 
 /* ---- write path (writer thread) ------------------------------------------------------------ */
 
+/* A large payload written by a method (direct or buffered) in ns for bytes: into the method's
+ * moving average of ns per MiB (kvs_disk_pick_direct). */
+static void write_measured(kvs_disk_t *d, bool direct, uint64_t ns, uint64_t bytes) {
+  uint64_t ns_mib = ns * (1ull << 20) / bytes + 1;
+  uint64_t *avg = &d->write_ns_mib[direct ? 0 : 1];
+  *avg = *avg ? (*avg * 3 + ns_mib) / 4 : ns_mib;
+}
+
+/* Whether the next large payload is written with O_DIRECT: as kvs_disk_pick_direct says, a
+ * buffered write still waiting for its sync counting as slower (its cost is not known yet,
+ * and a second buffered probe before it is would measure the same). */
+static bool write_direct_next(const kvs_disk_t *d) {
+  uint64_t buffered = d->write_ns_mib[1] ? d->write_ns_mib[1] : d->pend_bytes ? UINT64_MAX : 0;
+  return kvs_disk_pick_direct(d->write_ns_mib[0], buffered, d->large_writes);
+}
+
 static int sync_active(kvs_disk_t *d) {
   if (!d->unsynced) return 0;
   pthread_mutex_lock(&d->lock);
   int fd = d->active ? d->segs[d->n_segs - 1]->fd : -1;
   pthread_mutex_unlock(&d->lock);
+  uint64_t t0 = kvs__now_ns();
   d->unsynced = 0;
   if (fd >= 0 && fdatasync(fd) < 0) return -errno;
+  /* The whole sync is the buffered writes' cost: the direct bytes it covers are on the device
+   * already, what is left for them (the file's size and extents) is small. */
+  if (d->pend_bytes) write_measured(d, false, d->pend_ns + (kvs__now_ns() - t0), d->pend_bytes);
+  d->pend_ns = d->pend_bytes = 0;
   return 0;
 }
 
@@ -473,6 +504,58 @@ static int room_for(kvs_disk_t *d, uint64_t len, seg_t **out) {
   return rc;
 }
 
+/* Write a version 2 record at `at` of segment s: head (head_span bytes, aligned to
+ * DIO_ALIGN), payload (len bytes, in the pool: page-aligned), zeros to rec_len; then, with
+ * --disk-sync always, fdatasync. A payload of KVS_DISK_MEASURED_READ or more goes by the
+ * method measured faster (write_direct_next), timed into its average: O_DIRECT through dfd
+ * (the head, the payload's whole blocks straight from the extent, its last partial block and
+ * the padding through an aligned block: no page-cache copy, no page-cache pages to find), or
+ * buffered through fd, whose cost is complete only at the fdatasync that follows. 0 or a
+ * negative errno. */
+static int write_record(kvs_disk_t *d, seg_t *s, uint64_t at, const uint8_t *head,
+                        uint64_t head_span, const uint8_t *payload, uint64_t len,
+                        uint64_t rec_len) {
+  static const uint8_t zeros[KVS_DISK_ALIGN];
+  _Alignas(DIO_ALIGN) uint8_t last[KVS_DISK_ALIGN];
+  bool large = len >= KVS_DISK_MEASURED_READ && s->dfd >= 0 && atomic_load(&d->direct);
+  bool direct = large && write_direct_next(d);
+  uint64_t t0 = kvs__now_ns();
+  int rc = -EINVAL;
+  if (direct) {
+    uint64_t body = len & ~(uint64_t)(KVS_DISK_ALIGN - 1), tail = len - body;
+    if (tail) {
+      memcpy(last, payload + body, (size_t)tail);
+      memset(last + tail, 0, (size_t)(KVS_DISK_ALIGN - tail));
+    }
+    struct iovec iov[3] = {{(void *)head, (size_t)head_span},
+                           {(void *)payload, (size_t)body},
+                           {last, (size_t)(rec_len - head_span - body)}};
+    rc = pwritev_all(s->dfd, iov, iov[2].iov_len ? 3 : 2, at);
+    if (rc == -EINVAL) { /* the file system wants a larger alignment: buffered from now on */
+      direct_off(d);
+      direct = large = false;
+    }
+  }
+  if (!direct) {
+    struct iovec iov[3] = {{(void *)head, (size_t)head_span},
+                           {(void *)payload, (size_t)len},
+                           {(void *)zeros, (size_t)(rec_len - head_span - len)}};
+    rc = pwritev_all(s->fd, iov, iov[2].iov_len ? 3 : 2, at);
+  }
+  if (rc == 0 && d->sync == KVS_DISK_SYNC_ALWAYS && fdatasync(s->fd) < 0) rc = -errno;
+  if (rc < 0 || !large) return rc;
+  uint64_t ns = kvs__now_ns() - t0;
+  if (direct || d->sync != KVS_DISK_SYNC_BATCH) {
+    write_measured(d, direct, ns, len);
+  } else {
+    d->pend_ns += ns;
+    d->pend_bytes += len;
+  }
+  d->large_writes++;
+  kvs_stats_inc(d->stats, direct ? KVS_STAT_disk_writes_direct : KVS_STAT_disk_writes_buffered);
+  return 0;
+}
+
 static void write_job(kvs_disk_t *d, job_t *jb) {
   kvs_object_view_t v;
   bool pinned = kvs_store_read_pinned(d->store, d->owner, jb->xfer, &v, 1) == 1;
@@ -495,31 +578,27 @@ static void write_job(kvs_disk_t *d, job_t *jb) {
     write_fault(d, rc, "create a segment in");
     return;
   }
-  /* Header and aliases from a small buffer, the payload straight from the pinned extent. The
-   * write is buffered: one object per O_DIRECT write leaves the device one request deep, and
-   * measured at a quarter of a buffered write and one fdatasync (docs/PERF.md section 12). */
+  /* Header and aliases from a small aligned buffer, the payload straight from the pinned
+   * extent: a large one by the method measured faster (write_record), a small one buffered
+   * (one small O_DIRECT write per object would wait for the device each time). */
   const uint8_t *payload = kvs_pool_base(kvs_store_pool(d->store)) + v.extent.offset;
   uint64_t head_span = kvs_disk_payload_off(KVS_DISK_VERSION, n_aliases);
-  uint8_t *head = calloc(1, (size_t)head_span);
-  static const uint8_t zeros[KVS_DISK_ALIGN];
+  uint8_t *head = aligned_alloc(DIO_ALIGN, KVS__ALIGN_UP((size_t)head_span, (size_t)DIO_ALIGN));
   if (!head) {
     kvs_store_release(d->store, d->owner, jb->xfer);
     kvs_stats_inc(d->stats, KVS_STAT_disk_write_drops);
     return;
   }
+  memset(head, 0, (size_t)head_span);
   uint64_t seq = d->next_seq++;
   kvs_disk_encode_head(head, KVS_DISK_VERSION, jb->keys[0], &jb->keys[1], n_aliases, &v.layout,
                        len, XXH3_64bits(payload, (size_t)len), seq);
-  struct iovec iov[3] = {{head, (size_t)head_span},
-                         {(void *)payload, (size_t)len},
-                         {(void *)zeros, (size_t)(rec_len - head_span - len)}};
   uint64_t at = s->size; /* only this thread moves it */
-  rc = pwritev_all(s->fd, iov, iov[2].iov_len ? 3 : 2, at);
+  rc = write_record(d, s, at, head, head_span, payload, len, rec_len);
   free(head);
   /* A pin still live now was live during the write (a reclaimed lease never comes back under
    * the same id): the bytes written are the object's. Otherwise the record is cut off. */
   bool held = kvs_store_release(d->store, d->owner, jb->xfer) == 0;
-  if (rc == 0 && d->sync == KVS_DISK_SYNC_ALWAYS && fdatasync(s->fd) < 0) rc = -errno;
   if (rc < 0 || !held) {
     if (ftruncate(s->fd, (off_t)at) < 0) { /* the record is torn: the scan drops it */ }
     kvs_stats_inc(d->stats, KVS_STAT_disk_write_drops);
@@ -1108,6 +1187,9 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   if (d->large_reads) /* the read method's measurements (kvs_disk_pick_direct; reader joined) */
     kvs_log_debug("disk tier: %u large reads; ns per MiB: O_DIRECT %" PRIu64 ", buffered %" PRIu64,
                   d->large_reads, d->read_ns_mib[0], d->read_ns_mib[1]);
+  if (d->large_writes) /* the write method's measurements (writer joined) */
+    kvs_log_debug("disk tier: %u large writes; ns per MiB: O_DIRECT %" PRIu64 ", buffered %" PRIu64,
+                  d->large_writes, d->write_ns_mib[0], d->write_ns_mib[1]);
   if (d->owner) kvs_store_owner_release(d->store, d->owner);
   for (size_t i = 0; i < d->n_segs; i++) seg_close(d->segs[i]);
   free(d->segs);

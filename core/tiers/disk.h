@@ -54,13 +54,16 @@ typedef struct kvs_disk_config {
   const kvs_coord_remote_t *next; /* copied: the tier below (remote), NULL = none */
 } kvs_disk_config_t;
 
-/* How a large payload is read (design §18): O_DIRECT straight into the pool extent, or a
- * buffered pread (its page-cache pages dropped after), whichever measured faster here. Given
- * the moving averages of ns per MiB of each (0: not measured yet) and the count n of large
- * reads before this one: true for O_DIRECT. Direct first, then one buffered, then the faster,
- * except that every KVS_DISK_PROBE_EVERY-th read takes the other one, so a change in the
- * storage below (a host cache warming or going) is seen. Pure: the tier's reader calls it. */
+/* How a large payload is read or written (design §18): O_DIRECT between the device and the
+ * pool extent, or buffered (through the page cache), whichever measured faster here. Given the
+ * moving averages of ns per MiB of each (0: not measured yet) and the count n of large
+ * transfers before this one: true for O_DIRECT. Direct first, then one buffered, then the
+ * faster, except that one transfer in KVS_DISK_PROBE_EVERY x (slower / faster, 1 to
+ * KVS_DISK_PROBE_SPREAD) takes the other one, so a change in the storage below (a host cache
+ * warming or going) is seen while the probes cost at most ~1/KVS_DISK_PROBE_EVERY of the
+ * time. Pure: the tier's reader and writer call it, each with its own averages. */
 #define KVS_DISK_PROBE_EVERY 16u
+#define KVS_DISK_PROBE_SPREAD 8u
 #define KVS_DISK_MEASURED_READ (1u << 20) /* payloads from this size are timed and chosen */
 bool kvs_disk_pick_direct(uint64_t direct_ns_mib, uint64_t buffered_ns_mib, uint32_t n);
 

@@ -4,8 +4,9 @@
 Each case starts `kvshim serve --disk DIR` processes in its own run directory, stores blobs
 through `kvshim put` (or refengine's kvo chunks), kills or stops serve, damages DIR where the
 case says, starts serve again and checks what is served, what is counted and what is logged.
-The ENOSPC and read-only cases mount a small tmpfs / a read-only bind mount in a private mount
-namespace (`unshare -m`, which needs root or user namespaces: skipped, exit 77, without).
+The ENOSPC, read-only and O_DIRECT-refused cases mount a small tmpfs / a read-only bind mount / a
+loop device with 4096-byte sectors in a private mount namespace (`unshare -m`, which needs root
+or user namespaces, and losetup for the last: skipped, exit 77, without).
 
 usage: disk_test.py CASE --cli build/tools/kvshim [--engine refengine --preload libkvshim.so]
 """
@@ -284,6 +285,56 @@ def case_readonly(ctx):
     err = ctx.stop(s)
     check("is read-only: serving the 1 objects on it, writing nothing" in err,
           f"no read-only line: {err}")
+
+
+def case_direct_refused(ctx):
+    """A file system on 4096-byte sectors (a loop device) refuses O_DIRECT at 512 bytes: one
+    line, and every object, large ones included, is written and read buffered instead, byte for
+    byte across a restart; nothing is lost or counted bad."""
+    need_mounts()
+    for tool in ("losetup", "mkfs.ext4"):
+        if not shutil.which(tool):
+            raise Skip(f"{tool} is not installed")
+    img = os.path.join(ctx.tmp, "img")
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
+    p = subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", img], capture_output=True)
+    require(p.returncode == 0, f"mkfs.ext4: {p.stderr!r}")
+    p = subprocess.run(["losetup", "--find", "--show", "--sector-size", "4096", img],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise Skip(f"no loop device with 4096-byte sectors here: {p.stderr.strip()}")
+    dev = p.stdout.strip()
+    try:
+        mnt = ctx.disk
+        os.makedirs(mnt, exist_ok=True)
+        sh = f'mount "{dev}" "{mnt}" && mkdir -p "{mnt}/tier" && exec "$@"'
+        wrap = ("unshare", "-m", "sh", "-c", sh, "sh")
+        tier = os.path.join(mnt, "tier")
+        blobs = {"big": payload(3 << 20, 70), "odd": payload((1 << 20) + 1, 71),
+                 "small": payload(5000, 72)}
+        s = ctx.serve_disk(disk=tier, wrap=wrap)
+        for name, data in blobs.items():
+            ctx.put(name, data)
+        ctx.wait_stat("disk_writes", 3, "write-behind")
+        st = ctx.stats()
+        check(st["disk_writes_direct"] == 0 and st["disk_write_errors"] == 0
+              and st["disk_write_drops"] == 0,
+              f"direct {st['disk_writes_direct']} errors {st['disk_write_errors']} "
+              f"drops {st['disk_write_drops']}")
+        err = ctx.stop(s)
+        s = ctx.serve_disk(disk=tier, wrap=wrap)
+        check(ctx.stats()["disk_scan_objects"] == 3, "the scan did not find the 3 objects")
+        for name, data in blobs.items():
+            check(ctx.get(name) == data, f"{name} not served byte for byte")
+        st = ctx.stats()
+        check(st["disk_hits"] == 3 and st["disk_bad"] == 0 and st["disk_reads_direct"] == 0,
+              f"hits {st['disk_hits']} bad {st['disk_bad']} direct {st['disk_reads_direct']}")
+        err += ctx.stop(s)
+        line = "refuses O_DIRECT at 512-byte alignment: buffered I/O from now on"
+        check(err.count(line) == 2, f"want the line once per serve: {err}")
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
 
 
 def case_missing_dir(ctx):

@@ -6,6 +6,9 @@
  *                        of KVS_DISK_ALIGN in its segment (so O_DIRECT can move it), is the
  *                        object's bytes, and a fresh tier reads every object back whole
  *                        (sizes below, at and above a block, not multiples of it, aliases);
+ *   read_method_choice, large_reads_by_both_methods, large_writes_by_both_methods
+ *                        payloads of 1 MiB or more move by the method measured faster
+ *                        (O_DIRECT or buffered), each probed, every byte the same either way;
  *   v1_still_read        a segment of version 1 records (payload right after the aliases, as
  *                        the tier wrote before) is scanned and served byte for byte;
  *   version_not_misread  a version 1 record whose version field says 2 (header hash not
@@ -50,12 +53,14 @@ static void rm_dir(void) {
   cr_assert_eq(system(cmd), 0);
 }
 
+static int rig_sync = KVS_DISK_SYNC_BATCH; /* --disk-sync of the next rig_open */
+
 static void rig_open(rig_t *r) {
   memset(r, 0, sizeof *r);
   kvs_options_defaults(&r->o);
   snprintf(r->o.disk, sizeof r->o.disk, "%s", dir);
   r->o.disk_size = 1ull << 30;
-  r->o.disk_sync = KVS_DISK_SYNC_BATCH;
+  r->o.disk_sync = rig_sync;
   kvs_stats_init(&r->stats);
   kvs_pool_config_t pc = {.cache_size = 64u << 20, .instance_id = 1};
   cr_assert_eq(kvs_pool_create(&pc, &r->pool), 0);
@@ -67,6 +72,7 @@ static void rig_open(rig_t *r) {
 }
 
 static void rig_close(rig_t *r) {
+  rig_sync = KVS_DISK_SYNC_BATCH;
   kvs_disk_destroy(r->disk, 30000);
   kvs_store_destroy(r->store, true);
   kvs_pool_destroy(r->pool, true);
@@ -207,34 +213,53 @@ Test(disk_io, v2_payload_aligned) {
   rm_dir();
 }
 
-/* The read method's choice (kvs_disk_pick_direct, design §18): O_DIRECT first, then one
- * buffered read, then the faster, the other one every KVS_DISK_PROBE_EVERY-th read. */
+/* The transfer method's choice (kvs_disk_pick_direct, design §18): O_DIRECT first, then one
+ * buffered transfer, then the faster, the other one once in KVS_DISK_PROBE_EVERY x (slower /
+ * faster, at most KVS_DISK_PROBE_SPREAD) transfers: probes of a method 2x or 100x slower are
+ * 2x or KVS_DISK_PROBE_SPREAD x rarer. */
 Test(disk_io, read_method_choice) {
   cr_assert(kvs_disk_pick_direct(0, 0, 0));
   cr_assert(kvs_disk_pick_direct(0, 500, 7), "O_DIRECT not measured yet: measure it");
   cr_assert_not(kvs_disk_pick_direct(900, 0, 1), "buffered not measured yet: measure it");
-  for (int faster_direct = 0; faster_direct < 2; faster_direct++) {
-    uint32_t direct = 0, n = 4 * KVS_DISK_PROBE_EVERY;
-    for (uint32_t i = 0; i < n; i++)
-      direct += kvs_disk_pick_direct(faster_direct ? 400 : 900, faster_direct ? 900 : 400, i);
-    cr_assert_eq(direct, faster_direct ? n - 4 : 4, "the faster, and 1 in %u probes the other",
-                 KVS_DISK_PROBE_EVERY);
-  }
+  const struct {
+    uint64_t fast, slow;
+    uint32_t period;
+  } cases[] = {{400, 500, KVS_DISK_PROBE_EVERY},
+               {400, 900, 2 * KVS_DISK_PROBE_EVERY},
+               {400, 400000, KVS_DISK_PROBE_SPREAD * KVS_DISK_PROBE_EVERY},
+               {400, UINT64_MAX, KVS_DISK_PROBE_SPREAD * KVS_DISK_PROBE_EVERY}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int faster_direct = 0; faster_direct < 2; faster_direct++) {
+      uint64_t dns = faster_direct ? cases[c].fast : cases[c].slow;
+      uint64_t bns = faster_direct ? cases[c].slow : cases[c].fast;
+      uint32_t direct = 0, n = 4 * cases[c].period;
+      for (uint32_t i = 0; i < n; i++) direct += kvs_disk_pick_direct(dns, bns, i);
+      cr_assert_eq(direct, faster_direct ? n - 4 : 4, "%llu vs %llu: the faster, and 1 in %u "
+                   "probes the other", (unsigned long long)dns, (unsigned long long)bns,
+                   cases[c].period);
+    }
+}
+
+/* Whether dir takes O_DIRECT at KVS_DISK_ALIGN (else the tier writes and reads buffered). */
+static bool dir_takes_direct(void) {
+  char f[300];
+  snprintf(f, sizeof f, "%s/direct-probe", dir);
+  int fd = open(f, O_RDWR | O_CREAT | O_DIRECT, 0600);
+  _Alignas(4096) static uint8_t block[KVS_DISK_ALIGN];
+  bool ok = fd >= 0 && pwrite(fd, block, sizeof block, 0) == (ssize_t)sizeof block;
+  if (fd >= 0) close(fd);
+  unlink(f);
+  return ok;
 }
 
 /* Large payloads are read by both methods while the tier measures them (the first O_DIRECT,
  * the second buffered), every one exact; small ones are not counted. */
 Test(disk_io, large_reads_by_both_methods) {
   make_dir();
-  char f[300];
-  snprintf(f, sizeof f, "%s/direct-probe", dir);
-  int fd = open(f, O_RDWR | O_CREAT | O_DIRECT, 0600);
-  if (fd < 0) {
+  if (!dir_takes_direct()) {
     rm_dir();
     cr_skip_test("%s refuses O_DIRECT: only buffered reads there", dir);
   }
-  close(fd);
-  unlink(f);
   enum { N = 4 };
   const size_t len[N] = {(1u << 20) + 4096, (3u << 19) + 1, 100000, (2u << 20) - 9};
   uint8_t *bytes[N];
@@ -263,6 +288,69 @@ Test(disk_io, large_reads_by_both_methods) {
 
 /* Write records of a given version (header version field forced to field_version, hash
  * recomputed or not) into segment 1 of dir. */
+/* Large payloads are written by both methods while the tier measures them (the first
+ * O_DIRECT, then a buffered probe), under every --disk-sync: the records are byte for byte
+ * what a buffered write makes (payload aligned, padding zero, small buffered records between
+ * the direct ones in the same segment), and a fresh tier serves every one. */
+Test(disk_io, large_writes_by_both_methods) {
+  enum { N = 8 };
+  const size_t len[N] = {(2u << 20) - 9, 300, (1u << 20) + 4096, (3u << 19) + 1, 100000,
+                         (1u << 20), (2u << 20) + 511, 4097};
+  const int modes[] = {KVS_DISK_SYNC_BATCH, KVS_DISK_SYNC_ALWAYS, KVS_DISK_SYNC_NONE};
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    make_dir();
+    if (!dir_takes_direct()) {
+      rm_dir();
+      cr_skip_test("%s refuses O_DIRECT: only buffered writes there", dir);
+    }
+    uint8_t *bytes[N];
+    kvs_key_t keys[N];
+    size_t large = 0;
+    rig_t r;
+    rig_sync = modes[m];
+    rig_open(&r);
+    for (int i = 0; i < N; i++) {
+      bytes[i] = malloc(len[i]);
+      fill(bytes[i], len[i], 60u + (uint64_t)i + 10 * m);
+      keys[i] = (kvs_key_t){0x4000u + (uint64_t)i, 9};
+      large += len[i] >= KVS_DISK_MEASURED_READ;
+      publish(&r, &keys[i], 1, bytes[i], len[i]);
+    }
+    wait_for(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, N);
+    cr_assert_eq(stat_of(&r, KVS_STAT_disk_writes), N, "sync mode %d", modes[m]);
+    cr_assert_geq(stat_of(&r, KVS_STAT_disk_writes_direct), 1, "sync mode %d", modes[m]);
+    cr_assert_geq(stat_of(&r, KVS_STAT_disk_writes_buffered), 1, "sync mode %d", modes[m]);
+    cr_assert_eq(stat_of(&r, KVS_STAT_disk_writes_direct) +
+                     stat_of(&r, KVS_STAT_disk_writes_buffered), large, "the large payloads");
+    rig_close(&r);
+
+    char path[400];
+    seg_path(1, path, sizeof path);
+    size_t flen;
+    uint8_t *file = read_file(path, &flen);
+    uint64_t off = 0;
+    for (int i = 0; i < N; i++) {
+      kvs_disk_record_t rec;
+      cr_assert_eq(kvs_disk_parse_header(file + off, flen - off, &rec), 0, "record %d", i);
+      cr_assert_eq(kvs_disk_check_head(file + off, &rec), 0);
+      cr_assert_eq(rec.payload_len, len[i]);
+      cr_assert_eq(memcmp(file + off + rec.payload_off, bytes[i], len[i]), 0, "payload %d", i);
+      for (uint64_t p = off + rec.payload_off + len[i]; p < off + rec.record_len; p++)
+        cr_assert_eq(file[p], 0, "padding of record %d not zero", i);
+      off += rec.record_len;
+    }
+    cr_assert_eq(off, flen);
+    free(file);
+
+    rig_open(&r);
+    for (int i = 0; i < N; i++) expect_served(&r, keys[i], bytes[i], len[i]);
+    cr_assert_eq(stat_of(&r, KVS_STAT_disk_bad), 0);
+    rig_close(&r);
+    for (int i = 0; i < N; i++) free(bytes[i]);
+    rm_dir();
+  }
+}
+
 static void write_segment(uint16_t version, uint16_t field_version, bool fix_hash,
                           uint8_t **bytes) {
   uint64_t total = 0;
