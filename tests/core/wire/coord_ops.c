@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "coord_client.h"
@@ -874,6 +876,47 @@ Test(ops, peers_places_in_the_pool_are_populated, T_TIMEOUT) {
   if (got >= 0)
     cr_assert_eq(got, want, "%ld of the %ld pages of the reserved place are mapped before the "
                  "first write", got, want);
+  pat_fill(r.dst, LEN, k);
+  cr_assert_eq(kvs_peers_publish(ps, &rp, 1), 1);
+  cr_assert_eq(ts_local_verify(S.store, &k, 1), 1);
+  kvs_peers_destroy(ps);
+}
+
+/* madvise for this executable (core is linked in statically, so kvs__prim_populate calls this
+ * one): the kernel's, except that while populate_fails is set MADV_POPULATE_WRITE fails with
+ * it, as it does for real when the pages cannot be backed (ENOMEM: a memory limit) or lie past
+ * the end of the peer's file (EFAULT) (madvise(2)). */
+static _Atomic int populate_fails;
+int madvise(void *addr, size_t len, int advice) {
+  int err = populate_fails;
+  if (err && advice == MADV_POPULATE_WRITE) {
+    errno = err;
+    return -1;
+  }
+  return (int)syscall(SYS_madvise, addr, len, advice);
+}
+
+/* A place whose pages cannot be populated (kvs__peer_place) is refused, never handed out to be
+ * touched (which would be SIGBUS): the reservation is aborted at the peer, nothing stays
+ * reserved there, and the next one, with populating working again, stores. */
+Test(ops, peers_place_refused_when_its_pages_cannot_be_backed, T_TIMEOUT) {
+  const uint64_t LEN = (5 << 20) + 4096;
+  start(32, NULL);
+  kvs_peers_t *ps = peers_for(KVS_STRATEGY_AUTO);
+  kvs_key_t k = tk(43, 1);
+  const int errs[] = {ENOMEM, EFAULT};
+  for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+    kvs_peer_resv_t r = {.keys = &k, .n_keys = 1, .len = LEN}, *rp = &r;
+    populate_fails = errs[i];
+    int got = kvs_peers_reserve(ps, 0, &rp, 1);
+    populate_fails = 0;
+    cr_assert_eq(got, 0, "a place that cannot be populated was handed out (%s)",
+                 strerror(errs[i]));
+    cr_assert_null(r.dst);
+    cr_assert_eq(ts_stat(&S, KVS_STAT_store_reserved_bytes), 0, "the reservation stayed");
+  }
+  kvs_peer_resv_t r = {.keys = &k, .n_keys = 1, .len = LEN}, *rp = &r;
+  cr_assert_eq(kvs_peers_reserve(ps, 0, &rp, 1), 1);
   pat_fill(r.dst, LEN, k);
   cr_assert_eq(kvs_peers_publish(ps, &rp, 1), 1);
   cr_assert_eq(ts_local_verify(S.store, &k, 1), 1);
