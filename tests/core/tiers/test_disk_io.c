@@ -168,6 +168,31 @@ static void seg_path(uint64_t id, char *out, size_t cap) {
   snprintf(out, cap, "%s/%s", dir, name);
 }
 
+/* Segment 1 holds exactly the records of bytes[0..n) (lens[i] bytes each) in write order, each
+ * version 2 with its payload block-aligned, byte for byte, and zero padding. */
+static void expect_segment(uint8_t *const *bytes, const size_t *lens, int n) {
+  char path[400];
+  seg_path(1, path, sizeof path);
+  size_t flen;
+  uint8_t *file = read_file(path, &flen);
+  uint64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    kvs_disk_record_t rec;
+    cr_assert_eq(kvs_disk_parse_header(file + off, flen - off, &rec), 0, "record %d", i);
+    cr_assert_eq(kvs_disk_check_head(file + off, &rec), 0);
+    cr_assert_eq(rec.version, KVS_DISK_VERSION);
+    cr_assert_eq(KVS_DISK_VERSION, 2);
+    cr_assert_eq((off + rec.payload_off) % KVS_DISK_ALIGN, 0, "payload %d not aligned", i);
+    cr_assert_eq(rec.payload_len, lens[i]);
+    cr_assert_eq(memcmp(file + off + rec.payload_off, bytes[i], lens[i]), 0, "payload %d", i);
+    for (uint64_t p = off + rec.payload_off + lens[i]; p < off + rec.record_len; p++)
+      cr_assert_eq(file[p], 0, "padding of record %d not zero", i);
+    off += rec.record_len;
+  }
+  cr_assert_eq(off, flen);
+  free(file);
+}
+
 Test(disk_io, v2_payload_aligned) {
   make_dir();
   uint8_t *bytes[N_OBJ];
@@ -179,27 +204,7 @@ Test(disk_io, v2_payload_aligned) {
   cr_assert_eq(stat_of(&r, KVS_STAT_disk_writes), N_OBJ);
   rig_close(&r);
 
-  /* The file: records in write order, each version 2 with its payload block-aligned. */
-  char path[400];
-  seg_path(1, path, sizeof path);
-  size_t flen;
-  uint8_t *file = read_file(path, &flen);
-  uint64_t off = 0;
-  for (int i = 0; i < N_OBJ; i++) {
-    kvs_disk_record_t rec;
-    cr_assert_eq(kvs_disk_parse_header(file + off, flen - off, &rec), 0, "record %d", i);
-    cr_assert_eq(kvs_disk_check_head(file + off, &rec), 0);
-    cr_assert_eq(rec.version, KVS_DISK_VERSION);
-    cr_assert_eq(KVS_DISK_VERSION, 2);
-    cr_assert_eq((off + rec.payload_off) % KVS_DISK_ALIGN, 0, "payload %d not aligned", i);
-    cr_assert_eq(rec.payload_len, sizes[i]);
-    cr_assert_eq(memcmp(file + off + rec.payload_off, bytes[i], sizes[i]), 0);
-    for (uint64_t p = off + rec.payload_off + sizes[i]; p < off + rec.record_len; p++)
-      cr_assert_eq(file[p], 0, "padding of record %d not zero", i);
-    off += rec.record_len;
-  }
-  cr_assert_eq(off, flen);
-  free(file);
+  expect_segment(bytes, sizes, N_OBJ);
 
   /* A fresh tier scans and serves every object and alias. */
   rig_open(&r);
@@ -324,23 +329,7 @@ Test(disk_io, large_writes_by_both_methods) {
                      stat_of(&r, KVS_STAT_disk_writes_buffered), large, "the large payloads");
     rig_close(&r);
 
-    char path[400];
-    seg_path(1, path, sizeof path);
-    size_t flen;
-    uint8_t *file = read_file(path, &flen);
-    uint64_t off = 0;
-    for (int i = 0; i < N; i++) {
-      kvs_disk_record_t rec;
-      cr_assert_eq(kvs_disk_parse_header(file + off, flen - off, &rec), 0, "record %d", i);
-      cr_assert_eq(kvs_disk_check_head(file + off, &rec), 0);
-      cr_assert_eq(rec.payload_len, len[i]);
-      cr_assert_eq(memcmp(file + off + rec.payload_off, bytes[i], len[i]), 0, "payload %d", i);
-      for (uint64_t p = off + rec.payload_off + len[i]; p < off + rec.record_len; p++)
-        cr_assert_eq(file[p], 0, "padding of record %d not zero", i);
-      off += rec.record_len;
-    }
-    cr_assert_eq(off, flen);
-    free(file);
+    expect_segment(bytes, len, N);
 
     rig_open(&r);
     for (int i = 0; i < N; i++) expect_served(&r, keys[i], bytes[i], len[i]);
