@@ -202,6 +202,14 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off) {
   return 0;
 }
 
+/* A large transfer by a method (direct or buffered) took ns for bytes: into that method's
+ * moving average of ns per MiB, avg[0] O_DIRECT, avg[1] buffered (kvs_disk_pick_direct). */
+static void method_measured(uint64_t avg[2], bool direct, uint64_t ns, uint64_t bytes) {
+  uint64_t ns_mib = ns * (1ull << 20) / bytes + 1;
+  uint64_t *a = &avg[direct ? 0 : 1];
+  *a = *a ? (*a * 3 + ns_mib) / 4 : ns_mib;
+}
+
 /* The payload of a version 2 record (len bytes at off, dst aligned) by the method measured
  * faster (kvs_disk_pick_direct): O_DIRECT through dfd, or buffered through fd, its page-cache
  * pages then dropped (the pool holds the copy). A large read is timed into the method's
@@ -219,9 +227,7 @@ static int read_payload(kvs_disk_t *d, const seg_t *s, uint8_t *dst, size_t len,
   int rc = direct ? pread_direct(s->dfd, dst, len, off, bounce) : pread_all(s->fd, dst, len, off);
   if (rc == 0 && !direct) posix_fadvise(s->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
   if (rc == 0 && large) {
-    uint64_t ns_mib = (kvs__now_ns() - t0) * (1ull << 20) / len + 1;
-    uint64_t *avg = &d->read_ns_mib[direct ? 0 : 1];
-    *avg = *avg ? (*avg * 3 + ns_mib) / 4 : ns_mib;
+    method_measured(d->read_ns_mib, direct, kvs__now_ns() - t0, len);
     d->large_reads++;
     kvs_stats_inc(d->stats, direct ? KVS_STAT_disk_reads_direct : KVS_STAT_disk_reads_buffered);
   }
@@ -435,14 +441,6 @@ static void write_ok(kvs_disk_t *d) {
 
 /* ---- write path (writer thread) ------------------------------------------------------------ */
 
-/* A large payload written by a method (direct or buffered) in ns for bytes: into the method's
- * moving average of ns per MiB (kvs_disk_pick_direct). */
-static void write_measured(kvs_disk_t *d, bool direct, uint64_t ns, uint64_t bytes) {
-  uint64_t ns_mib = ns * (1ull << 20) / bytes + 1;
-  uint64_t *avg = &d->write_ns_mib[direct ? 0 : 1];
-  *avg = *avg ? (*avg * 3 + ns_mib) / 4 : ns_mib;
-}
-
 /* Whether the next large payload is written with O_DIRECT: as kvs_disk_pick_direct says, a
  * buffered write still waiting for its sync counting as slower (its cost is not known yet,
  * and a second buffered probe before it is would measure the same). */
@@ -461,7 +459,8 @@ static int sync_active(kvs_disk_t *d) {
   if (fd >= 0 && fdatasync(fd) < 0) return -errno;
   /* The whole sync is the buffered writes' cost: the direct bytes it covers are on the device
    * already, what is left for them (the file's size and extents) is small. */
-  if (d->pend_bytes) write_measured(d, false, d->pend_ns + (kvs__now_ns() - t0), d->pend_bytes);
+  if (d->pend_bytes)
+    method_measured(d->write_ns_mib, false, d->pend_ns + (kvs__now_ns() - t0), d->pend_bytes);
   d->pend_ns = d->pend_bytes = 0;
   return 0;
 }
@@ -546,7 +545,7 @@ static int write_record(kvs_disk_t *d, seg_t *s, uint64_t at, const uint8_t *hea
   if (rc < 0 || !large) return rc;
   uint64_t ns = kvs__now_ns() - t0;
   if (direct || d->sync != KVS_DISK_SYNC_BATCH) {
-    write_measured(d, direct, ns, len);
+    method_measured(d->write_ns_mib, direct, ns, len);
   } else {
     d->pend_ns += ns;
     d->pend_bytes += len;
