@@ -217,7 +217,7 @@ static void method_measured(uint64_t avg[2], bool direct, uint64_t ns, uint64_t 
  * and reads buffered). */
 static int read_payload(kvs_disk_t *d, const seg_t *s, uint8_t *dst, size_t len, uint64_t off,
                         uint8_t *bounce) {
-  bool large = len >= KVS_DISK_MEASURED_READ;
+  bool large = len >= KVS_DISK_MEASURED;
   bool direct = !large || kvs_disk_pick_direct(d->read_ns_mib[0], d->read_ns_mib[1],
                                                d->large_reads);
   uint64_t t0 = kvs__now_ns();
@@ -505,7 +505,7 @@ static int room_for(kvs_disk_t *d, uint64_t len, seg_t **out) {
 
 /* Write a version 2 record at `at` of segment s: head (head_span bytes, aligned to
  * DIO_ALIGN), payload (len bytes, in the pool: page-aligned), zeros to rec_len; then, with
- * --disk-sync always, fdatasync. A payload of KVS_DISK_MEASURED_READ or more goes by the
+ * --disk-sync always, fdatasync. A payload of KVS_DISK_MEASURED or more goes by the
  * method measured faster (write_direct_next), timed into its average: O_DIRECT through dfd
  * (the head, the payload's whole blocks straight from the extent, its last partial block and
  * the padding through an aligned block: no page-cache copy, no page-cache pages to find), or
@@ -516,7 +516,7 @@ static int write_record(kvs_disk_t *d, seg_t *s, uint64_t at, const uint8_t *hea
                         uint64_t rec_len) {
   static const uint8_t zeros[KVS_DISK_ALIGN];
   _Alignas(DIO_ALIGN) uint8_t last[KVS_DISK_ALIGN];
-  bool large = len >= KVS_DISK_MEASURED_READ && s->dfd >= 0 && atomic_load(&d->direct);
+  bool large = len >= KVS_DISK_MEASURED && s->dfd >= 0 && atomic_load(&d->direct);
   bool direct = large && write_direct_next(d);
   uint64_t t0 = kvs__now_ns();
   int rc = -EINVAL;

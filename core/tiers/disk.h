@@ -64,7 +64,7 @@ typedef struct kvs_disk_config {
  * time. Pure: the tier's reader and writer call it, each with its own averages. */
 #define KVS_DISK_PROBE_EVERY 16u
 #define KVS_DISK_PROBE_SPREAD 8u
-#define KVS_DISK_MEASURED_READ (1u << 20) /* payloads from this size are timed and chosen */
+#define KVS_DISK_MEASURED (1u << 20) /* payloads from this size are timed and chosen */
 bool kvs_disk_pick_direct(uint64_t direct_ns_mib, uint64_t buffered_ns_mib, uint32_t n);
 
 /* Lock DIR (creating it when its parent exists), scan its segments into the index, start the

@@ -318,7 +318,7 @@ Test(disk_io, large_writes_by_both_methods) {
       bytes[i] = malloc(len[i]);
       fill(bytes[i], len[i], 60u + (uint64_t)i + 10 * m);
       keys[i] = (kvs_key_t){0x4000u + (uint64_t)i, 9};
-      large += len[i] >= KVS_DISK_MEASURED_READ;
+      large += len[i] >= KVS_DISK_MEASURED;
       publish(&r, &keys[i], 1, bytes[i], len[i]);
     }
     wait_for(&r, KVS_STAT_disk_writes, KVS_STAT_disk_write_drops, N);
