@@ -16,6 +16,11 @@
  *     case); its cycles/s over the 1-thread cycles/s is the machine's ceiling for the 2-thread
  *     ratio. For both 2-thread runs, the CPUs they got: the threads' CPU time over the wall
  *     time (2.0 = both ran all the time; a loaded machine gives less).
+ *   - 2 threads on the one store again, each thread's keys in shards of its own (every other
+ *     shard, kvs__store_key_shard): what the two threads share then is everything of the store
+ *     but its shards (domains, owners, stats, the pool), so this over the own-stores ceiling
+ *     shows how much of the gap to it is the shared shards themselves. Its key search (about
+ *     two key hashes a cycle) is counted in its cycle: it errs low.
  *   - memory latency: a dependent random pointer chase over a buffer as large as the memory
  *     the 1M-object store made resident (its tables and the pool's page tags), ns per load;
  *     the 1M cycle's extra ns over the 1k cycle divided by it = misses paid per cycle.
@@ -58,8 +63,9 @@ typedef struct figure {
 } figure_t;
 
 enum { F_POOL4K, F_POOL256K, F_CYC1_NS, F_CYC1_RATE, F_CYC2_NS, F_CYC2_RATE, F_CYC2_CPUS,
-       F_OWN2_RATE, F_OWN2_CPUS, F_MEMCPY_NS, F_MEMCPY_GBS, F_BIG_NS, F_SMALL_NS, F_CHASE_NS,
-       F_SCALE2, F_CEIL2, F_SCALE2_OF_CEIL, F_SIZE_RATIO, F_EXTRA_MISSES, F_ONE_MISS,
+       F_OWN2_RATE, F_OWN2_CPUS, F_SPLIT2_RATE, F_SPLIT2_CPUS, F_MEMCPY_NS, F_MEMCPY_GBS,
+       F_BIG_NS, F_SMALL_NS, F_CHASE_NS, F_SCALE2, F_CEIL2, F_SCALE2_OF_CEIL, F_SPLIT2_OF_CEIL,
+       F_SIZE_RATIO, F_EXTRA_MISSES, F_ONE_MISS,
        F__COUNT };
 
 static figure_t figs[F__COUNT] = {
@@ -75,6 +81,10 @@ static figure_t figs[F__COUNT] = {
     [F_OWN2_RATE] = {"own_stores_2t_per_s", "2 threads, own stores (limit)",
         "cycles/s total", 1, {0}},
     [F_OWN2_CPUS] = {"own_stores_2t_cpus", "2 threads, own stores: CPUs got", "cpu/wall", 2, {0}},
+    [F_SPLIT2_RATE] = {"split_shards_2t_per_s", "2 threads, one store, own shards",
+        "cycles/s total", 1, {0}},
+    [F_SPLIT2_CPUS] = {"split_shards_2t_cpus", "2 threads, own shards: CPUs got", "cpu/wall", 2,
+        {0}},
     [F_MEMCPY_NS] = {"memcpy_256k_ns", "memcpy 256 KiB (anchor)", "ns/copy", 1, {0}},
     [F_MEMCPY_GBS] = {"memcpy_256k_gbs", "memcpy 256 KiB (anchor)", "GB/s", 1, {0}},
     [F_BIG_NS] = {"store_cycle_4k_1m_ns", "store cycle 4 KiB, 1M objects", "ns/cycle", 1, {0}},
@@ -83,6 +93,8 @@ static figure_t figs[F__COUNT] = {
     [F_SCALE2] = {"store_scale_2t_1t", "cycles/s 2 threads / 1 thread", "ratio", 3, {0}},
     [F_CEIL2] = {"own_stores_2t_1t", "ceiling: own stores 2t / 1 thread", "ratio", 3, {0}},
     [F_SCALE2_OF_CEIL] = {"store_scale_of_ceiling", "2 threads: kvshim / ceiling", "ratio", 3, {0}},
+    [F_SPLIT2_OF_CEIL] = {"split_shards_of_ceiling", "2 threads, own shards / ceiling", "ratio",
+        3, {0}},
     [F_SIZE_RATIO] = {"store_1m_over_1k", "store cycle 1M / 1k objects", "ratio", 3, {0}},
     [F_EXTRA_MISSES] = {"store_1m_extra_misses", "(1M - 1k cycle) / memory latency",
         "misses/cycle", 2, {0}},
@@ -125,6 +137,7 @@ typedef struct cycler {
   uint64_t ns;
   uint64_t cpu_ns; /* the thread's CPU time over the timed part */
   uint64_t lost; /* objects evicted by the other thread between commit and lookup */
+  int parity;    /* >= 0: only keys whose shard has this low bit; -1: every key */
   pthread_barrier_t *start;
 } cycler_t;
 
@@ -132,6 +145,8 @@ static void cycle_n(cycler_t *c, uint64_t n) {
   kvs_layout_t lay = {KVS_DTYPE_BF16, 1, {c->obj_bytes / 2}};
   for (uint64_t i = 0; i < n; i++) {
     kvs_key_t k = {c->next_key++, c->key_hi};
+    if (c->parity >= 0)
+      while ((int)(kvs__store_key_shard(c->st, k) & 1) != c->parity) k.lo = c->next_key++;
     uint8_t oc;
     kvs_extent_t ex;
     kvs_xfer_t wx, rx;
@@ -171,10 +186,11 @@ static void *cycler_main(void *arg) {
 
 static uint64_t lost_total;
 
-/* Run `threads` cyclers, thread i on the full cache of sts[i] (one store for all, or one each):
- * ns per cycle (per thread), cycles per second, and the CPUs the threads got (their CPU time
- * over the wall time; NULL: not wanted). */
-static void bench_store(kvs_store_t *const *sts, int threads, uint64_t iters,
+/* Run `threads` cyclers, thread i on the full cache of sts[i] (one store for all, or one each),
+ * with split thread i's keys only in the shards whose low bit is i: ns per cycle (per
+ * thread), cycles per second, and the CPUs the threads got (their CPU time over the wall time;
+ * NULL: not wanted). */
+static void bench_store(kvs_store_t *const *sts, int threads, bool split, uint64_t iters,
                         double *ns_per_cycle, double *per_s, double *cpus) {
   static uint64_t key_base = 1;
   cycler_t c[MAX_THREADS];
@@ -189,6 +205,7 @@ static void bench_store(kvs_store_t *const *sts, int threads, uint64_t iters,
     c[i].next_key = key_base;
     c[i].iters = iters;
     c[i].start = &bar;
+    c[i].parity = split ? i % 2 : -1;
     int rc = kvs_store_owner_open(sts[i], &c[i].owner);
     if (rc) die("kvs_store_owner_open", rc);
     cycle_n(&c[i], iters / 10 + 1); /* warm up */
@@ -218,7 +235,7 @@ static void fill(kvs_store_t *st, uint64_t obj_bytes) {
   kvs_store_info_t in;
   kvs_store_info(st, &in);
   cycler_t c = {.st = st, .obj_bytes = obj_bytes, .owner = KVS_OWNER_LOCAL,
-                .next_key = 1ull << 40, .key_hi = 0xf111};
+                .next_key = 1ull << 40, .key_hi = 0xf111, .parity = -1};
   cycle_n(&c, in.arena_bytes / obj_bytes + 1);
 }
 
@@ -277,7 +294,7 @@ static void sized_open(sized_t *z, uint64_t objects, kvs_stats_t *stats) {
 
 static double sized_cycle(sized_t *z, uint64_t iters) {
   cycler_t c = {.st = z->st, .obj_bytes = SMALL_BYTES, .owner = KVS_OWNER_LOCAL,
-                .next_key = z->next_key, .key_hi = 0x5123};
+                .next_key = z->next_key, .key_hi = 0x5123, .parity = -1};
   cycle_n(&c, iters / 10 + 1); /* warm up */
   uint64_t t0 = kvs__now_ns();
   cycle_n(&c, iters);
@@ -417,6 +434,10 @@ int main(int argc, char **argv) {
   for (int i = 0; i < MAX_THREADS; i++) own_open(&own[i]);
   kvs_store_t *const one[MAX_THREADS] = {shared.st, shared.st};
   kvs_store_t *const each[MAX_THREADS] = {own[0].st, own[1].st};
+  bool shards = false; /* the split run needs two shards or more (a 256 MiB store has 8) */
+  for (uint64_t i = 0; i < 64 && !shards; i++)
+    shards = kvs__store_key_shard(shared.st, (kvs_key_t){i, 0}) != 0;
+  if (!shards) die("the shared store has one shard: no split run", -EINVAL);
   kvs_stats_t stats;
   kvs_stats_init(&stats);
   sized_t big, small;
@@ -437,14 +458,17 @@ int main(int argc, char **argv) {
     for (int f = 0; f < F__COUNT; f++) v[f] = &figs[f].v[r];
     *v[F_POOL4K] = bench_pool(bpool, 4096, pool_iters);
     *v[F_POOL256K] = bench_pool(bpool, OBJ_BYTES, pool_iters);
-    bench_store(one, 1, cycle_iters, v[F_CYC1_NS], v[F_CYC1_RATE], NULL);
-    /* alternate the order so that a drift in machine load does not favour one arm */
-    double own_ns;
-    for (int k = 0; k < 2; k++) {
-      if ((k + r) % 2)
-        bench_store(one, 2, cycle_iters, v[F_CYC2_NS], v[F_CYC2_RATE], v[F_CYC2_CPUS]);
+    bench_store(one, 1, false, cycle_iters, v[F_CYC1_NS], v[F_CYC1_RATE], NULL);
+    /* rotate the order so that a drift in machine load does not favour one arm */
+    double own_ns, split_ns;
+    for (int k = 0; k < 3; k++) {
+      int arm = (k + r) % 3;
+      if (arm == 0)
+        bench_store(one, 2, false, cycle_iters, v[F_CYC2_NS], v[F_CYC2_RATE], v[F_CYC2_CPUS]);
+      else if (arm == 1)
+        bench_store(each, 2, false, cycle_iters, &own_ns, v[F_OWN2_RATE], v[F_OWN2_CPUS]);
       else
-        bench_store(each, 2, cycle_iters, &own_ns, v[F_OWN2_RATE], v[F_OWN2_CPUS]);
+        bench_store(one, 2, true, cycle_iters, &split_ns, v[F_SPLIT2_RATE], v[F_SPLIT2_CPUS]);
     }
     double ns = bench_memcpy(dst, src, copy_iters);
     *v[F_MEMCPY_NS] = ns;
@@ -461,6 +485,7 @@ int main(int argc, char **argv) {
     *v[F_SCALE2] = *v[F_CYC2_RATE] / *v[F_CYC1_RATE];
     *v[F_CEIL2] = *v[F_OWN2_RATE] / *v[F_CYC1_RATE];
     *v[F_SCALE2_OF_CEIL] = *v[F_CYC2_RATE] / *v[F_OWN2_RATE];
+    *v[F_SPLIT2_OF_CEIL] = *v[F_SPLIT2_RATE] / *v[F_OWN2_RATE];
     *v[F_SIZE_RATIO] = *v[F_BIG_NS] / *v[F_SMALL_NS];
     *v[F_EXTRA_MISSES] = (*v[F_BIG_NS] - *v[F_SMALL_NS]) / *v[F_CHASE_NS];
     *v[F_ONE_MISS] = (*v[F_SMALL_NS] + *v[F_CHASE_NS]) / *v[F_SMALL_NS];
@@ -495,6 +520,10 @@ int main(int argc, char **argv) {
          med[F_SCALE2], lo[F_SCALE2], hi[F_SCALE2], med[F_CEIL2], lo[F_CEIL2], hi[F_CEIL2],
          med[F_SCALE2_OF_CEIL], lo[F_SCALE2_OF_CEIL], hi[F_SCALE2_OF_CEIL], med[F_CYC2_CPUS],
          med[F_OWN2_CPUS], sysconf(_SC_NPROCESSORS_ONLN), med[F_SCALE2] >= 1.6 ? "met" : "NOT met");
+  printf("2 threads on the one store with their keys in shards of their own = %.2f [%.2f..%.2f] "
+         "of the ceiling (CPUs got %.2f): the rest of the gap above is the shards both threads "
+         "use\n",
+         med[F_SPLIT2_OF_CEIL], lo[F_SPLIT2_OF_CEIL], hi[F_SPLIT2_OF_CEIL], med[F_SPLIT2_CPUS]);
   printf("store cycle 1M / 1k objects (4 KiB) = %.2f [%.2f..%.2f]; limit: the 1M cycle pays "
          "%.1f ns more = %.2f [%.2f..%.2f] memory latencies of %.1f ns (random pointer chase over "
          "%.0f MiB, the memory the 1M-object store made resident); one exposed miss would give "

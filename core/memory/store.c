@@ -1983,6 +1983,8 @@ static bool valid_locked(kvs_store_t *s) {
   return true;
 }
 
+uint32_t kvs__store_key_shard(const kvs_store_t *s, kvs_key_t key) { return key_shard(s, key); }
+
 bool kvs__store_is_valid(kvs_store_t *s) {
   if (!s) return false;
   lock_everything(s);

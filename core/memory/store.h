@@ -225,6 +225,8 @@ kvs_pool_t *kvs_store_pool(const kvs_store_t *store);
 uint32_t kvs_store_lease_ms(const kvs_store_t *store);
 /* Every invariant in this header, checked in O(objects + keys + transfers). */
 bool kvs__store_is_valid(kvs_store_t *store);
+/* The shard of key (design §4.4): for tests and benchmarks that place keys in given shards. */
+uint32_t kvs__store_key_shard(const kvs_store_t *store, kvs_key_t key);
 
 #ifdef __cplusplus
 }
