@@ -197,6 +197,27 @@ static const char *type_hint(const opt_row_t *r, char *buf, size_t cap) {
   return "?";
 }
 
+/* What is wrong with a value set_row refused with rc: "is out of range [lo, hi] unit" or
+ * "is not <what the row takes>". */
+static const char *describe_bad(const opt_row_t *r, int rc, char *buf, size_t cap) {
+  char hint[128];
+  if (rc == -ERANGE && (r->type == KVS_OPTION_SIZE || r->type == KVS_OPTION_INT))
+    snprintf(buf, cap, "is out of range [%" PRIu64 ", %" PRIu64 "]%s%s", r->lo, r->hi,
+             r->unit[0] ? " " : "", r->unit);
+  else
+    snprintf(buf, cap, "is not %s", type_hint(r, hint, sizeof hint));
+  return buf;
+}
+
+const char *kvs_options_describe_bad(const kvs_option_table_t *t, kvs_option_id_t id, int rc,
+                                     char *buf, size_t cap) {
+  if (id >= t->n) {
+    snprintf(buf, cap, "is not valid");
+    return buf;
+  }
+  return describe_bad(&t->rows[id], rc, buf, cap);
+}
+
 void kvs_options_defaults_rows(const kvs_option_table_t *t, void *block) {
   memset(block, 0, t->size);
   for (unsigned i = 0; i < t->n; i++) {
@@ -264,15 +285,10 @@ int kvs_options_load_rows(const kvs_option_table_t *t, void *block, char *const 
   for (unsigned i = 0; i < n_rows; i++) {
     if (o->source[i] != KVS_OPT_INVALID) continue;
     problems++;
-    char hint[128], def[64];
+    char what[192], def[64];
     kvs_options_format_value(t, block, i, def, sizeof def);
-    if (bad_rc[i] == -ERANGE && (rows[i].type == KVS_OPTION_SIZE || rows[i].type == KVS_OPTION_INT))
-      kvs_log_warn("%s='%s' is out of range [%" PRIu64 ", %" PRIu64 "]%s%s; keeping default %s",
-                   rows[i].env, bad_value[i], rows[i].lo, rows[i].hi, rows[i].unit[0] ? " " : "",
-                   rows[i].unit, def);
-    else
-      kvs_log_warn("%s='%s' is not %s; keeping default %s", rows[i].env, bad_value[i],
-                   type_hint(&rows[i], hint, sizeof hint), def[0] ? def : "(empty)");
+    kvs_log_warn("%s='%s' %s; keeping default %s", rows[i].env, bad_value[i],
+                 describe_bad(&rows[i], bad_rc[i], what, sizeof what), def[0] ? def : "(empty)");
   }
   for (char *const *e = envp; *e; e++) {
     if (strncmp(*e, "KVSHIM_", 7) != 0) continue;
@@ -382,9 +398,7 @@ size_t kvs_options_usage(const kvs_option_table_t *t, char *buf, size_t cap) {
   for (unsigned i = 0; i < t->n; i++) {
     const opt_row_t *r = &t->rows[i];
     char flag[64], kind[160], lo[32], hi[32];
-    size_t k = 0;
-    for (const char *f = r->field; *f && k + 1 < sizeof flag; f++) flag[k++] = *f == '_' ? '-' : *f;
-    flag[k] = '\0';
+    kvs_options_flag_name(t, i, flag, sizeof flag);
     switch (r->type) {
       case KVS_OPTION_BOOL: snprintf(kind, sizeof kind, "boolean"); break;
       case KVS_OPTION_SIZE:
@@ -412,6 +426,16 @@ size_t kvs_options_usage(const kvs_option_table_t *t, char *buf, size_t cap) {
 
 const char *kvs_options_env_name(const kvs_option_table_t *t, kvs_option_id_t id) {
   return id < t->n ? t->rows[id].env : "?";
+}
+
+const char *kvs_options_flag_name(const kvs_option_table_t *t, kvs_option_id_t id, char *buf,
+                                  size_t cap) {
+  if (cap == 0) return buf;
+  size_t k = 0;
+  for (const char *f = id < t->n ? t->rows[id].field : "?"; *f && k + 1 < cap; f++)
+    buf[k++] = *f == '_' ? '-' : *f;
+  buf[k] = '\0';
+  return buf;
 }
 
 int kvs_options_find(const kvs_option_table_t *t, const char *name, kvs_option_id_t *out) {

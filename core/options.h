@@ -178,6 +178,9 @@ size_t kvs_options_format_value(const kvs_option_table_t *t, const void *block,
                                 kvs_option_id_t id, char *buf, size_t cap);
 
 const char *kvs_options_env_name(const kvs_option_table_t *t, kvs_option_id_t id);
+/* A row's command-line flag without its "--": its field with '-' for '_' ("disk-size"). */
+const char *kvs_options_flag_name(const kvs_option_table_t *t, kvs_option_id_t id, char *buf,
+                                  size_t cap);
 /* The variables as `kvshim --help` lists them, one line per row of the table: "  KVSHIM_LEASE_MS
  * (--lease-ms) integer 10..86400000 ms, default 30000: lease deadline backstop". snprintf
  * semantics, as kvs_options_render. */
@@ -186,6 +189,10 @@ size_t kvs_options_usage(const kvs_option_table_t *t, char *buf, size_t cap);
  * variables). Returns 0, or -EINVAL/-ERANGE with the block unchanged. */
 int kvs_options_set(const kvs_option_table_t *t, void *block, kvs_option_id_t id,
                     const char *value);
+/* What is wrong with a value kvs_options_set refused with rc, as the variables' warnings say
+ * it: "is out of range [1048576, 1099511627776] bytes", "is not one of none|batch|always". */
+const char *kvs_options_describe_bad(const kvs_option_table_t *t, kvs_option_id_t id, int rc,
+                                     char *buf, size_t cap);
 /* Find a row by variable name ("KVSHIM_POOL_SIZE") or field name ("pool_size"). */
 int kvs_options_find(const kvs_option_table_t *t, const char *name, kvs_option_id_t *out);
 

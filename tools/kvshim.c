@@ -73,6 +73,7 @@ static const char *const variables_head = "\nvariables (each also a flag, --NAME
 static const char *const help_serve =
     "usage: kvshim serve [--pool-size SIZE] [--group NAME] [--run-dir DIR] [--strategy S]\n"
     "                    [--pool-name NAME] [--hugepages 0|1] [--lease-ms MS] [--log LEVEL]\n"
+    "                    [--remote URL] [--disk DIR [--disk-size SIZE] [--disk-sync S]]\n"
     "Runs a coordinator and a pool as the group's cache peer: engines push what they commit\n"
     "to it (KVSHIM_PUSH=auto), so cached state outlives the engine that computed it.\n"
     "Prints the socket path, then serves until SIGINT or SIGTERM and stops cleanly.\n"
@@ -153,8 +154,9 @@ static int parse_args(int argc, char **argv, kvs_config_t *c, char **rest, int *
     else return usage_error("option %s needs a value", a);
     int rc = kvs_config_set(c, id, value);
     if (rc < 0) {
-      fprintf(stderr, "kvshim: bad value '%s' for %s (%s)\n", value, a,
-              rc == -ERANGE ? "out of range" : "malformed");
+      char what[192];
+      fprintf(stderr, "kvshim: bad value for --%.*s: '%s' %s\n", (int)n, name, value,
+              kvs_options_describe_bad(kvs_config_rows(), id, rc, what, sizeof what));
       return EXIT_USAGE;
     }
     if (id == KVS_OPT_log) kvs_log_set_level((kvs_log_level_t)c->core.log);
@@ -210,7 +212,37 @@ static void *serve_prefault(void *arg) {
   return NULL;
 }
 
+/* Serve's options that take effect only beside another one: set without it, they are warned
+ * about (a user who gave --disk-size alone expects a disk tier). */
+static const struct {
+  kvs_option_id_t opt, needs;
+} serve_needs[] = {
+    {KVS_OPT_disk_size, KVS_OPT_disk},
+    {KVS_OPT_disk_sync, KVS_OPT_disk},
+    {KVS_OPT_remote_password_file, KVS_OPT_remote},
+    {KVS_OPT_remote_ttl, KVS_OPT_remote},
+    {KVS_OPT_remote_timeout_ms, KVS_OPT_remote},
+    {KVS_OPT_remote_threads, KVS_OPT_remote},
+    {KVS_OPT_remote_queue, KVS_OPT_remote},
+};
+
+static void warn_unused_serve_options(const kvs_options_t *o) {
+  const kvs_option_table_t *t = kvs_config_rows();
+  for (size_t i = 0; i < sizeof serve_needs / sizeof serve_needs[0]; i++) {
+    kvs_option_id_t opt = serve_needs[i].opt, needs = serve_needs[i].needs;
+    char value[8]; /* only whether the needed option is empty matters */
+    kvs_options_format_value(t, o, needs, value, sizeof value);
+    if (o->source[opt] == KVS_OPT_FROM_DEFAULT || value[0]) continue;
+    char flag[64], needs_flag[64];
+    fprintf(stderr, "kvshim serve: --%s (%s) is ignored without --%s (%s)\n",
+            kvs_options_flag_name(t, opt, flag, sizeof flag), kvs_options_env_name(t, opt),
+            kvs_options_flag_name(t, needs, needs_flag, sizeof needs_flag),
+            kvs_options_env_name(t, needs));
+  }
+}
+
 static int cmd_serve(kvs_options_t *o) {
+  warn_unused_serve_options(o);
   uint64_t id = 0;
   while (id == 0)
     if (getrandom(&id, sizeof id, 0) != sizeof id) id = (uint64_t)getpid() << 32 | (uint64_t)time(NULL);

@@ -289,6 +289,28 @@ Test(options, set_and_find_for_the_cli) {
   cr_expect_eq(o.core.lease_ms, 50);
 }
 
+/* What the CLI prints for a refused flag value: what the row takes, as the warnings say it. */
+Test(options, refused_values_are_described) {
+  char buf[192];
+  kvs_config_t o;
+  kvs_config_defaults(&o);
+  const kvs_option_table_t *t = kvs_config_rows();
+  int rc = kvs_config_set(&o, KVS_OPT_disk_sync, "sometimes");
+  cr_assert_eq(rc, -EINVAL);
+  cr_expect_str_eq(kvs_options_describe_bad(t, KVS_OPT_disk_sync, rc, buf, sizeof buf),
+                   "is not one of none|batch|always");
+  rc = kvs_config_set(&o, KVS_OPT_lease_ms, "5");
+  cr_assert_eq(rc, -ERANGE);
+  cr_expect_str_eq(kvs_options_describe_bad(t, KVS_OPT_lease_ms, rc, buf, sizeof buf),
+                   "is out of range [10, 86400000] ms");
+  rc = kvs_config_set(&o, KVS_OPT_pool_size, "12Q");
+  cr_assert_eq(rc, -EINVAL);
+  cr_expect_str_eq(kvs_options_describe_bad(t, KVS_OPT_pool_size, rc, buf, sizeof buf),
+                   "is not a size in bytes (suffix K/M/G/T, KiB/MiB/GiB/TiB)");
+  cr_expect_str_eq(kvs_options_describe_bad(t, (kvs_option_id_t)t->n, -EINVAL, buf, sizeof buf),
+                   "is not valid");
+}
+
 Test(options, allowed_uids) {
   kvs_config_t o;
   char *env[] = {"KVSHIM_ALLOW_UIDS=1000,65534", NULL};

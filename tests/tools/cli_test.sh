@@ -63,6 +63,14 @@ expect 2 "peers with an argument" -- "$K" peers extra
 expect 2 "serve with an argument" -- "$K" serve extra
 expect 2 "unknown option" -- "$K" get foo --no-such-option 1
 expect 2 "bad option value" -- "$K" serve --pool-size banana
+grep -qx "kvshim: bad value for --pool-size: 'banana' is not a size in bytes (suffix K/M/G/T, KiB/MiB/GiB/TiB)" "$T/err" ||
+  fail "bad size said: $(head -c 300 "$T/err")"
+expect 2 "bad choice" -- "$K" serve --disk-sync sometimes
+grep -qx "kvshim: bad value for --disk-sync: 'sometimes' is not one of none|batch|always" "$T/err" ||
+  fail "bad choice said: $(head -c 300 "$T/err")"
+expect 2 "value out of range" -- "$K" serve --lease-ms=5
+grep -qx "kvshim: bad value for --lease-ms: '5' is out of range \[10, 86400000\] ms" "$T/err" ||
+  fail "out of range said: $(head -c 300 "$T/err")"
 expect 2 "option without value" -- "$K" get foo --group
 expect 2 "--json on put" -- "$K" put a "$T/one" --json
 expect 0 "help" -- "$K" help get
@@ -154,13 +162,19 @@ SP=
 expect 3 "peers with only a stale socket" -- "$K" peers
 [ -e "$SOCK" ] && fail "stale socket not removed" || ok "stale socket removed by discovery"
 
-# ---- SIGINT too -------------------------------------------------------------------------------
-start_serve serve3
+# ---- SIGINT too; a tier's option without its tier is warned about, and serve runs ------------
+KVSHIM_REMOTE_TTL=5000 start_serve serve3 --disk-size 2G
 kill -INT "$SP"
 wait "$SP"
 rc=$?
 SP=
 [ "$rc" -eq 0 ] && [ ! -e "$SOCK" ] && ok "SIGINT stops serve cleanly" || fail "SIGINT: exit $rc"
+for want in "kvshim serve: --disk-size (KVSHIM_DISK_SIZE) is ignored without --disk (KVSHIM_DISK)" \
+            "kvshim serve: --remote-ttl (KVSHIM_REMOTE_TTL) is ignored without --remote (KVSHIM_REMOTE)"; do
+  grep -qxF "$want" "$T/serve3.err" && ok "warned: $want" || fail "serve3 said: $(cat "$T/serve3.err")"
+done
+[ "$(grep -c "is ignored without" "$T/serve3.err")" -eq 2 ] || fail "serve3 warned: $(cat "$T/serve3.err")"
+grep -q "is ignored without" "$T/serve1.err" && fail "serve1 (no tier options) warned: $(cat "$T/serve1.err")"
 
 if [ "$fails" -ne 0 ]; then
   echo "cli_test: $fails failure(s)"
