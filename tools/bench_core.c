@@ -516,10 +516,11 @@ int main(int argc, char **argv) {
   printf("cycles/s 2 threads / 1 thread = %.2f [%.2f..%.2f]; limit: 2 threads on their own "
          "stores / 1 thread = %.2f [%.2f..%.2f]; kvshim / limit = %.2f [%.2f..%.2f]; CPUs the 2 "
          "threads got (CPU time / wall): %.2f on one store, %.2f on their own (%ld online CPUs); "
-         "goal >= 1.6: %s\n",
+         "goal >= 1.6: %s; goal >= 0.8 of the limit (issue 26): %s\n",
          med[F_SCALE2], lo[F_SCALE2], hi[F_SCALE2], med[F_CEIL2], lo[F_CEIL2], hi[F_CEIL2],
          med[F_SCALE2_OF_CEIL], lo[F_SCALE2_OF_CEIL], hi[F_SCALE2_OF_CEIL], med[F_CYC2_CPUS],
-         med[F_OWN2_CPUS], sysconf(_SC_NPROCESSORS_ONLN), med[F_SCALE2] >= 1.6 ? "met" : "NOT met");
+         med[F_OWN2_CPUS], sysconf(_SC_NPROCESSORS_ONLN), med[F_SCALE2] >= 1.6 ? "met" : "NOT met",
+         med[F_SCALE2_OF_CEIL] >= 0.8 ? "met" : "NOT met");
   printf("2 threads on the one store with their keys in shards of their own = %.2f [%.2f..%.2f] "
          "of the ceiling (CPUs got %.2f): the rest of the gap above is the shards both threads "
          "use\n",
