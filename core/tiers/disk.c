@@ -54,6 +54,13 @@ typedef struct entry {
   uint64_t off;
 } entry_t;
 
+/* How one thread's large payload transfers went, per method (0 O_DIRECT, 1 buffered): the
+ * moving average of ns per MiB (0: none yet), and the transfers so far (kvs_disk_pick_direct). */
+typedef struct measured {
+  uint64_t ns_mib[2];
+  uint32_t n;
+} measured_t;
+
 typedef struct job {
   struct job *next;
   kvs_xfer_t xfer;      /* write: the read pin on the object */
@@ -100,10 +107,8 @@ struct kvs_disk {
   /* O_DIRECT for version 2 payloads: cleared for good by the first EINVAL (a file system or
    * device whose alignment is above KVS_DISK_ALIGN), then every transfer is buffered. */
   _Atomic bool direct;
-  /* Reader thread only: per method (0 O_DIRECT, 1 buffered) the moving average of ns per MiB
-   * of large payload reads (0: none yet), and the large reads so far (kvs_disk_pick_direct). */
-  uint64_t read_ns_mib[2];
-  uint32_t large_reads;
+  /* Reader thread only: how its large payload reads went (kvs_disk_pick_direct). */
+  measured_t reads;
   /* Index and segments: guarded by lock (never held during a payload read or write). */
   pthread_mutex_t lock;
   entry_t *tab;
@@ -125,12 +130,11 @@ struct kvs_disk {
   kvs_coord_t *coord;
   /* Writer thread only. */
   uint64_t next_seq, unsynced;
-  /* Per method (0 O_DIRECT, 1 buffered) the moving average of ns per MiB of large payload
-   * writes, the fdatasync that makes a buffered one durable included (kvs_disk_pick_direct,
-   * as for reads), and the large writes so far. Buffered writes under --disk-sync batch wait
-   * in pend_* (their ns, their bytes) for the sync that completes their cost. */
-  uint64_t write_ns_mib[2], pend_ns, pend_bytes;
-  uint32_t large_writes;
+  /* How its large payload writes went, the fdatasync that makes a buffered one durable
+   * included (kvs_disk_pick_direct, as for reads). Buffered writes under --disk-sync batch
+   * wait in pend_* (their ns, their bytes) for the sync that completes their cost. */
+  measured_t writes;
+  uint64_t pend_ns, pend_bytes;
   uint32_t backoff_ms;
   unsigned logged;          /* bit per fault_t already logged */
   bool faulted;
@@ -203,11 +207,18 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off) {
 }
 
 /* A large transfer by a method (direct or buffered) took ns for bytes: into that method's
- * moving average of ns per MiB, avg[0] O_DIRECT, avg[1] buffered (kvs_disk_pick_direct). */
-static void method_measured(uint64_t avg[2], bool direct, uint64_t ns, uint64_t bytes) {
+ * moving average (kvs_disk_pick_direct). */
+static void method_measured(measured_t *m, bool direct, uint64_t ns, uint64_t bytes) {
   uint64_t ns_mib = ns * (1ull << 20) / bytes + 1;
-  uint64_t *a = &avg[direct ? 0 : 1];
+  uint64_t *a = &m->ns_mib[direct ? 0 : 1];
   *a = *a ? (*a * 3 + ns_mib) / 4 : ns_mib;
+}
+
+/* One debug line at exit: what the method choice of `what` (reads, writes) was based on. */
+static void measured_log(const char *what, const measured_t *m) {
+  if (m->n)
+    kvs_log_debug("disk tier: %u large %s; ns per MiB: O_DIRECT %" PRIu64 ", buffered %" PRIu64,
+                  m->n, what, m->ns_mib[0], m->ns_mib[1]);
 }
 
 /* The payload of a version 2 record (len bytes at off, dst aligned) by the method measured
@@ -218,8 +229,8 @@ static void method_measured(uint64_t avg[2], bool direct, uint64_t ns, uint64_t 
 static int read_payload(kvs_disk_t *d, const seg_t *s, uint8_t *dst, size_t len, uint64_t off,
                         uint8_t *bounce) {
   bool large = len >= KVS_DISK_MEASURED;
-  bool direct = !large || kvs_disk_pick_direct(d->read_ns_mib[0], d->read_ns_mib[1],
-                                               d->large_reads);
+  bool direct = !large || kvs_disk_pick_direct(d->reads.ns_mib[0], d->reads.ns_mib[1],
+                                               d->reads.n);
   uint64_t t0 = kvs__now_ns();
   /* buffered: the device reads ahead into the next record while this one is copied (a prefix's
    * chunks lie in write order), as for version 1 records */
@@ -227,8 +238,8 @@ static int read_payload(kvs_disk_t *d, const seg_t *s, uint8_t *dst, size_t len,
   int rc = direct ? pread_direct(s->dfd, dst, len, off, bounce) : pread_all(s->fd, dst, len, off);
   if (rc == 0 && !direct) posix_fadvise(s->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
   if (rc == 0 && large) {
-    method_measured(d->read_ns_mib, direct, kvs__now_ns() - t0, len);
-    d->large_reads++;
+    method_measured(&d->reads, direct, kvs__now_ns() - t0, len);
+    d->reads.n++;
     kvs_stats_inc(d->stats, direct ? KVS_STAT_disk_reads_direct : KVS_STAT_disk_reads_buffered);
   }
   return rc;
@@ -445,8 +456,8 @@ static void write_ok(kvs_disk_t *d) {
  * buffered write still waiting for its sync counting as slower (its cost is not known yet,
  * and a second buffered probe before it is would measure the same). */
 static bool write_direct_next(const kvs_disk_t *d) {
-  uint64_t buffered = d->write_ns_mib[1] ? d->write_ns_mib[1] : d->pend_bytes ? UINT64_MAX : 0;
-  return kvs_disk_pick_direct(d->write_ns_mib[0], buffered, d->large_writes);
+  uint64_t buffered = d->writes.ns_mib[1] ? d->writes.ns_mib[1] : d->pend_bytes ? UINT64_MAX : 0;
+  return kvs_disk_pick_direct(d->writes.ns_mib[0], buffered, d->writes.n);
 }
 
 static int sync_active(kvs_disk_t *d) {
@@ -460,7 +471,7 @@ static int sync_active(kvs_disk_t *d) {
   /* The whole sync is the buffered writes' cost: the direct bytes it covers are on the device
    * already, what is left for them (the file's size and extents) is small. */
   if (d->pend_bytes)
-    method_measured(d->write_ns_mib, false, d->pend_ns + (kvs__now_ns() - t0), d->pend_bytes);
+    method_measured(&d->writes, false, d->pend_ns + (kvs__now_ns() - t0), d->pend_bytes);
   d->pend_ns = d->pend_bytes = 0;
   return 0;
 }
@@ -545,12 +556,12 @@ static int write_record(kvs_disk_t *d, seg_t *s, uint64_t at, const uint8_t *hea
   if (rc < 0 || !large) return rc;
   uint64_t ns = kvs__now_ns() - t0;
   if (direct || d->sync != KVS_DISK_SYNC_BATCH) {
-    method_measured(d->write_ns_mib, direct, ns, len);
+    method_measured(&d->writes, direct, ns, len);
   } else {
     d->pend_ns += ns;
     d->pend_bytes += len;
   }
-  d->large_writes++;
+  d->writes.n++;
   kvs_stats_inc(d->stats, direct ? KVS_STAT_disk_writes_direct : KVS_STAT_disk_writes_buffered);
   return 0;
 }
@@ -1183,12 +1194,8 @@ void kvs_disk_destroy(kvs_disk_t *d, uint32_t flush_ms) {
   pthread_mutex_unlock(&d->qlock);
   if (d->writer_on) pthread_join(d->writer, NULL);
   if (d->reader_on) pthread_join(d->reader, NULL);
-  if (d->large_reads) /* the read method's measurements (kvs_disk_pick_direct; reader joined) */
-    kvs_log_debug("disk tier: %u large reads; ns per MiB: O_DIRECT %" PRIu64 ", buffered %" PRIu64,
-                  d->large_reads, d->read_ns_mib[0], d->read_ns_mib[1]);
-  if (d->large_writes) /* the write method's measurements (writer joined) */
-    kvs_log_debug("disk tier: %u large writes; ns per MiB: O_DIRECT %" PRIu64 ", buffered %" PRIu64,
-                  d->large_writes, d->write_ns_mib[0], d->write_ns_mib[1]);
+  measured_log("reads", &d->reads);   /* reader and writer joined */
+  measured_log("writes", &d->writes);
   if (d->owner) kvs_store_owner_release(d->store, d->owner);
   for (size_t i = 0; i < d->n_segs; i++) seg_close(d->segs[i]);
   free(d->segs);
