@@ -291,8 +291,6 @@ Test(disk_io, large_reads_by_both_methods) {
   rm_dir();
 }
 
-/* Write records of a given version (header version field forced to field_version, hash
- * recomputed or not) into segment 1 of dir. */
 /* Large payloads are written by both methods while the tier measures them (the first
  * O_DIRECT, then a buffered probe), under every --disk-sync: the records are byte for byte
  * what a buffered write makes (payload aligned, padding zero, small buffered records between
@@ -340,6 +338,8 @@ Test(disk_io, large_writes_by_both_methods) {
   }
 }
 
+/* Write records of a given version (header version field forced to field_version, hash
+ * recomputed or not) into segment 1 of dir. */
 static void write_segment(uint16_t version, uint16_t field_version, bool fix_hash,
                           uint8_t **bytes) {
   uint64_t total = 0;
